@@ -1,0 +1,413 @@
+//! `shmbridge`: serve a reference engine, drive it with a random-policy client, and list,
+//! inspect or clean up regions.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use rand::RngExt;
+use rand_pcg::Pcg32;
+
+use shmbridge::envs::{self, EnvOptions, ServeEnd};
+use shmbridge::layout::{self, state, Header};
+use shmbridge::region::{self, Region};
+use shmbridge::{AttachOptions, Client, DType, Engine, Error, WaitPolicy};
+
+#[derive(Parser)]
+#[command(
+    name = "shmbridge",
+    version,
+    about = "Zero-copy shared-memory bridge between a simulator and a learner"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve a reference engine: prints the region name on stdout, then serves until the
+    /// client closes.
+    Engine(EngineArgs),
+    /// Attach (or launch an engine and attach) and step it with a random policy; prints
+    /// steps/s and, for cartpole, the mean episode return.
+    Client(ClientArgs),
+    /// List live regions.
+    Ls,
+    /// Print a region's whole header and tensor table.
+    Inspect { name: String },
+    /// Remove regions whose engine is dead.
+    Gc,
+}
+
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Reference env: null or cartpole.
+    #[arg(long, default_value = "cartpole")]
+    env: String,
+    #[arg(long, default_value_t = 256)]
+    num_envs: u32,
+    /// Region name (default: random).
+    #[arg(long)]
+    name: Option<String>,
+    /// null: observation size per env, in f32 elements.
+    #[arg(long)]
+    obs_dim: Option<u64>,
+    /// null: action size per env, in f32 elements.
+    #[arg(long)]
+    act_dim: Option<u64>,
+    /// null: write only the first and last element of each tensor per step.
+    #[arg(long)]
+    sparse: bool,
+    /// cartpole: seed of the per-env random streams.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    wait: WaitArgs,
+    /// Give up after this many seconds without an action from the client.
+    #[arg(long, default_value_t = 3600.0)]
+    idle_timeout: f64,
+}
+
+#[derive(Args, Clone)]
+struct WaitArgs {
+    /// Spin budget in microseconds before sleeping.
+    #[arg(long, default_value_t = WaitPolicy::DEFAULT_SPIN.as_micros() as u64)]
+    spin_us: u64,
+    /// Never spin: sleep at once (lowest CPU use).
+    #[arg(long)]
+    blocking: bool,
+}
+
+impl WaitArgs {
+    fn policy(&self) -> WaitPolicy {
+        if self.blocking {
+            WaitPolicy::BLOCKING
+        } else {
+            WaitPolicy::spinning(Duration::from_micros(self.spin_us))
+        }
+    }
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// Region to attach to; omit with --launch.
+    name: Option<String>,
+    /// Launch this reference env as a child process and attach to it.
+    #[arg(long)]
+    launch: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    num_envs: u32,
+    #[arg(long, default_value_t = 100_000)]
+    steps: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seconds to wait for each frame.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    #[command(flatten)]
+    wait: WaitArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Engine(a) => run_engine(a),
+        Cmd::Client(a) => run_client(a),
+        Cmd::Ls => run_ls(),
+        Cmd::Inspect { name } => run_inspect(&name),
+        Cmd::Gc => run_gc(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shmbridge: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_engine(a: EngineArgs) -> Result<(), Error> {
+    let options = EnvOptions {
+        obs_dim: a.obs_dim,
+        act_dim: a.act_dim,
+        sparse: a.sparse,
+        seed: a.seed,
+    };
+    let mut env = envs::by_name(&a.env, a.num_envs, &options)?;
+    let mut spec = env.spec().policy(a.wait.policy());
+    if let Some(n) = &a.name {
+        spec = spec.name(n);
+    }
+    let mut engine = Engine::create(spec)?;
+    remove_on_signal(engine.name().to_string());
+    let idle = Duration::from_secs_f64(a.idle_timeout);
+    // The name is printed once frame 0 is published, so a client that reads it finds the
+    // engine ready.
+    let ServeEnd::ClientClosed { steps } = envs::serve(&mut engine, env.as_mut(), idle, |name| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{name}");
+        let _ = out.flush();
+    })?;
+    eprintln!("shmbridge: client closed after {steps} steps");
+    Ok(())
+}
+
+/// SIGINT/SIGTERM: remove the region's name before exiting, so nothing is left in
+/// /dev/shm; the client then sees the engine die.
+fn remove_on_signal(name: String) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let _ = region::remove(&name);
+            std::process::exit(128 + sig);
+        }
+    });
+}
+
+/// Starts `shmbridge engine` as a child and reads the region name it prints.
+fn launch(
+    env: &str,
+    num_envs: u32,
+    seed: u64,
+    wait: &WaitArgs,
+) -> Result<(std::process::Child, String), Error> {
+    let exe = std::env::current_exe().map_err(|e| Error::Io {
+        context: "finding the shmbridge binary".into(),
+        source: e,
+    })?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "engine",
+        "--env",
+        env,
+        "--num-envs",
+        &num_envs.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+    cmd.args(["--spin-us", &wait.spin_us.to_string()]);
+    if wait.blocking {
+        cmd.arg("--blocking");
+    }
+    let mut child = cmd.stdout(Stdio::piped()).spawn().map_err(|e| Error::Io {
+        context: "starting the engine".into(),
+        source: e,
+    })?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Error::Io {
+            context: "reading the engine's region name".into(),
+            source: e,
+        })?;
+    if line.trim().is_empty() {
+        let status = child.wait().ok();
+        return Err(Error::InvalidSpec(format!(
+            "the engine exited before serving ({status:?})"
+        )));
+    }
+    Ok((child, line.trim().to_string()))
+}
+
+fn run_client(a: ClientArgs) -> Result<(), Error> {
+    let (child, name) = match (&a.launch, &a.name) {
+        (Some(env), None) => {
+            let (c, n) = launch(env, a.num_envs, a.seed, &a.wait)?;
+            (Some(c), n)
+        }
+        (None, Some(n)) => (None, n.clone()),
+        _ => {
+            return Err(Error::InvalidSpec(
+                "give a region name or --launch ENV, not both".into(),
+            ))
+        }
+    };
+    let mut client = Client::attach(&name, AttachOptions::default().policy(a.wait.policy()))?;
+    let n = client.num_envs();
+    let kind = client.layout().engine_kind.clone();
+    let act = client.layout().tensor("actions")?.1.clone();
+    let mut rng = Pcg32::new(a.seed ^ 0x5eed, 1);
+    let mut running = vec![0f64; n];
+    let (mut episodes, mut return_sum) = (0u64, 0f64);
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let t0 = Instant::now();
+    for _ in 0..a.steps {
+        {
+            let mut io = client.io();
+            match act.dtype {
+                DType::I64 => io
+                    .write::<i64>("actions")?
+                    .iter_mut()
+                    .for_each(|x| *x = rng.random_range(0..2)),
+                DType::F32 => io
+                    .write::<f32>("actions")?
+                    .iter_mut()
+                    .for_each(|x| *x = rng.random_range(-1.0..1.0)),
+                other => {
+                    return Err(Error::InvalidSpec(format!(
+                        "random policy: actions of dtype {other}"
+                    )))
+                }
+            }
+        }
+        client.step(timeout)?;
+        let mut io = client.io();
+        let rewards = io.read::<f32>("rewards")?;
+        let term = io.read::<u8>("terminated")?;
+        let trunc = io.read::<u8>("truncated")?;
+        for i in 0..n {
+            running[i] += rewards[i] as f64;
+            if term[i] != 0 || trunc[i] != 0 {
+                episodes += 1;
+                return_sum += running[i];
+                running[i] = 0.0;
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    client.close();
+    if let Some(mut c) = child {
+        let _ = c.wait();
+    }
+    println!(
+        "{kind}: {} steps x {n} envs in {secs:.2} s: {:.0} steps/s, {:.0} env-steps/s",
+        a.steps,
+        a.steps as f64 / secs,
+        (a.steps * n as u64) as f64 / secs
+    );
+    if episodes > 0 {
+        println!(
+            "random policy: {episodes} episodes, mean return {:.1}",
+            return_sum / episodes as f64
+        );
+    }
+    Ok(())
+}
+
+fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error> {
+    let r = Region::open_read_only(name)?;
+    let snap = r.snapshot();
+    let h = layout::read_header(&snap)?;
+    let l = layout::validate(name, &snap, r.len() as u64);
+    Ok((h, l))
+}
+
+fn run_ls() -> Result<(), Error> {
+    println!(
+        "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} tensors",
+        "name", "engine", "client", "state", "client", "num_envs", "kind"
+    );
+    for name in region::list_names()? {
+        match describe(&name) {
+            Ok((h, Ok(l))) => {
+                let tensors: Vec<String> = l
+                    .tensors
+                    .iter()
+                    .map(|t| format!("{}{:?}:{}", t.name, t.shape, t.dtype))
+                    .collect();
+                println!(
+                    "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} {}",
+                    name,
+                    h.engine_pid,
+                    h.client_pid,
+                    state::engine_name(h.engine_state),
+                    state::client_name(h.client_state),
+                    h.num_envs,
+                    l.engine_kind,
+                    tensors.join(" ")
+                );
+            }
+            Ok((_, Err(e))) | Err(e) => println!("{name:<45} (unreadable: {e})"),
+        }
+    }
+    Ok(())
+}
+
+fn run_inspect(name: &str) -> Result<(), Error> {
+    let name = region::canonical_name(name)?;
+    let (h, l) = describe(&name)?;
+    println!("region        {name}");
+    println!(
+        "magic         {:#018x} ({})",
+        h.magic,
+        if h.magic == layout::MAGIC {
+            "ok"
+        } else {
+            "BAD"
+        }
+    );
+    println!("version       {}.{}", h.version_major, h.version_minor);
+    println!(
+        "layout_hash   {:#018x} ({})",
+        h.layout_hash,
+        if h.layout_hash == layout::LAYOUT_HASH {
+            "ok"
+        } else {
+            "differs"
+        }
+    );
+    println!("header_size   {}", h.header_size);
+    println!("region_size   {}", h.region_size);
+    println!("num_envs      {}", h.num_envs);
+    println!("tensor_count  {}", h.tensor_count);
+    println!(
+        "engine        pid {} start {} state {}",
+        h.engine_pid,
+        h.engine_start_time,
+        state::engine_name(h.engine_state)
+    );
+    println!(
+        "client        pid {} start {} state {}",
+        h.client_pid,
+        h.client_start_time,
+        state::client_name(h.client_state)
+    );
+    println!(
+        "rings         c2e {}+{} e2c {}+{} (reserved)",
+        h.c2e_ring_offset, h.c2e_ring_capacity, h.e2c_ring_offset, h.e2c_ring_capacity
+    );
+    println!("action_seq    {}", h.action_seq);
+    println!("frame_seq     {}", h.frame_seq);
+    println!(
+        "waiting       engine {} client {}",
+        h.engine_waiting, h.client_waiting
+    );
+    match l {
+        Ok(l) => {
+            println!("engine kind   {}", l.engine_kind);
+            println!(
+                "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
+                "tensor", "dtype", "shape", "direction", "where", "offset", "bytes"
+            );
+            for t in &l.tensors {
+                println!(
+                    "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
+                    t.name,
+                    t.dtype.name(),
+                    format!("{:?}", t.shape),
+                    t.direction.arrow(),
+                    t.location.name(),
+                    t.offset,
+                    t.nbytes
+                );
+            }
+        }
+        Err(e) => println!("validation    FAILED: {e}"),
+    }
+    Ok(())
+}
+
+fn run_gc() -> Result<(), Error> {
+    let removed = region::sweep()?;
+    for n in &removed {
+        println!("removed {n}");
+    }
+    println!("{} stale region(s) removed", removed.len());
+    Ok(())
+}

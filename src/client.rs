@@ -1,0 +1,292 @@
+//! The client's side: attach to a region by name, read frames, write actions, `step()`.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Peer, Result};
+use crate::layout::{offsets, state, Layout};
+use crate::os;
+use crate::region::{self, Region};
+use crate::sync::{self, SharedSeq, WaitPolicy};
+use crate::tensor::{Element, Tensors};
+
+/// How to attach.
+#[derive(Debug, Clone, Copy)]
+pub struct AttachOptions {
+    /// How long to wait for the engine to publish its header and frame 0.
+    pub timeout: Duration,
+    pub policy: WaitPolicy,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        AttachOptions {
+            timeout: Duration::from_secs(10),
+            policy: WaitPolicy::default(),
+        }
+    }
+}
+
+impl AttachOptions {
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    pub fn policy(mut self, policy: WaitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+}
+
+/// A client attached to an engine. Dropping it closes it.
+#[derive(Debug)]
+pub struct Client {
+    region: Region,
+    layout: Layout,
+    policy: WaitPolicy,
+    /// Last action number posted.
+    action: u64,
+    /// Last frame number received.
+    frame: u64,
+    closed: bool,
+}
+
+impl Client {
+    /// Opens the region, validates its header, claims the client slot and waits for
+    /// frame 0. After this, the engine→client tensors hold the reset observations.
+    pub fn attach(name: &str, options: AttachOptions) -> Result<Client> {
+        let start = Instant::now();
+        let name = region::canonical_name(name)?;
+        let (region, layout) = Region::open(&name, options.timeout)?;
+        let engine_dead = |r: &Region| {
+            r.unlink_if_same();
+            Error::PeerDied {
+                peer: Peer::Engine,
+                pid: layout.engine_pid,
+                hint: "the region it left was removed; start the engine again",
+            }
+        };
+        if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
+            return Err(engine_dead(&region));
+        }
+        let me = os::current_pid();
+        let my_start = os::process_start_time(me)
+            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
+        // Claim the slot: pid and start time first, then the state with Release, so an
+        // engine that sees ATTACHED also sees who attached.
+        let slot = region.u32_at(offsets::CLIENT_PID);
+        loop {
+            let holder = slot.load(Ordering::Acquire);
+            if holder != 0 {
+                let st = region.u32_at(offsets::CLIENT_STATE).load(Ordering::Acquire);
+                let hstart = region
+                    .u64_at(offsets::CLIENT_START_TIME)
+                    .load(Ordering::Relaxed);
+                let gone = st == state::CLOSED
+                    || st == state::INVALIDATED
+                    || !os::process_alive(holder, hstart);
+                if !gone {
+                    return Err(Error::AlreadyAttached { name, pid: holder });
+                }
+            }
+            if slot
+                .compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        region
+            .u64_at(offsets::CLIENT_START_TIME)
+            .store(my_start, Ordering::Relaxed);
+        region
+            .u32_at(offsets::CLIENT_STATE)
+            .store(state::ATTACHED, Ordering::Release);
+        let mut client = Client {
+            region,
+            layout,
+            policy: options.policy,
+            action: 0,
+            frame: 0,
+            closed: false,
+        };
+        // Wait for frame 0 (engine READY), checking that the engine lives.
+        loop {
+            match client.engine_state() {
+                state::READY => break,
+                state::CLOSED => return Err(Error::PeerClosed { peer: Peer::Engine }),
+                _ => {}
+            }
+            client.check_engine()?;
+            if start.elapsed() >= options.timeout {
+                return Err(Error::Timeout {
+                    waited: options.timeout,
+                    what: "the engine to publish frame 0",
+                });
+            }
+            std::thread::yield_now();
+        }
+        let frame = client
+            .region
+            .u64_at(offsets::FRAME_SEQ)
+            .load(Ordering::Acquire);
+        let action = client
+            .region
+            .u64_at(offsets::ACTION_SEQ)
+            .load(Ordering::Acquire);
+        if action != frame {
+            return Err(Error::Protocol {
+                peer: Peer::Client,
+                detail: format!(
+                    "a previous client left action {action} unanswered (frame {frame}); restart the engine"
+                ),
+            });
+        }
+        client.action = frame;
+        client.frame = frame;
+        Ok(client)
+    }
+
+    pub fn name(&self) -> &str {
+        self.region.name()
+    }
+
+    /// The validated tensor table and engine identity.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.layout.num_envs as usize
+    }
+
+    /// Views of the tensors: read engine→client ones, write client→engine ones.
+    pub fn io(&mut self) -> Tensors<'_> {
+        Tensors::new(&self.region, &self.layout, Peer::Client)
+    }
+
+    /// A view of one tensor.
+    pub fn tensor<T: Element>(&mut self, name: &str) -> Result<&[T]> {
+        self.io().read(name)
+    }
+
+    /// A mutable view of one client→engine tensor (`actions`, `reset_mask`).
+    pub fn tensor_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
+        self.io().write(name)
+    }
+
+    /// Number of the frame the tensors hold now.
+    pub fn frame(&self) -> u64 {
+        self.frame
+    }
+
+    fn engine_state(&self) -> u32 {
+        self.region
+            .u32_at(offsets::ENGINE_STATE)
+            .load(Ordering::Acquire)
+    }
+
+    fn check_engine(&self) -> Result<()> {
+        if self.engine_state() == state::CLOSED {
+            return Err(Error::PeerClosed { peer: Peer::Engine });
+        }
+        if !os::process_alive(self.layout.engine_pid, self.layout.engine_start_time) {
+            // The engine cannot unlink any more: do it for it, if the name is still ours.
+            self.region.unlink_if_same();
+            return Err(Error::PeerDied {
+                peer: Peer::Engine,
+                pid: self.layout.engine_pid,
+                hint: "the simulator process exited; its region was removed; start it again",
+            });
+        }
+        Ok(())
+    }
+
+    fn seqs(&self) -> (SharedSeq<'_>, SharedSeq<'_>) {
+        let r = &self.region;
+        (
+            SharedSeq {
+                counter: r.u64_at(offsets::ACTION_SEQ),
+                low: r.low_u32_of(offsets::ACTION_SEQ),
+                waiting: r.u32_at(offsets::ENGINE_WAITING),
+            },
+            SharedSeq {
+                counter: r.u64_at(offsets::FRAME_SEQ),
+                low: r.low_u32_of(offsets::FRAME_SEQ),
+                waiting: r.u32_at(offsets::CLIENT_WAITING),
+            },
+        )
+    }
+
+    /// Sends the actions (and reset mask) written into the client→engine tensors and waits
+    /// for the engine's frame. Returns the frame number; the tensors hold that frame.
+    ///
+    /// Errors: `PeerClosed`, `PeerDied` (noticed within ~10 ms of the engine's death),
+    /// `Timeout`. After a timeout the step is still in flight: call
+    /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
+    pub fn step(&mut self, timeout: Duration) -> Result<u64> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Client));
+        }
+        if self.action != self.frame {
+            return Err(Error::OutOfOrder(
+                "the previous step's frame has not arrived; call wait_frame() first",
+            ));
+        }
+        if self.engine_state() == state::CLOSED {
+            return Err(Error::PeerClosed { peer: Peer::Engine });
+        }
+        self.action += 1;
+        let (action_seq, _) = self.seqs();
+        sync::post(&action_seq, self.action);
+        self.wait_frame(timeout)
+    }
+
+    /// Waits for the frame of the last action posted (after a `step` that timed out).
+    pub fn wait_frame(&mut self, timeout: Duration) -> Result<u64> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Client));
+        }
+        let target = self.action;
+        let (_, frame_seq) = self.seqs();
+        let seen = sync::wait_for(
+            &frame_seq,
+            target,
+            self.policy,
+            timeout,
+            "the engine's next frame",
+            || self.check_engine(),
+        )?;
+        if seen != target {
+            return Err(Error::Protocol {
+                peer: Peer::Engine,
+                detail: format!("published frame {seen} for action {target}"),
+            });
+        }
+        self.frame = seen;
+        Ok(seen)
+    }
+
+    /// Marks the client closed and wakes a waiting engine (it gets `PeerClosed`). Also
+    /// done on drop.
+    pub fn close(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.region
+            .u32_at(offsets::CLIENT_STATE)
+            .store(state::CLOSED, Ordering::SeqCst);
+        os::futex_wake_all(self.region.low_u32_of(offsets::ACTION_SEQ));
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}

@@ -1,0 +1,316 @@
+//! The engine's side: create a region, publish frame 0, then loop
+//! `wait_actions()` → step → `publish()`.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::error::{Error, Peer, Result};
+use crate::layout::{offsets, state, DType, Direction, HeaderBuilder, Layout, TensorSpec};
+use crate::os;
+use crate::region::{self, Region};
+use crate::sync::{self, SharedSeq, WaitPolicy};
+use crate::tensor::{Element, Tensors};
+
+/// What an engine serves.
+#[derive(Debug, Clone)]
+pub struct EngineSpec {
+    /// What the engine is ("cartpole", "null", your simulator's name).
+    pub kind: String,
+    pub num_envs: u32,
+    pub tensors: Vec<TensorSpec>,
+    /// Region name; a random one if `None`.
+    pub name: Option<String>,
+    pub policy: WaitPolicy,
+}
+
+impl EngineSpec {
+    /// No tensors yet; add them with [`EngineSpec::tensor`].
+    pub fn new(kind: &str, num_envs: u32) -> Self {
+        EngineSpec {
+            kind: kind.to_string(),
+            num_envs,
+            tensors: Vec::new(),
+            name: None,
+            policy: WaitPolicy::default(),
+        }
+    }
+
+    /// The standard set: `obs [N, obs_dim] f32`, `actions [N, act_dim] act_dtype`,
+    /// `rewards [N] f32`, `terminated [N] bool`, `truncated [N] bool`, `reset_mask [N] bool`.
+    pub fn standard(
+        kind: &str,
+        num_envs: u32,
+        obs_dim: u64,
+        act_dim: u64,
+        act_dtype: DType,
+    ) -> Self {
+        let n = num_envs as u64;
+        EngineSpec::new(kind, num_envs)
+            .tensor("obs", DType::F32, &[n, obs_dim], Direction::EngineToClient)
+            .tensor(
+                "actions",
+                act_dtype,
+                &[n, act_dim],
+                Direction::ClientToEngine,
+            )
+            .tensor("rewards", DType::F32, &[n], Direction::EngineToClient)
+            .tensor("terminated", DType::Bool, &[n], Direction::EngineToClient)
+            .tensor("truncated", DType::Bool, &[n], Direction::EngineToClient)
+            .tensor("reset_mask", DType::Bool, &[n], Direction::ClientToEngine)
+    }
+
+    pub fn tensor(mut self, name: &str, dtype: DType, shape: &[u64], direction: Direction) -> Self {
+        self.tensors
+            .push(TensorSpec::new(name, dtype, shape, direction));
+        self
+    }
+
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    pub fn policy(mut self, policy: WaitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+}
+
+/// An engine serving one region. Dropping it closes the region and removes its name.
+#[derive(Debug)]
+pub struct Engine {
+    region: Region,
+    layout: Layout,
+    policy: WaitPolicy,
+    /// Last action number received.
+    action: u64,
+    /// Last frame number published.
+    frame: u64,
+    ready: bool,
+    closed: bool,
+}
+
+impl Engine {
+    /// Sweeps dead regions, then creates a region for `spec`. Tensors start zeroed; write
+    /// the reset observations and call [`Engine::publish`] to serve frame 0.
+    pub fn create(spec: EngineSpec) -> Result<Engine> {
+        let builder = HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors)?;
+        let _ = region::sweep();
+        let name = match &spec.name {
+            Some(n) => region::canonical_name(n)?,
+            None => region::random_name()?,
+        };
+        let region = Region::create(&name, &builder)?;
+        let pid = os::current_pid();
+        let start = region
+            .u64_at(offsets::ENGINE_START_TIME)
+            .load(Ordering::Relaxed);
+        let layout = Layout {
+            version: (builder.header.version_major, builder.header.version_minor),
+            header_size: builder.header.header_size as u64,
+            region_size: builder.header.region_size,
+            num_envs: spec.num_envs,
+            engine_pid: pid,
+            engine_start_time: start,
+            engine_kind: spec.kind.clone(),
+            tensors: builder.tensors,
+        };
+        Ok(Engine {
+            region,
+            layout,
+            policy: spec.policy,
+            action: 0,
+            frame: 0,
+            ready: false,
+            closed: false,
+        })
+    }
+
+    /// The region name clients attach with.
+    pub fn name(&self) -> &str {
+        self.region.name()
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.layout.num_envs as usize
+    }
+
+    /// Views of the tensors: write engine→client ones, read client→engine ones.
+    pub fn io(&mut self) -> Tensors<'_> {
+        Tensors::new(&self.region, &self.layout, Peer::Engine)
+    }
+
+    /// A mutable view of one engine→client tensor.
+    pub fn tensor_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
+        self.io().write(name)
+    }
+
+    /// A view of any tensor (the actions the client sent, for example).
+    pub fn tensor<T: Element>(&mut self, name: &str) -> Result<&[T]> {
+        self.io().read(name)
+    }
+
+    fn action_seq(&self) -> SharedSeq<'_> {
+        SharedSeq {
+            counter: self.region.u64_at(offsets::ACTION_SEQ),
+            low: self.region.low_u32_of(offsets::ACTION_SEQ),
+            waiting: self.region.u32_at(offsets::ENGINE_WAITING),
+        }
+    }
+
+    fn frame_seq(&self) -> SharedSeq<'_> {
+        SharedSeq {
+            counter: self.region.u64_at(offsets::FRAME_SEQ),
+            low: self.region.low_u32_of(offsets::FRAME_SEQ),
+            waiting: self.region.u32_at(offsets::CLIENT_WAITING),
+        }
+    }
+
+    /// Whether a client is attached now.
+    pub fn client_attached(&self) -> bool {
+        self.region
+            .u32_at(offsets::CLIENT_STATE)
+            .load(Ordering::Acquire)
+            == state::ATTACHED
+    }
+
+    /// The client's state as an error, if it is gone.
+    fn check_client(&self) -> Result<()> {
+        let st = self
+            .region
+            .u32_at(offsets::CLIENT_STATE)
+            .load(Ordering::Acquire);
+        match st {
+            state::CLOSED => Err(Error::PeerClosed { peer: Peer::Client }),
+            state::INVALIDATED => Err(Error::PeerDied {
+                peer: Peer::Client,
+                pid: self
+                    .region
+                    .u32_at(offsets::CLIENT_PID)
+                    .load(Ordering::Relaxed),
+                hint: "it was declared dead earlier",
+            }),
+            state::ATTACHED => {
+                let pid = self
+                    .region
+                    .u32_at(offsets::CLIENT_PID)
+                    .load(Ordering::Relaxed);
+                let start = self
+                    .region
+                    .u64_at(offsets::CLIENT_START_TIME)
+                    .load(Ordering::Relaxed);
+                if os::process_alive(pid, start) {
+                    Ok(())
+                } else {
+                    // Free the slot so another client may attach.
+                    self.region
+                        .u32_at(offsets::CLIENT_STATE)
+                        .store(state::INVALIDATED, Ordering::Release);
+                    Err(Error::PeerDied {
+                        peer: Peer::Client,
+                        pid,
+                        hint: "the learner process exited without closing; restart it",
+                    })
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Publishes the frame for the action last received: observations and the other
+    /// engine→client tensors must be written before this call. The first call, before
+    /// any action, publishes frame 0 (the reset observations) and marks the engine ready.
+    pub fn publish(&mut self) -> Result<u64> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Engine));
+        }
+        if !self.ready {
+            self.ready = true;
+            self.region
+                .u32_at(offsets::ENGINE_STATE)
+                .store(state::READY, Ordering::Release);
+            return Ok(0);
+        }
+        if self.action == self.frame {
+            return Err(Error::OutOfOrder(
+                "publish() with no action pending: each action gets exactly one frame; call wait_actions() first",
+            ));
+        }
+        self.frame = self.action;
+        sync::post(&self.frame_seq(), self.frame);
+        Ok(self.frame)
+    }
+
+    /// Waits for the client's next action; returns its number. Then read the actions,
+    /// apply `reset_mask`, step, write the frame and [`publish`](Engine::publish) it.
+    ///
+    /// Errors: `PeerClosed` when the client closed, `PeerDied` when it died (noticed
+    /// within ~10 ms), `Timeout` after `timeout` with no action (`Duration::MAX`: none).
+    pub fn wait_actions(&mut self, timeout: Duration) -> Result<u64> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Engine));
+        }
+        if !self.ready {
+            return Err(Error::OutOfOrder(
+                "publish() frame 0 before waiting for actions",
+            ));
+        }
+        if self.action != self.frame {
+            return Err(Error::OutOfOrder(
+                "the frame for the last action was not published; call publish() first",
+            ));
+        }
+        let target = self.frame + 1;
+        let seen = sync::wait_for(
+            &self.action_seq(),
+            target,
+            self.policy,
+            timeout,
+            "the client's next action",
+            || self.check_client(),
+        )?;
+        if seen != target {
+            return Err(Error::Protocol {
+                peer: Peer::Client,
+                detail: format!(
+                    "posted action {seen} after frame {}; expected {target}",
+                    self.frame
+                ),
+            });
+        }
+        self.action = seen;
+        Ok(seen)
+    }
+
+    /// Number of the last frame published.
+    pub fn frame(&self) -> u64 {
+        self.frame
+    }
+
+    /// Marks the region closed, wakes a waiting client (it gets `PeerClosed`) and removes
+    /// the name. Also done on drop.
+    pub fn close(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.region
+            .u32_at(offsets::ENGINE_STATE)
+            .store(state::CLOSED, Ordering::SeqCst);
+        os::futex_wake_all(self.region.low_u32_of(offsets::FRAME_SEQ));
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}

@@ -1,0 +1,167 @@
+//! `cartpole`: Gymnasium CartPole-v1, vectorised. Same constants and Euler integration,
+//! termination at |x| > 2.4 or |theta| > 12 degrees, truncation at 500 steps, reward 1
+//! per step. Each env has its own PCG stream, seeded from the engine seed and the env
+//! index, so a seed fixes every env's episodes.
+//!
+//! Actions: `actions [N, 1] i64`, 0 pushes left, anything else pushes right.
+//! Autoreset in the same step: an env that terminated or truncated is reset at once, its
+//! frame holds the new episode's first observation along with the finished step's reward
+//! and flags. `reset_mask[i]` set: env i is reset before the step and its frame holds the
+//! reset observation, reward 0 and no flags (the action is ignored).
+
+use rand::RngExt;
+use rand_pcg::Pcg32;
+
+use crate::engine::EngineSpec;
+use crate::error::Result;
+use crate::layout::DType;
+use crate::tensor::Tensors;
+
+use super::VecEnv;
+
+pub const GRAVITY: f64 = 9.8;
+pub const MASS_CART: f64 = 1.0;
+pub const MASS_POLE: f64 = 0.1;
+pub const TOTAL_MASS: f64 = MASS_CART + MASS_POLE;
+pub const LENGTH: f64 = 0.5;
+pub const POLE_MASS_LENGTH: f64 = MASS_POLE * LENGTH;
+pub const FORCE_MAG: f64 = 10.0;
+pub const TAU: f64 = 0.02;
+pub const THETA_THRESHOLD: f64 = 12.0 * 2.0 * std::f64::consts::PI / 360.0;
+pub const X_THRESHOLD: f64 = 2.4;
+pub const MAX_STEPS: u32 = 500;
+
+/// One Euler step of CartPole-v1's dynamics.
+pub fn dynamics(s: [f64; 4], push_right: bool) -> [f64; 4] {
+    let [x, x_dot, theta, theta_dot] = s;
+    let force = if push_right { FORCE_MAG } else { -FORCE_MAG };
+    let (sin, cos) = theta.sin_cos();
+    let temp = (force + POLE_MASS_LENGTH * theta_dot * theta_dot * sin) / TOTAL_MASS;
+    let theta_acc =
+        (GRAVITY * sin - cos * temp) / (LENGTH * (4.0 / 3.0 - MASS_POLE * cos * cos / TOTAL_MASS));
+    let x_acc = temp - POLE_MASS_LENGTH * theta_acc * cos / TOTAL_MASS;
+    [
+        x + TAU * x_dot,
+        x_dot + TAU * x_acc,
+        theta + TAU * theta_dot,
+        theta_dot + TAU * theta_acc,
+    ]
+}
+
+pub fn is_terminal(s: &[f64; 4]) -> bool {
+    s[0] < -X_THRESHOLD || s[0] > X_THRESHOLD || s[2] < -THETA_THRESHOLD || s[2] > THETA_THRESHOLD
+}
+
+#[derive(Debug)]
+pub struct CartPole {
+    num_envs: u32,
+    state: Vec<[f64; 4]>,
+    steps: Vec<u32>,
+    rngs: Vec<Pcg32>,
+}
+
+impl CartPole {
+    pub fn new(num_envs: u32, seed: u64) -> Self {
+        let n = num_envs as usize;
+        let mut env = CartPole {
+            num_envs,
+            state: vec![[0.0; 4]; n],
+            steps: vec![0; n],
+            rngs: (0..n as u64).map(|i| Pcg32::new(seed, i)).collect(),
+        };
+        for i in 0..n {
+            env.reset_one(i);
+        }
+        env
+    }
+
+    fn reset_one(&mut self, i: usize) {
+        let rng = &mut self.rngs[i];
+        self.state[i] = std::array::from_fn(|_| rng.random_range(-0.05..0.05));
+        self.steps[i] = 0;
+    }
+
+    /// The state of every env (for tests).
+    pub fn states(&self) -> &[[f64; 4]] {
+        &self.state
+    }
+
+    fn write_obs(&self, obs: &mut [f32]) {
+        for (o, s) in obs.chunks_exact_mut(4).zip(&self.state) {
+            for k in 0..4 {
+                o[k] = s[k] as f32;
+            }
+        }
+    }
+}
+
+impl VecEnv for CartPole {
+    fn spec(&self) -> EngineSpec {
+        EngineSpec::standard("cartpole", self.num_envs, 4, 1, DType::I64)
+    }
+
+    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
+        self.write_obs(io.write::<f32>("obs")?);
+        Ok(())
+    }
+
+    fn step(&mut self, _seq: u64, io: &mut Tensors<'_>) -> Result<()> {
+        let actions = io.read::<i64>("actions")?;
+        let reset_mask = io.read::<u8>("reset_mask")?;
+        let rewards = io.write::<f32>("rewards")?;
+        let terminated = io.write::<u8>("terminated")?;
+        let truncated = io.write::<u8>("truncated")?;
+        for i in 0..self.num_envs as usize {
+            if reset_mask[i] != 0 {
+                self.reset_one(i);
+                rewards[i] = 0.0;
+                terminated[i] = 0;
+                truncated[i] = 0;
+                continue;
+            }
+            self.state[i] = dynamics(self.state[i], actions[i] != 0);
+            self.steps[i] += 1;
+            let term = is_terminal(&self.state[i]);
+            let trunc = self.steps[i] >= MAX_STEPS;
+            rewards[i] = 1.0;
+            terminated[i] = term as u8;
+            truncated[i] = trunc as u8;
+            if term || trunc {
+                self.reset_one(i);
+            }
+        }
+        self.write_obs(io.write::<f32>("obs")?);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushing_one_way_terminates_within_a_few_dozen_steps() {
+        let mut s = [0.0, 0.0, 0.01, 0.0];
+        let mut n = 0;
+        while !is_terminal(&s) {
+            s = dynamics(s, true);
+            n += 1;
+            assert!(n < 200);
+        }
+        assert!(n > 5, "{n}");
+    }
+
+    #[test]
+    fn same_seed_same_starts_other_seed_other_starts() {
+        let a = CartPole::new(8, 7);
+        let b = CartPole::new(8, 7);
+        let c = CartPole::new(8, 8);
+        assert_eq!(a.states(), b.states());
+        assert_ne!(a.states(), c.states());
+        for s in a.states() {
+            assert!(s.iter().all(|v| (-0.05..0.05).contains(v)));
+        }
+        // Envs of one engine differ from each other.
+        assert_ne!(a.states()[0], a.states()[1]);
+    }
+}

@@ -1,0 +1,82 @@
+//! Reference engines: `null` (the transport floor and the integrity check) and
+//! `cartpole` (Gymnasium CartPole-v1 dynamics, vectorised), and the loop that serves one.
+
+pub mod cartpole;
+pub mod null;
+
+use std::time::Duration;
+
+use crate::engine::{Engine, EngineSpec};
+use crate::error::{Error, Peer, Result};
+use crate::tensor::Tensors;
+
+/// A vectorised environment an [`Engine`] can serve.
+pub trait VecEnv {
+    /// The tensors it needs (the engine is created from this).
+    fn spec(&self) -> EngineSpec;
+    /// Writes the reset observations of every env (frame 0).
+    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()>;
+    /// Applies `reset_mask`, steps every env with the client's actions and writes frame `seq`.
+    fn step(&mut self, seq: u64, io: &mut Tensors<'_>) -> Result<()>;
+}
+
+/// How a [`serve`] loop ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServeEnd {
+    /// The client closed after this many steps.
+    ClientClosed { steps: u64 },
+}
+
+/// Publishes frame 0, calls `on_ready` with the region name, then answers every action
+/// with one frame until the client closes. `idle_timeout` bounds each wait for an action
+/// (the first one included).
+pub fn serve(
+    engine: &mut Engine,
+    env: &mut dyn VecEnv,
+    idle_timeout: Duration,
+    on_ready: impl FnOnce(&str),
+) -> Result<ServeEnd> {
+    env.reset(&mut engine.io())?;
+    engine.publish()?;
+    on_ready(engine.name());
+    loop {
+        match engine.wait_actions(idle_timeout) {
+            Ok(seq) => {
+                env.step(seq, &mut engine.io())?;
+                engine.publish()?;
+            }
+            Err(Error::PeerClosed { peer: Peer::Client }) => {
+                return Ok(ServeEnd::ClientClosed {
+                    steps: engine.frame(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Builds a reference env by name.
+pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
+    match name {
+        "null" => Ok(Box::new(null::NullEnv::new(
+            num_envs,
+            options.obs_dim.unwrap_or(16),
+            options.act_dim.unwrap_or(1),
+            options.sparse,
+        )?)),
+        "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed))),
+        other => Err(Error::InvalidSpec(format!(
+            "unknown env '{other}' (reference envs: null, cartpole)"
+        ))),
+    }
+}
+
+/// Options of the reference envs (each uses the ones that apply to it).
+#[derive(Debug, Clone, Default)]
+pub struct EnvOptions {
+    pub obs_dim: Option<u64>,
+    pub act_dim: Option<u64>,
+    /// `null`: write the pattern to the first and last element of each tensor only.
+    pub sparse: bool,
+    pub seed: u64,
+}

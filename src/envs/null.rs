@@ -1,0 +1,91 @@
+//! `null`: no physics. Frame `seq` holds a pattern that depends on `seq` and the element's
+//! index, and `rewards[i]` echoes `actions[i, 0]`, so a client can check every step that
+//! the frame is the right one, whole, and answered its own actions.
+//!
+//! Sparse mode writes only the first and last element of `obs` and `rewards`: the engine
+//! then does O(1) work per step whatever the payload size, which is what the transport
+//! benchmark wants to measure.
+
+use crate::engine::EngineSpec;
+use crate::error::{Error, Result};
+use crate::layout::DType;
+use crate::tensor::Tensors;
+
+use super::VecEnv;
+
+/// The value of flat element `index` of `obs` in frame `seq`: exact in f32 (< 2^24).
+#[inline]
+pub fn pattern(seq: u64, index: u64) -> f32 {
+    (seq.wrapping_mul(2_654_435_761).wrapping_add(index) & 0x00FF_FFFF) as f32
+}
+
+#[derive(Debug)]
+pub struct NullEnv {
+    num_envs: u32,
+    obs_dim: u64,
+    act_dim: u64,
+    sparse: bool,
+}
+
+impl NullEnv {
+    pub fn new(num_envs: u32, obs_dim: u64, act_dim: u64, sparse: bool) -> Result<Self> {
+        if obs_dim == 0 || act_dim == 0 {
+            return Err(Error::InvalidSpec(
+                "null: obs_dim and act_dim must be at least 1".into(),
+            ));
+        }
+        Ok(NullEnv {
+            num_envs,
+            obs_dim,
+            act_dim,
+            sparse,
+        })
+    }
+
+    fn write(&self, seq: u64, io: &mut Tensors<'_>) -> Result<()> {
+        let obs = io.write::<f32>("obs")?;
+        if self.sparse {
+            let last = obs.len() - 1;
+            obs[0] = pattern(seq, 0);
+            obs[last] = pattern(seq, last as u64);
+        } else {
+            for (i, o) in obs.iter_mut().enumerate() {
+                *o = pattern(seq, i as u64);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VecEnv for NullEnv {
+    fn spec(&self) -> EngineSpec {
+        EngineSpec::standard(
+            "null",
+            self.num_envs,
+            self.obs_dim,
+            self.act_dim,
+            DType::F32,
+        )
+    }
+
+    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
+        self.write(0, io)
+    }
+
+    fn step(&mut self, seq: u64, io: &mut Tensors<'_>) -> Result<()> {
+        self.write(seq, io)?;
+        let actions = io.read::<f32>("actions")?;
+        let rewards = io.write::<f32>("rewards")?;
+        let a = self.act_dim as usize;
+        if self.sparse {
+            let last = rewards.len() - 1;
+            rewards[0] = actions[0];
+            rewards[last] = actions[last * a];
+        } else {
+            for (i, r) in rewards.iter_mut().enumerate() {
+                *r = actions[i * a];
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,135 @@
+//! The one error type of the crate. Every variant says what went wrong and, where there
+//! is one, what to do about it; the Python layer maps them one to one onto exceptions.
+
+use std::time::Duration;
+
+/// Which side of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    Engine,
+    Client,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Peer::Engine => "engine",
+            Peer::Client => "client",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("region '{name}' does not exist: check the name the engine printed, or whether the engine is still running")]
+    NotFound { name: String },
+
+    #[error("region '{name}' already exists: pick another name, or run `shmbridge gc` if its engine is dead")]
+    NameInUse { name: String },
+
+    #[error("permission denied on region '{name}': it belongs to another user (regions are created mode 0600)")]
+    PermissionDenied { name: String },
+
+    #[error("invalid region name '{name}': {reason}")]
+    InvalidName { name: String, reason: &'static str },
+
+    #[error("region '{name}' is not a shmbridge region (magic {found:#018x}): check the name")]
+    BadMagic { name: String, found: u64 },
+
+    #[error("protocol version mismatch: this library speaks {ours_major}.{ours_minor}, the region was written by {theirs_major}.{theirs_minor}; use the same shmbridge major version on both sides")]
+    VersionMismatch {
+        ours_major: u16,
+        ours_minor: u16,
+        theirs_major: u16,
+        theirs_minor: u16,
+    },
+
+    #[error("header layout hash mismatch (ours {ours:#018x}, region {theirs:#018x}): both sides claim the same version but disagree on the layout; rebuild both from the same release")]
+    LayoutMismatch { ours: u64, theirs: u64 },
+
+    #[error("region too small: need at least {needed} bytes, it has {actual}; the file is truncated or not a shmbridge region")]
+    RegionTooSmall { needed: u64, actual: u64 },
+
+    #[error("invalid header field `{field}`: {reason}")]
+    InvalidHeader { field: &'static str, reason: String },
+
+    #[error("tensor '{tensor}' lies outside the region (offset {offset} + {len} bytes > region size {region_size})")]
+    TensorOutOfBounds {
+        tensor: String,
+        offset: u64,
+        len: u64,
+        region_size: u64,
+    },
+
+    #[error("invalid tensor '{tensor}': {reason}")]
+    InvalidTensor { tensor: String, reason: String },
+
+    #[error("invalid engine spec: {0}")]
+    InvalidSpec(String),
+
+    #[error("no tensor named '{name}' (tensors: {available})")]
+    NoSuchTensor { name: String, available: String },
+
+    #[error("tensor '{tensor}' has dtype {actual}, not {requested}")]
+    DTypeMismatch {
+        tensor: String,
+        requested: &'static str,
+        actual: &'static str,
+    },
+
+    #[error("tensor '{tensor}' is written by the {writer}; the {requester} can only read it")]
+    WrongDirection {
+        tensor: String,
+        writer: Peer,
+        requester: Peer,
+    },
+
+    #[error("tensor '{tensor}' was already borrowed mutably from this frame")]
+    AlreadyBorrowed { tensor: String },
+
+    #[error("another client (pid {pid}) is attached to region '{name}'; one client per engine")]
+    AlreadyAttached { name: String, pid: u32 },
+
+    #[error("the {peer} (pid {pid}) died; {hint}")]
+    PeerDied {
+        peer: Peer,
+        pid: u32,
+        hint: &'static str,
+    },
+
+    #[error("the {peer} closed the region")]
+    PeerClosed { peer: Peer },
+
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        waited: Duration,
+        what: &'static str,
+    },
+
+    #[error("the {peer} broke the protocol: {detail}")]
+    Protocol { peer: Peer, detail: String },
+
+    #[error("out of order: {0}")]
+    OutOfOrder(&'static str),
+
+    #[error("this {0} is closed")]
+    Closed(Peer),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: impl Into<std::io::Error>) -> Self {
+        Error::Io {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,913 @@
+//! Header v1: the byte layout of a region's header and tensor table, and its validation.
+//!
+//! Pure: no I/O, no unsafe. The engine builds a header with [`HeaderBuilder`]; a client
+//! copies the header out of shared memory and runs [`validate`] on the copy before it
+//! trusts any field (the engine could scribble on the live header afterwards; the client
+//! only ever uses its validated snapshot). `docs/protocol.md` documents every byte here.
+
+use bytemuck::{Pod, Zeroable};
+use std::mem::{offset_of, size_of};
+
+use crate::error::{Error, Result};
+
+/// `b"SHMBRIDG"` read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMBRIDG");
+pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 0;
+
+/// Size of the control block at offset 0; the tensor table follows it.
+pub const CONTROL_SIZE: usize = 1024;
+pub const DESC_SIZE: usize = 384;
+pub const MAX_TENSORS: usize = 64;
+pub const MAX_NDIM: usize = 8;
+pub const NAME_LEN: usize = 32;
+/// Host tensor data offsets are multiples of this (a cache line; DLPack wants ≥ 64).
+pub const DATA_ALIGN: u64 = 64;
+/// Tensors at least this large start on a page boundary.
+pub const PAGE: u64 = 4096;
+
+/// Engine/client states stored in `engine_state` / `client_state`.
+pub mod state {
+    /// Engine: created, frame 0 not yet published. Client: none attached.
+    pub const STARTING: u32 = 0;
+    pub const NONE: u32 = 0;
+    /// Engine: frame 0 published, serving. Client: attached.
+    pub const READY: u32 = 1;
+    pub const ATTACHED: u32 = 1;
+    /// Closed cleanly.
+    pub const CLOSED: u32 = 2;
+    /// Declared dead by a peer or `shmbridge gc`.
+    pub const INVALIDATED: u32 = 3;
+
+    pub fn engine_name(s: u32) -> &'static str {
+        match s {
+            STARTING => "starting",
+            READY => "ready",
+            CLOSED => "closed",
+            INVALIDATED => "invalidated",
+            _ => "unknown",
+        }
+    }
+    pub fn client_name(s: u32) -> &'static str {
+        match s {
+            NONE => "none",
+            ATTACHED => "attached",
+            CLOSED => "closed",
+            INVALIDATED => "invalidated",
+            _ => "unknown",
+        }
+    }
+}
+
+/// The control block: the first 1024 bytes of every region.
+///
+/// Fields marked *live* are accessed atomically in the mapping at their offsets (see
+/// [`offsets`]); in a snapshot they are just the values seen when it was taken.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct Header {
+    // Cache line 0: identity, written once before `magic` is published.
+    pub magic: u64,
+    pub version_major: u16,
+    pub version_minor: u16,
+    /// Control block + tensor table, rounded up to a page; tensor data starts here or later.
+    pub header_size: u32,
+    pub region_size: u64,
+    pub layout_hash: u64,
+    pub num_envs: u32,
+    pub tensor_count: u32,
+    pub table_offset: u32,
+    pub desc_size: u32,
+    pub flags: u64,
+    pub _reserved0: u64,
+    // Cache line 1: processes.
+    pub engine_pid: u32,
+    /// live
+    pub engine_state: u32,
+    /// Start time of the engine process in clock ticks after boot (/proc/PID/stat field 22):
+    /// with the pid, it tells a dead engine from a reused pid.
+    pub engine_start_time: u64,
+    /// live
+    pub client_pid: u32,
+    /// live
+    pub client_state: u32,
+    /// live
+    pub client_start_time: u64,
+    pub _reserved1: [u8; 32],
+    // Cache line 2: command rings (reserved in v1: all zero).
+    pub c2e_ring_offset: u64,
+    pub c2e_ring_capacity: u64,
+    pub e2c_ring_offset: u64,
+    pub e2c_ring_capacity: u64,
+    pub _reserved2: [u8; 32],
+    // Cache line 3: what the engine is, NUL-padded UTF-8 ("cartpole", "null", ...).
+    pub engine_kind: [u8; NAME_LEN],
+    pub _reserved3: [u8; 32],
+    // Cache lines 4..8: the sequence counters and waiter flags, one line each.
+    /// live: last action number the client posted.
+    pub action_seq: u64,
+    pub _pad_action: [u8; 56],
+    /// live: last frame number the engine published.
+    pub frame_seq: u64,
+    pub _pad_frame: [u8; 56],
+    /// live: 1 while the engine sleeps on `action_seq`.
+    pub engine_waiting: u32,
+    pub _pad_ew: [u8; 60],
+    /// live: 1 while the client sleeps on `frame_seq`.
+    pub client_waiting: u32,
+    pub _pad_cw: [u8; 60],
+    // Cache lines 8..16: reserved.
+    pub _reserved4: [u8; 512],
+}
+
+/// One tensor-table entry.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct TensorDesc {
+    /// NUL-padded UTF-8.
+    pub name: [u8; NAME_LEN],
+    /// DLPack `DLDataTypeCode`.
+    pub dtype_code: u8,
+    pub dtype_bits: u8,
+    pub dtype_lanes: u16,
+    pub ndim: u8,
+    /// [`Direction`] as u8.
+    pub direction: u8,
+    /// [`Location`] as u8.
+    pub location: u8,
+    pub flags: u8,
+    pub device_ordinal: i32,
+    pub _reserved0: u32,
+    /// Entries past `ndim` are zero.
+    pub shape: [u64; MAX_NDIM],
+    /// Byte strides; v1 requires C-contiguous. Entries past `ndim` are zero.
+    pub strides: [i64; MAX_NDIM],
+    /// Host: byte offset of the data in the region. CUDA: offset from the IPC base.
+    pub offset: u64,
+    pub nbytes: u64,
+    /// CUDA IPC memory handle of the allocation's base (reserved in v1).
+    pub ipc_mem_handle: [u8; 64],
+    /// CUDA IPC event handle (reserved in v1).
+    pub ipc_event_handle: [u8; 64],
+    /// Vulkan export: allocation size and memory type (reserved in v1).
+    pub export_size: u64,
+    pub export_memory_type: u32,
+    pub _reserved1: u32,
+    pub _reserved2: [u8; 48],
+}
+
+const _: () = assert!(size_of::<Header>() == CONTROL_SIZE);
+const _: () = assert!(size_of::<TensorDesc>() == DESC_SIZE);
+const _: () = assert!(offset_of!(Header, action_seq) == 256);
+const _: () = assert!(offset_of!(Header, frame_seq) == 320);
+const _: () = assert!(offset_of!(Header, engine_waiting) == 384);
+const _: () = assert!(offset_of!(Header, client_waiting) == 448);
+
+/// Byte offsets of the live fields, for atomic access in the mapping.
+pub mod offsets {
+    use super::Header;
+    use std::mem::offset_of;
+    pub const MAGIC: usize = offset_of!(Header, magic);
+    pub const ENGINE_PID: usize = offset_of!(Header, engine_pid);
+    pub const ENGINE_STATE: usize = offset_of!(Header, engine_state);
+    pub const ENGINE_START_TIME: usize = offset_of!(Header, engine_start_time);
+    pub const CLIENT_PID: usize = offset_of!(Header, client_pid);
+    pub const CLIENT_STATE: usize = offset_of!(Header, client_state);
+    pub const CLIENT_START_TIME: usize = offset_of!(Header, client_start_time);
+    pub const ACTION_SEQ: usize = offset_of!(Header, action_seq);
+    pub const FRAME_SEQ: usize = offset_of!(Header, frame_seq);
+    pub const ENGINE_WAITING: usize = offset_of!(Header, engine_waiting);
+    pub const CLIENT_WAITING: usize = offset_of!(Header, client_waiting);
+}
+
+/// FNV-1a over the sizes and offsets of every field: two builds that agree on the
+/// version but not on the layout are caught at attach.
+pub const LAYOUT_HASH: u64 = {
+    let words: [usize; 24] = [
+        size_of::<Header>(),
+        offset_of!(Header, header_size),
+        offset_of!(Header, region_size),
+        offset_of!(Header, num_envs),
+        offset_of!(Header, tensor_count),
+        offset_of!(Header, engine_pid),
+        offset_of!(Header, client_pid),
+        offset_of!(Header, c2e_ring_offset),
+        offset_of!(Header, engine_kind),
+        offset_of!(Header, action_seq),
+        offset_of!(Header, frame_seq),
+        offset_of!(Header, engine_waiting),
+        offset_of!(Header, client_waiting),
+        size_of::<TensorDesc>(),
+        offset_of!(TensorDesc, dtype_code),
+        offset_of!(TensorDesc, ndim),
+        offset_of!(TensorDesc, device_ordinal),
+        offset_of!(TensorDesc, shape),
+        offset_of!(TensorDesc, strides),
+        offset_of!(TensorDesc, offset),
+        offset_of!(TensorDesc, nbytes),
+        offset_of!(TensorDesc, ipc_mem_handle),
+        offset_of!(TensorDesc, export_size),
+        MAX_NDIM,
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < words.len() {
+        let bytes = (words[i] as u64).to_le_bytes();
+        let mut j = 0;
+        while j < 8 {
+            h ^= bytes[j] as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            j += 1;
+        }
+        i += 1;
+    }
+    h
+};
+
+/// Element types, with their DLPack codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F16,
+    BF16,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    /// One byte per element, 0 or 1 (DLPack `kDLBool`, 8 bits).
+    Bool,
+}
+
+pub const DL_INT: u8 = 0;
+pub const DL_UINT: u8 = 1;
+pub const DL_FLOAT: u8 = 2;
+pub const DL_BFLOAT: u8 = 4;
+pub const DL_BOOL: u8 = 6;
+
+impl DType {
+    pub const ALL: [DType; 13] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::Bool,
+    ];
+
+    /// (DLPack type code, bits).
+    pub const fn dlpack(self) -> (u8, u8) {
+        match self {
+            DType::F16 => (DL_FLOAT, 16),
+            DType::BF16 => (DL_BFLOAT, 16),
+            DType::F32 => (DL_FLOAT, 32),
+            DType::F64 => (DL_FLOAT, 64),
+            DType::I8 => (DL_INT, 8),
+            DType::I16 => (DL_INT, 16),
+            DType::I32 => (DL_INT, 32),
+            DType::I64 => (DL_INT, 64),
+            DType::U8 => (DL_UINT, 8),
+            DType::U16 => (DL_UINT, 16),
+            DType::U32 => (DL_UINT, 32),
+            DType::U64 => (DL_UINT, 64),
+            DType::Bool => (DL_BOOL, 8),
+        }
+    }
+
+    pub fn from_dlpack(code: u8, bits: u8, lanes: u16) -> Option<DType> {
+        if lanes != 1 {
+            return None;
+        }
+        DType::ALL.into_iter().find(|d| d.dlpack() == (code, bits))
+    }
+
+    pub const fn size(self) -> usize {
+        self.dlpack().1 as usize / 8
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::I16 => "i16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::U8 => "u8",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
+            DType::Bool => "bool",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Who writes a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Direction {
+    /// Observations, rewards, dones, images.
+    EngineToClient = 0,
+    /// Actions, reset mask.
+    ClientToEngine = 1,
+}
+
+impl Direction {
+    pub fn from_u8(v: u8) -> Option<Direction> {
+        match v {
+            0 => Some(Direction::EngineToClient),
+            1 => Some(Direction::ClientToEngine),
+            _ => None,
+        }
+    }
+    pub fn writer(self) -> crate::error::Peer {
+        match self {
+            Direction::EngineToClient => crate::error::Peer::Engine,
+            Direction::ClientToEngine => crate::error::Peer::Client,
+        }
+    }
+    pub fn arrow(self) -> &'static str {
+        match self {
+            Direction::EngineToClient => "engine->client",
+            Direction::ClientToEngine => "client->engine",
+        }
+    }
+}
+
+/// Where a tensor's bytes live. v1 serves `Host` only; the others are reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Location {
+    Host = 0,
+    Cuda = 1,
+    Vulkan = 2,
+}
+
+impl Location {
+    pub fn name(self) -> &'static str {
+        match self {
+            Location::Host => "host",
+            Location::Cuda => "cuda",
+            Location::Vulkan => "vulkan",
+        }
+    }
+}
+
+/// A validated tensor-table entry, owned by the process that validated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub direction: Direction,
+    pub location: Location,
+    /// Byte offset of the data in the region.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// C-contiguous byte strides.
+    pub fn strides(&self) -> Vec<i64> {
+        contiguous_strides(&self.shape, self.dtype.size() as u64)
+    }
+}
+
+fn contiguous_strides(shape: &[u64], itemsize: u64) -> Vec<i64> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut acc = itemsize;
+    for i in (0..shape.len()).rev() {
+        strides[i] = acc as i64;
+        acc = acc.saturating_mul(shape[i]);
+    }
+    strides
+}
+
+/// A validated header: everything a client needs, copied out of shared memory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub version: (u16, u16),
+    pub header_size: u64,
+    pub region_size: u64,
+    pub num_envs: u32,
+    pub engine_pid: u32,
+    pub engine_start_time: u64,
+    pub engine_kind: String,
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl Layout {
+    pub fn tensor(&self, name: &str) -> Result<(usize, &TensorInfo)> {
+        self.tensors
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.name == name)
+            .ok_or_else(|| Error::NoSuchTensor {
+                name: name.to_string(),
+                available: self.tensor_names(),
+            })
+    }
+    pub fn tensor_names(&self) -> String {
+        self.tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What the engine asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub direction: Direction,
+}
+
+impl TensorSpec {
+    pub fn new(name: &str, dtype: DType, shape: &[u64], direction: Direction) -> Self {
+        TensorSpec {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            direction,
+        }
+    }
+}
+
+fn align_up(v: u64, a: u64) -> Option<u64> {
+    Some(v.checked_add(a - 1)? / a * a)
+}
+
+fn read_name(field: &'static str, bytes: &[u8; NAME_LEN]) -> Result<String> {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+    if bytes[end..].iter().any(|&b| b != 0) {
+        return Err(Error::InvalidHeader {
+            field,
+            reason: "bytes after the terminating NUL".into(),
+        });
+    }
+    std::str::from_utf8(&bytes[..end])
+        .map(str::to_string)
+        .map_err(|_| Error::InvalidHeader {
+            field,
+            reason: "not UTF-8".into(),
+        })
+}
+
+fn write_name(name: &str) -> [u8; NAME_LEN] {
+    let mut out = [0u8; NAME_LEN];
+    out[..name.len()].copy_from_slice(name.as_bytes());
+    out
+}
+
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() >= NAME_LEN || name.as_bytes().contains(&0) {
+        return Err(Error::InvalidSpec(format!(
+            "{what} '{name}' must be 1..{} bytes of UTF-8 without NUL",
+            NAME_LEN - 1
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a header and tensor table from an engine's spec: assigns aligned data offsets
+/// and computes the region size. Rejects bad specs before anything is created.
+#[derive(Debug, Clone)]
+pub struct HeaderBuilder {
+    pub header: Header,
+    pub descs: Vec<TensorDesc>,
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl HeaderBuilder {
+    pub fn new(engine_kind: &str, num_envs: u32, specs: &[TensorSpec]) -> Result<Self> {
+        check_name("engine kind", engine_kind)?;
+        if num_envs == 0 {
+            return Err(Error::InvalidSpec("num_envs must be at least 1".into()));
+        }
+        if specs.is_empty() || specs.len() > MAX_TENSORS {
+            return Err(Error::InvalidSpec(format!(
+                "an engine declares 1..={MAX_TENSORS} tensors, not {}",
+                specs.len()
+            )));
+        }
+        let table_end = (CONTROL_SIZE + specs.len() * DESC_SIZE) as u64;
+        let header_size = align_up(table_end, PAGE).expect("small");
+        let mut cursor = header_size;
+        let mut descs = Vec::with_capacity(specs.len());
+        let mut tensors = Vec::with_capacity(specs.len());
+        for (i, s) in specs.iter().enumerate() {
+            check_name("tensor name", &s.name)?;
+            if specs[..i].iter().any(|o| o.name == s.name) {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' declared twice",
+                    s.name
+                )));
+            }
+            if s.shape.is_empty() || s.shape.len() > MAX_NDIM {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' has {} dimensions; 1..={MAX_NDIM} are supported",
+                    s.name,
+                    s.shape.len()
+                )));
+            }
+            if s.shape.contains(&0) {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' has a zero-sized dimension {:?}",
+                    s.name, s.shape
+                )));
+            }
+            let nbytes = s
+                .shape
+                .iter()
+                .try_fold(s.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+                .filter(|&n| n <= isize::MAX as u64)
+                .ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "tensor '{}' shape {:?} is too large",
+                        s.name, s.shape
+                    ))
+                })?;
+            let align = if nbytes >= PAGE { PAGE } else { DATA_ALIGN };
+            let offset = align_up(cursor, align)
+                .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+            cursor = offset
+                .checked_add(nbytes)
+                .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+            let (code, bits) = s.dtype.dlpack();
+            let mut d = TensorDesc::zeroed();
+            d.name = write_name(&s.name);
+            d.dtype_code = code;
+            d.dtype_bits = bits;
+            d.dtype_lanes = 1;
+            d.ndim = s.shape.len() as u8;
+            d.direction = s.direction as u8;
+            d.location = Location::Host as u8;
+            d.shape[..s.shape.len()].copy_from_slice(&s.shape);
+            let strides = contiguous_strides(&s.shape, s.dtype.size() as u64);
+            d.strides[..strides.len()].copy_from_slice(&strides);
+            d.offset = offset;
+            d.nbytes = nbytes;
+            descs.push(d);
+            tensors.push(TensorInfo {
+                name: s.name.clone(),
+                dtype: s.dtype,
+                shape: s.shape.clone(),
+                direction: s.direction,
+                location: Location::Host,
+                offset,
+                nbytes,
+            });
+        }
+        let region_size = align_up(cursor, PAGE)
+            .filter(|&n| n <= isize::MAX as u64)
+            .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+        let mut h = Header::zeroed();
+        // `magic` stays zero here: the region publishes it last.
+        h.version_major = VERSION_MAJOR;
+        h.version_minor = VERSION_MINOR;
+        h.header_size = header_size as u32;
+        h.region_size = region_size;
+        h.layout_hash = LAYOUT_HASH;
+        h.num_envs = num_envs;
+        h.tensor_count = specs.len() as u32;
+        h.table_offset = CONTROL_SIZE as u32;
+        h.desc_size = DESC_SIZE as u32;
+        h.engine_kind = write_name(engine_kind);
+        Ok(HeaderBuilder {
+            header: h,
+            descs,
+            tensors,
+        })
+    }
+
+    /// Header and table bytes, `header_size` long, magic still zero.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.header.header_size as usize];
+        out[..CONTROL_SIZE].copy_from_slice(bytemuck::bytes_of(&self.header));
+        for (i, d) in self.descs.iter().enumerate() {
+            let at = CONTROL_SIZE + i * DESC_SIZE;
+            out[at..at + DESC_SIZE].copy_from_slice(bytemuck::bytes_of(d));
+        }
+        out
+    }
+}
+
+/// Reads the control block from (a copy of) the first bytes of a region.
+pub fn read_header(bytes: &[u8]) -> Result<Header> {
+    if bytes.len() < CONTROL_SIZE {
+        return Err(Error::RegionTooSmall {
+            needed: CONTROL_SIZE as u64,
+            actual: bytes.len() as u64,
+        });
+    }
+    Ok(bytemuck::pod_read_unaligned(&bytes[..CONTROL_SIZE]))
+}
+
+/// Checks identity fields only: magic, version, layout hash.
+pub fn check_identity(name: &str, h: &Header) -> Result<()> {
+    if h.magic != MAGIC {
+        return Err(Error::BadMagic {
+            name: name.to_string(),
+            found: h.magic,
+        });
+    }
+    if h.version_major != VERSION_MAJOR {
+        return Err(Error::VersionMismatch {
+            ours_major: VERSION_MAJOR,
+            ours_minor: VERSION_MINOR,
+            theirs_major: h.version_major,
+            theirs_minor: h.version_minor,
+        });
+    }
+    if h.layout_hash != LAYOUT_HASH {
+        return Err(Error::LayoutMismatch {
+            ours: LAYOUT_HASH,
+            theirs: h.layout_hash,
+        });
+    }
+    Ok(())
+}
+
+/// Validates a header snapshot (`bytes`: at least the header, copied out of the region)
+/// against the region's actual size. Every offset, length and product is checked with
+/// overflow-checked arithmetic; nothing here can panic or index out of bounds.
+pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Layout> {
+    let h = read_header(bytes)?;
+    check_identity(name, &h)?;
+    let bad = |field: &'static str, reason: String| Error::InvalidHeader { field, reason };
+    if h.table_offset as usize != CONTROL_SIZE {
+        return Err(bad(
+            "table_offset",
+            format!("{} (expected {CONTROL_SIZE})", h.table_offset),
+        ));
+    }
+    if h.desc_size as usize != DESC_SIZE {
+        return Err(bad(
+            "desc_size",
+            format!("{} (expected {DESC_SIZE})", h.desc_size),
+        ));
+    }
+    let count = h.tensor_count as usize;
+    if count == 0 || count > MAX_TENSORS {
+        return Err(bad(
+            "tensor_count",
+            format!("{count} (expected 1..={MAX_TENSORS})"),
+        ));
+    }
+    if h.num_envs == 0 {
+        return Err(bad("num_envs", "0".into()));
+    }
+    let table_end = (CONTROL_SIZE + count * DESC_SIZE) as u64;
+    let header_size = h.header_size as u64;
+    if header_size < table_end {
+        return Err(bad(
+            "header_size",
+            format!("{header_size} is smaller than the tensor table's end {table_end}"),
+        ));
+    }
+    if h.region_size < header_size {
+        return Err(bad(
+            "region_size",
+            format!(
+                "{} is smaller than header_size {header_size}",
+                h.region_size
+            ),
+        ));
+    }
+    if actual_region_size < h.region_size {
+        return Err(Error::RegionTooSmall {
+            needed: h.region_size,
+            actual: actual_region_size,
+        });
+    }
+    if (bytes.len() as u64) < table_end {
+        return Err(Error::RegionTooSmall {
+            needed: table_end,
+            actual: bytes.len() as u64,
+        });
+    }
+    let engine_kind = read_name("engine_kind", &h.engine_kind)?;
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = CONTROL_SIZE + i * DESC_SIZE;
+        let d: TensorDesc = bytemuck::pod_read_unaligned(&bytes[at..at + DESC_SIZE]);
+        tensors.push(validate_desc(&d, h.region_size, header_size)?);
+        let t = tensors.last().expect("pushed");
+        if tensors[..i].iter().any(|o| o.name == t.name) {
+            return Err(Error::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: "name appears twice in the table".into(),
+            });
+        }
+    }
+    // Tensors must not overlap: views of two of them are handed out mutably at once.
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|t| (t.offset, t.offset + t.nbytes, t.name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(Error::InvalidTensor {
+                tensor: w[1].2.to_string(),
+                reason: format!("overlaps tensor '{}'", w[0].2),
+            });
+        }
+    }
+    Ok(Layout {
+        version: (h.version_major, h.version_minor),
+        header_size,
+        region_size: h.region_size,
+        num_envs: h.num_envs,
+        engine_pid: h.engine_pid,
+        engine_start_time: h.engine_start_time,
+        engine_kind,
+        tensors,
+    })
+}
+
+fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<TensorInfo> {
+    let name = read_name("tensor name", &d.name)?;
+    if name.is_empty() {
+        return Err(Error::InvalidHeader {
+            field: "tensor name",
+            reason: "empty".into(),
+        });
+    }
+    let invalid = |reason: String| Error::InvalidTensor {
+        tensor: name.clone(),
+        reason,
+    };
+    let dtype = DType::from_dlpack(d.dtype_code, d.dtype_bits, d.dtype_lanes).ok_or_else(|| {
+        invalid(format!(
+            "unsupported dtype (code {}, bits {}, lanes {})",
+            d.dtype_code, d.dtype_bits, d.dtype_lanes
+        ))
+    })?;
+    let ndim = d.ndim as usize;
+    if ndim == 0 || ndim > MAX_NDIM {
+        return Err(invalid(format!("ndim {ndim} (expected 1..={MAX_NDIM})")));
+    }
+    if d.shape[ndim..].iter().any(|&s| s != 0) || d.strides[ndim..].iter().any(|&s| s != 0) {
+        return Err(invalid("shape or strides non-zero past ndim".into()));
+    }
+    let direction = Direction::from_u8(d.direction)
+        .ok_or_else(|| invalid(format!("direction {}", d.direction)))?;
+    let location = match d.location {
+        0 => Location::Host,
+        1 | 2 => {
+            return Err(invalid(format!(
+                "location {} is not served by protocol 1.0 (host only)",
+                if d.location == 1 { "cuda" } else { "vulkan" }
+            )))
+        }
+        other => return Err(invalid(format!("location {other}"))),
+    };
+    let shape = d.shape[..ndim].to_vec();
+    if shape.contains(&0) {
+        return Err(invalid(format!("zero-sized dimension in {shape:?}")));
+    }
+    let expected = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &s| acc.checked_mul(s))
+        .filter(|&n| n <= isize::MAX as u64)
+        .ok_or_else(|| invalid(format!("shape {shape:?} overflows")))?;
+    if d.nbytes != expected {
+        return Err(invalid(format!(
+            "nbytes {} does not match shape {shape:?} x {} bytes = {expected}",
+            d.nbytes,
+            dtype.size()
+        )));
+    }
+    let strides = contiguous_strides(&shape, dtype.size() as u64);
+    if d.strides[..ndim] != strides[..] {
+        return Err(invalid(format!(
+            "strides {:?} are not C-contiguous {strides:?} (required in 1.0)",
+            &d.strides[..ndim]
+        )));
+    }
+    if d.offset % DATA_ALIGN != 0 {
+        return Err(invalid(format!(
+            "offset {} is not {DATA_ALIGN}-byte aligned",
+            d.offset
+        )));
+    }
+    let end = d.offset.checked_add(d.nbytes);
+    if d.offset < header_size || end.is_none_or(|e| e > region_size) {
+        return Err(Error::TensorOutOfBounds {
+            tensor: name,
+            offset: d.offset,
+            len: d.nbytes,
+            region_size,
+        });
+    }
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        direction,
+        location,
+        offset: d.offset,
+        nbytes: d.nbytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standard() -> HeaderBuilder {
+        HeaderBuilder::new(
+            "test",
+            4,
+            &[
+                TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient),
+                TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine),
+                TensorSpec::new("big", DType::U8, &[2, 84, 84, 3], Direction::EngineToClient),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn published(b: &HeaderBuilder) -> Vec<u8> {
+        let mut bytes = b.bytes();
+        bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn builder_output_validates() {
+        let b = standard();
+        let l = validate("r", &published(&b), b.header.region_size).unwrap();
+        assert_eq!(l.tensors, b.tensors);
+        assert_eq!(l.engine_kind, "test");
+        for t in &l.tensors {
+            assert_eq!(t.offset % DATA_ALIGN, 0);
+            assert!(t.offset >= l.header_size);
+            if t.nbytes >= PAGE {
+                assert_eq!(t.offset % PAGE, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn unpublished_magic_is_bad_magic() {
+        let b = standard();
+        let err = validate("r", &b.bytes(), b.header.region_size).unwrap_err();
+        assert!(matches!(err, Error::BadMagic { found: 0, .. }), "{err}");
+    }
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for d in DType::ALL {
+            let (c, b) = d.dlpack();
+            assert_eq!(DType::from_dlpack(c, b, 1), Some(d));
+            assert_eq!(DType::parse(d.name()), Some(d));
+            assert_eq!(d.size() * 8, b as usize);
+        }
+        assert_eq!(DType::from_dlpack(DL_FLOAT, 32, 2), None);
+    }
+
+    #[test]
+    fn bad_specs_are_rejected() {
+        let t = |shape: &[u64]| TensorSpec::new("x", DType::F32, shape, Direction::EngineToClient);
+        assert!(HeaderBuilder::new("k", 0, &[t(&[1])]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[])]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[0, 3])]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[u64::MAX, 2])]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1; 9])]).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1]), t(&[2])]).is_err());
+        let long = "x".repeat(NAME_LEN);
+        assert!(HeaderBuilder::new(&long, 1, &[t(&[1])]).is_err());
+    }
+}

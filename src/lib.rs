@@ -1,0 +1,33 @@
+//! shmbridge: zero-copy tensor exchange between a simulator ("engine") and a learner
+//! ("client") on the same machine, through a POSIX shared-memory region with sequence
+//! counters driving a lock-step loop.
+//!
+//! Modules follow the data path: [`layout`] (the header, pure) → [`region`] (the shm
+//! object) → [`sync`] (counters and waiting) → [`tensor`] (typed views) → [`engine`] and
+//! [`client`] (the two public faces) → [`envs`] (reference engines). All system calls are
+//! in `os`. The wire format is documented in `docs/protocol.md`.
+
+#[cfg(not(all(target_os = "linux", target_endian = "little")))]
+compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
+
+pub mod client;
+pub mod engine;
+pub mod envs;
+pub mod error;
+pub mod layout;
+mod os;
+pub mod region;
+pub mod sync;
+pub mod tensor;
+
+pub use client::{AttachOptions, Client};
+pub use engine::{Engine, EngineSpec};
+pub use error::{Error, Peer, Result};
+pub use layout::{DType, Direction, Layout, Location, TensorInfo, TensorSpec};
+pub use sync::WaitPolicy;
+pub use tensor::{Element, Tensors};
+
+/// Liveness helpers for tools and tests.
+pub mod process {
+    pub use crate::os::{current_pid, process_alive, process_start_time};
+}

@@ -1,0 +1,159 @@
+//! The OS layer: POSIX shm, mapping, flock, futex and process liveness. Every system
+//! call the crate makes goes through here (via rustix), so the rest stays portable in
+//! shape and free of OS details.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use rustix::fs::{FlockOperation, Mode};
+use rustix::io::Errno;
+use rustix::shm::OFlags;
+use rustix::thread::futex;
+
+use crate::error::{Error, Result};
+
+/// Where POSIX shm names appear as files (Linux).
+pub const SHM_DIR: &str = "/dev/shm";
+
+fn map_open_err(name: &str, e: Errno) -> Error {
+    match e {
+        Errno::NOENT => Error::NotFound { name: name.into() },
+        Errno::EXIST => Error::NameInUse { name: name.into() },
+        Errno::ACCESS | Errno::PERM => Error::PermissionDenied { name: name.into() },
+        Errno::NAMETOOLONG | Errno::INVAL => Error::InvalidName {
+            name: name.into(),
+            reason: "rejected by shm_open",
+        },
+        e => Error::io(format!("shm_open('{name}')"), e),
+    }
+}
+
+/// Creates a new shm object: `O_CREAT|O_EXCL`, mode 0600.
+pub fn shm_create(name: &str) -> Result<File> {
+    let fd = rustix::shm::open(
+        name,
+        OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
+        Mode::RUSR | Mode::WUSR,
+    )
+    .map_err(|e| map_open_err(name, e))?;
+    Ok(File::from(fd))
+}
+
+/// Opens an existing shm object.
+pub fn shm_open(name: &str, writable: bool) -> Result<File> {
+    let flags = if writable {
+        OFlags::RDWR
+    } else {
+        OFlags::RDONLY
+    };
+    let fd: OwnedFd =
+        rustix::shm::open(name, flags, Mode::empty()).map_err(|e| map_open_err(name, e))?;
+    Ok(File::from(fd))
+}
+
+pub fn shm_unlink(name: &str) -> Result<()> {
+    rustix::shm::unlink(name).map_err(|e| map_open_err(name, e))
+}
+
+/// (size, device, inode) of an open file.
+pub fn file_identity(file: &File) -> Result<(u64, u64, u64)> {
+    let st = rustix::fs::fstat(file).map_err(|e| Error::io("fstat", e))?;
+    Ok((st.st_size as u64, st.st_dev, st.st_ino))
+}
+
+pub fn set_len(file: &File, len: u64) -> Result<()> {
+    rustix::fs::ftruncate(file, len).map_err(|e| Error::io("ftruncate", e))
+}
+
+/// Takes an exclusive `flock` without blocking; `Ok(false)` if someone else holds it.
+/// The engine holds one on its region for its whole life: the kernel drops it when the
+/// engine dies, however it dies, so "lock free" means "engine gone".
+pub fn try_lock_exclusive(file: &File) -> Result<bool> {
+    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(Error::io("flock", e)),
+    }
+}
+
+/// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
+/// value change, timeout or signal; the caller re-checks its condition in every case.
+/// Shared mapping: the futex is never `FUTEX_PRIVATE_FLAG`.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos() as i64,
+    };
+    // EAGAIN (value changed), ETIMEDOUT and EINTR are all "go and look again".
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
+}
+
+pub fn futex_wake_all(word: &AtomicU32) {
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+pub fn current_pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Process start time in clock ticks after boot, with the state letter, from
+/// `/proc/PID/stat`. `None` if there is no such process.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold anything: parse after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 3 is the state; starttime is field 22, i.e. 19 fields further on.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    proc_stat(pid).map(|(_, t)| t)
+}
+
+/// Whether the process `pid` that started at `start_time` still runs. A zombie counts as
+/// dead (it has exited, nobody reaped it yet); a live process with another start time is
+/// a reused pid, so the one we knew is dead too.
+pub fn process_alive(pid: u32, start_time: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match proc_stat(pid) {
+        Some((state, start)) => start == start_time && state != 'Z' && state != 'X',
+        None => false,
+    }
+}
+
+/// 128 random bits as 32 lowercase hex digits.
+pub fn random_hex128() -> Result<String> {
+    let mut buf = [0u8; 16];
+    rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| Error::io("getrandom", e))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_start_time_matters() {
+        let pid = current_pid();
+        let start = process_start_time(pid).expect("own /proc entry");
+        assert!(process_alive(pid, start));
+        assert!(!process_alive(pid, start + 1));
+        assert!(!process_alive(0, start));
+    }
+
+    #[test]
+    fn random_names_differ() {
+        let a = random_hex128().unwrap();
+        let b = random_hex128().unwrap();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+    }
+}

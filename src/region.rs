@@ -1,0 +1,355 @@
+//! A named shared-memory region: create (engine), open (client, tools), unlink, and the
+//! sweep of regions whose engine is dead.
+//!
+//! The engine holds an exclusive `flock` on its region for as long as it lives. The kernel
+//! releases it when the engine exits in any way, so a sweep that can take the lock knows
+//! the engine is gone, with no pid-reuse race.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::{Error, Result};
+use crate::layout::{self, offsets, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
+use crate::os;
+
+/// Every region name starts with this, so `ls` and `gc` can find them.
+pub const PREFIX: &str = "shmbridge-";
+/// The most header bytes a snapshot copies: control block + a full tensor table.
+const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE;
+/// A region younger than this, not yet claimed by its engine, is left alone by the sweep:
+/// its engine may be between `shm_open` and `flock`.
+const CREATE_GRACE: Duration = Duration::from_secs(5);
+
+/// Turns a user-given name into a region name: adds [`PREFIX`] if missing and checks the
+/// characters (the name becomes a file in /dev/shm).
+pub fn canonical_name(name: &str) -> Result<String> {
+    let name = name.strip_prefix('/').unwrap_or(name);
+    let full = if name.starts_with(PREFIX) {
+        name.to_string()
+    } else {
+        format!("{PREFIX}{name}")
+    };
+    let ok = full.len() <= 200
+        && full.len() > PREFIX.len()
+        && full
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !ok {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+            reason: "use 1..190 characters from [A-Za-z0-9._-]",
+        });
+    }
+    Ok(full)
+}
+
+/// A fresh random name: 128 bits, so two engines never collide.
+pub fn random_name() -> Result<String> {
+    Ok(format!("{PREFIX}{}", os::random_hex128()?))
+}
+
+/// A mapped region. Dropping it unmaps; the engine's handle also unlinks the name.
+pub struct Region {
+    name: String,
+    /// Kept open: for the engine it carries the liveness `flock`.
+    _file: File,
+    map: MmapRaw,
+    /// (device, inode) of the object we mapped, to unlink only that one.
+    identity: (u64, u64),
+    owner: bool,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("name", &self.name)
+            .field("len", &self.len())
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Creates, sizes, pre-faults and initialises a region, then publishes its magic.
+    /// Nothing is left behind if any step fails.
+    pub fn create(name: &str, builder: &HeaderBuilder) -> Result<Region> {
+        let file = os::shm_create(name)?;
+        // From here on, a failure must remove the name again.
+        let guard = UnlinkOnDrop(name);
+        if !os::try_lock_exclusive(&file)? {
+            return Err(Error::NameInUse { name: name.into() });
+        }
+        let len = builder.header.region_size;
+        os::set_len(&file, len)?;
+        let map = MmapOptions::new()
+            .len(len as usize)
+            .populate()
+            .map_raw(&file)
+            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+        let (_, dev, ino) = os::file_identity(&file)?;
+        let region = Region {
+            name: name.to_string(),
+            _file: file,
+            map,
+            identity: (dev, ino),
+            owner: true,
+        };
+        let bytes = builder.bytes();
+        // SAFETY: the mapping is `len` bytes and `bytes.len() == header_size <= len`
+        // (HeaderBuilder guarantees it). Nobody else can have mapped the object yet
+        // past its magic check, since the magic is still zero.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), region.ptr(), bytes.len());
+        }
+        let pid = os::current_pid();
+        let start = os::process_start_time(pid)
+            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
+        region
+            .u64_at(offsets::ENGINE_START_TIME)
+            .store(start, Ordering::Relaxed);
+        region
+            .u32_at(offsets::ENGINE_PID)
+            .store(pid, Ordering::Relaxed);
+        // Publish: everything above happens-before any Acquire load that sees the magic.
+        region
+            .u64_at(offsets::MAGIC)
+            .store(layout::MAGIC, Ordering::Release);
+        std::mem::forget(guard);
+        Ok(region)
+    }
+
+    /// Opens an existing region and waits (up to `timeout`) until its engine has published
+    /// the header. Returns the region and a validated snapshot of its layout.
+    pub fn open(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
+        let deadline = Instant::now() + timeout;
+        let file = os::shm_open(name, true)?;
+        loop {
+            let (size, dev, ino) = os::file_identity(&file)?;
+            if size >= CONTROL_SIZE as u64 {
+                let map = MmapOptions::new()
+                    .len(size as usize)
+                    .map_raw(&file)
+                    .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+                let region = Region {
+                    name: name.to_string(),
+                    _file: file.try_clone().map_err(|e| Error::io("dup", e))?,
+                    map,
+                    identity: (dev, ino),
+                    owner: false,
+                };
+                let magic = region.u64_at(offsets::MAGIC).load(Ordering::Acquire);
+                if magic != 0 {
+                    let snapshot = region.snapshot();
+                    let layout = layout::validate(name, &snapshot, size)?;
+                    return Ok((region, layout));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(if size < CONTROL_SIZE as u64 {
+                    Error::RegionTooSmall {
+                        needed: CONTROL_SIZE as u64,
+                        actual: size,
+                    }
+                } else {
+                    Error::Timeout {
+                        waited: timeout,
+                        what: "the engine to publish the region header",
+                    }
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Maps a region read-only for inspection; nothing is validated beyond the size.
+    pub fn open_read_only(name: &str) -> Result<Region> {
+        let file = os::shm_open(name, false)?;
+        let (size, dev, ino) = os::file_identity(&file)?;
+        if size < CONTROL_SIZE as u64 {
+            return Err(Error::RegionTooSmall {
+                needed: CONTROL_SIZE as u64,
+                actual: size,
+            });
+        }
+        let map = MmapOptions::new()
+            .len(size as usize)
+            .map_raw_read_only(&file)
+            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+        Ok(Region {
+            name: name.to_string(),
+            _file: file,
+            map,
+            identity: (dev, ino),
+            owner: false,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// A copy of the header bytes (control block and the largest possible table, or the
+    /// whole region if smaller). Live fields may change while it is taken; a snapshot is
+    /// validated before use and never written back.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let n = self.len().min(MAX_HEADER);
+        let mut out = vec![0u8; n];
+        // SAFETY: `n <= len` of a live mapping. Concurrent writes by the peer only touch
+        // live fields (plain integers), so the copy reads initialised bytes; a torn value
+        // there is harmless because validation never relies on live fields.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(), out.as_mut_ptr(), n) };
+        out
+    }
+
+    pub fn header(&self) -> Header {
+        layout::read_header(&self.snapshot()).expect("a region is at least CONTROL_SIZE bytes")
+    }
+
+    /// The live atomic u64 at a control-block offset from [`offsets`].
+    pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset % 8 == 0 && offset + 8 <= CONTROL_SIZE);
+        // SAFETY: the mapping is page-aligned and at least CONTROL_SIZE long (checked by
+        // every constructor), the offset is 8-aligned and inside it, so the pointer is
+        // valid and aligned for AtomicU64 for the mapping's lifetime, which the returned
+        // borrow of `self` cannot outlive. Both processes access it only atomically.
+        unsafe { &*(self.ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// The live atomic u32 at a control-block offset from [`offsets`].
+    pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset % 4 == 0 && offset + 4 <= CONTROL_SIZE);
+        // SAFETY: as for `u64_at`, with 4-byte alignment.
+        unsafe { &*(self.ptr().add(offset) as *const AtomicU32) }
+    }
+
+    /// The low 32 bits of the live u64 counter at `offset`: the futex word for it.
+    pub fn low_u32_of(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset % 8 == 0 && offset + 8 <= CONTROL_SIZE);
+        // SAFETY: as for `u32_at`. On little-endian targets (the only ones this crate
+        // builds for, see lib.rs) the low half of a u64 is its first four bytes. The
+        // kernel's futex compare reads these four bytes atomically.
+        unsafe { &*(self.ptr().add(offset) as *const AtomicU32) }
+    }
+
+    /// Removes the name from /dev/shm if it still refers to the object we mapped (a new
+    /// engine may have taken the name since).
+    pub fn unlink_if_same(&self) {
+        if let Ok(f) = os::shm_open(&self.name, false) {
+            if let Ok((_, dev, ino)) = os::file_identity(&f) {
+                if (dev, ino) == self.identity {
+                    let _ = os::shm_unlink(&self.name);
+                }
+            }
+        }
+    }
+
+    pub fn is_owner(&self) -> bool {
+        self.owner
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.owner {
+            self.unlink_if_same();
+        }
+    }
+}
+
+struct UnlinkOnDrop<'a>(&'a str);
+impl Drop for UnlinkOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = os::shm_unlink(self.0);
+    }
+}
+
+/// Removes a region's name (its engine is exiting, or is known dead).
+pub fn remove(name: &str) -> Result<()> {
+    os::shm_unlink(name)
+}
+
+/// Names of all shmbridge regions in /dev/shm, sorted.
+pub fn list_names() -> Result<Vec<String>> {
+    let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Whether the engine of this region is gone: its lock is free and it had claimed it
+/// (magic or pid written), or it never claimed it and the file is older than the grace.
+fn engine_is_gone(name: &str) -> Result<bool> {
+    let file = os::shm_open(name, false)?;
+    if !os::try_lock_exclusive(&file)? {
+        return Ok(false);
+    }
+    let (size, _, _) = os::file_identity(&file)?;
+    let claimed = size >= CONTROL_SIZE as u64 && {
+        let r = Region::open_read_only(name)?;
+        let h = r.header();
+        h.magic != 0 || h.engine_pid != 0
+    };
+    if claimed {
+        return Ok(true);
+    }
+    let age = file
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .unwrap_or_default();
+    Ok(age > CREATE_GRACE)
+}
+
+/// Removes every region whose engine is gone. Returns the names removed. Regions of
+/// other users (permission denied) and live ones are left alone.
+pub fn sweep() -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for name in list_names()? {
+        match engine_is_gone(&name) {
+            Ok(true) => {
+                if os::shm_unlink(&name).is_ok() {
+                    removed.push(name);
+                }
+            }
+            Ok(false) | Err(_) => {}
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_canonicalised_and_checked() {
+        assert_eq!(canonical_name("abc").unwrap(), "shmbridge-abc");
+        assert_eq!(canonical_name("/shmbridge-abc").unwrap(), "shmbridge-abc");
+        assert!(canonical_name("a/b").is_err());
+        assert!(canonical_name("").is_err());
+        assert!(canonical_name("shmbridge-").is_err());
+        assert!(canonical_name(&"x".repeat(300)).is_err());
+        let r = random_name().unwrap();
+        assert_eq!(canonical_name(&r).unwrap(), r);
+    }
+}

@@ -1,0 +1,132 @@
+//! Typed views of host tensors in a region.
+//!
+//! [`Tensors`] hands out slices of the tensors in a region: shared ones of any tensor,
+//! mutable ones of the tensors this side writes, each at most once, and never a shared
+//! and a mutable one of the same tensor. Validation guarantees tensors do not overlap, so
+//! slices of different tensors never alias. A `Tensors` borrows its engine or client
+//! mutably, so no slice outlives the next `publish()` / `step()`.
+//!
+//! The peer is another process: a well-behaved one does not touch a tensor it does not
+//! own while the lock-step protocol gives it to us. A misbehaving one can change values
+//! under a shared slice; that can give wrong numbers, never an out-of-bounds access.
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Peer, Result};
+use crate::layout::{DType, Layout, TensorInfo};
+use crate::region::Region;
+
+/// A Rust type that can view a tensor's elements.
+pub trait Element: bytemuck::Pod {
+    /// The dtypes this type can view (`u8` also views `bool` tensors, whose bytes are 0/1).
+    const DTYPES: &'static [DType];
+    const NAME: &'static str;
+}
+
+macro_rules! element {
+    ($t:ty, $name:literal, $($d:expr),+) => {
+        impl Element for $t {
+            const DTYPES: &'static [DType] = &[$($d),+];
+            const NAME: &'static str = $name;
+        }
+    };
+}
+element!(f16, "f16", DType::F16);
+element!(bf16, "bf16", DType::BF16);
+element!(f32, "f32", DType::F32);
+element!(f64, "f64", DType::F64);
+element!(i8, "i8", DType::I8);
+element!(i16, "i16", DType::I16);
+element!(i32, "i32", DType::I32);
+element!(i64, "i64", DType::I64);
+element!(u8, "u8", DType::U8, DType::Bool);
+element!(u16, "u16", DType::U16);
+element!(u32, "u32", DType::U32);
+element!(u64, "u64", DType::U64);
+
+/// Borrowed access to the tensors of one region, for one side.
+pub struct Tensors<'a> {
+    region: &'a Region,
+    layout: &'a Layout,
+    side: Peer,
+    shared: u64,
+    exclusive: u64,
+}
+
+impl<'a> Tensors<'a> {
+    pub(crate) fn new(region: &'a Region, layout: &'a Layout, side: Peer) -> Self {
+        Tensors {
+            region,
+            layout,
+            side,
+            shared: 0,
+            exclusive: 0,
+        }
+    }
+
+    fn lookup<T: Element>(&self, name: &str) -> Result<(usize, &'a TensorInfo)> {
+        let (i, t) = self.layout.tensor(name)?;
+        if !T::DTYPES.contains(&t.dtype) {
+            return Err(Error::DTypeMismatch {
+                tensor: name.to_string(),
+                requested: T::NAME,
+                actual: t.dtype.name(),
+            });
+        }
+        Ok((i, t))
+    }
+
+    /// A shared view of any tensor.
+    pub fn read<T: Element>(&mut self, name: &str) -> Result<&'a [T]> {
+        let (i, t) = self.lookup::<T>(name)?;
+        if self.exclusive & (1 << i) != 0 {
+            return Err(Error::AlreadyBorrowed {
+                tensor: t.name.clone(),
+            });
+        }
+        self.shared |= 1 << i;
+        let len = (t.nbytes as usize) / std::mem::size_of::<T>();
+        // SAFETY: validation (or the builder, on the engine side) guarantees that
+        // `offset..offset + nbytes` lies inside the mapping, that `offset` is 64-byte
+        // aligned (enough for every Element), and that `nbytes` is `len` elements of a
+        // type with this size. Every bit pattern is a valid `T` (Pod). No mutable slice of
+        // this tensor exists (bitmask above) and the `'a` borrow of the engine/client
+        // keeps the mapping alive and prevents a new `Tensors` meanwhile.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.region.ptr().add(t.offset as usize) as *const T, len)
+        })
+    }
+
+    /// A mutable view of a tensor this side writes; each tensor at most once.
+    pub fn write<T: Element>(&mut self, name: &str) -> Result<&'a mut [T]> {
+        let (i, t) = self.lookup::<T>(name)?;
+        if t.direction.writer() != self.side {
+            return Err(Error::WrongDirection {
+                tensor: t.name.clone(),
+                writer: t.direction.writer(),
+                requester: self.side,
+            });
+        }
+        if (self.shared | self.exclusive) & (1 << i) != 0 {
+            return Err(Error::AlreadyBorrowed {
+                tensor: t.name.clone(),
+            });
+        }
+        self.exclusive |= 1 << i;
+        let len = (t.nbytes as usize) / std::mem::size_of::<T>();
+        // SAFETY: bounds, alignment and validity as in `read`. The bitmask ensures this is
+        // the only slice of this tensor handed out by this `Tensors`, tensors do not
+        // overlap, and the mutable borrow of the engine/client that this `Tensors` holds
+        // for `'a` rules out any other `Tensors` over the same region in this process.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.region.ptr().add(t.offset as usize) as *mut T, len)
+        })
+    }
+
+    /// Address of a tensor's first byte in this process (for zero-copy checks).
+    pub fn address(&self, name: &str) -> Result<*const u8> {
+        let (_, t) = self.layout.tensor(name)?;
+        // SAFETY: in bounds of the mapping (validated), so `add` stays inside the object.
+        Ok(unsafe { self.region.ptr().add(t.offset as usize) as *const u8 })
+    }
+}
