@@ -72,36 +72,43 @@ impl Client {
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        // Claim the slot: pid and start time first, then the state with Release, so an
-        // engine that sees ATTACHED also sees who attached.
-        let slot = region.u32_at(offsets::CLIENT_PID);
+        // Claim the slot by moving client_state to CLAIMING, write pid and start time,
+        // then ATTACHED with Release: an engine that sees ATTACHED also sees who it is.
+        let slot = region.u32_at(offsets::CLIENT_STATE);
         loop {
-            let holder = slot.load(Ordering::Acquire);
-            if holder != 0 {
-                let st = region.u32_at(offsets::CLIENT_STATE).load(Ordering::Acquire);
-                let hstart = region
-                    .u64_at(offsets::CLIENT_START_TIME)
-                    .load(Ordering::Relaxed);
-                let gone = st == state::CLOSED
-                    || st == state::INVALIDATED
-                    || !os::process_alive(holder, hstart);
-                if !gone {
-                    return Err(Error::AlreadyAttached { name, pid: holder });
+            let st = slot.load(Ordering::Acquire);
+            let free = match st {
+                state::NONE | state::CLOSED | state::INVALIDATED => true,
+                state::ATTACHED => {
+                    let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
+                    let start = region
+                        .u64_at(offsets::CLIENT_START_TIME)
+                        .load(Ordering::Relaxed);
+                    if os::process_alive(pid, start) {
+                        return Err(Error::AlreadyAttached { name, pid });
+                    }
+                    true
                 }
-            }
-            if slot
-                .compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+                _ => {
+                    let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
+                    return Err(Error::AlreadyAttached { name, pid });
+                }
+            };
+            if free
+                && slot
+                    .compare_exchange(st, state::CLAIMING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
             {
                 break;
             }
         }
         region
+            .u32_at(offsets::CLIENT_PID)
+            .store(me, Ordering::Relaxed);
+        region
             .u64_at(offsets::CLIENT_START_TIME)
             .store(my_start, Ordering::Relaxed);
-        region
-            .u32_at(offsets::CLIENT_STATE)
-            .store(state::ATTACHED, Ordering::Release);
+        slot.store(state::ATTACHED, Ordering::Release);
         let mut client = Client {
             region,
             layout,
@@ -111,6 +118,7 @@ impl Client {
             closed: false,
         };
         // Wait for frame 0 (engine READY), checking that the engine lives.
+        let mut backoff = crate::sync::Backoff::default();
         loop {
             match client.engine_state() {
                 state::READY => break,
@@ -124,7 +132,7 @@ impl Client {
                     what: "the engine to publish frame 0",
                 });
             }
-            std::thread::yield_now();
+            backoff.snooze();
         }
         let frame = client
             .region
@@ -178,6 +186,18 @@ impl Client {
     /// Number of the frame the tensors hold now.
     pub fn frame(&self) -> u64 {
         self.frame
+    }
+
+    /// The live `(action_seq, frame_seq)` counters of the region.
+    pub fn counters(&self) -> (u64, u64) {
+        (
+            self.region
+                .u64_at(offsets::ACTION_SEQ)
+                .load(Ordering::Acquire),
+            self.region
+                .u64_at(offsets::FRAME_SEQ)
+                .load(Ordering::Acquire),
+        )
     }
 
     fn engine_state(&self) -> u32 {

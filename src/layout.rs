@@ -36,8 +36,10 @@ pub mod state {
     pub const ATTACHED: u32 = 1;
     /// Closed cleanly.
     pub const CLOSED: u32 = 2;
-    /// Declared dead by a peer or `shmbridge gc`.
+    /// Declared dead by its peer (the engine marks a dead client so the slot frees up).
     pub const INVALIDATED: u32 = 3;
+    /// Client only: a client is claiming the slot (writing its pid and start time).
+    pub const CLAIMING: u32 = 4;
 
     pub fn engine_name(s: u32) -> &'static str {
         match s {
@@ -52,6 +54,7 @@ pub mod state {
         match s {
             NONE => "none",
             ATTACHED => "attached",
+            CLAIMING => "claiming",
             CLOSED => "closed",
             INVALIDATED => "invalidated",
             _ => "unknown",

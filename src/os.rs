@@ -78,6 +78,11 @@ pub fn try_lock_exclusive(file: &File) -> Result<bool> {
     }
 }
 
+/// Takes an exclusive `flock`, waiting if a sweep holds it for a moment.
+pub fn lock_exclusive(file: &File) -> Result<()> {
+    rustix::fs::flock(file, FlockOperation::LockExclusive).map_err(|e| Error::io("flock", e))
+}
+
 /// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
 /// value change, timeout or signal; the caller re-checks its condition in every case.
 /// Shared mapping: the futex is never `FUTEX_PRIVATE_FLAG`.

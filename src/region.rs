@@ -14,6 +14,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use crate::error::{Error, Result};
 use crate::layout::{self, offsets, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
 use crate::os;
+use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
@@ -79,9 +80,8 @@ impl Region {
         let file = os::shm_create(name)?;
         // From here on, a failure must remove the name again.
         let guard = UnlinkOnDrop(name);
-        if !os::try_lock_exclusive(&file)? {
-            return Err(Error::NameInUse { name: name.into() });
-        }
+        // A sweep may hold the lock for a moment while it looks at the new file: wait.
+        os::lock_exclusive(&file)?;
         let len = builder.header.region_size;
         os::set_len(&file, len)?;
         let map = MmapOptions::new()
@@ -125,48 +125,41 @@ impl Region {
     /// the header. Returns the region and a validated snapshot of its layout.
     pub fn open(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
         let deadline = Instant::now() + timeout;
-        let file = os::shm_open(name, true)?;
-        loop {
-            let (size, dev, ino) = os::file_identity(&file)?;
-            if size >= CONTROL_SIZE as u64 {
-                let map = MmapOptions::new()
-                    .len(size as usize)
-                    .map_raw(&file)
-                    .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
-                let region = Region {
-                    name: name.to_string(),
-                    _file: file.try_clone().map_err(|e| Error::io("dup", e))?,
-                    map,
-                    identity: (dev, ino),
-                    owner: false,
-                };
-                let magic = region.u64_at(offsets::MAGIC).load(Ordering::Acquire);
-                if magic != 0 {
-                    let snapshot = region.snapshot();
-                    let layout = layout::validate(name, &snapshot, size)?;
-                    return Ok((region, layout));
+        let mut backoff = Backoff::default();
+        // The engine sizes the object right after creating it, before writing anything:
+        // wait for the size, then map once and wait for the magic.
+        let region = loop {
+            match Region::map_existing(name, true) {
+                Ok(r) => break r,
+                Err(e @ Error::RegionTooSmall { .. }) if Instant::now() >= deadline => {
+                    return Err(e)
                 }
+                Err(Error::RegionTooSmall { .. }) => backoff.snooze(),
+                Err(e) => return Err(e),
             }
+        };
+        while region.u64_at(offsets::MAGIC).load(Ordering::Acquire) == 0 {
             if Instant::now() >= deadline {
-                return Err(if size < CONTROL_SIZE as u64 {
-                    Error::RegionTooSmall {
-                        needed: CONTROL_SIZE as u64,
-                        actual: size,
-                    }
-                } else {
-                    Error::Timeout {
-                        waited: timeout,
-                        what: "the engine to publish the region header",
-                    }
+                return Err(Error::Timeout {
+                    waited: timeout,
+                    what: "the engine to publish the region header",
                 });
             }
-            std::thread::yield_now();
+            backoff.snooze();
         }
+        let snapshot = region.snapshot();
+        let layout = layout::validate(name, &snapshot, region.len() as u64)?;
+        Ok((region, layout))
     }
 
     /// Maps a region read-only for inspection; nothing is validated beyond the size.
     pub fn open_read_only(name: &str) -> Result<Region> {
-        let file = os::shm_open(name, false)?;
+        Region::map_existing(name, false)
+    }
+
+    /// Maps an existing object whole, if it is at least a control block long.
+    fn map_existing(name: &str, writable: bool) -> Result<Region> {
+        let file = os::shm_open(name, writable)?;
         let (size, dev, ino) = os::file_identity(&file)?;
         if size < CONTROL_SIZE as u64 {
             return Err(Error::RegionTooSmall {
@@ -174,10 +167,14 @@ impl Region {
                 actual: size,
             });
         }
-        let map = MmapOptions::new()
-            .len(size as usize)
-            .map_raw_read_only(&file)
-            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+        let mut opts = MmapOptions::new();
+        opts.len(size as usize);
+        let map = if writable {
+            opts.map_raw(&file)
+        } else {
+            opts.map_raw_read_only(&file)
+        }
+        .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         Ok(Region {
             name: name.to_string(),
             _file: file,
@@ -278,9 +275,16 @@ impl Drop for UnlinkOnDrop<'_> {
     }
 }
 
-/// Removes a region's name (its engine is exiting, or is known dead).
-pub fn remove(name: &str) -> Result<()> {
-    os::shm_unlink(name)
+/// For an engine that is exiting without its `Engine` value (a signal handler): marks the
+/// region closed, wakes a waiting client (it sees `PeerClosed`) and removes the name.
+pub fn close_and_remove(name: &str) -> Result<()> {
+    let region = Region::map_existing(name, true)?;
+    region
+        .u32_at(offsets::ENGINE_STATE)
+        .store(layout::state::CLOSED, Ordering::SeqCst);
+    os::futex_wake_all(region.low_u32_of(offsets::FRAME_SEQ));
+    region.unlink_if_same();
+    Ok(())
 }
 
 /// Names of all shmbridge regions in /dev/shm, sorted.

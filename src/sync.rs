@@ -6,14 +6,19 @@
 //! liveness between slices. The poster only makes the `FUTEX_WAKE` syscall when the
 //! waiter flag says someone sleeps, so the hot loop makes no system call.
 //!
-//! No lost wake-up (Dekker): the waiter stores its flag then loads the counter; the poster
-//! stores the counter then loads the flag; all four are SeqCst, so at least one of them
-//! sees the other's store. If the waiter saw the old value it sleeps with that value as
+//! No lost wake-up (Dekker): the waiter stores its flag, fences, loads the counter; the
+//! poster stores the counter, fences, loads the flag. The two SeqCst fences order the
+//! pairs, so at least one side sees the other's store. If the waiter saw the old value it sleeps with that value as
 //! the futex's expected word: if the counter moved in between, the kernel returns at once.
 //! `loom_tests` below checks this handshake under every interleaving.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+#[cfg(loom)]
+use loom::sync::atomic::fence;
+#[cfg(not(loom))]
+use std::sync::atomic::fence;
 
 use crate::error::{Error, Result};
 
@@ -44,6 +49,24 @@ impl WaitPolicy {
 impl Default for WaitPolicy {
     fn default() -> Self {
         WaitPolicy::spinning(WaitPolicy::DEFAULT_SPIN)
+    }
+}
+
+/// Polling for rare events (a header being published, an engine becoming ready): yield
+/// for the first polls, then sleep 1 ms between polls, so a slow peer costs no CPU.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    polls: u32,
+}
+
+impl Backoff {
+    pub(crate) fn snooze(&mut self) {
+        self.polls = self.polls.saturating_add(1);
+        if self.polls < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -81,7 +104,7 @@ impl SeqWord for SharedSeq<'_> {
     }
     #[inline]
     fn set_waiting(&self, waiting: bool) {
-        self.waiting.store(waiting as u32, Ordering::SeqCst);
+        self.waiting.store(waiting as u32, Ordering::Relaxed);
     }
     fn park(&self, expected: u32, slice: Duration) {
         crate::os::futex_wait(self.low, expected, slice);
@@ -91,11 +114,11 @@ impl SeqWord for SharedSeq<'_> {
 impl SeqPost for SharedSeq<'_> {
     #[inline]
     fn store(&self, value: u64) {
-        self.counter.store(value, Ordering::SeqCst);
+        self.counter.store(value, Ordering::Release);
     }
     #[inline]
     fn waiter_sleeps(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) != 0
+        self.waiting.load(Ordering::Relaxed) != 0
     }
     fn unpark(&self) {
         crate::os::futex_wake_all(self.low);
@@ -106,6 +129,7 @@ impl SeqPost for SharedSeq<'_> {
 #[inline]
 pub fn post<S: SeqPost>(seq: &S, value: u64) {
     seq.store(value);
+    fence(Ordering::SeqCst);
     if seq.waiter_sleeps() {
         seq.unpark();
     }
@@ -154,7 +178,8 @@ pub fn wait_for<S: SeqWord>(
     check_peer()?;
     loop {
         seq.set_waiting(true);
-        let v = seq.load(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let v = seq.load(Ordering::Acquire);
         if v >= target {
             seq.set_waiting(false);
             return Ok(v);
@@ -205,11 +230,13 @@ mod loom_tests {
             self.counter.load(order)
         }
         fn set_waiting(&self, waiting: bool) {
-            self.waiting.store(waiting as u32, Ordering::SeqCst);
+            self.waiting.store(waiting as u32, Ordering::Relaxed);
         }
         fn park(&self, expected: u32, _slice: Duration) {
             let g = self.lock.lock().unwrap();
-            if self.counter.load(Ordering::SeqCst) as u32 == expected {
+            // The kernel compares the word under its hash-bucket lock, which the waker
+            // also takes: modelled by this mutex.
+            if self.counter.load(Ordering::Acquire) as u32 == expected {
                 drop(self.cv.wait(g).unwrap());
             }
         }
@@ -217,10 +244,10 @@ mod loom_tests {
 
     impl SeqPost for ModelSeq {
         fn store(&self, value: u64) {
-            self.counter.store(value, Ordering::SeqCst);
+            self.counter.store(value, Ordering::Release);
         }
         fn waiter_sleeps(&self) -> bool {
-            self.waiting.load(Ordering::SeqCst) != 0
+            self.waiting.load(Ordering::Relaxed) != 0
         }
         fn unpark(&self) {
             let _g = self.lock.lock().unwrap();

@@ -154,8 +154,8 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// SIGINT/SIGTERM: remove the region's name before exiting, so nothing is left in
-/// /dev/shm; the client then sees the engine die.
+/// SIGINT/SIGTERM: close the region and remove its name before exiting, so nothing is
+/// left in /dev/shm and the client sees `PeerClosed`.
 fn remove_on_signal(name: String) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
@@ -163,7 +163,7 @@ fn remove_on_signal(name: String) {
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            let _ = region::remove(&name);
+            let _ = region::close_and_remove(&name);
             std::process::exit(128 + sig);
         }
     });

@@ -1,0 +1,205 @@
+//! The Rust API with engine and client in one process (two threads): states, errors,
+//! misuse, cleanup.
+
+use std::time::Duration;
+
+use shmbridge::region;
+use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Peer};
+
+const T: Duration = Duration::from_secs(30);
+
+fn spec() -> EngineSpec {
+    EngineSpec::standard("api", 2, 3, 1, DType::F32).tensor(
+        "rgb",
+        DType::U8,
+        &[2, 4, 4, 3],
+        Direction::EngineToClient,
+    )
+}
+
+fn ready_engine() -> Engine {
+    let mut e = Engine::create(spec()).unwrap();
+    e.tensor_mut::<f32>("obs").unwrap().fill(7.0);
+    assert_eq!(e.publish().unwrap(), 0);
+    e
+}
+
+fn exists(name: &str) -> bool {
+    std::path::Path::new("/dev/shm").join(name).exists()
+}
+
+#[test]
+fn frame_zero_then_lock_step_in_two_threads() {
+    let mut engine = ready_engine();
+    let name = engine.name().to_string();
+    let mut client = Client::attach(&name, AttachOptions::default()).unwrap();
+    assert_eq!(client.tensor::<f32>("obs").unwrap(), &[7.0; 6]);
+    assert_eq!(
+        client.layout().tensor("rgb").unwrap().1.shape,
+        vec![2, 4, 4, 3]
+    );
+    let server = std::thread::spawn(move || loop {
+        match engine.wait_actions(T) {
+            Ok(n) => {
+                let a = engine.tensor::<f32>("actions").unwrap()[0];
+                let mut io = engine.io();
+                io.write::<f32>("obs").unwrap().fill(a + n as f32);
+                io.write::<u8>("rgb").unwrap().fill(n as u8);
+                engine.publish().unwrap();
+            }
+            Err(Error::PeerClosed { peer: Peer::Client }) => return engine.frame(),
+            Err(e) => panic!("{e}"),
+        }
+    });
+    for n in 1..=1000u64 {
+        client.tensor_mut::<f32>("actions").unwrap()[0] = 0.5;
+        assert_eq!(client.step(T).unwrap(), n);
+        assert_eq!(client.tensor::<f32>("obs").unwrap()[5], 0.5 + n as f32);
+        assert_eq!(client.tensor::<u8>("rgb").unwrap()[95], n as u8);
+    }
+    client.close();
+    assert_eq!(server.join().unwrap(), 1000);
+    assert!(!exists(&name));
+}
+
+#[test]
+fn engine_close_is_peer_closed_for_the_client() {
+    let engine = ready_engine();
+    let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    engine.close();
+    let e = client.step(T).unwrap_err();
+    assert!(matches!(e, Error::PeerClosed { peer: Peer::Engine }), "{e}");
+}
+
+#[test]
+fn engine_close_wakes_a_sleeping_client() {
+    let engine = ready_engine();
+    let name = engine.name().to_string();
+    let mut client = Client::attach(
+        &name,
+        AttachOptions::default().policy(shmbridge::WaitPolicy::BLOCKING),
+    )
+    .unwrap();
+    let waiter = std::thread::spawn(move || client.step(Duration::from_secs(600)));
+    let probe = region::Region::open_read_only(&name).unwrap();
+    while probe.header().client_waiting == 0 {
+        std::thread::yield_now();
+    }
+    engine.close();
+    let e = waiter.join().unwrap().unwrap_err();
+    assert!(matches!(e, Error::PeerClosed { peer: Peer::Engine }), "{e}");
+}
+
+#[test]
+fn client_close_is_peer_closed_for_the_engine() {
+    let mut engine = ready_engine();
+    let client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    client.close();
+    let e = engine.wait_actions(T).unwrap_err();
+    assert!(matches!(e, Error::PeerClosed { peer: Peer::Client }), "{e}");
+}
+
+#[test]
+fn timeout_then_wait_frame_finishes_the_step() {
+    let mut engine = ready_engine();
+    let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    let e = client.step(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    // The step is still in flight: a new one is refused until its frame arrives.
+    assert!(matches!(client.step(T).unwrap_err(), Error::OutOfOrder(_)));
+    assert_eq!(engine.wait_actions(T).unwrap(), 1);
+    engine.publish().unwrap();
+    assert_eq!(client.wait_frame(T).unwrap(), 1);
+    let e = engine.wait_actions(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}
+
+#[test]
+fn engine_misuse_is_out_of_order() {
+    let mut engine = Engine::create(spec()).unwrap();
+    assert!(matches!(
+        engine.wait_actions(T).unwrap_err(),
+        Error::OutOfOrder(_)
+    ));
+    engine.publish().unwrap();
+    assert!(matches!(
+        engine.publish().unwrap_err(),
+        Error::OutOfOrder(_)
+    ));
+}
+
+#[test]
+fn tensor_access_is_checked() {
+    let mut engine = ready_engine();
+    let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    assert!(matches!(
+        client.tensor_mut::<f32>("obs").unwrap_err(),
+        Error::WrongDirection {
+            writer: Peer::Engine,
+            ..
+        }
+    ));
+    assert!(matches!(
+        engine.tensor_mut::<f32>("actions").unwrap_err(),
+        Error::WrongDirection {
+            writer: Peer::Client,
+            ..
+        }
+    ));
+    assert!(matches!(
+        client.tensor::<f64>("obs").unwrap_err(),
+        Error::DTypeMismatch { actual: "f32", .. }
+    ));
+    let e = client.tensor::<f32>("nope").unwrap_err();
+    assert!(
+        matches!(&e, Error::NoSuchTensor { available, .. } if available.contains("rgb")),
+        "{e}"
+    );
+    let mut io = engine.io();
+    let _obs = io.write::<f32>("obs").unwrap();
+    assert!(matches!(
+        io.write::<f32>("obs").unwrap_err(),
+        Error::AlreadyBorrowed { .. }
+    ));
+    assert!(matches!(
+        io.read::<f32>("obs").unwrap_err(),
+        Error::AlreadyBorrowed { .. }
+    ));
+    // bool tensors are viewed as u8.
+    assert_eq!(io.read::<u8>("terminated").unwrap().len(), 2);
+}
+
+#[test]
+fn names_and_specs_are_checked_before_anything_is_created() {
+    let name = format!("api-fixed-{}", std::process::id());
+    let a = Engine::create(spec().name(&name)).unwrap();
+    let e = Engine::create(spec().name(&name)).unwrap_err();
+    assert!(matches!(e, Error::NameInUse { .. }), "{e}");
+    drop(a);
+    assert!(!exists(&format!("shmbridge-{name}")));
+    assert!(matches!(
+        Engine::create(spec().name("bad/name")).unwrap_err(),
+        Error::InvalidName { .. }
+    ));
+    assert!(matches!(
+        Engine::create(EngineSpec::new("x", 1)).unwrap_err(),
+        Error::InvalidSpec(_)
+    ));
+    let e = Client::attach("shmbridge-does-not-exist", AttachOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+}
+
+#[test]
+fn attach_waits_for_frame_zero() {
+    let mut engine = Engine::create(spec()).unwrap();
+    let e = Client::attach(
+        engine.name(),
+        AttachOptions::default().timeout(Duration::from_millis(20)),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    engine.publish().unwrap();
+    // The client that gave up released its slot: the next one attaches.
+    let client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    assert_eq!(client.frame(), 0);
+}

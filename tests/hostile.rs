@@ -1,0 +1,260 @@
+//! Hostile regions: files in /dev/shm with broken headers. Attaching to each gives the
+//! right typed error, never a panic or an out-of-bounds read; random corruption of a
+//! valid header never panics the validator.
+
+mod common;
+
+use std::time::Duration;
+
+use bytemuck::Zeroable;
+use proptest::prelude::*;
+use shmbridge::layout::{self, HeaderBuilder, TensorDesc, CONTROL_SIZE, DESC_SIZE, MAGIC};
+use shmbridge::{AttachOptions, Client, DType, Direction, Error, TensorSpec};
+
+fn valid_region() -> Vec<u8> {
+    let b = HeaderBuilder::new(
+        "hostile",
+        4,
+        &[
+            TensorSpec::new("obs", DType::F32, &[4, 8], Direction::EngineToClient),
+            TensorSpec::new("actions", DType::F32, &[4, 2], Direction::ClientToEngine),
+        ],
+    )
+    .unwrap();
+    let mut bytes = b.bytes();
+    bytes.resize(b.header.region_size as usize, 0);
+    bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    bytes
+}
+
+fn header_mut(bytes: &mut [u8]) -> &mut layout::Header {
+    bytemuck::from_bytes_mut(&mut bytes[..CONTROL_SIZE])
+}
+
+fn desc_mut(bytes: &mut [u8], i: usize) -> &mut TensorDesc {
+    let at = CONTROL_SIZE + i * DESC_SIZE;
+    bytemuck::from_bytes_mut(&mut bytes[at..at + DESC_SIZE])
+}
+
+/// Writes `bytes` as a region file, attaches to it, removes it, returns the error.
+fn attach_to(tag: &str, bytes: &[u8]) -> Error {
+    let name = format!("shmbridge-hostile-{tag}-{}", std::process::id());
+    let path = format!("/dev/shm/{name}");
+    std::fs::write(&path, bytes).unwrap();
+    let r = Client::attach(
+        &name,
+        AttachOptions::default().timeout(Duration::from_millis(50)),
+    );
+    std::fs::remove_file(&path).unwrap();
+    match r {
+        Ok(_) => panic!("{tag}: attach succeeded on a hostile region"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let mut b = valid_region();
+    b[..8].copy_from_slice(b"NOTSHMBR");
+    let e = attach_to("magic", &b);
+    assert!(
+        matches!(e, Error::BadMagic { found, .. } if found == u64::from_le_bytes(*b"NOTSHMBR")),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_major_version_names_both() {
+    let mut b = valid_region();
+    header_mut(&mut b).version_major = 7;
+    header_mut(&mut b).version_minor = 3;
+    let e = attach_to("version", &b);
+    assert!(
+        matches!(
+            e,
+            Error::VersionMismatch {
+                ours_major: 1,
+                theirs_major: 7,
+                theirs_minor: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("1.0") && msg.contains("7.3"), "{msg}");
+}
+
+#[test]
+fn wrong_layout_hash() {
+    let mut b = valid_region();
+    header_mut(&mut b).layout_hash ^= 1;
+    assert!(matches!(
+        attach_to("hash", &b),
+        Error::LayoutMismatch { .. }
+    ));
+}
+
+#[test]
+fn file_shorter_than_the_control_block() {
+    let b = valid_region();
+    let e = attach_to("trunc-ctl", &b[..100]);
+    assert!(
+        matches!(e, Error::RegionTooSmall { needed, actual: 100 } if needed == CONTROL_SIZE as u64),
+        "{e}"
+    );
+    let e = attach_to("empty", &[]);
+    assert!(matches!(e, Error::RegionTooSmall { actual: 0, .. }), "{e}");
+}
+
+#[test]
+fn file_shorter_than_region_size() {
+    let b = valid_region();
+    let e = attach_to("trunc-data", &b[..4096 + 64]);
+    assert!(
+        matches!(e, Error::RegionTooSmall { actual: 4160, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_offset_past_the_end() {
+    let mut b = valid_region();
+    let size = header_mut(&mut b).region_size;
+    desc_mut(&mut b, 1).offset = size;
+    let e = attach_to("offset", &b);
+    assert!(
+        matches!(&e, Error::TensorOutOfBounds { tensor, .. } if tensor == "actions"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_offset_plus_length_overflows() {
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).offset = u64::MAX - 63;
+    let e = attach_to("offset-overflow", &b);
+    assert!(matches!(e, Error::TensorOutOfBounds { .. }), "{e}");
+}
+
+#[test]
+fn tensor_inside_the_header() {
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).offset = 0;
+    assert!(matches!(
+        attach_to("in-header", &b),
+        Error::TensorOutOfBounds { .. }
+    ));
+}
+
+#[test]
+fn shape_product_overflows() {
+    let mut b = valid_region();
+    let d = desc_mut(&mut b, 0);
+    d.shape[0] = 1 << 40;
+    d.shape[1] = 1 << 40;
+    let e = attach_to("shape", &b);
+    assert!(
+        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("overflows")),
+        "{e}"
+    );
+}
+
+#[test]
+fn nbytes_disagrees_with_shape() {
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).nbytes *= 2;
+    assert!(matches!(
+        attach_to("nbytes", &b),
+        Error::InvalidTensor { .. }
+    ));
+}
+
+#[test]
+fn overlapping_tensors() {
+    let mut b = valid_region();
+    let off = desc_mut(&mut b, 0).offset;
+    desc_mut(&mut b, 1).offset = off;
+    let e = attach_to("overlap", &b);
+    assert!(
+        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("overlaps")),
+        "{e}"
+    );
+}
+
+#[test]
+fn too_many_tensors_and_bad_fields() {
+    let mut b = valid_region();
+    header_mut(&mut b).tensor_count = 1_000_000;
+    assert!(matches!(
+        attach_to("count", &b),
+        Error::InvalidHeader {
+            field: "tensor_count",
+            ..
+        }
+    ));
+
+    let mut b = valid_region();
+    header_mut(&mut b).header_size = 16;
+    assert!(matches!(
+        attach_to("hsize", &b),
+        Error::InvalidHeader {
+            field: "header_size",
+            ..
+        }
+    ));
+
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).name = [0xff; 32];
+    assert!(matches!(attach_to("name", &b), Error::InvalidHeader { .. }));
+
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).dtype_code = 9;
+    assert!(matches!(
+        attach_to("dtype", &b),
+        Error::InvalidTensor { .. }
+    ));
+
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).ndim = 9;
+    assert!(matches!(attach_to("ndim", &b), Error::InvalidTensor { .. }));
+
+    let mut b = valid_region();
+    desc_mut(&mut b, 0).location = 1;
+    let e = attach_to("cuda", &b);
+    assert!(
+        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("cuda")),
+        "{e}"
+    );
+
+    let mut b = valid_region();
+    *desc_mut(&mut b, 1) = TensorDesc::zeroed();
+    assert!(matches!(
+        attach_to("zero-desc", &b),
+        Error::InvalidHeader { .. }
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Any corruption of any header byte, and any truncation: `validate` returns, it never
+    /// panics, and whatever it accepts lies inside the region.
+    #[test]
+    fn validate_never_panics(
+        edits in proptest::collection::vec((0usize..CONTROL_SIZE + 2 * DESC_SIZE, any::<u8>()), 1..16),
+        cut in proptest::option::of(0usize..8192),
+    ) {
+        let mut b = valid_region();
+        for (at, v) in edits {
+            b[at] = v;
+        }
+        let size = cut.map_or(b.len(), |c| c.min(b.len()));
+        if let Ok(l) = layout::validate("p", &b[..size], size as u64) {
+            for t in &l.tensors {
+                prop_assert!(t.offset + t.nbytes <= size as u64);
+                prop_assert!(t.offset >= l.header_size);
+            }
+        }
+    }
+}
