@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Peer, Result};
+use crate::layout::TensorKey;
 use crate::layout::{offsets, state, Layout};
 use crate::os;
 use crate::region::{self, Region};
@@ -174,13 +175,13 @@ impl Client {
     }
 
     /// A view of one tensor.
-    pub fn tensor<T: Element>(&mut self, name: &str) -> Result<&[T]> {
-        self.io().read(name)
+    pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
+        self.io().read(key)
     }
 
     /// A mutable view of one client→engine tensor (`actions`, `reset_mask`).
-    pub fn tensor_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
-        self.io().write(name)
+    pub fn tensor_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<&mut [T]> {
+        self.io().write(key)
     }
 
     /// Number of the frame the tensors hold now.

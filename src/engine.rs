@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::error::{Error, Peer, Result};
+use crate::layout::TensorKey;
 use crate::layout::{offsets, state, DType, Direction, HeaderBuilder, Layout, TensorSpec};
 use crate::os;
 use crate::region::{self, Region};
@@ -145,13 +146,13 @@ impl Engine {
     }
 
     /// A mutable view of one engine→client tensor.
-    pub fn tensor_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
-        self.io().write(name)
+    pub fn tensor_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<&mut [T]> {
+        self.io().write(key)
     }
 
     /// A view of any tensor (the actions the client sent, for example).
-    pub fn tensor<T: Element>(&mut self, name: &str) -> Result<&[T]> {
-        self.io().read(name)
+    pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
+        self.io().read(key)
     }
 
     fn action_seq(&self) -> SharedSeq<'_> {

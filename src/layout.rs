@@ -425,7 +425,49 @@ pub struct Layout {
     pub tensors: Vec<TensorInfo>,
 }
 
+/// A tensor resolved once by name ([`Layout::id`]), for hot loops that should not compare
+/// strings every step. Only valid for the layout (engine or client) that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorId(usize);
+
+impl TensorId {
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// Something that names a tensor: its name, or a [`TensorId`].
+pub trait TensorKey {
+    fn resolve<'l>(&self, layout: &'l Layout) -> Result<(usize, &'l TensorInfo)>;
+}
+
+impl TensorKey for &str {
+    #[inline]
+    fn resolve<'l>(&self, layout: &'l Layout) -> Result<(usize, &'l TensorInfo)> {
+        layout.tensor(self)
+    }
+}
+
+impl TensorKey for TensorId {
+    #[inline]
+    fn resolve<'l>(&self, layout: &'l Layout) -> Result<(usize, &'l TensorInfo)> {
+        layout
+            .tensors
+            .get(self.0)
+            .map(|t| (self.0, t))
+            .ok_or_else(|| Error::NoSuchTensor {
+                name: format!("#{}", self.0),
+                available: layout.tensor_names(),
+            })
+    }
+}
+
 impl Layout {
+    /// Resolves a tensor name once.
+    pub fn id(&self, name: &str) -> Result<TensorId> {
+        Ok(TensorId(self.tensor(name)?.0))
+    }
+
     pub fn tensor(&self, name: &str) -> Result<(usize, &TensorInfo)> {
         self.tensors
             .iter()

@@ -23,7 +23,7 @@ pub mod tensor;
 pub use client::{AttachOptions, Client};
 pub use engine::{Engine, EngineSpec};
 pub use error::{Error, Peer, Result};
-pub use layout::{DType, Direction, Layout, Location, TensorInfo, TensorSpec};
+pub use layout::{DType, Direction, Layout, Location, TensorId, TensorInfo, TensorKey, TensorSpec};
 pub use sync::WaitPolicy;
 pub use tensor::{Element, Tensors};
 

@@ -329,13 +329,10 @@ fn engine_is_gone(name: &str) -> Result<bool> {
 pub fn sweep() -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for name in list_names()? {
-        match engine_is_gone(&name) {
-            Ok(true) => {
-                if os::shm_unlink(&name).is_ok() {
-                    removed.push(name);
-                }
+        if let Ok(true) = engine_is_gone(&name) {
+            if os::shm_unlink(&name).is_ok() {
+                removed.push(name);
             }
-            Ok(false) | Err(_) => {}
         }
     }
     Ok(removed)

@@ -151,7 +151,9 @@ pub fn wait_for<S: SeqWord>(
     if v >= target {
         return Ok(v);
     }
-    let start = Instant::now();
+    // The clock is read only once the first 64 turns have not seen the value: a fast
+    // peer answers before that, and a clock read (~25 ns) would be most of its cost.
+    let mut start: Option<Instant> = None;
     if !policy.spin.is_zero() {
         let mut i: u32 = 0;
         loop {
@@ -161,12 +163,12 @@ pub fn wait_for<S: SeqWord>(
                 return Ok(v);
             }
             i = i.wrapping_add(1);
-            // Reading the clock costs ~20 ns; a PAUSE is ~10-40 ns: look every 64 turns.
-            if i % 64 == 0 && start.elapsed() >= policy.spin {
+            if i % 64 == 0 && start.get_or_insert_with(Instant::now).elapsed() >= policy.spin {
                 break;
             }
         }
     }
+    let start = start.unwrap_or_else(Instant::now);
     for _ in 0..policy.yields {
         std::thread::yield_now();
         let v = seq.load(Ordering::Acquire);

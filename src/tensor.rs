@@ -13,7 +13,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Peer, Result};
-use crate::layout::{DType, Layout, TensorInfo};
+use crate::layout::{DType, Layout, TensorInfo, TensorKey};
 use crate::region::Region;
 
 /// A Rust type that can view a tensor's elements.
@@ -64,11 +64,12 @@ impl<'a> Tensors<'a> {
         }
     }
 
-    fn lookup<T: Element>(&self, name: &str) -> Result<(usize, &'a TensorInfo)> {
-        let (i, t) = self.layout.tensor(name)?;
+    #[inline]
+    fn lookup<T: Element>(&self, key: impl TensorKey) -> Result<(usize, &'a TensorInfo)> {
+        let (i, t) = key.resolve(self.layout)?;
         if !T::DTYPES.contains(&t.dtype) {
             return Err(Error::DTypeMismatch {
-                tensor: name.to_string(),
+                tensor: t.name.clone(),
                 requested: T::NAME,
                 actual: t.dtype.name(),
             });
@@ -76,9 +77,10 @@ impl<'a> Tensors<'a> {
         Ok((i, t))
     }
 
-    /// A shared view of any tensor.
-    pub fn read<T: Element>(&mut self, name: &str) -> Result<&'a [T]> {
-        let (i, t) = self.lookup::<T>(name)?;
+    /// A shared view of any tensor, by name or [`TensorId`](crate::layout::TensorId).
+    #[inline]
+    pub fn read<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a [T]> {
+        let (i, t) = self.lookup::<T>(key)?;
         if self.exclusive & (1 << i) != 0 {
             return Err(Error::AlreadyBorrowed {
                 tensor: t.name.clone(),
@@ -98,8 +100,9 @@ impl<'a> Tensors<'a> {
     }
 
     /// A mutable view of a tensor this side writes; each tensor at most once.
-    pub fn write<T: Element>(&mut self, name: &str) -> Result<&'a mut [T]> {
-        let (i, t) = self.lookup::<T>(name)?;
+    #[inline]
+    pub fn write<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a mut [T]> {
+        let (i, t) = self.lookup::<T>(key)?;
         if t.direction.writer() != self.side {
             return Err(Error::WrongDirection {
                 tensor: t.name.clone(),
@@ -123,9 +126,14 @@ impl<'a> Tensors<'a> {
         })
     }
 
+    /// Resolves a tensor name once, for use as a key in hot loops.
+    pub fn id(&self, name: &str) -> Result<crate::layout::TensorId> {
+        self.layout.id(name)
+    }
+
     /// Address of a tensor's first byte in this process (for zero-copy checks).
-    pub fn address(&self, name: &str) -> Result<*const u8> {
-        let (_, t) = self.layout.tensor(name)?;
+    pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {
+        let (_, t) = key.resolve(self.layout)?;
         // SAFETY: in bounds of the mapping (validated), so `add` stays inside the object.
         Ok(unsafe { self.region.ptr().add(t.offset as usize) as *const u8 })
     }

@@ -8,7 +8,7 @@
 
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
-use crate::layout::DType;
+use crate::layout::{DType, TensorId};
 use crate::tensor::Tensors;
 
 use super::VecEnv;
@@ -25,6 +25,8 @@ pub struct NullEnv {
     obs_dim: u64,
     act_dim: u64,
     sparse: bool,
+    /// obs, actions, rewards, resolved on `reset`.
+    ids: Option<[TensorId; 3]>,
 }
 
 impl NullEnv {
@@ -39,11 +41,12 @@ impl NullEnv {
             obs_dim,
             act_dim,
             sparse,
+            ids: None,
         })
     }
 
-    fn write(&self, seq: u64, io: &mut Tensors<'_>) -> Result<()> {
-        let obs = io.write::<f32>("obs")?;
+    fn write(&self, seq: u64, io: &mut Tensors<'_>, obs: TensorId) -> Result<()> {
+        let obs = io.write::<f32>(obs)?;
         if self.sparse {
             let last = obs.len() - 1;
             obs[0] = pattern(seq, 0);
@@ -69,13 +72,18 @@ impl VecEnv for NullEnv {
     }
 
     fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
-        self.write(0, io)
+        let ids = [io.id("obs")?, io.id("actions")?, io.id("rewards")?];
+        self.ids = Some(ids);
+        self.write(0, io, ids[0])
     }
 
     fn step(&mut self, seq: u64, io: &mut Tensors<'_>) -> Result<()> {
-        self.write(seq, io)?;
-        let actions = io.read::<f32>("actions")?;
-        let rewards = io.write::<f32>("rewards")?;
+        let [obs, actions, rewards] = self
+            .ids
+            .ok_or(Error::OutOfOrder("null: step() before reset()"))?;
+        self.write(seq, io, obs)?;
+        let actions = io.read::<f32>(actions)?;
+        let rewards = io.write::<f32>(rewards)?;
         let a = self.act_dim as usize;
         if self.sparse {
             let last = rewards.len() - 1;

@@ -1,0 +1,34 @@
+# Shared by the scripts: make sure the tools the project builds with are here.
+# Sourced, not run.
+
+ensure_rust() {
+    if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+        export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+    if ! command -v cargo >/dev/null 2>&1; then
+        echo "cargo not found: installing Debian's Rust toolchain" >&2
+        as_root apt-get update -q
+        as_root apt-get install -y -q cargo rustc
+    fi
+    # The crate needs Rust >= 1.82 (see rust-version in Cargo.toml).
+    local v
+    v=$(rustc --version | awk '{print $2}')
+    if [ "$(printf '%s\n1.82.0\n' "$v" | sort -V | head -n1)" != "1.82.0" ]; then
+        echo "error: rustc $v is older than 1.82; install a newer toolchain (rustup)" >&2
+        exit 1
+    fi
+    # C compiler for build scripts.
+    if ! command -v cc >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q gcc
+    fi
+}
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Names of shmbridge regions in /dev/shm, one per line.
+shm_regions() {
+    ls /dev/shm 2>/dev/null | grep '^shmbridge' || true
+}
