@@ -109,6 +109,22 @@ pub enum Error {
     #[error("the {peer} broke the protocol: {detail}")]
     Protocol { peer: Peer, detail: String },
 
+    #[error("record of {len} bytes does not fit the {capacity}-byte command ring; send less per call, or create the engine with larger rings")]
+    RecordTooLarge { len: u64, capacity: u64 },
+
+    #[error("malformed command: {0}")]
+    BadMessage(String),
+
+    #[error("the engine has no command channel (protocol {major}.{minor}); upgrade the engine")]
+    NoCommandChannel { major: u16, minor: u16 },
+
+    #[error("the engine answered '{method}' with error {code}: {message}")]
+    Remote {
+        method: String,
+        code: u16,
+        message: String,
+    },
+
     #[error("out of order: {0}")]
     OutOfOrder(&'static str),
 
