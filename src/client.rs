@@ -3,13 +3,15 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::command::{self, Reply};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
 use crate::layout::{offsets, state, Layout};
 use crate::os;
 use crate::region::{self, Region};
-use crate::sync::{self, SharedSeq, WaitPolicy};
+use crate::sync::{self, Doorbell, SharedSeq, WaitPolicy};
 use crate::tensor::{Element, Tensors};
+use crate::wire::{Body, Envelope, Kind, Method};
 
 /// How to attach.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +52,10 @@ pub struct Client {
     /// Last frame number received.
     frame: u64,
     closed: bool,
+    /// Correlation id of the next command.
+    next_id: u64,
+    /// Buffer for incoming replies.
+    rx: Vec<u8>,
 }
 
 impl Client {
@@ -117,6 +123,8 @@ impl Client {
             action: 0,
             frame: 0,
             closed: false,
+            next_id: 1,
+            rx: Vec::new(),
         };
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
@@ -258,8 +266,17 @@ impl Client {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
         self.action += 1;
-        let (action_seq, _) = self.seqs();
-        sync::post(&action_seq, self.action);
+        if self.layout.version.1 >= 1 {
+            // 1.1 engines sleep on the doorbell, which wakes them for commands too.
+            let bell = Doorbell {
+                action_seq: Some(self.region.u64_at(offsets::ACTION_SEQ)),
+                ..Doorbell::of(&self.region)
+            };
+            sync::post(&bell, self.action);
+        } else {
+            let (action_seq, _) = self.seqs();
+            sync::post(&action_seq, self.action);
+        }
         self.wait_frame(timeout)
     }
 
@@ -288,6 +305,155 @@ impl Client {
         Ok(seen)
     }
 
+    /// Sends a request over the command channel and waits for its reply (matched by
+    /// correlation id; replies to earlier calls that timed out are dropped). An error
+    /// reply is `Error::Remote`.
+    pub fn call(
+        &mut self,
+        method: Method,
+        body: Body,
+        args: Vec<(String, String)>,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Client));
+        }
+        let channel =
+            command::channel(&self.region, &self.layout)?.ok_or(Error::NoCommandChannel {
+                major: self.layout.version.0,
+                minor: self.layout.version.1,
+            })?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let name = method.name().to_string();
+        let request = Envelope {
+            id,
+            kind: Kind::Request,
+            method,
+            body,
+            args,
+            payload,
+            error: None,
+        };
+        let start = Instant::now();
+        let check = || self.check_engine();
+        channel
+            .c2e
+            .push(&request.encode(), self.policy, timeout, check)?;
+        command::ring_doorbell(&self.region);
+        // The buffer is reused across calls; taken out while `self` is borrowed below.
+        let mut rx = std::mem::take(&mut self.rx);
+        let result = loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            if let Err(e) = channel
+                .e2c
+                .pop(&mut rx, self.policy, left, || self.check_engine())
+            {
+                break Err(e);
+            }
+            let reply = match Envelope::decode(&rx) {
+                Ok(r) => r,
+                Err(e) => break Err(e),
+            };
+            if reply.id != id {
+                continue; // the answer to an earlier call that gave up waiting
+            }
+            if let Some((code, message)) = reply.error {
+                break Err(Error::Remote {
+                    method: name,
+                    code,
+                    message,
+                });
+            }
+            break Ok(reply);
+        };
+        self.rx = rx;
+        result
+    }
+
+    /// Round trip of a `Ping` carrying `payload`; returns the echoed payload.
+    pub fn ping(&mut self, payload: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        match self
+            .call(
+                Method::Ping,
+                Body::Ping(payload.to_vec()),
+                Vec::new(),
+                Vec::new(),
+                timeout,
+            )?
+            .body
+        {
+            Body::Pong(p) => Ok(p),
+            other => Err(Error::BadMessage(format!("Ping answered with {other:?}"))),
+        }
+    }
+
+    /// The engine's schema: tensors, num_envs, engine kind and metadata.
+    pub fn schema(&mut self, timeout: Duration) -> Result<Body> {
+        let reply = self.call(
+            Method::GetSchema,
+            Body::GetSchema,
+            Vec::new(),
+            Vec::new(),
+            timeout,
+        )?;
+        match reply.body {
+            b @ Body::Schema { .. } => Ok(b),
+            other => Err(Error::BadMessage(format!(
+                "GetSchema answered with {other:?}"
+            ))),
+        }
+    }
+
+    /// Resets `env_ids` (all if `None`) with `seeds` (none, one, or one per env). When it
+    /// returns, the engine→client tensors hold the reset observations; returns the frame
+    /// number (unchanged: a reset consumes no action).
+    pub fn reset(
+        &mut self,
+        env_ids: Option<&[u32]>,
+        seeds: &[u64],
+        timeout: Duration,
+    ) -> Result<u64> {
+        let body = Body::Reset {
+            env_ids: env_ids.map(<[u32]>::to_vec),
+            seeds: seeds.to_vec(),
+            options: Vec::new(),
+        };
+        match self
+            .call(Method::Reset, body, Vec::new(), Vec::new(), timeout)?
+            .body
+        {
+            Body::ResetDone { frame } => Ok(frame),
+            other => Err(Error::BadMessage(format!("Reset answered with {other:?}"))),
+        }
+    }
+
+    /// Calls an engine-defined method; returns its result arguments and payload.
+    pub fn call_method(
+        &mut self,
+        method: &str,
+        args: &[(&str, &str)],
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Reply> {
+        let args = args
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let reply = self.call(
+            Method::Custom(method.to_string()),
+            Body::None,
+            args,
+            payload.to_vec(),
+            timeout,
+        )?;
+        Ok(Reply {
+            args: reply.args,
+            payload: reply.payload,
+        })
+    }
+
     /// Marks the client closed and wakes a waiting engine (it gets `PeerClosed`). Also
     /// done on drop.
     pub fn close(mut self) {
@@ -302,7 +468,11 @@ impl Client {
         self.region
             .u32_at(offsets::CLIENT_STATE)
             .store(state::CLOSED, Ordering::SeqCst);
+        // Wake an engine asleep on its doorbell (1.1), its action counter (1.0), or on
+        // room for a reply.
+        os::futex_wake_all(self.region.u32_at(offsets::ENGINE_DOORBELL));
         os::futex_wake_all(self.region.low_u32_of(offsets::ACTION_SEQ));
+        os::futex_wake_all(self.region.low_u32_of(offsets::E2C_TAIL));
     }
 }
 

@@ -2,15 +2,17 @@
 //! `wait_actions()` → step → `publish()`.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::command::{self, BuiltinsOnly, CommandHandler};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
 use crate::layout::{offsets, state, DType, Direction, HeaderBuilder, Layout, TensorSpec};
 use crate::os;
 use crate::region::{self, Region};
-use crate::sync::{self, SharedSeq, WaitPolicy};
+use crate::sync::{self, Doorbell, SharedSeq, WaitPolicy};
 use crate::tensor::{Element, Tensors};
+use crate::wire::{self, Envelope};
 
 /// What an engine serves.
 #[derive(Debug, Clone)]
@@ -22,6 +24,11 @@ pub struct EngineSpec {
     /// Region name; a random one if `None`.
     pub name: Option<String>,
     pub policy: WaitPolicy,
+    /// Bytes of each command ring (power of two ≥ 64); 0: no command channel.
+    pub ring_capacity: u64,
+    /// Key/values the engine reports in its schema: observation and action bounds, the
+    /// autoreset mode, anything a client needs to build its spaces.
+    pub metadata: Vec<(String, String)>,
 }
 
 impl EngineSpec {
@@ -33,6 +40,8 @@ impl EngineSpec {
             tensors: Vec::new(),
             name: None,
             policy: WaitPolicy::default(),
+            ring_capacity: crate::layout::DEFAULT_RING_CAPACITY,
+            metadata: Vec::new(),
         }
     }
 
@@ -75,6 +84,16 @@ impl EngineSpec {
         self.policy = policy;
         self
     }
+
+    pub fn ring_capacity(mut self, bytes: u64) -> Self {
+        self.ring_capacity = bytes;
+        self
+    }
+
+    pub fn metadata(mut self, key: &str, value: &str) -> Self {
+        self.metadata.push((key.to_string(), value.to_string()));
+        self
+    }
 }
 
 /// An engine serving one region. Dropping it closes the region and removes its name.
@@ -82,6 +101,7 @@ impl EngineSpec {
 pub struct Engine {
     region: Region,
     layout: Layout,
+    metadata: Vec<(String, String)>,
     policy: WaitPolicy,
     /// Last action number received.
     action: u64,
@@ -95,7 +115,8 @@ impl Engine {
     /// Sweeps dead regions, then creates a region for `spec`. Tensors start zeroed; write
     /// the reset observations and call [`Engine::publish`] to serve frame 0.
     pub fn create(spec: EngineSpec) -> Result<Engine> {
-        let builder = HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors)?;
+        let builder =
+            HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
         let _ = region::sweep();
         let name = match &spec.name {
             Some(n) => region::canonical_name(n)?,
@@ -115,10 +136,12 @@ impl Engine {
             engine_start_time: start,
             engine_kind: spec.kind.clone(),
             tensors: builder.tensors,
+            rings: builder.rings,
         };
         Ok(Engine {
             region,
             layout,
+            metadata: spec.metadata,
             policy: spec.policy,
             action: 0,
             frame: 0,
@@ -153,14 +176,6 @@ impl Engine {
     /// A view of any tensor (the actions the client sent, for example).
     pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
         self.io().read(key)
-    }
-
-    fn action_seq(&self) -> SharedSeq<'_> {
-        SharedSeq {
-            counter: self.region.u64_at(offsets::ACTION_SEQ),
-            low: self.region.low_u32_of(offsets::ACTION_SEQ),
-            waiting: self.region.u32_at(offsets::ENGINE_WAITING),
-        }
     }
 
     fn frame_seq(&self) -> SharedSeq<'_> {
@@ -248,10 +263,22 @@ impl Engine {
 
     /// Waits for the client's next action; returns its number. Then read the actions,
     /// apply `reset_mask`, step, write the frame and [`publish`](Engine::publish) it.
+    /// Commands that arrive meanwhile get the built-in answers; `Reset` and
+    /// engine-defined methods are refused (use [`wait_actions_with`](Engine::wait_actions_with)).
     ///
     /// Errors: `PeerClosed` when the client closed, `PeerDied` when it died (noticed
     /// within ~10 ms), `Timeout` after `timeout` with no action (`Duration::MAX`: none).
     pub fn wait_actions(&mut self, timeout: Duration) -> Result<u64> {
+        self.wait_actions_with(timeout, &mut BuiltinsOnly)
+    }
+
+    /// As [`wait_actions`](Engine::wait_actions), answering commands with `handler`
+    /// while it waits.
+    pub fn wait_actions_with(
+        &mut self,
+        timeout: Duration,
+        handler: &mut dyn CommandHandler,
+    ) -> Result<u64> {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
         }
@@ -266,14 +293,39 @@ impl Engine {
             ));
         }
         let target = self.frame + 1;
-        let seen = sync::wait_for(
-            &self.action_seq(),
-            target,
-            self.policy,
-            timeout,
-            "the client's next action",
-            || self.check_client(),
-        )?;
+        let start = Instant::now();
+        let seen = loop {
+            let action_seq = self.region.u64_at(offsets::ACTION_SEQ);
+            let (c2e_head, c2e_tail) = (
+                self.region.u64_at(offsets::C2E_HEAD),
+                self.region.u64_at(offsets::C2E_TAIL),
+            );
+            let has_rings = self.layout.rings.is_some();
+            let woke = sync::wait_until(
+                &Doorbell::of(&self.region),
+                |order| {
+                    let a = action_seq.load(order);
+                    if a >= target {
+                        Some(Some(a))
+                    } else if has_rings && c2e_head.load(order) != c2e_tail.load(Ordering::Relaxed)
+                    {
+                        Some(None)
+                    } else {
+                        None
+                    }
+                },
+                self.policy,
+                timeout.saturating_sub(start.elapsed()),
+                "the client's next action",
+                || self.check_client(),
+            )?;
+            match woke {
+                Some(a) => break a,
+                None => {
+                    self.poll_commands(handler)?;
+                }
+            }
+        };
         if seen != target {
             return Err(Error::Protocol {
                 peer: Peer::Client,
@@ -285,6 +337,51 @@ impl Engine {
         }
         self.action = seen;
         Ok(seen)
+    }
+
+    /// Answers every command waiting in the client→engine ring; returns how many. Call it
+    /// between steps (`wait_actions_with` does). A request that does not decode gets an
+    /// error reply with id 0; a corrupt ring is a `Protocol` error.
+    pub fn poll_commands(&mut self, handler: &mut dyn CommandHandler) -> Result<usize> {
+        let Some(channel) = command::channel(&self.region, &self.layout)? else {
+            return Ok(0);
+        };
+        let mut request = Vec::new();
+        let mut answered = 0;
+        while channel.c2e.try_pop(&mut request)? {
+            let reply = match Envelope::decode(&request) {
+                Ok(req) => {
+                    // `&mut self` is held: no other `Tensors` of this engine exists.
+                    let mut io = Tensors::new(&self.region, &self.layout, Peer::Engine);
+                    command::answer(
+                        req,
+                        &self.layout,
+                        &self.metadata,
+                        self.frame,
+                        &mut io,
+                        handler,
+                    )
+                }
+                Err(e) => Envelope::error_reply(
+                    0,
+                    wire::Method::Custom("?".into()),
+                    wire::code::BAD_REQUEST,
+                    e.to_string(),
+                ),
+            };
+            channel
+                .e2c
+                .push(&reply.encode(), self.policy, command::REPLY_TIMEOUT, || {
+                    self.check_client()
+                })?;
+            answered += 1;
+        }
+        Ok(answered)
+    }
+
+    /// The key/values this engine reports in its schema.
+    pub fn metadata(&self) -> &[(String, String)] {
+        &self.metadata
     }
 
     /// Number of the last frame published.
@@ -306,7 +403,10 @@ impl Engine {
         self.region
             .u32_at(offsets::ENGINE_STATE)
             .store(state::CLOSED, Ordering::SeqCst);
-        os::futex_wake_all(self.region.low_u32_of(offsets::FRAME_SEQ));
+        // Wake a client asleep on a frame, on a reply, or on room for a request.
+        for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
+            os::futex_wake_all(self.region.low_u32_of(word));
+        }
     }
 }
 

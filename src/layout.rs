@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 /// `b"SHMBRIDG"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMBRIDG");
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 0;
+/// 1.1: command rings (control words in cache lines 8-13, data after the table) and the
+/// engine doorbell.
+pub const VERSION_MINOR: u16 = 1;
 
 /// Size of the control block at offset 0; the tensor table follows it.
 pub const CONTROL_SIZE: usize = 1024;
@@ -109,7 +111,10 @@ pub struct Header {
     // Cache lines 4..8: the sequence counters and waiter flags, one line each.
     /// live: last action number the client posted.
     pub action_seq: u64,
-    pub _pad_action: [u8; 56],
+    /// live (1.1): bumped by the client after every action post and every command it
+    /// pushes; the engine sleeps on this word, so one futex wakes it for either.
+    pub engine_doorbell: u32,
+    pub _pad_action: [u8; 52],
     /// live: last frame number the engine published.
     pub frame_seq: u64,
     pub _pad_frame: [u8; 56],
@@ -119,8 +124,30 @@ pub struct Header {
     /// live: 1 while the client sleeps on `frame_seq`.
     pub client_waiting: u32,
     pub _pad_cw: [u8; 60],
-    // Cache lines 8..16: reserved.
-    pub _reserved4: [u8; 512],
+    // Cache lines 8..14 (1.1): command rings. Head = bytes ever written by the producer,
+    // tail = bytes ever consumed; each on its own line.
+    /// live: client→engine ring head (client writes).
+    pub c2e_head: u64,
+    pub _pad_c2e_head: [u8; 56],
+    /// live: client→engine ring tail (engine writes).
+    pub c2e_tail: u64,
+    pub _pad_c2e_tail: [u8; 56],
+    /// live: engine→client ring head (engine writes).
+    pub e2c_head: u64,
+    pub _pad_e2c_head: [u8; 56],
+    /// live: engine→client ring tail (client writes).
+    pub e2c_tail: u64,
+    pub _pad_e2c_tail: [u8; 56],
+    /// live: 1 while the engine sleeps on the c2e head / the client sleeps on its tail.
+    pub c2e_consumer_waiting: u32,
+    pub c2e_producer_waiting: u32,
+    pub _pad_c2e_flags: [u8; 56],
+    /// live: 1 while the client sleeps on the e2c head / the engine sleeps on its tail.
+    pub e2c_consumer_waiting: u32,
+    pub e2c_producer_waiting: u32,
+    pub _pad_e2c_flags: [u8; 56],
+    // Cache lines 14..16: reserved.
+    pub _reserved4: [u8; 128],
 }
 
 /// One tensor-table entry.
@@ -165,6 +192,13 @@ const _: () = assert!(offset_of!(Header, action_seq) == 256);
 const _: () = assert!(offset_of!(Header, frame_seq) == 320);
 const _: () = assert!(offset_of!(Header, engine_waiting) == 384);
 const _: () = assert!(offset_of!(Header, client_waiting) == 448);
+const _: () = assert!(offset_of!(Header, engine_doorbell) == 264);
+const _: () = assert!(offset_of!(Header, c2e_head) == 512);
+const _: () = assert!(offset_of!(Header, c2e_tail) == 576);
+const _: () = assert!(offset_of!(Header, e2c_head) == 640);
+const _: () = assert!(offset_of!(Header, e2c_tail) == 704);
+const _: () = assert!(offset_of!(Header, c2e_consumer_waiting) == 768);
+const _: () = assert!(offset_of!(Header, e2c_consumer_waiting) == 832);
 
 /// Byte offsets of the live fields, for atomic access in the mapping.
 pub mod offsets {
@@ -181,6 +215,15 @@ pub mod offsets {
     pub const FRAME_SEQ: usize = offset_of!(Header, frame_seq);
     pub const ENGINE_WAITING: usize = offset_of!(Header, engine_waiting);
     pub const CLIENT_WAITING: usize = offset_of!(Header, client_waiting);
+    pub const ENGINE_DOORBELL: usize = offset_of!(Header, engine_doorbell);
+    pub const C2E_HEAD: usize = offset_of!(Header, c2e_head);
+    pub const C2E_TAIL: usize = offset_of!(Header, c2e_tail);
+    pub const E2C_HEAD: usize = offset_of!(Header, e2c_head);
+    pub const E2C_TAIL: usize = offset_of!(Header, e2c_tail);
+    pub const C2E_CONSUMER_WAITING: usize = offset_of!(Header, c2e_consumer_waiting);
+    pub const C2E_PRODUCER_WAITING: usize = offset_of!(Header, c2e_producer_waiting);
+    pub const E2C_CONSUMER_WAITING: usize = offset_of!(Header, e2c_consumer_waiting);
+    pub const E2C_PRODUCER_WAITING: usize = offset_of!(Header, e2c_producer_waiting);
 }
 
 /// FNV-1a over the sizes and offsets of every field: two builds that agree on the
@@ -423,7 +466,23 @@ pub struct Layout {
     pub engine_start_time: u64,
     pub engine_kind: String,
     pub tensors: Vec<TensorInfo>,
+    /// The command rings (protocol ≥ 1.1 with non-zero capacity).
+    pub rings: Option<Rings>,
 }
+
+/// Where the two command rings' data lie in the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    /// Client→engine ring: (byte offset, capacity).
+    pub c2e: (u64, u64),
+    /// Engine→client ring: (byte offset, capacity).
+    pub e2c: (u64, u64),
+}
+
+/// Default capacity of each command ring.
+pub const DEFAULT_RING_CAPACITY: u64 = 512 * 1024;
+/// Smallest ring capacity accepted.
+pub const MIN_RING_CAPACITY: u64 = 64;
 
 /// A tensor resolved once by name ([`Layout::id`]), for hot loops that should not compare
 /// strings every step. Only valid for the layout (engine or client) that made it.
@@ -550,10 +609,17 @@ pub struct HeaderBuilder {
     pub header: Header,
     pub descs: Vec<TensorDesc>,
     pub tensors: Vec<TensorInfo>,
+    pub rings: Option<Rings>,
 }
 
 impl HeaderBuilder {
-    pub fn new(engine_kind: &str, num_envs: u32, specs: &[TensorSpec]) -> Result<Self> {
+    /// `ring_capacity`: bytes of each command ring, a power of two ≥ 64, or 0 for none.
+    pub fn new(
+        engine_kind: &str,
+        num_envs: u32,
+        specs: &[TensorSpec],
+        ring_capacity: u64,
+    ) -> Result<Self> {
         check_name("engine kind", engine_kind)?;
         if num_envs == 0 {
             return Err(Error::InvalidSpec("num_envs must be at least 1".into()));
@@ -567,6 +633,24 @@ impl HeaderBuilder {
         let table_end = (CONTROL_SIZE + specs.len() * DESC_SIZE) as u64;
         let header_size = align_up(table_end, PAGE).expect("small");
         let mut cursor = header_size;
+        let rings = if ring_capacity == 0 {
+            None
+        } else {
+            if !ring_capacity.is_power_of_two()
+                || !(MIN_RING_CAPACITY..=(1 << 40)).contains(&ring_capacity)
+            {
+                return Err(Error::InvalidSpec(format!(
+                    "ring capacity {ring_capacity} must be a power of two between {MIN_RING_CAPACITY} and 2^40 (or 0: no command channel)"
+                )));
+            }
+            let c2e = align_up(cursor, PAGE).expect("small");
+            let e2c = align_up(c2e + ring_capacity, PAGE).expect("small");
+            cursor = e2c + ring_capacity;
+            Some(Rings {
+                c2e: (c2e, ring_capacity),
+                e2c: (e2c, ring_capacity),
+            })
+        };
         let mut descs = Vec::with_capacity(specs.len());
         let mut tensors = Vec::with_capacity(specs.len());
         for (i, s) in specs.iter().enumerate() {
@@ -647,10 +731,17 @@ impl HeaderBuilder {
         h.table_offset = CONTROL_SIZE as u32;
         h.desc_size = DESC_SIZE as u32;
         h.engine_kind = write_name(engine_kind);
+        if let Some(r) = rings {
+            h.c2e_ring_offset = r.c2e.0;
+            h.c2e_ring_capacity = r.c2e.1;
+            h.e2c_ring_offset = r.e2c.0;
+            h.e2c_ring_capacity = r.e2c.1;
+        }
         Ok(HeaderBuilder {
             header: h,
             descs,
             tensors,
+            rings,
         })
     }
 
@@ -774,11 +865,16 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
             });
         }
     }
-    // Tensors must not overlap: views of two of them are handed out mutably at once.
+    let rings = validate_rings(&h, header_size)?;
+    // Tensors and rings must not overlap: views of two of them are handed out at once.
     let mut spans: Vec<(u64, u64, &str)> = tensors
         .iter()
         .map(|t| (t.offset, t.offset + t.nbytes, t.name.as_str()))
         .collect();
+    if let Some(r) = rings {
+        spans.push((r.c2e.0, r.c2e.0 + r.c2e.1, "<c2e ring>"));
+        spans.push((r.e2c.0, r.e2c.0 + r.e2c.1, "<e2c ring>"));
+    }
     spans.sort_unstable();
     for w in spans.windows(2) {
         if w[1].0 < w[0].1 {
@@ -797,7 +893,46 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         engine_start_time: h.engine_start_time,
         engine_kind,
         tensors,
+        rings,
     })
+}
+
+/// The rings of a 1.1+ header: each capacity a power of two ≥ 64 (or both 0: none), each
+/// data area page-aligned, after the header and inside the region. A 1.0 header has none.
+fn validate_rings(h: &Header, header_size: u64) -> Result<Option<Rings>> {
+    if h.version_minor < 1 {
+        return Ok(None);
+    }
+    let (c2e, e2c) = (
+        (h.c2e_ring_offset, h.c2e_ring_capacity),
+        (h.e2c_ring_offset, h.e2c_ring_capacity),
+    );
+    if c2e.1 == 0 && e2c.1 == 0 {
+        return Ok(None);
+    }
+    for (field, (offset, cap)) in [("c2e ring", c2e), ("e2c ring", e2c)] {
+        let bad = |reason: String| Error::InvalidHeader { field, reason };
+        if !cap.is_power_of_two() || cap < MIN_RING_CAPACITY {
+            return Err(bad(format!(
+                "capacity {cap} is not a power of two ≥ {MIN_RING_CAPACITY}"
+            )));
+        }
+        if offset % PAGE != 0 || offset < header_size {
+            return Err(bad(format!(
+                "offset {offset} is not page-aligned after the header"
+            )));
+        }
+        if offset
+            .checked_add(cap)
+            .is_none_or(|end| end > h.region_size)
+        {
+            return Err(bad(format!(
+                "{offset} + {cap} lies outside the region ({} bytes)",
+                h.region_size
+            )));
+        }
+    }
+    Ok(Some(Rings { c2e, e2c }))
 }
 
 fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<TensorInfo> {
@@ -899,6 +1034,7 @@ mod tests {
                 TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine),
                 TensorSpec::new("big", DType::U8, &[2, 84, 84, 3], Direction::EngineToClient),
             ],
+            4096,
         )
         .unwrap()
     }
@@ -945,14 +1081,16 @@ mod tests {
     #[test]
     fn bad_specs_are_rejected() {
         let t = |shape: &[u64]| TensorSpec::new("x", DType::F32, shape, Direction::EngineToClient);
-        assert!(HeaderBuilder::new("k", 0, &[t(&[1])]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[t(&[])]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[t(&[0, 3])]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[t(&[u64::MAX, 2])]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[t(&[1; 9])]).is_err());
-        assert!(HeaderBuilder::new("k", 1, &[t(&[1]), t(&[2])]).is_err());
+        assert!(HeaderBuilder::new("k", 0, &[t(&[1])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[0, 3])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[u64::MAX, 2])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1; 9])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1]), t(&[2])], 0).is_err());
         let long = "x".repeat(NAME_LEN);
-        assert!(HeaderBuilder::new(&long, 1, &[t(&[1])]).is_err());
+        assert!(HeaderBuilder::new(&long, 1, &[t(&[1])], 0).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 100).is_err());
+        assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 32).is_err());
     }
 }

@@ -11,16 +11,22 @@
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
 
 pub mod client;
+pub mod command;
 pub mod engine;
 pub mod envs;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layout;
 mod os;
 pub mod region;
+pub mod ring;
 pub mod sync;
 pub mod tensor;
+pub mod wire;
 
 pub use client::{AttachOptions, Client};
+pub use command::{CommandError, CommandHandler, Reply, ResetRequest};
 pub use engine::{Engine, EngineSpec};
 pub use error::{Error, Peer, Result};
 pub use layout::{DType, Direction, Layout, Location, TensorId, TensorInfo, TensorKey, TensorSpec};

@@ -70,6 +70,9 @@ impl Backoff {
     }
 }
 
+/// While spinning, yield the CPU this often (see `wait_until`).
+pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(10);
+
 /// Longest single futex sleep: the latency bound for noticing a dead peer or a deadline.
 pub const SLICE: Duration = Duration::from_millis(10);
 
@@ -125,6 +128,60 @@ impl SeqPost for SharedSeq<'_> {
     }
 }
 
+/// The engine's doorbell (protocol 1.1): the engine sleeps on this word while it waits
+/// for an action *or* a command; the client bumps it after posting either, so one futex
+/// wakes the engine for both and a post after the engine looked can never be missed (the
+/// word it sleeps on has changed).
+#[derive(Clone, Copy)]
+pub struct Doorbell<'a> {
+    pub bell: &'a AtomicU32,
+    pub engine_waiting: &'a AtomicU32,
+    /// The action counter, when posting an action; `None` for a command push.
+    pub action_seq: Option<&'a AtomicU64>,
+}
+
+impl<'a> Doorbell<'a> {
+    pub(crate) fn of(region: &'a crate::region::Region) -> Self {
+        use crate::layout::offsets;
+        Doorbell {
+            bell: region.u32_at(offsets::ENGINE_DOORBELL),
+            engine_waiting: region.u32_at(offsets::ENGINE_WAITING),
+            action_seq: None,
+        }
+    }
+}
+
+impl SeqPost for Doorbell<'_> {
+    #[inline]
+    fn store(&self, value: u64) {
+        if let Some(a) = self.action_seq {
+            a.store(value, Ordering::Release);
+        }
+        self.bell.fetch_add(1, Ordering::Release);
+    }
+    #[inline]
+    fn waiter_sleeps(&self) -> bool {
+        self.engine_waiting.load(Ordering::Relaxed) != 0
+    }
+    fn unpark(&self) {
+        crate::os::futex_wake_all(self.bell);
+    }
+}
+
+impl SeqWord for Doorbell<'_> {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        self.bell.load(order) as u64
+    }
+    #[inline]
+    fn set_waiting(&self, waiting: bool) {
+        self.engine_waiting.store(waiting as u32, Ordering::Relaxed);
+    }
+    fn park(&self, expected: u32, slice: Duration) {
+        crate::os::futex_wait(self.bell, expected, slice);
+    }
+}
+
 /// Publishes `value` and wakes the waiter if it sleeps.
 #[inline]
 pub fn post<S: SeqPost>(seq: &S, value: u64) {
@@ -139,41 +196,75 @@ pub fn post<S: SeqPost>(seq: &S, value: u64) {
 /// before each sleep and after each slice: it returns the error that ends the wait (peer
 /// closed or dead). On timeout the peer is checked once more first, so a dead peer is
 /// reported as dead, not as slow.
+#[inline]
 pub fn wait_for<S: SeqWord>(
     seq: &S,
     target: u64,
     policy: WaitPolicy,
     timeout: Duration,
     what: &'static str,
-    mut check_peer: impl FnMut() -> Result<()>,
+    check_peer: impl FnMut() -> Result<()>,
 ) -> Result<u64> {
-    let v = seq.load(Ordering::Acquire);
-    if v >= target {
-        return Ok(v);
+    wait_until(
+        seq,
+        |order| {
+            let v = seq.load(order);
+            (v >= target).then_some(v)
+        },
+        policy,
+        timeout,
+        what,
+        check_peer,
+    )
+}
+
+/// Waits until `ready` returns `Some`, sleeping on `seq`'s futex word. Whoever makes
+/// `ready` true must store (Release), fence (SeqCst), then wake `seq`'s word if its waiter
+/// flag is set: [`post`] does that for the counter itself; another producer (a command
+/// ring) does the same with its own store. `ready` is called with the ordering to use for
+/// its loads.
+pub fn wait_until<S: SeqWord, R>(
+    seq: &S,
+    mut ready: impl FnMut(Ordering) -> Option<R>,
+    policy: WaitPolicy,
+    timeout: Duration,
+    what: &'static str,
+    mut check_peer: impl FnMut() -> Result<()>,
+) -> Result<R> {
+    if let Some(r) = ready(Ordering::Acquire) {
+        return Ok(r);
     }
     // The clock is read only once the first 64 turns have not seen the value: a fast
     // peer answers before that, and a clock read (~25 ns) would be most of its cost.
     let mut start: Option<Instant> = None;
     if !policy.spin.is_zero() {
         let mut i: u32 = 0;
+        let mut next_yield = SPIN_YIELD_EVERY;
         loop {
             std::hint::spin_loop();
-            let v = seq.load(Ordering::Acquire);
-            if v >= target {
-                return Ok(v);
+            if let Some(r) = ready(Ordering::Acquire) {
+                return Ok(r);
             }
             i = i.wrapping_add(1);
-            if i % 64 == 0 && start.get_or_insert_with(Instant::now).elapsed() >= policy.spin {
-                break;
+            if i % 64 == 0 {
+                let spent = start.get_or_insert_with(Instant::now).elapsed();
+                if spent >= policy.spin {
+                    break;
+                }
+                // On a busy machine the peer may need this very core to answer: let it
+                // run. On an idle one this is a ~1 µs no-op a fast peer never reaches.
+                if spent >= next_yield {
+                    std::thread::yield_now();
+                    next_yield = spent + SPIN_YIELD_EVERY;
+                }
             }
         }
     }
     let start = start.unwrap_or_else(Instant::now);
     for _ in 0..policy.yields {
         std::thread::yield_now();
-        let v = seq.load(Ordering::Acquire);
-        if v >= target {
-            return Ok(v);
+        if let Some(r) = ready(Ordering::Acquire) {
+            return Ok(r);
         }
     }
     let deadline = start.checked_add(timeout);
@@ -181,10 +272,12 @@ pub fn wait_for<S: SeqWord>(
     loop {
         seq.set_waiting(true);
         fence(Ordering::SeqCst);
-        let v = seq.load(Ordering::Acquire);
-        if v >= target {
+        // The futex compares against the word as it is now: any post after this load
+        // either changes the word (the kernel returns at once) or sees the flag and wakes.
+        let word = seq.load(Ordering::Acquire);
+        if let Some(r) = ready(Ordering::Acquire) {
             seq.set_waiting(false);
-            return Ok(v);
+            return Ok(r);
         }
         let now = Instant::now();
         let remaining = match deadline {
@@ -199,11 +292,10 @@ pub fn wait_for<S: SeqWord>(
             Some(d) => d - now,
             None => SLICE,
         };
-        seq.park(v as u32, remaining.min(SLICE));
+        seq.park(word as u32, remaining.min(SLICE));
         seq.set_waiting(false);
-        let v = seq.load(Ordering::Acquire);
-        if v >= target {
-            return Ok(v);
+        if let Some(r) = ready(Ordering::Acquire) {
+            return Ok(r);
         }
         check_peer()?;
     }

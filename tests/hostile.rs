@@ -19,6 +19,7 @@ fn valid_region() -> Vec<u8> {
             TensorSpec::new("obs", DType::F32, &[4, 8], Direction::EngineToClient),
             TensorSpec::new("actions", DType::F32, &[4, 2], Direction::ClientToEngine),
         ],
+        4096,
     )
     .unwrap();
     let mut bytes = b.bytes();
@@ -82,7 +83,8 @@ fn wrong_major_version_names_both() {
         "{e}"
     );
     let msg = e.to_string();
-    assert!(msg.contains("1.0") && msg.contains("7.3"), "{msg}");
+    let ours = format!("{}.{}", layout::VERSION_MAJOR, layout::VERSION_MINOR);
+    assert!(msg.contains(&ours) && msg.contains("7.3"), "{msg}");
 }
 
 #[test]
@@ -231,6 +233,61 @@ fn too_many_tensors_and_bad_fields() {
     *desc_mut(&mut b, 1) = TensorDesc::zeroed();
     assert!(matches!(
         attach_to("zero-desc", &b),
+        Error::InvalidHeader { .. }
+    ));
+}
+
+#[test]
+fn hostile_rings() {
+    let mut b = valid_region();
+    header_mut(&mut b).c2e_ring_capacity = 1000;
+    let e = attach_to("ring-cap", &b);
+    assert!(
+        matches!(
+            e,
+            Error::InvalidHeader {
+                field: "c2e ring",
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut b = valid_region();
+    let size = header_mut(&mut b).region_size;
+    header_mut(&mut b).e2c_ring_offset = size;
+    let e = attach_to("ring-end", &b);
+    assert!(
+        matches!(
+            e,
+            Error::InvalidHeader {
+                field: "e2c ring",
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut b = valid_region();
+    header_mut(&mut b).e2c_ring_offset = u64::MAX - 4095;
+    assert!(matches!(
+        attach_to("ring-overflow", &b),
+        Error::InvalidHeader { .. }
+    ));
+
+    let mut b = valid_region();
+    let obs = desc_mut(&mut b, 0).offset;
+    header_mut(&mut b).c2e_ring_offset = obs & !4095;
+    let e = attach_to("ring-overlap", &b);
+    assert!(
+        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("overlaps")),
+        "{e}"
+    );
+
+    let mut b = valid_region();
+    header_mut(&mut b).c2e_ring_offset = 0;
+    assert!(matches!(
+        attach_to("ring-in-header", &b),
         Error::InvalidHeader { .. }
     ));
 }

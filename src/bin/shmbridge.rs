@@ -369,9 +369,24 @@ fn run_inspect(name: &str) -> Result<(), Error> {
         state::client_name(h.client_state)
     );
     println!(
-        "rings         c2e {}+{} e2c {}+{} (reserved)",
-        h.c2e_ring_offset, h.c2e_ring_capacity, h.e2c_ring_offset, h.e2c_ring_capacity
+        "c2e ring      offset {} capacity {} head {} tail {} waiting consumer {} producer {}",
+        h.c2e_ring_offset,
+        h.c2e_ring_capacity,
+        h.c2e_head,
+        h.c2e_tail,
+        h.c2e_consumer_waiting,
+        h.c2e_producer_waiting
     );
+    println!(
+        "e2c ring      offset {} capacity {} head {} tail {} waiting consumer {} producer {}",
+        h.e2c_ring_offset,
+        h.e2c_ring_capacity,
+        h.e2c_head,
+        h.e2c_tail,
+        h.e2c_consumer_waiting,
+        h.e2c_producer_waiting
+    );
+    println!("doorbell      {}", h.engine_doorbell);
     println!("action_seq    {}", h.action_seq);
     println!("frame_seq     {}", h.frame_seq);
     println!(

@@ -1,7 +1,11 @@
 //! `cartpole`: Gymnasium CartPole-v1, vectorised. Same constants and Euler integration,
 //! termination at |x| > 2.4 or |theta| > 12 degrees, truncation at 500 steps, reward 1
-//! per step. Each env has its own PCG stream, seeded from the engine seed and the env
-//! index, so a seed fixes every env's episodes.
+//! per step. Each env has its own PCG stream; as in Gymnasium's vector envs, a seed `s`
+//! seeds env `i` with `s + i`, and a list seeds each env with its own entry, so a seed
+//! fixes every env's episodes.
+//!
+//! Engine-defined method: `set_pole_length(length=<metres>)` changes the half-length of
+//! every pole (Gymnasium's `length`, default 0.5) and answers `previous=<old length>`.
 //!
 //! Actions: `actions [N, 1] i64`, 0 pushes left, anything else pushes right.
 //! Autoreset in the same step: an env that terminated or truncated is reset at once, its
@@ -9,7 +13,7 @@
 //! and flags. `reset_mask[i]` set: env i is reset before the step and its frame holds the
 //! reset observation, reward 0 and no flags (the action is ignored).
 
-use rand::RngExt;
+use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg32;
 
 use crate::engine::EngineSpec;
@@ -18,6 +22,11 @@ use crate::layout::DType;
 use crate::tensor::Tensors;
 
 use super::VecEnv;
+use crate::command::{arg, CommandError, Reply};
+
+fn join(values: [f64; 4]) -> String {
+    values.map(|v| format!("{v}")).join(",")
+}
 
 pub const GRAVITY: f64 = 9.8;
 pub const MASS_CART: f64 = 1.0;
@@ -33,13 +42,19 @@ pub const MAX_STEPS: u32 = 500;
 
 /// One Euler step of CartPole-v1's dynamics.
 pub fn dynamics(s: [f64; 4], push_right: bool) -> [f64; 4] {
+    dynamics_with(s, push_right, LENGTH)
+}
+
+/// One Euler step with pole half-length `length`.
+pub fn dynamics_with(s: [f64; 4], push_right: bool, length: f64) -> [f64; 4] {
     let [x, x_dot, theta, theta_dot] = s;
+    let pole_mass_length = MASS_POLE * length;
     let force = if push_right { FORCE_MAG } else { -FORCE_MAG };
     let (sin, cos) = theta.sin_cos();
-    let temp = (force + POLE_MASS_LENGTH * theta_dot * theta_dot * sin) / TOTAL_MASS;
+    let temp = (force + pole_mass_length * theta_dot * theta_dot * sin) / TOTAL_MASS;
     let theta_acc =
-        (GRAVITY * sin - cos * temp) / (LENGTH * (4.0 / 3.0 - MASS_POLE * cos * cos / TOTAL_MASS));
-    let x_acc = temp - POLE_MASS_LENGTH * theta_acc * cos / TOTAL_MASS;
+        (GRAVITY * sin - cos * temp) / (length * (4.0 / 3.0 - MASS_POLE * cos * cos / TOTAL_MASS));
+    let x_acc = temp - pole_mass_length * theta_acc * cos / TOTAL_MASS;
     [
         x + TAU * x_dot,
         x_dot + TAU * x_acc,
@@ -58,6 +73,7 @@ pub struct CartPole {
     state: Vec<[f64; 4]>,
     steps: Vec<u32>,
     rngs: Vec<Pcg32>,
+    length: f64,
 }
 
 impl CartPole {
@@ -67,7 +83,10 @@ impl CartPole {
             num_envs,
             state: vec![[0.0; 4]; n],
             steps: vec![0; n],
-            rngs: (0..n as u64).map(|i| Pcg32::new(seed, i)).collect(),
+            rngs: (0..n as u64)
+                .map(|i| Pcg32::seed_from_u64(seed.wrapping_add(i)))
+                .collect(),
+            length: LENGTH,
         };
         for i in 0..n {
             env.reset_one(i);
@@ -97,7 +116,74 @@ impl CartPole {
 
 impl VecEnv for CartPole {
     fn spec(&self) -> EngineSpec {
+        let high = [
+            X_THRESHOLD * 2.0,
+            f64::INFINITY,
+            THETA_THRESHOLD * 2.0,
+            f64::INFINITY,
+        ];
         EngineSpec::standard("cartpole", self.num_envs, 4, 1, DType::I64)
+            .metadata("env_id", "CartPole-v1")
+            .metadata("autoreset_mode", "same-step")
+            .metadata("observation_low", &join(high.map(|h| -h)))
+            .metadata("observation_high", &join(high))
+            .metadata("action_space", "discrete:2")
+            .metadata("max_episode_steps", &MAX_STEPS.to_string())
+    }
+
+    fn reset_envs(
+        &mut self,
+        io: &mut Tensors<'_>,
+        env_ids: Option<&[u32]>,
+        seeds: &[u64],
+    ) -> Result<(), CommandError> {
+        let all: Vec<u32> = (0..self.num_envs).collect();
+        let ids = env_ids.unwrap_or(&all);
+        if let Some(&bad) = ids.iter().find(|&&i| i >= self.num_envs) {
+            return Err(CommandError::bad_request(format!(
+                "env id {bad} out of range (num_envs {})",
+                self.num_envs
+            )));
+        }
+        if seeds.len() > 1 && seeds.len() != ids.len() {
+            return Err(CommandError::bad_request(format!(
+                "{} seeds for {} envs: give none, one, or one per env",
+                seeds.len(),
+                ids.len()
+            )));
+        }
+        for (k, &i) in ids.iter().enumerate() {
+            match seeds {
+                [] => {}
+                [s] => self.rngs[i as usize] = Pcg32::seed_from_u64(s.wrapping_add(k as u64)),
+                many => self.rngs[i as usize] = Pcg32::seed_from_u64(many[k]),
+            }
+            self.reset_one(i as usize);
+        }
+        self.write_obs(io.write::<f32>("obs").map_err(CommandError::engine)?);
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        _io: &mut Tensors<'_>,
+        method: &str,
+        args: &[(String, String)],
+        _payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        match method {
+            "set_pole_length" => {
+                let length: f64 = arg(args, "length")?;
+                if !(length.is_finite() && length > 0.0 && length <= 100.0) {
+                    return Err(CommandError::bad_request(format!(
+                        "length must be in (0, 100] metres, not {length}"
+                    )));
+                }
+                let previous = std::mem::replace(&mut self.length, length);
+                Ok(Reply::args(vec![("previous".into(), previous.to_string())]))
+            }
+            other => Err(CommandError::unknown_method(other, &["set_pole_length"])),
+        }
     }
 
     fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
@@ -119,7 +205,7 @@ impl VecEnv for CartPole {
                 truncated[i] = 0;
                 continue;
             }
-            self.state[i] = dynamics(self.state[i], actions[i] != 0);
+            self.state[i] = dynamics_with(self.state[i], actions[i] != 0, self.length);
             self.steps[i] += 1;
             let term = is_terminal(&self.state[i]);
             let trunc = self.steps[i] >= MAX_STEPS;

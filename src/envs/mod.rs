@@ -6,6 +6,7 @@ pub mod null;
 
 use std::time::Duration;
 
+use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Peer, Result};
 use crate::tensor::Tensors;
@@ -18,6 +19,52 @@ pub trait VecEnv {
     fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()>;
     /// Applies `reset_mask`, steps every env with the client's actions and writes frame `seq`.
     fn step(&mut self, seq: u64, io: &mut Tensors<'_>) -> Result<()>;
+
+    /// The `Reset` command: resets `env_ids` (all if `None`) and writes their reset
+    /// observations. `seeds`: none, one (env k of the list gets `seed + k`), or one per env.
+    /// By default a full reset that ignores seeds is refused, since it could not honour them.
+    fn reset_envs(
+        &mut self,
+        io: &mut Tensors<'_>,
+        env_ids: Option<&[u32]>,
+        seeds: &[u64],
+    ) -> Result<(), CommandError> {
+        if env_ids.is_some() || !seeds.is_empty() {
+            return Err(CommandError::unsupported(
+                "this engine resets all envs at once and takes no seeds",
+            ));
+        }
+        self.reset(io).map_err(CommandError::engine)
+    }
+
+    /// An engine-defined method.
+    fn call(
+        &mut self,
+        _io: &mut Tensors<'_>,
+        method: &str,
+        _args: &[(String, String)],
+        _payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        Err(CommandError::unknown_method(method, &[]))
+    }
+}
+
+/// Lets an engine's command dispatch reach a [`VecEnv`].
+pub struct EnvCommands<'e>(pub &'e mut dyn VecEnv);
+
+impl CommandHandler for EnvCommands<'_> {
+    fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
+        self.0.reset_envs(io, req.env_ids.as_deref(), &req.seeds)
+    }
+    fn call(
+        &mut self,
+        io: &mut Tensors<'_>,
+        method: &str,
+        args: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        self.0.call(io, method, args, payload)
+    }
 }
 
 /// How a [`serve`] loop ended without error.
@@ -40,7 +87,7 @@ pub fn serve(
     engine.publish()?;
     on_ready(engine.name());
     loop {
-        match engine.wait_actions(idle_timeout) {
+        match engine.wait_actions_with(idle_timeout, &mut EnvCommands(env)) {
             Ok(seq) => {
                 env.step(seq, &mut engine.io())?;
                 engine.publish()?;

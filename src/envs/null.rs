@@ -2,6 +2,8 @@
 //! index, and `rewards[i]` echoes `actions[i, 0]`, so a client can check every step that
 //! the frame is the right one, whole, and answered its own actions.
 //!
+//! Engine-defined method: `echo` answers with the arguments and payload it was sent.
+//!
 //! Sparse mode writes only the first and last element of `obs` and `rewards`: the engine
 //! then does O(1) work per step whatever the payload size, which is what the transport
 //! benchmark wants to measure.
@@ -12,6 +14,7 @@ use crate::layout::{DType, TensorId};
 use crate::tensor::Tensors;
 
 use super::VecEnv;
+use crate::command::{CommandError, Reply};
 
 /// The value of flat element `index` of `obs` in frame `seq`: exact in f32 (< 2^24).
 #[inline]
@@ -69,6 +72,22 @@ impl VecEnv for NullEnv {
             self.act_dim,
             DType::F32,
         )
+    }
+
+    fn call(
+        &mut self,
+        _io: &mut Tensors<'_>,
+        method: &str,
+        args: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        match method {
+            "echo" => Ok(Reply {
+                args: args.to_vec(),
+                payload: payload.to_vec(),
+            }),
+            other => Err(CommandError::unknown_method(other, &["echo"])),
+        }
     }
 
     fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {

@@ -1,0 +1,268 @@
+//! The command channel: requests and replies as FlatBuffers envelopes ([`crate::wire`]) in
+//! the two SPSC rings of a region ([`crate::ring`]).
+//!
+//! The client pushes a request into the client→engine ring and rings the engine's
+//! doorbell; the engine, between steps (inside `wait_actions_with` or `poll_commands`),
+//! pops it, answers built-ins itself (`Hello`, `GetSchema`, `Ping`, `Close`), hands `Reset`
+//! and engine-defined methods to its [`CommandHandler`], and pushes the reply, with the
+//! request's correlation id, into the engine→client ring. Unknown methods get an error
+//! reply, never silence.
+
+use std::time::Duration;
+
+use crate::error::{Error, Peer, Result};
+use crate::layout::{offsets, Layout};
+use crate::region::Region;
+use crate::ring::{Ring, RingCtrl};
+use crate::tensor::Tensors;
+use crate::wire::{self, code, Body, Envelope, Kind, Method};
+
+/// What a handler answers to an engine-defined method.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reply {
+    pub args: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+}
+
+impl Reply {
+    pub fn args(args: Vec<(String, String)>) -> Self {
+        Reply {
+            args,
+            payload: Vec::new(),
+        }
+    }
+}
+
+/// A handler's refusal, sent back to the client as an error reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandError {
+    pub code: u16,
+    pub message: String,
+}
+
+impl CommandError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        CommandError {
+            code: code::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        CommandError {
+            code: code::UNSUPPORTED,
+            message: message.into(),
+        }
+    }
+    pub fn unknown_method(method: &str, known: &[&str]) -> Self {
+        CommandError {
+            code: code::UNKNOWN_METHOD,
+            message: if known.is_empty() {
+                format!("unknown method '{method}': this engine defines no methods")
+            } else {
+                format!(
+                    "unknown method '{method}' (this engine has: {})",
+                    known.join(", ")
+                )
+            },
+        }
+    }
+    pub fn engine(e: Error) -> Self {
+        CommandError {
+            code: code::ENGINE_ERROR,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Parses the argument `key` of an engine-defined method.
+pub fn arg<T: std::str::FromStr>(args: &[(String, String)], key: &str) -> Result<T, CommandError> {
+    let (_, v) = args
+        .iter()
+        .find(|(k, _)| k == key)
+        .ok_or_else(|| CommandError::bad_request(format!("missing argument '{key}'")))?;
+    v.parse()
+        .map_err(|_| CommandError::bad_request(format!("argument '{key}': cannot parse '{v}'")))
+}
+
+/// A `Reset` request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResetRequest {
+    /// `None`: every env.
+    pub env_ids: Option<Vec<u32>>,
+    /// None, one (env k of the list gets `seed + k`), or one per env.
+    pub seeds: Vec<u64>,
+    pub options: Vec<(String, String)>,
+}
+
+/// What an engine does with `Reset` and with its own methods. Both default to refusing.
+pub trait CommandHandler {
+    /// Reset the requested envs and write their observations into the engine→client
+    /// tensors; the client reads them once the reply arrives.
+    fn reset(&mut self, _io: &mut Tensors<'_>, _req: &ResetRequest) -> Result<(), CommandError> {
+        Err(CommandError::unsupported(
+            "this engine does not handle Reset",
+        ))
+    }
+    fn call(
+        &mut self,
+        _io: &mut Tensors<'_>,
+        method: &str,
+        _args: &[(String, String)],
+        _payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        Err(CommandError::unknown_method(method, &[]))
+    }
+}
+
+/// Answers the built-ins only.
+pub struct BuiltinsOnly;
+impl CommandHandler for BuiltinsOnly {}
+
+/// The two rings of a region, as one side sees them.
+pub(crate) struct Channel<'a> {
+    pub c2e: Ring<'a>,
+    pub e2c: Ring<'a>,
+}
+
+/// The rings of `region`, if its layout has them.
+pub(crate) fn channel<'a>(region: &'a Region, layout: &Layout) -> Result<Option<Channel<'a>>> {
+    let Some(rings) = layout.rings else {
+        return Ok(None);
+    };
+    let ring = |head: usize,
+                tail: usize,
+                consumer: usize,
+                producer: usize,
+                (offset, cap): (u64, u64),
+                who: Peer| {
+        let ctrl = RingCtrl {
+            head: region.u64_at(head),
+            tail: region.u64_at(tail),
+            head_low: region.low_u32_of(head),
+            tail_low: region.low_u32_of(tail),
+            consumer_waiting: region.u32_at(consumer),
+            producer_waiting: region.u32_at(producer),
+        };
+        // SAFETY: validation (or the builder, for the engine) checked that
+        // `offset..offset + cap` lies inside the mapping, page-aligned, overlapping no
+        // tensor and not the other ring; the mapping outlives `'a` (borrowed from
+        // `region`), and ring data is only ever touched through rings.
+        unsafe { Ring::new(ctrl, region.ptr().add(offset as usize), cap, who) }
+    };
+    Ok(Some(Channel {
+        c2e: ring(
+            offsets::C2E_HEAD,
+            offsets::C2E_TAIL,
+            offsets::C2E_CONSUMER_WAITING,
+            offsets::C2E_PRODUCER_WAITING,
+            rings.c2e,
+            Peer::Client,
+        )?,
+        e2c: ring(
+            offsets::E2C_HEAD,
+            offsets::E2C_TAIL,
+            offsets::E2C_CONSUMER_WAITING,
+            offsets::E2C_PRODUCER_WAITING,
+            rings.e2c,
+            Peer::Engine,
+        )?,
+    }))
+}
+
+/// Rings the engine's doorbell after a command push.
+pub(crate) fn ring_doorbell(region: &Region) {
+    crate::sync::post(&crate::sync::Doorbell::of(region), 0);
+}
+
+/// How long the engine waits for room in the reply ring before giving up on a reply.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The engine's answer to one request.
+pub(crate) fn answer(
+    request: Envelope,
+    layout: &Layout,
+    metadata: &[(String, String)],
+    frame: u64,
+    io: &mut Tensors<'_>,
+    handler: &mut dyn CommandHandler,
+) -> Envelope {
+    let mut reply = Envelope {
+        id: request.id,
+        kind: Kind::Reply,
+        method: request.method.clone(),
+        body: Body::None,
+        args: Vec::new(),
+        payload: Vec::new(),
+        error: None,
+    };
+    if request.kind != Kind::Request {
+        reply.error = Some((code::BAD_REQUEST, "the engine only takes requests".into()));
+        return reply;
+    }
+    let result: Result<(), CommandError> =
+        match (&request.method, request.body) {
+            (Method::Hello, Body::Hello { .. }) => {
+                reply.body = Body::Welcome {
+                    protocol_major: crate::layout::VERSION_MAJOR,
+                    protocol_minor: crate::layout::VERSION_MINOR,
+                    engine_pid: layout.engine_pid,
+                    engine_kind: layout.engine_kind.clone(),
+                };
+                Ok(())
+            }
+            (Method::GetSchema, _) => {
+                reply.body = Body::Schema {
+                    num_envs: layout.num_envs,
+                    engine_kind: layout.engine_kind.clone(),
+                    tensors: layout
+                        .tensors
+                        .iter()
+                        .map(wire::TensorSchema::from_info)
+                        .collect(),
+                    metadata: metadata.to_vec(),
+                };
+                Ok(())
+            }
+            (Method::Ping, body) => {
+                reply.body = Body::Pong(match body {
+                    Body::Ping(payload) => payload,
+                    _ => Vec::new(),
+                });
+                Ok(())
+            }
+            (Method::Close, _) => {
+                reply.body = Body::Close;
+                Ok(())
+            }
+            (Method::Reset, body) => {
+                let req = match body {
+                    Body::Reset {
+                        env_ids,
+                        seeds,
+                        options,
+                    } => ResetRequest {
+                        env_ids,
+                        seeds,
+                        options,
+                    },
+                    _ => ResetRequest::default(), // no body: every env, no seeds
+                };
+                handler
+                    .reset(io, &req)
+                    .map(|()| reply.body = Body::ResetDone { frame })
+            }
+            (Method::Custom(name), _) => handler
+                .call(io, name, &request.args, &request.payload)
+                .map(|r| {
+                    reply.args = r.args;
+                    reply.payload = r.payload;
+                }),
+            (m, _) => Err(CommandError::bad_request(format!(
+                "request {m:?} carries the wrong body"
+            ))),
+        };
+    if let Err(e) = result {
+        reply.error = Some((e.code, e.message));
+    }
+    reply
+}

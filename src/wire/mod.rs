@@ -1,0 +1,1398 @@
+//! The command channel's messages: an owned, safe model of the FlatBuffers `Envelope` of
+//! `schema/shmbridge.fbs`, and its codec.
+//!
+//! Nothing outside this module touches FlatBuffers: a sender builds an [`Envelope`] and
+//! calls [`Envelope::encode`] (or [`Envelope::encode_into`] to reuse a builder's memory);
+//! a receiver calls [`Envelope::decode`], which runs the FlatBuffers verifier and then
+//! checks everything the schema cannot say (enum ranges, which body goes with which
+//! method, DLPack codes), so whatever it returns is well formed. Decoding never panics,
+//! whatever the bytes: anything malformed is [`Error::BadMessage`].
+//!
+//! The generated code (`shmbridge_generated.rs`) is written by
+//! `scripts/gen-flatbuffers.sh`; do not edit it by hand.
+
+use flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, VerifierOptions, WIPOffset};
+
+use crate::error::{Error, Result};
+use crate::layout::{DType, Direction, Location, TensorInfo};
+
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    unsafe_op_in_unsafe_fn,
+    unused_imports,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code,
+    deprecated,
+    missing_docs,
+    rustdoc::all
+)]
+#[rustfmt::skip]
+mod shmbridge_generated;
+
+use shmbridge_generated::shmbridge::wire as fb;
+
+/// Error codes of a failed reply (`Envelope::error`); 0 on the wire means success.
+pub mod code {
+    /// The engine does not know the method (an unknown `Custom` name).
+    pub const UNKNOWN_METHOD: u16 = 1;
+    /// The request is malformed or its arguments are invalid (bad env id, seed count, ...).
+    pub const BAD_REQUEST: u16 = 2;
+    /// The engine failed while carrying out a valid request.
+    pub const ENGINE_ERROR: u16 = 3;
+    /// The engine knows the method but does not support it (or these arguments).
+    pub const UNSUPPORTED: u16 = 4;
+}
+
+/// Limits of the verifier in [`Envelope::decode`]. Honest envelopes are a few tables deep;
+/// the apparent size is about the encoded size, so an envelope may carry up to ~64 MiB.
+const VERIFIER_OPTIONS: VerifierOptions = VerifierOptions {
+    max_depth: 64,
+    max_tables: 100_000,
+    max_apparent_size: 64 << 20,
+    ignore_missing_null_terminator: false,
+};
+
+/// Request (client → engine) or reply (engine → client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Request,
+    Reply,
+}
+
+/// The operation an envelope asks for or answers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// An engine-defined method, by name (never empty); arguments and result travel in
+    /// [`Envelope::args`] and [`Envelope::payload`], and the body is [`Body::None`].
+    Custom(String),
+    Hello,
+    GetSchema,
+    Reset,
+    Close,
+    Ping,
+}
+
+impl Method {
+    /// A name for messages and [`Error::Remote`]: `hello`, `get_schema`, `reset`, `close`,
+    /// `ping`, or the custom method's own name.
+    pub fn name(&self) -> &str {
+        match self {
+            Method::Custom(name) => name,
+            Method::Hello => "hello",
+            Method::GetSchema => "get_schema",
+            Method::Reset => "reset",
+            Method::Close => "close",
+            Method::Ping => "ping",
+        }
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The typed body of a built-in method's request or reply.
+///
+/// Which body goes with which method ([`Envelope::validate`] checks it):
+///
+/// | method      | request                  | ok reply           | error reply |
+/// |-------------|--------------------------|--------------------|-------------|
+/// | `Custom`    | `None`                   | `None`             | `None`      |
+/// | `Hello`     | `Hello`                  | `Welcome`          | `None`      |
+/// | `GetSchema` | `GetSchema` or `None`    | `Schema`           | `None`      |
+/// | `Reset`     | `Reset` or `None` (all)  | `ResetDone`        | `None`      |
+/// | `Close`     | `Close` or `None`        | `Close` or `None`  | `None`      |
+/// | `Ping`      | `Ping` or `None` (empty) | `Pong`             | `None`      |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    None,
+    Hello {
+        protocol_major: u16,
+        protocol_minor: u16,
+        pid: u32,
+        client_name: String,
+    },
+    Welcome {
+        protocol_major: u16,
+        protocol_minor: u16,
+        engine_pid: u32,
+        engine_kind: String,
+    },
+    GetSchema,
+    Schema {
+        num_envs: u32,
+        engine_kind: String,
+        /// In tensor-table order.
+        tensors: Vec<TensorSchema>,
+        /// Observation/action bounds, autoreset mode, ...
+        metadata: Vec<(String, String)>,
+    },
+    Reset {
+        /// `None`: every environment.
+        env_ids: Option<Vec<u32>>,
+        /// Empty (keep the RNG state), one (a base seed) or one per reset environment.
+        seeds: Vec<u64>,
+        options: Vec<(String, String)>,
+    },
+    ResetDone {
+        /// The frame number the tensors now hold.
+        frame: u64,
+    },
+    Close,
+    Ping(Vec<u8>),
+    Pong(Vec<u8>),
+}
+
+impl Body {
+    fn tag(&self) -> fb::Body {
+        match self {
+            Body::None => fb::Body::NONE,
+            Body::Hello { .. } => fb::Body::Hello,
+            Body::Welcome { .. } => fb::Body::Welcome,
+            Body::GetSchema => fb::Body::GetSchema,
+            Body::Schema { .. } => fb::Body::Schema,
+            Body::Reset { .. } => fb::Body::Reset,
+            Body::ResetDone { .. } => fb::Body::ResetDone,
+            Body::Close => fb::Body::Close,
+            Body::Ping(_) => fb::Body::Ping,
+            Body::Pong(_) => fb::Body::Pong,
+        }
+    }
+}
+
+/// One tensor as the `Schema` reply describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSchema {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub direction: Direction,
+    pub location: Location,
+}
+
+impl TensorSchema {
+    pub fn from_info(info: &TensorInfo) -> Self {
+        TensorSchema {
+            name: info.name.clone(),
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            direction: info.direction,
+            location: info.location,
+        }
+    }
+}
+
+impl From<&TensorInfo> for TensorSchema {
+    fn from(info: &TensorInfo) -> Self {
+        TensorSchema::from_info(info)
+    }
+}
+
+/// One command-channel message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Correlation id: chosen by the requester, echoed by the reply.
+    pub id: u64,
+    pub kind: Kind,
+    /// A reply repeats its request's method.
+    pub method: Method,
+    pub body: Body,
+    /// An engine-defined method's named arguments (request) or results (reply).
+    pub args: Vec<(String, String)>,
+    /// An engine-defined method's opaque argument (request) or result (reply) bytes.
+    pub payload: Vec<u8>,
+    /// Replies only: `Some((code, message))` when the request failed; `code` is one of
+    /// [`code`] (never 0).
+    pub error: Option<(u16, String)>,
+}
+
+impl Envelope {
+    /// A request with no args, payload or error.
+    pub fn request(id: u64, method: Method, body: Body) -> Self {
+        Envelope {
+            id,
+            kind: Kind::Request,
+            method,
+            body,
+            args: Vec::new(),
+            payload: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// A successful reply (echo the request's id and method).
+    pub fn reply(id: u64, method: Method, body: Body) -> Self {
+        Envelope {
+            kind: Kind::Reply,
+            ..Envelope::request(id, method, body)
+        }
+    }
+
+    /// A failed reply (echo the request's id and method); `code` is one of [`code`].
+    pub fn error_reply(id: u64, method: Method, code: u16, message: impl Into<String>) -> Self {
+        Envelope {
+            error: Some((code, message.into())),
+            ..Envelope::reply(id, method, Body::None)
+        }
+    }
+
+    /// `Err(Error::Remote { .. })` for a failed reply, the envelope itself otherwise.
+    pub fn into_result(self) -> Result<Envelope> {
+        match self.error {
+            Some((code, message)) => Err(Error::Remote {
+                method: self.method.name().to_string(),
+                code,
+                message,
+            }),
+            None => Ok(self),
+        }
+    }
+
+    /// Serializes the envelope. It is not validated: a sender that may build invalid
+    /// envelopes should call [`Envelope::validate`] first, or the receiver's
+    /// [`Envelope::decode`] rejects them. Panics only past FlatBuffers' 2 GiB buffer limit.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut fbb = FlatBufferBuilder::new();
+        self.encode_into(&mut fbb).to_vec()
+    }
+
+    /// [`Envelope::encode`] into a reusable builder (reset first); returns the finished
+    /// bytes, which live until the builder's next use.
+    pub fn encode_into<'b>(&self, fbb: &'b mut FlatBufferBuilder<'_>) -> &'b [u8] {
+        fbb.reset();
+        let method_name = match &self.method {
+            Method::Custom(name) => Some(fbb.create_string(name)),
+            _ => None,
+        };
+        let body = encode_body(fbb, &self.body);
+        let args = encode_pairs(fbb, &self.args);
+        let payload = (!self.payload.is_empty()).then(|| fbb.create_vector(&self.payload));
+        let (error_code, error_message) = match &self.error {
+            Some((code, message)) => (*code, Some(fbb.create_string(message))),
+            None => (0, None),
+        };
+        let root = fb::Envelope::create(
+            fbb,
+            &fb::EnvelopeArgs {
+                id: self.id,
+                kind: match self.kind {
+                    Kind::Request => fb::Kind::Request,
+                    Kind::Reply => fb::Kind::Reply,
+                },
+                method: match self.method {
+                    Method::Custom(_) => fb::Method::Custom,
+                    Method::Hello => fb::Method::Hello,
+                    Method::GetSchema => fb::Method::GetSchema,
+                    Method::Reset => fb::Method::Reset,
+                    Method::Close => fb::Method::Close,
+                    Method::Ping => fb::Method::Ping,
+                },
+                method_name,
+                body_type: self.body.tag(),
+                body,
+                args,
+                payload,
+                error_code,
+                error_message,
+            },
+        );
+        fb::finish_envelope_buffer(fbb, root);
+        fbb.finished_data()
+    }
+
+    /// Parses and checks an envelope: the FlatBuffers verifier (file identifier `SHMB`,
+    /// depth ≤ 64, ≤ 100 000 tables, apparent size ≤ 64 MiB), then enum ranges, DLPack
+    /// codes and [`Envelope::validate`]. Anything wrong is [`Error::BadMessage`]; never
+    /// panics.
+    pub fn decode(bytes: &[u8]) -> Result<Envelope> {
+        let root = flatbuffers::root_with_opts::<fb::Envelope>(&VERIFIER_OPTIONS, bytes)
+            .map_err(|e| bad(format!("not a valid envelope: {e}")))?;
+        // The verifier has checked the root offset, so the buffer holds at least 4 bytes;
+        // the identifier needs 4 more.
+        if bytes.len() < 8 || !fb::envelope_buffer_has_identifier(bytes) {
+            return Err(bad("missing the SHMB file identifier".into()));
+        }
+        let kind = match root.kind() {
+            fb::Kind::Request => Kind::Request,
+            fb::Kind::Reply => Kind::Reply,
+            other => return Err(bad(format!("unknown kind {}", other.0))),
+        };
+        let method = match root.method() {
+            fb::Method::Custom => Method::Custom(root.method_name().unwrap_or("").to_string()),
+            fb::Method::Hello => Method::Hello,
+            fb::Method::GetSchema => Method::GetSchema,
+            fb::Method::Reset => Method::Reset,
+            fb::Method::Close => Method::Close,
+            fb::Method::Ping => Method::Ping,
+            other => return Err(bad(format!("unknown method {}", other.0))),
+        };
+        let error = match root.error_code() {
+            0 => None,
+            code => Some((code, root.error_message().unwrap_or("").to_string())),
+        };
+        let env = Envelope {
+            id: root.id(),
+            kind,
+            method,
+            body: decode_body(&root)?,
+            args: decode_pairs(root.args()),
+            payload: root
+                .payload()
+                .map(|p| p.bytes().to_vec())
+                .unwrap_or_default(),
+            error,
+        };
+        env.validate()?;
+        Ok(env)
+    }
+
+    /// Checks what the schema cannot: a `Custom` method has a name, only replies carry
+    /// errors (with a non-zero code), the body matches the method and kind (see [`Body`]),
+    /// and a reset's seeds are none, one or one per listed env.
+    pub fn validate(&self) -> Result<()> {
+        if matches!(&self.method, Method::Custom(name) if name.is_empty()) {
+            return Err(bad("custom method without a name".into()));
+        }
+        match (&self.error, self.kind) {
+            (Some(_), Kind::Request) => {
+                return Err(bad(format!(
+                    "request {} ({}) carries an error",
+                    self.id, self.method
+                )))
+            }
+            (Some((0, _)), Kind::Reply) => return Err(bad("error code 0".into())),
+            _ => {}
+        }
+        let tag = self.body.tag();
+        let allowed: &[fb::Body] = match (self.kind, self.error.is_some()) {
+            (Kind::Reply, true) => &[fb::Body::NONE],
+            (Kind::Request, _) => match self.method {
+                Method::Custom(_) => &[fb::Body::NONE],
+                Method::Hello => &[fb::Body::Hello],
+                Method::GetSchema => &[fb::Body::GetSchema, fb::Body::NONE],
+                Method::Reset => &[fb::Body::Reset, fb::Body::NONE],
+                Method::Close => &[fb::Body::Close, fb::Body::NONE],
+                Method::Ping => &[fb::Body::Ping, fb::Body::NONE],
+            },
+            (Kind::Reply, false) => match self.method {
+                Method::Custom(_) => &[fb::Body::NONE],
+                Method::Close => &[fb::Body::Close, fb::Body::NONE],
+                Method::Hello => &[fb::Body::Welcome],
+                Method::GetSchema => &[fb::Body::Schema],
+                Method::Reset => &[fb::Body::ResetDone],
+                Method::Ping => &[fb::Body::Pong],
+            },
+        };
+        if !allowed.contains(&tag) {
+            let kind = match (self.kind, self.error.is_some()) {
+                (Kind::Request, _) => "request",
+                (Kind::Reply, false) => "reply",
+                (Kind::Reply, true) => "error reply",
+            };
+            let body = tag.variant_name().unwrap_or("?");
+            return Err(bad(format!(
+                "{kind} {} ({}) has body {body}, expected {}",
+                self.id,
+                self.method,
+                allowed
+                    .iter()
+                    .map(|b| b.variant_name().unwrap_or("?"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )));
+        }
+        if let Body::Reset {
+            env_ids: Some(ids),
+            seeds,
+            ..
+        } = &self.body
+        {
+            if seeds.len() > 1 && seeds.len() != ids.len() {
+                return Err(bad(format!(
+                    "reset of {} envs with {} seeds (expected none, one, or one per env)",
+                    ids.len(),
+                    seeds.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bad(message: String) -> Error {
+    Error::BadMessage(message)
+}
+
+type PairsOffset<'f> = WIPOffset<Vector<'f, ForwardsUOffset<fb::KeyValue<'f>>>>;
+
+/// `None` for an empty list (absent on the wire reads back as empty).
+fn encode_pairs<'f>(
+    fbb: &mut FlatBufferBuilder<'f>,
+    pairs: &[(String, String)],
+) -> Option<PairsOffset<'f>> {
+    if pairs.is_empty() {
+        return None;
+    }
+    let items: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| {
+            let key = Some(fbb.create_string(k));
+            let value = Some(fbb.create_string(v));
+            fb::KeyValue::create(fbb, &fb::KeyValueArgs { key, value })
+        })
+        .collect();
+    Some(fbb.create_vector(&items))
+}
+
+fn decode_pairs(
+    pairs: Option<Vector<'_, ForwardsUOffset<fb::KeyValue<'_>>>>,
+) -> Vec<(String, String)> {
+    pairs
+        .map(|v| {
+            v.iter()
+                .map(|kv| {
+                    (
+                        kv.key().unwrap_or("").to_string(),
+                        kv.value().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn encode_body(
+    fbb: &mut FlatBufferBuilder<'_>,
+    body: &Body,
+) -> Option<WIPOffset<flatbuffers::UnionWIPOffset>> {
+    let offset = match body {
+        Body::None => return None,
+        Body::Hello {
+            protocol_major,
+            protocol_minor,
+            pid,
+            client_name,
+        } => {
+            let client_name = Some(fbb.create_string(client_name));
+            let args = fb::HelloArgs {
+                protocol_major: *protocol_major,
+                protocol_minor: *protocol_minor,
+                pid: *pid,
+                client_name,
+            };
+            fb::Hello::create(fbb, &args).as_union_value()
+        }
+        Body::Welcome {
+            protocol_major,
+            protocol_minor,
+            engine_pid,
+            engine_kind,
+        } => {
+            let engine_kind = Some(fbb.create_string(engine_kind));
+            let args = fb::WelcomeArgs {
+                protocol_major: *protocol_major,
+                protocol_minor: *protocol_minor,
+                engine_pid: *engine_pid,
+                engine_kind,
+            };
+            fb::Welcome::create(fbb, &args).as_union_value()
+        }
+        Body::GetSchema => fb::GetSchema::create(fbb, &fb::GetSchemaArgs {}).as_union_value(),
+        Body::Schema {
+            num_envs,
+            engine_kind,
+            tensors,
+            metadata,
+        } => {
+            let engine_kind = Some(fbb.create_string(engine_kind));
+            let tensors: Vec<_> = tensors
+                .iter()
+                .map(|t| {
+                    let name = Some(fbb.create_string(&t.name));
+                    let shape = Some(fbb.create_vector(&t.shape));
+                    let (dtype_code, dtype_bits) = t.dtype.dlpack();
+                    let args = fb::TensorSchemaArgs {
+                        name,
+                        dtype_code,
+                        dtype_bits,
+                        shape,
+                        direction: t.direction as u8,
+                        location: t.location as u8,
+                    };
+                    fb::TensorSchema::create(fbb, &args)
+                })
+                .collect();
+            let tensors = Some(fbb.create_vector(&tensors));
+            let metadata = encode_pairs(fbb, metadata);
+            let args = fb::SchemaArgs {
+                num_envs: *num_envs,
+                engine_kind,
+                tensors,
+                metadata,
+            };
+            fb::Schema::create(fbb, &args).as_union_value()
+        }
+        Body::Reset {
+            env_ids,
+            seeds,
+            options,
+        } => {
+            let env_ids = env_ids.as_ref().map(|ids| fbb.create_vector(ids));
+            let seeds = (!seeds.is_empty()).then(|| fbb.create_vector(seeds));
+            let options = encode_pairs(fbb, options);
+            let args = fb::ResetArgs {
+                env_ids,
+                seeds,
+                options,
+            };
+            fb::Reset::create(fbb, &args).as_union_value()
+        }
+        Body::ResetDone { frame } => {
+            fb::ResetDone::create(fbb, &fb::ResetDoneArgs { frame: *frame }).as_union_value()
+        }
+        Body::Close => fb::Close::create(fbb, &fb::CloseArgs {}).as_union_value(),
+        Body::Ping(payload) => {
+            let payload = Some(fbb.create_vector(payload));
+            fb::Ping::create(fbb, &fb::PingArgs { payload }).as_union_value()
+        }
+        Body::Pong(payload) => {
+            let payload = Some(fbb.create_vector(payload));
+            fb::Pong::create(fbb, &fb::PongArgs { payload }).as_union_value()
+        }
+    };
+    Some(offset)
+}
+
+fn decode_body(root: &fb::Envelope<'_>) -> Result<Body> {
+    let missing = || bad(format!("body type {} without a body", root.body_type().0));
+    Ok(match root.body_type() {
+        fb::Body::NONE => Body::None,
+        fb::Body::Hello => {
+            let b = root.body_as_hello().ok_or_else(missing)?;
+            Body::Hello {
+                protocol_major: b.protocol_major(),
+                protocol_minor: b.protocol_minor(),
+                pid: b.pid(),
+                client_name: b.client_name().unwrap_or("").to_string(),
+            }
+        }
+        fb::Body::Welcome => {
+            let b = root.body_as_welcome().ok_or_else(missing)?;
+            Body::Welcome {
+                protocol_major: b.protocol_major(),
+                protocol_minor: b.protocol_minor(),
+                engine_pid: b.engine_pid(),
+                engine_kind: b.engine_kind().unwrap_or("").to_string(),
+            }
+        }
+        fb::Body::GetSchema => {
+            root.body_as_get_schema().ok_or_else(missing)?;
+            Body::GetSchema
+        }
+        fb::Body::Schema => {
+            let b = root.body_as_schema().ok_or_else(missing)?;
+            let tensors = match b.tensors() {
+                Some(v) => v.iter().map(decode_tensor).collect::<Result<Vec<_>>>()?,
+                None => Vec::new(),
+            };
+            Body::Schema {
+                num_envs: b.num_envs(),
+                engine_kind: b.engine_kind().unwrap_or("").to_string(),
+                tensors,
+                metadata: decode_pairs(b.metadata()),
+            }
+        }
+        fb::Body::Reset => {
+            let b = root.body_as_reset().ok_or_else(missing)?;
+            Body::Reset {
+                env_ids: b.env_ids().map(|v| v.iter().collect()),
+                seeds: b.seeds().map(|v| v.iter().collect()).unwrap_or_default(),
+                options: decode_pairs(b.options()),
+            }
+        }
+        fb::Body::ResetDone => {
+            let b = root.body_as_reset_done().ok_or_else(missing)?;
+            Body::ResetDone { frame: b.frame() }
+        }
+        fb::Body::Close => {
+            root.body_as_close().ok_or_else(missing)?;
+            Body::Close
+        }
+        fb::Body::Ping => {
+            let b = root.body_as_ping().ok_or_else(missing)?;
+            Body::Ping(b.payload().map(|p| p.bytes().to_vec()).unwrap_or_default())
+        }
+        fb::Body::Pong => {
+            let b = root.body_as_pong().ok_or_else(missing)?;
+            Body::Pong(b.payload().map(|p| p.bytes().to_vec()).unwrap_or_default())
+        }
+        other => return Err(bad(format!("unknown body type {}", other.0))),
+    })
+}
+
+fn decode_tensor(t: fb::TensorSchema<'_>) -> Result<TensorSchema> {
+    let name = t.name().unwrap_or("").to_string();
+    let dtype = DType::from_dlpack(t.dtype_code(), t.dtype_bits(), 1).ok_or_else(|| {
+        bad(format!(
+            "tensor '{name}': unknown dtype (DLPack code {}, bits {})",
+            t.dtype_code(),
+            t.dtype_bits()
+        ))
+    })?;
+    let direction = Direction::from_u8(t.direction()).ok_or_else(|| {
+        bad(format!(
+            "tensor '{name}': unknown direction {}",
+            t.direction()
+        ))
+    })?;
+    let location = match t.location() {
+        0 => Location::Host,
+        1 => Location::Cuda,
+        2 => Location::Vulkan,
+        other => return Err(bad(format!("tensor '{name}': unknown location {other}"))),
+    };
+    Ok(TensorSchema {
+        name,
+        dtype,
+        shape: t.shape().map(|v| v.iter().collect()).unwrap_or_default(),
+        direction,
+        location,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn s(x: &str) -> String {
+        x.to_string()
+    }
+
+    fn pairs(xs: &[(&str, &str)]) -> Vec<(String, String)> {
+        xs.iter().map(|(k, v)| (s(k), s(v))).collect()
+    }
+
+    fn req(id: u64, method: Method, body: Body) -> Envelope {
+        Envelope::request(id, method, body)
+    }
+
+    fn rep(id: u64, method: Method, body: Body) -> Envelope {
+        Envelope::reply(id, method, body)
+    }
+
+    fn err(id: u64, method: Method, code: u16, message: &str) -> Envelope {
+        Envelope::error_reply(id, method, code, message)
+    }
+
+    fn custom(name: &str) -> Method {
+        Method::Custom(s(name))
+    }
+
+    fn every_tensor() -> Vec<TensorSchema> {
+        let mut out = Vec::new();
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            out.push(TensorSchema {
+                name: format!("t{i}_{dtype}"),
+                dtype,
+                shape: (0..=(i as u64 % 9)).map(|d| d * 1000 + 1).collect(),
+                direction: if i % 2 == 0 {
+                    Direction::EngineToClient
+                } else {
+                    Direction::ClientToEngine
+                },
+                location: [Location::Host, Location::Cuda, Location::Vulkan][i % 3],
+            });
+        }
+        out.push(TensorSchema {
+            name: String::new(),
+            dtype: DType::F32,
+            shape: vec![],
+            direction: Direction::EngineToClient,
+            location: Location::Host,
+        });
+        out.push(TensorSchema {
+            name: s("huge"),
+            dtype: DType::U64,
+            shape: vec![u64::MAX, 0, 1],
+            direction: Direction::ClientToEngine,
+            location: Location::Host,
+        });
+        out
+    }
+
+    /// Every message type, request and reply forms, error replies, Custom with and
+    /// without args and payload, empty and full optional fields.
+    fn samples() -> Vec<Envelope> {
+        let hello = Body::Hello {
+            protocol_major: 1,
+            protocol_minor: 2,
+            pid: 4242,
+            client_name: s("train.py"),
+        };
+        let welcome = Body::Welcome {
+            protocol_major: 1,
+            protocol_minor: 0,
+            engine_pid: u32::MAX,
+            engine_kind: s("cartpole"),
+        };
+        let schema = Body::Schema {
+            num_envs: 4096,
+            engine_kind: s("cartpole"),
+            tensors: every_tensor(),
+            metadata: pairs(&[
+                ("observation_low", "[-4.8, -inf, -0.418, -inf]"),
+                ("action_space", "discrete(2)"),
+                ("autoreset_mode", "next_step"),
+                ("", ""),
+            ]),
+        };
+        let mut all = vec![
+            // Hello / Welcome.
+            req(1, Method::Hello, hello),
+            req(
+                0,
+                Method::Hello,
+                Body::Hello {
+                    protocol_major: 0,
+                    protocol_minor: 0,
+                    pid: 0,
+                    client_name: String::new(),
+                },
+            ),
+            rep(1, Method::Hello, welcome),
+            rep(
+                u64::MAX,
+                Method::Hello,
+                Body::Welcome {
+                    protocol_major: u16::MAX,
+                    protocol_minor: u16::MAX,
+                    engine_pid: 0,
+                    engine_kind: s("ünïcødé ✓"),
+                },
+            ),
+            err(
+                1,
+                Method::Hello,
+                code::UNSUPPORTED,
+                "protocol 9.0 is not spoken here",
+            ),
+            // GetSchema / Schema.
+            req(2, Method::GetSchema, Body::GetSchema),
+            req(2, Method::GetSchema, Body::None),
+            rep(2, Method::GetSchema, schema),
+            rep(
+                3,
+                Method::GetSchema,
+                Body::Schema {
+                    num_envs: 0,
+                    engine_kind: String::new(),
+                    tensors: vec![],
+                    metadata: vec![],
+                },
+            ),
+            err(2, Method::GetSchema, code::ENGINE_ERROR, ""),
+            // Reset / ResetDone.
+            req(4, Method::Reset, Body::None),
+            req(
+                4,
+                Method::Reset,
+                Body::Reset {
+                    env_ids: None,
+                    seeds: vec![],
+                    options: vec![],
+                },
+            ),
+            req(
+                5,
+                Method::Reset,
+                Body::Reset {
+                    env_ids: Some(vec![]),
+                    seeds: vec![],
+                    options: vec![],
+                },
+            ),
+            req(
+                6,
+                Method::Reset,
+                Body::Reset {
+                    env_ids: None,
+                    seeds: vec![12345],
+                    options: pairs(&[("difficulty", "3")]),
+                },
+            ),
+            req(
+                7,
+                Method::Reset,
+                Body::Reset {
+                    env_ids: Some(vec![0, 3, u32::MAX]),
+                    seeds: vec![1, 0, u64::MAX],
+                    options: pairs(&[("a", "1"), ("b", "two")]),
+                },
+            ),
+            req(
+                8,
+                Method::Reset,
+                Body::Reset {
+                    env_ids: Some(vec![9]),
+                    seeds: vec![7],
+                    options: vec![],
+                },
+            ),
+            rep(7, Method::Reset, Body::ResetDone { frame: 0 }),
+            rep(8, Method::Reset, Body::ResetDone { frame: u64::MAX }),
+            err(
+                7,
+                Method::Reset,
+                code::BAD_REQUEST,
+                "env id 4294967295 >= num_envs 4096",
+            ),
+            // Close.
+            req(9, Method::Close, Body::Close),
+            req(9, Method::Close, Body::None),
+            rep(9, Method::Close, Body::None),
+            rep(9, Method::Close, Body::Close),
+            err(9, Method::Close, code::ENGINE_ERROR, "flush failed"),
+            // Ping / Pong.
+            req(10, Method::Ping, Body::Ping(vec![])),
+            req(10, Method::Ping, Body::Ping((0..=255).collect())),
+            req(10, Method::Ping, Body::None),
+            rep(10, Method::Ping, Body::Pong(vec![])),
+            rep(10, Method::Ping, Body::Pong((0..=255).rev().collect())),
+            err(10, Method::Ping, code::ENGINE_ERROR, "busy"),
+            // Custom.
+            req(11, custom("set_gravity"), Body::None),
+            Envelope {
+                args: pairs(&[("g", "9.81"), ("unit", "m/s²"), ("empty", "")]),
+                payload: vec![0, 1, 2, 3, 0xff],
+                ..req(12, custom("set_gravity"), Body::None)
+            },
+            Envelope {
+                payload: vec![0xaa; 1000],
+                ..req(13, custom("x"), Body::None)
+            },
+            Envelope {
+                args: pairs(&[("old", "9.81")]),
+                ..req(14, custom("render"), Body::None)
+            },
+            rep(11, custom("set_gravity"), Body::None),
+            Envelope {
+                args: pairs(&[("width", "640"), ("height", "480")]),
+                payload: vec![7; 640],
+                ..rep(12, custom("render"), Body::None)
+            },
+            err(
+                13,
+                custom("no_such_method"),
+                code::UNKNOWN_METHOD,
+                "no method 'no_such_method'",
+            ),
+            err(14, custom("m"), u16::MAX, "an engine-defined code"),
+            // Built-ins may carry args and payload too.
+            Envelope {
+                args: pairs(&[("trace", "1")]),
+                payload: vec![1],
+                ..req(15, Method::Reset, Body::None)
+            },
+        ];
+        // Error replies with every code, and both ids at their extremes.
+        for c in [
+            code::UNKNOWN_METHOD,
+            code::BAD_REQUEST,
+            code::ENGINE_ERROR,
+            code::UNSUPPORTED,
+        ] {
+            all.push(err(u64::MAX, Method::GetSchema, c, "x"));
+        }
+        all
+    }
+
+    /// Decode must answer `Ok` or `BadMessage`, nothing else (and never panic).
+    #[track_caller]
+    fn ok_or_bad(bytes: &[u8]) -> Option<Envelope> {
+        match Envelope::decode(bytes) {
+            Ok(e) => {
+                // Whatever decodes re-encodes to the same thing.
+                let again = Envelope::decode(&e.encode()).expect("re-encoded envelope decodes");
+                assert_eq!(again, e);
+                Some(e)
+            }
+            Err(Error::BadMessage(_)) => None,
+            Err(other) => panic!("decode returned {other:?}, not BadMessage"),
+        }
+    }
+
+    #[track_caller]
+    fn assert_bad(bytes: &[u8], needle: &str) {
+        match Envelope::decode(bytes) {
+            Err(Error::BadMessage(m)) => assert!(m.contains(needle), "'{m}' lacks '{needle}'"),
+            other => panic!("expected BadMessage containing '{needle}', got {other:?}"),
+        }
+    }
+
+    /// A SplitMix64 stream: deterministic garbage without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn round_trip_every_message() {
+        let all = samples();
+        let mut methods = std::collections::HashSet::new();
+        let mut bodies = std::collections::HashSet::new();
+        for e in &all {
+            e.validate().unwrap_or_else(|err| panic!("{e:?}: {err}"));
+            let bytes = e.encode();
+            assert_eq!(&bytes[4..8], b"SHMB");
+            let back = Envelope::decode(&bytes).unwrap_or_else(|err| panic!("{e:?}: {err}"));
+            assert_eq!(&back, e);
+            // Nothing assumes the buffer is aligned in memory.
+            let mut shifted = vec![0u8; 1];
+            shifted.extend_from_slice(&bytes);
+            assert_eq!(&Envelope::decode(&shifted[1..]).unwrap(), e);
+            methods.insert(std::mem::discriminant(&e.method));
+            bodies.insert((e.body.tag(), e.kind == Kind::Reply, e.error.is_some()));
+        }
+        assert_eq!(methods.len(), 6, "every method");
+        for tag in fb::Body::ENUM_VALUES {
+            assert!(
+                bodies.iter().any(|b| b.0 == *tag),
+                "body {:?} not covered",
+                tag.variant_name()
+            );
+        }
+    }
+
+    #[test]
+    fn encode_into_reuses_a_builder() {
+        let mut fbb = FlatBufferBuilder::new();
+        for e in samples().iter().chain(samples().iter().rev()) {
+            let bytes = e.encode_into(&mut fbb).to_vec();
+            assert_eq!(bytes, e.encode());
+            assert_eq!(&Envelope::decode(&bytes).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn constructors_and_into_result() {
+        let r = Envelope::request(5, Method::Reset, Body::None);
+        assert_eq!(r.kind, Kind::Request);
+        let ok = Envelope::reply(r.id, r.method.clone(), Body::ResetDone { frame: 3 });
+        assert_eq!(
+            (ok.id, ok.kind, &ok.method),
+            (5, Kind::Reply, &Method::Reset)
+        );
+        ok.validate().unwrap();
+        assert_eq!(ok.clone().into_result().unwrap(), ok);
+        let e = Envelope::error_reply(5, Method::Reset, code::BAD_REQUEST, "env 9 out of range");
+        assert_eq!((e.id, e.kind, &e.body), (5, Kind::Reply, &Body::None));
+        e.validate().unwrap();
+        let decoded = Envelope::decode(&e.encode()).unwrap();
+        match decoded.into_result() {
+            Err(Error::Remote {
+                method,
+                code,
+                message,
+            }) => {
+                assert_eq!((method.as_str(), code), ("reset", code::BAD_REQUEST));
+                assert_eq!(message, "env 9 out of range");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(custom("render").name(), "render");
+        assert_eq!(Method::GetSchema.to_string(), "get_schema");
+    }
+
+    #[test]
+    fn tensor_schema_from_info() {
+        let info = TensorInfo {
+            name: s("obs"),
+            dtype: DType::BF16,
+            shape: vec![8, 4],
+            direction: Direction::EngineToClient,
+            location: Location::Host,
+            offset: 4096,
+            nbytes: 64,
+        };
+        let t = TensorSchema::from_info(&info);
+        assert_eq!(t, TensorSchema::from(&info));
+        assert_eq!(
+            (t.name.as_str(), t.dtype, &t.shape[..]),
+            ("obs", DType::BF16, &[8u64, 4][..])
+        );
+        assert_eq!((t.direction, t.location), (info.direction, info.location));
+    }
+
+    #[test]
+    fn semantically_invalid_envelopes_are_rejected() {
+        let cases: Vec<(Envelope, &str)> = vec![
+            (req(1, custom(""), Body::None), "without a name"),
+            (
+                Envelope {
+                    error: Some((code::BAD_REQUEST, s("x"))),
+                    ..req(1, Method::Ping, Body::None)
+                },
+                "carries an error",
+            ),
+            (req(1, Method::Hello, Body::None), "expected Hello"),
+            (
+                req(1, Method::Hello, Body::Pong(vec![])),
+                "has body Pong, expected Hello",
+            ),
+            (req(1, custom("m"), Body::Close), "expected NONE"),
+            (rep(1, Method::Reset, Body::GetSchema), "expected ResetDone"),
+            (rep(1, Method::Reset, Body::None), "expected ResetDone"),
+            (
+                rep(1, Method::Close, Body::Pong(vec![])),
+                "expected Close or NONE",
+            ),
+            (rep(1, Method::Ping, Body::Ping(vec![])), "expected Pong"),
+            (
+                rep(
+                    1,
+                    Method::Hello,
+                    Body::Hello {
+                        protocol_major: 1,
+                        protocol_minor: 0,
+                        pid: 1,
+                        client_name: s("c"),
+                    },
+                ),
+                "expected Welcome",
+            ),
+            (
+                req(
+                    1,
+                    Method::GetSchema,
+                    Body::Schema {
+                        num_envs: 1,
+                        engine_kind: s("k"),
+                        tensors: vec![],
+                        metadata: vec![],
+                    },
+                ),
+                "expected GetSchema or NONE",
+            ),
+            (
+                Envelope {
+                    error: Some((code::ENGINE_ERROR, s("x"))),
+                    ..rep(1, Method::Reset, Body::ResetDone { frame: 1 })
+                },
+                "error reply 1 (reset) has body ResetDone",
+            ),
+            (
+                req(
+                    1,
+                    Method::Reset,
+                    Body::Reset {
+                        env_ids: Some(vec![0, 1, 2]),
+                        seeds: vec![1, 2],
+                        options: vec![],
+                    },
+                ),
+                "3 envs with 2 seeds",
+            ),
+        ];
+        // Error code 0 means success on the wire: such an envelope encodes as an ok reply.
+        let zero = err(1, Method::Close, 0, "zero");
+        assert!(matches!(zero.validate(), Err(Error::BadMessage(m)) if m.contains("error code 0")));
+        assert_eq!(
+            Envelope::decode(&zero.encode()).unwrap(),
+            rep(1, Method::Close, Body::None)
+        );
+        for (e, needle) in cases {
+            assert!(matches!(e.validate(), Err(Error::BadMessage(_))), "{e:?}");
+            assert_bad(&e.encode(), needle);
+        }
+    }
+
+    /// Builds an envelope with raw (possibly invalid) enum values and a given body.
+    fn raw(
+        kind: u8,
+        method: u8,
+        body_type: u8,
+        body: impl FnOnce(
+            &mut FlatBufferBuilder<'static>,
+        ) -> Option<WIPOffset<flatbuffers::UnionWIPOffset>>,
+    ) -> Vec<u8> {
+        let mut fbb = FlatBufferBuilder::new();
+        let body = body(&mut fbb);
+        let method_name = Some(fbb.create_string("m"));
+        let root = fb::Envelope::create(
+            &mut fbb,
+            &fb::EnvelopeArgs {
+                id: 1,
+                kind: fb::Kind(kind),
+                method: fb::Method(method),
+                method_name,
+                body_type: fb::Body(body_type),
+                body,
+                args: None,
+                payload: None,
+                error_code: 0,
+                error_message: None,
+            },
+        );
+        fb::finish_envelope_buffer(&mut fbb, root);
+        fbb.finished_data().to_vec()
+    }
+
+    fn schema_with(
+        dtype_code: u8,
+        dtype_bits: u8,
+        direction: u8,
+        location: u8,
+    ) -> impl FnOnce(&mut FlatBufferBuilder<'static>) -> Option<WIPOffset<flatbuffers::UnionWIPOffset>>
+    {
+        move |fbb| {
+            let name = Some(fbb.create_string("obs"));
+            let shape = Some(fbb.create_vector(&[4u64, 2]));
+            let t = fb::TensorSchema::create(
+                fbb,
+                &fb::TensorSchemaArgs {
+                    name,
+                    dtype_code,
+                    dtype_bits,
+                    shape,
+                    direction,
+                    location,
+                },
+            );
+            let tensors = Some(fbb.create_vector(&[t]));
+            let args = fb::SchemaArgs {
+                num_envs: 4,
+                engine_kind: None,
+                tensors,
+                metadata: None,
+            };
+            Some(fb::Schema::create(fbb, &args).as_union_value())
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected() {
+        let reply = fb::Kind::Reply.0;
+        let get_schema = fb::Method::GetSchema.0;
+        let schema = fb::Body::Schema.0;
+        // The raw builder itself makes valid envelopes.
+        let good = raw(reply, get_schema, schema, schema_with(2, 32, 1, 2));
+        match Envelope::decode(&good).unwrap().body {
+            Body::Schema { tensors, .. } => {
+                assert_eq!(tensors[0].dtype, DType::F32);
+                assert_eq!(tensors[0].direction, Direction::ClientToEngine);
+                assert_eq!(tensors[0].location, Location::Vulkan);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_bad(&raw(2, get_schema, 0, |_| None), "unknown kind 2");
+        assert_bad(&raw(255, get_schema, 0, |_| None), "unknown kind 255");
+        assert_bad(&raw(0, 6, 0, |_| None), "unknown method 6");
+        assert_bad(&raw(0, 255, 0, |_| None), "unknown method 255");
+        let close = |fbb: &mut FlatBufferBuilder<'static>| {
+            Some(fb::Close::create(fbb, &fb::CloseArgs {}).as_union_value())
+        };
+        assert_bad(
+            &raw(0, fb::Method::Close.0, 10, close),
+            "unknown body type 10",
+        );
+        assert_bad(
+            &raw(0, fb::Method::Close.0, 255, close),
+            "unknown body type 255",
+        );
+        // A body type without a body, and a body without a type.
+        assert_bad(
+            &raw(0, fb::Method::Close.0, fb::Body::Close.0, |_| None),
+            "not a valid envelope",
+        );
+        assert_bad(
+            &raw(0, fb::Method::Close.0, 0, close),
+            "not a valid envelope",
+        );
+        // DLPack codes and enums inside a tensor.
+        let bad_schema = |c, b, d, l| raw(reply, get_schema, schema, schema_with(c, b, d, l));
+        assert_bad(
+            &bad_schema(3, 32, 0, 0),
+            "unknown dtype (DLPack code 3, bits 32)",
+        );
+        assert_bad(
+            &bad_schema(2, 8, 0, 0),
+            "unknown dtype (DLPack code 2, bits 8)",
+        );
+        assert_bad(&bad_schema(6, 1, 0, 0), "unknown dtype");
+        assert_bad(&bad_schema(2, 32, 2, 0), "unknown direction 2");
+        assert_bad(&bad_schema(2, 32, 0, 3), "unknown location 3");
+        // A Custom method with no name at all (absent, not empty).
+        let mut fbb = FlatBufferBuilder::new();
+        let root = fb::Envelope::create(
+            &mut fbb,
+            &fb::EnvelopeArgs {
+                id: 1,
+                kind: fb::Kind::Request,
+                method: fb::Method::Custom,
+                method_name: None,
+                body_type: fb::Body::NONE,
+                body: None,
+                args: None,
+                payload: None,
+                error_code: 0,
+                error_message: None,
+            },
+        );
+        fb::finish_envelope_buffer(&mut fbb, root);
+        assert_bad(fbb.finished_data(), "custom method without a name");
+        // A valid envelope without the file identifier.
+        let mut fbb = FlatBufferBuilder::new();
+        let method_name = Some(fbb.create_string("m"));
+        let root = fb::Envelope::create(
+            &mut fbb,
+            &fb::EnvelopeArgs {
+                method_name,
+                ..fb::EnvelopeArgs::default()
+            },
+        );
+        fbb.finish(root, None);
+        assert_bad(fbb.finished_data(), "SHMB");
+        // The empty buffer, and the smallest buffers.
+        for n in 0..16 {
+            assert!(Envelope::decode(&vec![0u8; n]).is_err());
+        }
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut rng = Rng(0x5eed);
+        let mut oks = 0;
+        for i in 0..50_000 {
+            let len = rng.below(if i % 10 == 0 { 4096 } else { 160 });
+            let mut bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            // Often plant a plausible root offset and the identifier, to get past the
+            // first checks into tables, vtables and unions.
+            if len >= 8 && i % 2 == 0 {
+                let root = 8 + 4 * rng.below((len - 8) / 4 + 1) as u32;
+                bytes[..4].copy_from_slice(&root.to_le_bytes());
+                bytes[4..8].copy_from_slice(b"SHMB");
+            }
+            // And sometimes make small values (offsets, lengths) much more likely.
+            if i % 3 == 0 {
+                for b in bytes.iter_mut().skip(8) {
+                    if rng.below(4) != 0 {
+                        *b = (*b % 16) * (rng.below(2) as u8);
+                    }
+                }
+            }
+            oks += ok_or_bad(&bytes).is_some() as usize;
+        }
+        eprintln!("{oks} of 50000 random buffers decoded");
+    }
+
+    #[test]
+    fn truncated_envelopes_never_panic() {
+        for e in samples() {
+            let bytes = e.encode();
+            for len in 0..bytes.len() {
+                let decoded = ok_or_bad(&bytes[..len]);
+                if len < 8 {
+                    assert!(decoded.is_none());
+                }
+            }
+            // Trailing bytes after a valid envelope are ignored.
+            let mut longer = bytes.clone();
+            longer.extend_from_slice(&[0xee; 13]);
+            assert_eq!(ok_or_bad(&longer), Some(e));
+        }
+    }
+
+    #[test]
+    fn byte_flips_never_panic() {
+        let masks = [0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0xff];
+        let mut changed = 0;
+        let mut total = 0;
+        for e in samples() {
+            let bytes = e.encode();
+            for at in 0..bytes.len() {
+                for mask in masks {
+                    let mut b = bytes.clone();
+                    b[at] ^= mask;
+                    total += 1;
+                    if ok_or_bad(&b).as_ref() != Some(&e) {
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("{changed} of {total} single-byte flips were rejected or changed the envelope");
+        assert!(changed > 0);
+    }
+
+    #[test]
+    fn multi_byte_mutations_never_panic() {
+        let all: Vec<Vec<u8>> = samples().iter().map(Envelope::encode).collect();
+        let mut rng = Rng(7);
+        for _ in 0..30_000 {
+            let mut b = all[rng.below(all.len())].clone();
+            for _ in 0..1 + rng.below(6) {
+                let at = rng.below(b.len());
+                b[at] = match rng.below(4) {
+                    0 => 0,
+                    1 => 0xff,
+                    2 => b[at].wrapping_add(1 + rng.below(8) as u8),
+                    _ => rng.next() as u8,
+                };
+            }
+            ok_or_bad(&b);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            ok_or_bad(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_bytes_after_identifier_never_panic(
+            root in 8u32..64,
+            tail in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let mut bytes = root.to_le_bytes().to_vec();
+            bytes.extend_from_slice(b"SHMB");
+            bytes.extend_from_slice(&tail);
+            ok_or_bad(&bytes);
+        }
+
+        #[test]
+        fn custom_envelopes_round_trip(
+            id in any::<u64>(),
+            reply in any::<bool>(),
+            name in "[a-z_]{1,16}",
+            args in proptest::collection::vec(("\\PC{0,8}", "\\PC{0,8}"), 0..5),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let e = Envelope {
+                id,
+                kind: if reply { Kind::Reply } else { Kind::Request },
+                method: Method::Custom(name),
+                body: Body::None,
+                args,
+                payload,
+                error: None,
+            };
+            prop_assert_eq!(Envelope::decode(&e.encode()).unwrap(), e);
+        }
+    }
+}
