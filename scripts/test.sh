@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death), property, the loom model of the wait handshake, a smoke run of the benchmark,
-# and a check that nothing was left in /dev/shm.
+# death, command channel), property, the loom model of the wait handshake, the check that
+# the committed FlatBuffers code is what flatc generates, a 60 s fuzz run of the command
+# reader, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -16,8 +17,19 @@ echo "== loom model of the post/wait handshake"
 LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --locked --release --lib sync::loom_tests
 
-echo "== benchmark smoke run (no timing is checked)"
+echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
+bash scripts/gen-flatbuffers.sh --check
+
+echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
+SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
+
+echo "== fuzz the command-channel reader for ${SHMBRIDGE_FUZZ_SECONDS:-60} s"
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-60}"
+else
+    echo "skipped: cargo fuzz needs a nightly toolchain, and this machine has none"
+fi
 
 echo "== nothing left in /dev/shm"
 after=$(shm_regions)

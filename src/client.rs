@@ -42,7 +42,6 @@ impl AttachOptions {
 }
 
 /// A client attached to an engine. Dropping it closes it.
-#[derive(Debug)]
 pub struct Client {
     region: Region,
     layout: Layout,
@@ -56,6 +55,19 @@ pub struct Client {
     next_id: u64,
     /// Buffer for incoming replies.
     rx: Vec<u8>,
+    /// Reused for every request, so a warm call allocates no builder.
+    tx: flatbuffers::FlatBufferBuilder<'static>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("region", &self.region.name())
+            .field("action", &self.action)
+            .field("frame", &self.frame)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -125,6 +137,7 @@ impl Client {
             closed: false,
             next_id: 1,
             rx: Vec::new(),
+            tx: flatbuffers::FlatBufferBuilder::new(),
         };
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
@@ -337,12 +350,17 @@ impl Client {
             error: None,
         };
         let start = Instant::now();
-        let check = || self.check_engine();
-        channel
+        // The builder and buffer are reused across calls; taken out while `self` is
+        // borrowed by the liveness check.
+        let mut tx = std::mem::take(&mut self.tx);
+        let pushed = channel
             .c2e
-            .push(&request.encode(), self.policy, timeout, check)?;
+            .push(request.encode_into(&mut tx), self.policy, timeout, || {
+                self.check_engine()
+            });
+        self.tx = tx;
+        pushed?;
         command::ring_doorbell(&self.region);
-        // The buffer is reused across calls; taken out while `self` is borrowed below.
         let mut rx = std::mem::take(&mut self.rx);
         let result = loop {
             let left = timeout.saturating_sub(start.elapsed());

@@ -97,11 +97,14 @@ impl EngineSpec {
 }
 
 /// An engine serving one region. Dropping it closes the region and removes its name.
-#[derive(Debug)]
 pub struct Engine {
     region: Region,
     layout: Layout,
     metadata: Vec<(String, String)>,
+    /// Reused for every reply.
+    tx: flatbuffers::FlatBufferBuilder<'static>,
+    /// Reused for every request.
+    rx: Vec<u8>,
     policy: WaitPolicy,
     /// Last action number received.
     action: u64,
@@ -109,6 +112,17 @@ pub struct Engine {
     frame: u64,
     ready: bool,
     closed: bool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("region", &self.region.name())
+            .field("action", &self.action)
+            .field("frame", &self.frame)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Engine {
@@ -142,6 +156,8 @@ impl Engine {
             region,
             layout,
             metadata: spec.metadata,
+            tx: flatbuffers::FlatBufferBuilder::new(),
+            rx: Vec::new(),
             policy: spec.policy,
             action: 0,
             frame: 0,
@@ -346,12 +362,27 @@ impl Engine {
         let Some(channel) = command::channel(&self.region, &self.layout)? else {
             return Ok(0);
         };
-        let mut request = Vec::new();
+        let mut request = std::mem::take(&mut self.rx);
+        let mut tx = std::mem::take(&mut self.tx);
+        let result = self.answer_all(&channel, &mut request, &mut tx, handler);
+        self.rx = request;
+        self.tx = tx;
+        result
+    }
+
+    fn answer_all(
+        &self,
+        channel: &command::Channel<'_>,
+        request: &mut Vec<u8>,
+        tx: &mut flatbuffers::FlatBufferBuilder<'static>,
+        handler: &mut dyn CommandHandler,
+    ) -> Result<usize> {
         let mut answered = 0;
-        while channel.c2e.try_pop(&mut request)? {
-            let reply = match Envelope::decode(&request) {
+        while channel.c2e.try_pop(request)? {
+            let reply = match Envelope::decode(request) {
                 Ok(req) => {
-                    // `&mut self` is held: no other `Tensors` of this engine exists.
+                    // Only reached from `poll_commands`, which holds `&mut self`: no
+                    // other `Tensors` of this engine exists while this one does.
                     let mut io = Tensors::new(&self.region, &self.layout, Peer::Engine);
                     command::answer(
                         req,
@@ -369,11 +400,12 @@ impl Engine {
                     e.to_string(),
                 ),
             };
-            channel
-                .e2c
-                .push(&reply.encode(), self.policy, command::REPLY_TIMEOUT, || {
-                    self.check_client()
-                })?;
+            channel.e2c.push(
+                reply.encode_into(tx),
+                self.policy,
+                command::REPLY_TIMEOUT,
+                || self.check_client(),
+            )?;
             answered += 1;
         }
         Ok(answered)
