@@ -135,7 +135,9 @@ impl Client {
             action: 0,
             frame: 0,
             closed: false,
-            next_id: 1,
+            // Ids start from this process's pid, so replies meant for an earlier client
+            // of the same engine can never match.
+            next_id: (u64::from(me) << 32) | 1,
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
         };
@@ -174,6 +176,17 @@ impl Client {
         }
         client.action = frame;
         client.frame = frame;
+        // Discard replies left in the ring for an earlier client (we are its consumer).
+        if client.layout.rings.is_some() {
+            let head = client
+                .region
+                .u64_at(offsets::E2C_HEAD)
+                .load(Ordering::Acquire);
+            client
+                .region
+                .u64_at(offsets::E2C_TAIL)
+                .store(head, Ordering::Release);
+        }
         Ok(client)
     }
 
@@ -338,7 +351,7 @@ impl Client {
                 minor: self.layout.version.1,
             })?;
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = self.next_id.wrapping_add(1);
         let name = method.name().to_string();
         let request = Envelope {
             id,
@@ -349,6 +362,8 @@ impl Client {
             payload,
             error: None,
         };
+        // Refuse a malformed request here, with nothing sent.
+        request.validate()?;
         let start = Instant::now();
         // The builder and buffer are reused across calls; taken out while `self` is
         // borrowed by the liveness check.

@@ -105,6 +105,8 @@ pub struct Engine {
     tx: flatbuffers::FlatBufferBuilder<'static>,
     /// Reused for every request.
     rx: Vec<u8>,
+    /// Replies dropped because the client left the reply ring full.
+    dropped_replies: std::cell::Cell<u64>,
     policy: WaitPolicy,
     /// Last action number received.
     action: u64,
@@ -158,6 +160,7 @@ impl Engine {
             metadata: spec.metadata,
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
+            dropped_replies: std::cell::Cell::new(0),
             policy: spec.policy,
             action: 0,
             frame: 0,
@@ -394,21 +397,48 @@ impl Engine {
                     )
                 }
                 Err(e) => Envelope::error_reply(
-                    0,
+                    Envelope::peek_id(request).unwrap_or(0),
                     wire::Method::Custom("?".into()),
                     wire::code::BAD_REQUEST,
                     e.to_string(),
                 ),
             };
-            channel.e2c.push(
-                reply.encode_into(tx),
-                self.policy,
-                command::REPLY_TIMEOUT,
-                || self.check_client(),
-            )?;
+            let mut bytes = reply.encode_into(tx);
+            if bytes.len() as u64 > channel.e2c.max_record() {
+                let too_big = Envelope::error_reply(
+                    reply.id,
+                    reply.method.clone(),
+                    wire::code::ENGINE_ERROR,
+                    format!(
+                        "the reply ({} bytes) does not fit the {}-byte reply ring",
+                        bytes.len(),
+                        channel.e2c.capacity()
+                    ),
+                );
+                bytes = too_big.encode_into(tx);
+            }
+            match channel
+                .e2c
+                .push(bytes, self.policy, command::REPLY_TIMEOUT, || {
+                    self.check_client()
+                }) {
+                Ok(()) => {}
+                // The client has not read its replies for REPLY_TIMEOUT: it gave up on
+                // them. Drop this one rather than stop serving.
+                Err(Error::Timeout { .. }) => {
+                    self.dropped_replies.set(self.dropped_replies.get() + 1);
+                }
+                Err(e) => return Err(e),
+            }
             answered += 1;
         }
         Ok(answered)
+    }
+
+    /// Replies dropped because the client did not read them for
+    /// [`command::REPLY_TIMEOUT`] (its calls had timed out).
+    pub fn dropped_replies(&self) -> u64 {
+        self.dropped_replies.get()
     }
 
     /// The key/values this engine reports in its schema.

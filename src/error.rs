@@ -115,7 +115,7 @@ pub enum Error {
     #[error("malformed command: {0}")]
     BadMessage(String),
 
-    #[error("the engine has no command channel (protocol {major}.{minor}); upgrade the engine")]
+    #[error("the engine has no command channel (protocol {major}.{minor}: 1.0 engines have none, and 1.1 engines created with ring capacity 0 neither)")]
     NoCommandChannel { major: u16, minor: u16 },
 
     #[error("the engine answered '{method}' with error {code}: {message}")]

@@ -99,7 +99,7 @@ pub struct Header {
     /// live
     pub client_start_time: u64,
     pub _reserved1: [u8; 32],
-    // Cache line 2: command rings (reserved in v1: all zero).
+    // Cache line 2: where the command rings' data lie (1.1; zero in 1.0 or without rings).
     pub c2e_ring_offset: u64,
     pub c2e_ring_capacity: u64,
     pub e2c_ring_offset: u64,
@@ -118,7 +118,7 @@ pub struct Header {
     /// live: last frame number the engine published.
     pub frame_seq: u64,
     pub _pad_frame: [u8; 56],
-    /// live: 1 while the engine sleeps on `action_seq`.
+    /// live: 1 while the engine sleeps (1.1: on `engine_doorbell`; 1.0: on `action_seq`).
     pub engine_waiting: u32,
     pub _pad_ew: [u8; 60],
     /// live: 1 while the client sleeps on `frame_seq`.
@@ -138,7 +138,8 @@ pub struct Header {
     /// live: engine→client ring tail (client writes).
     pub e2c_tail: u64,
     pub _pad_e2c_tail: [u8; 56],
-    /// live: 1 while the engine sleeps on the c2e head / the client sleeps on its tail.
+    /// live: 1 while a c2e consumer sleeps in `Ring::pop` on the head (the engine's
+    /// dispatch sleeps on the doorbell instead) / the client sleeps on room (the tail).
     pub c2e_consumer_waiting: u32,
     pub c2e_producer_waiting: u32,
     pub _pad_c2e_flags: [u8; 56],
@@ -966,7 +967,7 @@ fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<T
         0 => Location::Host,
         1 | 2 => {
             return Err(invalid(format!(
-                "location {} is not served by protocol 1.0 (host only)",
+                "location {} is not served by protocol 1.x yet (host only)",
                 if d.location == 1 { "cuda" } else { "vulkan" }
             )))
         }

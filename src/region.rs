@@ -282,7 +282,10 @@ pub fn close_and_remove(name: &str) -> Result<()> {
     region
         .u32_at(offsets::ENGINE_STATE)
         .store(layout::state::CLOSED, Ordering::SeqCst);
-    os::futex_wake_all(region.low_u32_of(offsets::FRAME_SEQ));
+    // The same wake-ups as `Engine::close`.
+    for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
+        os::futex_wake_all(region.low_u32_of(word));
+    }
     region.unlink_if_same();
     Ok(())
 }

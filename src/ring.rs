@@ -1,5 +1,5 @@
 //! A single-producer, single-consumer byte ring in shared memory: the transport of the
-//! command channel (DESIGN.md §5). Each direction has its own ring.
+//! command channel (docs/protocol.md §6). Each direction has its own ring.
 //!
 //! Control words: `head` counts the bytes the producer has ever published, `tail` the bytes
 //! the consumer has ever consumed; both only grow, both are multiples of 8, and
@@ -291,9 +291,10 @@ impl<'a> Ring<'a> {
 
     // ----- consumer side -----
 
-    /// Pops one record into `out` (cleared first) if one is published: `Ok(false)` if the
-    /// ring is empty. [`Error::Protocol`] if the ring's state is corrupt; nothing is
-    /// consumed then.
+    /// Pops one record into `out` (cleared, then filled with the payload) if one is
+    /// published: `Ok(false)` if the ring is empty. [`Error::Protocol`] if the ring's state
+    /// is corrupt; nothing is consumed then. `out` is left as it was unless a record is
+    /// popped.
     pub fn try_pop(&self, out: &mut Vec<u8>) -> Result<bool> {
         Ok(matches!(self.pop_once(out)?, Popped::Done))
     }

@@ -381,6 +381,38 @@ mod loom_tests {
     }
 
     #[test]
+    fn doorbell_wakes_for_a_command() {
+        // The engine waits for "a command is in the ring" while sleeping on the doorbell;
+        // the client stores the ring head, then posts the bell (as Doorbell::store +
+        // post do). No interleaving may leave the engine asleep.
+        loom::model(|| {
+            let bell = model_seq();
+            let ring_head = Arc::new(AtomicU64::new(0));
+            let client = {
+                let (bell, ring_head) = (bell.clone(), ring_head.clone());
+                loom::thread::spawn(move || {
+                    ring_head.store(8, Ordering::Release);
+                    post(&*bell, 1);
+                })
+            };
+            let seen = wait_until(
+                &*bell,
+                |order| {
+                    let h = ring_head.load(order);
+                    (h > 0).then_some(h)
+                },
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "command",
+                || Ok(()),
+            )
+            .unwrap();
+            assert_eq!(seen, 8);
+            client.join().unwrap();
+        });
+    }
+
+    #[test]
     fn lock_step_two_rounds() {
         // Two counters, two threads, two rounds of the real protocol: a frame for each
         // action, never more, never fewer.

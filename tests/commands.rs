@@ -279,3 +279,29 @@ fn late_reply_to_a_timed_out_call_is_dropped() {
     assert_eq!(c.ping(b"second", T).unwrap(), b"second");
     c.step(T).unwrap();
 }
+
+#[test]
+fn malformed_request_is_refused_before_sending() {
+    let engine = EngineProc::start(&["--env", "cartpole", "--num-envs", "4"]);
+    let mut c = attach(&engine);
+    // Two seeds for three envs: not "none, one, or one per env".
+    let e = c.reset(Some(&[0, 1, 2]), &[1, 2], T).unwrap_err();
+    assert!(matches!(e, Error::BadMessage(_)), "{e}");
+    assert_eq!(c.ping(b"ok", T).unwrap(), b"ok");
+}
+
+#[test]
+fn reply_too_large_for_the_ring_is_an_error_reply_not_a_dead_engine() {
+    let engine = EngineProc::start(&["--env", "null", "--num-envs", "1"]);
+    let mut c = attach(&engine);
+    // Fits the request ring, but the echoed reply is a few bytes longer than a request.
+    let payload = vec![1u8; 512 * 1024 - 72];
+    match c.call_method("echo", &[], &payload, T) {
+        Err(Error::Remote { code: code::ENGINE_ERROR, message, .. }) => {
+            assert!(message.contains("does not fit"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.ping(b"alive", T).unwrap(), b"alive");
+    c.step(T).unwrap();
+}

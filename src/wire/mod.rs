@@ -309,6 +309,14 @@ impl Envelope {
     /// depth ≤ 64, ≤ 100 000 tables, apparent size ≤ 64 MiB), then enum ranges, DLPack
     /// codes and [`Envelope::validate`]. Anything wrong is [`Error::BadMessage`]; never
     /// panics.
+    /// The correlation id of a buffer that passes the FlatBuffers verifier, even if the
+    /// envelope is otherwise invalid: lets the engine address its error reply.
+    pub fn peek_id(bytes: &[u8]) -> Option<u64> {
+        flatbuffers::root_with_opts::<fb::Envelope>(&VERIFIER_OPTIONS, bytes)
+            .ok()
+            .map(|root| root.id())
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Envelope> {
         let root = flatbuffers::root_with_opts::<fb::Envelope>(&VERIFIER_OPTIONS, bytes)
             .map_err(|e| bad(format!("not a valid envelope: {e}")))?;
@@ -667,6 +675,17 @@ fn decode_tensor(t: fb::TensorSchema<'_>) -> Result<TensorSchema> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn peek_id_reads_the_id_of_a_semantically_invalid_envelope() {
+        // A request carrying an error: verifiable FlatBuffers, refused by `decode`.
+        let mut env = Envelope::request(77, Method::Ping, Body::Ping(vec![1]));
+        env.error = Some((3, "no".into()));
+        let bytes = env.encode();
+        assert!(Envelope::decode(&bytes).is_err());
+        assert_eq!(Envelope::peek_id(&bytes), Some(77));
+        assert_eq!(Envelope::peek_id(b"garbage"), None);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -40,7 +40,7 @@ impl Method {
   pub const GetSchema: Self = Self(2);
   /// The request carries `Reset`; the reply carries `ResetDone`.
   pub const Reset: Self = Self(3);
-  /// The client is leaving. The request carries `Close` (or no body); the reply has no body.
+  /// The client is leaving. The request carries `Close` (or no body); so does the reply.
   pub const Close: Self = Self(4);
   /// Liveness check: the request carries `Ping`, the reply `Pong` with the same payload.
   pub const Ping: Self = Self(5);
@@ -366,7 +366,8 @@ impl<'a> KeyValue<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(KeyValue::VT_KEY, None)}
   }
-  /// The value, as text (numbers and lists in JSON notation).
+  /// The value, as text; its format is the key's to define (the reference engines write
+  /// numbers as Rust prints them and lists comma-separated).
   #[inline]
   pub fn value(&self) -> Option<&'a str> {
     // Safety:
