@@ -24,6 +24,18 @@ ensure_rust() {
     fi
 }
 
+# A virtual environment in .venv with the package built from this checkout and what
+# its tests need. Prints nothing on success but pip's errors.
+ensure_venv() {
+    if ! python3 -m venv --help >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q python3 python3-venv python3-pip
+    fi
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q "$@"
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }

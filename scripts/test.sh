@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), property, the loom model of the wait handshake, the check that
+# death, command channel), the Python package's tests, property, the loom model of the wait handshake, the check that
 # the committed FlatBuffers code is what flatc generates, a 60 s fuzz run of the command
 # reader, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
 set -euo pipefail
@@ -16,6 +16,10 @@ cargo test --locked
 echo "== loom model of the post/wait handshake"
 LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --locked --release --lib sync::loom_tests
+
+echo "== Python package: build, install, pytest"
+ensure_venv ".[test]"
+.venv/bin/python -m pytest -q tests/python
 
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check

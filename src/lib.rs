@@ -19,6 +19,8 @@ pub mod error;
 pub mod fuzzing;
 pub mod layout;
 mod os;
+#[cfg(feature = "python")]
+mod python;
 pub mod region;
 pub mod ring;
 pub mod sync;

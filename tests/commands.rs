@@ -297,7 +297,11 @@ fn reply_too_large_for_the_ring_is_an_error_reply_not_a_dead_engine() {
     // Fits the request ring, but the echoed reply is a few bytes longer than a request.
     let payload = vec![1u8; 512 * 1024 - 72];
     match c.call_method("echo", &[], &payload, T) {
-        Err(Error::Remote { code: code::ENGINE_ERROR, message, .. }) => {
+        Err(Error::Remote {
+            code: code::ENGINE_ERROR,
+            message,
+            ..
+        }) => {
             assert!(message.contains("does not fit"), "{message}")
         }
         other => panic!("{other:?}"),

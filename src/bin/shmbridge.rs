@@ -1,7 +1,7 @@
 //! `shmbridge`: serve a reference engine, drive it with a random-policy client, and list,
 //! inspect or clean up regions.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -9,10 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use rand::RngExt;
 use rand_pcg::Pcg32;
 
-use shmbridge::envs::{self, EnvOptions, ServeEnd};
+use shmbridge::envs::{self, EnvOptions};
 use shmbridge::layout::{self, state, Header};
 use shmbridge::region::{self, Region};
-use shmbridge::{AttachOptions, Client, DType, Engine, Error, WaitPolicy};
+use shmbridge::{AttachOptions, Client, DType, Error, WaitPolicy};
 
 #[derive(Parser)]
 #[command(
@@ -129,44 +129,21 @@ fn main() -> ExitCode {
 }
 
 fn run_engine(a: EngineArgs) -> Result<(), Error> {
-    let options = EnvOptions {
-        obs_dim: a.obs_dim,
-        act_dim: a.act_dim,
-        sparse: a.sparse,
-        seed: a.seed,
-    };
-    let mut env = envs::by_name(&a.env, a.num_envs, &options)?;
-    let mut spec = env.spec().policy(a.wait.policy());
-    if let Some(n) = &a.name {
-        spec = spec.name(n);
-    }
-    let mut engine = Engine::create(spec)?;
-    remove_on_signal(engine.name().to_string());
-    let idle = Duration::from_secs_f64(a.idle_timeout);
-    // The name is printed once frame 0 is published, so a client that reads it finds the
-    // engine ready.
-    let ServeEnd::ClientClosed { steps } = envs::serve(&mut engine, env.as_mut(), idle, |name| {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{name}");
-        let _ = out.flush();
+    let steps = envs::run_reference(&envs::ReferenceEngine {
+        env: a.env,
+        num_envs: a.num_envs,
+        name: a.name,
+        options: EnvOptions {
+            obs_dim: a.obs_dim,
+            act_dim: a.act_dim,
+            sparse: a.sparse,
+            seed: a.seed,
+        },
+        policy: a.wait.policy(),
+        idle_timeout: Duration::from_secs_f64(a.idle_timeout),
     })?;
     eprintln!("shmbridge: client closed after {steps} steps");
     Ok(())
-}
-
-/// SIGINT/SIGTERM: close the region and remove its name before exiting, so nothing is
-/// left in /dev/shm and the client sees `PeerClosed`.
-fn remove_on_signal(name: String) {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
-        return;
-    };
-    std::thread::spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            let _ = region::close_and_remove(&name);
-            std::process::exit(128 + sig);
-        }
-    });
 }
 
 /// Starts `shmbridge engine` as a child and reads the region name it prints.

@@ -127,3 +127,51 @@ pub struct EnvOptions {
     pub sparse: bool,
     pub seed: u64,
 }
+
+/// A reference engine to serve: what `shmbridge engine` and Python's `launch()` run.
+#[derive(Debug, Clone)]
+pub struct ReferenceEngine {
+    pub env: String,
+    pub num_envs: u32,
+    /// Region name; random if `None`.
+    pub name: Option<String>,
+    pub options: EnvOptions,
+    pub policy: crate::sync::WaitPolicy,
+    /// Give up after this long without an action.
+    pub idle_timeout: Duration,
+}
+
+/// Creates the engine, prints the region name on stdout once frame 0 is published, and
+/// serves until the client closes; returns the number of steps served. SIGINT/SIGTERM
+/// close the region and remove its name before the process exits, so nothing is left in
+/// /dev/shm and the client sees `PeerClosed`.
+pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
+    let mut env = by_name(&r.env, r.num_envs, &r.options)?;
+    let mut spec = env.spec().policy(r.policy);
+    if let Some(n) = &r.name {
+        spec = spec.name(n);
+    }
+    let mut engine = Engine::create(spec)?;
+    close_on_signal(engine.name().to_string());
+    let ServeEnd::ClientClosed { steps } =
+        serve(&mut engine, env.as_mut(), r.idle_timeout, |name| {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{name}");
+            let _ = out.flush();
+        })?;
+    Ok(steps)
+}
+
+fn close_on_signal(name: String) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let _ = crate::region::close_and_remove(&name);
+            std::process::exit(128 + sig);
+        }
+    });
+}

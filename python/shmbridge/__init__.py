@@ -1,0 +1,192 @@
+"""shmbridge: zero-copy tensors between a simulator ("engine") and a learner ("client").
+
+    import shmbridge, torch
+
+    with shmbridge.launch("cartpole", num_envs=256) as client:
+        obs = torch.from_dlpack(client.obs)          # a view of the shared memory
+        actions = torch.from_dlpack(client.actions)  # write actions in place ...
+        for _ in range(1000):
+            actions.random_(0, 2)
+            client.step()                            # ... or client.step(my_actions)
+            # obs (and rewards, terminated, truncated) now hold the new frame
+
+``attach(name)`` joins an engine started elsewhere (``shmbridge engine`` prints its name).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from . import errors
+from ._native import Client, Tensor, __version__, gc, list_regions
+from .errors import (
+    EngineClosedError,
+    EngineDiedError,
+    EngineStartError,
+    NotFoundError,
+    ProtocolError,
+    ShmBridgeError,
+    TimeoutError,
+    VersionMismatchError,
+)
+
+__all__ = [
+    "Client",
+    "Tensor",
+    "attach",
+    "launch",
+    "list_regions",
+    "gc",
+    "errors",
+    "ShmBridgeError",
+    "EngineDiedError",
+    "EngineClosedError",
+    "EngineStartError",
+    "TimeoutError",
+    "ProtocolError",
+    "VersionMismatchError",
+    "NotFoundError",
+    "__version__",
+]
+
+
+def attach(
+    name: str,
+    timeout: float = 10.0,
+    *,
+    spin_us: Optional[float] = None,
+    blocking: bool = False,
+) -> Client:
+    """Attaches to the engine serving region ``name``; waits up to ``timeout`` seconds
+    for it to be ready. ``spin_us``/``blocking``: how the client waits for frames."""
+    return Client.attach(name, timeout, spin_us, blocking)
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> Optional[str]:
+    """The first line the engine prints, or None on EOF or timeout."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            buf += chunk
+    return buf.split(b"\n", 1)[0].decode(errors="replace").strip() or None
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """Waits for the engine to exit; SIGTERM (it then removes its region), then SIGKILL."""
+    try:
+        proc.wait(grace)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    proc.terminate()
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def launch(
+    env: str = "cartpole",
+    num_envs: int = 256,
+    device: str = "auto",
+    *,
+    timeout: float = 30.0,
+    spin_us: Optional[float] = None,
+    blocking: bool = False,
+    **engine_args: Any,
+) -> Client:
+    """Starts the reference engine ``env`` as a child process and attaches to it.
+
+    ``engine_args`` are the options of ``shmbridge engine`` (``seed``, ``obs_dim``,
+    ``act_dim``, ``sparse``, ``name``, ``idle_timeout``). ``timeout`` bounds the engine's
+    start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
+    the client stops the engine and waits for it; nothing is left in /dev/shm.
+    """
+    if device not in ("auto", "cpu"):
+        raise ValueError(f"device {device!r}: this version serves host tensors only ('auto' or 'cpu')")
+    args = [sys.executable, "-m", "shmbridge._engine", "--env", str(env), "--num-envs", str(int(num_envs))]
+    if spin_us is not None:
+        args += ["--spin-us", str(spin_us)]
+    if blocking:
+        args.append("--blocking")
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            args += [flag, str(value)]
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        bufsize=0,
+        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
+        # when the client closes (or dies).
+        start_new_session=True,
+    )
+
+    def engine_stderr() -> str:
+        stderr.seek(0)
+        return stderr.read().decode(errors="replace").strip()
+
+    def fail(what: str) -> EngineStartError:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        text = engine_stderr()
+        stderr.close()
+        detail = f"\nengine stderr:\n{text}" if text else " (nothing on stderr)"
+        return EngineStartError(
+            f"{what} (command: {' '.join(args)}; exit status {proc.returncode}){detail}"
+        )
+
+    try:
+        name = _read_line(proc, timeout)
+    except BaseException:
+        fail("interrupted")
+        raise
+    if name is None:
+        if proc.poll() is None:
+            raise fail(f"the engine did not print its region name within {timeout} s")
+        raise fail("the engine exited before serving")
+    assert proc.stdout is not None
+    proc.stdout.close()
+    try:
+        client = Client.attach(name, timeout, spin_us, blocking)
+    except BaseException as e:
+        # Ask the engine to remove its region and exit.
+        proc.terminate()
+        _stop(proc, 5.0)
+        text = engine_stderr()
+        stderr.close()
+        if text and isinstance(e, ShmBridgeError):
+            e.args = (f"{e.args[0] if e.args else e}\nengine stderr:\n{text}",)
+        raise
+
+    def on_close() -> None:
+        _stop(proc, 10.0)
+        stderr.close()
+
+    client._adopt_engine(proc, on_close)
+    return client

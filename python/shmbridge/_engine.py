@@ -1,0 +1,51 @@
+"""``python -m shmbridge._engine``: serve a reference engine, like ``shmbridge engine``.
+
+Prints the region name on stdout once frame 0 is published, then serves until the client
+closes. ``shmbridge.launch()`` runs this in a child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from . import _native
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shmbridge._engine", description=__doc__)
+    p.add_argument("--env", default="cartpole", help="reference env: null or cartpole")
+    p.add_argument("--num-envs", type=int, default=256)
+    p.add_argument("--name", default=None, help="region name (default: random)")
+    p.add_argument("--obs-dim", type=int, default=None, help="null: f32 obs per env")
+    p.add_argument("--act-dim", type=int, default=None, help="null: f32 actions per env")
+    p.add_argument("--sparse", action="store_true", help="null: write first/last only")
+    p.add_argument("--seed", type=int, default=0, help="cartpole: seed")
+    p.add_argument("--spin-us", type=float, default=None, help="spin budget (us)")
+    p.add_argument("--blocking", action="store_true", help="never spin")
+    p.add_argument("--idle-timeout", type=float, default=3600.0,
+                   help="give up after this many seconds without an action")
+    a = p.parse_args(argv)
+    try:
+        steps = _native.run_engine(
+            env=a.env,
+            num_envs=a.num_envs,
+            name=a.name,
+            obs_dim=a.obs_dim,
+            act_dim=a.act_dim,
+            sparse=a.sparse,
+            seed=a.seed,
+            spin_us=a.spin_us,
+            blocking=a.blocking,
+            idle_timeout=a.idle_timeout,
+        )
+    except Exception as e:  # noqa: BLE001 - report any failure like the CLI does
+        print(f"shmbridge: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"shmbridge: client closed after {steps} steps", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Exceptions raised by shmbridge, one class per variant of the Rust ``shmbridge::Error``.
+
+Every exception carries the Rust message, which says what went wrong and what to do.
+``shmbridge._native`` raises them by name (see ``error_class`` in ``src/python.rs``).
+Where a builtin exception fits, the class subclasses it too, so ``except TimeoutError``,
+``except FileNotFoundError``, ``except KeyError`` ... keep working.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "ShmBridgeError",
+    "NotFoundError",
+    "NameInUseError",
+    "PermissionDeniedError",
+    "InvalidNameError",
+    "InvalidRegionError",
+    "BadMagicError",
+    "VersionMismatchError",
+    "LayoutMismatchError",
+    "RegionTooSmallError",
+    "InvalidHeaderError",
+    "TensorOutOfBoundsError",
+    "InvalidTensorError",
+    "InvalidSpecError",
+    "NoSuchTensorError",
+    "DTypeMismatchError",
+    "WrongDirectionError",
+    "AlreadyBorrowedError",
+    "AlreadyAttachedError",
+    "PeerDiedError",
+    "EngineDiedError",
+    "ClientDiedError",
+    "PeerClosedError",
+    "EngineClosedError",
+    "ClientClosedError",
+    "TimeoutError",
+    "ProtocolError",
+    "RecordTooLargeError",
+    "BadMessageError",
+    "NoCommandChannelError",
+    "RemoteError",
+    "OutOfOrderError",
+    "ClosedError",
+    "ShmBridgeOSError",
+    "EngineStartError",
+]
+
+
+class ShmBridgeError(Exception):
+    """Base class of every shmbridge error."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we never want that.
+        return str(self.args[0]) if self.args else ""
+
+
+# Region names and permissions.
+class NotFoundError(ShmBridgeError, FileNotFoundError):
+    """No region with that name: check the name the engine printed, and that it runs."""
+
+
+class NameInUseError(ShmBridgeError, FileExistsError):
+    """A region with that name exists already."""
+
+
+class PermissionDeniedError(ShmBridgeError, PermissionError):
+    """The region belongs to another user."""
+
+
+class InvalidNameError(ShmBridgeError, ValueError):
+    """Not a valid region name."""
+
+
+# A region whose header cannot be trusted.
+class InvalidRegionError(ShmBridgeError):
+    """The region's header failed validation."""
+
+
+class BadMagicError(InvalidRegionError):
+    """Not a shmbridge region."""
+
+
+class VersionMismatchError(InvalidRegionError):
+    """The engine speaks another protocol major version."""
+
+
+class LayoutMismatchError(VersionMismatchError):
+    """Same version, different header layout: rebuild both sides from one release."""
+
+
+class RegionTooSmallError(InvalidRegionError):
+    """The region is truncated."""
+
+
+class InvalidHeaderError(InvalidRegionError):
+    """A header field is out of range."""
+
+
+class TensorOutOfBoundsError(InvalidRegionError):
+    """A tensor lies outside the region."""
+
+
+class InvalidTensorError(InvalidRegionError):
+    """A tensor-table entry is inconsistent."""
+
+
+# Using the API wrongly.
+class InvalidSpecError(ShmBridgeError, ValueError):
+    """An invalid engine spec (or unknown reference env)."""
+
+
+class NoSuchTensorError(ShmBridgeError, KeyError):
+    """No tensor with that name."""
+
+
+class DTypeMismatchError(ShmBridgeError, TypeError):
+    """A tensor was requested with the wrong dtype."""
+
+
+class WrongDirectionError(ShmBridgeError):
+    """Writing a tensor the other side writes."""
+
+
+class AlreadyBorrowedError(ShmBridgeError):
+    """A tensor was borrowed twice."""
+
+
+class AlreadyAttachedError(ShmBridgeError):
+    """Another live client is attached to this engine (one client per engine)."""
+
+
+# The peer.
+class PeerDiedError(ShmBridgeError):
+    """The other process died."""
+
+
+class EngineDiedError(PeerDiedError):
+    """The engine process died (its region was removed)."""
+
+
+class ClientDiedError(PeerDiedError):
+    """The client process died."""
+
+
+class PeerClosedError(ShmBridgeError):
+    """The other side closed the region."""
+
+
+class EngineClosedError(PeerClosedError):
+    """The engine closed the region."""
+
+
+class ClientClosedError(PeerClosedError):
+    """The client closed the region."""
+
+
+class TimeoutError(ShmBridgeError, builtins.TimeoutError):
+    """A wait ran out of time. After a step timed out, the next step first waits for
+    the frame still in flight."""
+
+
+class ProtocolError(ShmBridgeError):
+    """The other side broke the lock-step or command protocol."""
+
+
+class RecordTooLargeError(ShmBridgeError, ValueError):
+    """A command does not fit the command ring."""
+
+
+class BadMessageError(ProtocolError):
+    """A malformed command-channel message."""
+
+
+class NoCommandChannelError(ShmBridgeError):
+    """The engine has no command channel."""
+
+
+class RemoteError(ShmBridgeError):
+    """The engine answered a command with an error (``method``, ``code`` attributes)."""
+
+
+class OutOfOrderError(ShmBridgeError):
+    """Calls in an order the protocol does not allow."""
+
+
+class ClosedError(ShmBridgeError, ValueError):
+    """This client is closed."""
+
+
+class ShmBridgeOSError(ShmBridgeError, OSError):
+    """A system call failed."""
+
+
+class EngineStartError(ShmBridgeError):
+    """``launch()`` could not start the engine; the message holds the engine's stderr."""

@@ -1,0 +1,43 @@
+"""Fixtures for the Python tests: engines launched per test, and a check that nothing is
+left in /dev/shm by the whole session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import shmbridge
+
+
+def _regions() -> set:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_region_left():
+    before = _regions()
+    yield
+    leaked = _regions() - before
+    assert not leaked, f"the Python tests left regions in /dev/shm: {sorted(leaked)}"
+
+
+@pytest.fixture
+def null_client():
+    """`null` engine: frame k holds pattern(k, i) in obs, rewards echo actions[:, 0]."""
+    with shmbridge.launch("null", num_envs=16, obs_dim=8, act_dim=3) as c:
+        yield c
+
+
+@pytest.fixture
+def cartpole_client():
+    with shmbridge.launch("cartpole", num_envs=32, seed=1) as c:
+        yield c
+
+
+def pattern(seq: int, index):
+    """The `null` engine's obs value (src/envs/null.rs `pattern`)."""
+    import numpy as np
+
+    index = np.asarray(index, dtype=np.uint64)
+    return ((np.uint64(seq) * np.uint64(2_654_435_761) + index) & np.uint64(0xFFFFFF)).astype(np.float32)

@@ -1,0 +1,291 @@
+"""Client, tensors (DLPack / NumPy / torch zero-copy), step, errors, engine death."""
+
+from __future__ import annotations
+
+import gc as pygc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmbridge
+from shmbridge import errors
+
+from conftest import pattern
+
+torch = pytest.importorskip("torch")
+
+
+# --- zero copy -------------------------------------------------------------------------
+
+def test_zero_copy_torch_data_ptr_is_the_mapped_address(null_client):
+    c = null_client
+    for t in c.tensors:
+        view = torch.from_dlpack(t)
+        assert view.data_ptr() == t.data_ptr, t.name
+        assert tuple(view.shape) == t.shape
+
+
+def test_zero_copy_numpy_address_is_the_mapped_address(null_client):
+    c = null_client
+    for t in c.tensors:
+        view = np.from_dlpack(t)
+        assert view.ctypes.data == t.data_ptr, t.name
+        assert view.shape == t.shape
+        assert view.dtype == np.dtype(t.dtype)
+        assert np.asarray(t).ctypes.data == t.data_ptr
+
+
+def test_array_protocol(null_client):
+    c = null_client
+    view = np.asarray(c.obs)
+    assert view.ctypes.data == c.obs.data_ptr
+    copied = np.array(c.obs, copy=True)
+    assert copied.ctypes.data != c.obs.data_ptr and np.array_equal(copied, view)
+    as64 = np.asarray(c.obs, dtype=np.float64)
+    assert as64.dtype == np.float64 and np.array_equal(as64, view)
+
+
+def test_both_capsule_abis():
+    with shmbridge.launch("null", num_envs=4) as c:
+        legacy = c.obs.__dlpack__()
+        versioned = c.obs.__dlpack__(max_version=(1, 0))
+        assert "dltensor" in repr(legacy) and "versioned" not in repr(legacy)
+        assert "dltensor_versioned" in repr(versioned)
+        assert c.obs.__dlpack_device__() == (1, 0)
+        with pytest.raises(BufferError):
+            c.obs.__dlpack__(copy=True)
+        with pytest.raises(BufferError):
+            c.obs.__dlpack__(dl_device=(2, 0))
+        assert c.obs.__dlpack__(dl_device=(1, 0), copy=False) is not None
+
+
+def test_tensors_are_persistent_and_values_follow_steps(null_client):
+    c = null_client
+    obs_obj = c.obs
+    assert c.obs is obs_obj and c["obs"] is obs_obj
+    obs_t = torch.from_dlpack(c.obs)
+    obs_n = np.from_dlpack(c.obs)
+    rewards = np.from_dlpack(c.rewards)
+    actions = torch.from_dlpack(c.actions)
+    idx = np.arange(obs_n.size)
+    assert np.array_equal(obs_n.ravel(), pattern(0, idx))
+    for k in range(1, 50):
+        actions[:, 0] = float(k)
+        out = c.step()
+        assert out[0] is obs_obj
+        assert c.frame == k
+        assert np.array_equal(obs_n.ravel(), pattern(k, idx))
+        assert torch.equal(obs_t.flatten(), torch.from_numpy(pattern(k, idx)))
+        assert (rewards == k).all()
+
+
+def test_step_returns_the_same_objects(cartpole_client):
+    c = cartpole_client
+    a = np.zeros(c.actions.shape, dtype=np.int64)
+    first = c.step(a)
+    assert first == (c.obs, c.rewards, c.terminated, c.truncated)
+    second = c.step(a)
+    assert all(x is y for x, y in zip(first, second))
+
+
+def test_step_copies_numpy_torch_and_strided_actions(null_client):
+    c = null_client
+    rewards = np.from_dlpack(c.rewards)
+    n, a = c.actions.shape
+    x = np.arange(n * a, dtype=np.float32).reshape(n, a)
+    c.step(x)
+    assert np.array_equal(rewards, x[:, 0])
+    c.step(torch.from_numpy(x + 1))
+    assert np.array_equal(rewards, x[:, 0] + 1)
+    # A non-contiguous source (a transposed view) is copied element by element.
+    y = np.ascontiguousarray((x + 2).T).T
+    assert not y.flags["C_CONTIGUOUS"]
+    c.step(y)
+    assert np.array_equal(rewards, x[:, 0] + 2)
+    assert np.array_equal(np.from_dlpack(c.actions), x + 2)
+    # Passing the action tensor itself is fine too.
+    c.step(c.actions)
+    assert np.array_equal(rewards, x[:, 0] + 2)
+
+
+def test_views_stay_valid_after_close():
+    c = shmbridge.launch("null", num_envs=4, obs_dim=4)
+    c.step()
+    t = torch.from_dlpack(c.obs)
+    n = np.from_dlpack(c.obs)
+    capsule = c.obs.__dlpack__()
+    expected = pattern(1, np.arange(16)).reshape(4, 4)
+    c.close()
+    assert c.closed
+    assert c.engine_process.returncode == 0
+    assert not [r for r in shmbridge.list_regions() if r == c.name]
+    # The capsules own the mapping: still readable (the engine is gone, its name too).
+    assert np.array_equal(n, expected)
+    assert torch.equal(t, torch.from_numpy(expected))
+    del capsule
+    pygc.collect()
+    assert np.array_equal(n, expected)
+    with pytest.raises(errors.ClosedError):
+        c.step()
+    c.close()  # idempotent
+
+
+# --- bad actions ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (lambda n, a: np.zeros((n, a), dtype=np.float64), TypeError),
+        (lambda n, a: np.zeros((n, a), dtype=np.int32), TypeError),
+        (lambda n, a: np.zeros((n, a + 1), dtype=np.float32), ValueError),
+        (lambda n, a: np.zeros((n * a,), dtype=np.float32), ValueError),
+        (lambda n, a: torch.zeros((n, a), dtype=torch.float16), TypeError),
+        (lambda n, a: torch.zeros((n + 1, a)), ValueError),
+        (lambda n, a: [[0.0] * a] * n, TypeError),
+        (lambda n, a: "actions", TypeError),
+    ],
+)
+def test_bad_actions_raise_and_send_nothing(null_client, bad, exc):
+    c = null_client
+    c.step()
+    before_counters = c.counters()
+    before_frame = c.frame
+    actions_before = np.from_dlpack(c.actions).copy()
+    n, a = c.actions.shape
+    with pytest.raises(exc):
+        c.step(bad(n, a))
+    assert c.frame == before_frame
+    assert c.counters() == before_counters
+    assert np.array_equal(np.from_dlpack(c.actions), actions_before)
+    c.step()  # still usable
+    assert c.frame == before_frame + 1
+
+
+# --- errors, death, timeouts, signals ---------------------------------------------------
+
+def test_error_hierarchy():
+    assert issubclass(shmbridge.TimeoutError, shmbridge.ShmBridgeError)
+    assert issubclass(shmbridge.TimeoutError, TimeoutError)
+    assert issubclass(shmbridge.EngineDiedError, shmbridge.ShmBridgeError)
+    assert issubclass(shmbridge.NotFoundError, FileNotFoundError)
+    # Every Rust variant maps to a class that exists and derives from ShmBridgeError.
+    names = shmbridge._native._error_classes()
+    assert len(names) >= 30
+    for name in names:
+        assert issubclass(getattr(errors, name), shmbridge.ShmBridgeError), name
+    e = shmbridge._native._raise_timeout()
+    assert isinstance(e, shmbridge.TimeoutError) and isinstance(e, TimeoutError)
+    assert "timed out after 1.5s waiting for a test" in str(e)
+    assert e.waited == 1.5
+
+
+def test_attach_to_missing_region_raises_not_found():
+    with pytest.raises(shmbridge.NotFoundError, match="does not exist"):
+        shmbridge.attach("shmbridge-doesnotexist0123", timeout=0.5)
+    with pytest.raises(errors.InvalidNameError):
+        shmbridge.attach("a/b")
+
+
+def test_engine_killed_raises_engine_died_promptly():
+    c = shmbridge.launch("null", num_envs=4)
+    try:
+        c.step()
+        os.kill(c.engine_pid, signal.SIGKILL)
+        c.engine_process.wait(5)
+        t0 = time.monotonic()
+        with pytest.raises(shmbridge.EngineDiedError, match="died") as info:
+            for _ in range(1000):
+                c.step(timeout=10)
+        assert time.monotonic() - t0 < 1.0
+        assert info.value.pid == c.engine_pid
+        assert c.name not in shmbridge.list_regions()
+    finally:
+        c.close()
+
+
+def test_engine_closed_raises_engine_closed():
+    c = shmbridge.launch("null", num_envs=4)
+    try:
+        c.engine_process.terminate()  # the engine closes its region on SIGTERM
+        c.engine_process.wait(5)
+        with pytest.raises((shmbridge.EngineClosedError, shmbridge.EngineDiedError)):
+            c.step(timeout=5)
+    finally:
+        c.close()
+
+
+def test_step_timeout_then_recovers():
+    c = shmbridge.launch("null", num_envs=4)
+    try:
+        c.step()
+        os.kill(c.engine_pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(shmbridge.TimeoutError, match=r"timed out after 200ms waiting for the engine's next frame"):
+                c.step(timeout=0.2)
+            assert 0.15 < time.monotonic() - t0 < 2.0
+            with pytest.raises(TimeoutError):  # the builtin catches it too
+                c.step(timeout=0.1)
+        finally:
+            os.kill(c.engine_pid, signal.SIGCONT)
+        # The second timed-out step sent nothing (it was still waiting for frame 2):
+        # this one receives frame 2, then sends action 3 and receives its frame.
+        c.step(timeout=5)
+        assert c.frame == 3
+        assert c.counters() == (3, 3)
+    finally:
+        c.close()
+
+
+def test_ctrl_c_during_a_long_wait_raises_keyboard_interrupt():
+    c = shmbridge.launch("null", num_envs=4)
+    try:
+        c.step()
+        os.kill(c.engine_pid, signal.SIGSTOP)
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                c.step()  # no timeout
+            assert time.monotonic() - t0 < 1.5
+        finally:
+            timer.cancel()
+            os.kill(c.engine_pid, signal.SIGCONT)
+        c.step(timeout=5)
+        assert c.frame == 3
+    finally:
+        c.close()
+
+
+def test_launch_failure_carries_engine_stderr():
+    with pytest.raises(shmbridge.EngineStartError, match="unknown env 'nosuchenv'"):
+        shmbridge.launch("nosuchenv", num_envs=4, timeout=20)
+
+
+def test_attach_to_an_engine_started_elsewhere():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmbridge._engine", "--env", "cartpole", "--num-envs", "8"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        name = proc.stdout.readline().strip()
+        with shmbridge.attach(name) as c:
+            assert c.engine_kind == "cartpole" and c.num_envs == 8
+            assert c.engine_process is None
+            assert "obs" in c and "rgb" not in c
+            with pytest.raises(KeyError):
+                c["rgb"]
+            c.step(np.ones((8, 1), dtype=np.int64))
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
