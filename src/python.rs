@@ -724,6 +724,91 @@ impl PyClient {
         }
     }
 
+    /// Resets envs over the command channel: all of them, or `env_ids`. `seed`: none, an
+    /// int (env k of the list gets `seed + k`, as in Gymnasium), or one int per env. When
+    /// it returns, `obs` holds the reset observations. Returns the frame number, which a
+    /// reset does not change.
+    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0))]
+    fn reset(
+        &self,
+        py: Python<'_>,
+        seed: Option<Bound<'_, PyAny>>,
+        env_ids: Option<Vec<u32>>,
+        timeout: f64,
+    ) -> PyResult<u64> {
+        let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
+            None => Vec::new(),
+            Some(s) => match s.extract::<u64>() {
+                Ok(one) => vec![one],
+                Err(_) => s.extract::<Vec<u64>>().map_err(|_| {
+                    PyTypeError::new_err("seed must be None, a non-negative int, or a list of them")
+                })?,
+            },
+        };
+        let timeout = duration(timeout, "timeout")?;
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        py.detach(|| client.reset(env_ids.as_deref(), &seeds, timeout))
+            .map_err(|e| to_pyerr(py, e))
+    }
+
+    /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
+    /// `payload` as raw bytes. Returns the reply's arguments as a dict of str, with the
+    /// reply's payload under `"payload"` when it has one.
+    #[pyo3(signature = (method, *, payload=None, timeout=10.0, **kwargs))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        method: &str,
+        payload: Option<Vec<u8>>,
+        timeout: f64,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut args: Vec<(String, String)> = Vec::new();
+        if let Some(kw) = kwargs {
+            for (k, v) in kw.iter() {
+                args.push((k.extract::<String>()?, v.str()?.extract::<String>()?));
+            }
+        }
+        let payload = payload.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let reply = py
+            .detach(|| {
+                let args: Vec<(&str, &str)> =
+                    args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                client.call_method(method, &args, &payload, timeout)
+            })
+            .map_err(|e| to_pyerr(py, e))?;
+        let out = PyDict::new(py);
+        for (k, v) in reply.args {
+            out.set_item(k, v)?;
+        }
+        if !reply.payload.is_empty() {
+            out.set_item("payload", pyo3::types::PyBytes::new(py, &reply.payload))?;
+        }
+        Ok(out)
+    }
+
+    /// Round trip of a `Ping` over the command channel; returns the echoed payload.
+    #[pyo3(signature = (payload=None, timeout=10.0))]
+    fn ping<'py>(
+        &self,
+        py: Python<'py>,
+        payload: Option<Vec<u8>>,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let payload = payload.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let back = py
+            .detach(|| client.ping(&payload, timeout))
+            .map_err(|e| to_pyerr(py, e))?;
+        Ok(pyo3::types::PyBytes::new(py, &back))
+    }
+
     /// Closes the client: the engine sees it, exits and removes its region. Views of
     /// the tensors stay readable. Waits for an engine started by `launch()`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from types import TracebackType
-from typing import Any, Callable, List, Optional, Tuple, Type, final
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union, final
 
 import numpy as np
 
@@ -74,6 +74,16 @@ class Client:
         """Copies ``actions`` (if given) into the action tensor, sends it and waits for
         the frame; returns ``(obs, rewards, terminated, truncated)``, the same objects
         every time."""
+    def reset(
+        self,
+        seed: Union[None, int, Sequence[int]] = None,
+        env_ids: Optional[Sequence[int]] = None,
+        timeout: float = 10.0,
+    ) -> int: ...
+    def call(
+        self, method: str, *, payload: Optional[bytes] = None, timeout: float = 10.0, **kwargs: Any
+    ) -> Dict[str, Union[str, bytes]]: ...
+    def ping(self, payload: Optional[bytes] = None, timeout: float = 10.0) -> bytes: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

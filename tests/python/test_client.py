@@ -289,3 +289,35 @@ def test_attach_to_an_engine_started_elsewhere():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_reset_with_seeds_over_the_command_channel() -> None:
+    with shmbridge.launch("cartpole", num_envs=6) as client:
+        obs = torch.from_dlpack(client.obs)
+        assert client.reset(seed=42) == 0
+        first = obs.clone()
+        client.step(np.ones((6, 1), dtype=np.int64))
+        assert not torch.equal(obs, first)
+        assert client.reset(seed=42) == 1  # a reset consumes no action
+        assert torch.equal(obs, first), "same seed, same initial observations"
+        client.reset(seed=[42, 43, 44, 45, 46, 47])
+        assert torch.equal(obs, first), "seed s = seeds s, s+1, ... per env"
+        before = obs.clone()
+        client.reset(seed=7, env_ids=[2])
+        assert torch.equal(obs[[0, 1, 3, 4, 5]], before[[0, 1, 3, 4, 5]])
+        assert not torch.equal(obs[2], before[2])
+        with pytest.raises(shmbridge.errors.RemoteError):
+            client.reset(env_ids=[99])
+        with pytest.raises(TypeError):
+            client.reset(seed="nope")
+
+
+def test_engine_defined_methods_and_ping() -> None:
+    with shmbridge.launch("cartpole", num_envs=2) as client:
+        assert client.call("set_pole_length", length=1.5) == {"previous": "0.5"}
+        with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
+            client.call("fly")
+        assert client.ping(b"abc") == b"abc"
+    with shmbridge.launch("null", num_envs=1) as client:
+        reply = client.call("echo", payload=b"\x00\x01", k=3)
+        assert reply == {"k": "3", "payload": b"\x00\x01"}
