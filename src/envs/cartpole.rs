@@ -22,7 +22,7 @@ use crate::layout::DType;
 use crate::tensor::Tensors;
 
 use super::VecEnv;
-use crate::command::{arg, CommandError, Reply};
+use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 
 fn join(values: [f64; 4]) -> String {
     values.map(|v| format!("{v}")).join(",")
@@ -131,14 +131,47 @@ impl VecEnv for CartPole {
             .metadata("max_episode_steps", &MAX_STEPS.to_string())
     }
 
-    fn reset_envs(
-        &mut self,
-        io: &mut Tensors<'_>,
-        env_ids: Option<&[u32]>,
-        seeds: &[u64],
-    ) -> Result<(), CommandError> {
+    fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
+        self.write_obs(io.write::<f32>("obs")?);
+        Ok(())
+    }
+
+    fn step(&mut self, _seq: u64, io: &mut Tensors<'_>) -> Result<()> {
+        let actions = io.read::<i64>("actions")?;
+        let reset_mask = io.read::<u8>("reset_mask")?;
+        let rewards = io.write::<f32>("rewards")?;
+        let terminated = io.write::<u8>("terminated")?;
+        let truncated = io.write::<u8>("truncated")?;
+        for i in 0..self.num_envs as usize {
+            if reset_mask[i] != 0 {
+                self.reset_one(i);
+                rewards[i] = 0.0;
+                terminated[i] = 0;
+                truncated[i] = 0;
+                continue;
+            }
+            self.state[i] = dynamics_with(self.state[i], actions[i] != 0, self.length);
+            self.steps[i] += 1;
+            let term = is_terminal(&self.state[i]);
+            let trunc = self.steps[i] >= MAX_STEPS;
+            rewards[i] = 1.0;
+            terminated[i] = term as u8;
+            truncated[i] = trunc as u8;
+            if term || trunc {
+                self.reset_one(i);
+            }
+        }
+        self.write_obs(io.write::<f32>("obs")?);
+        Ok(())
+    }
+}
+
+impl CommandHandler for CartPole {
+    /// `Reset`: the listed envs (all if none), reseeded as Gymnasium does.
+    fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
+        let seeds = &req.seeds[..];
         let all: Vec<u32> = (0..self.num_envs).collect();
-        let ids = env_ids.unwrap_or(&all);
+        let ids = req.env_ids.as_deref().unwrap_or(&all);
         if let Some(&bad) = ids.iter().find(|&&i| i >= self.num_envs) {
             return Err(CommandError::bad_request(format!(
                 "env id {bad} out of range (num_envs {})",
@@ -184,40 +217,6 @@ impl VecEnv for CartPole {
             }
             other => Err(CommandError::unknown_method(other, &["set_pole_length"])),
         }
-    }
-
-    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
-        self.write_obs(io.write::<f32>("obs")?);
-        Ok(())
-    }
-
-    fn step(&mut self, _seq: u64, io: &mut Tensors<'_>) -> Result<()> {
-        let actions = io.read::<i64>("actions")?;
-        let reset_mask = io.read::<u8>("reset_mask")?;
-        let rewards = io.write::<f32>("rewards")?;
-        let terminated = io.write::<u8>("terminated")?;
-        let truncated = io.write::<u8>("truncated")?;
-        for i in 0..self.num_envs as usize {
-            if reset_mask[i] != 0 {
-                self.reset_one(i);
-                rewards[i] = 0.0;
-                terminated[i] = 0;
-                truncated[i] = 0;
-                continue;
-            }
-            self.state[i] = dynamics_with(self.state[i], actions[i] != 0, self.length);
-            self.steps[i] += 1;
-            let term = is_terminal(&self.state[i]);
-            let trunc = self.steps[i] >= MAX_STEPS;
-            rewards[i] = 1.0;
-            terminated[i] = term as u8;
-            truncated[i] = trunc as u8;
-            if term || trunc {
-                self.reset_one(i);
-            }
-        }
-        self.write_obs(io.write::<f32>("obs")?);
-        Ok(())
     }
 }
 

@@ -11,50 +11,24 @@ use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Peer, Result};
 use crate::tensor::Tensors;
 
-/// A vectorised environment an [`Engine`] can serve.
-pub trait VecEnv {
+/// A vectorised environment an [`Engine`] can serve. Its [`CommandHandler`] answers
+/// `Reset` and its engine-defined methods.
+pub trait VecEnv: CommandHandler {
     /// The tensors it needs (the engine is created from this).
     fn spec(&self) -> EngineSpec;
     /// Writes the reset observations of every env (frame 0).
-    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()>;
+    fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()>;
     /// Applies `reset_mask`, steps every env with the client's actions and writes frame `seq`.
     fn step(&mut self, seq: u64, io: &mut Tensors<'_>) -> Result<()>;
-
-    /// The `Reset` command: resets `env_ids` (all if `None`) and writes their reset
-    /// observations. `seeds`: none, one (env k of the list gets `seed + k`), or one per env.
-    /// By default a full reset that ignores seeds is refused, since it could not honour them.
-    fn reset_envs(
-        &mut self,
-        io: &mut Tensors<'_>,
-        env_ids: Option<&[u32]>,
-        seeds: &[u64],
-    ) -> Result<(), CommandError> {
-        if env_ids.is_some() || !seeds.is_empty() {
-            return Err(CommandError::unsupported(
-                "this engine resets all envs at once and takes no seeds",
-            ));
-        }
-        self.reset(io).map_err(CommandError::engine)
-    }
-
-    /// An engine-defined method.
-    fn call(
-        &mut self,
-        _io: &mut Tensors<'_>,
-        method: &str,
-        _args: &[(String, String)],
-        _payload: &[u8],
-    ) -> Result<Reply, CommandError> {
-        Err(CommandError::unknown_method(method, &[]))
-    }
 }
 
-/// Lets an engine's command dispatch reach a [`VecEnv`].
+/// Hands a `dyn VecEnv` to the engine's dispatch as its `dyn CommandHandler` (trait
+/// upcasting needs Rust 1.86; the crate supports 1.82).
 pub struct EnvCommands<'e>(pub &'e mut dyn VecEnv);
 
 impl CommandHandler for EnvCommands<'_> {
     fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
-        self.0.reset_envs(io, req.env_ids.as_deref(), &req.seeds)
+        CommandHandler::reset(self.0, io, req)
     }
     fn call(
         &mut self,
@@ -63,7 +37,7 @@ impl CommandHandler for EnvCommands<'_> {
         args: &[(String, String)],
         payload: &[u8],
     ) -> Result<Reply, CommandError> {
-        self.0.call(io, method, args, payload)
+        CommandHandler::call(self.0, io, method, args, payload)
     }
 }
 
@@ -83,7 +57,7 @@ pub fn serve(
     idle_timeout: Duration,
     on_ready: impl FnOnce(&str),
 ) -> Result<ServeEnd> {
-    env.reset(&mut engine.io())?;
+    env.reset_all(&mut engine.io())?;
     engine.publish()?;
     on_ready(engine.name());
     loop {

@@ -14,7 +14,7 @@ use crate::layout::{DType, TensorId};
 use crate::tensor::Tensors;
 
 use super::VecEnv;
-use crate::command::{CommandError, Reply};
+use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 
 /// The value of flat element `index` of `obs` in frame `seq`: exact in f32 (< 2^24).
 #[inline]
@@ -63,15 +63,15 @@ impl NullEnv {
     }
 }
 
-impl VecEnv for NullEnv {
-    fn spec(&self) -> EngineSpec {
-        EngineSpec::standard(
-            "null",
-            self.num_envs,
-            self.obs_dim,
-            self.act_dim,
-            DType::F32,
-        )
+impl CommandHandler for NullEnv {
+    /// `Reset` of every env at once, without seeds (the pattern has neither).
+    fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
+        if req.env_ids.is_some() || !req.seeds.is_empty() {
+            return Err(CommandError::unsupported(
+                "null resets all envs at once and takes no seeds",
+            ));
+        }
+        self.reset_all(io).map_err(CommandError::engine)
     }
 
     fn call(
@@ -89,8 +89,20 @@ impl VecEnv for NullEnv {
             other => Err(CommandError::unknown_method(other, &["echo"])),
         }
     }
+}
 
-    fn reset(&mut self, io: &mut Tensors<'_>) -> Result<()> {
+impl VecEnv for NullEnv {
+    fn spec(&self) -> EngineSpec {
+        EngineSpec::standard(
+            "null",
+            self.num_envs,
+            self.obs_dim,
+            self.act_dim,
+            DType::F32,
+        )
+    }
+
+    fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
         let ids = [io.id("obs")?, io.id("actions")?, io.id("rewards")?];
         self.ids = Some(ids);
         self.write(0, io, ids[0])
