@@ -791,6 +791,48 @@ impl PyClient {
         Ok(out)
     }
 
+    /// The engine's schema over the command channel: `num_envs`, `engine_kind`, the
+    /// tensors (name, dtype, shape, direction, location) in table order, and the
+    /// engine's metadata (observation bounds, action space, autoreset mode, ...).
+    #[pyo3(signature = (timeout=10.0))]
+    fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = duration(timeout, "timeout")?;
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let body = py
+            .detach(|| client.schema(timeout))
+            .map_err(|e| to_pyerr(py, e))?;
+        let crate::wire::Body::Schema {
+            num_envs,
+            engine_kind,
+            tensors,
+            metadata,
+        } = body
+        else {
+            return Err(PyRuntimeError::new_err("GetSchema answered with another body"));
+        };
+        let out = PyDict::new(py);
+        out.set_item("num_envs", num_envs)?;
+        out.set_item("engine_kind", engine_kind)?;
+        let list = pyo3::types::PyList::empty(py);
+        for t in tensors {
+            let d = PyDict::new(py);
+            d.set_item("name", t.name)?;
+            d.set_item("dtype", numpy_name(t.dtype))?;
+            d.set_item("shape", PyTuple::new(py, t.shape)?)?;
+            d.set_item("direction", t.direction.arrow())?;
+            d.set_item("location", t.location.name())?;
+            list.append(d)?;
+        }
+        out.set_item("tensors", list)?;
+        let meta = PyDict::new(py);
+        for (k, v) in metadata {
+            meta.set_item(k, v)?;
+        }
+        out.set_item("metadata", meta)?;
+        Ok(out)
+    }
+
     /// Round trip of a `Ping` over the command channel; returns the echoed payload.
     #[pyo3(signature = (payload=None, timeout=10.0))]
     fn ping<'py>(

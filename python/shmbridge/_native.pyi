@@ -83,6 +83,9 @@ class Client:
     def call(
         self, method: str, *, payload: Optional[bytes] = None, timeout: float = 10.0, **kwargs: Any
     ) -> Dict[str, Union[str, bytes]]: ...
+    def schema(self, timeout: float = 10.0) -> Dict[str, Any]:
+        """``{"num_envs", "engine_kind", "tensors": [{"name", "dtype", "shape",
+        "direction", "location"}], "metadata": {str: str}}`` from the engine."""
     def ping(self, payload: Optional[bytes] = None, timeout: float = 10.0) -> bytes: ...
     def close(self) -> None: ...
     @property
