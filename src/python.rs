@@ -809,7 +809,9 @@ impl PyClient {
             metadata,
         } = body
         else {
-            return Err(PyRuntimeError::new_err("GetSchema answered with another body"));
+            return Err(PyRuntimeError::new_err(
+                "GetSchema answered with another body",
+            ));
         };
         let out = PyDict::new(py);
         out.set_item("num_envs", num_envs)?;
@@ -1001,7 +1003,7 @@ fn layout_name(name: &str) -> String {
 /// Serves a reference engine until the client closes, like `shmbridge engine`. Prints
 /// the region name on stdout once frame 0 is published. Returns the exit status.
 #[pyfunction]
-#[pyo3(signature = (env="cartpole", num_envs=256, name=None, obs_dim=None, act_dim=None, sparse=false, seed=0, spin_us=None, blocking=false, idle_timeout=3600.0))]
+#[pyo3(signature = (env="cartpole", num_envs=256, name=None, obs_dim=None, act_dim=None, sparse=false, seed=0, spin_us=None, blocking=false, idle_timeout=3600.0, image=None))]
 #[allow(clippy::too_many_arguments)]
 fn run_engine(
     py: Python<'_>,
@@ -1015,7 +1017,12 @@ fn run_engine(
     spin_us: Option<f64>,
     blocking: bool,
     idle_timeout: f64,
+    image: Option<&str>,
 ) -> PyResult<u64> {
+    let image = image
+        .map(envs::parse_image_shape)
+        .transpose()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let policy = if blocking {
         WaitPolicy::BLOCKING
     } else if let Some(us) = spin_us {
@@ -1029,6 +1036,7 @@ fn run_engine(
         act_dim,
         sparse,
         seed,
+        image,
     };
     let engine = envs::ReferenceEngine {
         env: env.to_string(),

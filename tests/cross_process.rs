@@ -63,6 +63,45 @@ fn null_engine_frames_follow_actions() {
 }
 
 #[test]
+fn null_engine_serves_an_image_tensor() {
+    let engine = EngineProc::start(&[
+        "--env",
+        "null",
+        "--num-envs",
+        "3",
+        "--obs-dim",
+        "1",
+        "--image",
+        "5x4x3",
+    ]);
+    let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
+    let rgb = client
+        .layout()
+        .tensors
+        .iter()
+        .find(|t| t.name == "rgb")
+        .cloned();
+    let rgb = rgb.expect("rgb tensor");
+    assert_eq!(rgb.shape, vec![3, 5, 4, 3]);
+    for n in 1..=20u64 {
+        assert_eq!(client.step(T).unwrap(), n);
+        let mut io = client.io();
+        let bytes = io.read::<u8>("rgb").unwrap();
+        assert_eq!(bytes.len(), 3 * 5 * 4 * 3);
+        assert!(
+            bytes
+                .iter()
+                .enumerate()
+                .all(|(k, &v)| v == pattern(n, k as u64) as u8),
+            "step {n}"
+        );
+    }
+    client.close();
+    let (status, stderr) = engine.finish();
+    assert!(status.success(), "engine exit {status:?}: {stderr}");
+}
+
+#[test]
 fn cartpole_engine_steps_resets_and_is_seeded() {
     let frame0 = |seed: &str| {
         let engine = EngineProc::start(&["--env", "cartpole", "--num-envs", "16", "--seed", seed]);

@@ -115,7 +115,8 @@ def launch(
     """Starts the reference engine ``env`` as a child process and attaches to it.
 
     ``engine_args`` are the options of ``shmbridge engine`` (``seed``, ``obs_dim``,
-    ``act_dim``, ``sparse``, ``name``, ``idle_timeout``). ``timeout`` bounds the engine's
+    ``act_dim``, ``sparse``, ``image`` (null: an ``rgb`` uint8 tensor, e.g. ``"84x84x3"``),
+    ``name``, ``idle_timeout``). ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm.
     """

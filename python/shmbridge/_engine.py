@@ -21,6 +21,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--obs-dim", type=int, default=None, help="null: f32 obs per env")
     p.add_argument("--act-dim", type=int, default=None, help="null: f32 actions per env")
     p.add_argument("--sparse", action="store_true", help="null: write first/last only")
+    p.add_argument("--image", default=None, metavar="HxWxC",
+                   help="null: also serve rgb, uint8 (num_envs, H, W, C), e.g. 84x84x3")
     p.add_argument("--seed", type=int, default=0, help="cartpole: seed")
     p.add_argument("--spin-us", type=float, default=None, help="spin budget (us)")
     p.add_argument("--blocking", action="store_true", help="never spin")
@@ -39,6 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             spin_us=a.spin_us,
             blocking=a.blocking,
             idle_timeout=a.idle_timeout,
+            image=a.image,
         )
     except Exception as e:  # noqa: BLE001 - report any failure like the CLI does
         print(f"shmbridge: error: {e}", file=sys.stderr, flush=True)

@@ -139,6 +139,7 @@ def run_engine(
     spin_us: Optional[float] = None,
     blocking: bool = False,
     idle_timeout: float = 3600.0,
+    image: Optional[str] = None,
 ) -> int:
     """Serves a reference engine until the client closes; returns the number of steps."""
 

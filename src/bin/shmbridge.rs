@@ -60,6 +60,9 @@ struct EngineArgs {
     /// null: write only the first and last element of each tensor per step.
     #[arg(long)]
     sparse: bool,
+    /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3.
+    #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
+    image: Option<[u64; 3]>,
     /// cartpole: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -128,6 +131,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_image(text: &str) -> Result<[u64; 3], String> {
+    envs::parse_image_shape(text).map_err(|e| e.to_string())
+}
+
 fn run_engine(a: EngineArgs) -> Result<(), Error> {
     let steps = envs::run_reference(&envs::ReferenceEngine {
         env: a.env,
@@ -138,6 +145,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             act_dim: a.act_dim,
             sparse: a.sparse,
             seed: a.seed,
+            image: a.image,
         },
         policy: a.wait.policy(),
         idle_timeout: Duration::from_secs_f64(a.idle_timeout),

@@ -79,12 +79,18 @@ pub fn serve(
 /// Builds a reference env by name.
 pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
     match name {
-        "null" => Ok(Box::new(null::NullEnv::new(
-            num_envs,
-            options.obs_dim.unwrap_or(16),
-            options.act_dim.unwrap_or(1),
-            options.sparse,
-        )?)),
+        "null" => {
+            let env = null::NullEnv::new(
+                num_envs,
+                options.obs_dim.unwrap_or(16),
+                options.act_dim.unwrap_or(1),
+                options.sparse,
+            )?;
+            Ok(Box::new(match options.image {
+                Some(shape) => env.with_image(shape)?,
+                None => env,
+            }))
+        }
         "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed))),
         other => Err(Error::InvalidSpec(format!(
             "unknown env '{other}' (reference envs: null, cartpole)"
@@ -100,6 +106,25 @@ pub struct EnvOptions {
     /// `null`: write the pattern to the first and last element of each tensor only.
     pub sparse: bool,
     pub seed: u64,
+    /// `null`: also serve an `rgb` u8 tensor of shape `(num_envs, h, w, c)`.
+    pub image: Option<[u64; 3]>,
+}
+
+/// Parses an image shape written `HxWxC` (e.g. `84x84x3`).
+pub fn parse_image_shape(text: &str) -> Result<[u64; 3]> {
+    let bad = || {
+        Error::InvalidSpec(format!(
+            "image shape '{text}': expected HxWxC with positive integers, e.g. 84x84x3"
+        ))
+    };
+    let dims: Vec<u64> = text
+        .split('x')
+        .map(|d| d.trim().parse::<u64>().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    match dims[..] {
+        [h, w, c] if h > 0 && w > 0 && c > 0 => Ok([h, w, c]),
+        _ => Err(bad()),
+    }
 }
 
 /// A reference engine to serve: what `shmbridge engine` and Python's `launch()` run.

@@ -4,13 +4,16 @@
 //!
 //! Engine-defined method: `echo` answers with the arguments and payload it was sent.
 //!
+//! With an image shape `(h, w, c)` the engine also serves `rgb`, a `u8` tensor of shape
+//! `(num_envs, h, w, c)` holding the low byte of the same pattern: the camera workload.
+//!
 //! Sparse mode writes only the first and last element of `obs` and `rewards`: the engine
 //! then does O(1) work per step whatever the payload size, which is what the transport
 //! benchmark wants to measure.
 
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
-use crate::layout::{DType, TensorId};
+use crate::layout::{DType, Direction, TensorId};
 use crate::tensor::Tensors;
 
 use super::VecEnv;
@@ -28,8 +31,11 @@ pub struct NullEnv {
     obs_dim: u64,
     act_dim: u64,
     sparse: bool,
+    /// `(h, w, c)` of the `rgb` tensor, if served.
+    image: Option<[u64; 3]>,
     /// obs, actions, rewards, resolved on `reset`.
     ids: Option<[TensorId; 3]>,
+    rgb: Option<TensorId>,
 }
 
 impl NullEnv {
@@ -44,22 +50,42 @@ impl NullEnv {
             obs_dim,
             act_dim,
             sparse,
+            image: None,
             ids: None,
+            rgb: None,
         })
     }
 
+    /// Also serve `rgb`, `u8` of shape `(num_envs, h, w, c)`.
+    pub fn with_image(mut self, shape: [u64; 3]) -> Result<Self> {
+        if shape.contains(&0) {
+            return Err(Error::InvalidSpec(
+                "null: every image dimension must be at least 1".into(),
+            ));
+        }
+        self.image = Some(shape);
+        Ok(self)
+    }
+
     fn write(&self, seq: u64, io: &mut Tensors<'_>, obs: TensorId) -> Result<()> {
-        let obs = io.write::<f32>(obs)?;
-        if self.sparse {
-            let last = obs.len() - 1;
-            obs[0] = pattern(seq, 0);
-            obs[last] = pattern(seq, last as u64);
-        } else {
-            for (i, o) in obs.iter_mut().enumerate() {
-                *o = pattern(seq, i as u64);
-            }
+        fill(self.sparse, io.write::<f32>(obs)?, |i| pattern(seq, i));
+        if let Some(rgb) = self.rgb {
+            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern(seq, i) as u8);
         }
         Ok(())
+    }
+}
+
+/// Writes `value(index)` to every element, or to the first and last only when sparse.
+fn fill<T>(sparse: bool, out: &mut [T], value: impl Fn(u64) -> T) {
+    if sparse {
+        let last = out.len() - 1;
+        out[0] = value(0);
+        out[last] = value(last as u64);
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = value(i as u64);
+        }
     }
 }
 
@@ -93,18 +119,31 @@ impl CommandHandler for NullEnv {
 
 impl VecEnv for NullEnv {
     fn spec(&self) -> EngineSpec {
-        EngineSpec::standard(
+        let spec = EngineSpec::standard(
             "null",
             self.num_envs,
             self.obs_dim,
             self.act_dim,
             DType::F32,
-        )
+        );
+        match self.image {
+            Some([h, w, c]) => spec.tensor(
+                "rgb",
+                DType::U8,
+                &[self.num_envs as u64, h, w, c],
+                Direction::EngineToClient,
+            ),
+            None => spec,
+        }
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
         let ids = [io.id("obs")?, io.id("actions")?, io.id("rewards")?];
         self.ids = Some(ids);
+        self.rgb = match self.image {
+            Some(_) => Some(io.id("rgb")?),
+            None => None,
+        };
         self.write(0, io, ids[0])
     }
 
