@@ -190,6 +190,13 @@ impl Client {
         Ok(client)
     }
 
+    /// A second mapping of the same region, for views that must outlive this client
+    /// (the Python package's DLPack capsules own one). Tensor offsets from the layout
+    /// apply to it unchanged.
+    pub fn map_again(&self) -> Result<Region> {
+        self.region.map_again()
+    }
+
     pub fn name(&self) -> &str {
         self.region.name()
     }

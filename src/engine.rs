@@ -169,6 +169,13 @@ impl Engine {
         })
     }
 
+    /// A second mapping of the same region, for views that must outlive this engine
+    /// (the Python package's DLPack capsules own one). Tensor offsets from the layout
+    /// apply to it unchanged.
+    pub fn map_again(&self) -> Result<Region> {
+        self.region.map_again()
+    }
+
     /// The region name clients attach with.
     pub fn name(&self) -> &str {
         self.region.name()

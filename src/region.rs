@@ -55,8 +55,9 @@ pub fn random_name() -> Result<String> {
 /// A mapped region. Dropping it unmaps; the engine's handle also unlinks the name.
 pub struct Region {
     name: String,
-    /// Kept open: for the engine it carries the liveness `flock`.
-    _file: File,
+    /// Kept open: for the engine it carries the liveness `flock`. `None` for a second
+    /// mapping (`map_again`), which must not keep the engine's lock alive.
+    file: Option<File>,
     map: MmapRaw,
     /// (device, inode) of the object we mapped, to unlink only that one.
     identity: (u64, u64),
@@ -92,7 +93,7 @@ impl Region {
         let (_, dev, ino) = os::file_identity(&file)?;
         let region = Region {
             name: name.to_string(),
-            _file: file,
+            file: Some(file),
             map,
             identity: (dev, ino),
             owner: true,
@@ -177,7 +178,7 @@ impl Region {
         .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         Ok(Region {
             name: name.to_string(),
-            _file: file,
+            file: Some(file),
             map,
             identity: (dev, ino),
             owner: false,
@@ -186,6 +187,31 @@ impl Region {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Maps the same object a second time, read-write, through the open descriptor (not
+    /// the name, which another engine may have taken meanwhile). The new mapping is never
+    /// the owner: dropping it unmaps, nothing else. Views that must outlive the client or
+    /// engine (DLPack capsules) hold one.
+    pub fn map_again(&self) -> Result<Region> {
+        let file = self.file.as_ref().ok_or_else(|| {
+            Error::io(
+                format!("map '{}' again", self.name),
+                std::io::Error::other("this mapping has no descriptor"),
+            )
+        })?;
+        let mut opts = MmapOptions::new();
+        opts.len(self.len());
+        let map = opts
+            .map_raw(file)
+            .map_err(|e| Error::io(format!("mmap '{}' again", self.name), e))?;
+        Ok(Region {
+            name: self.name.clone(),
+            file: None,
+            map,
+            identity: self.identity,
+            owner: false,
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{shm_exists, EngineProc};
-use shmbridge::envs::null::pattern;
+use shmbridge::envs::null::{pattern, pattern_u8};
 use shmbridge::{AttachOptions, Client, Error, Peer};
 
 const T: Duration = Duration::from_secs(30);
@@ -92,7 +92,7 @@ fn null_engine_serves_an_image_tensor() {
             bytes
                 .iter()
                 .enumerate()
-                .all(|(k, &v)| v == pattern(n, k as u64) as u8),
+                .all(|(k, &v)| v == pattern_u8(n, k as u64)),
             "step {n}"
         );
     }

@@ -11,6 +11,8 @@
             # obs (and rewards, terminated, truncated) now hold the new frame
 
 ``attach(name)`` joins an engine started elsewhere (``shmbridge engine`` prints its name).
+A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
+``examples/python_engine.py``.
 """
 
 from __future__ import annotations
@@ -24,35 +26,22 @@ import time
 from typing import Any, Optional
 
 from . import errors
-from ._native import Client, Tensor, __version__, gc, list_regions
-from .errors import (
-    EngineClosedError,
-    EngineDiedError,
-    EngineStartError,
-    NotFoundError,
-    ProtocolError,
-    ShmBridgeError,
-    TimeoutError,
-    VersionMismatchError,
-)
+from ._native import Client, Engine, EngineSpec, Tensor, __version__, gc, list_regions
+from .errors import *  # noqa: F401,F403 - every exception class at the top level
+from .errors import EngineStartError, ShmBridgeError
 
 __all__ = [
     "Client",
+    "Engine",
+    "EngineSpec",
     "Tensor",
     "attach",
     "launch",
     "list_regions",
     "gc",
     "errors",
-    "ShmBridgeError",
-    "EngineDiedError",
-    "EngineClosedError",
-    "EngineStartError",
-    "TimeoutError",
-    "ProtocolError",
-    "VersionMismatchError",
-    "NotFoundError",
     "__version__",
+    *errors.__all__,
 ]
 
 
@@ -191,3 +180,4 @@ def launch(
 
     client._adopt_engine(proc, on_close)
     return client
+

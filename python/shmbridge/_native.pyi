@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union, final
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, Union, final
 
 import numpy as np
 
 __all__ = [
     "Client",
+    "Engine",
+    "EngineSpec",
     "Tensor",
     "run_engine",
     "list_regions",
@@ -53,7 +55,8 @@ class Tensor:
         """Address of the first byte in this process (zero-copy views point here)."""
     @property
     def writable(self) -> bool:
-        """True for tensors the client writes (actions, reset_mask)."""
+        """True for the tensors this side writes (a client: actions, reset_mask; an
+        engine: observations, rewards, dones)."""
     @property
     def direction(self) -> str: ...
 
@@ -127,6 +130,99 @@ class Client:
     @property
     def engine_process(self) -> Optional[subprocess.Popen[bytes]]: ...
     def _adopt_engine(self, process: Any, on_close: Callable[[], None]) -> None: ...
+
+class _CommandHandler(Protocol):
+    """What ``Engine.wait_actions(handler=...)`` calls; both methods are optional.
+    Raise ``NotImplementedError`` (unsupported), ``ValueError``/``TypeError``/``KeyError``
+    (bad request) or anything else (engine error) to refuse; ``call`` may return
+    ``NotImplemented`` for an unknown method."""
+
+    def reset(self, env_ids: Optional[List[int]], seeds: List[int], options: Dict[str, str]) -> None: ...
+    def call(
+        self, method: str, args: Dict[str, str], payload: bytes
+    ) -> Union[None, Dict[str, Any], bytes, Tuple[Dict[str, Any], bytes]]: ...
+
+class EngineSpec:
+    """What an engine serves: kind, number of envs, tensors and metadata."""
+
+    def __init__(
+        self, kind: str, num_envs: int, *, name: Optional[str] = None, ring_capacity: Optional[int] = None
+    ) -> None: ...
+    @staticmethod
+    def standard(
+        kind: str,
+        num_envs: int,
+        obs_dim: int,
+        act_dim: int,
+        act_dtype: Any = None,
+        *,
+        name: Optional[str] = None,
+    ) -> EngineSpec:
+        """obs, actions, rewards, terminated, truncated, reset_mask."""
+    def tensor(
+        self,
+        name: str,
+        dtype: Any,
+        shape: Sequence[int],
+        direction: Literal["engine->client", "client->engine"] = "engine->client",
+    ) -> EngineSpec: ...
+    def metadata(self, key: str, value: Any) -> EngineSpec: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def num_envs(self) -> int: ...
+    @property
+    def name(self) -> Optional[str]: ...
+    @property
+    def tensors(self) -> List[Tuple[str, str, Tuple[int, ...], str]]: ...
+
+@final
+class Engine:
+    """Serves a region from Python: write engine->client views, ``publish()``,
+    ``wait_actions()``, repeat."""
+
+    def __init__(self, spec: EngineSpec, *, spin_us: Optional[float] = None, blocking: bool = False) -> None: ...
+    def publish(self) -> int: ...
+    def wait_actions(self, timeout: Optional[float] = None, handler: Optional[_CommandHandler] = None) -> int: ...
+    def poll_commands(self, handler: Optional[_CommandHandler] = None) -> int: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Engine: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def num_envs(self) -> int: ...
+    @property
+    def frame(self) -> int: ...
+    @property
+    def client_attached(self) -> bool: ...
+    @property
+    def dropped_replies(self) -> int: ...
+    def __getitem__(self, name: str, /) -> Tensor: ...
+    def __contains__(self, name: str, /) -> bool: ...
+    @property
+    def tensors(self) -> Tuple[Tensor, ...]: ...
+    @property
+    def obs(self) -> Tensor: ...
+    @property
+    def actions(self) -> Tensor: ...
+    @property
+    def rewards(self) -> Tensor: ...
+    @property
+    def terminated(self) -> Tensor: ...
+    @property
+    def truncated(self) -> Tensor: ...
+    @property
+    def reset_mask(self) -> Tensor: ...
 
 def run_engine(
     env: str = "cartpole",

@@ -22,7 +22,18 @@ use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 /// The value of flat element `index` of `obs` in frame `seq`: exact in f32 (< 2^24).
 #[inline]
 pub fn pattern(seq: u64, index: u64) -> f32 {
-    (seq.wrapping_mul(2_654_435_761).wrapping_add(index) & 0x00FF_FFFF) as f32
+    pattern_bits(seq, index) as f32
+}
+
+/// The byte of flat element `index` of `rgb` in frame `seq`: the pattern's low byte.
+#[inline]
+pub fn pattern_u8(seq: u64, index: u64) -> u8 {
+    pattern_bits(seq, index) as u8
+}
+
+#[inline]
+fn pattern_bits(seq: u64, index: u64) -> u32 {
+    (seq.wrapping_mul(2_654_435_761).wrapping_add(index) & 0x00FF_FFFF) as u32
 }
 
 #[derive(Debug)]
@@ -70,7 +81,7 @@ impl NullEnv {
     fn write(&self, seq: u64, io: &mut Tensors<'_>, obs: TensorId) -> Result<()> {
         fill(self.sparse, io.write::<f32>(obs)?, |i| pattern(seq, i));
         if let Some(rgb) = self.rgb {
-            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern(seq, i) as u8);
+            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern_u8(seq, i));
         }
         Ok(())
     }

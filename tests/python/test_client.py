@@ -243,25 +243,54 @@ def test_step_timeout_then_recovers():
         c.close()
 
 
+def _when_busy(client, then):
+    """Runs `then()` once another thread's call holds the client (counters() refuses
+    with "busy" while a step is in progress)."""
+
+    def poll():
+        while True:
+            try:
+                client.counters()
+            except RuntimeError:
+                break
+        then()
+
+    t = threading.Thread(target=poll)
+    t.start()
+    return t
+
+
 def test_ctrl_c_during_a_long_wait_raises_keyboard_interrupt():
     c = shmbridge.launch("null", num_envs=4)
     try:
         c.step()
         os.kill(c.engine_pid, signal.SIGSTOP)
-        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-        t0 = time.monotonic()
-        timer.start()
+        main = threading.main_thread().ident
+        t = _when_busy(c, lambda: signal.pthread_kill(main, signal.SIGINT))
         try:
+            # A long timeout: a missed signal fails as TimeoutError instead of hanging.
             with pytest.raises(KeyboardInterrupt):
-                c.step()  # no timeout
-            assert time.monotonic() - t0 < 1.5
+                c.step(timeout=60)
         finally:
-            timer.cancel()
+            t.join()
             os.kill(c.engine_pid, signal.SIGCONT)
         c.step(timeout=5)
         assert c.frame == 3
     finally:
         c.close()
+
+
+def test_close_from_another_thread_ends_a_step_in_progress():
+    # An engine that never answers: frame 0 published, no wait_actions().
+    spec = shmbridge.EngineSpec.standard("silent", 2, obs_dim=1, act_dim=1)
+    with shmbridge.Engine(spec) as engine:
+        engine.publish()
+        c = shmbridge.attach(engine.name)
+        t = _when_busy(c, c.close)
+        with pytest.raises(shmbridge.ClosedError):
+            c.step(timeout=60)  # must not wait for the timeout, nor deadlock
+        t.join()
+        assert c.closed
 
 
 def test_launch_failure_carries_engine_stderr():

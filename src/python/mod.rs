@@ -1,5 +1,5 @@
 //! The Python extension module `shmbridge._native` (feature `python`): a thin PyO3 layer
-//! over [`Client`] and the reference engines.
+//! over [`Client`], [`crate::Engine`] (in [`engine`]) and the reference engines.
 //!
 //! - [`PyClient`] wraps a [`Client`] and a second read-write mapping of the same region,
 //!   shared through an `Arc` with every DLPack capsule handed out, so a view of a tensor
@@ -12,6 +12,9 @@
 //! - `run_engine(argv)` serves a reference engine like `shmbridge engine`, so the wheel
 //!   needs no separate binary: `shmbridge.launch()` runs `python -m shmbridge._engine`.
 
+mod engine;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -26,7 +29,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::envs::{self, EnvOptions};
 use crate::error::{Error, Peer};
-use crate::layout::{DType, Direction, Layout, TensorInfo};
+use crate::layout::{DType, Direction, TensorInfo};
 use crate::region::{self, Region};
 use crate::{AttachOptions, Client, WaitPolicy};
 
@@ -153,16 +156,49 @@ fn dl_dtype(d: DType) -> DLDataType {
 /// One host tensor of a region, as Python sees it. Created once per client at attach.
 #[pyclass(module = "shmbridge._native", name = "Tensor", frozen)]
 pub struct PyTensor {
-    /// The client's second mapping of the region: every capsule holds a clone.
+    /// A second mapping of the region (`map_again`): every capsule holds a clone, so
+    /// views outlive the client or engine that made them.
     region: Arc<Region>,
     info: TensorInfo,
     shape: Vec<i64>,
+    /// Whether the side holding this object writes the tensor (the client writes
+    /// client→engine tensors, the engine engine→client ones).
+    writable: bool,
 }
 
 impl PyTensor {
+    /// The tensors of `layout` as `side` sees them, all sharing `region`.
+    fn all(
+        py: Python<'_>,
+        region: &Arc<Region>,
+        layout: &crate::layout::Layout,
+        side: Peer,
+    ) -> PyResult<Vec<Py<PyTensor>>> {
+        layout
+            .tensors
+            .iter()
+            .map(|info| {
+                let writer = match info.direction {
+                    Direction::EngineToClient => Peer::Engine,
+                    Direction::ClientToEngine => Peer::Client,
+                };
+                Py::new(
+                    py,
+                    PyTensor {
+                        region: Arc::clone(region),
+                        info: info.clone(),
+                        shape: info.shape.iter().map(|&d| d as i64).collect(),
+                        writable: writer == side,
+                    },
+                )
+            })
+            .collect()
+    }
+
     fn address(&self) -> *mut u8 {
-        // SAFETY: the layout was validated against this mapping's length (see
-        // `second_mapping`): `offset + nbytes <= len`, so the pointer stays inside it.
+        // SAFETY: the layout was validated against the region's length, and this mapping
+        // (`map_again`) has that same length: `offset + nbytes <= len`, so the pointer
+        // stays inside it.
         unsafe { self.region.ptr().add(self.info.offset as usize) }
     }
 
@@ -297,10 +333,11 @@ impl PyTensor {
         self.address() as usize
     }
 
-    /// True for tensors the client writes (`actions`, `reset_mask`).
+    /// True for the tensors this side writes: `actions` and `reset_mask` for a client,
+    /// observations, rewards and dones for an engine.
     #[getter]
     fn writable(&self) -> bool {
-        self.info.direction == Direction::ClientToEngine
+        self.writable
     }
 
     /// "engine->client" or "client->engine".
@@ -337,6 +374,9 @@ struct Core {
 #[pyclass(module = "shmbridge._native", name = "Client", frozen)]
 pub struct PyClient {
     core: Mutex<Core>,
+    /// Set by `close()` before it takes the lock: a step waiting in another thread
+    /// gives up at its next slice instead of keeping `close()` waiting.
+    closing: AtomicBool,
     name: String,
     num_envs: usize,
     engine_kind: String,
@@ -350,28 +390,15 @@ pub struct PyClient {
     engine_process: Mutex<Option<Py<PyAny>>>,
 }
 
-/// Maps the client's region a second time (read-write), for the capsules to own. Checks
-/// that it is the very region the client attached to: same engine (pid and start time,
-/// which no other process shares) and the same tensor table.
-fn second_mapping(client: &Client, timeout: Duration) -> Result<Arc<Region>, Error> {
-    let (region, layout) = Region::open(client.name(), timeout)?;
-    let ours = client.layout();
-    let same = |a: &Layout, b: &Layout| {
-        a.engine_pid == b.engine_pid
-            && a.engine_start_time == b.engine_start_time
-            && a.region_size == b.region_size
-            && a.tensors == b.tensors
-    };
-    if !same(&layout, ours) || region.len() as u64 != ours.region_size {
-        return Err(Error::Protocol {
-            peer: Peer::Engine,
-            detail: format!(
-                "region '{}' changed while attaching (another engine took the name)",
-                client.name()
-            ),
-        });
-    }
-    Ok(Arc::new(region))
+/// `blocking`: never spin; else spin `spin_us` microseconds (default budget if None).
+fn wait_policy(spin_us: Option<f64>, blocking: bool) -> PyResult<WaitPolicy> {
+    Ok(if blocking {
+        WaitPolicy::BLOCKING
+    } else if let Some(us) = spin_us {
+        WaitPolicy::spinning(duration(us / 1e6, "spin_us")?)
+    } else {
+        WaitPolicy::default()
+    })
 }
 
 fn duration(seconds: f64, what: &str) -> PyResult<Duration> {
@@ -395,28 +422,13 @@ impl PyClient {
     }
 
     fn tensor_named(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyTensor>> {
-        for t in &self.tensors {
-            if t.get().info.name == name {
-                return Ok(t.clone_ref(py));
-            }
-        }
-        let available: Vec<&str> = self
-            .tensors
-            .iter()
-            .map(|t| t.get().info.name.as_str())
-            .collect();
-        Err(to_pyerr(
-            py,
-            Error::NoSuchTensor {
-                name: name.to_string(),
-                available: available.join(", "),
-            },
-        ))
+        tensor_named(py, &self.tensors, name)
     }
 
     /// Waits for the frame of the action in flight, in slices, checking for signals
     /// between them. `deadline` None: no limit.
     fn wait_frame_sliced(
+        &self,
         py: Python<'_>,
         core: &mut Core,
         deadline: Option<Instant>,
@@ -447,6 +459,9 @@ impl PyClient {
                                 },
                             ));
                         }
+                    }
+                    if self.closing.load(Ordering::Acquire) {
+                        return Err(closed_err(py));
                     }
                     py.check_signals()?;
                 }
@@ -584,6 +599,21 @@ impl PyClient {
     }
 }
 
+/// The tensor called `name`, or `NoSuchTensorError` listing the names there are.
+fn tensor_named(py: Python<'_>, tensors: &[Py<PyTensor>], name: &str) -> PyResult<Py<PyTensor>> {
+    if let Some(t) = tensors.iter().find(|t| t.get().info.name == name) {
+        return Ok(t.clone_ref(py));
+    }
+    let available: Vec<&str> = tensors.iter().map(|t| t.get().info.name.as_str()).collect();
+    Err(to_pyerr(
+        py,
+        Error::NoSuchTensor {
+            name: name.to_string(),
+            available: available.join(", "),
+        },
+    ))
+}
+
 fn closed_err(py: Python<'_>) -> PyErr {
     to_pyerr(py, Error::Closed(Peer::Client))
 }
@@ -601,35 +631,18 @@ impl PyClient {
         blocking: bool,
     ) -> PyResult<PyClient> {
         let timeout = duration(timeout, "timeout")?;
-        let policy = if blocking {
-            WaitPolicy::BLOCKING
-        } else if let Some(us) = spin_us {
-            WaitPolicy::spinning(duration(us / 1e6, "spin_us")?)
-        } else {
-            WaitPolicy::default()
-        };
+        let policy = wait_policy(spin_us, blocking)?;
         let options = AttachOptions::default().timeout(timeout).policy(policy);
         let name = name.to_string();
         let (client, region) = py
             .detach(|| -> Result<_, Error> {
                 let client = Client::attach(&name, options)?;
-                let region = second_mapping(&client, timeout)?;
+                let region = Arc::new(client.map_again()?);
                 Ok((client, region))
             })
             .py_err(py)?;
         let layout = client.layout().clone();
-        let mut tensors = Vec::with_capacity(layout.tensors.len());
-        for info in &layout.tensors {
-            let shape = info.shape.iter().map(|&d| d as i64).collect();
-            tensors.push(Py::new(
-                py,
-                PyTensor {
-                    region: Arc::clone(&region),
-                    info: info.clone(),
-                    shape,
-                },
-            )?);
-        }
+        let tensors = PyTensor::all(py, &region, &layout, Peer::Client)?;
         let find = |n: &str| layout.tensors.iter().position(|t| t.name == n);
         let step_outputs = match (
             find("obs"),
@@ -651,6 +664,7 @@ impl PyClient {
                 client: Some(client),
                 pending: false,
             }),
+            closing: AtomicBool::new(false),
             name: layout_name(&name),
             num_envs: layout.num_envs as usize,
             engine_kind: layout.engine_kind.clone(),
@@ -687,7 +701,7 @@ impl PyClient {
         if core.pending {
             // A previous step was interrupted: its frame must arrive before the action
             // slot may be written again (the engine may be reading it).
-            Self::wait_frame_sliced(py, &mut core, deadline, limit)?;
+            self.wait_frame_sliced(py, &mut core, deadline, limit)?;
         }
         if let Some(a) = &actions {
             self.copy_actions(py, a)?;
@@ -713,7 +727,7 @@ impl PyClient {
                     ));
                 }
                 py.check_signals()?;
-                Self::wait_frame_sliced(py, &mut core, deadline, limit)?;
+                self.wait_frame_sliced(py, &mut core, deadline, limit)?;
             }
             Err(e) => return Err(to_pyerr(py, e)),
         }
@@ -856,10 +870,13 @@ impl PyClient {
     /// Closes the client: the engine sees it, exits and removes its region. Views of
     /// the tensors stay readable. Waits for an engine started by `launch()`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let client = {
+        self.closing.store(true, Ordering::Release);
+        // Without the GIL: a step in another thread holds the lock until its next slice,
+        // and needs the GIL to return.
+        let client = py.detach(|| {
             let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
             core.client.take()
-        };
+        });
         if let Some(c) = client {
             c.close();
         }
@@ -1023,13 +1040,7 @@ fn run_engine(
         .map(envs::parse_image_shape)
         .transpose()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let policy = if blocking {
-        WaitPolicy::BLOCKING
-    } else if let Some(us) = spin_us {
-        WaitPolicy::spinning(duration(us / 1e6, "spin_us")?)
-    } else {
-        WaitPolicy::default()
-    };
+    let policy = wait_policy(spin_us, blocking)?;
     let idle = duration(idle_timeout, "idle_timeout")?;
     let options = EnvOptions {
         obs_dim,
@@ -1187,6 +1198,8 @@ fn _raise_timeout(py: Python<'_>) -> PyErr {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
     m.add_class::<PyTensor>()?;
+    m.add_class::<engine::PyEngine>()?;
+    m.add_class::<engine::PyEngineSpec>()?;
     m.add_function(wrap_pyfunction!(run_engine, m)?)?;
     m.add_function(wrap_pyfunction!(list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
