@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The main job: the reference CartPole engine served through shmbridge, driven by a
-# random-policy client in another process. Prints steps/s and the mean episode return.
+# The main job: PPO in PyTorch on the reference CartPole engine through shmbridge
+# (python -m shmbridge.examples.ppo). Installs what it needs (Rust, a virtual environment
+# in .venv with the package and its `ppo` extra), then trains until the mean return of
+# the last 100 episodes reaches 475. Options go to the trainer (see --help); the device is
+# auto: CUDA when torch sees a GPU, else the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
-cargo build --release --locked --quiet
-./target/release/shmbridge client --launch cartpole --num-envs 256 --steps 20000 "$@"
+ensure_venv ".[ppo]"
+exec .venv/bin/shmbridge-ppo "$@"

@@ -1,0 +1,385 @@
+"""PPO in PyTorch on the reference ``cartpole`` engine, through shmbridge (the main job).
+
+    python -m shmbridge.examples.ppo            # or: shmbridge-ppo
+    python -m shmbridge.examples.ppo --help
+
+The engine (Gymnasium CartPole-v1 dynamics, ``--num-envs`` environments) runs in a child
+process started by :func:`shmbridge.launch`. The learner reads observations, rewards and
+the terminated/truncated flags through zero-copy ``torch.from_dlpack`` views of the
+shared memory, created once, and writes its actions into the action tensor in place.
+Training stops when the mean return of the last 100 finished episodes reaches
+``--target-return`` (475, the CartPole-v1 "solved" threshold; the maximum is 500) or after
+``--total-steps`` environment steps. A learning curve (mean return of the last 100
+episodes vs environment steps) is written to ``--plot``.
+
+Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, List, Optional
+
+import shmbridge
+
+
+@dataclass
+class Config:
+    """Hyperparameters and run options; the defaults are the command line's defaults."""
+
+    num_envs: int = 16
+    total_steps: int = 500_000  # env steps (all envs together); an upper bound
+    num_steps: int = 128  # rollout length per env: a batch is num_envs * num_steps
+    lr: float = 1e-3
+    anneal_lr: bool = True  # linearly to 0 over total_steps
+    update_epochs: int = 10
+    num_minibatches: int = 4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_coef: float = 0.2
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    bootstrap_truncated: bool = True
+    target_return: Optional[float] = 475.0  # None: run all total_steps
+    window: int = 100  # episodes in the running mean
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 1
+    blocking: bool = False
+    plot: Optional[str] = "ppo_cartpole.png"
+    progress: bool = True
+
+
+@dataclass
+class Result:
+    mean_return: float  # mean of the last `window` finished episodes (nan if none)
+    window_episodes: int  # how many episodes that mean is over (<= window)
+    episodes: int  # finished episodes in all
+    env_steps: int
+    wall_s: float  # from launching the engine to the end of training
+    reached_target: bool
+    device: str
+    curve_steps: List[int] = field(default_factory=list)
+    curve_returns: List[float] = field(default_factory=list)
+    plot: Optional[str] = None
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.env_steps / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def summary(self) -> str:
+        return (
+            f"final mean return over the last {self.window_episodes} episodes: "
+            f"{self.mean_return:.1f} ({self.episodes:,} episodes, {self.wall_s:.1f} s, "
+            f"{self.steps_per_s:,.0f} env-steps/s)"
+        )
+
+
+def _agent(obs_dim: int, num_actions: int):
+    import torch
+    from torch import nn
+
+    def layer(n_in: int, n_out: int, std: float = math.sqrt(2)) -> nn.Linear:
+        lin = nn.Linear(n_in, n_out)
+        nn.init.orthogonal_(lin.weight, std)
+        nn.init.zeros_(lin.bias)
+        return lin
+
+    class Agent(nn.Module):
+        """Separate actor and critic MLPs, 64x64 tanh, orthogonal init (as in CleanRL)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.critic = nn.Sequential(
+                layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, 1, 1.0)
+            )
+            self.actor = nn.Sequential(
+                layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(),
+                layer(64, num_actions, 0.01),
+            )
+
+        def value(self, x: "torch.Tensor") -> "torch.Tensor":
+            return self.critic(x).squeeze(-1)
+
+    return Agent()
+
+
+def _resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: expected auto, cpu or cuda")
+    return name
+
+
+def train(cfg: Config, log=print) -> Result:
+    """Trains PPO on the ``cartpole`` engine; returns the outcome (and writes the plot)."""
+    import torch
+    from torch.distributions import Categorical
+    from tqdm import tqdm
+
+    device = torch.device(_resolve_device(cfg.device))
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+
+    n, t_len = cfg.num_envs, cfg.num_steps
+    batch = n * t_len
+    if batch % cfg.num_minibatches:
+        raise ValueError(f"num_envs * num_steps ({batch}) is not a multiple of num_minibatches")
+    minibatch = batch // cfg.num_minibatches
+    num_updates = max(1, math.ceil(cfg.total_steps / batch))
+    log(f"torch device: {device} ({torch.get_num_threads()} CPU threads); "
+        f"{n} envs x {t_len} steps = {batch} per update, up to {num_updates} updates")
+
+    agent = _agent(4, 2).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
+
+    # Rollout buffers, on the learner's device.
+    obs_buf = torch.zeros((t_len, n, 4), device=device)
+    act_buf = torch.zeros((t_len, n), dtype=torch.long, device=device)
+    logp_buf = torch.zeros((t_len, n), device=device)
+    rew_buf = torch.zeros((t_len, n), device=device)
+    done_buf = torch.zeros((t_len, n), device=device)
+    val_buf = torch.zeros((t_len, n), device=device)
+
+    # Episode bookkeeping, on the host (where the shared tensors are).
+    ep_return = torch.zeros(n, dtype=torch.float64)
+    recent: Deque[float] = deque(maxlen=cfg.window)
+    episodes = 0
+    curve_steps: List[int] = []
+    curve_returns: List[float] = []
+    global_step = 0
+    reached = False
+
+    def recent_mean() -> float:
+        return sum(recent) / len(recent) if recent else float("nan")
+
+    start = time.perf_counter()
+    # Launched in the engine with the same seed: env k is reset with seed + k.
+    with shmbridge.launch("cartpole", num_envs=n, seed=cfg.seed, blocking=cfg.blocking) as client:
+        # Zero-copy views of the shared memory, created once and valid for the client's
+        # life; the engine overwrites them in place at every step, so each step copies
+        # what it needs into the rollout buffers before the next step.
+        obs_view = torch.from_dlpack(client.obs)  # (n, 4) float32
+        act_view = torch.from_dlpack(client.actions)  # (n, 1) int64, written by us
+        rew_view = torch.from_dlpack(client.rewards)  # (n,) float32
+        term_view = torch.from_dlpack(client.terminated)  # (n,) bool
+        trunc_view = torch.from_dlpack(client.truncated)  # (n,) bool
+        assert obs_view.data_ptr() == client.obs.data_ptr  # a view, not a copy
+
+        bar = tqdm(total=num_updates * batch, unit="step", unit_scale=True,
+                   disable=not cfg.progress, dynamic_ncols=True, desc="PPO cartpole")
+        try:
+            for update in range(num_updates):
+                if cfg.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = cfg.lr * (1.0 - update / num_updates)
+
+                for t in range(t_len):
+                    obs_buf[t].copy_(obs_view)  # the frame the action is chosen on
+                    with torch.no_grad():
+                        logits = agent.actor(obs_buf[t])
+                        val_buf[t] = agent.value(obs_buf[t])
+                    dist = Categorical(logits=logits, validate_args=False)
+                    action = dist.sample()
+                    act_buf[t] = action
+                    logp_buf[t] = dist.log_prob(action)
+
+                    act_view.copy_(action.unsqueeze(1))  # into shared memory, in place
+                    client.step()  # the views now hold the next frame
+
+                    rew_buf[t].copy_(rew_view)
+                    done = term_view | trunc_view  # a new tensor, not a view
+                    done_buf[t].copy_(done)
+                    # Same-step autoreset: obs_view already holds the reset observation
+                    # of the envs that ended, and the terminal observation is gone. A
+                    # truncated (time-limit) episode should bootstrap from V(terminal
+                    # obs); lacking it, we use V(obs the last action was chosen on), which
+                    # is one step away from it (the pole is upright near a 500-step
+                    # truncation, so the two are close). This is an approximation. With
+                    # --no-bootstrap-truncated, truncation is treated as termination, as
+                    # CleanRL's ppo.py does.
+                    if cfg.bootstrap_truncated:
+                        cut = trunc_view & ~term_view
+                        if cut.any():
+                            rew_buf[t] += cfg.gamma * val_buf[t] * cut.to(device)
+
+                    ep_return += rew_view
+                    if done.any():
+                        recent.extend(ep_return[done].tolist())
+                        episodes += int(done.sum())
+                        ep_return[done] = 0.0
+                global_step += batch
+
+                # Generalised advantage estimation.
+                with torch.no_grad():
+                    next_value = agent.value(obs_view.to(device))
+                    adv = torch.zeros_like(rew_buf)
+                    last = torch.zeros(n, device=device)
+                    for t in reversed(range(t_len)):
+                        nv = next_value if t == t_len - 1 else val_buf[t + 1]
+                        live = 1.0 - done_buf[t]
+                        delta = rew_buf[t] + cfg.gamma * nv * live - val_buf[t]
+                        last = delta + cfg.gamma * cfg.gae_lambda * live * last
+                        adv[t] = last
+                    ret = adv + val_buf
+
+                b_obs = obs_buf.reshape(batch, 4)
+                b_act = act_buf.reshape(batch)
+                b_logp = logp_buf.reshape(batch)
+                b_adv = adv.reshape(batch)
+                b_ret = ret.reshape(batch)
+                for _ in range(cfg.update_epochs):
+                    perm = torch.randperm(batch, device=device)
+                    for s in range(0, batch, minibatch):
+                        mb = perm[s:s + minibatch]
+                        dist = Categorical(logits=agent.actor(b_obs[mb]), validate_args=False)
+                        logp = dist.log_prob(b_act[mb])
+                        ratio = (logp - b_logp[mb]).exp()
+                        a = b_adv[mb]
+                        a = (a - a.mean()) / (a.std() + 1e-8)
+                        pg_loss = torch.max(
+                            -a * ratio, -a * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                        ).mean()
+                        v_loss = 0.5 * (agent.value(b_obs[mb]) - b_ret[mb]).pow(2).mean()
+                        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * dist.entropy().mean()
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+                        optimizer.step()
+
+                mean = recent_mean()
+                if recent:
+                    curve_steps.append(global_step)
+                    curve_returns.append(mean)
+                bar.update(batch)
+                bar.set_postfix(ret=f"{mean:.1f}", episodes=episodes, refresh=False)
+                if (cfg.target_return is not None and len(recent) == cfg.window
+                        and mean >= cfg.target_return):
+                    reached = True
+                    break
+        finally:
+            bar.close()
+    wall = time.perf_counter() - start
+
+    result = Result(
+        mean_return=recent_mean(),
+        window_episodes=len(recent),
+        episodes=episodes,
+        env_steps=global_step,
+        wall_s=wall,
+        reached_target=reached,
+        device=str(device),
+        curve_steps=curve_steps,
+        curve_returns=curve_returns,
+    )
+    if cfg.plot:
+        result.plot = _plot(cfg, result)
+    return result
+
+
+def _plot(cfg: Config, r: Result) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(r.curve_steps, r.curve_returns, label=f"mean return, last {cfg.window} episodes")
+    if cfg.target_return is not None:
+        ax.axhline(cfg.target_return, color="gray", linestyle="--", linewidth=1,
+                   label=f"target {cfg.target_return:g}")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episode return")
+    ax.set_ylim(0, 520)
+    ax.set_title(f"PPO on shmbridge cartpole ({cfg.num_envs} envs, seed {cfg.seed}, "
+                 f"{r.wall_s:.0f} s, {r.device})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = os.path.abspath(cfg.plot)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Config()
+    p = argparse.ArgumentParser(
+        prog="shmbridge-ppo",
+        description="PPO in PyTorch on the shmbridge cartpole engine (CartPole-v1 dynamics).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--num-envs", type=int, default=d.num_envs, help="parallel environments")
+    p.add_argument("--total-steps", type=int, default=d.total_steps,
+                   help="most environment steps (all envs together)")
+    p.add_argument("--seed", type=int, default=d.seed, help="torch seed and engine seed")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device,
+                   help="learner's torch device; auto: cuda if available (the engine's "
+                        "tensors are host memory either way)")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="torch CPU threads (the engine process takes a core too); 0: torch's default")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false",
+                   help="keep the learning rate constant (default: linear decay to 0 over --total-steps)")
+    p.add_argument("--num-steps", type=int, default=d.num_steps, help="rollout length per env")
+    p.add_argument("--update-epochs", "--epochs", type=int, default=d.update_epochs,
+                   help="passes over each rollout")
+    p.add_argument("--num-minibatches", "--minibatches", type=int, default=d.num_minibatches)
+    p.add_argument("--gamma", type=float, default=d.gamma)
+    p.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
+    p.add_argument("--clip-coef", "--clip", type=float, default=d.clip_coef)
+    p.add_argument("--ent-coef", type=float, default=d.ent_coef)
+    p.add_argument("--vf-coef", type=float, default=d.vf_coef)
+    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    p.add_argument("--no-bootstrap-truncated", dest="bootstrap_truncated", action="store_false",
+                   help="treat time-limit truncation as termination (CleanRL); default: "
+                        "bootstrap from V(last observation before truncation)")
+    p.add_argument("--target-return", type=float, default=d.target_return,
+                   help="stop once the mean return of the last 100 episodes reaches this; "
+                        "a negative value: never stop early")
+    p.add_argument("--blocking", action="store_true",
+                   help="client and engine sleep on the futex instead of spinning first")
+    p.add_argument("--plot", default=d.plot, help="learning-curve PNG ('' for none)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = _parser().parse_args(argv)
+    cfg = Config(**{k: v for k, v in vars(a).items()})
+    if cfg.target_return is not None and cfg.target_return < 0:
+        cfg.target_return = None
+    if not cfg.plot:
+        cfg.plot = None
+    try:
+        r = train(cfg)
+    except ValueError as e:
+        print(f"shmbridge-ppo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shmbridge-ppo: interrupted", file=sys.stderr)
+        return 130
+    if r.plot:
+        print(f"learning curve: {r.plot}")
+    if cfg.target_return is not None:
+        how = "reached" if r.reached_target else "not reached"
+        print(f"target {cfg.target_return:g} {how} after {r.env_steps:,} env steps")
+    print(r.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
