@@ -18,7 +18,7 @@ LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --locked --release --lib sync::loom_tests
 
 echo "== Python package: build, install, pytest"
-ensure_venv ".[test]"
+ensure_venv ".[test,bench]"
 .venv/bin/python -m pytest -q tests/python
 
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"

@@ -1,0 +1,8 @@
+"""``python -m shmbridge.bench {step,peers} [--quick] ...``"""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""What every benchmark shares: workloads, statistics, markdown, the machine's description,
+and the server side of a peer (a spawned process with a control pipe)."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# How long a client waits for one round trip before it calls the peer stuck, and for a
+# server to come up. Generous: the machine may be busy; nothing here should ever hang.
+STEP_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0
+# Empty polls between two looks at the clock (client busy-waits) or at the control pipe
+# (busy-polling servers, so that an idle server stops spinning promptly).
+POLL_CHECK_EVERY = 1 << 14
+SERVER_CHECK_EVERY = 1 << 10
+
+
+def pattern(seq: int, index: int) -> int:
+    """The `null` engine's observation value for flat element `index` of frame `seq`
+    (src/envs/null.rs): every peer server writes the same values."""
+    return (seq * 2_654_435_761 + index) & 0xFFFFFF
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One lock-step exchange: `num_envs` observations of `obs_shape` (per env) and
+    `act_dim` f32 actions per env, plus f32 rewards and bool terminated/truncated."""
+
+    key: str
+    label: str
+    num_envs: int
+    obs_shape: Tuple[int, ...]
+    obs_dtype: str  # "float32" or "uint8"
+    act_dim: int
+
+    @property
+    def obs_size(self) -> int:
+        return self.num_envs * math.prod(self.obs_shape)
+
+    @property
+    def obs_nbytes(self) -> int:
+        return self.obs_size * np.dtype(self.obs_dtype).itemsize
+
+    @property
+    def act_size(self) -> int:
+        return self.num_envs * self.act_dim
+
+    @property
+    def image(self) -> bool:
+        return self.obs_dtype == "uint8"
+
+    def obs_value(self, seq: int, index: int) -> int:
+        v = pattern(seq, index)
+        return v & 0xFF if self.image else v
+
+    def shmbridge_kwargs(self) -> Dict[str, Any]:
+        """Arguments of `shmbridge.launch("null", ...)` for this workload (sparse: the
+        engine writes the first and last element of each tensor, O(1) work per step)."""
+        if self.image:
+            h, w, c = self.obs_shape
+            return dict(num_envs=self.num_envs, obs_dim=1, act_dim=self.act_dim,
+                        sparse=True, image=f"{h}x{w}x{c}")
+        (obs_dim,) = self.obs_shape
+        return dict(num_envs=self.num_envs, obs_dim=obs_dim, act_dim=self.act_dim, sparse=True)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(key=self.key, label=self.label, num_envs=self.num_envs,
+                    obs_shape=list(self.obs_shape), obs_dtype=self.obs_dtype,
+                    act_dim=self.act_dim)
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "Workload":
+        return Workload(d["key"], d["label"], d["num_envs"], tuple(d["obs_shape"]),
+                        d["obs_dtype"], d["act_dim"])
+
+
+OBS_64B = Workload("64B", "obs 64 B (16×1 f32)", 16, (1,), "float32", 1)
+OBS_4096X100 = Workload("4096x100", "obs 4096×100 f32, actions 4096×12", 4096, (100,), "float32", 12)
+IMAGES = Workload("images", "images 64×84×84×3 u8, actions 64×12", 64, (84, 84, 3), "uint8", 12)
+WORKLOADS = {w.key: w for w in (OBS_64B, OBS_4096X100, IMAGES)}
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics and formatting
+
+
+@dataclass
+class Stats:
+    n: int
+    median_ns: float
+    p99_ns: float
+    mean_ns: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return 1e9 / self.mean_ns if self.mean_ns > 0 else float("inf")
+
+    @staticmethod
+    def of(samples: Sequence[int]) -> "Stats":
+        a = np.asarray(samples, dtype=np.float64)
+        if a.size == 0:
+            raise ValueError("no samples")
+        return Stats(int(a.size), float(np.median(a)), float(np.percentile(a, 99)), float(a.mean()))
+
+    def to_dict(self) -> Dict[str, float]:
+        return dict(n=self.n, median_ns=self.median_ns, p99_ns=self.p99_ns,
+                    mean_ns=self.mean_ns, steps_per_s=self.steps_per_s)
+
+
+def fmt_time(ns: float) -> str:
+    """A duration with three significant digits and a unit that fits."""
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.3g} µs"
+    if ns < 1e9:
+        return f"{ns / 1e6:.3g} ms"
+    return f"{ns / 1e9:.3g} s"
+
+
+def fmt_us(ns: float) -> str:
+    us = ns / 1e3
+    if us >= 100:
+        return f"{us:,.0f}"
+    if us >= 10:
+        return f"{us:.1f}"
+    return f"{us:.2f}"
+
+
+def fmt_rate(per_s: float) -> str:
+    if per_s >= 100:
+        return f"{per_s:,.0f}"
+    return f"{per_s:.3g}"
+
+
+def fmt_ratio(r: float) -> str:
+    if r >= 100:
+        return f"{r:,.0f}×"
+    if r >= 10:
+        return f"{r:.1f}×"
+    return f"{r:.2f}×"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
+    """`align`: one character per column, 'l' or 'r'."""
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# The machine
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(mod: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version(mod)
+    except Exception:  # noqa: BLE001 - not installed, or no metadata
+        return None
+
+
+def machine_description() -> Dict[str, Any]:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (float("nan"),) * 3
+    try:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem_gib = float("nan")
+    pkgs = {}
+    for name in ("shmbridge", "numpy", "grpcio", "protobuf", "iceoryx2", "gymnasium"):
+        v = _version(name)
+        if v:
+            pkgs[name] = v
+    return dict(
+        cpu=_cpu_model(),
+        cores=os.cpu_count(),
+        usable_cores=usable,
+        memory_gib=round(mem_gib, 1),
+        kernel=f"{platform.system()} {platform.release()}",
+        python=f"{platform.python_implementation()} {platform.python_version()}",
+        packages=pkgs,
+        load_average=[round(x, 2) for x in load],
+        date=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    )
+
+
+def busy_warning(m: Dict[str, Any]) -> Optional[str]:
+    """A warning when other work ran as the benchmark started: spinning transports (both
+    shmbridge's spin policy and the busy-polling peers) then measure the scheduler."""
+    load1, cores = m["load_average"][0], m["usable_cores"] or 1
+    if load1 == load1 and load1 > max(0.5, 0.25 * cores):  # not NaN, and busy
+        return (f"**Warning:** load average {load1} on {cores} usable cores as the run started: "
+                "other work was running. Spinning transports need a free core per side; "
+                "these figures then measure the scheduler as much as the transport.")
+    return None
+
+
+def machine_lines(m: Dict[str, Any]) -> List[str]:
+    pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    return [
+        f"- Machine: {m['cpu']}, {m['cores']} logical cores ({m['usable_cores']} usable), "
+        f"{m['memory_gib']} GiB; {m['kernel']}",
+        f"- Software: {m['python']}; {pk}",
+        f"- Load average at start: {', '.join(str(x) for x in m['load_average'])}; date {m['date']}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# Peer servers: spawned processes, one control pipe each.
+#
+# The server function runs as `target(ctl, *args)` in a fresh interpreter (spawn). It
+# sends ("ready", info) once it serves, then obeys the commands on `ctl`. Servers that
+# busy-poll (iceoryx2, the floor) do so only between "run" and the next command, so an
+# idle one sleeps in `ctl.recv()` and leaves the CPU to whoever is being measured.
+
+
+def _server_entry(target: Callable[..., None], ctl: Any, args: Tuple[Any, ...]) -> None:
+    try:
+        target(ctl, *args)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the bench went away
+    except BaseException:  # noqa: BLE001 - reported to the bench, which raises it
+        try:
+            ctl.send(("error", traceback.format_exc()))
+        except Exception:  # noqa: BLE001
+            pass
+        sys.exit(1)
+
+
+class PeerError(RuntimeError):
+    """A peer failed to start or stopped answering."""
+
+
+class ServerProcess:
+    """A peer's server in a spawned process, with a control pipe."""
+
+    def __init__(self, target: Callable[..., None], *args: Any, name: str = "peer-server",
+                 extra_pipe: bool = False):
+        ctx = mp.get_context("spawn")
+        self.ctl, child_ctl = ctx.Pipe()
+        self.data = None
+        child_data = None
+        if extra_pipe:
+            self.data, child_data = ctx.Pipe()
+            args = (child_data,) + args
+        self.proc = ctx.Process(target=_server_entry, args=(target, child_ctl, args),
+                                name=name, daemon=True)
+        self.proc.start()
+        child_ctl.close()
+        if child_data is not None:
+            child_data.close()
+        self.name = name
+        self.info: Any = None
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self.ctl.poll(0.05):
+            if not self.proc.is_alive():
+                raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} before it was ready")
+            if time.monotonic() > deadline:
+                raise PeerError(f"{self.name}: server not ready after {timeout} s")
+        try:
+            msg = self.ctl.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} before it was ready") from None
+        if msg[0] == "error":
+            raise PeerError(f"{self.name}: server failed:\n{msg[1]}")
+        self.info = msg[1]
+        return self.info
+
+    def send(self, cmd: str) -> None:
+        self.ctl.send(cmd)
+
+    def run(self) -> None:
+        """A busy-polling server starts polling its transport."""
+        self.ctl.send("run")
+
+    def idle(self, timeout: float = START_TIMEOUT_S) -> None:
+        """A busy-polling server stops polling; returns once it has (so that it spins no
+        more while the next transport is measured)."""
+        self.ctl.send("idle")
+        deadline = time.monotonic() + timeout
+        while not self.ctl.poll(0.05):
+            if not self.proc.is_alive():
+                raise PeerError(f"{self.name}: server died (exit status {self.proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise PeerError(f"{self.name}: server did not go idle within {timeout} s")
+        msg = self.ctl.recv()
+        if msg[0] == "error":
+            raise PeerError(f"{self.name}: server failed:\n{msg[1]}")
+
+    def check_alive(self) -> None:
+        if self.ctl.poll():
+            try:
+                msg = self.ctl.recv()
+            except EOFError:
+                msg = None
+            if isinstance(msg, tuple) and msg and msg[0] == "error":
+                raise PeerError(f"{self.name}: server failed:\n{msg[1]}")
+        if not self.proc.is_alive():
+            raise PeerError(f"{self.name}: server died (exit status {self.proc.exitcode})")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        try:
+            self.ctl.send("stop")
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.ctl.close()
+        if self.data is not None:
+            self.data.close()
+
+
+def busy_server_loop(ctl: Any, active: Callable[[], None]) -> None:
+    """The control loop of a busy-polling server: sleeps in `ctl.recv()` until "run",
+    then calls `active()`, which polls its transport until `ctl.poll()` says a command
+    is waiting (it looks every SERVER_CHECK_EVERY empty polls); "idle" is acknowledged
+    once polling has stopped; "stop" (or the bench closing the pipe) ends it."""
+    while True:
+        cmd = ctl.recv()
+        if cmd == "stop":
+            return
+        if cmd == "run":
+            active()
+        elif cmd == "idle":
+            ctl.send(("idle", None))
+
+
+class Peer:
+    """The client side of one transport for one workload. The bench calls `launch()` on
+    every peer of a workload (spawning servers, which then start in parallel), `start()`
+    (wait for the server, connect), then per block `begin()`, `run(n, out)`, `end()`,
+    `check()`, and finally `close()`.
+
+    `run` times each round trip on its own with `time.perf_counter_ns` and appends the
+    nanoseconds to `out`. A round trip: write this step's action, send, wait for the
+    frame, touch the first and last element of each tensor received (observations,
+    rewards, terminated, truncated)."""
+
+    key = "?"
+    label = "?"
+    needs: Tuple[str, ...] = ()  # Python packages the transport needs
+    slow = False  # gets fewer steps (time-capped blocks)
+
+    def __init__(self, wl: Workload):
+        self.wl = wl
+        self.k = 0  # steps sent so far
+        self.server: Optional[ServerProcess] = None
+
+    def launch(self) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def run(self, n: int, out: List[int]) -> None:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raises if the last frame received was not the answer to the last action."""
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def _stalled(self, t0_ns: int) -> None:
+        """Called from a busy-wait every POLL_CHECK_EVERY polls."""
+        if self.server is not None:
+            self.server.check_alive()
+        if time.perf_counter_ns() - t0_ns > STEP_TIMEOUT_S * 1e9:
+            raise PeerError(f"{self.label}: no answer within {STEP_TIMEOUT_S} s")
+
+
+def action_value(k: int) -> float:
+    """The action the client sends at step `k` (exact in f32); servers echo it as
+    rewards[0], which `check()` verifies."""
+    return float(k & 0xFFFFF)
