@@ -41,6 +41,36 @@ def test_zero_copy_numpy_address_is_the_mapped_address(null_client):
         assert np.asarray(t).ctypes.data == t.data_ptr
 
 
+def _shared_mappings(name: str):
+    """(start, end) of this process's mappings of /dev/shm/<name>."""
+    spans = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if line.rstrip().endswith(f"/dev/shm/{name}"):
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                spans.append((start, end))
+    return spans
+
+
+def test_data_ptr_lies_in_a_mapping_of_the_region(null_client):
+    # data_ptr is an address inside a MAP_SHARED mapping of the region's file: the views
+    # above are the shared bytes themselves.
+    c = null_client
+    spans = _shared_mappings(c.name)
+    assert spans, "the region is not mapped"
+    for t in c.tensors:
+        assert any(start <= t.data_ptr and t.data_ptr + t.nbytes <= end for start, end in spans), t.name
+
+
+def test_zero_copy_jax_buffer_is_the_mapped_address(null_client):
+    jax = pytest.importorskip("jax")
+    c = null_client
+    for t in c.tensors:
+        view = jax.dlpack.from_dlpack(t)
+        assert view.unsafe_buffer_pointer() == t.data_ptr, t.name
+        assert tuple(view.shape) == t.shape
+
+
 def test_array_protocol(null_client):
     c = null_client
     view = np.asarray(c.obs)
