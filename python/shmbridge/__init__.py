@@ -13,6 +13,8 @@
 ``attach(name)`` joins an engine started elsewhere (``shmbridge engine`` prints its name).
 A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 ``examples/python_engine.py``.
+``shmbridge.gym.ShmVectorEnv`` is a Gymnasium vector env over a client; ``import shmbridge``
+registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 """
 
 from __future__ import annotations
@@ -181,3 +183,10 @@ def launch(
     client._adopt_engine(proc, on_close)
     return client
 
+
+# Gymnasium: after `import shmbridge`, `gymnasium.make_vec("shmbridge/CartPole-v1",
+# num_envs=N)` makes a `shmbridge.gym.ShmVectorEnv`. Registered without importing
+# gymnasium here (it may be absent, and costs ~0.2 s): see `_gym_registration`.
+from . import _gym_registration
+
+_gym_registration.install()

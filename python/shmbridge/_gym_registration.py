@@ -1,0 +1,91 @@
+"""Registers shmbridge's environments with Gymnasium, without importing Gymnasium.
+
+``import shmbridge`` calls :func:`install`: if Gymnasium is already imported the ids are
+registered at once; otherwise a one-shot import hook registers them right after
+Gymnasium's own import finishes. So ``gymnasium.make_vec("shmbridge/CartPole-v1")`` works
+after ``import shmbridge`` in either order, while ``import shmbridge`` stays free of
+Gymnasium's import time (about 0.2 s; the engine processes that ``launch`` starts import
+the package too) and works where Gymnasium is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Dict, Optional
+
+#: Gymnasium id -> arguments of ``gymnasium.register`` (besides the entry point).
+ENVS: Dict[str, Dict[str, Any]] = {
+    "shmbridge/CartPole-v1": {
+        "kwargs": {"env": "cartpole"},
+        "max_episode_steps": 500,
+        "reward_threshold": 475.0,
+    },
+}
+
+VECTOR_ENTRY_POINT = "shmbridge.gym:ShmVectorEnv"
+
+
+def register_envs() -> None:
+    """Registers every id of :data:`ENVS` that Gymnasium does not know yet."""
+    import gymnasium
+
+    for env_id, args in ENVS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, vector_entry_point=VECTOR_ENTRY_POINT, **args)
+
+
+def _register_quietly() -> None:
+    try:
+        register_envs()
+    except Exception as e:  # noqa: BLE001 - never break the user's `import gymnasium`
+        warnings.warn(f"shmbridge: could not register its Gymnasium environments: {e!r}", stacklevel=2)
+
+
+class _RegisterAfterGymnasiumImport:
+    """A ``sys.meta_path`` finder that finds nothing itself: for ``gymnasium`` it asks the
+    other finders for the spec and wraps its loader's ``exec_module`` so that the ids are
+    registered once the module has executed; then it removes itself."""
+
+    def __init__(self) -> None:
+        self._finding = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
+        if fullname != "gymnasium" or self._finding:
+            return None
+        import importlib.util
+
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return None  # let the import machinery proceed (and report) as usual
+
+        def exec_module_then_register(module: Any) -> None:
+            exec_module(module)
+            self.uninstall()
+            _register_quietly()
+
+        try:
+            loader.exec_module = exec_module_then_register  # type: ignore[union-attr]
+        except (AttributeError, TypeError):
+            return None
+        return spec
+
+    def uninstall(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def install() -> None:
+    """Registers now if Gymnasium is imported, else once it is."""
+    if sys.modules.get("gymnasium") is not None:
+        _register_quietly()
+    elif not any(isinstance(f, _RegisterAfterGymnasiumImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterGymnasiumImport())
