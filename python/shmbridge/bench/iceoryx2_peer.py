@@ -88,6 +88,27 @@ def _fill(wl: Workload, f: Any, req: Any) -> None:
     tr[0] = tr[wl.num_envs - 1] = False
 
 
+def _serve_polling(ctl: Any, receive: Any, answer: Any) -> None:
+    """Busy-polls `receive()` (as iceoryx2's latency benchmarks do) and answers each
+    message, checking the control pipe every SERVER_CHECK_EVERY empty polls."""
+
+    def active() -> None:
+        poll = ctl.poll
+        idle = 0
+        while True:
+            message = receive()
+            if message is None:
+                idle += 1
+                if idle >= SERVER_CHECK_EVERY:
+                    idle = 0
+                    if poll():
+                        return
+                continue
+            answer(message)
+
+    busy_server_loop(ctl, active)
+
+
 def serve_rr(ctl: Any, wl_dict: dict, service: str) -> None:
     wl = Workload.from_dict(wl_dict)
     iox2, node = _node()
@@ -96,24 +117,13 @@ def serve_rr(ctl: Any, wl_dict: dict, service: str) -> None:
     server = svc.server_builder().create()
     ctl.send(("ready", None))
 
-    def active() -> None:
-        receive, poll = server.receive, ctl.poll
-        idle = 0
-        while True:
-            active_request = receive()
-            if active_request is None:
-                idle += 1
-                if idle >= SERVER_CHECK_EVERY:
-                    idle = 0
-                    if poll():
-                        return
-                continue
-            response = active_request.loan_uninit()
-            _fill(wl, response.payload().contents, active_request.payload().contents)
-            response.assume_init().send()
-            active_request.delete()
+    def answer(active_request: Any) -> None:
+        response = active_request.loan_uninit()
+        _fill(wl, response.payload().contents, active_request.payload().contents)
+        response.assume_init().send()
+        active_request.delete()
 
-    busy_server_loop(ctl, active)
+    _serve_polling(ctl, server.receive, answer)
     server.delete()
 
 
@@ -127,24 +137,13 @@ def serve_ps(ctl: Any, wl_dict: dict, service: str) -> None:
     publisher = frames.publisher_builder().create()
     ctl.send(("ready", None))
 
-    def active() -> None:
-        receive, poll = subscriber.receive, ctl.poll
-        idle = 0
-        while True:
-            sample = receive()
-            if sample is None:
-                idle += 1
-                if idle >= SERVER_CHECK_EVERY:
-                    idle = 0
-                    if poll():
-                        return
-                continue
-            out = publisher.loan_uninit()
-            _fill(wl, out.payload().contents, sample.payload().contents)
-            out.assume_init().send()
-            sample.delete()
+    def answer(sample: Any) -> None:
+        out = publisher.loan_uninit()
+        _fill(wl, out.payload().contents, sample.payload().contents)
+        out.assume_init().send()
+        sample.delete()
 
-    busy_server_loop(ctl, active)
+    _serve_polling(ctl, subscriber.receive, answer)
     subscriber.delete()
     publisher.delete()
 
