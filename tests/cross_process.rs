@@ -132,15 +132,27 @@ fn cartpole_engine_steps_resets_and_is_seeded() {
         let term = io.read::<u8>("terminated").unwrap();
         let trunc = io.read::<u8>("truncated").unwrap();
         let obs = io.read::<f32>("obs").unwrap();
+        let last = io.read::<f32>("final_obs").unwrap();
         for i in 0..16 {
             assert_eq!(rewards[i], 1.0);
             assert_eq!(trunc[i], 0);
+            let row = i * 4..i * 4 + 4;
             if term[i] == 1 {
                 ended[i] = true;
                 assert!(
-                    obs[i * 4..i * 4 + 4].iter().all(|v| v.abs() <= 0.05),
+                    obs[row.clone()].iter().all(|v| v.abs() <= 0.05),
                     "autoreset"
                 );
+                // final_obs keeps the terminal state: the cart past 2.4 or the pole
+                // past 12 degrees.
+                let (x, theta) = (last[i * 4], last[i * 4 + 2]);
+                assert!(
+                    x.abs() > 2.4 || theta.abs() > 0.2094,
+                    "final_obs {:?}",
+                    &last[row]
+                );
+            } else {
+                assert_eq!(obs[row.clone()], last[row], "final_obs of a running env");
             }
         }
     }

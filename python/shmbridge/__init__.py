@@ -93,6 +93,10 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
         proc.wait()
 
 
+# The options of `python -m shmbridge._engine` that launch() passes through.
+_ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
+
+
 def launch(
     env: str = "cartpole",
     num_envs: int = 256,
@@ -111,6 +115,12 @@ def launch(
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm.
     """
+    unknown = sorted(set(engine_args) - _ENGINE_ARGS)
+    if unknown:
+        raise TypeError(
+            f"launch() got unknown engine options {unknown}; "
+            f"the reference engines take {sorted(_ENGINE_ARGS)}"
+        )
     if device not in ("auto", "cpu"):
         raise ValueError(f"device {device!r}: this version serves host tensors only ('auto' or 'cpu')")
     args = [sys.executable, "-m", "shmbridge._engine", "--env", str(env), "--num-envs", str(int(num_envs))]

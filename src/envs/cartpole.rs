@@ -12,13 +12,17 @@
 //! frame holds the new episode's first observation along with the finished step's reward
 //! and flags. `reset_mask[i]` set: env i is reset before the step and its frame holds the
 //! reset observation, reward 0 and no flags (the action is ignored).
+//!
+//! `final_obs [N, 4] f32` holds what each env's step produced before any autoreset: the
+//! same as `obs` except for the envs that finished this step, where it is the episode's
+//! last observation (Gymnasium's `final_obs`), for bootstrapping truncated episodes.
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg32;
 
 use crate::engine::EngineSpec;
 use crate::error::Result;
-use crate::layout::DType;
+use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
 use super::VecEnv;
@@ -107,10 +111,14 @@ impl CartPole {
 
     fn write_obs(&self, obs: &mut [f32]) {
         for (o, s) in obs.chunks_exact_mut(4).zip(&self.state) {
-            for k in 0..4 {
-                o[k] = s[k] as f32;
-            }
+            write_state(o, s);
         }
+    }
+}
+
+fn write_state(out: &mut [f32], state: &[f64; 4]) {
+    for (o, s) in out.iter_mut().zip(state) {
+        *o = *s as f32;
     }
 }
 
@@ -129,10 +137,18 @@ impl VecEnv for CartPole {
             .metadata("observation_high", &join(high))
             .metadata("action_space", "discrete:2")
             .metadata("max_episode_steps", &MAX_STEPS.to_string())
+            .metadata("final_obs", "final_obs")
+            .tensor(
+                "final_obs",
+                DType::F32,
+                &[self.num_envs as u64, 4],
+                Direction::EngineToClient,
+            )
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
         self.write_obs(io.write::<f32>("obs")?);
+        self.write_obs(io.write::<f32>("final_obs")?);
         Ok(())
     }
 
@@ -142,24 +158,30 @@ impl VecEnv for CartPole {
         let rewards = io.write::<f32>("rewards")?;
         let terminated = io.write::<u8>("terminated")?;
         let truncated = io.write::<u8>("truncated")?;
+        let final_obs = io.write::<f32>("final_obs")?;
         for i in 0..self.num_envs as usize {
             if reset_mask[i] != 0 {
                 self.reset_one(i);
                 rewards[i] = 0.0;
                 terminated[i] = 0;
                 truncated[i] = 0;
-                continue;
+            } else {
+                self.state[i] = dynamics_with(self.state[i], actions[i] != 0, self.length);
+                self.steps[i] += 1;
+                let term = is_terminal(&self.state[i]);
+                let trunc = self.steps[i] >= MAX_STEPS;
+                rewards[i] = 1.0;
+                terminated[i] = term as u8;
+                truncated[i] = trunc as u8;
+                // What the step produced, before the autoreset below replaces it: the
+                // learner bootstraps a truncated episode from this.
+                write_state(&mut final_obs[4 * i..4 * i + 4], &self.state[i]);
+                if term || trunc {
+                    self.reset_one(i);
+                    continue;
+                }
             }
-            self.state[i] = dynamics_with(self.state[i], actions[i] != 0, self.length);
-            self.steps[i] += 1;
-            let term = is_terminal(&self.state[i]);
-            let trunc = self.steps[i] >= MAX_STEPS;
-            rewards[i] = 1.0;
-            terminated[i] = term as u8;
-            truncated[i] = trunc as u8;
-            if term || trunc {
-                self.reset_one(i);
-            }
+            write_state(&mut final_obs[4 * i..4 * i + 4], &self.state[i]);
         }
         self.write_obs(io.write::<f32>("obs")?);
         Ok(())
@@ -194,6 +216,7 @@ impl CommandHandler for CartPole {
             self.reset_one(i as usize);
         }
         self.write_obs(io.write::<f32>("obs").map_err(CommandError::engine)?);
+        self.write_obs(io.write::<f32>("final_obs").map_err(CommandError::engine)?);
         Ok(())
     }
 

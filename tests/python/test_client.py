@@ -323,6 +323,13 @@ def test_close_from_another_thread_ends_a_step_in_progress():
         assert c.closed
 
 
+def test_launch_refuses_unknown_engine_options_before_starting_anything():
+    before = set(shmbridge.list_regions())
+    with pytest.raises(TypeError, match=r"unknown engine options \['sed'\]"):
+        shmbridge.launch("cartpole", num_envs=4, sed=1)
+    assert set(shmbridge.list_regions()) == before
+
+
 def test_launch_failure_carries_engine_stderr():
     with pytest.raises(shmbridge.EngineStartError, match="unknown env 'nosuchenv'"):
         shmbridge.launch("nosuchenv", num_envs=4, timeout=20)
