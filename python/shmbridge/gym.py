@@ -18,9 +18,19 @@ Semantics, where they differ from or refine Gymnasium's:
   ``metadata["autoreset_mode"]``. The ``cartpole`` engine resets a finished env in the
   same step (:attr:`AutoresetMode.SAME_STEP`): the observation returned for an env whose
   ``terminated`` or ``truncated`` flag is set is already the first observation of its
-  next episode. **The final observation of the finished episode is not available**: the
-  engine does not keep it, so ``infos`` has no ``"final_obs"``/``"final_info"``
-  (bootstrap a truncated episode's value from the observation before, or not at all).
+  next episode. The finished episode's last observation comes in ``infos``, as
+  Gymnasium's own SAME_STEP vector envs (``SyncVectorEnv``) give it, when the engine
+  serves it (metadata ``final_obs``: the name of an engine→client tensor of the
+  observations' dtype and shape holding each env's state before any autoreset, as
+  ``cartpole`` does): in a step where some env ``i`` finished, ``infos["final_obs"]`` is
+  an object array of ``num_envs`` entries, ``None`` except a copy (a fresh array, never a
+  view of the shared memory, also with ``copy=False``) of env ``i``'s last observation,
+  ``infos["_final_obs"]`` the bool mask ``terminated | truncated``, ``infos["final_info"]``
+  ``{}`` (the engine has no per-env infos) and ``infos["_final_info"]`` the same mask; in
+  a step where none finished ``infos`` is ``{}``. Bootstrap a truncated episode's value
+  from ``infos["final_obs"][i]``. An engine without that metadata (or with another
+  autoreset mode) gives ``infos == {}`` always: the final observation is then not
+  available (bootstrap from the observation before it, or not at all).
   An engine that declares no mode (the ``null`` engine, or an engine of your own without
   that metadata) is taken as :attr:`AutoresetMode.DISABLED`: the safe assumption, since
   resetting finished envs yourself with ``reset(options={"reset_mask": done})`` is right
@@ -31,7 +41,8 @@ Semantics, where they differ from or refine Gymnasium's:
   objects every call, overwritten in place by the next ``step``/``reset``: zero copies,
   for loops that consume each frame before stepping again.
 * **dtypes** are the engine's: ``cartpole`` gives float32 observations and rewards, bool
-  flags. ``infos`` is always an empty dict.
+  flags. ``infos`` is an empty dict but for the final observations (above); ``reset``
+  always returns ``{}``.
 * **Seeding**: ``reset(seed=s)`` seeds env ``i`` with ``s + i`` and ``reset(seed=[s0,
   s1, ...])`` env ``i`` with ``s_i``, as Gymnasium's vector envs do (``None`` entries: that
   env keeps its generator); the random generators live in the engine. ``reset()`` without
@@ -266,6 +277,26 @@ class ShmVectorEnv(VectorEnv):
         if self._actions_view.shape != tuple(act_t["shape"]):
             raise ValueError(f"actions tensor has shape {self._actions_view.shape}, schema says {act_t['shape']}")
 
+        # The finished episodes' last observations (metadata `final_obs` names the tensor):
+        # returned in `infos` only under same-step autoreset, as Gymnasium's vector envs do.
+        self._final_view: Optional[np.ndarray] = None
+        final_name = meta.get("final_obs")
+        if final_name is not None and autoreset is AutoresetMode.SAME_STEP:
+            final_t = tensors.get(final_name)
+            if final_t is None:
+                raise ValueError(f"engine metadata final_obs={final_name!r} names no tensor of the engine")
+            if (final_t["dtype"], tuple(final_t["shape"]), final_t["direction"]) != (
+                obs_t["dtype"], tuple(obs_t["shape"]), obs_t["direction"]
+            ):
+                raise ValueError(
+                    f"engine metadata final_obs={final_name!r}: that tensor is {final_t['dtype']} "
+                    f"{tuple(final_t['shape'])} {final_t['direction']}, the observations "
+                    f"{obs_t['dtype']} {tuple(obs_t['shape'])} {obs_t['direction']}"
+                )
+            view = np.asarray(client[final_name])
+            view.flags.writeable = False
+            self._final_view = view
+
     # --- properties ----------------------------------------------------------------------
 
     @property
@@ -410,11 +441,35 @@ class ShmVectorEnv(VectorEnv):
             raise ValueError(f"actions are not in {self.action_space}")
         return cast
 
+    def _final_infos(self) -> Dict[str, Any]:
+        """``infos`` of the frame just stepped: ``{}``, or the finished envs' final
+        observations laid out as ``SyncVectorEnv`` (SAME_STEP) lays them out through
+        ``VectorEnv._add_info``: ``final_obs`` an object array (``None`` or a copy of the
+        env's last observation), ``final_info`` a dict (here empty: no per-env infos),
+        each with its ``_``-prefixed bool mask."""
+        if self._final_view is None:
+            return {}
+        done = np.logical_or(self._views["terminated"], self._views["truncated"])
+        ids = np.flatnonzero(done)
+        if ids.size == 0:
+            return {}
+        final_obs = np.full(self.num_envs, fill_value=None, dtype=object)
+        for i in ids:
+            final_obs[i] = np.array(self._final_view[i])  # a copy, not a view of the region
+        return {
+            "final_obs": final_obs,
+            "_final_obs": done,
+            "final_info": {},
+            "_final_info": done.copy(),
+        }
+
     def step(
         self, actions: Any
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Dict[str, Any]]:
         """Sends ``actions`` (validated first: ValueError, nothing sent) and returns
-        ``(obs, rewards, terminated, truncated, {})`` of the engine's next frame."""
+        ``(obs, rewards, terminated, truncated, infos)`` of the engine's next frame;
+        ``infos`` is ``{}`` unless the engine serves final observations and some env
+        finished (see the module's docstring)."""
         client = self._live_client()
         valid = self._validate(actions)
         self._actions_view[...] = valid
@@ -424,7 +479,7 @@ class ShmVectorEnv(VectorEnv):
             self._out("rewards"),
             self._out("terminated"),
             self._out("truncated"),
-            {},
+            self._final_infos(),
         )
 
     # --- the rest ------------------------------------------------------------------------

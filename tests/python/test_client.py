@@ -327,7 +327,7 @@ def test_launch_refuses_unknown_engine_options_before_starting_anything():
     before = set(shmbridge.list_regions())
     with pytest.raises(TypeError, match=r"unknown engine options \['sed'\]"):
         shmbridge.launch("cartpole", num_envs=4, sed=1)
-    assert set(shmbridge.list_regions()) == before
+    assert not set(shmbridge.list_regions()) - before
 
 
 def test_launch_failure_carries_engine_stderr():

@@ -18,11 +18,18 @@ gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces  # noqa: E402
 from gymnasium.utils import env_checker, passive_env_checker  # noqa: E402
 from gymnasium.vector import AutoresetMode  # noqa: E402
-from gymnasium.wrappers.vector import RecordEpisodeStatistics  # noqa: E402
+from gymnasium.wrappers.vector import (  # noqa: E402
+    ClipReward,
+    DictInfoToList,
+    NormalizeReward,
+    RecordEpisodeStatistics,
+)
 
 from shmbridge.gym import ShmVectorEnv  # noqa: E402
 
 ENV_ID = "shmbridge/CartPole-v1"
+# The infos of a SAME_STEP SyncVectorEnv step in which some env finished, in its order.
+FINAL_KEYS = ["final_obs", "_final_obs", "final_info", "_final_info"]
 
 
 @pytest.fixture
@@ -123,7 +130,11 @@ def test_make_vec_spaces_and_dtypes_match_gymnasium_cartpole():
             assert rewards.dtype == np.float32 and rewards.shape == (8,)
             assert terminated.dtype == np.bool_ and terminated.shape == (8,)
             assert truncated.dtype == np.bool_ and truncated.shape == (8,)
-            assert info == {}
+            done = terminated | truncated
+            if done.any():  # the structure in detail: test_step_infos_are_gymnasiums_same_step_infos
+                assert list(info) == FINAL_KEYS and np.array_equal(info["_final_obs"], done)
+            else:
+                assert info == {}
     finally:
         env.close()
         ref.close()
@@ -378,15 +389,19 @@ def test_actions_in_every_accepted_form_reach_the_engine(envs):
 # --- dynamics and statistics against Gymnasium's CartPole-v1 -------------------------------
 
 def test_dynamics_agree_with_gymnasium_cartpole_step_by_step():
-    """For every env that did not finish this step, Gymnasium's CartPole-v1 started from the
-    previous observation and given the same action reaches the same observation.
+    """For every env, Gymnasium's CartPole-v1 started from the previous observation and given
+    the same action reaches the same state: the observation returned for an env that did
+    not finish this step, ``infos["final_obs"][i]`` for one that did (its returned
+    observation being the new episode's first).
 
     Tolerance: the engine integrates in f64 from its own f64 state and rounds the result to
     f32; the reference starts from the f32-rounded observation (relative error <= 2^-24,
     |state| < ~3 here, so < 2e-7) and one Euler step scales that by at most 1 + tau * 15
     (d theta_acc / d theta ~ g / (4/3 l) = 14.7), then both round to f32. The differences
     are therefore below ~5e-7 (measured: 2.4e-7); atol = rtol = 1e-6 leaves a factor ~2-4
-    and still catches any change of constants or integrator (those differ by >= 1e-4)."""
+    and still catches any change of constants or integrator (those differ by >= 1e-4).
+    The final observations are the same kind of step (the terminal states are a little
+    larger: |theta_dot| up to ~3.5), so the same tolerance applies."""
     n, steps = 64, 300
     env = ShmVectorEnv(num_envs=n)
     ref = gym.make("CartPole-v1").unwrapped
@@ -398,7 +413,7 @@ def test_dynamics_agree_with_gymnasium_cartpole_step_by_step():
         obs, _ = env.reset(seed=2024)
         for _ in range(steps):
             actions = rng.integers(0, 2, size=n)
-            new_obs, rewards, terminated, truncated, _ = env.step(actions)
+            new_obs, rewards, terminated, truncated, infos = env.step(actions)
             episode_steps += 1
             assert (rewards == 1.0).all()
             assert np.array_equal(truncated, episode_steps >= 500)
@@ -413,6 +428,16 @@ def test_dynamics_agree_with_gymnasium_cartpole_step_by_step():
             # Same-step autoreset: a finished env shows its new episode's first observation.
             assert (np.abs(new_obs[done]) < 0.05).all()
             np.testing.assert_allclose(new_obs[~done], ref_obs[~done], rtol=1e-6, atol=1e-6)
+            # ... and infos its finished episode's last observation: Gymnasium's step.
+            if done.any():
+                assert np.array_equal(infos["_final_obs"], done)
+                assert all(infos["final_obs"][i] is None for i in np.flatnonzero(~done))
+                final = np.stack(list(infos["final_obs"][done]))
+                assert final.dtype == np.float32
+                np.testing.assert_allclose(final, ref_obs[done], rtol=1e-6, atol=1e-6)
+                assert (np.abs(final) >= 0.05).any(axis=1).all(), "terminal states, not resets"
+            else:
+                assert infos == {}
             finished += int(done.sum())
             compared += int((~done).sum())
             episode_steps[done] = 0
@@ -425,17 +450,30 @@ def test_dynamics_agree_with_gymnasium_cartpole_step_by_step():
 def test_truncation_at_500_steps_with_a_balancing_policy():
     """A policy that keeps the pole up (push towards the side the pole falls to) lasts the
     whole 500 steps from every start: the engine then truncates, as Gymnasium's
-    CartPole-v1 (TimeLimit 500) does, and resets in the same step."""
+    CartPole-v1 (TimeLimit 500) does, and resets in the same step; ``infos["final_obs"]``
+    holds the 500th state (Gymnasium's step from the 499th: what a truncated episode's
+    value is bootstrapped from)."""
     n = 16
     env = ShmVectorEnv(num_envs=n)
+    ref = gym.make("CartPole-v1").unwrapped
+    ref.reset(seed=0)
     try:
         obs, _ = env.reset(seed=0)
         for t in range(1, 501):
             actions = (10 * obs[:, 2] + 2 * obs[:, 3] > 0).astype(np.int64)
-            obs, rewards, terminated, truncated, _ = env.step(actions)
+            before = obs
+            obs, rewards, terminated, truncated, infos = env.step(actions)
             assert not terminated.any(), t
             assert truncated.all() == (t == 500) and truncated.any() == (t == 500), t
+            assert (infos != {}) == (t == 500), t
         assert (np.abs(obs) < 0.05).all()  # new episodes
+        assert list(infos) == FINAL_KEYS and infos["_final_obs"].all() and infos["_final_info"].all()
+        for i in range(n):
+            ref.state = before[i].astype(np.float64)
+            ref.steps_beyond_terminated = None
+            expected, *_ = ref.step(int(actions[i]))
+            np.testing.assert_allclose(infos["final_obs"][i], expected, rtol=1e-6, atol=1e-6)
+        assert not np.allclose(np.stack(list(infos["final_obs"])), obs, atol=1e-3)
     finally:
         env.close()
     # The same policy under Gymnasium's CartPole-v1 also lasts exactly 500 steps.
@@ -483,6 +521,180 @@ def test_random_policy_episode_statistics_match_gymnasium():
     # The spread agrees too. The lengths have kurtosis ~9, so the ratio of the standard
     # deviations has SE ~ sqrt(2 (k - 1) / (4 n)) ~ 0.03: 15 % is 5 SE.
     assert abs(ours_l.std() / ref_l.std() - 1) < 0.15, (ours_l.std(), ref_l.std())
+
+
+# --- final observations in infos (SAME_STEP, engine metadata final_obs) ---------------------
+
+def _structure(value):
+    """What of an ``infos`` value does not depend on the episodes: keys (in order), types,
+    dtypes, shapes; for an object array, the set of its non-None entries' (dtype, shape)."""
+    if isinstance(value, dict):
+        return [(k, _structure(v)) for k, v in value.items()]
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            entries = {(e.dtype.str, e.shape) if isinstance(e, np.ndarray) else type(e).__name__
+                       for e in value if e is not None}
+            return ("ndarray", "object", value.shape, sorted(entries))
+        return ("ndarray", value.dtype.str, value.shape)
+    return type(value).__name__
+
+
+def _check_final_infos(infos, done, what):
+    """``infos`` is SAME_STEP SyncVectorEnv's for a step where ``done`` envs finished."""
+    if not done.any():
+        assert infos == {}, what
+        return
+    assert list(infos) == FINAL_KEYS, what
+    assert infos["_final_obs"].dtype == np.bool_ and np.array_equal(infos["_final_obs"], done), what
+    assert infos["_final_info"].dtype == np.bool_ and np.array_equal(infos["_final_info"], done), what
+    assert infos["_final_info"] is not infos["_final_obs"], what
+    assert infos["final_info"] == {}, what  # CartPole-v1's step infos are empty
+    final = infos["final_obs"]
+    assert final.dtype == object and final.shape == done.shape, what
+    for i, d in enumerate(done):
+        if d:
+            assert isinstance(final[i], np.ndarray), what
+            assert final[i].dtype == np.float32 and final[i].shape == (4,), what
+        else:
+            assert final[i] is None, what
+
+
+def test_step_infos_are_gymnasiums_same_step_infos():
+    """A seeded random policy, the same actions to ShmVectorEnv and to Gymnasium's own
+    SyncVectorEnv(autoreset_mode=SAME_STEP) of CartPole-v1: every step's infos have the
+    same structure (keys in order, dtypes, shapes, masks = terminated | truncated, None for
+    the envs that did not finish), and ours are exactly what Gymnasium's ``_add_info``
+    (what SyncVectorEnv.step calls) makes of the same final observations."""
+    n, steps = 16, 200
+    ours = ShmVectorEnv(num_envs=n)
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1") for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    rng = np.random.default_rng(5)
+    both = several = 0
+    try:
+        assert ours.reset(seed=7)[1] == {} and ref.reset(seed=7)[1] == {}
+        for t in range(steps):
+            actions = rng.integers(0, 2, size=n)
+            _, _, term, trunc, infos = ours.step(actions)
+            _, _, ref_term, ref_trunc, ref_infos = ref.step(actions)
+            _check_final_infos(infos, term | trunc, f"ours, step {t}")
+            _check_final_infos(ref_infos, ref_term | ref_trunc, f"gymnasium's, step {t}")
+            if infos and ref_infos:
+                assert _structure(infos) == _structure(ref_infos), t
+                both += 1
+            if infos:
+                several += int(infos["_final_obs"].sum() > 1)
+                expected = {}
+                for i in np.flatnonzero(infos["_final_obs"]):
+                    expected = ours._add_info(
+                        expected, {"final_obs": infos["final_obs"][i].copy(), "final_info": {}}, i
+                    )
+                assert _structure(expected) == _structure(infos)
+                assert np.array_equal(expected["_final_obs"], infos["_final_obs"])
+                assert all(
+                    (a is None and b is None) or np.array_equal(a, b)
+                    for a, b in zip(expected["final_obs"], infos["final_obs"])
+                )
+    finally:
+        ours.close()
+        ref.close()
+    assert both > 40 and several > 5, (both, several)  # the test saw those cases
+
+
+def test_final_observations_are_copies_that_the_next_step_leaves_alone():
+    env = ShmVectorEnv(num_envs=8, seed=3, copy=False)
+    region = np.asarray(env.client["final_obs"])
+    rng = np.random.default_rng(0)
+    try:
+        env.reset()
+        kept = []
+        for _ in range(60):
+            obs, _, term, trunc, infos = env.step(rng.integers(0, 2, size=8))
+            for i in np.flatnonzero(term | trunc):
+                final = infos["final_obs"][i]
+                assert not np.shares_memory(final, region) and not np.shares_memory(final, obs)
+                assert final.flags.writeable and final.flags.owndata
+                kept.append((final, final.copy()))
+        assert len(kept) >= 10
+        assert all(np.array_equal(a, b) for a, b in kept), "later steps changed a final obs"
+    finally:
+        env.close()
+
+
+def test_gymnasium_wrappers_see_the_final_infos_as_syncvectorenvs():
+    """RecordEpisodeStatistics, DictInfoToList and the reward wrappers pass the final
+    infos on (the episode statistics are added next to them) for ShmVectorEnv exactly as
+    for Gymnasium's SyncVectorEnv. (Gymnasium's vectorised observation wrappers refuse
+    SAME_STEP envs, SyncVectorEnv too, so they do not apply.)"""
+    n, steps = 8, 60
+
+    def run(env):
+        env = DictInfoToList(ClipReward(NormalizeReward(RecordEpisodeStatistics(env)), -5.0, 5.0))
+        rng = np.random.default_rng(3)
+        env.reset(seed=1)
+        keys = []
+        for _ in range(steps):
+            _, _, term, trunc, infos = env.step(rng.integers(0, 2, size=n))
+            assert isinstance(infos, list) and len(infos) == n
+            for i, info in enumerate(infos):
+                if term[i] or trunc[i]:
+                    assert set(info) == {"final_obs", "final_info", "episode"}, info
+                    assert info["final_obs"].dtype == np.float32 and info["final_obs"].shape == (4,)
+                    assert info["episode"]["l"] == info["episode"]["r"] > 0
+                    keys.append(tuple(info))
+                else:
+                    assert info == {}
+        env.close()
+        return keys
+
+    ours = run(ShmVectorEnv(num_envs=n))
+    theirs = run(gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1") for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+    ))
+    assert len(ours) > 10 and len(theirs) > 10
+    assert set(ours) == set(theirs) and len(set(ours)) == 1
+
+
+class _EditedSchema:
+    """A client whose schema metadata is edited (``None`` deletes a key); the rest is the
+    real client's."""
+
+    def __init__(self, client, **edits):
+        self._client, self._edits = client, edits
+
+    def schema(self, *args):
+        schema = self._client.schema(*args)
+        meta = {k: v for k, v in schema["metadata"].items() if self._edits.get(k, "") is not None}
+        meta.update({k: v for k, v in self._edits.items() if v is not None})
+        return {**schema, "metadata": meta}
+
+    def __getitem__(self, name):
+        return self._client[name]
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_without_final_obs_metadata_infos_stay_empty():
+    with shmbridge.launch("cartpole", num_envs=8, seed=2) as client:
+        for edits in ({"final_obs": None}, {"autoreset_mode": "disabled"}):
+            env = ShmVectorEnv(client=_EditedSchema(client, **edits))
+            env.reset(seed=0)
+            finished = 0
+            for _ in range(40):
+                _, _, term, trunc, infos = env.step(np.ones(8, dtype=np.int64))
+                assert infos == {}, edits
+                finished += int((term | trunc).sum())
+            assert finished > 0
+            env.close()
+
+
+@pytest.mark.parametrize("name", ["no_such_tensor", "rewards", "actions"])
+def test_final_obs_metadata_must_name_an_observation_like_tensor(name):
+    with shmbridge.launch("cartpole", num_envs=4, seed=2) as client:
+        with pytest.raises(ValueError, match="final_obs"):
+            ShmVectorEnv(client=_EditedSchema(client, final_obs=name))
 
 
 # --- ownership, close, errors --------------------------------------------------------------

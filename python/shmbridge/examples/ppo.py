@@ -7,6 +7,11 @@ The engine (Gymnasium CartPole-v1 dynamics, ``--num-envs`` environments) runs in
 process started by :func:`shmbridge.launch`. The learner reads observations, rewards and
 the terminated/truncated flags through zero-copy ``torch.from_dlpack`` views of the
 shared memory, created once, and writes its actions into the action tensor in place.
+The engine resets finished environments in the same step; an episode cut by the 500-step
+time limit is bootstrapped from the value of its last observation, which the engine serves
+in its ``final_obs`` tensor (read through another such view; Stable-Baselines3's PPO
+does the same with the terminal observation in ``infos``). With an engine that has no
+``final_obs``, the value of the observation before it stands in for it.
 Training stops when the mean return of the last 100 finished episodes reaches
 ``--target-return`` (475, the CartPole-v1 "solved" threshold; the maximum is 500) or after
 ``--total-steps`` environment steps. A learning curve (mean return of the last 100
@@ -46,7 +51,7 @@ class Config:
     ent_coef: float = 0.0
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
-    bootstrap_truncated: bool = True
+    bootstrap_truncated: bool = True  # truncated episodes: reward += gamma * V(final obs)
     target_return: Optional[float] = 475.0  # None: run all total_steps
     window: int = 100  # episodes in the running mean
     seed: int = 1
@@ -109,6 +114,33 @@ def _agent(obs_dim: int, num_actions: int):
             return self.critic(x).squeeze(-1)
 
     return Agent()
+
+
+def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value_fn, gamma: float) -> None:
+    """Bootstraps the episodes cut by the time limit this step, in place: for each env
+    ``e`` with ``truncated[e]`` and not ``terminated[e]``, ``rewards[e] += gamma *
+    V(final_obs[e])``, its episode's last observation. Such an episode did not end in the
+    MDP, its return goes on; the step is still marked done, so GAE stops there.
+
+    ``rewards`` (n,) and ``values`` (n,: V of the observations this step's actions were
+    chosen on) are on the learner's device; ``terminated``, ``truncated`` (n,) bool and
+    ``final_obs`` (n, obs_dim) are the engine's (host) tensors, read before the next step
+    (the boolean index copies the rows concerned out of ``final_obs``). ``final_obs`` is
+    ``None`` for an engine without it: ``values[e]`` then stands in for V(final
+    observation), the observation one step before it (the pole is upright near a 500-step
+    truncation, so the two are close): an approximation.
+    """
+    import torch
+
+    cut = truncated & ~terminated
+    if not cut.any():
+        return
+    cut_dev = cut.to(rewards.device)
+    if final_obs is not None:
+        with torch.no_grad():
+            rewards[cut_dev] += gamma * value_fn(final_obs[cut].to(rewards.device))
+    else:
+        rewards += gamma * values * cut_dev
 
 
 def _resolve_device(name: str) -> str:
@@ -178,6 +210,9 @@ def train(cfg: Config, log=print) -> Result:
         term_view = torch.from_dlpack(client.terminated)  # (n,) bool
         trunc_view = torch.from_dlpack(client.truncated)  # (n,) bool
         assert obs_view.data_ptr() == client.obs.data_ptr  # a view, not a copy
+        # (n, 4) float32: each env's state before the engine's autoreset, i.e. the last
+        # observation of an episode that ended this step. None: an engine without it.
+        final_view = torch.from_dlpack(client["final_obs"]) if "final_obs" in client else None
 
         bar = tqdm(total=num_updates * batch, unit="step", unit_scale=True,
                    disable=not cfg.progress, dynamic_ncols=True, desc="PPO cartpole")
@@ -203,17 +238,13 @@ def train(cfg: Config, log=print) -> Result:
                     done = term_view | trunc_view  # a new tensor, not a view
                     done_buf[t].copy_(done)
                     # Same-step autoreset: obs_view already holds the reset observation
-                    # of the envs that ended, and the terminal observation is gone. A
-                    # truncated (time-limit) episode should bootstrap from V(terminal
-                    # obs); lacking it, we use V(obs the last action was chosen on), which
-                    # is one step away from it (the pole is upright near a 500-step
-                    # truncation, so the two are close). This is an approximation. With
-                    # --no-bootstrap-truncated, truncation is treated as termination, as
-                    # CleanRL's ppo.py does.
+                    # of the envs that ended; final_view their last one, until the next
+                    # step. Time-limit truncations are bootstrapped from it (GAE then
+                    # treats the step as final). With --no-bootstrap-truncated, truncation
+                    # is treated as termination, as CleanRL's ppo.py does.
                     if cfg.bootstrap_truncated:
-                        cut = trunc_view & ~term_view
-                        if cut.any():
-                            rew_buf[t] += cfg.gamma * val_buf[t] * cut.to(device)
+                        bootstrap_truncated(rew_buf[t], val_buf[t], term_view, trunc_view,
+                                            final_view, agent.value, cfg.gamma)
 
                     ep_return += rew_view
                     if done.any():
@@ -344,8 +375,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vf-coef", type=float, default=d.vf_coef)
     p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
     p.add_argument("--no-bootstrap-truncated", dest="bootstrap_truncated", action="store_false",
-                   help="treat time-limit truncation as termination (CleanRL); default: "
-                        "bootstrap from V(last observation before truncation)")
+                   help="treat time-limit truncation as termination (CleanRL); default: bootstrap "
+                        "from V(the episode's final observation, the engine's final_obs)")
     p.add_argument("--target-return", type=float, default=d.target_return,
                    help="stop once the mean return of the last 100 episodes reaches this; "
                         "a negative value: never stop early")
