@@ -68,7 +68,8 @@ fn ping_hello_schema_close() {
                     "rewards",
                     "terminated",
                     "truncated",
-                    "reset_mask"
+                    "reset_mask",
+                    "final_obs"
                 ]
             );
             assert_eq!(tensors[0].shape, vec![8, 4]);
