@@ -13,6 +13,11 @@ use crate::sync::{self, Doorbell, SharedSeq, WaitPolicy};
 use crate::tensor::{Element, Tensors};
 use crate::wire::{Body, Envelope, Kind, Method};
 
+/// Consulted by a client's waits on their slow path (every sleep slice, about 10 ms):
+/// an error stops the wait and is returned. The Python package checks for signals here,
+/// so Ctrl-C interrupts a command waiting for its reply.
+pub type Interrupt = std::sync::Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
 /// How to attach.
 #[derive(Debug, Clone, Copy)]
 pub struct AttachOptions {
@@ -57,6 +62,8 @@ pub struct Client {
     rx: Vec<u8>,
     /// Reused for every request, so a warm call allocates no builder.
     tx: flatbuffers::FlatBufferBuilder<'static>,
+    /// See [`Client::set_interrupt`].
+    interrupt: Option<Interrupt>,
 }
 
 impl std::fmt::Debug for Client {
@@ -140,6 +147,7 @@ impl Client {
             next_id: (u64::from(me) << 32) | 1,
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
+            interrupt: None,
         };
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
@@ -201,6 +209,15 @@ impl Client {
         self.region.name()
     }
 
+    /// Sets (or clears) a hook every wait of this client consults on its slow path: a
+    /// wait that has spun and yielded without result calls it at each sleep slice
+    /// (about every 10 ms), and stops with its error. A call interrupted so abandons its
+    /// reply (a late one is dropped by id); an interrupted step may be finished with
+    /// [`Client::wait_frame`]. The fast path never calls it.
+    pub fn set_interrupt(&mut self, interrupt: Option<Interrupt>) {
+        self.interrupt = interrupt;
+    }
+
     /// The validated tensor table and engine identity.
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -249,6 +266,9 @@ impl Client {
     }
 
     fn check_engine(&self) -> Result<()> {
+        if let Some(interrupt) = &self.interrupt {
+            interrupt()?;
+        }
         if self.engine_state() == state::CLOSED {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }

@@ -131,6 +131,10 @@ pub enum Error {
     #[error("this {0} is closed")]
     Closed(Peer),
 
+    /// The caller's interrupt hook stopped a wait (see `Client::set_interrupt`).
+    #[error("the wait was interrupted")]
+    Interrupted,
+
     #[error("{context}: {source}")]
     Io {
         context: String,

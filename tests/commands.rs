@@ -282,6 +282,40 @@ fn late_reply_to_a_timed_out_call_is_dropped() {
 }
 
 #[test]
+fn interrupt_hook_stops_a_waiting_call_and_is_consulted_only_per_sleep_slice() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let engine = EngineProc::start(&["--env", "null", "--num-envs", "1"]);
+    let mut c = attach(&engine);
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = Arc::clone(&calls);
+    // Lets the wait sleep twice, then interrupts it.
+    c.set_interrupt(Some(Arc::new(move || {
+        if seen.fetch_add(1, Ordering::SeqCst) >= 2 {
+            Err(Error::Interrupted)
+        } else {
+            Ok(())
+        }
+    })));
+    signal(engine.pid(), Signal::STOP);
+    let e = c.ping(b"first", T).unwrap_err();
+    assert!(matches!(e, Error::Interrupted), "{e}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    signal(engine.pid(), Signal::CONT);
+    calls.store(0, Ordering::SeqCst);
+    // The late reply to "first" is dropped; "second" gets its own. The hook runs at
+    // sleep slices only, not per spin: at most about once per wait here (a wait reaches
+    // a slice only if the machine descheduled the engine).
+    assert_eq!(c.ping(b"second", T).unwrap(), b"second");
+    for _ in 0..100 {
+        c.step(T).unwrap();
+    }
+    assert!(calls.load(Ordering::SeqCst) <= 101);
+    c.set_interrupt(None);
+    c.step(T).unwrap();
+}
+
+#[test]
 fn malformed_request_is_refused_before_sending() {
     let engine = EngineProc::start(&["--env", "cartpole", "--num-envs", "4"]);
     let mut c = attach(&engine);

@@ -1,7 +1,7 @@
 """Exceptions raised by shmbridge, one class per variant of the Rust ``shmbridge::Error``.
 
 Every exception carries the Rust message, which says what went wrong and what to do.
-``shmbridge._native`` raises them by name (see ``error_class`` in ``src/python.rs``).
+``shmbridge._native`` raises them by name (see ``error_class`` in ``src/python/mod.rs``).
 Where a builtin exception fits, the class subclasses it too, so ``except TimeoutError``,
 ``except FileNotFoundError``, ``except KeyError`` ... keep working.
 """
@@ -43,6 +43,7 @@ __all__ = [
     "NoCommandChannelError",
     "RemoteError",
     "OutOfOrderError",
+    "InterruptedError",
     "ClosedError",
     "ShmBridgeOSError",
     "EngineStartError",
@@ -179,6 +180,11 @@ class NoCommandChannelError(ShmBridgeError):
 
 class RemoteError(ShmBridgeError):
     """The engine answered a command with an error (``method``, ``code`` attributes)."""
+
+
+class InterruptedError(ShmBridgeError, builtins.InterruptedError):  # noqa: A001
+    """A wait was stopped by an interrupt hook (Python raises the signal's own exception,
+    e.g. KeyboardInterrupt, instead; this class is the fallback)."""
 
 
 class OutOfOrderError(ShmBridgeError):

@@ -75,6 +75,7 @@ fn error_class(e: &Error) -> &'static str {
         Error::NoCommandChannel { .. } => "NoCommandChannelError",
         Error::Remote { .. } => "RemoteError",
         Error::OutOfOrder(_) => "OutOfOrderError",
+        Error::Interrupted => "InterruptedError",
         Error::Closed(_) => "ClosedError",
         Error::Io { .. } => "ShmBridgeOSError",
     }
@@ -586,6 +587,36 @@ impl PyClient {
         Ok(())
     }
 
+    /// Runs a command-channel call without the GIL, with Ctrl-C checked at every sleep
+    /// slice of its waits (about every 10 ms): a signal's exception (KeyboardInterrupt)
+    /// stops the call and is raised; the reply, if it comes later, is dropped by id.
+    /// Steps do not use this: their wait is sliced in `step()` itself.
+    fn command<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut Client) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
+        let store = Arc::clone(&raised);
+        client.set_interrupt(Some(Arc::new(move || {
+            Python::attach(|py| py.check_signals()).map_err(|e| {
+                *store.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                Error::Interrupted
+            })
+        })));
+        let out = py.detach(|| call(&mut *client));
+        client.set_interrupt(None);
+        match out {
+            Err(Error::Interrupted) => {
+                let raised = raised.lock().unwrap_or_else(|p| p.into_inner()).take();
+                Err(raised.unwrap_or_else(|| to_pyerr(py, Error::Interrupted)))
+            }
+            other => other.map_err(|e| to_pyerr(py, e)),
+        }
+    }
+
     fn run_on_close(&self, py: Python<'_>) -> PyResult<()> {
         let hook = self
             .on_close
@@ -760,10 +791,9 @@ impl PyClient {
             },
         };
         let timeout = duration(timeout, "timeout")?;
-        let mut core = self.lock()?;
-        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        py.detach(|| client.reset(env_ids.as_deref(), &seeds, timeout))
-            .map_err(|e| to_pyerr(py, e))
+        self.command(py, |client| {
+            client.reset(env_ids.as_deref(), &seeds, timeout)
+        })
     }
 
     /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
@@ -786,15 +816,11 @@ impl PyClient {
         }
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;
-        let mut core = self.lock()?;
-        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        let reply = py
-            .detach(|| {
-                let args: Vec<(&str, &str)> =
-                    args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                client.call_method(method, &args, &payload, timeout)
-            })
-            .map_err(|e| to_pyerr(py, e))?;
+        let reply = self.command(py, |client| {
+            let args: Vec<(&str, &str)> =
+                args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            client.call_method(method, &args, &payload, timeout)
+        })?;
         let out = PyDict::new(py);
         for (k, v) in reply.args {
             out.set_item(k, v)?;
@@ -811,11 +837,7 @@ impl PyClient {
     #[pyo3(signature = (timeout=10.0))]
     fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
         let timeout = duration(timeout, "timeout")?;
-        let mut core = self.lock()?;
-        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        let body = py
-            .detach(|| client.schema(timeout))
-            .map_err(|e| to_pyerr(py, e))?;
+        let body = self.command(py, |client| client.schema(timeout))?;
         let crate::wire::Body::Schema {
             num_envs,
             engine_kind,
@@ -859,11 +881,7 @@ impl PyClient {
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;
-        let mut core = self.lock()?;
-        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        let back = py
-            .detach(|| client.ping(&payload, timeout))
-            .map_err(|e| to_pyerr(py, e))?;
+        let back = self.command(py, |client| client.ping(&payload, timeout))?;
         Ok(pyo3::types::PyBytes::new(py, &back))
     }
 
@@ -1173,6 +1191,7 @@ fn _error_classes() -> Vec<&'static str> {
             message: String::new(),
         },
         Error::OutOfOrder(""),
+        Error::Interrupted,
         Error::Closed(Peer::Client),
         Error::Io {
             context: String::new(),

@@ -311,6 +311,36 @@ def test_ctrl_c_during_a_long_wait_raises_keyboard_interrupt():
         c.close()
 
 
+def test_ctrl_c_during_a_command_raises_keyboard_interrupt():
+    # An engine that answers commands only when the test lets it.
+    spec = shmbridge.EngineSpec.standard("slow", 2, obs_dim=1, act_dim=1)
+    with shmbridge.Engine(spec) as engine:
+        engine.publish()
+        with shmbridge.attach(engine.name) as c:
+            main = threading.main_thread().ident
+            t = _when_busy(c, lambda: signal.pthread_kill(main, signal.SIGINT))
+            # A long timeout: a missed signal fails as TimeoutError instead of hanging.
+            with pytest.raises(KeyboardInterrupt):
+                c.ping(b"abandoned", timeout=60)
+            t.join()
+            assert engine.poll_commands() == 1  # the abandoned ping, answered late
+            done = threading.Event()
+            answered = []
+
+            def serve():
+                while not done.is_set():
+                    answered.append(engine.poll_commands())
+
+            server = threading.Thread(target=serve)
+            server.start()
+            try:
+                # The late reply is dropped by id; this call gets its own.
+                assert c.ping(b"next", timeout=30) == b"next"
+            finally:
+                done.set()
+                server.join()
+
+
 def test_close_from_another_thread_ends_a_step_in_progress():
     # An engine that never answers: frame 0 published, no wait_actions().
     spec = shmbridge.EngineSpec.standard("silent", 2, obs_dim=1, act_dim=1)
