@@ -245,16 +245,18 @@ impl DlpackExporter for PyTensor {
 
 #[pymethods]
 impl PyTensor {
-    /// A DLPack capsule viewing the tensor's bytes in shared memory (never a copy).
+    /// A DLPack capsule viewing the tensor's bytes in shared memory. `copy=True` (the
+    /// consumer asks the producer for a copy, e.g. `numpy.from_dlpack(t, copy=True)`)
+    /// exports a fresh NumPy copy instead; `copy=None`/`False` never copies.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         stream: Option<Bound<'py, PyAny>>,
         max_version: Option<(u32, u32)>,
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
         // For kDLCPU the standard says `stream` must be None (a consumer may pass -1).
         if let Some(s) = &stream {
             if !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
@@ -263,8 +265,16 @@ impl PyTensor {
                 ));
             }
         }
+        if copy == Some(true) {
+            let np = py.import("numpy")?;
+            let owned = np.call_method1("from_dlpack", (slf,))?.call_method0("copy")?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("max_version", max_version)?;
+            kwargs.set_item("dl_device", dl_device)?;
+            return Ok(owned.call_method("__dlpack__", (), Some(&kwargs))?.unbind());
+        }
         let request = ExportRequest::parse(None, max_version, dl_device, copy)?;
-        dlpark::python::export_dlpack(self, py, request)
+        dlpark::python::export_dlpack(slf.get(), py, request)
     }
 
     fn __dlpack_device__(&self) -> (u32, i32) {

@@ -71,6 +71,21 @@ def test_zero_copy_jax_buffer_is_the_mapped_address(null_client):
         assert tuple(view.shape) == t.shape
 
 
+def test_copy_keyword_of_dlpack(null_client):
+    c = null_client
+    c.step()
+    shared = np.from_dlpack(c.obs, copy=False)
+    assert shared.ctypes.data == c.obs.data_ptr
+    owned = np.from_dlpack(c.obs, copy=True)  # the producer copies: another address
+    assert owned.ctypes.data != c.obs.data_ptr
+    np.testing.assert_array_equal(owned, shared)
+    c.step()  # the copy keeps frame 1; the view follows the region
+    np.testing.assert_array_equal(shared, pattern(2, np.arange(shared.size)).reshape(shared.shape))
+    np.testing.assert_array_equal(owned, pattern(1, np.arange(owned.size)).reshape(owned.shape))
+    with pytest.raises(BufferError):
+        c.obs.__dlpack__(dl_device=(2, 0))  # to CUDA: no silent transfer
+
+
 def test_array_protocol(null_client):
     c = null_client
     view = np.asarray(c.obs)
@@ -88,10 +103,8 @@ def test_both_capsule_abis():
         assert "dltensor" in repr(legacy) and "versioned" not in repr(legacy)
         assert "dltensor_versioned" in repr(versioned)
         assert c.obs.__dlpack_device__() == (1, 0)
-        with pytest.raises(BufferError):
-            c.obs.__dlpack__(copy=True)
-        with pytest.raises(BufferError):
-            c.obs.__dlpack__(dl_device=(2, 0))
+        copied = c.obs.__dlpack__(copy=True, max_version=(1, 0))  # a producer copy
+        assert "dltensor_versioned" in repr(copied)
         assert c.obs.__dlpack__(dl_device=(1, 0), copy=False) is not None
 
 
