@@ -135,6 +135,23 @@ pub enum Error {
     #[error("the wait was interrupted")]
     Interrupted,
 
+    /// A CUDA path was asked for where CUDA cannot be used: a build without the `cuda`
+    /// feature, no loadable driver (`libcuda.so`), no device, or a driver call that failed
+    /// while probing. `reason` says which.
+    #[error("CUDA is unavailable: {reason}")]
+    CudaUnavailable { reason: String },
+
+    /// A CUDA driver call failed after the driver was found usable.
+    #[error("CUDA call {call} failed: {detail}")]
+    Cuda { call: &'static str, detail: String },
+
+    /// A host view (slice, address) of a tensor whose bytes are not in the region.
+    #[error("tensor '{tensor}' lives on {location}, not in host memory: use its device view")]
+    NotOnHost {
+        tensor: String,
+        location: &'static str,
+    },
+
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -45,6 +45,9 @@ __all__ = [
     "OutOfOrderError",
     "InterruptedError",
     "ClosedError",
+    "CudaUnavailableError",
+    "CudaError",
+    "NotOnHostError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -193,6 +196,21 @@ class OutOfOrderError(ShmBridgeError):
 
 class ClosedError(ShmBridgeError, ValueError):
     """This client is closed."""
+
+
+# CUDA.
+class CudaUnavailableError(ShmBridgeError, RuntimeError):
+    """CUDA was asked for but cannot be used here (no ``cuda`` feature in this build, no
+    loadable driver, no device); the message says which. ``device="auto"`` falls back to
+    host memory instead of raising this."""
+
+
+class CudaError(ShmBridgeError, RuntimeError):
+    """A CUDA driver call failed (the message names the call and the driver's error)."""
+
+
+class NotOnHostError(ShmBridgeError, TypeError):
+    """A host view was asked of a tensor whose bytes live on a device."""
 
 
 class ShmBridgeOSError(ShmBridgeError, OSError):

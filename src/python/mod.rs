@@ -77,6 +77,9 @@ fn error_class(e: &Error) -> &'static str {
         Error::OutOfOrder(_) => "OutOfOrderError",
         Error::Interrupted => "InterruptedError",
         Error::Closed(_) => "ClosedError",
+        Error::CudaUnavailable { .. } => "CudaUnavailableError",
+        Error::Cuda { .. } => "CudaError",
+        Error::NotOnHost { .. } => "NotOnHostError",
         Error::Io { .. } => "ShmBridgeOSError",
     }
 }
@@ -1203,6 +1206,17 @@ fn _error_classes() -> Vec<&'static str> {
         Error::OutOfOrder(""),
         Error::Interrupted,
         Error::Closed(Peer::Client),
+        Error::CudaUnavailable {
+            reason: String::new(),
+        },
+        Error::Cuda {
+            call: "",
+            detail: String::new(),
+        },
+        Error::NotOnHost {
+            tensor: String::new(),
+            location: "",
+        },
         Error::Io {
             context: String::new(),
             source: io::Error::other("x"),

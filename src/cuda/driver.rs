@@ -1,0 +1,886 @@
+//! The CUDA driver layer: every cudarc call of the crate, and all its CUDA `unsafe`.
+//!
+//! Nothing here calls the driver before [`Driver::get`] succeeded: cudarc (with
+//! `dynamic-loading`) panics on the first `sys::cu*` call when `libcuda.so` or the called
+//! symbol is missing, so the probe first checks that the library loads and that every
+//! symbol this module uses is in it, then runs `cuInit`. Every public entry point takes
+//! a `&Driver` (or an object built from one), so the types enforce "probe first".
+//!
+//! What is here, by side:
+//! - both: [`PrimaryContext`] (the device's primary context, the one PyTorch uses),
+//!   [`Stream`], [`IpcEvent`] (`INTERPROCESS | DISABLE_TIMING`, created or opened);
+//! - engine: [`DeviceAllocation`] (`cuMemAlloc`, never a stream-ordered pool, so
+//!   `cuIpcGetMemHandle` works on its base), exported by [`DeviceAllocation::ipc_handle`];
+//! - client: [`import_memory`] (`cuIpcOpenMemHandle`, once per process, context and
+//!   handle: cached; closed exactly once, when the last user drops it);
+//! - kernels: [`compile`] (NVRTC) and [`Module`]/[`Module::launch`].
+//!
+//! Handles cannot be opened in the process that exported them (the driver refuses); the
+//! cross-process tests live in `tests/cuda.rs` and run only where a GPU is present.
+
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cudarc::driver::sys::{self, CUresult};
+
+use super::CudaInfo;
+use crate::error::{Error, Result};
+
+/// Every driver symbol this module calls (cudarc loads each by exactly this name).
+const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetUuid_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemsetD8_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemGetAddressRange_v2",
+    "cuMemGetInfo_v2",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuIpcGetEventHandle",
+    "cuIpcOpenEventHandle",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamWaitEvent",
+    "cuStreamSynchronize",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+];
+
+/// Every NVRTC symbol cudarc's `compile_ptx_with_opts` calls.
+const NVRTC_SYMBOLS: &[&str] = &[
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetPTXSize",
+    "nvrtcGetPTX",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcDestroyProgram",
+];
+
+/// Proof that the driver was probed and is usable in this process.
+#[derive(Debug)]
+pub struct Driver {
+    info: CudaInfo,
+}
+
+static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
+
+impl Driver {
+    /// The probed driver, or `CudaUnavailable` with the reason. Probes once per process.
+    pub fn get() -> Result<&'static Driver> {
+        let probed = DRIVER.get_or_init(|| {
+            // A last guard: the probe is written not to reach a panicking cudarc path,
+            // but if a driver misbehaves anyway we report it instead of unwinding out.
+            std::panic::catch_unwind(probe_uncached)
+                .unwrap_or_else(|_| Err("the CUDA driver panicked while being probed".into()))
+        });
+        match probed {
+            Ok(d) => Ok(d),
+            Err(reason) => Err(Error::CudaUnavailable {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    pub fn info(&self) -> &CudaInfo {
+        &self.info
+    }
+}
+
+/// The names in `names` that `lookup` does not find.
+fn missing(names: &[&'static str], lookup: impl Fn(&str) -> bool) -> Vec<&'static str> {
+    names.iter().copied().filter(|n| !lookup(n)).collect()
+}
+
+fn probe_uncached() -> std::result::Result<Driver, String> {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(
+            "the CUDA driver library (libcuda.so) cannot be loaded: no NVIDIA \
+                    driver on this machine, or it is not on the loader path"
+                .into(),
+        );
+    }
+    // SAFETY: `is_culib_present` just loaded one of the names `culib` tries, in the same
+    // order, so `culib` finds a library and does not panic.
+    let lib = unsafe { sys::culib() };
+    let absent = missing(DRIVER_SYMBOLS, |n| {
+        // SAFETY: a dlsym lookup only; the pointer is never called or dereferenced.
+        unsafe { lib.get::<*const c_void>(n.as_bytes()) }.is_ok()
+    });
+    if !absent.is_empty() {
+        return Err(format!(
+            "the CUDA driver is too old: it lacks {}",
+            absent.join(", ")
+        ));
+    }
+    // SAFETY (this and the two calls below): the symbols are present (checked above), so
+    // cudarc's loader does not panic; the out-pointers are valid locals.
+    let r = unsafe { sys::cuInit(0) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "cuInit failed with {r:?}: the driver is installed but unusable here (no \
+             device visible, /dev/nvidia* not accessible, or a driver/library mismatch)"
+        ));
+    }
+    let mut version = 0;
+    // SAFETY: see above.
+    let r = unsafe { sys::cuDriverGetVersion(&mut version) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDriverGetVersion failed with {r:?}"));
+    }
+    let mut count = 0;
+    // SAFETY: see above.
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetCount failed with {r:?}"));
+    }
+    if count < 1 {
+        return Err("the CUDA driver sees no device (check CUDA_VISIBLE_DEVICES)".into());
+    }
+    Ok(Driver {
+        info: CudaInfo {
+            driver_version: version,
+            device_count: count,
+        },
+    })
+}
+
+fn check(call: &'static str, r: CUresult) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda {
+            call,
+            detail: format!("{r:?}"),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Contexts, streams, events
+
+/// A retained primary context of one device (the context PyTorch's runtime uses, so
+/// pointers opened here are valid in torch's tensors). Released on drop.
+#[derive(Debug)]
+pub struct PrimaryContext {
+    ordinal: i32,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext is a driver handle usable from any thread (the driver API is
+// thread-safe); we only pass it to the driver.
+unsafe impl Send for PrimaryContext {}
+// SAFETY: as above; no interior state of ours is mutated through `&self`.
+unsafe impl Sync for PrimaryContext {}
+
+impl PrimaryContext {
+    /// Retains device `ordinal`'s primary context and makes it current on this thread.
+    pub fn retain(driver: &Driver, ordinal: i32) -> Result<Arc<PrimaryContext>> {
+        if ordinal < 0 || ordinal >= driver.info.device_count {
+            return Err(Error::CudaUnavailable {
+                reason: format!(
+                    "no CUDA device {ordinal} (this process sees {})",
+                    driver.info.device_count
+                ),
+            });
+        }
+        let mut dev = 0;
+        // SAFETY: the driver was probed (the `&Driver`), the ordinal is in range and the
+        // out-pointer is a valid local.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: as above; `dev` came from cuDeviceGet.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        })?;
+        let c = Arc::new(PrimaryContext { ordinal, dev, ctx });
+        c.bind()?;
+        Ok(c)
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// Makes this context current on the calling thread (driver calls that take no
+    /// context use the current one).
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is a primary context we retained and have not released.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+    }
+
+    /// The device's UUID (stable across processes, unlike ordinals, which depend on
+    /// `CUDA_VISIBLE_DEVICES`).
+    pub fn uuid(&self) -> Result<[u8; 16]> {
+        let mut u = sys::CUuuid_st { bytes: [0; 16] };
+        // SAFETY: valid out-pointer; `dev` is a device handle from cuDeviceGet.
+        check("cuDeviceGetUuid_v2", unsafe {
+            sys::cuDeviceGetUuid_v2(&mut u, self.dev)
+        })?;
+        Ok(u.bytes.map(|b| b as u8))
+    }
+
+    /// (free, total) bytes of device memory, for leak checks.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; our context is current.
+        check("cuMemGetInfo_v2", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free, total))
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `PrimaryContext::retain`, once.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// A CUDA stream: one we created (destroyed on drop), or a borrowed one (a consumer's
+/// stream from DLPack, the legacy or per-thread default stream).
+#[derive(Debug)]
+pub struct Stream {
+    raw: sys::CUstream,
+    owned: bool,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a CUstream is a driver handle usable from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream in `ctx`.
+    pub fn create(ctx: &Arc<PrimaryContext>) -> Result<Stream> {
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; context current. 1 = CU_STREAM_NON_BLOCKING.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, 1)
+        })?;
+        Ok(Stream {
+            raw,
+            owned: true,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// A stream someone else owns, by its handle value (DLPack: 1 = legacy default
+    /// stream, 2 = per-thread default stream, else a `CUstream` pointer; see
+    /// [`super::ConsumerStream`]).
+    ///
+    /// # Safety
+    /// `raw` must be 1, 2, or a live stream of `ctx` that outlives the returned value.
+    pub unsafe fn borrowed(ctx: &Arc<PrimaryContext>, raw: u64) -> Stream {
+        Stream {
+            raw: raw as usize as sys::CUstream,
+            owned: false,
+            ctx: ctx.clone(),
+        }
+    }
+
+    pub fn raw(&self) -> u64 {
+        self.raw as usize as u64
+    }
+
+    /// Makes this stream wait (on the GPU, not the host) for `event`'s last record.
+    pub fn wait(&self, event: &IpcEvent) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: both handles are live (owned by `self`/`event`, or borrowed under the
+        // contract of `borrowed`); flags 0.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(self.raw, event.raw, 0)
+        })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: live stream handle.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.raw)
+        })
+    }
+
+    /// Device-to-device copy of `len` bytes, ordered on this stream.
+    ///
+    /// # Safety
+    /// `dst..dst+len` and `src..src+len` must be device memory valid in this context
+    /// until the copy completes, and not be written by anyone else meanwhile.
+    pub unsafe fn copy_dtod(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the caller's contract.
+        check("cuMemcpyDtoDAsync_v2", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.raw)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.owned && self.ctx.bind().is_ok() {
+            // SAFETY: a stream we created, destroyed once.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        }
+    }
+}
+
+/// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS` (cudarc's safe `event::create`
+/// takes one enum value, so the raw call is used).
+const IPC_EVENT_FLAGS: c_uint = 2 | 4;
+
+/// An interprocess event: created here (and exported with [`IpcEvent::handle`]), or
+/// opened from a peer's handle. Destroyed on drop either way (the driver's rule for
+/// opened events too).
+#[derive(Debug)]
+pub struct IpcEvent {
+    raw: sys::CUevent,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread.
+unsafe impl Send for IpcEvent {}
+// SAFETY: as above.
+unsafe impl Sync for IpcEvent {}
+
+impl IpcEvent {
+    pub fn create(ctx: &Arc<PrimaryContext>) -> Result<IpcEvent> {
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; context current; flags are two defined bits.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, IPC_EVENT_FLAGS)
+        })?;
+        Ok(IpcEvent {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Opens a peer's event. Fails in the process that created it (driver rule).
+    pub fn open(ctx: &Arc<PrimaryContext>, handle: &[u8; 64]) -> Result<IpcEvent> {
+        ctx.bind()?;
+        let h = sys::CUipcEventHandle_st {
+            reserved: handle.map(|b| b as _),
+        };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the handle is passed by value (the driver validates
+        // it and fails on garbage).
+        check("cuIpcOpenEventHandle", unsafe {
+            sys::cuIpcOpenEventHandle(&mut raw, h)
+        })?;
+        Ok(IpcEvent {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The 64-byte handle a peer opens this event with.
+    pub fn handle(&self) -> Result<[u8; 64]> {
+        self.ctx.bind()?;
+        let mut h = sys::CUipcEventHandle_st { reserved: [0; 64] };
+        // SAFETY: valid out-pointer; an event created with INTERPROCESS.
+        check("cuIpcGetEventHandle", unsafe {
+            sys::cuIpcGetEventHandle(&mut h, self.raw)
+        })?;
+        Ok(h.reserved.map(|b| b as u8))
+    }
+
+    /// Records the event after everything queued so far on `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: live event and stream handles.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.raw, stream.raw)
+        })
+    }
+
+    /// Blocks the host until the event's last record completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: live event handle.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.raw)
+        })
+    }
+}
+
+impl Drop for IpcEvent {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: an event created or opened by us, destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Engine: exported allocations
+
+/// Device memory from `cuMemAlloc` (never a stream-ordered pool: IPC handles exist only
+/// for the base of a `cuMemAlloc` allocation). Freed on drop, unless [`leak`]ed.
+///
+/// [`leak`]: DeviceAllocation::leak
+#[derive(Debug)]
+pub struct DeviceAllocation {
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a device pointer is a number the driver interprets; usable from any thread.
+unsafe impl Send for DeviceAllocation {}
+// SAFETY: `&self` methods only read the pointer or hand it to the driver.
+unsafe impl Sync for DeviceAllocation {}
+
+impl DeviceAllocation {
+    /// `size` bytes (≥ 1), zeroed.
+    pub fn new(ctx: &Arc<PrimaryContext>, size: usize) -> Result<DeviceAllocation> {
+        if size == 0 {
+            return Err(Error::InvalidSpec(
+                "a device allocation needs ≥ 1 byte".into(),
+            ));
+        }
+        ctx.bind()?;
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; context current.
+        check("cuMemAlloc_v2", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, size)
+        })?;
+        let a = DeviceAllocation {
+            ptr,
+            size,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: `ptr..ptr+size` was just allocated in the current context.
+        check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(ptr, 0, size) })?;
+        Ok(a)
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The IPC handle of this allocation's base (a peer adds the tensor's offset).
+    pub fn ipc_handle(&self) -> Result<[u8; 64]> {
+        self.ctx.bind()?;
+        let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: valid out-pointer; `ptr` is the base of a live cuMemAlloc allocation.
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut h, self.ptr)
+        })?;
+        Ok(h.reserved.map(|b| b as u8))
+    }
+
+    /// Synchronous host→device copy into `offset..offset+bytes.len()`.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        check_span(offset, bytes.len(), self.size)?;
+        self.ctx.bind()?;
+        // SAFETY: the span lies inside the allocation (checked); `bytes` is valid host
+        // memory of that length.
+        check("cuMemcpyHtoD_v2", unsafe {
+            sys::cuMemcpyHtoD_v2(
+                self.ptr + offset as u64,
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+            )
+        })
+    }
+
+    /// Synchronous device→host copy of `offset..offset+out.len()`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_span(offset, out.len(), self.size)?;
+        read_device(&self.ctx, self.ptr + offset as u64, out)
+    }
+
+    /// Gives the memory up without freeing it (the engine's choice when a client never
+    /// acknowledged closing its handles: freeing could pull memory from under it; the
+    /// driver reclaims it when this process exits).
+    pub fn leak(self) {
+        std::mem::forget(self);
+    }
+}
+
+fn check_span(offset: usize, len: usize, size: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|e| e > size) {
+        return Err(Error::InvalidSpec(format!(
+            "span {offset}+{len} lies outside a {size}-byte device allocation"
+        )));
+    }
+    Ok(())
+}
+
+fn read_device(ctx: &PrimaryContext, src: u64, out: &mut [u8]) -> Result<()> {
+    ctx.bind()?;
+    // SAFETY: callers check that `src..src+out.len()` is inside a live allocation of
+    // this context; `out` is valid writable host memory of that length.
+    check("cuMemcpyDtoH_v2", unsafe {
+        sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, out.len())
+    })
+}
+
+impl Drop for DeviceAllocation {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: a live allocation of ours, freed once.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Client: imported allocations
+
+/// A peer's allocation opened with `cuIpcOpenMemHandle` in a primary context. One per
+/// (device, handle) per process ([`import_memory`] caches them); the handle is closed
+/// when the last `Arc` drops, exactly once.
+#[derive(Debug)]
+pub struct ImportedMemory {
+    base: sys::CUdeviceptr,
+    size: usize,
+    key: (i32, [u8; 64]),
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a device pointer is a number the driver interprets; usable from any thread.
+unsafe impl Send for ImportedMemory {}
+// SAFETY: `&self` methods only read the pointer or hand it to the driver.
+unsafe impl Sync for ImportedMemory {}
+
+type ImportCache = HashMap<(i32, [u8; 64]), Weak<ImportedMemory>>;
+static IMPORTS: Mutex<Option<ImportCache>> = Mutex::new(None);
+static OPENS: AtomicU64 = AtomicU64::new(0);
+static CLOSES: AtomicU64 = AtomicU64::new(0);
+
+fn imports() -> std::sync::MutexGuard<'static, Option<ImportCache>> {
+    // A panic elsewhere while holding the lock leaves a usable map; take it.
+    IMPORTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `(handles opened, handles closed)` by this process so far (for leak tests).
+pub fn import_counts() -> (u64, u64) {
+    (OPENS.load(Ordering::SeqCst), CLOSES.load(Ordering::SeqCst))
+}
+
+/// Opens (or finds already open) the allocation behind `handle` in `ctx`. The size is
+/// the driver's (`cuMemGetAddressRange`), so a peer cannot make us read past it.
+pub fn import_memory(ctx: &Arc<PrimaryContext>, handle: &[u8; 64]) -> Result<Arc<ImportedMemory>> {
+    let key = (ctx.ordinal, *handle);
+    // Held across the open, and by `Drop` across the close: an open never races the
+    // close of the same handle.
+    let mut cache = imports();
+    let map = cache.get_or_insert_with(HashMap::new);
+    if let Some(m) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(m);
+    }
+    ctx.bind()?;
+    let h = sys::CUipcMemHandle_st {
+        reserved: handle.map(|b| b as _),
+    };
+    let mut base = 0;
+    // SAFETY: valid out-pointer; context current; the handle is passed by value and the
+    // driver validates it (garbage fails). 1 = CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
+    check("cuIpcOpenMemHandle_v2", unsafe {
+        sys::cuIpcOpenMemHandle_v2(&mut base, h, 1)
+    })?;
+    OPENS.fetch_add(1, Ordering::SeqCst);
+    let (mut start, mut size) = (0, 0usize);
+    // SAFETY: valid out-pointers; `base` was just mapped in this context.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, base) };
+    let m = Arc::new(ImportedMemory {
+        base,
+        size,
+        key,
+        ctx: ctx.clone(),
+    });
+    if r != CUresult::CUDA_SUCCESS || start != base {
+        drop(cache); // `m`'s drop takes the lock to close the handle
+        drop(m);
+        return Err(Error::Cuda {
+            call: "cuMemGetAddressRange_v2",
+            detail: format!("{r:?} (opened base {base:#x}, range starts at {start:#x})"),
+        });
+    }
+    map.insert(key, Arc::downgrade(&m));
+    Ok(m)
+}
+
+impl ImportedMemory {
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The allocation's size as the driver reports it.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device address of `offset..offset+len`, checked against the allocation.
+    pub fn span(&self, offset: u64, len: u64) -> Result<u64> {
+        if offset.checked_add(len).is_none_or(|e| e > self.size as u64) {
+            return Err(Error::Cuda {
+                call: "import",
+                detail: format!(
+                    "span {offset}+{len} lies outside the peer's {}-byte allocation",
+                    self.size
+                ),
+            });
+        }
+        Ok(self.base + offset)
+    }
+
+    /// Synchronous device→host copy (tests, debugging).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let at = self.span(offset, out.len() as u64)?;
+        read_device(&self.ctx, at, out)
+    }
+}
+
+impl Drop for ImportedMemory {
+    fn drop(&mut self) {
+        let mut cache = imports();
+        if let Some(map) = cache.as_mut() {
+            // Remove our entry unless a newer import already replaced it.
+            if map.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+                map.remove(&self.key);
+            }
+        }
+        if self.ctx.bind().is_ok() {
+            // SAFETY: `base` came from cuIpcOpenMemHandle in this context and is closed
+            // exactly once (here; the Arc ensures a single owner drops it).
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
+            CLOSES.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels: NVRTC and modules
+
+/// Compiles CUDA C to PTX with NVRTC (loaded dynamically; `CudaUnavailable` if absent).
+pub fn compile(_driver: &Driver, name: &str, source: &str, options: &[&str]) -> Result<String> {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::CudaUnavailable {
+            reason: "NVRTC (libnvrtc.so) cannot be loaded: install the CUDA toolkit's \
+                     nvrtc library (e.g. the nvidia-cuda-nvrtc-cu12 wheel) on the loader path"
+                .into(),
+        });
+    }
+    // SAFETY: the library loads (checked above) and `culib` tries the same names.
+    let lib = unsafe { cudarc::nvrtc::sys::culib() };
+    let absent = missing(NVRTC_SYMBOLS, |n| {
+        // SAFETY: a dlsym lookup only; the pointer is never called or dereferenced.
+        unsafe { lib.get::<*const c_void>(n.as_bytes()) }.is_ok()
+    });
+    if !absent.is_empty() {
+        return Err(Error::CudaUnavailable {
+            reason: format!("NVRTC lacks {}", absent.join(", ")),
+        });
+    }
+    if source.contains('\0') || name.contains('\0') {
+        return Err(Error::InvalidSpec(format!(
+            "kernel source '{name}' contains NUL"
+        )));
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        name: Some(name.to_string()),
+        options: options.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let source = source.to_string();
+    // cudarc unwraps the program log on a compile error; guard that path too.
+    let compiled =
+        std::panic::catch_unwind(move || cudarc::nvrtc::compile_ptx_with_opts(source, opts))
+            .map_err(|_| Error::Cuda {
+                call: "nvrtcCompileProgram",
+                detail: format!("NVRTC panicked compiling {name}"),
+            })?;
+    let ptx = compiled.map_err(|e| Error::Cuda {
+        call: "nvrtcCompileProgram",
+        detail: format!("{name}: {e}"),
+    })?;
+    Ok(ptx.to_src())
+}
+
+/// A loaded module (PTX) in a context. Unloaded on drop.
+#[derive(Debug)]
+pub struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a CUmodule is a driver handle usable from any thread.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+/// A kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    U64(u64),
+    I64(i64),
+    U32(u32),
+    F32(f32),
+    F64(f64),
+}
+
+impl Module {
+    pub fn load(ctx: &Arc<PrimaryContext>, ptx: &str) -> Result<Module> {
+        let image =
+            CString::new(ptx).map_err(|_| Error::InvalidSpec("PTX contains a NUL byte".into()))?;
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `image` is a NUL-terminated PTX string that lives
+        // through the call; context current.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const c_void)
+        })?;
+        Ok(Module {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Launches `kernel` over `n` threads (1-D grid, `block` threads per block).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list exactly (types and order), and
+    /// every pointer argument must be device memory valid for what the kernel does with
+    /// it until the launch completes on `stream`.
+    pub unsafe fn launch(
+        &self,
+        kernel: &str,
+        stream: &Stream,
+        n: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let cname = CString::new(kernel)
+            .map_err(|_| Error::InvalidSpec("kernel name contains NUL".into()))?;
+        self.ctx.bind()?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; live module; NUL-terminated name.
+        check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())
+        })?;
+        // Each parameter's value lives in `vals`; `params` points at each one.
+        let mut vals: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(v) | Arg::U64(v) => v.to_ne_bytes(),
+                Arg::I64(v) => v.to_ne_bytes(),
+                Arg::F64(v) => v.to_ne_bytes(),
+                Arg::U32(v) => {
+                    let mut b = [0u8; 8];
+                    b[..4].copy_from_slice(&v.to_ne_bytes());
+                    b
+                }
+                Arg::F32(v) => {
+                    let mut b = [0u8; 8];
+                    b[..4].copy_from_slice(&v.to_ne_bytes());
+                    b
+                }
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut c_void)
+            .collect();
+        let block = block.max(1);
+        let grid = n.div_ceil(block).max(1);
+        // SAFETY: `f` is a function of this module; `params` holds one pointer per
+        // argument, each to 8 bytes that outlive the call (the driver copies them before
+        // returning); the caller guarantees they match the kernel's signature.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                stream.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: a module we loaded, unloaded once.
+            let _ = unsafe { sys::cuModuleUnload(self.raw) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_lists_what_lookup_lacks() {
+        assert_eq!(missing(&["a", "b", "c"], |n| n != "b"), vec!["b"]);
+        assert!(missing(DRIVER_SYMBOLS, |_| true).is_empty());
+    }
+
+    #[test]
+    fn driver_get_is_typed_and_cached() {
+        let a = Driver::get().map(|d| d.info().clone());
+        let b = Driver::get().map(|d| d.info().clone());
+        match (a, b) {
+            (Ok(x), Ok(y)) => assert_eq!(x, y),
+            (
+                Err(Error::CudaUnavailable { reason: r1 }),
+                Err(Error::CudaUnavailable { reason: r2 }),
+            ) => {
+                assert_eq!(r1, r2);
+                eprintln!("CUDA unavailable here: {r1}");
+            }
+            (a, b) => panic!("inconsistent probes: {a:?} / {b:?}"),
+        }
+    }
+
+    #[test]
+    fn spans_are_checked() {
+        assert!(check_span(0, 10, 10).is_ok());
+        assert!(check_span(1, 10, 10).is_err());
+        assert!(check_span(usize::MAX, 2, 10).is_err());
+    }
+}
