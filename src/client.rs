@@ -92,6 +92,24 @@ impl Client {
                 hint: "the region it left was removed; start the engine again",
             }
         };
+        if let Some(t) = layout.tensors.iter().find(|t| t.cuda.is_some()) {
+            // Without the feature, or without a usable driver: CudaUnavailable with that
+            // reason. With both, the import path (src/cuda/driver.rs) is not wired into
+            // the client yet, so refuse rather than hand out host views of device bytes.
+            crate::cuda::probe().map_err(|e| match e {
+                Error::CudaUnavailable { reason } => Error::CudaUnavailable {
+                    reason: format!("tensor '{}' lives on CUDA: {reason}", t.name),
+                },
+                e => e,
+            })?;
+            return Err(Error::CudaUnavailable {
+                reason: format!(
+                    "tensor '{}' lives on CUDA, and this client cannot import CUDA \
+                     tensors yet (protocol 1.2 draft)",
+                    t.name
+                ),
+            });
+        }
         if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
             return Err(engine_dead(&region));
         }

@@ -133,6 +133,16 @@ impl Engine {
     pub fn create(spec: EngineSpec) -> Result<Engine> {
         let builder =
             HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
+        if builder.cuda_alloc.is_some() {
+            // Protocol 1.2 describes CUDA tensors and `src/cuda/driver.rs` has the
+            // allocation/export pieces, but the engine does not serve them yet.
+            crate::cuda::probe()?;
+            return Err(Error::CudaUnavailable {
+                reason: "CUDA tensors are not served by the engine yet (protocol 1.2 \
+                         draft: allocation and export are not wired into Engine)"
+                    .into(),
+            });
+        }
         let _ = region::sweep();
         let name = match &spec.name {
             Some(n) => region::canonical_name(n)?,
@@ -153,6 +163,7 @@ impl Engine {
             engine_kind: spec.kind.clone(),
             tensors: builder.tensors,
             rings: builder.rings,
+            engine_event_handle: None,
         };
         Ok(Engine {
             region,

@@ -14,8 +14,9 @@ use crate::error::{Error, Result};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMBRIDG");
 pub const VERSION_MAJOR: u16 = 1;
 /// 1.1: command rings (control words in cache lines 8-13, data after the table) and the
-/// engine doorbell.
-pub const VERSION_MINOR: u16 = 1;
+/// engine doorbell. 1.2: CUDA tensors (`location = 1`): IPC handles in the tensor table,
+/// the two interprocess events and the client's CUDA state in the control block.
+pub const VERSION_MINOR: u16 = 2;
 
 /// Size of the control block at offset 0; the tensor table follows it.
 pub const CONTROL_SIZE: usize = 1024;
@@ -25,6 +26,9 @@ pub const MAX_NDIM: usize = 8;
 pub const NAME_LEN: usize = 32;
 /// Host tensor data offsets are multiples of this (a cache line; DLPack wants ≥ 64).
 pub const DATA_ALIGN: u64 = 64;
+/// The Rust engine places CUDA tensors at multiples of this in their allocation
+/// (`cudaMalloc`'s own alignment); readers require only [`DATA_ALIGN`].
+pub const CUDA_ALIGN: u64 = 256;
 /// Tensors at least this large start on a page boundary.
 pub const PAGE: u64 = 4096;
 
@@ -98,7 +102,11 @@ pub struct Header {
     pub client_state: u32,
     /// live
     pub client_start_time: u64,
-    pub _reserved1: [u8; 32],
+    /// live (1.2), client: whether the attached client holds CUDA IPC handles of this
+    /// engine ([`cuda_state`]); the engine frees exported memory only when it is not
+    /// `OPEN` (or the client died).
+    pub client_cuda_state: u32,
+    pub _reserved1: [u8; 28],
     // Cache line 2: where the command rings' data lie (1.1; zero in 1.0 or without rings).
     pub c2e_ring_offset: u64,
     pub c2e_ring_capacity: u64,
@@ -147,8 +155,15 @@ pub struct Header {
     pub e2c_consumer_waiting: u32,
     pub e2c_producer_waiting: u32,
     pub _pad_e2c_flags: [u8; 56],
-    // Cache lines 14..16: reserved.
-    pub _reserved4: [u8; 128],
+    // Cache lines 14..16 (1.2): CUDA interprocess event handles; all zero without CUDA
+    // tensors.
+    /// The engine's event (`cuIpcGetEventHandle`), recorded after its kernels, before
+    /// every `frame_seq` store. Written once before `magic`.
+    pub engine_event_handle: [u8; 64],
+    /// live (1.2), client: the client's event, recorded after its writes of CUDA
+    /// client→engine tensors, before every `action_seq` store. Written while claiming
+    /// the slot, published by the Release store of `client_state = ATTACHED`.
+    pub client_event_handle: [u8; 64],
 }
 
 /// One tensor-table entry.
@@ -176,15 +191,23 @@ pub struct TensorDesc {
     /// Host: byte offset of the data in the region. CUDA: offset from the IPC base.
     pub offset: u64,
     pub nbytes: u64,
-    /// CUDA IPC memory handle of the allocation's base (reserved in v1).
+    /// CUDA (1.2): IPC memory handle of the allocation's base; `offset` is the tensor's
+    /// byte offset from that base.
     pub ipc_mem_handle: [u8; 64],
-    /// CUDA IPC event handle (reserved in v1).
+    /// CUDA IPC event handle (reserved: 1.2 puts one event per direction in the control
+    /// block).
     pub ipc_event_handle: [u8; 64],
-    /// Vulkan export: allocation size and memory type (reserved in v1).
+    /// Size of the exported allocation: CUDA (1.2), the `cuMemAlloc` size behind
+    /// `ipc_mem_handle`; Vulkan (reserved), the allocation size.
     pub export_size: u64,
+    /// Vulkan memory type (reserved).
     pub export_memory_type: u32,
     pub _reserved1: u32,
-    pub _reserved2: [u8; 48],
+    /// CUDA (1.2): the device's UUID (`cuDeviceGetUuid`), so a client whose
+    /// `CUDA_VISIBLE_DEVICES` numbers devices differently finds the same one; all zero =
+    /// unknown, use `device_ordinal`.
+    pub device_uuid: [u8; 16],
+    pub _reserved2: [u8; 32],
 }
 
 const _: () = assert!(size_of::<Header>() == CONTROL_SIZE);
@@ -200,6 +223,10 @@ const _: () = assert!(offset_of!(Header, e2c_head) == 640);
 const _: () = assert!(offset_of!(Header, e2c_tail) == 704);
 const _: () = assert!(offset_of!(Header, c2e_consumer_waiting) == 768);
 const _: () = assert!(offset_of!(Header, e2c_consumer_waiting) == 832);
+const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
+const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);
+const _: () = assert!(offset_of!(Header, client_event_handle) == 960);
+const _: () = assert!(offset_of!(TensorDesc, device_uuid) == 336);
 
 /// Byte offsets of the live fields, for atomic access in the mapping.
 pub mod offsets {
@@ -225,6 +252,20 @@ pub mod offsets {
     pub const C2E_PRODUCER_WAITING: usize = offset_of!(Header, c2e_producer_waiting);
     pub const E2C_CONSUMER_WAITING: usize = offset_of!(Header, e2c_consumer_waiting);
     pub const E2C_PRODUCER_WAITING: usize = offset_of!(Header, e2c_producer_waiting);
+    pub const CLIENT_CUDA_STATE: usize = offset_of!(Header, client_cuda_state);
+    pub const CLIENT_EVENT_HANDLE: usize = offset_of!(Header, client_event_handle);
+}
+
+/// Values of `client_cuda_state` (1.2).
+pub mod cuda_state {
+    /// The client holds no CUDA handle of this engine (never opened, or a host client).
+    pub const NONE: u32 = 0;
+    /// The client is opening or holds handles: the engine must not free exported memory.
+    /// Stored (Release) *before* the first `cuIpcOpenMemHandle`.
+    pub const OPEN: u32 = 1;
+    /// The client closed every handle (`cuIpcCloseMemHandle`, after its last view died).
+    /// Stored (Release) *after* the last close.
+    pub const RELEASED: u32 = 2;
 }
 
 /// FNV-1a over the sizes and offsets of every field: two builds that agree on the
@@ -431,9 +472,25 @@ pub struct TensorInfo {
     pub shape: Vec<u64>,
     pub direction: Direction,
     pub location: Location,
-    /// Byte offset of the data in the region.
+    /// Host: byte offset of the data in the region. CUDA: byte offset from the base of
+    /// the exported allocation ([`CudaPlacement::ipc_mem_handle`]).
     pub offset: u64,
     pub nbytes: u64,
+    /// Where a CUDA tensor's allocation is (`location == Cuda` only).
+    pub cuda: Option<CudaPlacement>,
+}
+
+/// The CUDA fields of a tensor-table entry (1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaPlacement {
+    /// The engine's ordinal of the device.
+    pub device_ordinal: i32,
+    /// The device's UUID; all zero = unknown.
+    pub device_uuid: [u8; 16],
+    /// IPC handle of the allocation's base (the engine fills it in after allocating).
+    pub ipc_mem_handle: [u8; 64],
+    /// Size of that allocation (`offset + nbytes <= alloc_size`).
+    pub alloc_size: u64,
 }
 
 impl TensorInfo {
@@ -469,6 +526,15 @@ pub struct Layout {
     pub tensors: Vec<TensorInfo>,
     /// The command rings (protocol ≥ 1.1 with non-zero capacity).
     pub rings: Option<Rings>,
+    /// 1.2: the engine's interprocess event handle, present iff a tensor is on CUDA.
+    pub engine_event_handle: Option<[u8; 64]>,
+}
+
+impl Layout {
+    /// Whether any tensor lives on a CUDA device.
+    pub fn has_cuda(&self) -> bool {
+        self.tensors.iter().any(|t| t.location == Location::Cuda)
+    }
 }
 
 /// Where the two command rings' data lie in the region.
@@ -554,6 +620,8 @@ pub struct TensorSpec {
     pub dtype: DType,
     pub shape: Vec<u64>,
     pub direction: Direction,
+    /// `Host` (default) or `Cuda(ordinal)`; Vulkan is not served yet.
+    pub device: crate::cuda::Device,
 }
 
 impl TensorSpec {
@@ -563,7 +631,14 @@ impl TensorSpec {
             dtype,
             shape: shape.to_vec(),
             direction,
+            device: crate::cuda::Device::Host,
         }
+    }
+
+    /// The same tensor on `device`.
+    pub fn on(mut self, device: crate::cuda::Device) -> Self {
+        self.device = device;
+        self
     }
 }
 
@@ -611,9 +686,35 @@ pub struct HeaderBuilder {
     pub descs: Vec<TensorDesc>,
     pub tensors: Vec<TensorInfo>,
     pub rings: Option<Rings>,
+    /// 1.2: the one device allocation holding every CUDA tensor: (device ordinal, size
+    /// in bytes). The engine allocates it, then calls [`HeaderBuilder::set_cuda_export`].
+    pub cuda_alloc: Option<(i32, u64)>,
 }
 
 impl HeaderBuilder {
+    /// Fills in the CUDA export (1.2) once the engine allocated [`Self::cuda_alloc`]:
+    /// the allocation's IPC handle and device UUID in every CUDA entry, and the engine's
+    /// event handle in the control block. Nothing happens without CUDA tensors.
+    pub fn set_cuda_export(
+        &mut self,
+        ipc_mem_handle: [u8; 64],
+        device_uuid: [u8; 16],
+        engine_event_handle: [u8; 64],
+    ) {
+        if self.cuda_alloc.is_none() {
+            return;
+        }
+        for (d, t) in self.descs.iter_mut().zip(self.tensors.iter_mut()) {
+            if let Some(c) = t.cuda.as_mut() {
+                d.ipc_mem_handle = ipc_mem_handle;
+                d.device_uuid = device_uuid;
+                c.ipc_mem_handle = ipc_mem_handle;
+                c.device_uuid = device_uuid;
+            }
+        }
+        self.header.engine_event_handle = engine_event_handle;
+    }
+
     /// `ring_capacity`: bytes of each command ring, a power of two ≥ 64, or 0 for none.
     pub fn new(
         engine_kind: &str,
@@ -654,6 +755,8 @@ impl HeaderBuilder {
         };
         let mut descs = Vec::with_capacity(specs.len());
         let mut tensors = Vec::with_capacity(specs.len());
+        let mut cuda_device: Option<i32> = None;
+        let mut cuda_cursor: u64 = 0;
         for (i, s) in specs.iter().enumerate() {
             check_name("tensor name", &s.name)?;
             if specs[..i].iter().any(|o| o.name == s.name) {
@@ -686,12 +789,44 @@ impl HeaderBuilder {
                         s.name, s.shape
                     ))
                 })?;
-            let align = if nbytes >= PAGE { PAGE } else { DATA_ALIGN };
-            let offset = align_up(cursor, align)
-                .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
-            cursor = offset
-                .checked_add(nbytes)
-                .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+            let (offset, location, cuda) = match s.device {
+                crate::cuda::Device::Host => {
+                    let align = if nbytes >= PAGE { PAGE } else { DATA_ALIGN };
+                    let offset = align_up(cursor, align)
+                        .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+                    cursor = offset
+                        .checked_add(nbytes)
+                        .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+                    (offset, Location::Host, None)
+                }
+                crate::cuda::Device::Cuda(ordinal) => {
+                    if ordinal < 0 {
+                        return Err(Error::InvalidSpec(format!(
+                            "tensor '{}': CUDA device ordinal {ordinal} < 0",
+                            s.name
+                        )));
+                    }
+                    if cuda_device.is_some_and(|o| o != ordinal) {
+                        return Err(Error::InvalidSpec(format!(
+                            "tensor '{}' is on cuda:{ordinal} but an earlier one is on \
+                             cuda:{}: protocol 1.2 serves one CUDA device per engine",
+                            s.name,
+                            cuda_device.unwrap_or(0)
+                        )));
+                    }
+                    cuda_device = Some(ordinal);
+                    let too_large = || Error::InvalidSpec("CUDA tensors too large".into());
+                    let offset = align_up(cuda_cursor, CUDA_ALIGN).ok_or_else(too_large)?;
+                    cuda_cursor = offset.checked_add(nbytes).ok_or_else(too_large)?;
+                    let placement = CudaPlacement {
+                        device_ordinal: ordinal,
+                        device_uuid: [0; 16],
+                        ipc_mem_handle: [0; 64],
+                        alloc_size: 0, // set below, once every tensor is placed
+                    };
+                    (offset, Location::Cuda, Some(placement))
+                }
+            };
             let (code, bits) = s.dtype.dlpack();
             let mut d = TensorDesc::zeroed();
             d.name = write_name(&s.name);
@@ -700,7 +835,10 @@ impl HeaderBuilder {
             d.dtype_lanes = 1;
             d.ndim = s.shape.len() as u8;
             d.direction = s.direction as u8;
-            d.location = Location::Host as u8;
+            d.location = location as u8;
+            if let Some(c) = &cuda {
+                d.device_ordinal = c.device_ordinal;
+            }
             d.shape[..s.shape.len()].copy_from_slice(&s.shape);
             let strides = contiguous_strides(&s.shape, s.dtype.size() as u64);
             d.strides[..strides.len()].copy_from_slice(&strides);
@@ -712,11 +850,27 @@ impl HeaderBuilder {
                 dtype: s.dtype,
                 shape: s.shape.clone(),
                 direction: s.direction,
-                location: Location::Host,
+                location,
                 offset,
                 nbytes,
+                cuda,
             });
         }
+        let cuda_alloc = match cuda_device {
+            None => None,
+            Some(ordinal) => {
+                let size = align_up(cuda_cursor, CUDA_ALIGN)
+                    .filter(|&n| n <= isize::MAX as u64)
+                    .ok_or_else(|| Error::InvalidSpec("CUDA tensors too large".into()))?;
+                for (d, t) in descs.iter_mut().zip(tensors.iter_mut()) {
+                    if let Some(c) = t.cuda.as_mut() {
+                        c.alloc_size = size;
+                        d.export_size = size;
+                    }
+                }
+                Some((ordinal, size))
+            }
+        };
         let region_size = align_up(cursor, PAGE)
             .filter(|&n| n <= isize::MAX as u64)
             .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
@@ -743,6 +897,7 @@ impl HeaderBuilder {
             descs,
             tensors,
             rings,
+            cuda_alloc,
         })
     }
 
@@ -857,7 +1012,12 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
     for i in 0..count {
         let at = CONTROL_SIZE + i * DESC_SIZE;
         let d: TensorDesc = bytemuck::pod_read_unaligned(&bytes[at..at + DESC_SIZE]);
-        tensors.push(validate_desc(&d, h.region_size, header_size)?);
+        tensors.push(validate_desc(
+            &d,
+            h.version_minor,
+            h.region_size,
+            header_size,
+        )?);
         let t = tensors.last().expect("pushed");
         if tensors[..i].iter().any(|o| o.name == t.name) {
             return Err(Error::InvalidTensor {
@@ -867,9 +1027,23 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         }
     }
     let rings = validate_rings(&h, header_size)?;
-    // Tensors and rings must not overlap: views of two of them are handed out at once.
+    let has_cuda = tensors.iter().any(|t| t.location == Location::Cuda);
+    let engine_event_handle = if has_cuda {
+        if h.engine_event_handle.iter().all(|&b| b == 0) {
+            return Err(bad(
+                "engine_event_handle",
+                "all zero, but tensors live on CUDA (the engine must export its event)".into(),
+            ));
+        }
+        Some(h.engine_event_handle)
+    } else {
+        None
+    };
+    // Host tensors and rings must not overlap: views of two of them are handed out at
+    // once. (CUDA tensors live in their own allocation; validate_desc bounds them.)
     let mut spans: Vec<(u64, u64, &str)> = tensors
         .iter()
+        .filter(|t| t.location == Location::Host)
         .map(|t| (t.offset, t.offset + t.nbytes, t.name.as_str()))
         .collect();
     if let Some(r) = rings {
@@ -895,6 +1069,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         engine_kind,
         tensors,
         rings,
+        engine_event_handle,
     })
 }
 
@@ -936,7 +1111,12 @@ fn validate_rings(h: &Header, header_size: u64) -> Result<Option<Rings>> {
     Ok(Some(Rings { c2e, e2c }))
 }
 
-fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<TensorInfo> {
+fn validate_desc(
+    d: &TensorDesc,
+    version_minor: u16,
+    region_size: u64,
+    header_size: u64,
+) -> Result<TensorInfo> {
     let name = read_name("tensor name", &d.name)?;
     if name.is_empty() {
         return Err(Error::InvalidHeader {
@@ -965,11 +1145,16 @@ fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<T
         .ok_or_else(|| invalid(format!("direction {}", d.direction)))?;
     let location = match d.location {
         0 => Location::Host,
-        1 | 2 => {
+        1 if version_minor >= 2 => Location::Cuda,
+        1 => {
             return Err(invalid(format!(
-                "location {} is not served by protocol 1.x yet (host only)",
-                if d.location == 1 { "cuda" } else { "vulkan" }
+                "location cuda in a protocol 1.{version_minor} header (CUDA tensors need 1.2)"
             )))
+        }
+        2 => {
+            return Err(invalid(
+                "location vulkan is not served by protocol 1.x yet".into(),
+            ))
         }
         other => return Err(invalid(format!("location {other}"))),
     };
@@ -1003,6 +1188,38 @@ fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<T
         )));
     }
     let end = d.offset.checked_add(d.nbytes);
+    if location == Location::Cuda {
+        if d.device_ordinal < 0 {
+            return Err(invalid(format!(
+                "CUDA device ordinal {} < 0",
+                d.device_ordinal
+            )));
+        }
+        if d.ipc_mem_handle.iter().all(|&b| b == 0) {
+            return Err(invalid("CUDA tensor without an IPC memory handle".into()));
+        }
+        if d.export_size == 0 || end.is_none_or(|e| e > d.export_size) {
+            return Err(invalid(format!(
+                "CUDA span {} + {} lies outside its {}-byte allocation",
+                d.offset, d.nbytes, d.export_size
+            )));
+        }
+        return Ok(TensorInfo {
+            name,
+            dtype,
+            shape,
+            direction,
+            location,
+            offset: d.offset,
+            nbytes: d.nbytes,
+            cuda: Some(CudaPlacement {
+                device_ordinal: d.device_ordinal,
+                device_uuid: d.device_uuid,
+                ipc_mem_handle: d.ipc_mem_handle,
+                alloc_size: d.export_size,
+            }),
+        });
+    }
     if d.offset < header_size || end.is_none_or(|e| e > region_size) {
         return Err(Error::TensorOutOfBounds {
             tensor: name,
@@ -1019,6 +1236,7 @@ fn validate_desc(d: &TensorDesc, region_size: u64, header_size: u64) -> Result<T
         location,
         offset: d.offset,
         nbytes: d.nbytes,
+        cuda: None,
     })
 }
 
@@ -1093,5 +1311,70 @@ mod tests {
         assert!(HeaderBuilder::new(&long, 1, &[t(&[1])], 0).is_err());
         assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 100).is_err());
         assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 32).is_err());
+    }
+
+    #[test]
+    fn cuda_tensors_share_one_allocation() {
+        use crate::cuda::Device;
+        let mut b = HeaderBuilder::new(
+            "gpu",
+            4,
+            &[
+                TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient)
+                    .on(Device::Cuda(1)),
+                TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine)
+                    .on(Device::Cuda(1)),
+                TensorSpec::new("host", DType::U8, &[5], Direction::EngineToClient),
+            ],
+            0,
+        )
+        .unwrap();
+        assert_eq!(b.cuda_alloc, Some((1, 512)));
+        assert_eq!((b.tensors[0].offset, b.tensors[1].offset), (0, 256));
+        assert_eq!(b.tensors[2].location, Location::Host);
+        assert!(b.tensors[2].offset >= b.header.header_size as u64);
+        // Not exported yet: a reader rejects it (no handle).
+        assert!(validate("r", &published(&b), b.header.region_size).is_err());
+        b.set_cuda_export([1; 64], [2; 16], [3; 64]);
+        let l = validate("r", &published(&b), b.header.region_size).unwrap();
+        assert_eq!(l.tensors, b.tensors);
+        assert_eq!(l.version, (1, 2));
+        assert!(l.has_cuda());
+        assert_eq!(l.engine_event_handle, Some([3; 64]));
+        let c = l.tensors[1].cuda.unwrap();
+        assert_eq!((c.device_ordinal, c.alloc_size), (1, 512));
+        assert_eq!((c.device_uuid, c.ipc_mem_handle), ([2; 16], [1; 64]));
+        // Two devices in one engine are refused.
+        let two = [
+            TensorSpec::new("a", DType::F32, &[1], Direction::EngineToClient).on(Device::Cuda(0)),
+            TensorSpec::new("b", DType::F32, &[1], Direction::EngineToClient).on(Device::Cuda(1)),
+        ];
+        assert!(matches!(
+            HeaderBuilder::new("k", 1, &two, 0),
+            Err(Error::InvalidSpec(_))
+        ));
+        let neg = [
+            TensorSpec::new("a", DType::F32, &[1], Direction::EngineToClient).on(Device::Cuda(-1)),
+        ];
+        assert!(HeaderBuilder::new("k", 1, &neg, 0).is_err());
+    }
+
+    #[test]
+    fn host_only_layouts_are_what_1_1_wrote() {
+        // A host-only 1.2 header differs from a 1.1 one only in `version_minor`: every
+        // 1.2 field is zero, so 1.1 readers (which ignore the minor) read it unchanged.
+        let b = standard();
+        let h = &b.header;
+        assert_eq!(h.version_minor, 2);
+        assert_eq!(h.client_cuda_state, 0);
+        assert!(h.engine_event_handle.iter().all(|&x| x == 0));
+        assert!(h.client_event_handle.iter().all(|&x| x == 0));
+        assert_eq!(b.cuda_alloc, None);
+        for d in &b.descs {
+            assert_eq!((d.location, d.device_ordinal, d.export_size), (0, 0, 0));
+            assert!(d.ipc_mem_handle.iter().all(|&x| x == 0));
+            assert!(d.device_uuid.iter().all(|&x| x == 0));
+        }
+        assert_eq!(LAYOUT_HASH, 0x1A78_E44F_F49A_C1E5);
     }
 }

@@ -44,6 +44,18 @@ element!(u16, "u16", DType::U16);
 element!(u32, "u32", DType::U32);
 element!(u64, "u64", DType::U64);
 
+/// Host views exist only of tensors whose bytes are in the region (a CUDA tensor's
+/// `offset` is relative to its device allocation, not to the mapping).
+fn host_only(t: &TensorInfo) -> Result<()> {
+    if t.location != crate::layout::Location::Host {
+        return Err(Error::NotOnHost {
+            tensor: t.name.clone(),
+            location: t.location.name(),
+        });
+    }
+    Ok(())
+}
+
 /// Borrowed access to the tensors of one region, for one side.
 pub struct Tensors<'a> {
     region: &'a Region,
@@ -67,6 +79,7 @@ impl<'a> Tensors<'a> {
     #[inline]
     fn lookup<T: Element>(&self, key: impl TensorKey) -> Result<(usize, &'a TensorInfo)> {
         let (i, t) = key.resolve(self.layout)?;
+        host_only(t)?;
         if !T::DTYPES.contains(&t.dtype) {
             return Err(Error::DTypeMismatch {
                 tensor: t.name.clone(),
@@ -134,6 +147,7 @@ impl<'a> Tensors<'a> {
     /// Address of a tensor's first byte in this process (for zero-copy checks).
     pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {
         let (_, t) = key.resolve(self.layout)?;
+        host_only(t)?;
         // SAFETY: in bounds of the mapping (validated), so `add` stays inside the object.
         Ok(unsafe { self.region.ptr().add(t.offset as usize) as *const u8 })
     }

@@ -222,10 +222,10 @@ fn too_many_tensors_and_bad_fields() {
     assert!(matches!(attach_to("ndim", &b), Error::InvalidTensor { .. }));
 
     let mut b = valid_region();
-    desc_mut(&mut b, 0).location = 1;
-    let e = attach_to("cuda", &b);
+    desc_mut(&mut b, 0).location = 2;
+    let e = attach_to("vulkan", &b);
     assert!(
-        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("cuda")),
+        matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains("vulkan")),
         "{e}"
     );
 
@@ -314,4 +314,104 @@ proptest! {
             }
         }
     }
+}
+
+/// Turns tensor 0 of a valid region into a well-formed CUDA (1.2) entry.
+fn cuda_region() -> Vec<u8> {
+    let mut b = valid_region();
+    let d = desc_mut(&mut b, 0);
+    d.location = 1;
+    d.device_ordinal = 0;
+    d.offset = 0;
+    d.ipc_mem_handle = [7; 64];
+    d.export_size = 256;
+    header_mut(&mut b).engine_event_handle = [9; 64];
+    b
+}
+
+#[test]
+fn cuda_entries_are_checked() {
+    // Well formed: validates (pure) ...
+    let b = cuda_region();
+    let l = layout::validate("r", &b, b.len() as u64).unwrap();
+    let t = &l.tensors[0];
+    assert_eq!(t.location, shmbridge::Location::Cuda);
+    let c = t.cuda.unwrap();
+    assert_eq!((c.ipc_mem_handle, c.alloc_size), ([7; 64], 256));
+    assert_eq!(l.engine_event_handle, Some([9; 64]));
+    // ... but attaching is a typed CudaUnavailable here (a build without the feature, or
+    // no driver, or, for now, a client that does not import yet), never a panic or a host
+    // view of device bytes.
+    let e = attach_to("cuda-ok", &b);
+    assert!(
+        matches!(&e, Error::CudaUnavailable { reason } if reason.contains("'obs'")),
+        "{e}"
+    );
+
+    type Breaker = fn(&mut Vec<u8>);
+    let cases: [(&str, Breaker, &str); 6] = [
+        ("minor-1", |b| header_mut(b).version_minor = 1, "need 1.2"),
+        (
+            "no-handle",
+            |b| desc_mut(b, 0).ipc_mem_handle = [0; 64],
+            "IPC memory handle",
+        ),
+        (
+            "past-alloc",
+            |b| desc_mut(b, 0).offset = 192,
+            "outside its 256-byte",
+        ),
+        (
+            "no-alloc",
+            |b| desc_mut(b, 0).export_size = 0,
+            "outside its 0-byte",
+        ),
+        (
+            "overflow",
+            |b| desc_mut(b, 0).offset = u64::MAX - 63,
+            "outside its",
+        ),
+        (
+            "ordinal",
+            |b| desc_mut(b, 0).device_ordinal = -1,
+            "ordinal -1",
+        ),
+    ];
+    for (tag, breakit, want) in cases {
+        let mut b = cuda_region();
+        breakit(&mut b);
+        let e = attach_to(tag, &b);
+        assert!(
+            matches!(&e, Error::InvalidTensor { reason, .. } if reason.contains(want)),
+            "{tag}: {e}"
+        );
+    }
+    let mut b = cuda_region();
+    header_mut(&mut b).engine_event_handle = [0; 64];
+    let e = attach_to("no-event", &b);
+    assert!(
+        matches!(
+            &e,
+            Error::InvalidHeader {
+                field: "engine_event_handle",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn engine_with_cuda_tensors_is_refused_with_a_reason() {
+    use shmbridge::cuda::Device;
+    let spec = shmbridge::EngineSpec::new("cuda-test", 2).tensor(
+        "obs",
+        DType::F32,
+        &[2, 4],
+        Direction::EngineToClient,
+    );
+    let mut spec = spec;
+    spec.tensors[0] = spec.tensors[0].clone().on(Device::Cuda(0));
+    let e = shmbridge::Engine::create(spec).unwrap_err();
+    assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
 }

@@ -1047,6 +1047,7 @@ mod tests {
             location: Location::Host,
             offset: 4096,
             nbytes: 64,
+            cuda: None,
         };
         let t = TensorSchema::from_info(&info);
         assert_eq!(t, TensorSchema::from(&info));
