@@ -12,6 +12,8 @@
 
 use crate::error::{Error, Result};
 
+pub mod kernels;
+
 #[cfg(feature = "cuda")]
 pub mod driver;
 
