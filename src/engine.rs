@@ -75,6 +75,31 @@ impl EngineSpec {
         self
     }
 
+    /// A tensor on `device` (`Device::Cuda(ordinal)`: in the engine's one exported CUDA
+    /// allocation, protocol 1.2; every CUDA tensor of an engine must be on the same
+    /// device). Creating the engine needs the `cuda` feature and a usable driver, else
+    /// `CudaUnavailable`.
+    pub fn tensor_on(
+        mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[u64],
+        direction: Direction,
+        device: crate::cuda::Device,
+    ) -> Self {
+        self.tensors
+            .push(TensorSpec::new(name, dtype, shape, direction).on(device));
+        self
+    }
+
+    /// Moves the already declared tensor `name` to `device` (no-op if there is none).
+    pub fn place(mut self, name: &str, device: crate::cuda::Device) -> Self {
+        for t in self.tensors.iter_mut().filter(|t| t.name == name) {
+            t.device = device;
+        }
+        self
+    }
+
     pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.to_string());
         self
@@ -114,6 +139,49 @@ pub struct Engine {
     frame: u64,
     ready: bool,
     closed: bool,
+    #[cfg(feature = "cuda")]
+    cuda: Option<crate::cuda::ipc::EngineCuda>,
+    cuda_release: crate::cuda::CudaRelease,
+}
+
+/// The attached client's pid, start time and CUDA event handle, read seqlock-style: the
+/// client writes them while `client_state = CLAIMING` and publishes them with its
+/// Release store of `ATTACHED`. Read `client_state` (Acquire), then the fields, then
+/// (after an Acquire fence) `client_state` and `client_pid` again, and retry if either
+/// changed; `None` when no client is attached. A re-attach by the same process between
+/// the two reads is not detected (same state, same pid): the handle could then mix two
+/// events, and opening it fails with a driver error rather than anything undefined.
+pub fn read_client_event(region: &Region) -> Option<crate::layout::ClientEventHandle> {
+    use std::sync::atomic::fence;
+    let st = region.u32_at(offsets::CLIENT_STATE);
+    let pid_word = region.u32_at(offsets::CLIENT_PID);
+    for _ in 0..1000 {
+        let s1 = st.load(Ordering::Acquire);
+        if s1 != state::ATTACHED {
+            return None;
+        }
+        let pid = pid_word.load(Ordering::Relaxed);
+        let start_time = region
+            .u64_at(offsets::CLIENT_START_TIME)
+            .load(Ordering::Relaxed);
+        let mut handle = [0u8; 64];
+        for (i, chunk) in handle.chunks_exact_mut(8).enumerate() {
+            let w = region
+                .u64_at(offsets::CLIENT_EVENT_HANDLE + 8 * i)
+                .load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        fence(Ordering::Acquire);
+        if st.load(Ordering::Relaxed) == s1 && pid_word.load(Ordering::Relaxed) == pid {
+            return Some(crate::layout::ClientEventHandle {
+                pid,
+                start_time,
+                handle,
+            });
+        }
+        std::hint::spin_loop();
+    }
+    None
 }
 
 impl std::fmt::Debug for Engine {
@@ -131,17 +199,16 @@ impl Engine {
     /// Sweeps dead regions, then creates a region for `spec`. Tensors start zeroed; write
     /// the reset observations and call [`Engine::publish`] to serve frame 0.
     pub fn create(spec: EngineSpec) -> Result<Engine> {
-        let builder =
+        #[allow(unused_mut)] // written only with the `cuda` feature
+        let mut builder =
             HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
+        // CUDA tensors: one allocation, exported (IPC handles and the engine's event
+        // written into the builder) before the region, hence `magic`, exists.
+        #[cfg(feature = "cuda")]
+        let cuda = crate::cuda::ipc::EngineCuda::create(&mut builder)?;
+        #[cfg(not(feature = "cuda"))]
         if builder.cuda_alloc.is_some() {
-            // Protocol 1.2 describes CUDA tensors and `src/cuda/driver.rs` has the
-            // allocation/export pieces, but the engine does not serve them yet.
-            crate::cuda::probe()?;
-            return Err(Error::CudaUnavailable {
-                reason: "CUDA tensors are not served by the engine yet (protocol 1.2 \
-                         draft: allocation and export are not wired into Engine)"
-                    .into(),
-            });
+            return Err(crate::cuda::unavailable_without_feature());
         }
         let _ = region::sweep();
         let name = match &spec.name {
@@ -163,7 +230,9 @@ impl Engine {
             engine_kind: spec.kind.clone(),
             tensors: builder.tensors,
             rings: builder.rings,
-            engine_event_handle: None,
+            engine_event_handle: builder
+                .cuda_alloc
+                .map(|_| builder.header.engine_event_handle),
         };
         Ok(Engine {
             region,
@@ -177,6 +246,9 @@ impl Engine {
             frame: 0,
             ready: false,
             closed: false,
+            #[cfg(feature = "cuda")]
+            cuda,
+            cuda_release: crate::cuda::CudaRelease::NoCuda,
         })
     }
 
@@ -213,6 +285,38 @@ impl Engine {
     /// A view of any tensor (the actions the client sent, for example).
     pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
         self.io().read(key)
+    }
+
+    /// The CUDA side of this engine (`cuda` feature, CUDA tensors): its context and
+    /// stream (launch frame kernels on it), `None` for a host-only engine.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&crate::cuda::ipc::EngineCuda> {
+        self.cuda.as_ref()
+    }
+
+    /// Device address of a CUDA tensor (in the engine's exported allocation).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_ptr(&self, key: impl TensorKey) -> Result<u64> {
+        let (_, t) = key.resolve(&self.layout)?;
+        let c = self.cuda.as_ref().ok_or_else(|| Error::NotOnHost {
+            tensor: t.name.clone(),
+            location: "host (this engine has no CUDA tensors)",
+        })?;
+        c.ptr(t)
+    }
+
+    /// The attached client's pid, start time and event handle ([`read_client_event`]).
+    pub fn client_event(&self) -> Option<crate::layout::ClientEventHandle> {
+        read_client_event(&self.region)
+    }
+
+    /// Records the engine's event after the frame's kernels (CUDA engines only).
+    fn record_frame(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = &self.cuda {
+            c.record()?;
+        }
+        Ok(())
     }
 
     fn frame_seq(&self) -> SharedSeq<'_> {
@@ -282,6 +386,8 @@ impl Engine {
             return Err(Error::Closed(Peer::Engine));
         }
         if !self.ready {
+            // Frame 0 on the device is complete once the event fires: record before READY.
+            self.record_frame()?;
             self.ready = true;
             self.region
                 .u32_at(offsets::ENGINE_STATE)
@@ -293,6 +399,8 @@ impl Engine {
                 "publish() with no action pending: each action gets exactly one frame; call wait_actions() first",
             ));
         }
+        // The frame's kernels are on the engine stream: record after them, then post.
+        self.record_frame()?;
         self.frame = self.action;
         sync::post(&self.frame_seq(), self.frame);
         Ok(self.frame)
@@ -371,6 +479,12 @@ impl Engine {
                     self.frame
                 ),
             });
+        }
+        // CUDA: the client recorded its event after writing device actions and before
+        // posting; the engine stream waits on it before any kernel reads them.
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            c.wait_client(read_client_event(&self.region))?;
         }
         self.action = seen;
         Ok(seen)
@@ -475,6 +589,14 @@ impl Engine {
         self.shut();
     }
 
+    /// [`close`](Engine::close), reporting what happened to the exported CUDA memory:
+    /// freed once the client acknowledged closing its handles (or died, or never opened
+    /// them), else leaked after a bounded wait.
+    pub fn close_reporting(mut self) -> crate::cuda::CudaRelease {
+        self.shut();
+        self.cuda_release
+    }
+
     fn shut(&mut self) {
         if self.closed {
             return;
@@ -486,6 +608,25 @@ impl Engine {
         // Wake a client asleep on a frame, on a reply, or on room for a request.
         for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
             os::futex_wake_all(self.region.low_u32_of(word));
+        }
+        // Exported memory: freed only when no live client holds it open. The SeqCst
+        // store of CLOSED above and the SeqCst load of `client_cuda_state` here pair
+        // with the client's SeqCst store of OPEN and load of `engine_state` at attach:
+        // either it sees CLOSED and opens nothing, or we see OPEN.
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.take() {
+            let region = &self.region;
+            let may_free = || {
+                let st = region
+                    .u32_at(offsets::CLIENT_CUDA_STATE)
+                    .load(Ordering::SeqCst);
+                let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
+                let start = region
+                    .u64_at(offsets::CLIENT_START_TIME)
+                    .load(Ordering::Relaxed);
+                crate::cuda::engine_may_free(st, os::process_alive(pid, start))
+            };
+            self.cuda_release = c.release(may_free, crate::cuda::ipc::RELEASE_WAIT);
         }
     }
 }

@@ -256,6 +256,16 @@ pub mod offsets {
     pub const CLIENT_EVENT_HANDLE: usize = offset_of!(Header, client_event_handle);
 }
 
+/// The attached client's identity and CUDA event handle (1.2), as the engine reads them
+/// from the control block (`client_pid`, `client_start_time`, `client_event_handle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientEventHandle {
+    pub pid: u32,
+    pub start_time: u64,
+    /// All zero: the client published none (a host-only layout).
+    pub handle: [u8; 64],
+}
+
 /// Values of `client_cuda_state` (1.2).
 pub mod cuda_state {
     /// The client holds no CUDA handle of this engine (never opened, or a host client).

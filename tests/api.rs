@@ -203,3 +203,62 @@ fn attach_waits_for_frame_zero() {
     let client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
     assert_eq!(client.frame(), 0);
 }
+
+/// The engine reads the attached client's identity and event handle seqlock-style; a
+/// host-only client publishes no handle (all zero), and none is read once it closed.
+#[test]
+fn client_event_handle_is_read_from_the_header() {
+    let engine = ready_engine();
+    assert_eq!(engine.client_event(), None, "no client yet");
+    let client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    let seen = engine.client_event().expect("attached");
+    let me = shmbridge::process::current_pid();
+    assert_eq!(seen.pid, me);
+    assert_eq!(
+        Some(seen.start_time),
+        shmbridge::process::process_start_time(me)
+    );
+    assert_eq!(seen.handle, [0; 64], "host-only layout: no client event");
+    client.close();
+    assert_eq!(engine.client_event(), None, "closed");
+    assert_eq!(
+        engine.close_reporting(),
+        shmbridge::cuda::CudaRelease::NoCuda
+    );
+}
+
+/// `EngineSpec::tensor_on` / `place` declare CUDA tensors; creating such an engine where
+/// CUDA is unusable (this machine: no driver, or a build without `cuda`) is a typed
+/// `CudaUnavailable` with the reason, and leaves no region behind.
+#[test]
+fn cuda_specs_are_declared_and_refused_without_a_driver() {
+    use shmbridge::cuda::Device;
+    let cuda_spec = EngineSpec::new("api-cuda", 2)
+        .tensor_on(
+            "obs",
+            DType::F32,
+            &[2, 4],
+            Direction::EngineToClient,
+            Device::Cuda(0),
+        )
+        .tensor("actions", DType::F32, &[2, 1], Direction::ClientToEngine)
+        .place("actions", Device::Cuda(0))
+        .name("shmbridge-api-cuda-refused");
+    assert!(cuda_spec
+        .tensors
+        .iter()
+        .all(|t| t.device == Device::Cuda(0)));
+    if shmbridge::cuda::probe().is_ok() {
+        eprintln!("SKIPPED: CUDA is usable here; tests/cuda.rs covers the GPU path");
+        return;
+    }
+    let e = Engine::create(cuda_spec).unwrap_err();
+    assert!(
+        matches!(&e, Error::CudaUnavailable { reason } if !reason.is_empty()),
+        "{e}"
+    );
+    assert!(!exists("shmbridge-api-cuda-refused"));
+    // Host-only specs are untouched by `place` of an unknown name.
+    let host = spec().place("nope", Device::Cuda(0));
+    assert!(host.tensors.iter().all(|t| t.device == Device::Host));
+}

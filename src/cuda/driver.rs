@@ -262,6 +262,31 @@ impl Drop for PrimaryContext {
     }
 }
 
+/// The UUID of device `ordinal` (as this process numbers devices), without retaining a
+/// context: how a client finds the engine's device when `CUDA_VISIBLE_DEVICES` differs.
+pub fn device_uuid(driver: &Driver, ordinal: i32) -> Result<[u8; 16]> {
+    if ordinal < 0 || ordinal >= driver.info.device_count {
+        return Err(Error::CudaUnavailable {
+            reason: format!(
+                "no CUDA device {ordinal} (this process sees {})",
+                driver.info.device_count
+            ),
+        });
+    }
+    let mut dev = 0;
+    // SAFETY: the driver was probed (the `&Driver`), the ordinal is in range and the
+    // out-pointer is a valid local.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
+    let mut u = sys::CUuuid_st { bytes: [0; 16] };
+    // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
+    check("cuDeviceGetUuid_v2", unsafe {
+        sys::cuDeviceGetUuid_v2(&mut u, dev)
+    })?;
+    Ok(u.bytes.map(|b| b as u8))
+}
+
 /// A CUDA stream: one we created (destroyed on drop), or a borrowed one (a consumer's
 /// stream from DLPack, the legacy or per-thread default stream).
 #[derive(Debug)]
@@ -294,7 +319,7 @@ impl Stream {
 
     /// A stream someone else owns, by its handle value (DLPack: 1 = legacy default
     /// stream, 2 = per-thread default stream, else a `CUstream` pointer; see
-    /// [`super::ConsumerStream`]).
+    /// the DLPack stream rules in `docs/protocol.md` §3.5).
     ///
     /// # Safety
     /// `raw` must be 1, 2, or a live stream of `ctx` that outlives the returned value.
@@ -419,6 +444,18 @@ impl IpcEvent {
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(self.raw, stream.raw)
         })
+    }
+
+    /// The raw `CUevent` value, for a binding that calls `cuStreamWaitEvent` itself
+    /// (valid while this value lives).
+    pub fn raw(&self) -> u64 {
+        self.raw as usize as u64
+    }
+
+    /// Gives the event up without destroying it (the engine's choice when it leaks its
+    /// exported memory: a peer may still wait on the event).
+    pub fn leak(self) {
+        std::mem::forget(self);
     }
 
     /// Blocks the host until the event's last record completed.

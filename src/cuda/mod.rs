@@ -16,6 +16,44 @@ pub mod kernels;
 
 #[cfg(feature = "cuda")]
 pub mod driver;
+#[cfg(feature = "cuda")]
+pub mod ipc;
+
+/// What an engine did with its exported device memory when it closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaRelease {
+    /// No CUDA tensors (or not closed yet).
+    NoCuda,
+    /// Freed: the client acknowledged closing its handles, died, or never opened them.
+    Freed,
+    /// Deliberately not freed: a live client still had the memory open (`client_cuda_state
+    /// = OPEN`) when the bounded wait ran out. Freeing memory a peer has mapped is
+    /// undefined behaviour in the driver; the driver reclaims it when this process exits.
+    Leaked,
+}
+
+/// Whether an engine may free its exported allocation now: the client holds no handle
+/// (`client_cuda_state` is `NONE`, never opened, or `RELEASED`, closed), or the process
+/// that held them is dead (`client_alive` false: the driver closed them with it).
+pub fn engine_may_free(client_cuda_state: u32, client_alive: bool) -> bool {
+    client_cuda_state != crate::layout::cuda_state::OPEN || !client_alive
+}
+
+/// The ordinal (as this process numbers devices) of the engine's device: the one whose
+/// UUID is `uuid` among `visible` (UUIDs by ordinal), else, when `uuid` is all zero
+/// (unknown) or not visible, `ordinal` if this process has such a device. `None`: no
+/// usable device.
+pub fn pick_device(uuid: [u8; 16], ordinal: i32, visible: &[[u8; 16]]) -> Option<i32> {
+    if uuid != [0; 16] {
+        if let Some(i) = visible.iter().position(|u| *u == uuid) {
+            return i32::try_from(i).ok();
+        }
+    }
+    usize::try_from(ordinal)
+        .ok()
+        .filter(|&o| o < visible.len())
+        .map(|_| ordinal)
+}
 
 /// Where a tensor's bytes live, as resolved for this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -239,6 +277,38 @@ mod tests {
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
         assert_eq!(Device::Host.dlpack(), (1, 0));
         assert_eq!(Device::Cuda(2).dlpack(), (2, 2));
+    }
+
+    #[test]
+    fn engine_frees_only_without_a_live_importer() {
+        use crate::layout::cuda_state::{NONE, OPEN, RELEASED};
+        assert!(engine_may_free(NONE, true), "never opened");
+        assert!(engine_may_free(RELEASED, true), "acknowledged");
+        assert!(
+            !engine_may_free(OPEN, true),
+            "a live client holds the handle"
+        );
+        assert!(engine_may_free(OPEN, false), "the holder died");
+        assert!(engine_may_free(77, true), "garbage is not OPEN");
+    }
+
+    #[test]
+    fn devices_are_matched_by_uuid_then_ordinal() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(
+            pick_device(b, 0, &[a, b]),
+            Some(1),
+            "uuid wins over ordinal"
+        );
+        assert_eq!(pick_device([0; 16], 1, &[a, b]), Some(1), "unknown uuid");
+        assert_eq!(
+            pick_device([9; 16], 0, &[a, b]),
+            Some(0),
+            "uuid not visible"
+        );
+        assert_eq!(pick_device([9; 16], 2, &[a, b]), None);
+        assert_eq!(pick_device([0; 16], -1, &[a]), None);
+        assert_eq!(pick_device(a, 0, &[]), None);
     }
 
     fn unavailable() -> Result<CudaInfo> {

@@ -1,0 +1,358 @@
+//! The CUDA halves of [`Engine`](crate::Engine) and [`Client`](crate::Client) (protocol
+//! 1.2, `docs/protocol.md` §3.5): what each side allocates, exports, opens, records and
+//! waits on. No `unsafe` here: every driver call goes through [`super::driver`].
+//!
+//! Written against the driver layer and checked on CPU only for its refusals
+//! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::driver::{
+    self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
+};
+use super::CudaRelease;
+use crate::error::{Error, Peer, Result};
+use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
+
+/// How long an engine that closes waits for its client's close acknowledgement before
+/// it leaks the exported memory instead of freeing it.
+pub const RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// The engine's CUDA state: the one exported allocation, its stream and event, and the
+/// current client's event (opened once per client).
+#[derive(Debug)]
+pub struct EngineCuda {
+    // Field order is drop order: the client's event and ours, the stream, then the
+    // memory; the context last (each holds an `Arc` of it anyway).
+    client_event: Option<(ClientEventHandle, IpcEvent)>,
+    event: Option<IpcEvent>,
+    stream: Option<Stream>,
+    alloc: Option<DeviceAllocation>,
+    /// Whether a client→engine tensor lives on the device (then a client must publish
+    /// an event, and the engine waits on it before reading actions).
+    reads_device_actions: bool,
+    ctx: Arc<PrimaryContext>,
+}
+
+impl EngineCuda {
+    /// Allocates [`HeaderBuilder::cuda_alloc`] in one `cuMemAlloc`, creates the stream
+    /// and the interprocess event, and writes the exports into `builder` (before the
+    /// region, hence `magic`, exists). `Ok(None)` without CUDA tensors; `CudaUnavailable`
+    /// without a usable driver or device.
+    pub fn create(builder: &mut HeaderBuilder) -> Result<Option<EngineCuda>> {
+        let Some((ordinal, size)) = builder.cuda_alloc else {
+            return Ok(None);
+        };
+        let d = Driver::get()?;
+        let ctx = PrimaryContext::retain(d, ordinal)?;
+        let size = usize::try_from(size)
+            .map_err(|_| Error::InvalidSpec(format!("CUDA allocation of {size} bytes")))?;
+        let alloc = DeviceAllocation::new(&ctx, size)?;
+        let stream = Stream::create(&ctx)?;
+        let event = IpcEvent::create(&ctx)?;
+        builder.set_cuda_export(alloc.ipc_handle()?, ctx.uuid()?, event.handle()?);
+        let reads_device_actions = builder
+            .tensors
+            .iter()
+            .any(|t| t.location == Location::Cuda && t.direction == Direction::ClientToEngine);
+        Ok(Some(EngineCuda {
+            client_event: None,
+            event: Some(event),
+            stream: Some(stream),
+            alloc: Some(alloc),
+            reads_device_actions,
+            ctx,
+        }))
+    }
+
+    pub fn context(&self) -> &Arc<PrimaryContext> {
+        &self.ctx
+    }
+
+    /// The engine's stream: launch the kernels that write a frame on it, so that
+    /// [`Engine::publish`](crate::Engine::publish)'s event record follows them.
+    pub fn stream(&self) -> Option<&Stream> {
+        self.stream.as_ref()
+    }
+
+    /// Device address of a CUDA tensor in this process.
+    pub fn ptr(&self, t: &TensorInfo) -> Result<u64> {
+        let alloc = self.alloc.as_ref().ok_or(Error::Closed(Peer::Engine))?;
+        if t.location != Location::Cuda || t.offset.saturating_add(t.nbytes) > alloc.size() as u64 {
+            return Err(not_on_device(t));
+        }
+        Ok(alloc.ptr() + t.offset)
+    }
+
+    /// `cuEventRecord(engine_event, stream)`: called before every `frame_seq` store and
+    /// before `READY`.
+    pub fn record(&self) -> Result<()> {
+        match (&self.event, &self.stream) {
+            (Some(e), Some(s)) => e.record(s),
+            _ => Err(Error::Closed(Peer::Engine)),
+        }
+    }
+
+    /// Makes the engine stream wait on the client's last event record (before the
+    /// engine reads client→engine device tensors). The event is opened once per client
+    /// (pid, start time, handle) and cached. `client`: the header's seqlock-read view;
+    /// `None` when no client is attached any more (nothing to wait for).
+    pub fn wait_client(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
+        let Some(key) = client else {
+            return Ok(());
+        };
+        if key.handle == [0; 64] {
+            if self.reads_device_actions {
+                return Err(Error::Protocol {
+                    peer: Peer::Client,
+                    detail: "attached to an engine with CUDA tensors without publishing a \
+                             client event handle (protocol 1.2, §3.5)"
+                        .into(),
+                });
+            }
+            return Ok(());
+        }
+        if self.client_event.as_ref().is_none_or(|(k, _)| *k != key) {
+            // Drop the previous client's event before opening the new one.
+            self.client_event = None;
+            let ev = IpcEvent::open(&self.ctx, &key.handle)?;
+            self.client_event = Some((key, ev));
+        }
+        let (Some(s), Some((_, ev))) = (&self.stream, &self.client_event) else {
+            return Err(Error::Closed(Peer::Engine));
+        };
+        s.wait(ev)
+    }
+
+    /// At close (after `engine_state = CLOSED` is stored): finishes the engine's queued
+    /// work, then frees the allocation once `may_free()` says so (polled for at most
+    /// `wait`), else leaks it with a log line. Freeing memory that a live peer still has
+    /// mapped is undefined in the driver; leaking it costs device memory until this
+    /// process exits, when the driver reclaims it.
+    pub fn release(mut self, mut may_free: impl FnMut() -> bool, wait: Duration) -> CudaRelease {
+        if let Some(s) = &self.stream {
+            let _ = s.synchronize();
+        }
+        self.client_event = None;
+        let start = Instant::now();
+        let free = loop {
+            if may_free() {
+                break true;
+            }
+            if start.elapsed() >= wait {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        if free {
+            self.event = None;
+            self.stream = None;
+            self.alloc = None;
+            CudaRelease::Freed
+        } else {
+            let size = self.alloc.as_ref().map_or(0, |a| a.size());
+            eprintln!(
+                "shmbridge: engine closed while its client still holds CUDA IPC handles \
+                 (client_cuda_state = OPEN after {wait:?}); leaking the {size}-byte device \
+                 allocation until this process exits rather than freeing it under the client"
+            );
+            if let Some(a) = self.alloc.take() {
+                a.leak();
+            }
+            if let Some(e) = self.event.take() {
+                e.leak();
+            }
+            self.stream = None;
+            CudaRelease::Leaked
+        }
+    }
+}
+
+fn not_on_device(t: &TensorInfo) -> Error {
+    Error::Cuda {
+        call: "device pointer",
+        detail: format!(
+            "tensor '{}' lives in {} memory, not in the CUDA allocation",
+            t.name,
+            t.location.name()
+        ),
+    }
+}
+
+/// The client's CUDA state: its context (the device's primary one), its event, the
+/// engine's event and the imported allocation(s), each opened once.
+#[derive(Debug)]
+pub struct ClientCuda {
+    // Drop order: events, then the imports, then the context.
+    event: Option<IpcEvent>,
+    handle: [u8; 64],
+    engine_event: Option<IpcEvent>,
+    memory: Vec<Arc<ImportedMemory>>,
+    /// Device address of each tensor of the layout (by index); `None` for host ones.
+    ptrs: Vec<Option<u64>>,
+    /// The legacy default stream of `ctx` (what `step()` records on).
+    default_stream: Stream,
+    ctx: Arc<PrimaryContext>,
+}
+
+impl ClientCuda {
+    /// Before claiming the slot: probes the driver, finds the engine's device (UUID,
+    /// then ordinal), retains its primary context and creates the client's event.
+    /// Nothing in the region is touched, so a failure leaves no trace there.
+    pub fn prepare(layout: &Layout) -> Result<ClientCuda> {
+        let mut cuda = layout.tensors.iter().filter_map(|t| t.cuda.map(|c| (t, c)));
+        let Some((first, placement)) = cuda.next() else {
+            return Err(Error::InvalidSpec("no CUDA tensor in the layout".into()));
+        };
+        let d = Driver::get().map_err(|e| match e {
+            Error::CudaUnavailable { reason } => Error::CudaUnavailable {
+                reason: format!("tensor '{}' lives on CUDA: {reason}", first.name),
+            },
+            e => e,
+        })?;
+        for (t, c) in cuda {
+            if (c.device_ordinal, c.device_uuid)
+                != (placement.device_ordinal, placement.device_uuid)
+            {
+                return Err(Error::InvalidTensor {
+                    tensor: t.name.clone(),
+                    reason: format!(
+                        "on CUDA device {} but '{}' is on {}: this client serves one \
+                         device per engine",
+                        c.device_ordinal, first.name, placement.device_ordinal
+                    ),
+                });
+            }
+        }
+        let visible = (0..d.info().device_count)
+            .map(|o| driver::device_uuid(d, o))
+            .collect::<Result<Vec<_>>>()?;
+        let ordinal = super::pick_device(placement.device_uuid, placement.device_ordinal, &visible)
+            .ok_or_else(|| Error::CudaUnavailable {
+                reason: format!(
+                    "tensor '{}' lives on the engine's CUDA device {} (uuid {}), which this \
+                 process does not see ({} device(s))",
+                    first.name,
+                    placement.device_ordinal,
+                    placement
+                        .device_uuid
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>(),
+                    visible.len()
+                ),
+            })?;
+        let ctx = PrimaryContext::retain(d, ordinal)?;
+        let event = IpcEvent::create(&ctx)?;
+        let handle = event.handle()?;
+        // SAFETY: 1 is CU_STREAM_LEGACY, which `borrowed` accepts.
+        let default_stream = unsafe { Stream::borrowed(&ctx, 1) };
+        Ok(ClientCuda {
+            event: Some(event),
+            handle,
+            engine_event: None,
+            memory: Vec::new(),
+            ptrs: vec![None; layout.tensors.len()],
+            default_stream,
+            ctx,
+        })
+    }
+
+    /// The client event's handle, to be written into `client_event_handle` while
+    /// claiming the slot.
+    pub fn handle(&self) -> [u8; 64] {
+        self.handle
+    }
+
+    /// After `client_cuda_state = OPEN` is stored: opens the engine's event and the
+    /// memory of every CUDA tensor (each handle once: the driver layer caches), checking
+    /// every span against the size the driver reports.
+    pub fn open(&mut self, layout: &Layout) -> Result<()> {
+        let engine_event = layout
+            .engine_event_handle
+            .ok_or_else(|| Error::InvalidHeader {
+                field: "engine_event_handle",
+                reason: "missing for a layout with CUDA tensors".into(),
+            })?;
+        self.engine_event = Some(IpcEvent::open(&self.ctx, &engine_event)?);
+        for (i, t) in layout.tensors.iter().enumerate() {
+            let Some(c) = t.cuda else { continue };
+            // Cached per (device, handle): a second tensor of the same allocation gets
+            // the same mapping, never a second open.
+            let m = driver::import_memory(&self.ctx, &c.ipc_mem_handle)?;
+            if (m.size() as u64) < c.alloc_size {
+                return Err(Error::InvalidTensor {
+                    tensor: t.name.clone(),
+                    reason: format!(
+                        "the engine declares a {}-byte allocation, the driver maps {} bytes",
+                        c.alloc_size,
+                        m.size()
+                    ),
+                });
+            }
+            self.ptrs[i] = Some(m.span(t.offset, t.nbytes)?);
+            if !self.memory.iter().any(|o| Arc::ptr_eq(o, &m)) {
+                self.memory.push(m);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn context(&self) -> &Arc<PrimaryContext> {
+        &self.ctx
+    }
+
+    /// Device address (base + offset, in this process) of tensor `index`.
+    pub fn ptr(&self, index: usize, t: &TensorInfo) -> Result<u64> {
+        self.ptrs
+            .get(index)
+            .copied()
+            .flatten()
+            .ok_or_else(|| not_on_device(t))
+    }
+
+    /// The engine's event, opened once: a consumer stream waits on it
+    /// (`cuStreamWaitEvent`) before reading a frame's device tensors.
+    pub fn engine_event(&self) -> Option<&IpcEvent> {
+        self.engine_event.as_ref()
+    }
+
+    /// Makes `stream` wait (on the GPU) for the engine's last published frame.
+    pub fn wait_frame_on(&self, stream: &Stream) -> Result<()> {
+        let ev = self
+            .engine_event
+            .as_ref()
+            .ok_or(Error::Closed(Peer::Client))?;
+        stream.wait(ev)
+    }
+
+    /// `cuEventRecord(client_event, stream)` (the legacy default stream if `None`):
+    /// before every `action_seq` store.
+    pub fn record(&self, stream: Option<&Stream>) -> Result<()> {
+        let ev = self.event.as_ref().ok_or(Error::Closed(Peer::Client))?;
+        ev.record(stream.unwrap_or(&self.default_stream))
+    }
+
+    /// Closes everything, each exactly once: waits for the client's own queued writes
+    /// (a last record of its event on the default stream), destroys both events and
+    /// drops the imports (closed when their last holder drops). Returns whether every
+    /// imported handle was closed here, i.e. whether `client_cuda_state = RELEASED` may
+    /// be stored.
+    pub fn release(mut self) -> bool {
+        if let Some(ev) = &self.event {
+            if ev.record(&self.default_stream).is_ok() {
+                let _ = ev.synchronize();
+            }
+        }
+        self.engine_event = None;
+        self.event = None;
+        self.ptrs.clear();
+        let mut all = true;
+        for m in self.memory.drain(..) {
+            // `into_inner` drops (closes) the import when this was its last holder.
+            all &= Arc::into_inner(m).is_some();
+        }
+        all
+    }
+}
