@@ -64,6 +64,9 @@ pub struct Client {
     tx: flatbuffers::FlatBufferBuilder<'static>,
     /// See [`Client::set_interrupt`].
     interrupt: Option<Interrupt>,
+    /// CUDA tensors (1.2): context, events and imports; `None` for host-only layouts.
+    #[cfg(feature = "cuda")]
+    cuda: Option<crate::cuda::ipc::ClientCuda>,
 }
 
 impl std::fmt::Debug for Client {
@@ -92,22 +95,22 @@ impl Client {
                 hint: "the region it left was removed; start the engine again",
             }
         };
+        // CUDA tensors: probe the driver, find the device, create the client event, all
+        // before touching the region (a failure here leaves no trace in it).
+        #[cfg(feature = "cuda")]
+        let cuda = if layout.has_cuda() {
+            Some(crate::cuda::ipc::ClientCuda::prepare(&layout)?)
+        } else {
+            None
+        };
+        #[cfg(not(feature = "cuda"))]
         if let Some(t) = layout.tensors.iter().find(|t| t.cuda.is_some()) {
-            // Without the feature, or without a usable driver: CudaUnavailable with that
-            // reason. With both, the import path (src/cuda/driver.rs) is not wired into
-            // the client yet, so refuse rather than hand out host views of device bytes.
-            crate::cuda::probe().map_err(|e| match e {
-                Error::CudaUnavailable { reason } => Error::CudaUnavailable {
-                    reason: format!("tensor '{}' lives on CUDA: {reason}", t.name),
-                },
-                e => e,
-            })?;
+            let reason = match crate::cuda::unavailable_without_feature() {
+                Error::CudaUnavailable { reason } => reason,
+                e => e.to_string(),
+            };
             return Err(Error::CudaUnavailable {
-                reason: format!(
-                    "tensor '{}' lives on CUDA, and this client cannot import CUDA \
-                     tensors yet (protocol 1.2 draft)",
-                    t.name
-                ),
+                reason: format!("tensor '{}' lives on CUDA: {reason}", t.name),
             });
         }
         if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
@@ -152,6 +155,33 @@ impl Client {
         region
             .u64_at(offsets::CLIENT_START_TIME)
             .store(my_start, Ordering::Relaxed);
+        // CUDA (1.2): the client event's handle is written during the claim and published
+        // by ATTACHED; `client_cuda_state = OPEN` goes before any handle is opened. The
+        // SeqCst store of OPEN and load of `engine_state` pair with the engine's SeqCst
+        // store of CLOSED and load of `client_cuda_state` when it closes: either the
+        // engine sees OPEN (and does not free under us) or we see CLOSED (and open
+        // nothing).
+        #[cfg(feature = "cuda")]
+        if let Some(c) = &cuda {
+            let handle = c.handle();
+            for (i, chunk) in handle.chunks_exact(8).enumerate() {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(chunk);
+                region
+                    .u64_at(offsets::CLIENT_EVENT_HANDLE + 8 * i)
+                    .store(u64::from_le_bytes(w), Ordering::Relaxed);
+            }
+            region
+                .u32_at(offsets::CLIENT_CUDA_STATE)
+                .store(crate::layout::cuda_state::OPEN, Ordering::SeqCst);
+            if region.u32_at(offsets::ENGINE_STATE).load(Ordering::SeqCst) == state::CLOSED {
+                region
+                    .u32_at(offsets::CLIENT_CUDA_STATE)
+                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
+                slot.store(state::CLOSED, Ordering::Release);
+                return Err(Error::PeerClosed { peer: Peer::Engine });
+            }
+        }
         slot.store(state::ATTACHED, Ordering::Release);
         let mut client = Client {
             region,
@@ -166,7 +196,15 @@ impl Client {
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
             interrupt: None,
+            #[cfg(feature = "cuda")]
+            cuda,
         };
+        // Open the engine's event and memory once (a failure drops `client`, which
+        // closes whatever was opened and acknowledges).
+        #[cfg(feature = "cuda")]
+        if let Some(c) = client.cuda.as_mut() {
+            c.open(&client.layout)?;
+        }
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
         loop {
@@ -260,6 +298,48 @@ impl Client {
         self.io().write(key)
     }
 
+    /// The CUDA side of this client (`cuda` feature, layouts with CUDA tensors): the
+    /// primary context, the engine's event (a consumer stream waits on it before reading
+    /// a frame: [`ClientCuda::wait_frame_on`](crate::cuda::ipc::ClientCuda::wait_frame_on))
+    /// and the client's own event.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&crate::cuda::ipc::ClientCuda> {
+        self.cuda.as_ref()
+    }
+
+    /// Device address, in this process, of a CUDA tensor: the opened base of the
+    /// engine's allocation plus the tensor's offset, checked against the driver's size.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_ptr(&self, key: impl TensorKey) -> Result<u64> {
+        let (i, t) = key.resolve(&self.layout)?;
+        let c = self.cuda.as_ref().ok_or_else(|| {
+            if self.closed {
+                Error::Closed(Peer::Client)
+            } else {
+                Error::NotOnHost {
+                    tensor: t.name.clone(),
+                    location: "host (this engine has no CUDA tensors)",
+                }
+            }
+        })?;
+        c.ptr(i, t)
+    }
+
+    /// [`step`](Client::step), recording the client's event on `stream` (where the
+    /// client→engine device tensors were written) instead of the legacy default stream.
+    #[cfg(feature = "cuda")]
+    pub fn step_on(
+        &mut self,
+        stream: &crate::cuda::driver::Stream,
+        timeout: Duration,
+    ) -> Result<u64> {
+        self.check_can_step()?;
+        if let Some(c) = &self.cuda {
+            c.record(Some(stream))?;
+        }
+        self.post_and_wait(timeout)
+    }
+
     /// Number of the frame the tensors hold now.
     pub fn frame(&self) -> u64 {
         self.frame
@@ -325,6 +405,17 @@ impl Client {
     /// `Timeout`. After a timeout the step is still in flight: call
     /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
     pub fn step(&mut self, timeout: Duration) -> Result<u64> {
+        self.check_can_step()?;
+        // CUDA: the device actions were written on the default stream (or use `step_on`);
+        // record the client event after them, before `action_seq` moves.
+        #[cfg(feature = "cuda")]
+        if let Some(c) = &self.cuda {
+            c.record(None)?;
+        }
+        self.post_and_wait(timeout)
+    }
+
+    fn check_can_step(&self) -> Result<()> {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
@@ -336,6 +427,10 @@ impl Client {
         if self.engine_state() == state::CLOSED {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
+        Ok(())
+    }
+
+    fn post_and_wait(&mut self, timeout: Duration) -> Result<u64> {
         self.action += 1;
         if self.layout.version.1 >= 1 {
             // 1.1 engines sleep on the doorbell, which wakes them for commands too.
@@ -543,6 +638,22 @@ impl Client {
             return;
         }
         self.closed = true;
+        // CUDA: close every handle (once), then acknowledge with RELEASED (Release: the
+        // closes happen-before an engine's Acquire/SeqCst load that sees it), before
+        // CLOSED, so an engine woken by CLOSED already sees the acknowledgement.
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.take() {
+            if c.release() {
+                self.region
+                    .u32_at(offsets::CLIENT_CUDA_STATE)
+                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
+            } else {
+                eprintln!(
+                    "shmbridge: a view still holds the engine's CUDA memory open; \
+                     client_cuda_state stays OPEN (the engine will not free it)"
+                );
+            }
+        }
         self.region
             .u32_at(offsets::CLIENT_STATE)
             .store(state::CLOSED, Ordering::SeqCst);

@@ -339,9 +339,8 @@ fn cuda_entries_are_checked() {
     let c = t.cuda.unwrap();
     assert_eq!((c.ipc_mem_handle, c.alloc_size), ([7; 64], 256));
     assert_eq!(l.engine_event_handle, Some([9; 64]));
-    // ... but attaching is a typed CudaUnavailable here (a build without the feature, or
-    // no driver, or, for now, a client that does not import yet), never a panic or a host
-    // view of device bytes.
+    // ... but attaching is a typed CudaUnavailable where CUDA is unusable (a build
+    // without the feature, or no driver), never a panic or a host view of device bytes.
     let e = attach_to("cuda-ok", &b);
     assert!(
         matches!(&e, Error::CudaUnavailable { reason } if reason.contains("'obs'")),
@@ -414,4 +413,33 @@ fn engine_with_cuda_tensors_is_refused_with_a_reason() {
     spec.tensors[0] = spec.tensors[0].clone().on(Device::Cuda(0));
     let e = shmbridge::Engine::create(spec).unwrap_err();
     assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
+}
+
+/// A client refused for CUDA reasons (no `cuda` feature, no driver, no device) leaves
+/// the region as it found it: no claimed slot, no event handle, no CUDA state.
+#[test]
+fn cuda_refusal_leaves_no_trace_in_the_region() {
+    if shmbridge::cuda::probe().is_ok() {
+        eprintln!("SKIPPED: CUDA is usable here; tests/cuda.rs covers the GPU path");
+        return;
+    }
+    let b = cuda_region();
+    let name = format!("shmbridge-hostile-cuda-trace-{}", std::process::id());
+    let path = format!("/dev/shm/{name}");
+    std::fs::write(&path, &b).unwrap();
+    let r = Client::attach(
+        &name,
+        AttachOptions::default().timeout(Duration::from_millis(50)),
+    );
+    let after = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, Error::CudaUnavailable { reason } if reason.contains("'obs'")),
+        "{e}"
+    );
+    assert_eq!(after, b, "the region is unchanged");
+    let h: &layout::Header = bytemuck::from_bytes(&after[..CONTROL_SIZE]);
+    assert_eq!((h.client_state, h.client_cuda_state), (0, 0));
+    assert_eq!(h.client_event_handle, [0; 64]);
 }
