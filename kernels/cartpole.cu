@@ -7,8 +7,9 @@
 // the way `Pcg32::seed_from_u64(seed + e)` does and uploads them (cartpole_seed); a
 // reset draws 4 uniforms in [-0.05, 0.05) the way rand's `random_range(-0.05..0.05)`
 // does for f64 (one u64 = two u32 outputs, low word first; 52 mantissa bits -> [1, 2)
-// -> minus 1 -> scale + low, redrawn if >= high). CPU/GPU agreement on these is to be
-// verified on a GPU (tests/cuda.rs); it is the part most likely to need fixing.
+// -> minus 1 -> scale + low, one draw as rand 0.10 does). The scheme is mirrored in Rust
+// and checked bit for bit against rand_pcg on CPU (src/cuda/kernels.rs); that the GPU
+// computes the same (no FMA contraction: --fmad=false) is to be verified on a GPU.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -34,16 +35,16 @@ __device__ u32 pcg32_next(u64 *state, u64 inc) {
     return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
 }
 
+// rand 0.10's UniformFloat::sample_single: one draw, no rejection (the result may round
+// to `high`). Mirrored in Rust by src/cuda/kernels.rs (tested against rand_pcg on CPU).
+// Compiled with --fmad=false so the multiply and add round separately, as on the CPU.
 __device__ double uniform(u64 *state, u64 inc, double low, double high) {
     double scale = high - low;
-    for (;;) {
-        u64 lo = pcg32_next(state, inc);
-        u64 hi = pcg32_next(state, inc);
-        u64 bits = (hi << 32) | lo;
-        double v12 = __longlong_as_double((i64)((bits >> 12) | 0x3FF0000000000000ULL));
-        double r = (v12 - 1.0) * scale + low;
-        if (r < high) return r;
-    }
+    u64 lo = pcg32_next(state, inc);
+    u64 hi = pcg32_next(state, inc);
+    u64 bits = (hi << 32) | lo;
+    double v12 = __longlong_as_double((i64)((bits >> 12) | 0x3FF0000000000000ULL));
+    return (v12 - 1.0) * scale + low;
 }
 
 __device__ void reset_env(double *s, u32 *steps, u64 *rng_state, const u64 *rng_inc, u64 e) {
