@@ -535,6 +535,9 @@ impl Engine {
                     e.to_string(),
                 ),
             };
+            // CUDA: a command (reset) may have queued kernels writing device tensors; the
+            // reply publishes them, so the event is recorded before it is pushed.
+            self.record_frame()?;
             let mut bytes = reply.encode_into(tx);
             if bytes.len() as u64 > channel.e2c.max_record() {
                 let too_big = Envelope::error_reply(
