@@ -28,6 +28,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--blocking", action="store_true", help="never spin")
     p.add_argument("--idle-timeout", type=float, default=3600.0,
                    help="give up after this many seconds without an action")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda, cuda:N or auto (CUDA when usable, else host memory)")
     a = p.parse_args(argv)
     try:
         steps = _native.run_engine(
@@ -42,6 +44,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             blocking=a.blocking,
             idle_timeout=a.idle_timeout,
             image=a.image,
+            device=a.device,
         )
     except Exception as e:  # noqa: BLE001 - report any failure like the CLI does
         print(f"shmbridge: error: {e}", file=sys.stderr, flush=True)

@@ -236,6 +236,7 @@ def run_engine(
     blocking: bool = False,
     idle_timeout: float = 3600.0,
     image: Optional[str] = None,
+    device: str = "cpu",
 ) -> int:
     """Serves a reference engine until the client closes; returns the number of steps."""
 

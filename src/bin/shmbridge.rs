@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use rand::RngExt;
 use rand_pcg::Pcg32;
 
+use shmbridge::cuda::DeviceRequest;
 use shmbridge::envs::{self, EnvOptions};
 use shmbridge::layout::{self, state, Header};
 use shmbridge::region::{self, Region};
@@ -71,6 +72,10 @@ struct EngineArgs {
     /// Give up after this many seconds without an action from the client.
     #[arg(long, default_value_t = 3600.0)]
     idle_timeout: f64,
+    /// Where the tensors live: cpu, cuda, cuda:N, or auto (CUDA device 0 when usable,
+    /// else host memory; the choice is logged on stderr).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: DeviceRequest,
 }
 
 #[derive(Args, Clone)]
@@ -131,6 +136,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_device(text: &str) -> Result<DeviceRequest, String> {
+    DeviceRequest::parse(text).map_err(|e| e.to_string())
+}
+
 fn parse_image(text: &str) -> Result<[u64; 3], String> {
     envs::parse_image_shape(text).map_err(|e| e.to_string())
 }
@@ -149,6 +158,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
         },
         policy: a.wait.policy(),
         idle_timeout: Duration::from_secs_f64(a.idle_timeout),
+        device: a.device,
     })?;
     eprintln!("shmbridge: client closed after {steps} steps");
     Ok(())

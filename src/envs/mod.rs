@@ -138,6 +138,9 @@ pub struct ReferenceEngine {
     pub policy: crate::sync::WaitPolicy,
     /// Give up after this long without an action.
     pub idle_timeout: Duration,
+    /// Where the env's tensors live: `Host` (the CPU engines), `Cuda` (the kernels of
+    /// `kernels/`, needs the `cuda` feature and a usable device), or `Auto`.
+    pub device: crate::cuda::DeviceRequest,
 }
 
 /// Creates the engine, prints the region name on stdout once frame 0 is published, and
@@ -145,6 +148,15 @@ pub struct ReferenceEngine {
 /// close the region and remove its name before the process exits, so nothing is left in
 /// /dev/shm and the client sees `PeerClosed`.
 pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
+    let choice = crate::cuda::resolve(r.device)?;
+    if r.device != crate::cuda::DeviceRequest::Host {
+        eprintln!("{}", choice.log_line());
+    }
+    if choice.device != crate::cuda::Device::Host {
+        return Err(Error::CudaUnavailable {
+            reason: "the CUDA reference engines are not wired yet".into(),
+        });
+    }
     let mut env = by_name(&r.env, r.num_envs, &r.options)?;
     let mut spec = env.spec().policy(r.policy);
     if let Some(n) = &r.name {

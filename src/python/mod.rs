@@ -1051,7 +1051,7 @@ fn layout_name(name: &str) -> String {
 /// Serves a reference engine until the client closes, like `shmbridge engine`. Prints
 /// the region name on stdout once frame 0 is published. Returns the exit status.
 #[pyfunction]
-#[pyo3(signature = (env="cartpole", num_envs=256, name=None, obs_dim=None, act_dim=None, sparse=false, seed=0, spin_us=None, blocking=false, idle_timeout=3600.0, image=None))]
+#[pyo3(signature = (env="cartpole", num_envs=256, name=None, obs_dim=None, act_dim=None, sparse=false, seed=0, spin_us=None, blocking=false, idle_timeout=3600.0, image=None, device="cpu"))]
 #[allow(clippy::too_many_arguments)]
 fn run_engine(
     py: Python<'_>,
@@ -1066,7 +1066,9 @@ fn run_engine(
     blocking: bool,
     idle_timeout: f64,
     image: Option<&str>,
+    device: &str,
 ) -> PyResult<u64> {
+    let device = crate::cuda::DeviceRequest::parse(device).py_err(py)?;
     let image = image
         .map(envs::parse_image_shape)
         .transpose()
@@ -1087,6 +1089,7 @@ fn run_engine(
         options,
         policy,
         idle_timeout: idle,
+        device,
     };
     py.detach(move || envs::run_reference(&engine)).py_err(py)
 }
