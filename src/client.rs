@@ -643,15 +643,22 @@ impl Client {
         // CLOSED, so an engine woken by CLOSED already sees the acknowledgement.
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.take() {
-            if c.release() {
+            let region = &self.region;
+            let released = c.release(|| match region.map_again() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!(
+                        "shmbridge: views still hold the engine's CUDA memory and the region \
+                         could not be mapped for their close acknowledgement ({e}); \
+                         client_cuda_state stays OPEN (the engine will not free it)"
+                    );
+                    None
+                }
+            });
+            if released {
                 self.region
                     .u32_at(offsets::CLIENT_CUDA_STATE)
                     .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
-            } else {
-                eprintln!(
-                    "shmbridge: a view still holds the engine's CUDA memory open; \
-                     client_cuda_state stays OPEN (the engine will not free it)"
-                );
             }
         }
         self.region

@@ -28,9 +28,9 @@ import time
 from typing import Any, Optional
 
 from . import errors
-from ._native import Client, Engine, EngineSpec, Tensor, __version__, gc, list_regions
+from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
-from .errors import EngineStartError, ShmBridgeError
+from .errors import CudaUnavailableError, EngineStartError, ShmBridgeError
 
 __all__ = [
     "Client",
@@ -39,6 +39,7 @@ __all__ = [
     "Tensor",
     "attach",
     "launch",
+    "cuda_available",
     "list_regions",
     "gc",
     "errors",
@@ -97,10 +98,23 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
 _ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
 
 
+def _check_device(device: str) -> str:
+    """``device`` normalised (``"cpu"``, ``"auto"``, ``"cuda"``, ``"cuda:N"``), or
+    ``ValueError`` before anything is started."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str such as 'cpu', 'cuda:0' or 'auto', not {type(device).__name__}")
+    d = device.strip().lower()
+    if d == "host":
+        d = "cpu"
+    if d in ("cpu", "auto", "cuda") or (d.startswith("cuda:") and d[5:].isdigit()):
+        return d
+    raise ValueError(f"device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'auto'")
+
+
 def launch(
     env: str = "cartpole",
     num_envs: int = 256,
-    device: str = "auto",
+    device: str = "cpu",
     *,
     timeout: float = 30.0,
     spin_us: Optional[float] = None,
@@ -108,6 +122,14 @@ def launch(
     **engine_args: Any,
 ) -> Client:
     """Starts the reference engine ``env`` as a child process and attaches to it.
+
+    ``device``: where the engine's tensors live. ``"cpu"`` (shared memory), ``"cuda"``
+    or ``"cuda:N"`` (device memory, stepped by the CUDA kernels; the client opens it
+    through CUDA IPC, so ``torch.from_dlpack(client.obs)`` is a CUDA tensor), or
+    ``"auto"``: CUDA device 0 when one is usable, else host memory. ``client.device``
+    says which it got, and for anything but ``"cpu"`` the engine's choice is printed
+    on stderr (``shmbridge: device auto -> cpu (...)``). ``"cuda"`` without a usable
+    device raises :class:`CudaUnavailableError` with the reason.
 
     ``engine_args`` are the options of ``shmbridge engine`` (``seed``, ``obs_dim``,
     ``act_dim``, ``sparse``, ``image`` (null: an ``rgb`` uint8 tensor, e.g. ``"84x84x3"``),
@@ -121,9 +143,11 @@ def launch(
             f"launch() got unknown engine options {unknown}; "
             f"the reference engines take {sorted(_ENGINE_ARGS)}"
         )
-    if device not in ("auto", "cpu"):
-        raise ValueError(f"device {device!r}: this version serves host tensors only ('auto' or 'cpu')")
-    args = [sys.executable, "-m", "shmbridge._engine", "--env", str(env), "--num-envs", str(int(num_envs))]
+    device = _check_device(device)
+    args = [
+        sys.executable, "-m", "shmbridge._engine",
+        "--env", str(env), "--num-envs", str(int(num_envs)), "--device", device,
+    ]
     if spin_us is not None:
         args += ["--spin-us", str(spin_us)]
     if blocking:
@@ -171,7 +195,19 @@ def launch(
     if name is None:
         if proc.poll() is None:
             raise fail(f"the engine did not print its region name within {timeout} s")
+        text = engine_stderr()
+        reason = [line for line in text.splitlines() if "CUDA is unavailable" in line]
+        if device != "cpu" and reason:
+            proc.wait()
+            stderr.close()
+            said = reason[-1].removeprefix("shmbridge: error: ")
+            raise CudaUnavailableError(f"launch(device={device!r}): {said}")
         raise fail("the engine exited before serving")
+    if device != "cpu":
+        # The engine's choice (`shmbridge: device auto -> cuda:0 (...)`), for the user.
+        for line in engine_stderr().splitlines():
+            if line.startswith("shmbridge: device "):
+                print(line, file=sys.stderr, flush=True)
     assert proc.stdout is not None
     proc.stdout.close()
     try:

@@ -1,4 +1,4 @@
-"""Type stubs for the native module ``shmbridge._native`` (``src/python.rs``)."""
+"""Type stubs for the native module ``shmbridge._native`` (``src/python/``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ __all__ = [
     "EngineSpec",
     "Tensor",
     "run_engine",
+    "cuda_available",
     "list_regions",
     "gc",
     "_error_classes",
@@ -52,7 +53,11 @@ class Tensor:
     def nbytes(self) -> int: ...
     @property
     def data_ptr(self) -> int:
-        """Address of the first byte in this process (zero-copy views point here)."""
+        """Address of the first byte in this process (zero-copy views point here): in
+        the shared-memory mapping, or the device pointer of a CUDA tensor."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
     @property
     def writable(self) -> bool:
         """True for the tensors this side writes (a client: actions, reset_mask; an
@@ -73,15 +78,20 @@ class Client:
         spin_us: Optional[float] = None,
         blocking: bool = False,
     ) -> Client: ...
-    def step(self, actions: Optional[Any] = None, timeout: Optional[float] = None) -> _StepResult:
+    def step(
+        self, actions: Optional[Any] = None, timeout: Optional[float] = None, stream: Optional[Any] = None
+    ) -> _StepResult:
         """Copies ``actions`` (if given) into the action tensor, sends it and waits for
         the frame; returns ``(obs, rewards, terminated, truncated)``, the same objects
-        every time."""
+        every time. CUDA engines: ordered on ``stream`` (an int ``CUstream``, a
+        ``torch.cuda.Stream``; default torch's current stream), which afterwards waits
+        on the engine's event; ``actions`` must then be a CUDA tensor on the device."""
     def reset(
         self,
         seed: Union[None, int, Sequence[int]] = None,
         env_ids: Optional[Sequence[int]] = None,
         timeout: float = 10.0,
+        stream: Optional[Any] = None,
     ) -> int: ...
     def call(
         self, method: str, *, payload: Optional[bytes] = None, timeout: float = 10.0, **kwargs: Any
@@ -124,6 +134,9 @@ class Client:
     def engine_kind(self) -> str: ...
     @property
     def engine_pid(self) -> int: ...
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``: where the engine's tensors live."""
     @property
     def frame(self) -> int: ...
     def counters(self) -> Tuple[int, int]: ...
@@ -240,6 +253,8 @@ def run_engine(
 ) -> int:
     """Serves a reference engine until the client closes; returns the number of steps."""
 
+def cuda_available() -> Tuple[bool, str]:
+    """``(True, "driver ..., N device(s)")`` or ``(False, reason)``; never raises."""
 def list_regions() -> List[str]: ...
 def gc() -> List[str]: ...
 def _error_classes() -> List[str]: ...

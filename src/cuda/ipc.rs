@@ -5,7 +5,8 @@
 //! Written against the driver layer and checked on CPU only for its refusals
 //! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::driver::{
@@ -14,6 +15,7 @@ use super::driver::{
 use super::CudaRelease;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
+use crate::region::Region;
 
 /// How long an engine that closes waits for its client's close acknowledgement before
 /// it leaks the exported memory instead of freeing it.
@@ -180,15 +182,84 @@ fn not_on_device(t: &TensorInfo) -> Error {
     }
 }
 
-/// The client's CUDA state: its context (the device's primary one), its event, the
-/// engine's event and the imported allocation(s), each opened once.
+/// What the client's views of CUDA tensors keep alive: the opened allocation(s), the
+/// engine's event (a consumer stream waits on it) and the primary context. Shared
+/// (`Arc`) by the [`ClientCuda`] and every view handed out (the Python package's DLPack
+/// capsules), so the handles stay open while any view lives, even after the client
+/// closed, and are closed exactly once, by whoever drops the last reference.
+///
+/// The close acknowledgement (`client_cuda_state = RELEASED`) follows the last close: a
+/// client that closes while views live leaves `OPEN` (the engine does not free under the
+/// views) and hands the lease a mapping of the region ([`CudaLease::acknowledge_into`]),
+/// into which the lease's drop stores `RELEASED` once every handle is closed.
+#[derive(Debug)]
+pub struct CudaLease {
+    engine_event: IpcEvent,
+    memory: Mutex<Vec<Arc<ImportedMemory>>>,
+    /// Where to acknowledge at drop (set when the client closed); `None` while the
+    /// client is open (it acknowledges itself) or when no mapping could be made.
+    ack: Mutex<Option<Region>>,
+    ctx: Arc<PrimaryContext>,
+}
+
+impl CudaLease {
+    pub fn context(&self) -> &Arc<PrimaryContext> {
+        &self.ctx
+    }
+
+    /// The engine's event, opened once.
+    pub fn engine_event(&self) -> &IpcEvent {
+        &self.engine_event
+    }
+
+    /// Makes the stream `raw` wait, on the GPU, for the engine's last published frame
+    /// (its event's last record). `raw`: a `CUstream` of this context, or 0/1/2 (the
+    /// legacy and per-thread default streams).
+    ///
+    /// # Safety
+    /// `raw` must be 0, 1, 2 or a live stream of this context.
+    pub unsafe fn wait_on(&self, raw: u64) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let stream = unsafe { Stream::borrowed(&self.ctx, raw) };
+        stream.wait(&self.engine_event)
+    }
+
+    /// Stores `RELEASED` into `region` when the last reference drops (after every handle
+    /// is closed), if this lease was the last holder of each.
+    pub fn acknowledge_into(&self, region: Region) {
+        *self.ack.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
+    }
+}
+
+impl Drop for CudaLease {
+    fn drop(&mut self) {
+        let memory = std::mem::take(&mut *self.memory.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = true;
+        for m in memory {
+            // `into_inner` drops (closes) the import when this was its last holder; a
+            // later client of the same allocation in this process may still hold it.
+            all &= Arc::into_inner(m).is_some();
+        }
+        let ack = self.ack.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(region) = ack {
+            if all {
+                // Release: the closes above happen-before an engine's load that sees it.
+                region
+                    .u32_at(crate::layout::offsets::CLIENT_CUDA_STATE)
+                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// The client's CUDA state: its context (the device's primary one), its own event, and
+/// the [`CudaLease`] on the engine's event and allocation(s), each opened once.
 #[derive(Debug)]
 pub struct ClientCuda {
-    // Drop order: events, then the imports, then the context.
+    // Drop order: the client's event, then the lease, then the context.
     event: Option<IpcEvent>,
     handle: [u8; 64],
-    engine_event: Option<IpcEvent>,
-    memory: Vec<Arc<ImportedMemory>>,
+    lease: Option<Arc<CudaLease>>,
     /// Device address of each tensor of the layout (by index); `None` for host ones.
     ptrs: Vec<Option<u64>>,
     /// The legacy default stream of `ctx` (what `step()` records on).
@@ -251,8 +322,7 @@ impl ClientCuda {
         Ok(ClientCuda {
             event: Some(event),
             handle,
-            engine_event: None,
-            memory: Vec::new(),
+            lease: None,
             ptrs: vec![None; layout.tensors.len()],
             default_stream,
             ctx,
@@ -275,7 +345,8 @@ impl ClientCuda {
                 field: "engine_event_handle",
                 reason: "missing for a layout with CUDA tensors".into(),
             })?;
-        self.engine_event = Some(IpcEvent::open(&self.ctx, &engine_event)?);
+        let engine_event = IpcEvent::open(&self.ctx, &engine_event)?;
+        let mut memory: Vec<Arc<ImportedMemory>> = Vec::new();
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(c) = t.cuda else { continue };
             // Cached per (device, handle): a second tensor of the same allocation gets
@@ -292,11 +363,28 @@ impl ClientCuda {
                 });
             }
             self.ptrs[i] = Some(m.span(t.offset, t.nbytes)?);
-            if !self.memory.iter().any(|o| Arc::ptr_eq(o, &m)) {
-                self.memory.push(m);
+            if !memory.iter().any(|o| Arc::ptr_eq(o, &m)) {
+                memory.push(m);
             }
         }
+        self.lease = Some(Arc::new(CudaLease {
+            engine_event,
+            memory: Mutex::new(memory),
+            ack: Mutex::new(None),
+            ctx: self.ctx.clone(),
+        }));
         Ok(())
+    }
+
+    /// The lease on the opened handles: a view that must stay valid clones it. `None`
+    /// before [`open`](Self::open).
+    pub fn lease(&self) -> Option<&Arc<CudaLease>> {
+        self.lease.as_ref()
+    }
+
+    /// This process's ordinal of the engine's device.
+    pub fn ordinal(&self) -> i32 {
+        self.ctx.ordinal()
     }
 
     pub fn context(&self) -> &Arc<PrimaryContext> {
@@ -315,15 +403,12 @@ impl ClientCuda {
     /// The engine's event, opened once: a consumer stream waits on it
     /// (`cuStreamWaitEvent`) before reading a frame's device tensors.
     pub fn engine_event(&self) -> Option<&IpcEvent> {
-        self.engine_event.as_ref()
+        self.lease.as_ref().map(|l| l.engine_event())
     }
 
     /// Makes `stream` wait (on the GPU) for the engine's last published frame.
     pub fn wait_frame_on(&self, stream: &Stream) -> Result<()> {
-        let ev = self
-            .engine_event
-            .as_ref()
-            .ok_or(Error::Closed(Peer::Client))?;
+        let ev = self.engine_event().ok_or(Error::Closed(Peer::Client))?;
         stream.wait(ev)
     }
 
@@ -334,25 +419,42 @@ impl ClientCuda {
         ev.record(stream.unwrap_or(&self.default_stream))
     }
 
-    /// Closes everything, each exactly once: waits for the client's own queued writes
-    /// (a last record of its event on the default stream), destroys both events and
-    /// drops the imports (closed when their last holder drops). Returns whether every
-    /// imported handle was closed here, i.e. whether `client_cuda_state = RELEASED` may
-    /// be stored.
-    pub fn release(mut self) -> bool {
+    /// Closes the client's side, each handle exactly once: waits for the client's own
+    /// queued writes (a last record of its event on the default stream), destroys its
+    /// event and drops its reference to the lease. Returns whether the handles are
+    /// closed now (no view holds the lease), i.e. whether `client_cuda_state = RELEASED`
+    /// may be stored. If views still hold it, `ack()` is asked for a mapping of the
+    /// region, into which the lease acknowledges when the last view drops.
+    pub fn release(mut self, ack: impl FnOnce() -> Option<Region>) -> bool {
         if let Some(ev) = &self.event {
             if ev.record(&self.default_stream).is_ok() {
                 let _ = ev.synchronize();
             }
         }
-        self.engine_event = None;
         self.event = None;
         self.ptrs.clear();
-        let mut all = true;
-        for m in self.memory.drain(..) {
-            // `into_inner` drops (closes) the import when this was its last holder.
-            all &= Arc::into_inner(m).is_some();
+        let Some(lease) = self.lease.take() else {
+            return true;
+        };
+        match Arc::try_unwrap(lease) {
+            Ok(lease) => {
+                let closed = lease
+                    .memory
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .all(|m| Arc::strong_count(m) == 1);
+                drop(lease);
+                closed
+            }
+            Err(shared) => {
+                if let Some(region) = ack() {
+                    shared.acknowledge_into(region);
+                }
+                // If the last view dropped meanwhile, this drop closes and acknowledges.
+                drop(shared);
+                false
+            }
         }
-        all
     }
 }

@@ -21,7 +21,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::{
-    duration, numpy_name, tensor_named, to_pyerr, wait_policy, IntoPy, PyTensor, SIGNAL_SLICE,
+    duration, numpy_name, tensor_named, to_pyerr, wait_policy, IntoPy, Place, PyTensor,
+    SIGNAL_SLICE,
 };
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::{Engine, EngineSpec};
@@ -384,7 +385,8 @@ impl PyEngine {
             })
             .py_err(py)?;
         let layout = engine.layout().clone();
-        let tensors = PyTensor::all(py, &region, &layout, Peer::Engine)?;
+        // An engine written in Python serves host tensors (its EngineSpec has no device).
+        let tensors = PyTensor::all(py, &region, &layout, Peer::Engine, |_, _| Ok(Place::Host))?;
         let region = Arc::clone(&region);
         Ok(PyEngine {
             name: engine.name().to_string(),

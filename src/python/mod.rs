@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use dlpark::ffi::DLManagedTensorVersioned;
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor};
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor};
 use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
@@ -157,31 +157,71 @@ fn dl_dtype(d: DType) -> DLDataType {
     }
 }
 
-/// One host tensor of a region, as Python sees it. Created once per client at attach.
+/// Where a [`PyTensor`]'s bytes are, in this process.
+enum Place {
+    /// In the shared-memory region, at the layout's offset.
+    Host,
+    /// In the engine's CUDA allocation, opened from its IPC handle: `ptr` is the opened
+    /// base plus the tensor's offset, on this process's device `ordinal`. The lease
+    /// keeps the handle open (and the engine's event) while the client is open or a
+    /// capsule of it lives; `close()` takes this object's reference away, so that only
+    /// views handed out delay the close acknowledgement (the memory itself lives only
+    /// as long as the engine process: it owns it).
+    #[cfg(feature = "cuda")]
+    Cuda {
+        ptr: u64,
+        ordinal: i32,
+        lease: Mutex<Option<Arc<crate::cuda::ipc::CudaLease>>>,
+    },
+}
+
+/// One tensor of a region, as Python sees it: host memory in the region, or (with the
+/// `cuda` feature) device memory opened from the engine's CUDA IPC handle. Created once
+/// per client at attach.
 #[pyclass(module = "shmbridge._native", name = "Tensor", frozen)]
 pub struct PyTensor {
-    /// A second mapping of the region (`map_again`): every capsule holds a clone, so
-    /// views outlive the client or engine that made them.
+    /// A second mapping of the region (`map_again`): every host capsule holds a clone,
+    /// so views outlive the client or engine that made them.
     region: Arc<Region>,
     info: TensorInfo,
     shape: Vec<i64>,
     /// Whether the side holding this object writes the tensor (the client writes
     /// client→engine tensors, the engine engine→client ones).
     writable: bool,
+    place: Place,
+}
+
+/// The place of tensor `index` for a client: CUDA for the tensors the engine placed on
+/// its device (opened at attach), host for the others.
+#[cfg(feature = "cuda")]
+fn client_place(client: &Client, index: usize, info: &TensorInfo) -> Result<Place, Error> {
+    if info.cuda.is_none() {
+        return Ok(Place::Host);
+    }
+    let cuda = client.cuda().ok_or(Error::Closed(Peer::Client))?;
+    let lease = cuda.lease().ok_or(Error::Closed(Peer::Client))?;
+    Ok(Place::Cuda {
+        ptr: cuda.ptr(index, info)?,
+        ordinal: cuda.ordinal(),
+        lease: Mutex::new(Some(Arc::clone(lease))),
+    })
 }
 
 impl PyTensor {
-    /// The tensors of `layout` as `side` sees them, all sharing `region`.
+    /// The tensors of `layout` as `side` sees them, all sharing `region`; `place` says
+    /// where tensor `i` lives in this process.
     fn all(
         py: Python<'_>,
         region: &Arc<Region>,
         layout: &crate::layout::Layout,
         side: Peer,
+        place: impl Fn(usize, &TensorInfo) -> Result<Place, Error>,
     ) -> PyResult<Vec<Py<PyTensor>>> {
         layout
             .tensors
             .iter()
-            .map(|info| {
+            .enumerate()
+            .map(|(i, info)| {
                 let writer = match info.direction {
                     Direction::EngineToClient => Peer::Engine,
                     Direction::ClientToEngine => Peer::Client,
@@ -193,39 +233,133 @@ impl PyTensor {
                         info: info.clone(),
                         shape: info.shape.iter().map(|&d| d as i64).collect(),
                         writable: writer == side,
+                        place: place(i, info).py_err(py)?,
                     },
                 )
             })
             .collect()
     }
 
+    /// The host address of the first byte. Only meaningful for [`Place::Host`]; every
+    /// caller checks the place first ([`Self::host_address`]).
     fn address(&self) -> *mut u8 {
         // SAFETY: the layout was validated against the region's length, and this mapping
         // (`map_again`) has that same length: `offset + nbytes <= len`, so the pointer
-        // stays inside it.
+        // stays inside it. (For a CUDA tensor the range is reserved but unused.)
         unsafe { self.region.ptr().add(self.info.offset as usize) }
     }
 
+    /// The host address, or `TypeError` for a CUDA tensor (no host bytes to give).
+    fn host_address(&self) -> PyResult<*mut u8> {
+        match &self.place {
+            Place::Host => Ok(self.address()),
+            #[cfg(feature = "cuda")]
+            Place::Cuda { ordinal, .. } => Err(PyTypeError::new_err(format!(
+                "tensor '{}' lives on cuda:{ordinal}, not in host memory: use \
+                 torch.from_dlpack(tensor) (or another CUDA DLPack consumer)",
+                self.info.name
+            ))),
+        }
+    }
+
+    /// Address of the first byte in this process: host or device.
+    fn data_address(&self) -> u64 {
+        match &self.place {
+            Place::Host => self.address() as u64,
+            #[cfg(feature = "cuda")]
+            Place::Cuda { ptr, .. } => *ptr,
+        }
+    }
+
+    /// The lease of a CUDA tensor of an open client; `ClosedError` after `close()`.
+    #[cfg(feature = "cuda")]
+    fn lease(&self) -> PyResult<Arc<crate::cuda::ipc::CudaLease>> {
+        let Place::Cuda { lease, .. } = &self.place else {
+            return Err(PyTypeError::new_err(format!(
+                "tensor '{}' lives in host memory",
+                self.info.name
+            )));
+        };
+        lease
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| Python::attach(|py| to_pyerr(py, Error::Closed(Peer::Client))))
+    }
+
+    /// Drops this object's reference to the CUDA lease (at the client's close).
+    fn detach_lease(&self) {
+        #[cfg(feature = "cuda")]
+        if let Place::Cuda { lease, .. } = &self.place {
+            lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+    }
+
+    fn dl_device(&self) -> DLDevice {
+        match &self.place {
+            Place::Host => DLDevice::CPU,
+            #[cfg(feature = "cuda")]
+            Place::Cuda { ordinal, .. } => DLDevice::cuda(*ordinal),
+        }
+    }
+
+    /// `"cpu"` or `"cuda:N"`.
+    fn device_name(&self) -> String {
+        match &self.place {
+            Place::Host => "cpu".to_string(),
+            #[cfg(feature = "cuda")]
+            Place::Cuda { ordinal, .. } => format!("cuda:{ordinal}"),
+        }
+    }
+
     fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let mut init = Dynamic::compact(self.shape.clone())
-            .initialize_as::<M>(Arc::clone(&self.region))
-            .map_err(|e| PyRuntimeError::new_err(format!("building a DLPack tensor: {e}")))?;
-        init.set_data(self.address().cast())
+        let layout = Dynamic::compact(self.shape.clone());
+        let mut init = match &self.place {
+            Place::Host => layout.initialize_as::<M>(Arc::clone(&self.region)),
+            #[cfg(feature = "cuda")]
+            Place::Cuda { .. } => layout.initialize_as::<M>(self.lease()?),
+        }
+        .map_err(|e| PyRuntimeError::new_err(format!("building a DLPack tensor: {e}")))?;
+        init.set_data(self.data_address() as usize as *mut std::ffi::c_void)
             .set_dtype(dl_dtype(self.info.dtype))
-            .set_device(DLDevice::CPU);
-        // SAFETY: `data` points at `nbytes` bytes inside the mapping (validated bounds,
-        // 64-byte aligned), laid out C-contiguously with the shape and the compact strides
-        // dlpark wrote; the managed tensor's context is an `Arc` of that mapping, so the
+            .set_device(self.dl_device());
+        // SAFETY: host: `data` points at `nbytes` bytes inside the mapping (validated
+        // bounds, 64-byte aligned), and the context is an `Arc` of that mapping, so the
         // bytes stay mapped until the consumer calls the deleter, even after the client
-        // closes. No flags are set: the memory is writable (MAP_SHARED, read-write), and
-        // concurrent writes by the peer follow the lock-step protocol, not Rust aliasing.
+        // closes. CUDA: `data` is the opened base plus the offset, checked against the
+        // size the driver reports for the allocation (`ImportedMemory::span`), and the
+        // context is an `Arc` of the lease that keeps the handle open until the deleter
+        // runs. Both are laid out C-contiguously with the shape and the compact strides
+        // dlpark wrote. No flags are set: the memory is writable, and concurrent writes
+        // by the peer follow the lock-step protocol, not Rust aliasing.
         Ok(unsafe { init.finish() })
+    }
+}
+
+/// A CUDA stream handed to a DLPack producer (`__dlpack__(stream=...)`) when importing
+/// CUDA actions: the producer orders its pending writes before it.
+#[cfg(feature = "cuda")]
+struct ConsumerStream(u64);
+
+// SAFETY: `ConsumerStream` holds 0, 1, 2 or a live stream of the device the tensor is
+// on (see `PyClient::consumer_stream`), encoded by dlpark's CUDA convention, and lives
+// for the whole `__dlpack__` call.
+#[cfg(feature = "cuda")]
+unsafe impl dlpark::python::DlpackStream for ConsumerStream {
+    fn as_python_arg(
+        &self,
+        _py: Python<'_>,
+        _device: DLDevice,
+    ) -> PyResult<dlpark::python::StreamArg> {
+        Ok(dlpark::python::consumer::stream::cuda(
+            self.0 as usize as *mut std::ffi::c_void,
+        ))
     }
 }
 
 impl DlpackExporter for PyTensor {
     fn device(&self) -> DLDevice {
-        DLDevice::CPU
+        self.dl_device()
     }
 
     fn flags(&self) -> DlpackFlags {
@@ -233,8 +367,26 @@ impl DlpackExporter for PyTensor {
     }
 
     fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
-        // Host memory: nothing to synchronise; the lock-step protocol orders the bytes.
-        Ok(())
+        match &self.place {
+            // Host memory: nothing to synchronise; the lock-step protocol orders the bytes.
+            Place::Host => Ok(()),
+            // The consumer's stream waits (on the GPU) for the engine's last frame.
+            #[cfg(feature = "cuda")]
+            Place::Cuda { .. } => {
+                let lease = self.lease()?;
+                use dlpark::python::producer::CudaStreamRequest as S;
+                let raw = match _request.cuda_stream()? {
+                    S::NoSync => return Ok(()),
+                    // No stream given: the protocol's legacy default stream.
+                    S::Omitted | S::LegacyDefault => 1,
+                    S::PerThreadDefault => 2,
+                    S::Pointer(p) => p as u64,
+                };
+                // SAFETY: 1, 2, or a stream pointer the consumer says is live on this
+                // tensor's device for the duration of the call (the DLPack contract).
+                unsafe { lease.wait_on(raw) }.py_err(_py)
+            }
+        }
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
@@ -260,6 +412,14 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let py = slf.py();
+        #[cfg(feature = "cuda")]
+        if let Place::Cuda { .. } = slf.get().place {
+            // A device tensor: the consumer's stream waits on the engine's event
+            // (`prepare_export`); copy=True is refused (BufferError) by dlpark, as this
+            // producer only exports the engine's memory itself.
+            let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
+            return dlpark::python::export_dlpack(slf.get(), py, request);
+        }
         // For kDLCPU the standard says `stream` must be None (a consumer may pass -1).
         if let Some(s) = &stream {
             if !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
@@ -270,7 +430,9 @@ impl PyTensor {
         }
         if copy == Some(true) {
             let np = py.import("numpy")?;
-            let owned = np.call_method1("from_dlpack", (slf,))?.call_method0("copy")?;
+            let owned = np
+                .call_method1("from_dlpack", (slf,))?
+                .call_method0("copy")?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("max_version", max_version)?;
             kwargs.set_item("dl_device", dl_device)?;
@@ -281,7 +443,8 @@ impl PyTensor {
     }
 
     fn __dlpack_device__(&self) -> (u32, i32) {
-        (DLDeviceType::CPU.0, 0)
+        let d = self.dl_device();
+        (d.device_type.0, d.device_id)
     }
 
     /// A NumPy array viewing the same bytes (`numpy.from_dlpack(self)`).
@@ -292,6 +455,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        slf.get().host_address()?;
         let np = py.import("numpy")?;
         let mut array = np.call_method1("from_dlpack", (slf,))?;
         if let Some(dtype) = dtype {
@@ -341,10 +505,17 @@ impl PyTensor {
         self.info.nbytes
     }
 
-    /// The address of the first byte in this process (what a zero-copy view points at).
+    /// The address of the first byte in this process (what a zero-copy view points at):
+    /// in the shared-memory mapping, or on the device for a CUDA tensor.
     #[getter]
-    fn data_ptr(&self) -> usize {
-        self.address() as usize
+    fn data_ptr(&self) -> u64 {
+        self.data_address()
+    }
+
+    /// `"cpu"` or `"cuda:N"` (this process's ordinal of the engine's device).
+    #[getter]
+    fn device(&self) -> String {
+        self.device_name()
     }
 
     /// True for the tensors this side writes: `actions` and `reset_mask` for a client,
@@ -362,12 +533,13 @@ impl PyTensor {
 
     fn __repr__(&self) -> String {
         format!(
-            "<shmbridge.Tensor '{}' {} {:?} {} at {:#x}>",
+            "<shmbridge.Tensor '{}' {} {:?} {} on {} at {:#x}>",
             self.info.name,
             numpy_name(self.info.dtype),
             self.shape,
             self.info.direction.arrow(),
-            self.address() as usize
+            self.device_name(),
+            self.data_address()
         )
     }
 }
@@ -395,6 +567,8 @@ pub struct PyClient {
     num_envs: usize,
     engine_kind: String,
     engine_pid: u32,
+    /// `"cpu"`, or `"cuda:N"` when the engine's tensors live on a CUDA device.
+    device: String,
     tensors: Vec<Py<PyTensor>>,
     actions_index: Option<usize>,
     step_outputs: Option<Py<PyTuple>>,
@@ -484,8 +658,15 @@ impl PyClient {
         }
     }
 
-    /// Validates `actions` against the action tensor and copies it there.
-    fn copy_actions(&self, py: Python<'_>, actions: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Validates `actions` against the action tensor and copies it there: a host copy
+    /// into the shared memory, or for a CUDA action tensor a device-to-device copy
+    /// ordered on `stream` (the step's consumer stream). Nothing is written on error.
+    fn copy_actions(
+        &self,
+        py: Python<'_>,
+        actions: &Bound<'_, PyAny>,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
         let index = self.actions_index.ok_or_else(|| {
             to_pyerr(
                 py,
@@ -507,6 +688,12 @@ impl PyClient {
                 return Ok(());
             }
         }
+        #[cfg(feature = "cuda")]
+        if let Place::Cuda { ptr, ordinal, .. } = &target.place {
+            let lease = target.lease()?;
+            return copy_cuda_actions(py, actions, target, *ptr, *ordinal, &lease, stream);
+        }
+        let _ = stream;
         let source = if actions.hasattr("__dlpack__")? {
             actions.clone()
         } else if actions.hasattr("__array__")? {
@@ -523,32 +710,13 @@ impl PyClient {
             .map_err(|e| PyValueError::new_err(format!("invalid DLPack tensor: {e}")))?;
         if view.device() != DLDevice::CPU {
             return Err(PyValueError::new_err(format!(
-                "actions must be on the CPU (device type {}:{}) to go into the shared-memory tensor",
+                "actions are on device {}:{}, but the engine's 'actions' live in host \
+                 memory: pass a CPU array (no implicit device-to-host copy)",
                 view.device().device_type.0,
                 view.device().device_id
             )));
         }
-        let want = dl_dtype(target.info.dtype);
-        let got = view.dtype();
-        if got != want {
-            let name = DType::from_dlpack(got.code.0, got.bits, got.lanes)
-                .map(numpy_name)
-                .map(str::to_string)
-                .unwrap_or_else(|| {
-                    format!("code {} bits {} lanes {}", got.code.0, got.bits, got.lanes)
-                });
-            return Err(PyTypeError::new_err(format!(
-                "actions have dtype {name}, the engine expects {}",
-                numpy_name(target.info.dtype)
-            )));
-        }
-        if view.shape() != target.shape.as_slice() {
-            return Err(PyValueError::new_err(format!(
-                "actions have shape {:?}, the engine expects {:?}",
-                view.shape(),
-                target.shape
-            )));
-        }
+        check_actions(&view, target)?;
         let itemsize = target.info.dtype.size();
         let strides = view
             .strides_or_compact()
@@ -597,6 +765,60 @@ impl PyClient {
             }
         }
         drop(imported);
+        Ok(())
+    }
+
+    /// The CUDA stream a step or reset of a CUDA client orders its work on: `stream` as
+    /// given (an int `CUstream`, an object with `cuda_stream` like `torch.cuda.Stream`,
+    /// or one with `__cuda_stream__`), else torch's current stream on the engine's
+    /// device when torch has initialised CUDA, else the legacy default stream (1).
+    /// `None` for a host client (`stream` is then ignored).
+    fn consumer_stream(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u64>> {
+        let Some(ordinal) = self.cuda_ordinal() else {
+            return Ok(None);
+        };
+        if let Some(s) = stream.filter(|s| !s.is_none()) {
+            return stream_handle(s).map(Some);
+        }
+        let torch = py.import("sys")?.getattr("modules")?.get_item("torch").ok();
+        if let Some(torch) = torch {
+            let cuda = torch.getattr("cuda")?;
+            if cuda.call_method0("is_initialized")?.is_truthy()? {
+                let current = cuda.call_method1("current_stream", (ordinal,))?;
+                return stream_handle(&current).map(Some);
+            }
+        }
+        Ok(Some(1))
+    }
+
+    /// This client's CUDA device ordinal, if its engine serves CUDA tensors.
+    fn cuda_ordinal(&self) -> Option<i32> {
+        self.device
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+    }
+
+    /// After a frame (or a reset's reply) arrived: makes `stream` wait, on the GPU, for
+    /// the engine's event, so work queued on it afterwards sees the new device tensors.
+    #[allow(unused_variables)]
+    fn order_after_engine(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(raw) = stream {
+            if let Some(t) = self
+                .tensors
+                .iter()
+                .find(|t| !matches!(t.get().place, Place::Host))
+            {
+                let lease = t.get().lease()?;
+                // SAFETY: `raw` is 0, 1, 2 or a stream of the engine's device (checked
+                // where it was resolved: `consumer_stream`).
+                unsafe { lease.wait_on(raw) }.py_err(py)?;
+            }
+        }
         Ok(())
     }
 
@@ -662,6 +884,134 @@ fn closed_err(py: Python<'_>) -> PyErr {
     to_pyerr(py, Error::Closed(Peer::Client))
 }
 
+/// `Client::step`, or for a CUDA client `step_on` the consumer stream `raw` (the client's
+/// event is recorded there, after the action writes queued on it).
+fn step_on(client: &mut Client, stream: Option<u64>, timeout: Duration) -> Result<u64, Error> {
+    #[cfg(feature = "cuda")]
+    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+        // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
+        // (`consumer_stream`), used for this call only.
+        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
+        return client.step_on(&s, timeout);
+    }
+    let _ = stream;
+    client.step(timeout)
+}
+
+/// Checks an imported action tensor's dtype and shape against the action slot.
+fn check_actions(view: &dlpark::tensor::TensorRef<'_>, target: &PyTensor) -> PyResult<()> {
+    let want = dl_dtype(target.info.dtype);
+    let got = view.dtype();
+    if got != want {
+        let name = DType::from_dlpack(got.code.0, got.bits, got.lanes)
+            .map(numpy_name)
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                format!("code {} bits {} lanes {}", got.code.0, got.bits, got.lanes)
+            });
+        return Err(PyTypeError::new_err(format!(
+            "actions have dtype {name}, the engine expects {}",
+            numpy_name(target.info.dtype)
+        )));
+    }
+    if view.shape() != target.shape.as_slice() {
+        return Err(PyValueError::new_err(format!(
+            "actions have shape {:?}, the engine expects {:?}",
+            view.shape(),
+            target.shape
+        )));
+    }
+    Ok(())
+}
+
+/// The raw `CUstream` of a Python stream argument: an int (0, 1 and 2 are the legacy,
+/// legacy and per-thread default streams), an object with `cuda_stream`
+/// (`torch.cuda.Stream`, CuPy), or one with `__cuda_stream__` (the CUDA stream protocol:
+/// `(version, handle)`).
+fn stream_handle(s: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let value = if let Ok(v) = s.extract::<i64>() {
+        v
+    } else if let Ok(v) = s.getattr("cuda_stream") {
+        v.extract::<i64>()?
+    } else if let Ok(v) = s.getattr("__cuda_stream__") {
+        let v = if v.is_callable() { v.call0()? } else { v };
+        match v.extract::<(i64, i64)>() {
+            Ok((_, handle)) => handle,
+            Err(_) => v.extract::<i64>()?,
+        }
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "stream must be an int CUstream, a torch.cuda.Stream or an object with \
+             __cuda_stream__, not {}",
+            s.get_type().name()?
+        )));
+    };
+    u64::try_from(value)
+        .map_err(|_| PyValueError::new_err(format!("stream {value}: a CUstream is not negative")))
+}
+
+/// [`PyClient::copy_actions`] for a CUDA action slot: `actions` must be a CUDA DLPack
+/// tensor on the same device, of the slot's dtype and shape, C-contiguous; it is copied
+/// device-to-device on `stream` after the producer ordered its writes before that
+/// stream (`__dlpack__(stream=...)`). A host array is an error, not a silent transfer.
+#[cfg(feature = "cuda")]
+fn copy_cuda_actions(
+    py: Python<'_>,
+    actions: &Bound<'_, PyAny>,
+    target: &PyTensor,
+    dst: u64,
+    ordinal: i32,
+    lease: &Arc<crate::cuda::ipc::CudaLease>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    if !actions.hasattr("__dlpack__")? {
+        return Err(PyTypeError::new_err(format!(
+            "the engine's 'actions' live on cuda:{ordinal}: pass a CUDA tensor (e.g. torch), \
+             not {} (no implicit host-to-device copy)",
+            actions.get_type().name()?
+        )));
+    }
+    let device = dlpark::python::dlpack_device(actions.as_borrowed())?;
+    if device != DLDevice::cuda(ordinal) {
+        return Err(PyValueError::new_err(format!(
+            "actions are on device {}:{}, but the engine's 'actions' live on cuda:{ordinal} \
+             (DLPack device 2:{ordinal}): move them there first (no implicit transfer)",
+            device.device_type.0, device.device_id
+        )));
+    }
+    let raw = stream.unwrap_or(1);
+    let imported =
+        dlpark::python::from_dlpack(actions.as_borrowed(), Some(&ConsumerStream(raw)), None)?;
+    let view = imported
+        .validate()
+        .map_err(|e| PyValueError::new_err(format!("invalid DLPack tensor: {e}")))?;
+    check_actions(&view, target)?;
+    let compact = view
+        .is_compact()
+        .map_err(|e| PyValueError::new_err(format!("invalid DLPack strides: {e}")))?;
+    if !compact {
+        return Err(PyValueError::new_err(
+            "CUDA actions must be C-contiguous (call .contiguous() first)",
+        ));
+    }
+    // SAFETY: the producer's descriptor describes live device memory while `imported`
+    // lives; `offset_bytes_ptr` includes `byte_offset` (pointer arithmetic only).
+    let src = unsafe { view.offset_bytes_ptr() }
+        .map_err(|e| PyValueError::new_err(format!("invalid DLPack tensor: {e}")))?;
+    // SAFETY: `raw` is 0, 1, 2 or a live stream of this device (`consumer_stream`).
+    let stream = unsafe { crate::cuda::driver::Stream::borrowed(lease.context(), raw) };
+    // SAFETY: `src` is `nbytes` of compact device memory of the producer (same dtype and
+    // shape as the slot, checked above), ordered before `stream` by `__dlpack__`; `dst`
+    // is the action slot in the engine's allocation (span checked at attach), which the
+    // engine reads only after waiting on the client event recorded after this copy. The
+    // producer keeps `src` alive for work ordered on its stream; a caller passing a
+    // foreign stream keeps it alive until the step returns (documented on `step`).
+    unsafe { stream.copy_dtod(dst, src as usize as u64, target.info.nbytes as usize) }
+        .py_err(py)?;
+    drop(imported);
+    Ok(())
+}
+
 #[pymethods]
 impl PyClient {
     /// Attaches to the engine's region `name` (as printed by `shmbridge engine`).
@@ -686,7 +1036,16 @@ impl PyClient {
             })
             .py_err(py)?;
         let layout = client.layout().clone();
-        let tensors = PyTensor::all(py, &region, &layout, Peer::Client)?;
+        #[cfg(feature = "cuda")]
+        let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
+        #[cfg(not(feature = "cuda"))]
+        let place = |_: usize, _: &TensorInfo| Ok(Place::Host);
+        let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
+        let device = tensors
+            .iter()
+            .map(|t| t.get().device_name())
+            .find(|d| d != "cpu")
+            .unwrap_or_else(|| "cpu".to_string());
         let find = |n: &str| layout.tensors.iter().position(|t| t.name == n);
         let step_outputs = match (
             find("obs"),
@@ -713,6 +1072,7 @@ impl PyClient {
             num_envs: layout.num_envs as usize,
             engine_kind: layout.engine_kind.clone(),
             engine_pid: layout.engine_pid,
+            device,
             actions_index: find("actions"),
             tensors,
             step_outputs,
@@ -723,12 +1083,19 @@ impl PyClient {
 
     /// Sends one action and waits for the engine's frame; returns
     /// `(obs, rewards, terminated, truncated)`, the same tensor objects every time.
-    #[pyo3(signature = (actions=None, timeout=None))]
+    ///
+    /// CUDA engines: the step is ordered on `stream` (see `consumer_stream`; default
+    /// torch's current stream). CUDA `actions` are copied device-to-device on it, the
+    /// client's event is recorded on it before the action is sent (the engine's kernels
+    /// wait for it), and once the frame arrived it waits on the engine's event, so work
+    /// queued on it afterwards reads the new frame without a host synchronisation.
+    #[pyo3(signature = (actions=None, timeout=None, stream=None))]
     fn step<'py>(
         &self,
         py: Python<'py>,
         actions: Option<Bound<'py, PyAny>>,
         timeout: Option<f64>,
+        stream: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let limit = match timeout {
             Some(t) => Some(duration(t, "timeout")?),
@@ -747,8 +1114,9 @@ impl PyClient {
             // slot may be written again (the engine may be reading it).
             self.wait_frame_sliced(py, &mut core, deadline, limit)?;
         }
+        let cuda_stream = self.consumer_stream(py, stream.as_ref())?;
         if let Some(a) = &actions {
-            self.copy_actions(py, a)?;
+            self.copy_actions(py, a, cuda_stream)?;
         }
         let first = match deadline {
             Some(d) => d
@@ -757,7 +1125,7 @@ impl PyClient {
             None => SIGNAL_SLICE,
         };
         let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        match py.detach(|| client.step(first)) {
+        match py.detach(|| step_on(client, cuda_stream, first)) {
             Ok(_) => {}
             Err(Error::Timeout { .. }) => {
                 core.pending = true;
@@ -776,6 +1144,7 @@ impl PyClient {
             Err(e) => return Err(to_pyerr(py, e)),
         }
         drop(core);
+        self.order_after_engine(py, cuda_stream)?;
         match &self.step_outputs {
             Some(t) => Ok(t.clone_ref(py).into_any()),
             None => Ok(py.None()),
@@ -786,13 +1155,16 @@ impl PyClient {
     /// int (env k of the list gets `seed + k`, as in Gymnasium), or one int per env. When
     /// it returns, `obs` holds the reset observations. Returns the frame number, which a
     /// reset does not change.
-    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0))]
+    /// CUDA engines: `stream` (default torch's current one) then waits on the engine's
+    /// event, so work queued on it sees the reset observations.
+    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0, stream=None))]
     fn reset(
         &self,
         py: Python<'_>,
         seed: Option<Bound<'_, PyAny>>,
         env_ids: Option<Vec<u32>>,
         timeout: f64,
+        stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
             None => Vec::new(),
@@ -804,9 +1176,12 @@ impl PyClient {
             },
         };
         let timeout = duration(timeout, "timeout")?;
-        self.command(py, |client| {
+        let cuda_stream = self.consumer_stream(py, stream.as_ref())?;
+        let frame = self.command(py, |client| {
             client.reset(env_ids.as_deref(), &seeds, timeout)
-        })
+        })?;
+        self.order_after_engine(py, cuda_stream)?;
+        Ok(frame)
     }
 
     /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
@@ -908,6 +1283,11 @@ impl PyClient {
             let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
             core.client.take()
         });
+        // CUDA: only the views handed out (capsules) may keep the engine's handles open
+        // past this point; this client's own tensor objects let go of them.
+        for t in &self.tensors {
+            t.get().detach_lease();
+        }
         if let Some(c) = client {
             c.close();
         }
@@ -992,6 +1372,13 @@ impl PyClient {
     #[getter]
     fn engine_pid(&self) -> u32 {
         self.engine_pid
+    }
+
+    /// Where the engine's tensors live: `"cpu"` (shared memory) or `"cuda:N"` (device
+    /// memory opened from the engine's CUDA IPC handles; N is this process's ordinal).
+    #[getter]
+    fn device(&self) -> &str {
+        &self.device
     }
 
     /// Number of the frame the tensors hold (0 after attach).
@@ -1092,6 +1479,24 @@ fn run_engine(
         device,
     };
     py.detach(move || envs::run_reference(&engine)).py_err(py)
+}
+
+/// Whether CUDA tensors can be served and opened here: `(True, "driver 12080, 1
+/// device(s)")`, or `(False, reason)` (built without the `cuda` feature, no loadable
+/// driver, no device). Never raises; cached after the first call.
+#[pyfunction]
+fn cuda_available(py: Python<'_>) -> (bool, String) {
+    match py.detach(crate::cuda::probe) {
+        Ok(info) => (
+            true,
+            format!(
+                "driver {}, {} device(s)",
+                info.driver_version, info.device_count
+            ),
+        ),
+        Err(Error::CudaUnavailable { reason }) => (false, reason),
+        Err(e) => (false, e.to_string()),
+    }
 }
 
 /// Names of the shmbridge regions in /dev/shm.
@@ -1248,6 +1653,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngineSpec>()?;
     m.add_function(wrap_pyfunction!(run_engine, m)?)?;
     m.add_function(wrap_pyfunction!(list_regions, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_timeout, m)?)?;
