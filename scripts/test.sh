@@ -3,6 +3,8 @@
 # death, command channel), the Python package's tests, property, the loom model of the wait handshake, the check that
 # the committed FlatBuffers code is what flatc generates, a 60 s fuzz run of the command
 # reader, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
+# GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
+# with the reason elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -10,8 +12,11 @@ ensure_rust
 
 before=$(shm_regions)
 
-echo "== cargo test"
-cargo test --locked
+echo "== cargo test (with the cuda feature: GPU tests print SKIPPED and why where CUDA is unusable)"
+cargo test --locked --features cuda
+
+echo "== the build without the cuda feature"
+cargo check --locked --all-targets
 
 echo "== loom model of the post/wait handshake"
 LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
