@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+import shmbridge
 
 pytest.importorskip("matplotlib")
 
@@ -34,12 +37,12 @@ def _missing(key: str) -> list:
     return [m for m in NEEDS.get(key, ()) if importlib.util.find_spec(m) is None]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+def _run(*args: str, status: int = 0, cwd=None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", *args], capture_output=True,
-                          text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+                          text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL, cwd=cwd)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == status, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
     return proc
 
 
@@ -95,3 +98,107 @@ def test_peers_quick(tmp_path):
     assert len(measured) == ran
     assert not [r for r in rows if r[2].startswith("failed")], md
     assert "Targets" in md
+
+
+# ---------------------------------------------------------------------------------------
+# bench gpu: CUDA IPC against host-staged copies.
+
+
+def _gpu_unusable() -> str:
+    """Why `bench gpu` cannot measure here ('' where it can)."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    ok, reason = shmbridge.cuda_available()
+    return "" if ok else f"shmbridge.cuda_available(): {reason}"
+
+
+NO_GPU = _gpu_unusable()
+
+
+def _regions() -> set:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a usable GPU is here: bench gpu measures instead of skipping")
+def test_gpu_skips_with_status_3_without_a_gpu(tmp_path):
+    before = _regions()
+    out_dir = tmp_path / "results"
+    proc = _run("gpu", "--quick", "--out", str(out_dir), status=3, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench gpu: skipped: "), proc.stderr
+    reason = lines[0][len("bench gpu: skipped: "):]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert f"torch {torch.__version__}" in reason and "sees no usable CUDA device" in reason
+    else:  # torch has a GPU, shmbridge cannot use it: its probe's reason
+        assert shmbridge.cuda_available()[1].splitlines()[0].strip() in reason
+    assert proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert not _regions() - before
+
+
+def test_gpu_harness_on_host_memory():
+    """The harness itself, runnable anywhere: measure() with host memory standing in for
+    the GPU (the 'cuda-ipc' engine serves host tensors, the copies go to the CPU). It
+    measures nothing about CUDA; it checks the rounds, the zero-copy pointer check, the
+    stale-frame check and the report."""
+    torch = pytest.importorskip("torch")
+    from shmbridge.bench import gpu
+
+    before = _regions()
+    plan = gpu.Plan(rounds=2, per_block=30, warmup=3)
+    results = gpu.measure(plan, torch.device("cpu"), "cpu", pin=False)
+    assert [r.workload.key for r in results] == ["4096x100", "images"]
+    assert [r.tensor for r in results] == ["obs", "rgb"]
+    for r in results:
+        assert r.zero_copy and r.view_ptr == r.tensor_ptr != 0, r
+        assert r.failures == [], r.failures
+        assert {k: len(v) for k, v in r.samples.items()} == {k: 60 for k, _ in gpu.PATHS}
+    text, doc = gpu.report(results, plan, [], True, 0.0, "python -m shmbridge.bench gpu --quick")
+    assert [p["key"] for p in doc["payloads"]] == ["4096x100", "images"]
+    for p in doc["payloads"]:
+        assert set(p["paths"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
+        assert all(s["n"] == 60 for s in p["paths"].values())
+        assert set(p["ratios"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
+        assert p["zero_copy"]["equal"] and p["zero_copy"]["ok"]
+    assert doc["target"]["ratio"] is not None
+    assert text.count("zero copy") == 2 and "Checks failed" not in text
+    assert not _regions() - before
+
+    # The check reads the device tensor: a frame it was not copied from is reported.
+    with shmbridge.launch("null", num_envs=8, obs_dim=5, act_dim=2, sparse=True) as c:
+        res = gpu.PayloadResult(gpu.Workload("t", "t", 8, (5,), "float32", 2), "obs", "cpu")
+        case = gpu._Case(res, "host-pinned", c, torch.device("cpu"), torch.zeros(()), pin=False)
+        case.run(3, res.samples["host-pinned"])
+        assert case.check() is None and c.frame == 3
+        c.step()  # a new frame the device copy has not seen
+        problem = case.check()
+        assert problem and "frame 4" in problem, problem
+
+
+@pytest.mark.skipif(bool(NO_GPU), reason=f"bench gpu needs a usable GPU: {NO_GPU}")
+def test_gpu_quick(tmp_path):
+    before = _regions()
+    out_dir = tmp_path / "results"
+    proc = _run("gpu", "--quick", "--out", str(out_dir))
+    md = (out_dir / "gpu.md").read_text()
+    assert md.strip() in proc.stdout
+    data = json.loads((out_dir / "gpu.json").read_text())
+    payloads = {p["key"]: p for p in data["payloads"]}
+    assert set(payloads) == {"4096x100", "images"}
+    for key, p in payloads.items():
+        assert p["failures"] == [], (key, p["failures"])
+        assert set(p["paths"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
+        for path, s in p["paths"].items():
+            assert s and s["n"] > 0 and s["median_ns"] > 0, (key, path, s)
+        z = p["zero_copy"]
+        assert z["equal"] and z["ok"] and z["view_data_ptr"] == z["tensor_data_ptr"] != 0, (key, z)
+        assert p["engine_device"].startswith("cuda:") and z["view_device"] == p["engine_device"]
+        assert set(p["ratios"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
+    assert md.count(": zero copy") == 2 and "NOT zero copy" not in md
+    assert not _regions() - before

@@ -1,4 +1,4 @@
-"""``python -m shmbridge.bench {step,peers} [--quick] ...``"""
+"""``python -m shmbridge.bench {step,peers,gpu} [--quick] ...``"""
 
 import sys
 

@@ -42,12 +42,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     q.add_argument("--cartpole-envs", type=int, default=None,
                    help="num_envs of the CartPole comparison (default 16; quick 4)")
 
+    g = sub.add_parser("gpu", help="CUDA IPC against host-staged copies, obs 4096x100 and images",
+                       description="Per-step cost of getting the engine's new frame to a torch consumer "
+                                   "on the GPU: CUDA IPC (engine tensors on the GPU, zero copy) against "
+                                   "copying from shared memory (pageable, and through a pinned buffer); "
+                                   "obs 4096x100 f32 and images 64x84x84x3 u8, interleaved; median, p99, "
+                                   "ratios.",
+                       epilog="Exit status: 0 measured; 1 a check failed (not zero copy, or a stale "
+                              "frame); 2 bad usage; 3 skipped: no usable GPU here (torch without CUDA, "
+                              "shmbridge.cuda_available() false, or the engine refused CUDA), with "
+                              "'bench gpu: skipped: <reason>' on stderr and nothing written.")
+    g.add_argument("--quick", action="store_true", help="a short smoke run")
+    g.add_argument("--steps", type=int, default=None,
+                   help="timed steps per payload and path (default 10000; quick 200)")
+    g.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 2)")
+    g.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps before each block, 5x in the first round (default 100; quick 10)")
+    g.add_argument("--device", default="cuda", help="the CUDA device: cuda (torch's current) or cuda:N")
+    g.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
+    g.add_argument("--out", default=None, help="also write DIR/gpu.md and DIR/gpu.json")
+
     args = p.parse_args(argv)
     args.argv = argv[1:]
     if args.command == "step":
         from . import step
 
         return step.main(args)
+    if args.command == "gpu":
+        from . import gpu
+
+        return gpu.main(args)
     from . import peers
 
     return peers.main(args)
