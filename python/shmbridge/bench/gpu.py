@@ -196,6 +196,11 @@ class _Case:
                 sync()  # also: the pinned buffer is free again for the next step
                 app(pc() - t0)
 
+    def release(self) -> None:
+        """Drops the tensors: a CUDA client acknowledges its close (and its engine frees
+        the memory) once no view holds the memory open."""
+        self.dev = self.host = self.pinned = None
+
     def check(self) -> Optional[str]:
         seq = self.client.frame
         flat = self.dev.view(-1)
@@ -250,6 +255,8 @@ def measure(plan: Plan, device: Any, engine_device: str, pin: bool = True,
                     case.res.failures.append(problem)
             log(f"  round {rnd + 1}/{plan.rounds} done")
     finally:
+        for case in cases:
+            case.release()
         for c in clients:
             c.close()
     return results
