@@ -1,5 +1,6 @@
 """The main job's PPO example (shmbridge.examples.ppo) on a short budget: it learns,
-writes its learning curve, and leaves nothing in /dev/shm."""
+writes its learning curve, and leaves nothing in /dev/shm; on the CPU everywhere, and on a
+GPU (engine tensors in GPU memory, zero-copy CUDA views) where there is a usable one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+
+import shmbridge
 
 pytest.importorskip("torch")
 pytest.importorskip("tqdm")
@@ -30,6 +33,20 @@ def _regions() -> set:
     return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
 
 
+def _no_cuda() -> str:
+    """Why PPO cannot run on CUDA here ('' where it can)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    ok, why = shmbridge.cuda_available()
+    return "" if ok else f"shmbridge.cuda_available(): {why}"
+
+
+NO_CUDA = _no_cuda()
+needs_cuda = pytest.mark.skipif(bool(NO_CUDA), reason=f"PPO on CUDA needs a usable GPU: {NO_CUDA}")
+
+
 def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
     before = _regions()
     plot = tmp_path / "curve.png"
@@ -46,6 +63,7 @@ def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
     window, mean, episodes = int(m.group(1)), float(m.group(2)), int(m.group(3).replace(",", ""))
     assert window == 100 and episodes >= 100, out
     assert mean >= THRESHOLD, out
+    assert "device: cpu for the learner and the engine's tensors (--device cpu)" in out
     assert "torch device: cpu" in out
 
     assert plot.read_bytes()[:8] == PNG_MAGIC
@@ -75,10 +93,34 @@ def test_module_help_and_bad_device():
     for opt in ("--num-envs", "--total-steps", "--target-return", "--plot", "--threads"):
         assert opt in p.stdout
 
+    if NO_CUDA:  # --device cuda where CUDA is unusable: a clear error, nothing started
+        before = _regions()
+        assert ppo.main(["--device", "cuda", "--plot", "", "--no-progress"]) == 2
+        assert not _regions() - before
+
+
+def test_device_choice_says_what_and_why():
     import torch
 
+    assert ppo.choose_device("cpu") == ("cpu", "--device cpu")
+    with pytest.raises(ValueError, match="expected auto, cpu or cuda"):
+        ppo.choose_device("tpu")
+    where, why = ppo.choose_device("auto")
+    if not NO_CUDA:
+        assert where == f"cuda:{torch.cuda.current_device()}"
+        assert why.startswith("auto: torch and shmbridge can both use ")
+        assert ppo.choose_device("cuda") == (where, "--device cuda")
+        return
+    assert where == "cpu"
     if not torch.cuda.is_available():
-        assert ppo.main(["--device", "cuda", "--plot", "", "--no-progress"]) == 2
+        assert why == f"auto: torch {torch.__version__} sees no CUDA device"
+        with pytest.raises(ValueError, match="torch .* sees no CUDA device"):
+            ppo.choose_device("cuda")
+    else:
+        reason = shmbridge.cuda_available()[1]
+        assert why == f"auto: torch sees a GPU but shmbridge cannot use CUDA: {reason}"
+        with pytest.raises(ValueError, match="shmbridge cannot use CUDA"):
+            ppo.choose_device("cuda")
 
 
 def test_bootstrap_truncated_adds_gamma_v_of_the_final_observation():
@@ -139,3 +181,65 @@ def test_train_bootstraps_from_the_engines_final_obs_view(monkeypatch):
     cfg.bootstrap_truncated = False
     ppo.train(cfg, log=lambda *a: None)
     assert calls == []
+
+
+@needs_cuda
+def test_ppo_learns_on_cuda_end_to_end(tmp_path):
+    """--device cuda: the engine's tensors in GPU memory, the learner's views of them
+    CUDA tensors on the same memory, no host synchronisation in the rollout loop (torch's
+    sync debug mode raises on any), and it learns as on the CPU."""
+    before = _regions()
+    lines = []
+    cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=str(tmp_path / "curve.png"),
+                     progress=False, sync_debug="error")
+    r = ppo.train(cfg, log=lines.append)
+    assert r.device.startswith("cuda:") and r.engine_device == r.device, (r.device, r.engine_device)
+    assert lines[0] == f"device: {r.device} for the learner and the engine's tensors (--device cuda)"
+    # Each view was checked in train(): data_ptr() == the engine tensor's, on r.device.
+    assert r.zero_copy_views == ["obs", "actions", "rewards", "terminated", "truncated", "final_obs"]
+    assert r.env_steps == 24576
+    assert r.window_episodes == 100 and r.episodes >= 100, r
+    assert r.mean_return >= THRESHOLD, r.summary()
+    assert (tmp_path / "curve.png").read_bytes()[:8] == PNG_MAGIC
+    assert not _regions() - before
+
+
+@needs_cuda
+def test_cuda_views_are_the_engines_memory():
+    """What train() relies on, seen from outside: torch.from_dlpack of a CUDA cartpole
+    engine's tensors gives CUDA tensors at the engine's device pointers, and actions
+    written into the view in place drive the engine."""
+    import torch
+
+    with shmbridge.launch("cartpole", num_envs=8, device="cuda", seed=3) as c:
+        assert c.device.startswith("cuda:")
+        views = {n: torch.from_dlpack(c[n]) for n in ("obs", "actions", "final_obs")}
+        for name, v in views.items():
+            assert v.is_cuda and str(v.device) == c.device == c[name].device, name
+            assert v.data_ptr() == c[name].data_ptr, name
+        obs, act = views["obs"], views["actions"]
+        first = obs.clone()
+        act.fill_(1)
+        c.step()
+        assert not torch.equal(obs, first)  # the same view now holds the next frame
+        # cartpole: pushing right (action 1) speeds the cart to the right
+        assert bool((obs[:, 1] > first[:, 1]).all()), (first, obs)
+        del views, obs, act  # before close: the client acknowledges once no view holds the memory
+
+
+@needs_cuda
+def test_bootstrap_truncated_on_cuda_matches_the_host_version():
+    import torch
+
+    gamma = 0.9
+    terminated = torch.tensor([False, False, True, True, False])
+    truncated = torch.tensor([False, True, False, True, True])
+    final_obs = torch.arange(20, dtype=torch.float32).reshape(5, 4)
+    values = torch.tensor([10.0, 20.0, 30.0, 40.0, 50.0])
+    for fo in (final_obs, None):
+        host = torch.ones(5)
+        ppo.bootstrap_truncated(host, values, terminated, truncated, fo, lambda x: x.sum(-1), gamma)
+        dev = torch.ones(5, device="cuda")
+        ppo.bootstrap_truncated(dev, values.cuda(), terminated.cuda(), truncated.cuda(),
+                                None if fo is None else fo.cuda(), lambda x: x.sum(-1), gamma)
+        assert torch.allclose(dev.cpu(), host), (fo is None, dev, host)

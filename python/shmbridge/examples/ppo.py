@@ -6,7 +6,15 @@
 The engine (Gymnasium CartPole-v1 dynamics, ``--num-envs`` environments) runs in a child
 process started by :func:`shmbridge.launch`. The learner reads observations, rewards and
 the terminated/truncated flags through zero-copy ``torch.from_dlpack`` views of the
-shared memory, created once, and writes its actions into the action tensor in place.
+engine's tensors, created once, and writes its actions into the action tensor in place.
+
+``--device`` says where both the learner and the engine's tensors live: ``cpu`` (shared
+memory), ``cuda`` (GPU memory, shared through CUDA IPC: the views are CUDA tensors on the
+engine's memory, the engine steps with CUDA kernels, and a step is ordered on torch's
+current stream with no host synchronisation), or ``auto`` (the default): ``cuda`` when
+torch sees a GPU and ``shmbridge.cuda_available()`` says shmbridge can use it, else
+``cpu``; the first line printed says which and why. On a GPU the host reads the
+episode returns back once per update, for the log.
 The engine resets finished environments in the same step; an episode cut by the 500-step
 time limit is bootstrapped from the value of its last observation, which the engine serves
 in its ``final_obs`` tensor (read through another such view; Stable-Baselines3's PPO
@@ -23,13 +31,14 @@ Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, List, Optional
+from typing import Deque, Iterator, List, Optional, Tuple
 
 import shmbridge
 
@@ -55,11 +64,14 @@ class Config:
     target_return: Optional[float] = 475.0  # None: run all total_steps
     window: int = 100  # episodes in the running mean
     seed: int = 1
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda: the learner and the engine's tensors
     threads: int = 1
     blocking: bool = False
     plot: Optional[str] = "ppo_cartpole.png"
     progress: bool = True
+    # torch.cuda.set_sync_debug_mode ("warn" or "error") during each rollout's steps on a
+    # GPU: any host synchronisation torch makes there is then reported (tests use "error").
+    sync_debug: Optional[str] = None
 
 
 @dataclass
@@ -70,7 +82,11 @@ class Result:
     env_steps: int
     wall_s: float  # from launching the engine to the end of training
     reached_target: bool
-    device: str
+    device: str  # the learner's torch device
+    engine_device: str = "cpu"  # client.device: where the engine's tensors live
+    # The engine's tensors read and written through torch views that were checked to be
+    # the engine's memory on `device` (same data_ptr): obs, actions, rewards, ...
+    zero_copy_views: List[str] = field(default_factory=list)
     curve_steps: List[int] = field(default_factory=list)
     curve_returns: List[float] = field(default_factory=list)
     plot: Optional[str] = None
@@ -124,15 +140,29 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
 
     ``rewards`` (n,) and ``values`` (n,: V of the observations this step's actions were
     chosen on) are on the learner's device; ``terminated``, ``truncated`` (n,) bool and
-    ``final_obs`` (n, obs_dim) are the engine's (host) tensors, read before the next step
-    (the boolean index copies the rows concerned out of ``final_obs``). ``final_obs`` is
-    ``None`` for an engine without it: ``values[e]`` then stands in for V(final
-    observation), the observation one step before it (the pole is upright near a 500-step
-    truncation, so the two are close): an approximation.
+    ``final_obs`` (n, obs_dim) are the engine's tensors, read before the next step.
+    ``final_obs`` is ``None`` for an engine without it: ``values[e]`` then stands in for
+    V(final observation), the observation one step before it (the pole is upright near a
+    500-step truncation, so the two are close): an approximation.
+
+    Host tensors: nothing happens unless an episode was cut, and ``value_fn`` sees the
+    rows concerned only (the boolean index copies them out of ``final_obs``). CUDA
+    tensors: no host synchronisation (``cut.any()`` or a boolean index would make the
+    host wait for the GPU at every step): ``value_fn`` sees every env's final
+    observation, and the bootstrap is added where ``cut``.
     """
     import torch
 
     cut = truncated & ~terminated
+    if cut.device.type == "cuda":
+        cut_dev = cut.to(rewards.device)
+        if final_obs is not None:
+            with torch.no_grad():
+                v = value_fn(final_obs.to(rewards.device))
+        else:
+            v = values
+        rewards.add_(torch.where(cut_dev, gamma * v, 0.0))
+        return
     if not cut.any():
         return
     cut_dev = cut.to(rewards.device)
@@ -143,16 +173,66 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
         rewards += gamma * values * cut_dev
 
 
-def _resolve_device(name: str) -> str:
+def choose_device(name: str) -> Tuple[str, str]:
+    """Where the learner and the engine's tensors live, and why: ``("cpu" or "cuda:N",
+    reason)`` for ``name`` auto, cpu or cuda. ``ValueError`` if cuda cannot be had."""
     import torch
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: torch sees no CUDA device")
-    if name not in ("cpu", "cuda"):
+    if name not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device {name!r}: expected auto, cpu or cuda")
-    return name
+    if name == "cpu":
+        return "cpu", "--device cpu"
+    torch_ok = torch.cuda.is_available()
+    shm_ok, shm_why = shmbridge.cuda_available()
+    if name == "cuda":
+        if not torch_ok:
+            raise ValueError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
+        if not shm_ok:
+            raise ValueError(f"--device cuda: shmbridge cannot use CUDA: {shm_why}")
+        return f"cuda:{torch.cuda.current_device()}", "--device cuda"
+    if not torch_ok:
+        return "cpu", f"auto: torch {torch.__version__} sees no CUDA device"
+    if not shm_ok:
+        return "cpu", f"auto: torch sees a GPU but shmbridge cannot use CUDA: {shm_why}"
+    index = torch.cuda.current_device()
+    return f"cuda:{index}", f"auto: torch and shmbridge can both use {torch.cuda.get_device_name(index)}"
+
+
+@contextlib.contextmanager
+def _sync_debug(device, mode: Optional[str]) -> Iterator[None]:
+    """``torch.cuda.set_sync_debug_mode(mode)`` inside, on a CUDA device."""
+    if mode is None or device.type != "cuda":
+        yield
+        return
+    import torch
+
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+def _engine_views(client: "shmbridge.Client", device) -> dict:
+    """``torch.from_dlpack`` of the engine's obs, actions, rewards, terminated, truncated
+    and (if served) final_obs, each checked to be the engine's memory on ``device``: the
+    same ``data_ptr``, no copy. ``RuntimeError`` otherwise."""
+    import torch
+
+    names = ["obs", "actions", "rewards", "terminated", "truncated"]
+    if "final_obs" in client:
+        names.append("final_obs")
+    views = {}
+    for name in names:
+        views[name] = torch.from_dlpack(client[name])
+        ptr, where = views[name].data_ptr(), views[name].device
+        if ptr != client[name].data_ptr or where != device:
+            raise RuntimeError(
+                f"torch.from_dlpack(client[{name!r}]) is not the engine's tensor on {device} "
+                f"(data_ptr {ptr:#x} on {where}; the engine's {client[name].data_ptr:#x} on "
+                f"{client.device})")
+    return views
 
 
 def train(cfg: Config, log=print) -> Result:
@@ -161,7 +241,9 @@ def train(cfg: Config, log=print) -> Result:
     from torch.distributions import Categorical
     from tqdm import tqdm
 
-    device = torch.device(_resolve_device(cfg.device))
+    where, why = choose_device(cfg.device)
+    device = torch.device(where)
+    log(f"device: {device} for the learner and the engine's tensors ({why})")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -186,8 +268,11 @@ def train(cfg: Config, log=print) -> Result:
     done_buf = torch.zeros((t_len, n), device=device)
     val_buf = torch.zeros((t_len, n), device=device)
 
-    # Episode bookkeeping, on the host (where the shared tensors are).
-    ep_return = torch.zeros(n, dtype=torch.float64)
+    # Episode bookkeeping, on the same device: the return of each env's episode so far,
+    # and at each step of the rollout that return as it stood (kept where the episode
+    # ended: read back once per update).
+    ep_return = torch.zeros(n, dtype=torch.float64, device=device)
+    ret_at_step = torch.zeros((t_len, n), dtype=torch.float64, device=device)
     recent: Deque[float] = deque(maxlen=cfg.window)
     episodes = 0
     curve_steps: List[int] = []
@@ -199,20 +284,26 @@ def train(cfg: Config, log=print) -> Result:
         return sum(recent) / len(recent) if recent else float("nan")
 
     start = time.perf_counter()
-    # Launched in the engine with the same seed: env k is reset with seed + k.
-    with shmbridge.launch("cartpole", num_envs=n, seed=cfg.seed, blocking=cfg.blocking) as client:
-        # Zero-copy views of the shared memory, created once and valid for the client's
-        # life; the engine overwrites them in place at every step, so each step copies
-        # what it needs into the rollout buffers before the next step.
-        obs_view = torch.from_dlpack(client.obs)  # (n, 4) float32
-        act_view = torch.from_dlpack(client.actions)  # (n, 1) int64, written by us
-        rew_view = torch.from_dlpack(client.rewards)  # (n,) float32
-        term_view = torch.from_dlpack(client.terminated)  # (n,) bool
-        trunc_view = torch.from_dlpack(client.truncated)  # (n,) bool
-        assert obs_view.data_ptr() == client.obs.data_ptr  # a view, not a copy
+    # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors
+    # live on the learner's device: shared memory, or GPU memory shared through CUDA IPC.
+    with shmbridge.launch("cartpole", num_envs=n, device=str(device), seed=cfg.seed,
+                          blocking=cfg.blocking) as client:
+        # Zero-copy views of the engine's tensors, created once and valid for the
+        # client's life; the engine overwrites them in place at every step, so each step
+        # copies what it needs into the rollout buffers before the next step. On a GPU,
+        # client.step() orders everything on torch's current stream: the engine's
+        # kernels wait for the work queued before it (the actions written into act_view,
+        # the reads of the previous frame), and work queued after it sees the new frame.
+        views = _engine_views(client, device)
+        obs_view = views["obs"]  # (n, 4) float32
+        act_view = views["actions"]  # (n, 1) int64, written by us
+        rew_view = views["rewards"]  # (n,) float32
+        term_view = views["terminated"]  # (n,) bool
+        trunc_view = views["truncated"]  # (n,) bool
         # (n, 4) float32: each env's state before the engine's autoreset, i.e. the last
         # observation of an episode that ended this step. None: an engine without it.
-        final_view = torch.from_dlpack(client["final_obs"]) if "final_obs" in client else None
+        final_view = views.get("final_obs")
+        engine_device, view_names = client.device, list(views)
 
         bar = tqdm(total=num_updates * batch, unit="step", unit_scale=True,
                    disable=not cfg.progress, dynamic_ncols=True, desc="PPO cartpole")
@@ -221,37 +312,42 @@ def train(cfg: Config, log=print) -> Result:
                 if cfg.anneal_lr:
                     optimizer.param_groups[0]["lr"] = cfg.lr * (1.0 - update / num_updates)
 
-                for t in range(t_len):
-                    obs_buf[t].copy_(obs_view)  # the frame the action is chosen on
-                    with torch.no_grad():
-                        logits = agent.actor(obs_buf[t])
-                        val_buf[t] = agent.value(obs_buf[t])
-                    dist = Categorical(logits=logits, validate_args=False)
-                    action = dist.sample()
-                    act_buf[t] = action
-                    logp_buf[t] = dist.log_prob(action)
+                # No host synchronisation in here on a GPU: sync_debug checks that.
+                with _sync_debug(device, cfg.sync_debug):
+                    for t in range(t_len):
+                        obs_buf[t].copy_(obs_view)  # the frame the action is chosen on
+                        with torch.no_grad():
+                            logits = agent.actor(obs_buf[t])
+                            val_buf[t] = agent.value(obs_buf[t])
+                        dist = Categorical(logits=logits, validate_args=False)
+                        action = dist.sample()
+                        act_buf[t] = action
+                        logp_buf[t] = dist.log_prob(action)
 
-                    act_view.copy_(action.unsqueeze(1))  # into shared memory, in place
-                    client.step()  # the views now hold the next frame
+                        act_view.copy_(action.unsqueeze(1))  # into the engine's tensor, in place
+                        client.step()  # the views now hold the next frame
 
-                    rew_buf[t].copy_(rew_view)
-                    done = term_view | trunc_view  # a new tensor, not a view
-                    done_buf[t].copy_(done)
-                    # Same-step autoreset: obs_view already holds the reset observation
-                    # of the envs that ended; final_view their last one, until the next
-                    # step. Time-limit truncations are bootstrapped from it (GAE then
-                    # treats the step as final). With --no-bootstrap-truncated, truncation
-                    # is treated as termination, as CleanRL's ppo.py does.
-                    if cfg.bootstrap_truncated:
-                        bootstrap_truncated(rew_buf[t], val_buf[t], term_view, trunc_view,
-                                            final_view, agent.value, cfg.gamma)
+                        rew_buf[t].copy_(rew_view)
+                        done = term_view | trunc_view  # a new tensor, not a view
+                        done_buf[t].copy_(done)
+                        # Same-step autoreset: obs_view already holds the reset observation
+                        # of the envs that ended; final_view their last one, until the next
+                        # step. Time-limit truncations are bootstrapped from it (GAE then
+                        # treats the step as final). With --no-bootstrap-truncated, truncation
+                        # is treated as termination, as CleanRL's ppo.py does.
+                        if cfg.bootstrap_truncated:
+                            bootstrap_truncated(rew_buf[t], val_buf[t], term_view, trunc_view,
+                                                final_view, agent.value, cfg.gamma)
 
-                    ep_return += rew_view
-                    if done.any():
-                        recent.extend(ep_return[done].tolist())
-                        episodes += int(done.sum())
-                        ep_return[done] = 0.0
+                        ep_return += rew_view
+                        ret_at_step[t].copy_(ep_return)
+                        ep_return.masked_fill_(done, 0.0)
                 global_step += batch
+                # The returns of the episodes that ended in this rollout, in the order
+                # they ended (step, then env): the one host read-back per update.
+                finished = ret_at_step[done_buf.bool()].tolist()
+                recent.extend(finished)
+                episodes += len(finished)
 
                 # Generalised advantage estimation.
                 with torch.no_grad():
@@ -302,6 +398,10 @@ def train(cfg: Config, log=print) -> Result:
                     break
         finally:
             bar.close()
+            # Drop the views before the client closes: on a GPU the client acknowledges
+            # its close (and the engine frees its memory) once no view holds it open.
+            views.clear()
+            obs_view = act_view = rew_view = term_view = trunc_view = final_view = None
     wall = time.perf_counter() - start
 
     result = Result(
@@ -312,6 +412,8 @@ def train(cfg: Config, log=print) -> Result:
         wall_s=wall,
         reached_target=reached,
         device=str(device),
+        engine_device=engine_device,
+        zero_copy_views=view_names,
         curve_steps=curve_steps,
         curve_returns=curve_returns,
     )
@@ -357,8 +459,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="most environment steps (all envs together)")
     p.add_argument("--seed", type=int, default=d.seed, help="torch seed and engine seed")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device,
-                   help="learner's torch device; auto: cuda if available (the engine's "
-                        "tensors are host memory either way)")
+                   help="where the learner and the engine's tensors live (cuda: GPU memory "
+                        "shared through CUDA IPC, no host round trip); auto: cuda when torch "
+                        "sees a GPU and shmbridge.cuda_available() says it can use it, else cpu")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch CPU threads (the engine process takes a core too); 0: torch's default")
     p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
@@ -397,7 +500,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.plot = None
     try:
         r = train(cfg)
-    except ValueError as e:
+    except (ValueError, shmbridge.CudaUnavailableError) as e:
         print(f"shmbridge-ppo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
