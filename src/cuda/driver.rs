@@ -517,6 +517,7 @@ impl DeviceAllocation {
         };
         // SAFETY: `ptr..ptr+size` was just allocated in the current context.
         check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(ptr, 0, size) })?;
+        finish_legacy_stream()?;
         Ok(a)
     }
 
@@ -539,7 +540,8 @@ impl DeviceAllocation {
         Ok(h.reserved.map(|b| b as u8))
     }
 
-    /// Synchronous host→device copy into `offset..offset+bytes.len()`.
+    /// Synchronous host→device copy into `offset..offset+bytes.len()`: complete on the
+    /// device when this returns, so work queued afterwards on any stream sees it.
     pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         check_span(offset, bytes.len(), self.size)?;
         self.ctx.bind()?;
@@ -551,7 +553,8 @@ impl DeviceAllocation {
                 bytes.as_ptr() as *const c_void,
                 bytes.len(),
             )
-        })
+        })?;
+        finish_legacy_stream()
     }
 
     /// Synchronous device→host copy of `offset..offset+out.len()`.
@@ -566,6 +569,19 @@ impl DeviceAllocation {
     pub fn leak(self) {
         std::mem::forget(self);
     }
+}
+
+/// Waits for the legacy default stream (`CU_STREAM_LEGACY`), in the current context.
+/// `cuMemsetD8` and a `cuMemcpyHtoD` from pageable memory run on it and may return before
+/// the device finished them (CUDA's "API synchronization behavior"), and the non-blocking
+/// streams of [`Stream::create`] do not wait for it: without this, a kernel queued next
+/// on such a stream could see the bytes from before the memset or the copy.
+fn finish_legacy_stream() -> Result<()> {
+    // SAFETY: CU_STREAM_LEGACY ((CUstream)0x1) is a valid stream handle wherever a context
+    // is current (every caller bound one).
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(1usize as sys::CUstream)
+    })
 }
 
 fn check_span(offset: usize, len: usize, size: usize) -> Result<()> {
