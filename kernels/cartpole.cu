@@ -4,8 +4,8 @@
 //
 // Random numbers: each env owns a PCG32 (XSH-RR, 64-bit state, odd increment), as
 // rand_pcg::Pcg32 on the CPU. The host computes every env's initial (state, increment)
-// the way `Pcg32::seed_from_u64(seed + e)` does and uploads them (cartpole_seed); a
-// reset draws 4 uniforms in [-0.05, 0.05) the way rand's `random_range(-0.05..0.05)`
+// the way `Pcg32::seed_from_u64(seed + e)` does and uploads them (cartpole_reset_listed,
+// which also serves `Reset` commands with seeds); a reset draws 4 uniforms in [-0.05, 0.05) the way rand's `random_range(-0.05..0.05)`
 // does for f64 (one u64 = two u32 outputs, low word first; 52 mantissa bits -> [1, 2)
 // -> minus 1 -> scale + low, one draw as rand 0.10 does). The scheme is mirrored in Rust
 // and checked bit for bit against rand_pcg on CPU (src/cuda/kernels.rs); that the GPU
@@ -58,25 +58,33 @@ __device__ void write_obs(float *out, const double *s, u64 e) {
     for (int k = 0; k < 4; k++) out[4 * e + k] = (float)s[4 * e + k];
 }
 
-// Uploads nothing itself: `rng_state`/`rng_inc` are filled by the host; this resets
-// every env (draws its initial state) and writes obs and final_obs (frame 0).
-extern "C" __global__ void cartpole_reset_all(double *state, u32 *steps, u64 *rng_state,
-                                              const u64 *rng_inc, float *obs,
+// Resets (frame 0's seeding and draws, `Reset` commands), one thread per listed env: env
+// ids[k] (each env listed once; the host folded repeated listings, src/cuda/kernels.rs
+// ResetUpload) gets generator (seed_state[k], seed_inc[k]) when has_seeds, then is reset
+// counts[k] times in a row: what the CPU engine's loop over the listing does for it.
+extern "C" __global__ void cartpole_reset_listed(double *state, u32 *steps, u64 *rng_state,
+                                                 u64 *rng_inc, const u32 *ids,
+                                                 const u64 *counts, u64 n,
+                                                 const u64 *seed_state, const u64 *seed_inc,
+                                                 u32 has_seeds) {
+    u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    u64 e = ids[k];
+    if (has_seeds) {
+        rng_state[e] = seed_state[k];
+        rng_inc[e] = seed_inc[k];
+    }
+    for (u64 c = 0; c < counts[k]; c++) reset_env(state, steps, rng_state, rng_inc, e);
+}
+
+// obs and final_obs of every env from its state (after frame 0's draws or a `Reset`: the
+// CPU engine rewrites both for all envs, so final_obs = obs afterwards).
+extern "C" __global__ void cartpole_write_obs(const double *state, float *obs,
                                               float *final_obs, u64 num_envs) {
     u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= num_envs) return;
-    reset_env(state, steps, rng_state, rng_inc, e);
     write_obs(obs, state, e);
     write_obs(final_obs, state, e);
-}
-
-// Sets env e's generator to (state0[e], inc[e]) without drawing (the host computed them).
-extern "C" __global__ void cartpole_seed(u64 *rng_state, u64 *rng_inc, const u64 *state0,
-                                         const u64 *inc, u64 num_envs) {
-    u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= num_envs) return;
-    rng_state[e] = state0[e];
-    rng_inc[e] = inc[e];
 }
 
 extern "C" __global__ void cartpole_step(double *state, u32 *steps, u64 *rng_state,

@@ -872,7 +872,7 @@ impl Module {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         let block = block.max(1);
-        let grid = n.div_ceil(block).max(1);
+        let grid = super::kernels::blocks(n, block);
         // SAFETY: `f` is a function of this module; `params` holds one pointer per
         // argument, each to 8 bytes that outlive the call (the driver copies them before
         // returning); the caller guarantees they match the kernel's signature.
