@@ -272,9 +272,19 @@ impl Engine {
         self.layout.num_envs as usize
     }
 
-    /// Views of the tensors: write engine→client ones, read client→engine ones.
+    /// Views of the tensors: write engine→client ones, read client→engine ones (with the
+    /// `cuda` feature, also the device side of CUDA tensors: `Tensors::engine_cuda`).
     pub fn io(&mut self) -> Tensors<'_> {
-        Tensors::new(&self.region, &self.layout, Peer::Engine)
+        self.views()
+    }
+
+    /// The engine's views. Callers hold `&mut self` (or, in `answer_all`, are only
+    /// reached from a method that does): at most one `Tensors` of this engine exists.
+    fn views(&self) -> Tensors<'_> {
+        let io = Tensors::new(&self.region, &self.layout, Peer::Engine);
+        #[cfg(feature = "cuda")]
+        let io = io.with_engine_cuda(self.cuda.as_ref());
+        io
     }
 
     /// A mutable view of one engine→client tensor.
@@ -518,7 +528,7 @@ impl Engine {
                 Ok(req) => {
                     // Only reached from `poll_commands`, which holds `&mut self`: no
                     // other `Tensors` of this engine exists while this one does.
-                    let mut io = Tensors::new(&self.region, &self.layout, Peer::Engine);
+                    let mut io = self.views();
                     command::answer(
                         req,
                         &self.layout,

@@ -57,12 +57,19 @@ fn host_only(t: &TensorInfo) -> Result<()> {
 }
 
 /// Borrowed access to the tensors of one region, for one side.
+///
+/// An engine's views of an engine with CUDA tensors (`cuda` feature) also hand out the
+/// engine's CUDA side (`Tensors::engine_cuda`: its context and the stream a frame's
+/// kernels go on) and device addresses (`Tensors::device_ptr`), so that an env steps on
+/// the GPU through the same `&mut Tensors` its steps and commands get.
 pub struct Tensors<'a> {
     region: &'a Region,
     layout: &'a Layout,
     side: Peer,
     shared: u64,
     exclusive: u64,
+    #[cfg(feature = "cuda")]
+    cuda: Option<&'a crate::cuda::ipc::EngineCuda>,
 }
 
 impl<'a> Tensors<'a> {
@@ -73,6 +80,50 @@ impl<'a> Tensors<'a> {
             side,
             shared: 0,
             exclusive: 0,
+            #[cfg(feature = "cuda")]
+            cuda: None,
+        }
+    }
+
+    /// The engine's views, with its CUDA side (if it has CUDA tensors).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn with_engine_cuda(
+        mut self,
+        cuda: Option<&'a crate::cuda::ipc::EngineCuda>,
+    ) -> Self {
+        self.cuda = cuda;
+        self
+    }
+
+    /// The engine's CUDA side: launch the kernels that write a frame (or a command's
+    /// reset) on its [`stream`](crate::cuda::ipc::EngineCuda::stream), so that the
+    /// engine's event, recorded before `frame_seq` or the reply is published, follows
+    /// them. An error for a client's views or a host-only engine.
+    #[cfg(feature = "cuda")]
+    pub fn engine_cuda(&self) -> Result<&'a crate::cuda::ipc::EngineCuda> {
+        self.cuda.ok_or_else(|| Error::CudaUnavailable {
+            reason: format!(
+                "these are the {} views of engine '{}', which has no CUDA tensors",
+                self.side, self.layout.engine_kind
+            ),
+        })
+    }
+
+    /// Device address (in this process) of a CUDA tensor of the engine: for kernels on
+    /// the engine's stream. The tensor's direction is not checked here: a kernel may read
+    /// any tensor, and must write only engine→client ones.
+    #[cfg(feature = "cuda")]
+    pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
+        let (_, t) = key.resolve(self.layout)?;
+        match self.cuda {
+            Some(c) => c.ptr(t),
+            None => Err(Error::Cuda {
+                call: "device pointer",
+                detail: format!(
+                    "tensor '{}' lives in host memory: these {} views have no CUDA side",
+                    t.name, self.side
+                ),
+            }),
         }
     }
 
@@ -137,6 +188,11 @@ impl<'a> Tensors<'a> {
         Ok(unsafe {
             std::slice::from_raw_parts_mut(self.region.ptr().add(t.offset as usize) as *mut T, len)
         })
+    }
+
+    /// A tensor's table entry (dtype, shape, size, where it lives).
+    pub fn info(&self, key: impl TensorKey) -> Result<&'a TensorInfo> {
+        key.resolve(self.layout).map(|(_, t)| t)
     }
 
     /// Resolves a tensor name once, for use as a key in hot loops.

@@ -8,6 +8,8 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::process::Command;
 use std::sync::Arc;
 
@@ -543,4 +545,533 @@ fn cuda_engine_killed_while_client_holds_pointers() {
         "the handle was closed exactly once after the exporter died"
     );
     let _ = std::fs::remove_file(&engine.stop);
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernels' entry points, with NVRTC alone (no driver, no GPU needed).
+
+/// Each kernel compiles with NVRTC and its PTX entry takes the parameters the engines
+/// launch it with (src/envs/gpu.rs: `Arg::Ptr`/`U64` are 8-byte `.u64`, `U32` `.u32`,
+/// `F64` `.f64`). Needs only libnvrtc on the loader path (e.g. the
+/// nvidia-cuda-nvrtc-cu12 wheel's lib folder in LD_LIBRARY_PATH).
+#[test]
+fn kernels_compile_and_take_the_launched_parameters() {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("SKIPPED kernels_compile_and_take_the_launched_parameters: no libnvrtc");
+        return;
+    }
+    let u = |n: usize| vec!["u64"; n];
+    let cat = |parts: &[Vec<&'static str>]| parts.concat();
+    let expected: &[(&str, Vec<&str>)] = &[
+        ("null_fill", u(3)),
+        ("null_fill_u8", u(3)),
+        ("null_step", u(7)),
+        ("null_sparse", u(9)),
+        ("cartpole_reset_listed", cat(&[u(9), vec!["u32"]])),
+        ("cartpole_write_obs", u(4)),
+        ("cartpole_step", cat(&[u(11), vec!["f64"], u(1)])),
+    ];
+    use shmbridge::cuda::kernels::{COMPILE_OPTIONS, SOURCES};
+    let mut seen = 0;
+    for (file, src, kernels) in SOURCES {
+        let opts = cudarc::nvrtc::CompileOptions {
+            name: Some(file.to_string()),
+            options: COMPILE_OPTIONS.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(*src, opts)
+            .unwrap_or_else(|e| panic!("{file}: {e:?}"))
+            .to_src();
+        for k in *kernels {
+            let start = ptx
+                .find(&format!(".entry {k}("))
+                .unwrap_or_else(|| panic!("{file}: no entry {k}"));
+            let params = &ptx[start..start + ptx[start..].find(')').unwrap()];
+            let types: Vec<&str> = params
+                .split(".param .")
+                .skip(1)
+                .map(|p| p.split_whitespace().next().unwrap())
+                .collect();
+            let want = &expected.iter().find(|(n, _)| n == k).unwrap().1;
+            assert_eq!(&types, want, "{file}: {k}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, expected.len(), "every kernel checked");
+}
+
+// ---------------------------------------------------------------------------------------
+// The GPU reference engines (`shmbridge engine --device cuda`, src/envs/gpu.rs), served by
+// the real binary in a child process and compared with the CPU pattern and engines.
+
+use shmbridge::envs::null::{pattern, pattern_u8};
+
+/// Whether `shmbridge engine --device cuda` can run here: CUDA usable and NVRTC loadable.
+fn gpu_engines(test: &str) -> bool {
+    if is_child() || std::env::var_os("ROLE").is_some() {
+        return false;
+    }
+    let Some((d, _ctx)) = gpu(test) else {
+        return false;
+    };
+    match driver::compile(d, "empty.cu", "extern \"C\" __global__ void k() {}", &[]) {
+        Ok(_) => true,
+        Err(e @ Error::CudaUnavailable { .. }) => {
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `shmbridge engine ARGS...`; the engine's stderr in the panic message if it does not
+/// serve.
+fn start_engine(args: &[&str]) -> common::EngineProc {
+    let mut child = Command::new(common::BIN)
+        .arg("engine")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let name = line.trim().to_string();
+    if name.is_empty() {
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "engine {args:?} did not serve ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    common::EngineProc { child, name }
+}
+
+/// Closes the client and checks that the engine ended well and logged its device.
+fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
+    client.close();
+    let (status, stderr) = engine.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains(device_line), "{stderr}");
+}
+
+/// The bytes of the client's CUDA tensor `name` in the current frame (or after the last
+/// command reply): a stream waits on the engine's event, then the bytes are read through
+/// the client's import (the cached one: no second open).
+fn fetch(client: &Client, name: &str) -> Vec<u8> {
+    let cuda = client.cuda().unwrap();
+    let s = Stream::create(cuda.context()).unwrap();
+    cuda.wait_frame_on(&s).unwrap();
+    s.synchronize().unwrap();
+    let (_, t) = client.layout().tensor(name).unwrap();
+    let m = driver::import_memory(cuda.context(), &t.cuda.unwrap().ipc_mem_handle).unwrap();
+    let mut out = vec![0u8; t.nbytes as usize];
+    m.read(t.offset, &mut out).unwrap();
+    out
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Writes client→engine CUDA tensors from host bytes and steps: staged in a device
+/// buffer, copied on a stream the client records its event on (`step_on`).
+struct DeviceWriter {
+    stream: Stream,
+    staging: Option<DeviceAllocation>,
+}
+
+impl DeviceWriter {
+    fn new(client: &Client) -> DeviceWriter {
+        DeviceWriter {
+            stream: Stream::create(client.cuda().unwrap().context()).unwrap(),
+            staging: None,
+        }
+    }
+
+    fn step(&mut self, client: &mut Client, tensors: &[(&str, &[u8])]) -> u64 {
+        // The previous step's copies are done before the staging buffer is rewritten.
+        self.stream.synchronize().unwrap();
+        let total: usize = tensors.iter().map(|(_, b)| b.len()).sum();
+        if self.staging.as_ref().is_none_or(|s| s.size() < total) {
+            self.staging =
+                Some(DeviceAllocation::new(client.cuda().unwrap().context(), total).unwrap());
+        }
+        let staging = self.staging.as_ref().unwrap();
+        let mut at = 0;
+        for (name, bytes) in tensors {
+            let (_, t) = client.layout().tensor(name).unwrap();
+            assert_eq!(t.nbytes as usize, bytes.len(), "{name}");
+            staging.write(at, bytes).unwrap();
+            let dst = client.cuda_ptr(*name).unwrap();
+            // SAFETY: `dst` is the client's tensor of `bytes.len()` bytes and the source
+            // a span of our staging buffer, alive until the next step synchronizes.
+            unsafe {
+                self.stream
+                    .copy_dtod(dst, staging.ptr() + at as u64, bytes.len())
+                    .unwrap()
+            };
+            at += bytes.len();
+        }
+        client.step_on(&self.stream, T).unwrap()
+    }
+}
+
+/// Frame `seq` of a `null` engine (`n` obs elements, `rgb_n` image bytes), dense or
+/// sparse, as the CPU engine writes it; `rewards` are the actions' first column.
+fn check_null_frame(client: &Client, seq: u64, sparse: bool, rewards: Option<&[f32]>, what: &str) {
+    let obs = f32s(&fetch(client, "obs"));
+    let n = obs.len();
+    for (i, v) in obs.iter().enumerate() {
+        let want = if !sparse || i == 0 || i == n - 1 {
+            pattern(seq, i as u64)
+        } else {
+            0.0
+        };
+        assert_eq!(*v, want, "{what}: obs[{i}] of frame {seq}");
+    }
+    if client.layout().tensor("rgb").is_ok() {
+        let rgb = fetch(client, "rgb");
+        let m = rgb.len();
+        for (i, v) in rgb.iter().enumerate() {
+            let want = if !sparse || i == 0 || i == m - 1 {
+                pattern_u8(seq, i as u64)
+            } else {
+                0
+            };
+            assert_eq!(*v, want, "{what}: rgb[{i}] of frame {seq}");
+        }
+    }
+    let got = f32s(&fetch(client, "rewards"));
+    let last = got.len() - 1;
+    for (e, r) in got.iter().enumerate() {
+        let want = match rewards {
+            Some(w) if !sparse || e == 0 || e == last => w[e],
+            _ => 0.0,
+        };
+        assert_eq!(*r, want, "{what}: rewards[{e}] of frame {seq}");
+    }
+    for flag in ["terminated", "truncated"] {
+        assert!(
+            fetch(client, flag).iter().all(|&b| b == 0),
+            "{what}: {flag}"
+        );
+    }
+}
+
+/// The GPU `null` engine's frames are the CPU pattern, for 4096×100 f32 observations,
+/// 64×84×84×3 images and sparse mode; its commands answer as the CPU engine's.
+#[test]
+fn gpu_null_engine_serves_the_cpu_pattern() {
+    if !gpu_engines("gpu_null_engine_serves_the_cpu_pattern") {
+        return;
+    }
+    let configs: [(&[&str], bool); 3] = [
+        (
+            &["--num-envs", "4096", "--obs-dim", "100", "--act-dim", "3"],
+            false,
+        ),
+        (&["--num-envs", "64", "--image", "84x84x3"], false),
+        (
+            &[
+                "--num-envs",
+                "7",
+                "--obs-dim",
+                "5",
+                "--image",
+                "2x3x1",
+                "--sparse",
+            ],
+            true,
+        ),
+    ];
+    for (args, sparse) in configs {
+        let what = format!("{args:?}");
+        let engine = start_engine(&[&["--env", "null", "--device", "cuda"], args].concat());
+        let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
+        for t in &client.layout().tensors {
+            assert_eq!(t.location, shmbridge::Location::Cuda, "{what}: {}", t.name);
+        }
+        check_null_frame(&client, 0, sparse, None, &what);
+        let (_, act) = client.layout().tensor("actions").unwrap();
+        let (n, act_dim) = (act.shape[0] as usize, act.shape[1] as usize);
+        let mut writer = DeviceWriter::new(&client);
+        let mut firsts = Vec::new();
+        for k in 1..=3u64 {
+            let actions: Vec<f32> = (0..n * act_dim)
+                .map(|i| (i as u64 * 7 + k * 1000) as f32)
+                .collect();
+            let bytes: Vec<u8> = actions.iter().flat_map(|a| a.to_ne_bytes()).collect();
+            assert_eq!(writer.step(&mut client, &[("actions", &bytes)]), k);
+            firsts = actions.iter().step_by(act_dim).copied().collect();
+            check_null_frame(&client, k, sparse, Some(&firsts), &what);
+        }
+        // A bare Reset rewrites frame 0's pattern (rewards keep the last frame's values).
+        assert_eq!(client.reset(None, &[], T).unwrap(), 3);
+        check_null_frame(&client, 0, sparse, Some(&firsts), &format!("{what} reset"));
+        let e = client.reset(Some(&[0]), &[], T).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Remote {
+                    code: shmbridge::wire::code::UNSUPPORTED,
+                    ..
+                }
+            ),
+            "{what}: {e}"
+        );
+        let echoed = client
+            .call_method("echo", &[("a", "b")], b"xyz", T)
+            .unwrap();
+        assert_eq!(echoed.payload, b"xyz");
+        assert_eq!(echoed.args, vec![("a".into(), "b".into())]);
+        finish(client, engine, "device cuda -> cuda:0");
+    }
+}
+
+/// One frame of a cartpole engine, read on the host.
+#[derive(Debug, Clone, PartialEq)]
+struct CartFrame {
+    obs: Vec<f32>,
+    final_obs: Vec<f32>,
+    rewards: Vec<f32>,
+    terminated: Vec<u8>,
+    truncated: Vec<u8>,
+}
+
+/// A GPU and a CPU cartpole engine with the same envs and seed, each with a client,
+/// stepped with the same actions and `reset_mask`.
+struct CartPair {
+    gpu: Client,
+    cpu: Client,
+    engines: (common::EngineProc, common::EngineProc),
+    writer: DeviceWriter,
+}
+
+impl CartPair {
+    fn start(n: usize, seed: u64) -> CartPair {
+        let (ns, ss) = (n.to_string(), seed.to_string());
+        let args = ["--env", "cartpole", "--num-envs", &ns, "--seed", &ss];
+        let g = start_engine(&[&args[..], &["--device", "cuda"]].concat());
+        let c = start_engine(&args);
+        let gpu = Client::attach(&g.name, AttachOptions::default()).unwrap();
+        let cpu = Client::attach(&c.name, AttachOptions::default()).unwrap();
+        assert!(gpu.layout().has_cuda() && !cpu.layout().has_cuda());
+        let writer = DeviceWriter::new(&gpu);
+        CartPair {
+            gpu,
+            cpu,
+            engines: (g, c),
+            writer,
+        }
+    }
+
+    fn frames(&mut self) -> (CartFrame, CartFrame) {
+        let g = &self.gpu;
+        let gpu = CartFrame {
+            obs: f32s(&fetch(g, "obs")),
+            final_obs: f32s(&fetch(g, "final_obs")),
+            rewards: f32s(&fetch(g, "rewards")),
+            terminated: fetch(g, "terminated"),
+            truncated: fetch(g, "truncated"),
+        };
+        let mut io = self.cpu.io();
+        let cpu = CartFrame {
+            obs: io.read::<f32>("obs").unwrap().to_vec(),
+            final_obs: io.read::<f32>("final_obs").unwrap().to_vec(),
+            rewards: io.read::<f32>("rewards").unwrap().to_vec(),
+            terminated: io.read::<u8>("terminated").unwrap().to_vec(),
+            truncated: io.read::<u8>("truncated").unwrap().to_vec(),
+        };
+        (gpu, cpu)
+    }
+
+    fn step(&mut self, actions: &[i64], mask: &[u8]) -> (CartFrame, CartFrame) {
+        let act: Vec<u8> = actions.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        let g = self
+            .writer
+            .step(&mut self.gpu, &[("actions", &act), ("reset_mask", mask)]);
+        {
+            let mut io = self.cpu.io();
+            io.write::<i64>("actions").unwrap().copy_from_slice(actions);
+            io.write::<u8>("reset_mask").unwrap().copy_from_slice(mask);
+        }
+        let c = self.cpu.step(T).unwrap();
+        assert_eq!(g, c, "frame numbers");
+        self.frames()
+    }
+
+    /// The same `Reset` command on both; returns the frames after the replies.
+    fn reset(&mut self, ids: Option<&[u32]>, seeds: &[u64]) -> (CartFrame, CartFrame) {
+        let g = self.gpu.reset(ids, seeds, T).unwrap();
+        let c = self.cpu.reset(ids, seeds, T).unwrap();
+        assert_eq!(g, c, "ResetDone frames");
+        self.frames()
+    }
+
+    fn finish(self) {
+        let (g, c) = self.engines;
+        finish(self.gpu, g, "device cuda -> cuda:0");
+        self.cpu.close();
+        let (status, stderr) = c.finish();
+        assert!(status.success(), "{stderr}");
+    }
+}
+
+/// splitmix64: the test's action and mask source (the same for both engines).
+fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Observations equal up to f32 rounding of f64 states that differ in the last bits
+/// (the GPU's `sincos` is not glibc's): relative 1e-5, absolute 1e-6 near 0.
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-6
+}
+
+/// Compares env `e` of two frames: rewards and flags exactly, observations with
+/// [`close`] (bit for bit when `exact`). `Err` when the flags differ: the episodes have
+/// parted (a threshold crossed on one side only, from last-bit differences).
+fn compare_env(
+    g: &CartFrame,
+    c: &CartFrame,
+    e: usize,
+    exact: bool,
+    what: &str,
+) -> std::result::Result<(), ()> {
+    if (g.terminated[e], g.truncated[e]) != (c.terminated[e], c.truncated[e]) {
+        return Err(());
+    }
+    assert_eq!(g.rewards[e], c.rewards[e], "{what}: rewards[{e}]");
+    for k in 4 * e..4 * e + 4 {
+        for (name, x, y) in [
+            ("obs", g.obs[k], c.obs[k]),
+            ("final_obs", g.final_obs[k], c.final_obs[k]),
+        ] {
+            if exact {
+                assert_eq!(x.to_bits(), y.to_bits(), "{what}: {name}[{k}]: {x} vs {y}");
+            } else {
+                assert!(close(x, y), "{what}: {name}[{k}]: gpu {x} cpu {y}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The GPU cartpole and the CPU cartpole, same seed, same actions and `reset_mask`, agree
+/// for 600 steps: rewards and flags exactly, observations to f32 rounding, until an env's
+/// flags first differ (then its episodes have parted: it is no longer compared, and this
+/// must stay rare). `set_pole_length` applies on both from the next step.
+#[test]
+fn gpu_cartpole_agrees_with_the_cpu_cartpole() {
+    if !gpu_engines("gpu_cartpole_agrees_with_the_cpu_cartpole") {
+        return;
+    }
+    let (n, seed) = (256usize, 2024u64);
+    let mut pair = CartPair::start(n, seed);
+    let (g, c) = pair.frames();
+    for e in 0..n {
+        compare_env(&g, &c, e, true, "frame 0").expect("frame 0 has no flags");
+    }
+    let mut parted = vec![false; n];
+    let (mut rng, mut finished) = (seed, 0usize);
+    for step in 1..=600u64 {
+        if step == 250 {
+            for client in [&mut pair.gpu, &mut pair.cpu] {
+                let r = client
+                    .call_method("set_pole_length", &[("length", "0.7")], &[], T)
+                    .unwrap();
+                assert_eq!(r.args, vec![("previous".into(), "0.5".into())]);
+            }
+        }
+        let actions: Vec<i64> = (0..n).map(|_| (next_random(&mut rng) & 1) as i64).collect();
+        let mask: Vec<u8> = (0..n)
+            .map(|_| u8::from(next_random(&mut rng) % 128 == 0))
+            .collect();
+        let (g, c) = pair.step(&actions, &mask);
+        for (e, parted) in parted.iter_mut().enumerate() {
+            if *parted {
+                continue;
+            }
+            let what = format!("step {step}");
+            if compare_env(&g, &c, e, false, &what).is_err() {
+                eprintln!("env {e} parted at step {step}: flags differ");
+                *parted = true;
+            }
+            finished += usize::from(c.terminated[e] != 0 || c.truncated[e] != 0);
+        }
+    }
+    let parted = parted.iter().filter(|&&p| p).count();
+    eprintln!("{finished} episodes finished in step; {parted} of {n} envs parted");
+    assert!(
+        finished > 1000,
+        "random actions end many episodes: {finished}"
+    );
+    assert!(
+        parted <= n / 50,
+        "{parted} envs parted: more than last-bit noise"
+    );
+    pair.finish();
+}
+
+/// `Reset` commands (listed envs with one seed each, one seed for all, no seeds, and
+/// duplicates) give the GPU engine the CPU engine's states, bit for bit for the reseeded
+/// envs, and every env's `obs`/`final_obs` are rewritten as on the CPU.
+#[test]
+fn gpu_cartpole_reset_commands_give_the_cpu_states() {
+    if !gpu_engines("gpu_cartpole_reset_commands_give_the_cpu_states") {
+        return;
+    }
+    let n = 64usize;
+    let mut pair = CartPair::start(n, 7);
+    let mut rng = 99u64;
+    for _ in 0..40 {
+        let actions: Vec<i64> = (0..n).map(|_| (next_random(&mut rng) & 1) as i64).collect();
+        pair.step(&actions, &vec![0; n]);
+    }
+    let resets: [(Option<&[u32]>, &[u64]); 5] = [
+        (Some(&[3, 1, 3, 60]), &[11, 12, 13, 14]),
+        (Some(&[5]), &[u64::MAX]),
+        (None, &[123]),
+        (Some(&[2, 9, 9]), &[]),
+        (None, &[]),
+    ];
+    for (ids, seeds) in resets {
+        let what = format!("reset({ids:?}, {seeds:?})");
+        let (g, c) = pair.reset(ids, seeds);
+        let reseeded = |e: usize| !seeds.is_empty() && ids.is_none_or(|l| l.contains(&(e as u32)));
+        for e in 0..n {
+            compare_env(&g, &c, e, reseeded(e), &what)
+                .unwrap_or_else(|()| panic!("{what}: flags of env {e} differ"));
+        }
+        // The next step from the reset states agrees too.
+        let actions: Vec<i64> = (0..n).map(|e| (e % 2) as i64).collect();
+        let (g, c) = pair.step(&actions, &vec![0; n]);
+        for e in 0..n {
+            compare_env(&g, &c, e, false, &what)
+                .unwrap_or_else(|()| panic!("{what}, next step: flags of env {e} differ"));
+        }
+    }
+    let e = pair.gpu.reset(Some(&[64]), &[], T).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Remote {
+                code: shmbridge::wire::code::BAD_REQUEST,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    pair.finish();
 }

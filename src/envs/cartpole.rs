@@ -122,28 +122,89 @@ fn write_state(out: &mut [f32], state: &[f64; 4]) {
     }
 }
 
+/// The tensors and metadata of a `cartpole` engine with `num_envs` envs, in host memory
+/// (the GPU engine places the same ones on its device).
+pub fn spec(num_envs: u32) -> EngineSpec {
+    let high = [
+        X_THRESHOLD * 2.0,
+        f64::INFINITY,
+        THETA_THRESHOLD * 2.0,
+        f64::INFINITY,
+    ];
+    EngineSpec::standard("cartpole", num_envs, 4, 1, DType::I64)
+        .metadata("env_id", "CartPole-v1")
+        .metadata("autoreset_mode", "same-step")
+        .metadata("observation_low", &join(high.map(|h| -h)))
+        .metadata("observation_high", &join(high))
+        .metadata("action_space", "discrete:2")
+        .metadata("max_episode_steps", &MAX_STEPS.to_string())
+        .metadata("final_obs", "final_obs")
+        .tensor(
+            "final_obs",
+            DType::F32,
+            &[num_envs as u64, 4],
+            Direction::EngineToClient,
+        )
+}
+
+/// A `Reset` request checked as `docs/protocol.md` §7.2 says (an id ≥ `num_envs`, then
+/// a seed count other than 0, 1 or one per listed env: `BAD_REQUEST`). Returns the envs to
+/// reset in list order (every env when none is listed; duplicates kept) and, when seeds
+/// were given, the seed of the k-th one's new stream: `seeds[0] + k` (wrapping) for one
+/// seed, `seeds[k]` for one per env.
+pub fn reset_plan(
+    num_envs: u32,
+    req: &ResetRequest,
+) -> Result<(Vec<u32>, Option<Vec<u64>>), CommandError> {
+    let ids = match &req.env_ids {
+        Some(ids) => ids.clone(),
+        None => (0..num_envs).collect(),
+    };
+    if let Some(&bad) = ids.iter().find(|&&i| i >= num_envs) {
+        return Err(CommandError::bad_request(format!(
+            "env id {bad} out of range (num_envs {num_envs})"
+        )));
+    }
+    let seeds = match req.seeds[..] {
+        [] => None,
+        [s] => Some((0..ids.len() as u64).map(|k| s.wrapping_add(k)).collect()),
+        ref many if many.len() == ids.len() => Some(many.to_vec()),
+        ref many => {
+            return Err(CommandError::bad_request(format!(
+                "{} seeds for {} envs: give none, one, or one per env",
+                many.len(),
+                ids.len()
+            )))
+        }
+    };
+    Ok((ids, seeds))
+}
+
+/// The engine-defined methods of `cartpole` (CPU and GPU): `set_pole_length` sets
+/// `*length` and answers the previous one.
+pub fn call_method(
+    length: &mut f64,
+    method: &str,
+    args: &[(String, String)],
+) -> Result<Reply, CommandError> {
+    match method {
+        "set_pole_length" => {
+            let new: f64 = arg(args, "length")?;
+            if !(new.is_finite() && new > 0.0 && new <= 100.0) {
+                return Err(CommandError::bad_request(format!(
+                    "length must be in (0, 100] metres, not {new}"
+                )));
+            }
+            let previous = std::mem::replace(length, new);
+            Ok(Reply::args(vec![("previous".into(), previous.to_string())]))
+        }
+        other => Err(CommandError::unknown_method(other, &["set_pole_length"])),
+    }
+}
+
 impl VecEnv for CartPole {
     fn spec(&self) -> EngineSpec {
-        let high = [
-            X_THRESHOLD * 2.0,
-            f64::INFINITY,
-            THETA_THRESHOLD * 2.0,
-            f64::INFINITY,
-        ];
-        EngineSpec::standard("cartpole", self.num_envs, 4, 1, DType::I64)
-            .metadata("env_id", "CartPole-v1")
-            .metadata("autoreset_mode", "same-step")
-            .metadata("observation_low", &join(high.map(|h| -h)))
-            .metadata("observation_high", &join(high))
-            .metadata("action_space", "discrete:2")
-            .metadata("max_episode_steps", &MAX_STEPS.to_string())
-            .metadata("final_obs", "final_obs")
-            .tensor(
-                "final_obs",
-                DType::F32,
-                &[self.num_envs as u64, 4],
-                Direction::EngineToClient,
-            )
+        spec(self.num_envs)
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
@@ -191,27 +252,10 @@ impl VecEnv for CartPole {
 impl CommandHandler for CartPole {
     /// `Reset`: the listed envs (all if none), reseeded as Gymnasium does.
     fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
-        let seeds = &req.seeds[..];
-        let all: Vec<u32> = (0..self.num_envs).collect();
-        let ids = req.env_ids.as_deref().unwrap_or(&all);
-        if let Some(&bad) = ids.iter().find(|&&i| i >= self.num_envs) {
-            return Err(CommandError::bad_request(format!(
-                "env id {bad} out of range (num_envs {})",
-                self.num_envs
-            )));
-        }
-        if seeds.len() > 1 && seeds.len() != ids.len() {
-            return Err(CommandError::bad_request(format!(
-                "{} seeds for {} envs: give none, one, or one per env",
-                seeds.len(),
-                ids.len()
-            )));
-        }
+        let (ids, seeds) = reset_plan(self.num_envs, req)?;
         for (k, &i) in ids.iter().enumerate() {
-            match seeds {
-                [] => {}
-                [s] => self.rngs[i as usize] = Pcg32::seed_from_u64(s.wrapping_add(k as u64)),
-                many => self.rngs[i as usize] = Pcg32::seed_from_u64(many[k]),
+            if let Some(seeds) = &seeds {
+                self.rngs[i as usize] = Pcg32::seed_from_u64(seeds[k]);
             }
             self.reset_one(i as usize);
         }
@@ -227,19 +271,7 @@ impl CommandHandler for CartPole {
         args: &[(String, String)],
         _payload: &[u8],
     ) -> Result<Reply, CommandError> {
-        match method {
-            "set_pole_length" => {
-                let length: f64 = arg(args, "length")?;
-                if !(length.is_finite() && length > 0.0 && length <= 100.0) {
-                    return Err(CommandError::bad_request(format!(
-                        "length must be in (0, 100] metres, not {length}"
-                    )));
-                }
-                let previous = std::mem::replace(&mut self.length, length);
-                Ok(Reply::args(vec![("previous".into(), previous.to_string())]))
-            }
-            other => Err(CommandError::unknown_method(other, &["set_pole_length"])),
-        }
+        call_method(&mut self.length, method, args)
     }
 }
 
@@ -257,6 +289,45 @@ mod tests {
             assert!(n < 200);
         }
         assert!(n > 5, "{n}");
+    }
+
+    #[test]
+    fn reset_plans_follow_the_protocol() {
+        use crate::wire::code;
+        let req = |env_ids: Option<Vec<u32>>, seeds: Vec<u64>| ResetRequest {
+            env_ids,
+            seeds,
+            options: Vec::new(),
+        };
+        assert_eq!(
+            reset_plan(3, &req(None, vec![])).unwrap(),
+            (vec![0, 1, 2], None)
+        );
+        assert_eq!(
+            reset_plan(3, &req(None, vec![u64::MAX])).unwrap(),
+            (vec![0, 1, 2], Some(vec![u64::MAX, 0, 1])),
+            "one seed: seed + k, wrapping"
+        );
+        assert_eq!(
+            reset_plan(3, &req(Some(vec![2, 0, 2]), vec![7, 8, 9])).unwrap(),
+            (vec![2, 0, 2], Some(vec![7, 8, 9])),
+            "one per listed env, duplicates kept in order"
+        );
+        assert_eq!(
+            reset_plan(3, &req(Some(vec![]), vec![5])).unwrap(),
+            (vec![], Some(vec![]))
+        );
+        let bad = |r| reset_plan(3, &r).unwrap_err();
+        let e = bad(req(Some(vec![0, 3]), vec![1, 2, 3]));
+        assert_eq!(e.code, code::BAD_REQUEST);
+        assert!(
+            e.message.contains("env id 3"),
+            "ids are checked first: {}",
+            e.message
+        );
+        let e = bad(req(None, vec![1, 2]));
+        assert_eq!(e.code, code::BAD_REQUEST);
+        assert!(e.message.contains("2 seeds for 3 envs"), "{}", e.message);
     }
 
     #[test]

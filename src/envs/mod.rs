@@ -1,7 +1,10 @@
 //! Reference engines: `null` (the transport floor and the integrity check) and
 //! `cartpole` (Gymnasium CartPole-v1 dynamics, vectorised), and the loop that serves one.
+//! With the `cuda` feature, `gpu` has both on a CUDA device (`--device cuda`).
 
 pub mod cartpole;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod null;
 
 use std::time::Duration;
@@ -13,6 +16,11 @@ use crate::tensor::Tensors;
 
 /// A vectorised environment an [`Engine`] can serve. Its [`CommandHandler`] answers
 /// `Reset` and its engine-defined methods.
+///
+/// An env whose spec puts tensors on a CUDA device steps on the GPU through the same
+/// `Tensors`: `Tensors::engine_cuda` gives the engine's stream to launch on (ordered
+/// after the wait on the client's event and before the engine's event record) and
+/// `Tensors::device_ptr` the tensors' device addresses (`envs::gpu`).
 pub trait VecEnv: CommandHandler {
     /// The tensors it needs (the engine is created from this).
     fn spec(&self) -> EngineSpec;
@@ -76,26 +84,50 @@ pub fn serve(
     }
 }
 
-/// Builds a reference env by name.
+/// Builds a reference env by name (host memory).
 pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
     match name {
-        "null" => {
-            let env = null::NullEnv::new(
-                num_envs,
-                options.obs_dim.unwrap_or(16),
-                options.act_dim.unwrap_or(1),
-                options.sparse,
-            )?;
-            Ok(Box::new(match options.image {
-                Some(shape) => env.with_image(shape)?,
-                None => env,
-            }))
-        }
+        "null" => Ok(Box::new(null_env(num_envs, options)?)),
         "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed))),
-        other => Err(Error::InvalidSpec(format!(
-            "unknown env '{other}' (reference envs: null, cartpole)"
-        ))),
+        other => Err(unknown_env(other)),
     }
+}
+
+/// Builds a reference env by name on `device`: host memory ([`by_name`]) or a CUDA device
+/// (`gpu::by_name`; without the `cuda` feature, `CudaUnavailable`).
+pub fn by_name_on(
+    name: &str,
+    num_envs: u32,
+    options: &EnvOptions,
+    device: crate::cuda::Device,
+) -> Result<Box<dyn VecEnv>> {
+    match device {
+        crate::cuda::Device::Host => by_name(name, num_envs, options),
+        #[cfg(feature = "cuda")]
+        crate::cuda::Device::Cuda(ordinal) => gpu::by_name(name, num_envs, options, ordinal),
+        #[cfg(not(feature = "cuda"))]
+        crate::cuda::Device::Cuda(_) => Err(crate::cuda::unavailable_without_feature()),
+    }
+}
+
+/// The `null` env `options` describe (its configuration; the GPU `null` serves the same).
+fn null_env(num_envs: u32, options: &EnvOptions) -> Result<null::NullEnv> {
+    let env = null::NullEnv::new(
+        num_envs,
+        options.obs_dim.unwrap_or(16),
+        options.act_dim.unwrap_or(1),
+        options.sparse,
+    )?;
+    match options.image {
+        Some(shape) => env.with_image(shape),
+        None => Ok(env),
+    }
+}
+
+fn unknown_env(name: &str) -> Error {
+    Error::InvalidSpec(format!(
+        "unknown env '{name}' (reference envs: null, cartpole)"
+    ))
 }
 
 /// Options of the reference envs (each uses the ones that apply to it).
@@ -138,8 +170,10 @@ pub struct ReferenceEngine {
     pub policy: crate::sync::WaitPolicy,
     /// Give up after this long without an action.
     pub idle_timeout: Duration,
-    /// Where the env's tensors live: `Host` (the CPU engines), `Cuda` (the kernels of
-    /// `kernels/`, needs the `cuda` feature and a usable device), or `Auto`.
+    /// Where the env's tensors live: `Host` (the CPU engines), `Cuda` (the `envs::gpu`
+    /// engines: every tensor on the device, stepped by the kernels of `kernels/`; needs
+    /// the `cuda` feature and a usable device), or `Auto` (CUDA device 0 when usable,
+    /// else host).
     pub device: crate::cuda::DeviceRequest,
 }
 
@@ -152,12 +186,9 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     if r.device != crate::cuda::DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    if choice.device != crate::cuda::Device::Host {
-        return Err(Error::CudaUnavailable {
-            reason: "the CUDA reference engines are not wired yet".into(),
-        });
-    }
-    let mut env = by_name(&r.env, r.num_envs, &r.options)?;
+    // The env before the engine: it is dropped after it, once the engine's close has
+    // synchronized the stream its kernels ran on.
+    let mut env = by_name_on(&r.env, r.num_envs, &r.options, choice.device)?;
     let mut spec = env.spec().policy(r.policy);
     if let Some(n) = &r.name {
         spec = spec.name(n);

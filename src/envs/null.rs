@@ -38,12 +38,13 @@ fn pattern_bits(seq: u64, index: u64) -> u32 {
 
 #[derive(Debug)]
 pub struct NullEnv {
-    num_envs: u32,
-    obs_dim: u64,
-    act_dim: u64,
-    sparse: bool,
+    // The configuration is read by the GPU `null` (envs::gpu), which serves the same spec.
+    pub(super) num_envs: u32,
+    pub(super) obs_dim: u64,
+    pub(super) act_dim: u64,
+    pub(super) sparse: bool,
     /// `(h, w, c)` of the `rgb` tensor, if served.
-    image: Option<[u64; 3]>,
+    pub(super) image: Option<[u64; 3]>,
     /// obs, actions, rewards, resolved on `reset`.
     ids: Option<[TensorId; 3]>,
     rgb: Option<TensorId>,
@@ -100,14 +101,35 @@ fn fill<T>(sparse: bool, out: &mut [T], value: impl Fn(u64) -> T) {
     }
 }
 
+/// `null` takes a bare `Reset` only (every env at once, no seeds: the pattern has neither).
+pub(super) fn check_reset(req: &ResetRequest) -> Result<(), CommandError> {
+    if req.env_ids.is_some() || !req.seeds.is_empty() {
+        return Err(CommandError::unsupported(
+            "null resets all envs at once and takes no seeds",
+        ));
+    }
+    Ok(())
+}
+
+/// The engine-defined methods of `null` (CPU and GPU): `echo`.
+pub(super) fn call_method(
+    method: &str,
+    args: &[(String, String)],
+    payload: &[u8],
+) -> Result<Reply, CommandError> {
+    match method {
+        "echo" => Ok(Reply {
+            args: args.to_vec(),
+            payload: payload.to_vec(),
+        }),
+        other => Err(CommandError::unknown_method(other, &["echo"])),
+    }
+}
+
 impl CommandHandler for NullEnv {
     /// `Reset` of every env at once, without seeds (the pattern has neither).
     fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
-        if req.env_ids.is_some() || !req.seeds.is_empty() {
-            return Err(CommandError::unsupported(
-                "null resets all envs at once and takes no seeds",
-            ));
-        }
+        check_reset(req)?;
         self.reset_all(io).map_err(CommandError::engine)
     }
 
@@ -118,13 +140,7 @@ impl CommandHandler for NullEnv {
         args: &[(String, String)],
         payload: &[u8],
     ) -> Result<Reply, CommandError> {
-        match method {
-            "echo" => Ok(Reply {
-                args: args.to_vec(),
-                payload: payload.to_vec(),
-            }),
-            other => Err(CommandError::unknown_method(other, &["echo"])),
-        }
+        call_method(method, args, payload)
     }
 }
 
