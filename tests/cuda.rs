@@ -601,6 +601,40 @@ fn kernels_compile_and_take_the_launched_parameters() {
     assert_eq!(seen, expected.len(), "every kernel checked");
 }
 
+/// The kernels compile to machine code (a cubin, what a GPU engine loads first) for the
+/// architectures of the GPUs this is meant for; an architecture NVRTC does not know is a
+/// typed error (the engine then falls back to PTX). Needs libnvrtc only, no GPU.
+#[test]
+fn kernels_compile_to_cubins() {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("SKIPPED kernels_compile_to_cubins: no libnvrtc");
+        return;
+    }
+    use shmbridge::cuda::kernels::{COMPILE_OPTIONS, SOURCES};
+    for arch in [(8, 0), (8, 6), (9, 0)] {
+        for (file, src, kernels) in SOURCES {
+            let cubin = driver::compile_cubin(file, src, COMPILE_OPTIONS, arch)
+                .unwrap_or_else(|e| panic!("{file} sm_{}{}: {e}", arch.0, arch.1));
+            assert_eq!(&cubin[..4], b"\x7fELF", "{file}: a cubin is an ELF image");
+            for k in *kernels {
+                let name = k.as_bytes();
+                assert!(
+                    cubin.windows(name.len()).any(|w| w == name),
+                    "{file}: the cubin names {k}"
+                );
+            }
+        }
+    }
+    match driver::compile_cubin("null.cu", shmbridge::cuda::kernels::NULL_CU, &[], (1, 0)) {
+        Err(Error::Cuda { call, detail }) => {
+            assert_eq!(call, "nvrtcCompileProgram");
+            assert!(detail.contains("sm_10"), "{detail}");
+        }
+        other => panic!("sm_10 compiled? {:?}", other.map(|c| c.len())),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The GPU reference engines (`shmbridge engine --device cuda`, src/envs/gpu.rs), served by
 // the real binary in a child process and compared with the CPU pattern and engines.

@@ -74,6 +74,8 @@ const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
     "nvrtcDestroyProgram",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
 ];
 
 /// Proof that the driver was probed and is usable in this process.
@@ -241,6 +243,29 @@ impl PrimaryContext {
             sys::cuDeviceGetUuid_v2(&mut u, self.dev)
         })?;
         Ok(u.bytes.map(|b| b as u8))
+    }
+
+    /// The device's compute capability `(major, minor)`, e.g. `(9, 0)` for an H100.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        let attr = |a, what| {
+            let mut v = 0;
+            // SAFETY: valid out-pointer; `dev` is a device handle from cuDeviceGet; `a`
+            // is a defined attribute.
+            check(what, unsafe {
+                sys::cuDeviceGetAttribute(&mut v, a, self.dev)
+            })
+            .map(|()| v)
+        };
+        Ok((
+            attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)",
+            )?,
+            attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)",
+            )?,
+        ))
     }
 
     /// (free, total) bytes of device memory, for leak checks.
@@ -742,25 +767,7 @@ impl Drop for ImportedMemory {
 
 /// Compiles CUDA C to PTX with NVRTC (loaded dynamically; `CudaUnavailable` if absent).
 pub fn compile(_driver: &Driver, name: &str, source: &str, options: &[&str]) -> Result<String> {
-    // SAFETY: only dlopen()s the candidate library names and drops the handles.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::CudaUnavailable {
-            reason: "NVRTC (libnvrtc.so) cannot be loaded: install the CUDA toolkit's \
-                     nvrtc library (e.g. the nvidia-cuda-nvrtc-cu12 wheel) on the loader path"
-                .into(),
-        });
-    }
-    // SAFETY: the library loads (checked above) and `culib` tries the same names.
-    let lib = unsafe { cudarc::nvrtc::sys::culib() };
-    let absent = missing(NVRTC_SYMBOLS, |n| {
-        // SAFETY: a dlsym lookup only; the pointer is never called or dereferenced.
-        unsafe { lib.get::<*const c_void>(n.as_bytes()) }.is_ok()
-    });
-    if !absent.is_empty() {
-        return Err(Error::CudaUnavailable {
-            reason: format!("NVRTC lacks {}", absent.join(", ")),
-        });
-    }
+    nvrtc_usable()?;
     if source.contains('\0') || name.contains('\0') {
         return Err(Error::InvalidSpec(format!(
             "kernel source '{name}' contains NUL"
@@ -784,6 +791,109 @@ pub fn compile(_driver: &Driver, name: &str, source: &str, options: &[&str]) -> 
         detail: format!("{name}: {e}"),
     })?;
     Ok(ptx.to_src())
+}
+
+/// Compiles CUDA C to a cubin (machine code) for compute capability `arch` with NVRTC.
+/// Needs NVRTC only, no driver or device. A cubin loads on any driver of NVRTC's CUDA
+/// major version (minor-version compatibility), whereas PTX must be compiled by the
+/// driver, which refuses PTX from a newer NVRTC than itself
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). An architecture NVRTC does not know is an
+/// `Error::Cuda` (then fall back to [`compile`]).
+pub fn compile_cubin(
+    name: &str,
+    source: &str,
+    options: &[&str],
+    arch: (i32, i32),
+) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys as nv};
+    nvrtc_usable()?;
+    let (src, cname) = match (CString::new(source), CString::new(name)) {
+        (Ok(s), Ok(n)) => (s, n),
+        _ => {
+            return Err(Error::InvalidSpec(format!(
+                "kernel source '{name}' contains NUL"
+            )))
+        }
+    };
+    let nv_err = |call: &'static str, e: result::NvrtcError| Error::Cuda {
+        call,
+        detail: format!("{name}: {e:?}"),
+    };
+    let prog =
+        result::create_program(&src, Some(&cname)).map_err(|e| nv_err("nvrtcCreateProgram", e))?;
+    // Destroys the program on every path below.
+    struct Program(nv::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: a program from nvrtcCreateProgram, destroyed once, here.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let prog = Program(prog);
+    let mut opts: Vec<String> = options.iter().map(|s| s.to_string()).collect();
+    opts.push(format!("--gpu-architecture=sm_{}{}", arch.0, arch.1));
+    // SAFETY: a live program; the options are converted to C strings by cudarc.
+    if let Err(e) = unsafe { result::compile_program(prog.0, &opts) } {
+        // SAFETY: a live program whose compilation ran.
+        let log = unsafe { result::get_program_log(prog.0) }
+            .map(|l| {
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        return Err(Error::Cuda {
+            call: "nvrtcCompileProgram",
+            detail: format!("{name} for sm_{}{}: {e:?} {}", arch.0, arch.1, log.trim()),
+        });
+    }
+    let mut size = 0usize;
+    // SAFETY: a live, compiled program; valid out-pointer.
+    unsafe { nv::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(|e| nv_err("nvrtcGetCUBINSize", e))?;
+    if size == 0 {
+        return Err(Error::Cuda {
+            call: "nvrtcGetCUBIN",
+            detail: format!(
+                "{name}: NVRTC produced no cubin for sm_{}{}",
+                arch.0, arch.1
+            ),
+        });
+    }
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has the `size` bytes NVRTC asked for.
+    unsafe { nv::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }
+        .result()
+        .map_err(|e| nv_err("nvrtcGetCUBIN", e))?;
+    Ok(cubin)
+}
+
+/// `CudaUnavailable` unless libnvrtc loads and has every entry point used here.
+fn nvrtc_usable() -> Result<()> {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::CudaUnavailable {
+            reason: "NVRTC (libnvrtc.so) cannot be loaded: install the CUDA toolkit's \
+                     nvrtc library (e.g. the nvidia-cuda-nvrtc-cu12 wheel) on the loader path"
+                .into(),
+        });
+    }
+    // SAFETY: the library loads (checked above) and `culib` tries the same names.
+    let lib = unsafe { cudarc::nvrtc::sys::culib() };
+    let absent = missing(NVRTC_SYMBOLS, |n| {
+        // SAFETY: a dlsym lookup only; the pointer is never called or dereferenced.
+        unsafe { lib.get::<*const c_void>(n.as_bytes()) }.is_ok()
+    });
+    if !absent.is_empty() {
+        return Err(Error::CudaUnavailable {
+            reason: format!("NVRTC lacks {}", absent.join(", ")),
+        });
+    }
+    Ok(())
 }
 
 /// A loaded module (PTX) in a context. Unloaded on drop.
@@ -810,6 +920,22 @@ pub enum Arg {
 }
 
 impl Module {
+    /// Loads a cubin from [`compile_cubin`].
+    pub fn load_cubin(ctx: &Arc<PrimaryContext>, cubin: &[u8]) -> Result<Module> {
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `cubin` is an ELF image from NVRTC that lives
+        // through the call (the driver validates it and fails on garbage); context
+        // current.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut raw, cubin.as_ptr() as *const c_void)
+        })?;
+        Ok(Module {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
     pub fn load(ctx: &Arc<PrimaryContext>, ptx: &str) -> Result<Module> {
         let image =
             CString::new(ptx).map_err(|_| Error::InvalidSpec("PTX contains a NUL byte".into()))?;

@@ -146,6 +146,34 @@ pub fn pcg32_seed(seed: u64) -> (u64, u64) {
 /// `PCG_MUL` of kernels/cartpole.cu (and rand_pcg's Lcg64Xsh32 multiplier).
 pub const PCG_MUL: u64 = 6364136223846793005;
 
+/// Compiles one kernel file for `ctx`'s device and loads it: a cubin for its compute
+/// capability (loads on any driver of NVRTC's major version), else, when NVRTC cannot
+/// target that architecture or the driver refuses the cubin, PTX for the driver to
+/// compile. `CudaUnavailable` where NVRTC is missing.
+#[cfg(feature = "cuda")]
+pub fn build(
+    driver: &super::driver::Driver,
+    ctx: &std::sync::Arc<super::driver::PrimaryContext>,
+    file: &str,
+    source: &str,
+) -> crate::error::Result<super::driver::Module> {
+    use super::driver::{compile, compile_cubin, Module};
+    let arch = ctx.compute_capability()?;
+    let cubin = compile_cubin(file, source, COMPILE_OPTIONS, arch)
+        .and_then(|image| Module::load_cubin(ctx, &image));
+    match cubin {
+        Ok(module) => Ok(module),
+        Err(e @ crate::error::Error::CudaUnavailable { .. }) => Err(e),
+        Err(first) => {
+            let ptx = compile(driver, file, source, COMPILE_OPTIONS)?;
+            Module::load(ctx, &ptx).map_err(|e| crate::error::Error::Cuda {
+                call: "cuModuleLoadData",
+                detail: format!("{file}: cubin: {first}; PTX: {e}"),
+            })
+        }
+    }
+}
+
 /// Compiles every embedded kernel file with NVRTC and loads it into `ctx`: what a GPU
 /// engine does at start. `CudaUnavailable` where NVRTC is missing.
 #[cfg(feature = "cuda")]
@@ -155,10 +183,7 @@ pub fn load_all(
 ) -> crate::error::Result<Vec<(&'static str, super::driver::Module)>> {
     SOURCES
         .iter()
-        .map(|(file, src, _)| {
-            let ptx = super::driver::compile(driver, file, src, COMPILE_OPTIONS)?;
-            Ok((*file, super::driver::Module::load(ctx, &ptx)?))
-        })
+        .map(|(file, src, _)| Ok((*file, build(driver, ctx, file, src)?)))
         .collect()
 }
 

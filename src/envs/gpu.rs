@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use super::{cartpole, null, EnvOptions, VecEnv};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
-use crate::cuda::driver::{self, Arg, DeviceAllocation, Driver, Module, PrimaryContext, Stream};
+use crate::cuda::driver::{Arg, DeviceAllocation, Driver, Module, PrimaryContext, Stream};
 use crate::cuda::kernels::{self, ResetUpload, BLOCK};
 use crate::cuda::Device;
 use crate::engine::EngineSpec;
@@ -55,8 +55,7 @@ pub fn by_name(
 fn load(ordinal: i32, file: &str, source: &str) -> Result<(Arc<PrimaryContext>, Module)> {
     let d = Driver::get()?;
     let ctx = PrimaryContext::retain(d, ordinal)?;
-    let ptx = driver::compile(d, file, source, kernels::COMPILE_OPTIONS)?;
-    let module = Module::load(&ctx, &ptx)?;
+    let module = kernels::build(d, &ctx, file, source)?;
     Ok((ctx, module))
 }
 
