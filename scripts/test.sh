@@ -12,6 +12,13 @@ ensure_rust
 
 before=$(shm_regions)
 
+echo "== Python environment (also provides NVRTC: the kernels compile here without a GPU)"
+ensure_venv ".[test,bench]"
+nvrtc_lib=$(.venv/bin/python -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
+if [ -n "$nvrtc_lib" ]; then
+    export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 echo "== cargo test (with the cuda feature: GPU tests print SKIPPED and why where CUDA is unusable)"
 cargo test --locked --features cuda
 
@@ -22,8 +29,7 @@ echo "== loom model of the post/wait handshake"
 LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --locked --release --lib sync::loom_tests
 
-echo "== Python package: build, install, pytest"
-ensure_venv ".[test,bench]"
+echo "== Python package: pytest"
 .venv/bin/python -m pytest -q tests/python
 
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"

@@ -40,6 +40,7 @@ __all__ = [
     "attach",
     "launch",
     "cuda_available",
+    "nvrtc_library_dirs",
     "list_regions",
     "gc",
     "errors",
@@ -96,6 +97,36 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
 
 # The options of `python -m shmbridge._engine` that launch() passes through.
 _ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
+
+
+def nvrtc_library_dirs() -> list:
+    """Folders holding the NVRTC library of the ``nvidia-cuda-nvrtc-cu12`` wheel (the
+    ``cuda`` extra), if installed: ``launch()`` puts them on a CUDA engine's loader path,
+    so the engine compiles its kernels without a CUDA toolkit."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    dirs = []
+    for root in spec.submodule_search_locations or []:
+        lib = os.path.join(root, "lib")
+        if os.path.isdir(lib):
+            dirs.append(lib)
+    return dirs
+
+
+def _engine_env(device: str) -> Optional[dict]:
+    """The environment of an engine on ``device``: NVRTC's wheel on its loader path."""
+    dirs = nvrtc_library_dirs() if device != "cpu" else []
+    if not dirs:
+        return None
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    return env
 
 
 def _check_device(device: str) -> str:
@@ -167,6 +198,7 @@ def launch(
         stdout=subprocess.PIPE,
         stderr=stderr,
         bufsize=0,
+        env=_engine_env(device),
         # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
         # when the client closes (or dies).
         start_new_session=True,

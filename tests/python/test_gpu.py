@@ -115,6 +115,18 @@ def test_engine_cli_device_cuda_fails_cleanly_without_cuda():
     assert _regions() == before
 
 
+def test_cuda_engines_get_the_nvrtc_wheel_on_their_loader_path():
+    import importlib.util
+
+    dirs = shmbridge.nvrtc_library_dirs()
+    if importlib.util.find_spec("nvidia") is None or not dirs:
+        pytest.skip("the nvidia-cuda-nvrtc-cu12 wheel (the cuda extra) is not installed")
+    assert any(os.path.exists(os.path.join(d, "libnvrtc.so.12")) for d in dirs), dirs
+    env = shmbridge._engine_env("cuda")
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[: len(dirs)] == dirs
+    assert shmbridge._engine_env("cpu") is None, "host engines run in the plain environment"
+
+
 # ---------------------------------------------------------------------------------------
 # On a GPU
 
