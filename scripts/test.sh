@@ -19,8 +19,11 @@ if [ -n "$nvrtc_lib" ]; then
     export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
-echo "== cargo test (with the cuda feature: GPU tests print SKIPPED and why where CUDA is unusable)"
+echo "== cargo test (with the cuda feature)"
 cargo test --locked --features cuda
+echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
+cargo test --locked --features cuda --test cuda -- --nocapture --test-threads=1 2>&1 \
+    | grep -E 'SKIPPED|^test result' || true
 
 echo "== the build without the cuda feature"
 cargo check --locked --all-targets
@@ -30,7 +33,7 @@ LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --locked --release --lib sync::loom_tests
 
 echo "== Python package: pytest"
-.venv/bin/python -m pytest -q tests/python
+.venv/bin/python -m pytest -q -rs tests/python
 
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
