@@ -29,6 +29,11 @@ pub const DATA_ALIGN: u64 = 64;
 /// The Rust engine places CUDA tensors at multiples of this in their allocation
 /// (`cudaMalloc`'s own alignment); readers require only [`DATA_ALIGN`].
 pub const CUDA_ALIGN: u64 = 256;
+/// Size granularity of an exported CUDA allocation: the driver may sub-allocate smaller
+/// `cuMemAlloc` blocks from a shared 2 MiB block, and an IPC handle shares the whole
+/// block, so the export is rounded up to 2 MiB (the CUDA guide's advice for IPC): it is
+/// its own block, and nothing else of the engine's is exposed through it.
+pub const CUDA_EXPORT_GRANULARITY: u64 = 2 << 20;
 /// Tensors at least this large start on a page boundary.
 pub const PAGE: u64 = 4096;
 
@@ -869,7 +874,7 @@ impl HeaderBuilder {
         let cuda_alloc = match cuda_device {
             None => None,
             Some(ordinal) => {
-                let size = align_up(cuda_cursor, CUDA_ALIGN)
+                let size = align_up(cuda_cursor.max(1), CUDA_EXPORT_GRANULARITY)
                     .filter(|&n| n <= isize::MAX as u64)
                     .ok_or_else(|| Error::InvalidSpec("CUDA tensors too large".into()))?;
                 for (d, t) in descs.iter_mut().zip(tensors.iter_mut()) {
@@ -1339,7 +1344,11 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(b.cuda_alloc, Some((1, 512)));
+        assert_eq!(
+            b.cuda_alloc,
+            Some((1, CUDA_EXPORT_GRANULARITY)),
+            "its own 2 MiB block"
+        );
         assert_eq!((b.tensors[0].offset, b.tensors[1].offset), (0, 256));
         assert_eq!(b.tensors[2].location, Location::Host);
         assert!(b.tensors[2].offset >= b.header.header_size as u64);
@@ -1352,7 +1361,10 @@ mod tests {
         assert!(l.has_cuda());
         assert_eq!(l.engine_event_handle, Some([3; 64]));
         let c = l.tensors[1].cuda.unwrap();
-        assert_eq!((c.device_ordinal, c.alloc_size), (1, 512));
+        assert_eq!(
+            (c.device_ordinal, c.alloc_size),
+            (1, CUDA_EXPORT_GRANULARITY)
+        );
         assert_eq!((c.device_uuid, c.ipc_mem_handle), ([2; 16], [1; 64]));
         // Two devices in one engine are refused.
         let two = [

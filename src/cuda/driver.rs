@@ -38,6 +38,9 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuDeviceGetAttribute",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemsetD8_v2",
@@ -695,18 +698,24 @@ pub fn import_memory(ctx: &Arc<PrimaryContext>, handle: &[u8; 64]) -> Result<Arc
     let (mut start, mut size) = (0, 0usize);
     // SAFETY: valid out-pointers; `base` was just mapped in this context.
     let r = unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, base) };
+    // The usable bytes from `base` on: normally the whole range (`start == base`); if the
+    // driver mapped a larger block around the exported allocation, what lies past `base`.
+    let usable = base
+        .checked_sub(start)
+        .and_then(|into| (size as u64).checked_sub(into))
+        .filter(|_| r == CUresult::CUDA_SUCCESS);
     let m = Arc::new(ImportedMemory {
         base,
-        size,
+        size: usable.unwrap_or(0) as usize,
         key,
         ctx: ctx.clone(),
     });
-    if r != CUresult::CUDA_SUCCESS || start != base {
+    if usable.is_none() {
         drop(cache); // `m`'s drop takes the lock to close the handle
         drop(m);
         return Err(Error::Cuda {
             call: "cuMemGetAddressRange_v2",
-            detail: format!("{r:?} (opened base {base:#x}, range starts at {start:#x})"),
+            detail: format!("{r:?} (opened base {base:#x}, range {start:#x} + {size} bytes)"),
         });
     }
     map.insert(key, Arc::downgrade(&m));
