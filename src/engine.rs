@@ -473,7 +473,20 @@ impl Engine {
                 timeout.saturating_sub(start.elapsed()),
                 "the client's next action",
                 || self.check_client(),
-            )?;
+            );
+            let woke = match woke {
+                Ok(w) => w,
+                Err(e) => {
+                    // The client closed or died: its CUDA event goes with it.
+                    #[cfg(feature = "cuda")]
+                    if matches!(e, Error::PeerClosed { .. } | Error::PeerDied { .. }) {
+                        if let Some(c) = self.cuda.as_mut() {
+                            c.forget_client();
+                        }
+                    }
+                    return Err(e);
+                }
+            };
             match woke {
                 Some(a) => break a,
                 None => {
@@ -507,6 +520,15 @@ impl Engine {
         let Some(channel) = command::channel(&self.region, &self.layout)? else {
             return Ok(0);
         };
+        // CUDA: a command (reset) may write device tensors the client's queued work still
+        // reads; the client recorded its event before sending it, so the engine's stream
+        // waits on it first (a cheap `cuStreamWaitEvent`, only when a command is there).
+        #[cfg(feature = "cuda")]
+        if !channel.c2e.is_empty() {
+            if let Some(c) = self.cuda.as_mut() {
+                c.wait_client(read_client_event(&self.region))?;
+            }
+        }
         let mut request = std::mem::take(&mut self.rx);
         let mut tx = std::mem::take(&mut self.tx);
         let result = self.answer_all(&channel, &mut request, &mut tx, handler);

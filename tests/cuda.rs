@@ -239,8 +239,14 @@ fn child_cuda_engine() {
         .name(&name);
     let mut engine = Engine::create(spec).unwrap();
     let cuda = engine.cuda().unwrap();
-    let ptx = driver::compile(d, "null.cu", shmbridge::cuda::kernels::NULL_CU, &[]).unwrap();
-    let module = driver::Module::load(cuda.context(), &ptx).unwrap();
+    // A cubin for this device first, as the GPU engines load their kernels.
+    let module = shmbridge::cuda::kernels::build(
+        d,
+        cuda.context(),
+        "null.cu",
+        shmbridge::cuda::kernels::NULL_CU,
+    )
+    .unwrap();
     let (obs, actions, rewards) = (
         engine.cuda_ptr("obs").unwrap(),
         engine.cuda_ptr("actions").unwrap(),

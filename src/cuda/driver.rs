@@ -221,9 +221,7 @@ impl PrimaryContext {
         check("cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
         })?;
-        let c = Arc::new(PrimaryContext { ordinal, dev, ctx });
-        c.bind()?;
-        Ok(c)
+        Ok(Arc::new(PrimaryContext { ordinal, dev, ctx }))
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -231,10 +229,27 @@ impl PrimaryContext {
     }
 
     /// Makes this context current on the calling thread (driver calls that take no
-    /// context use the current one).
-    pub fn bind(&self) -> Result<()> {
+    /// context use the current one) until the returned guard drops, which restores the
+    /// thread's previous context: a caller's own current device (torch's, on another
+    /// GPU) is left as it was. Costs one `cuCtxGetCurrent` when already current.
+    pub fn bind(&self) -> Result<Current> {
+        let mut previous = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut previous)
+        })?;
+        if previous == self.ctx {
+            return Ok(Current {
+                previous,
+                changed: false,
+            });
+        }
         // SAFETY: `ctx` is a primary context we retained and have not released.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+        Ok(Current {
+            previous,
+            changed: true,
+        })
     }
 
     /// The device's UUID (stable across processes, unlike ordinals, which depend on
@@ -273,13 +288,31 @@ impl PrimaryContext {
 
     /// (free, total) bytes of device memory, for leak checks.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.bind()?;
+        let _current = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; our context is current.
         check("cuMemGetInfo_v2", unsafe {
             sys::cuMemGetInfo_v2(&mut free, &mut total)
         })?;
         Ok((free, total))
+    }
+}
+
+/// The calling thread's context binding from [`PrimaryContext::bind`]; restores the
+/// previous one on drop. Not `Send`: a binding belongs to its thread.
+#[must_use = "the context is current only while the guard lives"]
+pub struct Current {
+    previous: sys::CUcontext,
+    changed: bool,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.changed {
+            // SAFETY: `previous` was this thread's current context (or null) when the
+            // guard was made; the driver accepts null (no current context).
+            let _ = unsafe { sys::cuCtxSetCurrent(self.previous) };
+        }
     }
 }
 
@@ -332,7 +365,7 @@ unsafe impl Sync for Stream {}
 impl Stream {
     /// A new non-blocking stream in `ctx`.
     pub fn create(ctx: &Arc<PrimaryContext>) -> Result<Stream> {
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; context current. 1 = CU_STREAM_NON_BLOCKING.
         check("cuStreamCreate", unsafe {
@@ -365,7 +398,7 @@ impl Stream {
 
     /// Makes this stream wait (on the GPU, not the host) for `event`'s last record.
     pub fn wait(&self, event: &IpcEvent) -> Result<()> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: both handles are live (owned by `self`/`event`, or borrowed under the
         // contract of `borrowed`); flags 0.
         check("cuStreamWaitEvent", unsafe {
@@ -374,7 +407,7 @@ impl Stream {
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: live stream handle.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(self.raw)
@@ -387,7 +420,7 @@ impl Stream {
     /// `dst..dst+len` and `src..src+len` must be device memory valid in this context
     /// until the copy completes, and not be written by anyone else meanwhile.
     pub unsafe fn copy_dtod(&self, dst: u64, src: u64, len: usize) -> Result<()> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: the caller's contract.
         check("cuMemcpyDtoDAsync_v2", unsafe {
             sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.raw)
@@ -397,7 +430,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.owned && self.ctx.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_current) = self.ctx.bind() {
             // SAFETY: a stream we created, destroyed once.
             let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
         }
@@ -424,7 +460,7 @@ unsafe impl Sync for IpcEvent {}
 
 impl IpcEvent {
     pub fn create(ctx: &Arc<PrimaryContext>) -> Result<IpcEvent> {
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; context current; flags are two defined bits.
         check("cuEventCreate", unsafe {
@@ -438,7 +474,7 @@ impl IpcEvent {
 
     /// Opens a peer's event. Fails in the process that created it (driver rule).
     pub fn open(ctx: &Arc<PrimaryContext>, handle: &[u8; 64]) -> Result<IpcEvent> {
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let h = sys::CUipcEventHandle_st {
             reserved: handle.map(|b| b as _),
         };
@@ -456,7 +492,7 @@ impl IpcEvent {
 
     /// The 64-byte handle a peer opens this event with.
     pub fn handle(&self) -> Result<[u8; 64]> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         let mut h = sys::CUipcEventHandle_st { reserved: [0; 64] };
         // SAFETY: valid out-pointer; an event created with INTERPROCESS.
         check("cuIpcGetEventHandle", unsafe {
@@ -467,7 +503,7 @@ impl IpcEvent {
 
     /// Records the event after everything queued so far on `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: live event and stream handles.
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(self.raw, stream.raw)
@@ -488,7 +524,7 @@ impl IpcEvent {
 
     /// Blocks the host until the event's last record completed.
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: live event handle.
         check("cuEventSynchronize", unsafe {
             sys::cuEventSynchronize(self.raw)
@@ -498,7 +534,7 @@ impl IpcEvent {
 
 impl Drop for IpcEvent {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_current) = self.ctx.bind() {
             // SAFETY: an event created or opened by us, destroyed once.
             let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
         }
@@ -532,7 +568,7 @@ impl DeviceAllocation {
                 "a device allocation needs ≥ 1 byte".into(),
             ));
         }
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let mut ptr = 0;
         // SAFETY: valid out-pointer; context current.
         check("cuMemAlloc_v2", unsafe {
@@ -559,7 +595,7 @@ impl DeviceAllocation {
 
     /// The IPC handle of this allocation's base (a peer adds the tensor's offset).
     pub fn ipc_handle(&self) -> Result<[u8; 64]> {
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
         // SAFETY: valid out-pointer; `ptr` is the base of a live cuMemAlloc allocation.
         check("cuIpcGetMemHandle", unsafe {
@@ -572,7 +608,7 @@ impl DeviceAllocation {
     /// device when this returns, so work queued afterwards on any stream sees it.
     pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         check_span(offset, bytes.len(), self.size)?;
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         // SAFETY: the span lies inside the allocation (checked); `bytes` is valid host
         // memory of that length.
         check("cuMemcpyHtoD_v2", unsafe {
@@ -622,7 +658,7 @@ fn check_span(offset: usize, len: usize, size: usize) -> Result<()> {
 }
 
 fn read_device(ctx: &PrimaryContext, src: u64, out: &mut [u8]) -> Result<()> {
-    ctx.bind()?;
+    let _current = ctx.bind()?;
     // SAFETY: callers check that `src..src+out.len()` is inside a live allocation of
     // this context; `out` is valid writable host memory of that length.
     check("cuMemcpyDtoH_v2", unsafe {
@@ -632,7 +668,7 @@ fn read_device(ctx: &PrimaryContext, src: u64, out: &mut [u8]) -> Result<()> {
 
 impl Drop for DeviceAllocation {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_current) = self.ctx.bind() {
             // SAFETY: a live allocation of ours, freed once.
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
@@ -684,7 +720,7 @@ pub fn import_memory(ctx: &Arc<PrimaryContext>, handle: &[u8; 64]) -> Result<Arc
     if let Some(m) = map.get(&key).and_then(Weak::upgrade) {
         return Ok(m);
     }
-    ctx.bind()?;
+    let _current = ctx.bind()?;
     let h = sys::CUipcMemHandle_st {
         reserved: handle.map(|b| b as _),
     };
@@ -762,7 +798,12 @@ impl Drop for ImportedMemory {
                 map.remove(&self.key);
             }
         }
-        if self.ctx.bind().is_ok() {
+        if let Ok(_current) = self.ctx.bind() {
+            // A consumer (torch) frees its view on the host while kernels reading it may
+            // still be queued on any of its streams: wait for the context's work before
+            // unmapping (as torch's own IPC receiver does). Once per import, at teardown.
+            // SAFETY: our context is current.
+            let _ = unsafe { sys::cuCtxSynchronize() };
             // SAFETY: `base` came from cuIpcOpenMemHandle in this context and is closed
             // exactly once (here; the Arc ensures a single owner drops it).
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
@@ -931,7 +972,7 @@ pub enum Arg {
 impl Module {
     /// Loads a cubin from [`compile_cubin`].
     pub fn load_cubin(ctx: &Arc<PrimaryContext>, cubin: &[u8]) -> Result<Module> {
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; `cubin` is an ELF image from NVRTC that lives
         // through the call (the driver validates it and fails on garbage); context
@@ -948,7 +989,7 @@ impl Module {
     pub fn load(ctx: &Arc<PrimaryContext>, ptx: &str) -> Result<Module> {
         let image =
             CString::new(ptx).map_err(|_| Error::InvalidSpec("PTX contains a NUL byte".into()))?;
-        ctx.bind()?;
+        let _current = ctx.bind()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; `image` is a NUL-terminated PTX string that lives
         // through the call; context current.
@@ -977,7 +1018,7 @@ impl Module {
     ) -> Result<()> {
         let cname = CString::new(kernel)
             .map_err(|_| Error::InvalidSpec("kernel name contains NUL".into()))?;
-        self.ctx.bind()?;
+        let _current = self.ctx.bind()?;
         let mut f = std::ptr::null_mut();
         // SAFETY: valid out-pointer; live module; NUL-terminated name.
         check("cuModuleGetFunction", unsafe {
@@ -1031,7 +1072,7 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_current) = self.ctx.bind() {
             // SAFETY: a module we loaded, unloaded once.
             let _ = unsafe { sys::cuModuleUnload(self.raw) };
         }

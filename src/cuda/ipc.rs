@@ -102,6 +102,7 @@ impl EngineCuda {
     /// `None` when no client is attached any more (nothing to wait for).
     pub fn wait_client(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
         let Some(key) = client else {
+            self.forget_client();
             return Ok(());
         };
         if key.handle == [0; 64] {
@@ -125,6 +126,13 @@ impl EngineCuda {
             return Err(Error::Closed(Peer::Engine));
         };
         s.wait(ev)
+    }
+
+    /// Destroys the cached client event (the client closed, died or left): a later
+    /// client, even the same process again with a handle of the same bytes, is opened
+    /// afresh rather than waited on through a destroyed event.
+    pub fn forget_client(&mut self) {
+        self.client_event = None;
     }
 
     /// At close (after `engine_state = CLOSED` is stored): finishes the engine's queued
@@ -194,7 +202,8 @@ fn not_on_device(t: &TensorInfo) -> Error {
 /// into which the lease's drop stores `RELEASED` once every handle is closed.
 #[derive(Debug)]
 pub struct CudaLease {
-    engine_event: IpcEvent,
+    /// `Some` until the drop, which destroys it before acknowledging.
+    engine_event: Option<IpcEvent>,
     memory: Mutex<Vec<Arc<ImportedMemory>>>,
     /// Where to acknowledge at drop (set when the client closed); `None` while the
     /// client is open (it acknowledges itself) or when no mapping could be made.
@@ -208,8 +217,10 @@ impl CudaLease {
     }
 
     /// The engine's event, opened once.
-    pub fn engine_event(&self) -> &IpcEvent {
-        &self.engine_event
+    pub fn engine_event(&self) -> Result<&IpcEvent> {
+        self.engine_event
+            .as_ref()
+            .ok_or(Error::Closed(Peer::Client))
     }
 
     /// Makes the stream `raw` wait, on the GPU, for the engine's last published frame
@@ -221,7 +232,7 @@ impl CudaLease {
     pub unsafe fn wait_on(&self, raw: u64) -> Result<()> {
         // SAFETY: the caller's contract.
         let stream = unsafe { Stream::borrowed(&self.ctx, raw) };
-        stream.wait(&self.engine_event)
+        stream.wait(self.engine_event()?)
     }
 
     /// Stores `RELEASED` into `region` when the last reference drops (after every handle
@@ -233,6 +244,9 @@ impl CudaLease {
 
 impl Drop for CudaLease {
     fn drop(&mut self) {
+        // Everything this lease opened is closed before the acknowledgement: the engine
+        // may free its memory and destroy its event as soon as it sees RELEASED.
+        self.engine_event = None;
         let memory = std::mem::take(&mut *self.memory.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all = true;
         for m in memory {
@@ -368,7 +382,7 @@ impl ClientCuda {
             }
         }
         self.lease = Some(Arc::new(CudaLease {
-            engine_event,
+            engine_event: Some(engine_event),
             memory: Mutex::new(memory),
             ack: Mutex::new(None),
             ctx: self.ctx.clone(),
@@ -403,7 +417,7 @@ impl ClientCuda {
     /// The engine's event, opened once: a consumer stream waits on it
     /// (`cuStreamWaitEvent`) before reading a frame's device tensors.
     pub fn engine_event(&self) -> Option<&IpcEvent> {
-        self.lease.as_ref().map(|l| l.engine_event())
+        self.lease.as_ref().and_then(|l| l.engine_event().ok())
     }
 
     /// Makes `stream` wait (on the GPU) for the engine's last published frame.

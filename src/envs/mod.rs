@@ -182,13 +182,21 @@ pub struct ReferenceEngine {
 /// close the region and remove its name before the process exits, so nothing is left in
 /// /dev/shm and the client sees `PeerClosed`.
 pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
-    let choice = crate::cuda::resolve(r.device)?;
+    let mut choice = crate::cuda::resolve(r.device)?;
+    // The env before the engine: it is dropped after it, once the engine's close has
+    // synchronized the stream its kernels ran on.
+    let mut env = match by_name_on(&r.env, r.num_envs, &r.options, choice.device) {
+        // `auto` with a usable driver but no usable GPU engine (NVRTC missing): host.
+        Err(Error::CudaUnavailable { reason }) if r.device == crate::cuda::DeviceRequest::Auto => {
+            choice.device = crate::cuda::Device::Host;
+            choice.reason = format!("falling back to host memory: CUDA is unavailable: {reason}");
+            by_name(&r.env, r.num_envs, &r.options)?
+        }
+        other => other?,
+    };
     if r.device != crate::cuda::DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    // The env before the engine: it is dropped after it, once the engine's close has
-    // synchronized the stream its kernels ran on.
-    let mut env = by_name_on(&r.env, r.num_envs, &r.options, choice.device)?;
     let mut spec = env.spec().policy(r.policy);
     if let Some(n) = &r.name {
         spec = spec.name(n);

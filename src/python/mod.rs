@@ -898,6 +898,21 @@ fn step_on(client: &mut Client, stream: Option<u64>, timeout: Duration) -> Resul
     client.step(timeout)
 }
 
+/// Before a command that may write device tensors (reset, engine methods): records the
+/// client's event on the consumer stream, so the engine's kernels wait for the work
+/// queued there (reads of the current frame). Nothing for a host client.
+fn record_client_event(client: &Client, stream: Option<u64>) -> Result<(), Error> {
+    #[cfg(feature = "cuda")]
+    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+        // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
+        // (`consumer_stream`), used for this call only.
+        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
+        return cuda.record(Some(&s));
+    }
+    let _ = (client, stream);
+    Ok(())
+}
+
 /// Checks an imported action tensor's dtype and shape against the action slot.
 fn check_actions(view: &dlpark::tensor::TensorRef<'_>, target: &PyTensor) -> PyResult<()> {
     let want = dl_dtype(target.info.dtype);
@@ -1000,6 +1015,11 @@ fn copy_cuda_actions(
         .map_err(|e| PyValueError::new_err(format!("invalid DLPack tensor: {e}")))?;
     // SAFETY: `raw` is 0, 1, 2 or a live stream of this device (`consumer_stream`).
     let stream = unsafe { crate::cuda::driver::Stream::borrowed(lease.context(), raw) };
+    // The engine may still be reading the previous actions (a frame is published once its
+    // kernels are queued, not done); on another stream than the last step's, the copy
+    // must wait for them.
+    // SAFETY: as above.
+    unsafe { lease.wait_on(raw) }.py_err(py)?;
     // SAFETY: `src` is `nbytes` of compact device memory of the producer (same dtype and
     // shape as the slot, checked above), ordered before `stream` by `__dlpack__`; `dst`
     // is the action slot in the engine's allocation (span checked at attach), which the
@@ -1178,6 +1198,7 @@ impl PyClient {
         let timeout = duration(timeout, "timeout")?;
         let cuda_stream = self.consumer_stream(py, stream.as_ref())?;
         let frame = self.command(py, |client| {
+            record_client_event(client, cuda_stream)?;
             client.reset(env_ids.as_deref(), &seeds, timeout)
         })?;
         self.order_after_engine(py, cuda_stream)?;
@@ -1204,11 +1225,15 @@ impl PyClient {
         }
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;
+        // CUDA: an engine-defined method may write device tensors; ordered like a reset.
+        let cuda_stream = self.consumer_stream(py, None)?;
         let reply = self.command(py, |client| {
+            record_client_event(client, cuda_stream)?;
             let args: Vec<(&str, &str)> =
                 args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             client.call_method(method, &args, &payload, timeout)
         })?;
+        self.order_after_engine(py, cuda_stream)?;
         let out = PyDict::new(py);
         for (k, v) in reply.args {
             out.set_item(k, v)?;

@@ -189,6 +189,7 @@ def test_persistent_views_follow_steps_on_a_side_stream(cuda_null):
     obs = torch.from_dlpack(c.obs).reshape(-1)
     side = torch.cuda.Stream(device=obs.device)
     acc = torch.zeros_like(obs)
+    side.wait_stream(torch.cuda.current_stream(obs.device))  # acc's zeros first
     with torch.cuda.stream(side):
         for seq in range(1, 30):
             c.step()  # ordered on `side`, torch's current stream here
@@ -233,8 +234,10 @@ def test_cuda_actions_are_copied_device_to_device_and_cpu_actions_refused(cuda_n
     frame = c.frame
     with pytest.raises(ValueError, match="cuda"):
         c.step(torch.zeros(16, 3))  # a CPU tensor for a CUDA slot: no silent transfer
-    with pytest.raises(TypeError):
-        c.step(np.zeros((16, 3), np.float32))
+    with pytest.raises(ValueError, match="cuda"):
+        c.step(np.zeros((16, 3), np.float32))  # NumPy: a host DLPack tensor too
+    with pytest.raises(TypeError, match="CUDA tensor"):
+        c.step([[0.0] * 3] * 16)  # not a tensor at all
     with pytest.raises(TypeError, match="dtype"):
         c.step(torch.zeros(16, 3, dtype=torch.float64, device=dev))
     with pytest.raises(ValueError, match="shape"):
