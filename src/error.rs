@@ -100,7 +100,7 @@ pub enum Error {
     #[error("the {peer} closed the region")]
     PeerClosed { peer: Peer },
 
-    #[error("timed out after {waited:?} waiting for {what}")]
+    #[error("timed out after {} waiting for {what}", Rounded(*waited))]
     Timeout {
         waited: Duration,
         what: &'static str,
@@ -170,3 +170,39 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A duration for messages: whole milliseconds (`200ms`), or seconds to the millisecond
+/// (`1.5s`), rather than `Debug`'s nanoseconds (`999.999439ms`).
+struct Rounded(Duration);
+
+impl std::fmt::Display for Rounded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = (self.0.as_secs_f64() * 1e3).round();
+        if self.0 == Duration::MAX {
+            f.write_str("forever")
+        } else if self.0 < Duration::from_micros(500) {
+            write!(f, "{}µs", self.0.as_micros())
+        } else if ms < 1000.0 {
+            write!(f, "{ms}ms")
+        } else {
+            let s = format!("{:.3}", ms / 1e3);
+            write!(f, "{}s", s.trim_end_matches('0').trim_end_matches('.'))
+        }
+    }
+}
+
+#[cfg(test)]
+mod rounded_tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let r = |d: Duration| Rounded(d).to_string();
+        assert_eq!(r(Duration::from_nanos(999_999_439)), "1s");
+        assert_eq!(r(Duration::from_millis(200)), "200ms");
+        assert_eq!(r(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(r(Duration::from_millis(30_000)), "30s");
+        assert_eq!(r(Duration::from_micros(250)), "250µs");
+        assert_eq!(r(Duration::MAX), "forever");
+    }
+}
