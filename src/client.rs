@@ -67,6 +67,9 @@ pub struct Client {
     /// CUDA tensors (1.2): context, events and imports; `None` for host-only layouts.
     #[cfg(feature = "cuda")]
     cuda: Option<crate::cuda::ipc::ClientCuda>,
+    /// See [`Client::set_command_stream`].
+    #[cfg(feature = "cuda")]
+    command_stream: u64,
 }
 
 impl std::fmt::Debug for Client {
@@ -198,6 +201,8 @@ impl Client {
             interrupt: None,
             #[cfg(feature = "cuda")]
             cuda,
+            #[cfg(feature = "cuda")]
+            command_stream: 1,
         };
         // Open the engine's event and memory once (a failure drops `client`, which
         // closes whatever was opened and acknowledges).
@@ -323,6 +328,18 @@ impl Client {
             }
         })?;
         c.ptr(i, t)
+    }
+
+    /// The CUDA stream whose queued work the next commands (resets, engine methods) must
+    /// follow: the client's event is recorded on it before each request, and the engine
+    /// waits on that before answering. Default: the legacy default stream (1).
+    ///
+    /// # Safety
+    /// `raw` must be 0, 1, 2 or a stream of the engine's device that stays alive while
+    /// it is set (set it back to 1 before destroying it).
+    #[cfg(feature = "cuda")]
+    pub unsafe fn set_command_stream(&mut self, raw: u64) {
+        self.command_stream = raw;
     }
 
     /// [`step`](Client::step), recording the client's event on `stream` (where the
@@ -504,6 +521,16 @@ impl Client {
         };
         // Refuse a malformed request here, with nothing sent.
         request.validate()?;
+        // CUDA: a reset or an engine method may write device tensors that work queued on
+        // the command stream still reads; the engine waits on this record (§3.5).
+        #[cfg(feature = "cuda")]
+        if let Some(c) = &self.cuda {
+            // SAFETY: `command_stream` is 1 or a stream the caller vouched for in
+            // `set_command_stream` (live while it is set).
+            let s =
+                unsafe { crate::cuda::driver::Stream::borrowed(c.context(), self.command_stream) };
+            c.record(Some(&s))?;
+        }
         let start = Instant::now();
         // The builder and buffer are reused across calls; taken out while `self` is
         // borrowed by the liveness check.
@@ -638,13 +665,17 @@ impl Client {
             return;
         }
         self.closed = true;
+        // CUDA: the client's own event outlives the CLOSED store (an engine that read
+        // ATTACHED may still wait on it); dropped at the end of this function.
+        #[cfg(feature = "cuda")]
+        let mut client_event = None;
         // CUDA: close every handle (once), then acknowledge with RELEASED (Release: the
         // closes happen-before an engine's Acquire/SeqCst load that sees it), before
         // CLOSED, so an engine woken by CLOSED already sees the acknowledgement.
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.take() {
             let region = &self.region;
-            let released = c.release(|| match region.map_again() {
+            let (released, own_event) = c.release(|| match region.map_again() {
                 Ok(r) => Some(r),
                 Err(e) => {
                     eprintln!(
@@ -660,6 +691,7 @@ impl Client {
                     .u32_at(offsets::CLIENT_CUDA_STATE)
                     .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
             }
+            client_event = own_event;
         }
         self.region
             .u32_at(offsets::CLIENT_STATE)
@@ -669,6 +701,8 @@ impl Client {
         os::futex_wake_all(self.region.u32_at(offsets::ENGINE_DOORBELL));
         os::futex_wake_all(self.region.low_u32_of(offsets::ACTION_SEQ));
         os::futex_wake_all(self.region.low_u32_of(offsets::E2C_TAIL));
+        #[cfg(feature = "cuda")]
+        drop(client_event);
     }
 }
 

@@ -520,86 +520,94 @@ impl Engine {
         let Some(channel) = command::channel(&self.region, &self.layout)? else {
             return Ok(0);
         };
-        // CUDA: a command (reset) may write device tensors the client's queued work still
-        // reads; the client recorded its event before sending it, so the engine's stream
-        // waits on it first (a cheap `cuStreamWaitEvent`, only when a command is there).
-        #[cfg(feature = "cuda")]
-        if !channel.c2e.is_empty() {
-            if let Some(c) = self.cuda.as_mut() {
-                c.wait_client(read_client_event(&self.region))?;
-            }
-        }
         let mut request = std::mem::take(&mut self.rx);
         let mut tx = std::mem::take(&mut self.tx);
-        let result = self.answer_all(&channel, &mut request, &mut tx, handler);
+        let mut answered = 0;
+        let result = loop {
+            match channel.c2e.try_pop(&mut request) {
+                Ok(true) => {}
+                Ok(false) => break Ok(answered),
+                Err(e) => break Err(e),
+            }
+            // CUDA: a command (reset) may write device tensors the client's queued work
+            // still reads; the client recorded its event before pushing this request (the
+            // pop is Acquire), so the engine's stream waits on it before the answer.
+            #[cfg(feature = "cuda")]
+            if let Some(c) = self.cuda.as_mut() {
+                if let Err(e) = c.wait_client_for_command(read_client_event(&self.region)) {
+                    break Err(e);
+                }
+            }
+            if let Err(e) = self.answer_one(&channel, &request, &mut tx, handler) {
+                break Err(e);
+            }
+            answered += 1;
+        };
         self.rx = request;
         self.tx = tx;
         result
     }
 
-    fn answer_all(
+    /// Answers one request (already popped into `request`) and pushes the reply.
+    fn answer_one(
         &self,
         channel: &command::Channel<'_>,
-        request: &mut Vec<u8>,
+        request: &[u8],
         tx: &mut flatbuffers::FlatBufferBuilder<'static>,
         handler: &mut dyn CommandHandler,
-    ) -> Result<usize> {
-        let mut answered = 0;
-        while channel.c2e.try_pop(request)? {
-            let reply = match Envelope::decode(request) {
-                Ok(req) => {
-                    // Only reached from `poll_commands`, which holds `&mut self`: no
-                    // other `Tensors` of this engine exists while this one does.
-                    let mut io = self.views();
-                    command::answer(
-                        req,
-                        &self.layout,
-                        &self.metadata,
-                        self.frame,
-                        &mut io,
-                        handler,
-                    )
-                }
-                Err(e) => Envelope::error_reply(
-                    Envelope::peek_id(request).unwrap_or(0),
-                    wire::Method::Custom("?".into()),
-                    wire::code::BAD_REQUEST,
-                    e.to_string(),
+    ) -> Result<()> {
+        let reply = match Envelope::decode(request) {
+            Ok(req) => {
+                // Only reached from `poll_commands`, which holds `&mut self`: no
+                // other `Tensors` of this engine exists while this one does.
+                let mut io = self.views();
+                command::answer(
+                    req,
+                    &self.layout,
+                    &self.metadata,
+                    self.frame,
+                    &mut io,
+                    handler,
+                )
+            }
+            Err(e) => Envelope::error_reply(
+                Envelope::peek_id(request).unwrap_or(0),
+                wire::Method::Custom("?".into()),
+                wire::code::BAD_REQUEST,
+                e.to_string(),
+            ),
+        };
+        // CUDA: a command (reset) may have queued kernels writing device tensors; the
+        // reply publishes them, so the event is recorded before it is pushed.
+        self.record_frame()?;
+        let mut bytes = reply.encode_into(tx);
+        if bytes.len() as u64 > channel.e2c.max_record() {
+            let too_big = Envelope::error_reply(
+                reply.id,
+                reply.method.clone(),
+                wire::code::ENGINE_ERROR,
+                format!(
+                    "the reply ({} bytes) does not fit the {}-byte reply ring",
+                    bytes.len(),
+                    channel.e2c.capacity()
                 ),
-            };
-            // CUDA: a command (reset) may have queued kernels writing device tensors; the
-            // reply publishes them, so the event is recorded before it is pushed.
-            self.record_frame()?;
-            let mut bytes = reply.encode_into(tx);
-            if bytes.len() as u64 > channel.e2c.max_record() {
-                let too_big = Envelope::error_reply(
-                    reply.id,
-                    reply.method.clone(),
-                    wire::code::ENGINE_ERROR,
-                    format!(
-                        "the reply ({} bytes) does not fit the {}-byte reply ring",
-                        bytes.len(),
-                        channel.e2c.capacity()
-                    ),
-                );
-                bytes = too_big.encode_into(tx);
-            }
-            match channel
-                .e2c
-                .push(bytes, self.policy, command::REPLY_TIMEOUT, || {
-                    self.check_client()
-                }) {
-                Ok(()) => {}
-                // The client has not read its replies for REPLY_TIMEOUT: it gave up on
-                // them. Drop this one rather than stop serving.
-                Err(Error::Timeout { .. }) => {
-                    self.dropped_replies.set(self.dropped_replies.get() + 1);
-                }
-                Err(e) => return Err(e),
-            }
-            answered += 1;
+            );
+            bytes = too_big.encode_into(tx);
         }
-        Ok(answered)
+        match channel
+            .e2c
+            .push(bytes, self.policy, command::REPLY_TIMEOUT, || {
+                self.check_client()
+            }) {
+            Ok(()) => {}
+            // The client has not read its replies for REPLY_TIMEOUT: it gave up on
+            // them. Drop this one rather than stop serving.
+            Err(Error::Timeout { .. }) => {
+                self.dropped_replies.set(self.dropped_replies.get() + 1);
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
     }
 
     /// Replies dropped because the client did not read them for

@@ -231,7 +231,8 @@ impl PrimaryContext {
     /// Makes this context current on the calling thread (driver calls that take no
     /// context use the current one) until the returned guard drops, which restores the
     /// thread's previous context: a caller's own current device (torch's, on another
-    /// GPU) is left as it was. Costs one `cuCtxGetCurrent` when already current.
+    /// GPU) is left as it was. A thread with no current context keeps this one. Costs
+    /// one `cuCtxGetCurrent` when already current.
     pub fn bind(&self) -> Result<Current> {
         let mut previous = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -246,9 +247,11 @@ impl PrimaryContext {
         }
         // SAFETY: `ctx` is a primary context we retained and have not released.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+        // A thread that had no context (an engine's, a fresh one) keeps ours: nothing of
+        // the caller's to restore, and its next call finds it current (one call, not three).
         Ok(Current {
             previous,
-            changed: true,
+            changed: !previous.is_null(),
         })
     }
 
@@ -763,7 +766,7 @@ impl ImportedMemory {
         self.base
     }
 
-    /// The allocation's size as the driver reports it.
+    /// The bytes usable from [`base`](Self::base) on, as the driver reports the range.
     pub fn size(&self) -> usize {
         self.size
     }
@@ -791,6 +794,13 @@ impl ImportedMemory {
 
 impl Drop for ImportedMemory {
     fn drop(&mut self) {
+        if let Ok(_current) = self.ctx.bind() {
+            // A consumer (torch) frees its view on the host while kernels reading it may
+            // still be queued on any of its streams: wait for the context's work before
+            // unmapping. Once per import, at teardown; outside the cache lock.
+            // SAFETY: our context is current.
+            let _ = unsafe { sys::cuCtxSynchronize() };
+        }
         let mut cache = imports();
         if let Some(map) = cache.as_mut() {
             // Remove our entry unless a newer import already replaced it.
@@ -799,11 +809,6 @@ impl Drop for ImportedMemory {
             }
         }
         if let Ok(_current) = self.ctx.bind() {
-            // A consumer (torch) frees its view on the host while kernels reading it may
-            // still be queued on any of its streams: wait for the context's work before
-            // unmapping (as torch's own IPC receiver does). Once per import, at teardown.
-            // SAFETY: our context is current.
-            let _ = unsafe { sys::cuCtxSynchronize() };
             // SAFETY: `base` came from cuIpcOpenMemHandle in this context and is closed
             // exactly once (here; the Arc ensures a single owner drops it).
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };

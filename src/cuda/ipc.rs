@@ -128,6 +128,16 @@ impl EngineCuda {
         s.wait(ev)
     }
 
+    /// [`wait_client`](Self::wait_client) before answering a command: a client without
+    /// an event handle (a host-only foreign client) is answered without waiting rather
+    /// than refused.
+    pub fn wait_client_for_command(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
+        match client {
+            Some(key) if key.handle == [0; 64] => Ok(()),
+            other => self.wait_client(other),
+        }
+    }
+
     /// Destroys the cached client event (the client closed, died or left): a later
     /// client, even the same process again with a handle of the same bytes, is opened
     /// afresh rather than waited on through a destroyed event.
@@ -439,16 +449,19 @@ impl ClientCuda {
     /// closed now (no view holds the lease), i.e. whether `client_cuda_state = RELEASED`
     /// may be stored. If views still hold it, `ack()` is asked for a mapping of the
     /// region, into which the lease acknowledges when the last view drops.
-    pub fn release(mut self, ack: impl FnOnce() -> Option<Region>) -> bool {
+    ///
+    /// The client's own event is handed back, not destroyed: the engine may still wait on
+    /// it until it sees `client_state = CLOSED`, so the caller drops it after that store.
+    pub fn release(mut self, ack: impl FnOnce() -> Option<Region>) -> (bool, Option<IpcEvent>) {
         if let Some(ev) = &self.event {
             if ev.record(&self.default_stream).is_ok() {
                 let _ = ev.synchronize();
             }
         }
-        self.event = None;
+        let event = self.event.take();
         self.ptrs.clear();
         let Some(lease) = self.lease.take() else {
-            return true;
+            return (true, event);
         };
         match Arc::try_unwrap(lease) {
             Ok(lease) => {
@@ -459,7 +472,7 @@ impl ClientCuda {
                     .iter()
                     .all(|m| Arc::strong_count(m) == 1);
                 drop(lease);
-                closed
+                (closed, event)
             }
             Err(shared) => {
                 if let Some(region) = ack() {
@@ -467,7 +480,7 @@ impl ClientCuda {
                 }
                 // If the last view dropped meanwhile, this drop closes and acknowledges.
                 drop(shared);
-                false
+                (false, event)
             }
         }
     }

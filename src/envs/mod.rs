@@ -185,23 +185,31 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     let mut choice = crate::cuda::resolve(r.device)?;
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
-    let mut env = match by_name_on(&r.env, r.num_envs, &r.options, choice.device) {
-        // `auto` with a usable driver but no usable GPU engine (NVRTC missing): host.
-        Err(Error::CudaUnavailable { reason }) if r.device == crate::cuda::DeviceRequest::Auto => {
+    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
+        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
+        let mut spec = env.spec().policy(r.policy);
+        if let Some(n) = &r.name {
+            spec = spec.name(n);
+        }
+        let engine = Engine::create(spec)?;
+        Ok((env, engine))
+    };
+    let (mut env, mut engine) = match build(choice.device) {
+        // `auto` with a usable driver but no usable GPU engine (NVRTC missing, a kernel
+        // that does not load, no memory): host memory, saying why.
+        Err(e @ (Error::CudaUnavailable { .. } | Error::Cuda { .. }))
+            if r.device == crate::cuda::DeviceRequest::Auto
+                && choice.device != crate::cuda::Device::Host =>
+        {
             choice.device = crate::cuda::Device::Host;
-            choice.reason = format!("falling back to host memory: CUDA is unavailable: {reason}");
-            by_name(&r.env, r.num_envs, &r.options)?
+            choice.reason = format!("falling back to host memory: {e}");
+            build(choice.device)?
         }
         other => other?,
     };
     if r.device != crate::cuda::DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    let mut spec = env.spec().policy(r.policy);
-    if let Some(n) = &r.name {
-        spec = spec.name(n);
-    }
-    let mut engine = Engine::create(spec)?;
     close_on_signal(engine.name().to_string());
     let ServeEnd::ClientClosed { steps } =
         serve(&mut engine, env.as_mut(), r.idle_timeout, |name| {

@@ -829,9 +829,17 @@ impl PyClient {
     fn command<T: Send>(
         &self,
         py: Python<'_>,
+        timeout: Duration,
         call: impl FnOnce(&mut Client) -> Result<T, Error> + Send,
     ) -> PyResult<T> {
         let mut core = self.lock()?;
+        if core.pending {
+            // A step timed out or was interrupted: its frame comes first (a command sent
+            // now would be answered after it anyway, and for CUDA its event record must
+            // not overtake the step's).
+            let deadline = Instant::now().checked_add(timeout);
+            self.wait_frame_sliced(py, &mut core, deadline, timeout)?;
+        }
         let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
         let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
         let store = Arc::clone(&raised);
@@ -898,19 +906,26 @@ fn step_on(client: &mut Client, stream: Option<u64>, timeout: Duration) -> Resul
     client.step(timeout)
 }
 
-/// Before a command that may write device tensors (reset, engine methods): records the
-/// client's event on the consumer stream, so the engine's kernels wait for the work
-/// queued there (reads of the current frame). Nothing for a host client.
-fn record_client_event(client: &Client, stream: Option<u64>) -> Result<(), Error> {
+/// Runs a command that may write device tensors (reset, engine methods) ordered after
+/// the work queued on the consumer stream (reads of the current frame): the client's
+/// event is recorded there before the request goes out. Plain `call` for a host client.
+fn on_stream<T>(
+    client: &mut Client,
+    stream: Option<u64>,
+    call: impl FnOnce(&mut Client) -> Result<T, Error>,
+) -> Result<T, Error> {
     #[cfg(feature = "cuda")]
-    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+    if let Some(raw) = stream {
         // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
-        // (`consumer_stream`), used for this call only.
-        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
-        return cuda.record(Some(&s));
+        // (`consumer_stream`), and is unset before this returns.
+        unsafe { client.set_command_stream(raw) };
+        let out = call(client);
+        // SAFETY: 1, the legacy default stream.
+        unsafe { client.set_command_stream(1) };
+        return out;
     }
-    let _ = (client, stream);
-    Ok(())
+    let _ = stream;
+    call(client)
 }
 
 /// Checks an imported action tensor's dtype and shape against the action slot.
@@ -1197,9 +1212,10 @@ impl PyClient {
         };
         let timeout = duration(timeout, "timeout")?;
         let cuda_stream = self.consumer_stream(py, stream.as_ref())?;
-        let frame = self.command(py, |client| {
-            record_client_event(client, cuda_stream)?;
-            client.reset(env_ids.as_deref(), &seeds, timeout)
+        let frame = self.command(py, timeout, |client| {
+            on_stream(client, cuda_stream, |c| {
+                c.reset(env_ids.as_deref(), &seeds, timeout)
+            })
         })?;
         self.order_after_engine(py, cuda_stream)?;
         Ok(frame)
@@ -1227,11 +1243,12 @@ impl PyClient {
         let timeout = duration(timeout, "timeout")?;
         // CUDA: an engine-defined method may write device tensors; ordered like a reset.
         let cuda_stream = self.consumer_stream(py, None)?;
-        let reply = self.command(py, |client| {
-            record_client_event(client, cuda_stream)?;
+        let reply = self.command(py, timeout, |client| {
             let args: Vec<(&str, &str)> =
                 args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            client.call_method(method, &args, &payload, timeout)
+            on_stream(client, cuda_stream, |c| {
+                c.call_method(method, &args, &payload, timeout)
+            })
         })?;
         self.order_after_engine(py, cuda_stream)?;
         let out = PyDict::new(py);
@@ -1250,7 +1267,7 @@ impl PyClient {
     #[pyo3(signature = (timeout=10.0))]
     fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
         let timeout = duration(timeout, "timeout")?;
-        let body = self.command(py, |client| client.schema(timeout))?;
+        let body = self.command(py, timeout, |client| client.schema(timeout))?;
         let crate::wire::Body::Schema {
             num_envs,
             engine_kind,
@@ -1294,7 +1311,7 @@ impl PyClient {
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;
-        let back = self.command(py, |client| client.ping(&payload, timeout))?;
+        let back = self.command(py, timeout, |client| client.ping(&payload, timeout))?;
         Ok(pyo3::types::PyBytes::new(py, &back))
     }
 
