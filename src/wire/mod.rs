@@ -305,10 +305,6 @@ impl Envelope {
         fbb.finished_data()
     }
 
-    /// Parses and checks an envelope: the FlatBuffers verifier (file identifier `SHMB`,
-    /// depth ≤ 64, ≤ 100 000 tables, apparent size ≤ 64 MiB), then enum ranges, DLPack
-    /// codes and [`Envelope::validate`]. Anything wrong is [`Error::BadMessage`]; never
-    /// panics.
     /// The correlation id of a buffer that passes the FlatBuffers verifier, even if the
     /// envelope is otherwise invalid: lets the engine address its error reply.
     pub fn peek_id(bytes: &[u8]) -> Option<u64> {
@@ -317,6 +313,10 @@ impl Envelope {
             .map(|root| root.id())
     }
 
+    /// Parses and checks an envelope: the FlatBuffers verifier (file identifier `SHMB`,
+    /// depth ≤ 64, ≤ 100 000 tables, apparent size ≤ 64 MiB), then enum ranges, DLPack
+    /// codes and [`Envelope::validate`]. Anything wrong is [`Error::BadMessage`]; never
+    /// panics.
     pub fn decode(bytes: &[u8]) -> Result<Envelope> {
         let root = flatbuffers::root_with_opts::<fb::Envelope>(&VERIFIER_OPTIONS, bytes)
             .map_err(|e| bad(format!("not a valid envelope: {e}")))?;
