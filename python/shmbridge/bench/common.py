@@ -287,24 +287,8 @@ class ServerProcess:
         self.info: Any = None
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> Any:
-        deadline = time.monotonic() + timeout
-        while not self.ctl.poll(0.05):
-            if not self.proc.is_alive():
-                raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} before it was ready")
-            if time.monotonic() > deadline:
-                raise PeerError(f"{self.name}: server not ready after {timeout} s")
-        try:
-            msg = self.ctl.recv()
-        except EOFError:
-            self.proc.join(5)
-            raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} before it was ready") from None
-        if msg[0] == "error":
-            raise PeerError(f"{self.name}: server failed:\n{msg[1]}")
-        self.info = msg[1]
+        self.info = self._reply(timeout, "before it was ready", f"server not ready after {timeout} s")[1]
         return self.info
-
-    def send(self, cmd: str) -> None:
-        self.ctl.send(cmd)
 
     def run(self) -> None:
         """A busy-polling server starts polling its transport."""
@@ -314,15 +298,26 @@ class ServerProcess:
         """A busy-polling server stops polling; returns once it has (so that it spins no
         more while the next transport is measured)."""
         self.ctl.send("idle")
+        self._reply(timeout, "while going idle", f"server did not go idle within {timeout} s")
+
+    def _reply(self, timeout: float, when: str, late: str) -> Any:
+        """The server's next message on the control pipe; PeerError if it exits first
+        (`when`: what it was asked to do), takes longer than `timeout` (`late`), or sends
+        an error."""
         deadline = time.monotonic() + timeout
         while not self.ctl.poll(0.05):
             if not self.proc.is_alive():
-                raise PeerError(f"{self.name}: server died (exit status {self.proc.exitcode})")
+                raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} {when}")
             if time.monotonic() > deadline:
-                raise PeerError(f"{self.name}: server did not go idle within {timeout} s")
-        msg = self.ctl.recv()
+                raise PeerError(f"{self.name}: {late}")
+        try:
+            msg = self.ctl.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise PeerError(f"{self.name}: server exited with status {self.proc.exitcode} {when}") from None
         if msg[0] == "error":
             raise PeerError(f"{self.name}: server failed:\n{msg[1]}")
+        return msg
 
     def check_alive(self) -> None:
         if self.ctl.poll():
