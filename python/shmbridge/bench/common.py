@@ -376,7 +376,6 @@ class Peer:
     key = "?"
     label = "?"
     needs: Tuple[str, ...] = ()  # Python packages the transport needs
-    slow = False  # gets fewer steps (time-capped blocks)
 
     def __init__(self, wl: Workload):
         self.wl = wl

@@ -128,7 +128,6 @@ def serve(ctl: Any, wl_dict: dict) -> None:
 
 class _GrpcPeer(Peer):
     needs = ("grpc", "grpc_tools")
-    slow = True
 
     def launch(self) -> None:
         self.server = ServerProcess(serve, self.wl.to_dict(), name=f"{self.key}-{self.wl.key}")

@@ -21,7 +21,6 @@ class AsyncVectorEnvPeer(Peer):
     key = "gym-async"
     label = "Gymnasium AsyncVectorEnv(CartPole-v1)"
     needs = ("gymnasium",)
-    slow = True
 
     def __init__(self, num_envs: int):
         super().__init__(Workload("cartpole", "", num_envs, (4,), "float32", 1))
