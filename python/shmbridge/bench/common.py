@@ -413,6 +413,17 @@ class Peer:
             raise PeerError(f"{self.label}: no answer within {STEP_TIMEOUT_S} s")
 
 
+class PollingPeer(Peer):
+    """A peer whose server busy-polls (`busy_server_loop`): it polls during this peer's
+    blocks only, so that it leaves the CPU to the others."""
+
+    def begin(self) -> None:
+        self.server.run()
+
+    def end(self) -> None:
+        self.server.idle()
+
+
 def action_value(k: int) -> float:
     """The action the client sends at step `k` (exact in f32); servers echo it as
     rewards[0], which `check()` verifies."""

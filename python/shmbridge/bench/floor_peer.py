@@ -19,8 +19,8 @@ import numpy as np
 from .common import (
     POLL_CHECK_EVERY,
     SERVER_CHECK_EVERY,
-    Peer,
     PeerError,
+    PollingPeer,
     ServerProcess,
     Workload,
     action_value,
@@ -77,7 +77,7 @@ def serve(ctl: Any, shm_name: str) -> None:
         shm.close()
 
 
-class FloorPeer(Peer):
+class FloorPeer(PollingPeer):
     key = "floor"
     label = "raw seq-counter ping-pong (Python floor)"
 
@@ -98,12 +98,6 @@ class FloorPeer(Peer):
 
     def start(self) -> None:
         self.server.wait_ready()
-
-    def begin(self) -> None:
-        self.server.run()
-
-    def end(self) -> None:
-        self.server.idle()
 
     def run(self, n: int, out: List[int]) -> None:
         w = self.words

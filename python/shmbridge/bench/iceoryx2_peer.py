@@ -26,8 +26,8 @@ from typing import Any, List, Tuple
 from .common import (
     POLL_CHECK_EVERY,
     SERVER_CHECK_EVERY,
-    Peer,
     PeerError,
+    PollingPeer,
     ServerProcess,
     Workload,
     action_value,
@@ -148,8 +148,9 @@ def serve_ps(ctl: Any, wl_dict: dict, service: str) -> None:
     publisher.delete()
 
 
-class _IoxPeer(Peer):
+class _IoxPeer(PollingPeer):
     needs = ("iceoryx2",)
+    serve: Any = None  # the server function, serve_rr or serve_ps
 
     def __init__(self, wl: Workload):
         super().__init__(wl)
@@ -157,11 +158,9 @@ class _IoxPeer(Peer):
         self.last_seq = None
         self.last_reward = None
 
-    def begin(self) -> None:
-        self.server.run()
-
-    def end(self) -> None:
-        self.server.idle()
+    def launch(self) -> None:
+        self.server = ServerProcess(self.serve, self.wl.to_dict(), self.service,
+                                    name=f"{self.key}-{self.wl.key}")
 
     def check(self) -> None:
         if self.last_seq != self.k or self.last_reward != action_value(self.k):
@@ -172,10 +171,7 @@ class _IoxPeer(Peer):
 class Iceoryx2RequestResponse(_IoxPeer):
     key = "iceoryx2-rr"
     label = "iceoryx2 request/response"
-
-    def launch(self) -> None:
-        self.server = ServerProcess(serve_rr, self.wl.to_dict(), self.service,
-                                    name=f"iceoryx2-rr-{self.wl.key}")
+    serve = staticmethod(serve_rr)
 
     def start(self) -> None:
         self.server.wait_ready()
@@ -230,10 +226,7 @@ class Iceoryx2RequestResponse(_IoxPeer):
 class Iceoryx2PubSub(_IoxPeer):
     key = "iceoryx2-ps"
     label = "iceoryx2 pub/sub ping-pong"
-
-    def launch(self) -> None:
-        self.server = ServerProcess(serve_ps, self.wl.to_dict(), self.service,
-                                    name=f"iceoryx2-ps-{self.wl.key}")
+    serve = staticmethod(serve_ps)
 
     def start(self) -> None:
         self.server.wait_ready()
