@@ -185,7 +185,6 @@ class Iceoryx2RequestResponse(_IoxPeer):
         pc = time.perf_counter_ns
         app = out.append
         k = self.k
-        f = None
         for _ in range(n):
             k += 1
             x = action_value(k)
@@ -206,8 +205,8 @@ class Iceoryx2RequestResponse(_IoxPeer):
                     self._stalled(t0)
             f = response.payload().contents
             o, r, te, tr = f.obs, f.rewards, f.terminated, f.truncated
-            o[0]; o[-1]; r[0]; r[-1]; te[0]; te[-1]; tr[0]; tr[-1]  # noqa: E702,B018
-            seq, r0 = f.seq, r[0]
+            o[0]; o[-1]; r0 = r[0]; r[-1]; te[0]; te[-1]; tr[0]; tr[-1]  # noqa: E702,B018
+            seq = f.seq  # read before the sample is released, for check()
             response.delete()
             pending.delete()
             app(pc() - t0)
@@ -264,8 +263,8 @@ class Iceoryx2PubSub(_IoxPeer):
                     self._stalled(t0)
             f = frame.payload().contents
             o, r, te, tr = f.obs, f.rewards, f.terminated, f.truncated
-            o[0]; o[-1]; r[0]; r[-1]; te[0]; te[-1]; tr[0]; tr[-1]  # noqa: E702,B018
-            seq, r0 = f.seq, r[0]
+            o[0]; o[-1]; r0 = r[0]; r[-1]; te[0]; te[-1]; tr[0]; tr[-1]  # noqa: E702,B018
+            seq = f.seq  # read before the sample is released, for check()
             frame.delete()
             app(pc() - t0)
         self.k = k
