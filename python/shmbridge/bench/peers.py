@@ -92,7 +92,7 @@ def _make_peers(wl_key: str, plan: Plan, only: Optional[Sequence[str]]) -> List[
         S = shmbridge_peer.ShmbridgeCartPole
         out = [
             ("shmbridge-spin", S.label, (), lambda: S(n)),
-            ("shmbridge-blocking", "shmbridge `cartpole` engine (blocking)", (), lambda: S(n, blocking=True)),
+            ("shmbridge-blocking", S.blocking_label, (), lambda: S(n, blocking=True)),
             ("gym-async", gym_peer.AsyncVectorEnvPeer.label, gym_peer.AsyncVectorEnvPeer.needs,
              lambda: gym_peer.AsyncVectorEnvPeer(n)),
         ]
@@ -109,7 +109,7 @@ def _make_peers(wl_key: str, plan: Plan, only: Optional[Sequence[str]]) -> List[
             ("shm-pipe", pipe_peer.PipePeer, {}),
             ("floor", floor_peer.FloorPeer, {}),
         ):
-            label = "shmbridge (blocking)" if args.get("blocking") else cls.label
+            label = cls.blocking_label if args.get("blocking") else cls.label
             out.append((key, label, cls.needs, lambda cls=cls, args=args: cls(wl, **args)))
     if only:
         out = [t for t in out if t[0] in only or t[0] == "shmbridge-spin"]

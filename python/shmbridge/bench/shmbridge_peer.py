@@ -22,12 +22,14 @@ def _flat(t: "shmbridge.Tensor") -> memoryview:
 class ShmbridgePeer(Peer):
     key = "shmbridge-spin"
     label = "shmbridge (spin)"
+    blocking_key = "shmbridge-blocking"
+    blocking_label = "shmbridge (blocking)"
 
     def __init__(self, wl: Workload, blocking: bool = False):
         super().__init__(wl)
         self.blocking = blocking
         if blocking:
-            self.key, self.label = "shmbridge-blocking", "shmbridge (blocking)"
+            self.key, self.label = self.blocking_key, self.blocking_label
         self.client: Optional[shmbridge.Client] = None
 
     def start(self) -> None:
@@ -74,19 +76,17 @@ class ShmbridgePeer(Peer):
             self.client = None
 
 
-class ShmbridgeCartPole(Peer):
+class ShmbridgeCartPole(ShmbridgePeer):
     """The `cartpole` engine (CartPole-v1 dynamics, same-step autoreset), actions from a
     pre-drawn random bank, passed to `client.step(actions)` (one copy into the slot)."""
 
     key = "shmbridge-cartpole"
     label = "shmbridge `cartpole` engine (spin)"
+    blocking_key = "shmbridge-cartpole-blocking"
+    blocking_label = "shmbridge `cartpole` engine (blocking)"
 
     def __init__(self, num_envs: int, blocking: bool = False):
-        super().__init__(Workload("cartpole", "", num_envs, (4,), "float32", 1))
-        self.blocking = blocking
-        if blocking:
-            self.key, self.label = "shmbridge-cartpole-blocking", "shmbridge `cartpole` engine (blocking)"
-        self.client = None
+        super().__init__(Workload("cartpole", "", num_envs, (4,), "float32", 1), blocking)
         self.bank = np.random.default_rng(0).integers(0, 2, size=(1024, num_envs, 1), dtype=np.int64)
 
     def start(self) -> None:
@@ -114,9 +114,3 @@ class ShmbridgeCartPole(Peer):
     def check(self) -> None:
         if self.client.frame != self.k:
             raise PeerError(f"{self.label}: frame {self.client.frame} after {self.k} steps")
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.views = []
-            self.client.close()
-            self.client = None
