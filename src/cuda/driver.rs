@@ -955,10 +955,14 @@ fn nvrtc_usable() -> Result<()> {
 #[derive(Debug)]
 pub struct Module {
     raw: sys::CUmodule,
+    /// The kernels launched so far, by name: `cuModuleGetFunction` runs once per kernel,
+    /// not once per launch. Valid while the module is loaded (until our drop).
+    functions: Mutex<Vec<(String, sys::CUfunction)>>,
     ctx: Arc<PrimaryContext>,
 }
 
-// SAFETY: a CUmodule is a driver handle usable from any thread.
+// SAFETY: CUmodule and CUfunction are driver handles usable from any thread; the cache
+// of functions is behind a mutex.
 unsafe impl Send for Module {}
 // SAFETY: as above.
 unsafe impl Sync for Module {}
@@ -987,6 +991,7 @@ impl Module {
         })?;
         Ok(Module {
             raw,
+            functions: Mutex::new(Vec::new()),
             ctx: ctx.clone(),
         })
     }
@@ -1003,8 +1008,27 @@ impl Module {
         })?;
         Ok(Module {
             raw,
+            functions: Mutex::new(Vec::new()),
             ctx: ctx.clone(),
         })
+    }
+
+    /// The function `kernel` of this module: looked up with `cuModuleGetFunction` on its
+    /// first launch (our context current), then from the cache.
+    fn function(&self, kernel: &str) -> Result<sys::CUfunction> {
+        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, f)) = functions.iter().find(|(name, _)| name == kernel) {
+            return Ok(f);
+        }
+        let cname = CString::new(kernel)
+            .map_err(|_| Error::InvalidSpec("kernel name contains NUL".into()))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; live module; NUL-terminated name.
+        check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())
+        })?;
+        functions.push((kernel.to_string(), f));
+        Ok(f)
     }
 
     /// Launches `kernel` over `n` threads (1-D grid, `block` threads per block).
@@ -1021,14 +1045,8 @@ impl Module {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let cname = CString::new(kernel)
-            .map_err(|_| Error::InvalidSpec("kernel name contains NUL".into()))?;
         let _current = self.ctx.bind()?;
-        let mut f = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; live module; NUL-terminated name.
-        check("cuModuleGetFunction", unsafe {
-            sys::cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())
-        })?;
+        let f = self.function(kernel)?;
         // Each parameter's value lives in `vals`; `params` points at each one.
         let mut vals: Vec<[u8; 8]> = args
             .iter()
