@@ -49,6 +49,15 @@ def attach(name: str) -> shared_memory.SharedMemory:
     return shared_memory.SharedMemory(name=name)
 
 
+def free(shm: shared_memory.SharedMemory) -> None:
+    """Closes and unlinks a segment the bench created."""
+    try:
+        shm.close()
+    except BufferError:
+        pass  # a view is still alive somewhere: the mapping goes with the process
+    shm.unlink()
+
+
 def serve(ctl: Any, shm_name: str) -> None:
     shm = attach(shm_name)
     w = shm.buf.cast("Q")
@@ -131,9 +140,5 @@ class FloorPeer(PollingPeer):
         if self.shm is not None:
             self.views = {}
             self.words.release()
-            try:
-                self.shm.close()
-            except BufferError:
-                pass  # a view is still alive somewhere: the mapping goes with the process
-            self.shm.unlink()
+            free(self.shm)
             self.shm = None

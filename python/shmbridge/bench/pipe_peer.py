@@ -18,7 +18,7 @@ from typing import Any, List
 import numpy as np
 
 from .common import Peer, PeerError, ServerProcess, Workload, action_value
-from .floor_peer import attach
+from .floor_peer import attach, free
 
 
 def serve(ctl: Any, pipe: Any, wl_dict: dict, shm_name: str) -> None:
@@ -109,9 +109,5 @@ class PipePeer(Peer):
         if self.shm is not None:
             self.obs_view = None
             self.obs = None
-            try:
-                self.shm.close()
-            except BufferError:
-                pass
-            self.shm.unlink()
+            free(self.shm)
             self.shm = None
