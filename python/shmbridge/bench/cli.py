@@ -63,7 +63,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     g.add_argument("--out", default=None, help="also write DIR/gpu.md and DIR/gpu.json")
 
     args = p.parse_args(argv)
-    args.argv = argv[1:]
+    args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
         from . import step
 

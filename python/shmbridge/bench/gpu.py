@@ -401,10 +401,10 @@ def main(args: Any) -> int:
     elapsed = time.monotonic() - t0
 
     header = machine_lines(machine) + _gpu_lines(device, engine_reason)
-    if busy_warning(machine):
-        header += ["", busy_warning(machine)]
-    command = ("python -m shmbridge.bench gpu " + " ".join(args.argv)).strip()
-    text, doc = report(results, plan, header, quick, elapsed, command)
+    warning = busy_warning(machine)
+    if warning:
+        header += ["", warning]
+    text, doc = report(results, plan, header, quick, elapsed, args.command_line)
     doc["machine"] = machine
     print(text)
     if args.out:

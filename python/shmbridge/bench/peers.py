@@ -339,18 +339,19 @@ def main(args: Any) -> int:
     except OSError:
         load_end = []
 
-    command = "python -m shmbridge.bench peers " + " ".join(args.argv)
+    command = args.command_line
+    warning = busy_warning(machine)
     mode = "QUICK (smoke test: too few steps to quote)" if args.quick else "full"
     doc = [
         "## Peers: lock-step round trip by transport",
         "",
-        f"Command: `{command.strip()}` ({mode}; {plan.rounds} interleaved rounds, blocks of up to "
+        f"Command: `{command}` ({mode}; {plan.rounds} interleaved rounds, blocks of up to "
         f"{plan.block:,} steps or {plan.block_seconds:g} s after a warm-up; {elapsed:.0f} s in all)",
         "",
         *machine_lines(machine),
         f"- Load average at the end: {', '.join(str(x) for x in load_end)}",
         "",
-        *([busy_warning(machine), ""] if busy_warning(machine) else []),
+        *([warning, ""] if warning else []),
         table(results, plan),
         "",
         "Median ÷ shmbridge: the transport's median over shmbridge's (spin policy, same payload); "
@@ -373,7 +374,7 @@ def main(args: Any) -> int:
     with open(os.path.join(out, "peers.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "peers.json"), "w") as f:
-        json.dump(dict(command=command.strip(), quick=bool(args.quick), plan=plan.__dict__,
+        json.dump(dict(command=command, quick=bool(args.quick), plan=plan.__dict__,
                        machine=machine, load_end=load_end, elapsed_s=elapsed,
                        results=[dict(workload=w, rows=[dict(key=r.key, label=r.label,
                                                             skipped=r.skipped, failed=r.failed,

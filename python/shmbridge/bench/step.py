@@ -79,16 +79,16 @@ def main(args: Any) -> int:
     p99_ratio = big.p99_ns / small.p99_ns
     rows.append(["ratio 4096×100 ÷ 64 B", "", fmt_ratio(med_ratio), fmt_ratio(p99_ratio), ""])
     worst = max(s.median_ns for s in stats)
-    command = "python -m shmbridge.bench step " + " ".join(args.argv)
+    warning = busy_warning(machine)
     lines = [
         "## client.step() round trip (null engine, sparse)",
         "",
-        f"Command: `{command.strip()}` ({'QUICK, ' if quick else ''}{policy} policy; {rounds} interleaved "
+        f"Command: `{args.command_line}` ({'QUICK, ' if quick else ''}{policy} policy; {rounds} interleaved "
         f"rounds of {per_block:,} timed steps per payload after {warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
         *machine_lines(machine),
         "",
-        *([busy_warning(machine), ""] if busy_warning(machine) else []),
+        *([warning, ""] if warning else []),
         markdown_table(["payload", "steps", "median ns", "p99 ns", "steps/s"], rows, "lrrrr"),
         "",
         "Targets (reported, not asserted):",
