@@ -200,24 +200,11 @@ unsafe impl Send for PrimaryContext {}
 unsafe impl Sync for PrimaryContext {}
 
 impl PrimaryContext {
-    /// Retains device `ordinal`'s primary context and makes it current on this thread.
+    /// Retains device `ordinal`'s primary context (made current by [`bind`](Self::bind)).
     pub fn retain(driver: &Driver, ordinal: i32) -> Result<Arc<PrimaryContext>> {
-        if ordinal < 0 || ordinal >= driver.info.device_count {
-            return Err(Error::CudaUnavailable {
-                reason: format!(
-                    "no CUDA device {ordinal} (this process sees {})",
-                    driver.info.device_count
-                ),
-            });
-        }
-        let mut dev = 0;
-        // SAFETY: the driver was probed (the `&Driver`), the ordinal is in range and the
-        // out-pointer is a valid local.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal)
-        })?;
+        let dev = device(driver, ordinal)?;
         let mut ctx = std::ptr::null_mut();
-        // SAFETY: as above; `dev` came from cuDeviceGet.
+        // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
         check("cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
         })?;
@@ -258,12 +245,7 @@ impl PrimaryContext {
     /// The device's UUID (stable across processes, unlike ordinals, which depend on
     /// `CUDA_VISIBLE_DEVICES`).
     pub fn uuid(&self) -> Result<[u8; 16]> {
-        let mut u = sys::CUuuid_st { bytes: [0; 16] };
-        // SAFETY: valid out-pointer; `dev` is a device handle from cuDeviceGet.
-        check("cuDeviceGetUuid_v2", unsafe {
-            sys::cuDeviceGetUuid_v2(&mut u, self.dev)
-        })?;
-        Ok(u.bytes.map(|b| b as u8))
+        uuid_of(self.dev)
     }
 
     /// The device's compute capability `(major, minor)`, e.g. `(9, 0)` for an H100.
@@ -329,6 +311,11 @@ impl Drop for PrimaryContext {
 /// The UUID of device `ordinal` (as this process numbers devices), without retaining a
 /// context: how a client finds the engine's device when `CUDA_VISIBLE_DEVICES` differs.
 pub fn device_uuid(driver: &Driver, ordinal: i32) -> Result<[u8; 16]> {
+    uuid_of(device(driver, ordinal)?)
+}
+
+/// The handle of device `ordinal` (`CudaUnavailable` if this process has no such device).
+fn device(driver: &Driver, ordinal: i32) -> Result<sys::CUdevice> {
     if ordinal < 0 || ordinal >= driver.info.device_count {
         return Err(Error::CudaUnavailable {
             reason: format!(
@@ -343,6 +330,11 @@ pub fn device_uuid(driver: &Driver, ordinal: i32) -> Result<[u8; 16]> {
     check("cuDeviceGet", unsafe {
         sys::cuDeviceGet(&mut dev, ordinal)
     })?;
+    Ok(dev)
+}
+
+/// The UUID of a device handle from [`device`].
+fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
     let mut u = sys::CUuuid_st { bytes: [0; 16] };
     // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
     check("cuDeviceGetUuid_v2", unsafe {
@@ -981,30 +973,28 @@ pub enum Arg {
 impl Module {
     /// Loads a cubin from [`compile_cubin`].
     pub fn load_cubin(ctx: &Arc<PrimaryContext>, cubin: &[u8]) -> Result<Module> {
-        let _current = ctx.bind()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `cubin` is an ELF image from NVRTC that lives
-        // through the call (the driver validates it and fails on garbage); context
-        // current.
-        check("cuModuleLoadData", unsafe {
-            sys::cuModuleLoadData(&mut raw, cubin.as_ptr() as *const c_void)
-        })?;
-        Ok(Module {
-            raw,
-            functions: Mutex::new(Vec::new()),
-            ctx: ctx.clone(),
-        })
+        // SAFETY: `cubin` is an ELF image from NVRTC (the driver validates it and fails
+        // on garbage) that lives through the call.
+        unsafe { Module::load_image(ctx, cubin.as_ptr().cast()) }
     }
 
     pub fn load(ctx: &Arc<PrimaryContext>, ptx: &str) -> Result<Module> {
         let image =
             CString::new(ptx).map_err(|_| Error::InvalidSpec("PTX contains a NUL byte".into()))?;
+        // SAFETY: `image` is a NUL-terminated PTX string that lives through the call.
+        unsafe { Module::load_image(ctx, image.as_ptr().cast()) }
+    }
+
+    /// `cuModuleLoadData` of `image` in `ctx`.
+    ///
+    /// # Safety
+    /// `image` must point to a cubin or a NUL-terminated PTX string, valid for the call.
+    unsafe fn load_image(ctx: &Arc<PrimaryContext>, image: *const c_void) -> Result<Module> {
         let _current = ctx.bind()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `image` is a NUL-terminated PTX string that lives
-        // through the call; context current.
+        // SAFETY: valid out-pointer; the caller's contract for `image`; context current.
         check("cuModuleLoadData", unsafe {
-            sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const c_void)
+            sys::cuModuleLoadData(&mut raw, image)
         })?;
         Ok(Module {
             raw,
