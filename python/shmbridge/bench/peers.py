@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .common import (
@@ -307,7 +307,7 @@ def plot(results: List[Tuple[str, List[Row]]], plan: Plan, path: str) -> None:
 
 
 def main(args: Any) -> int:
-    plan = QUICK if args.quick else FULL
+    plan = replace(QUICK if args.quick else FULL)  # a copy: the options change it
     if args.rounds:
         plan.rounds = args.rounds
     if args.steps:
