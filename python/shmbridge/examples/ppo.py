@@ -351,7 +351,7 @@ def train(cfg: Config, log=print) -> Result:
 
                 # Generalised advantage estimation.
                 with torch.no_grad():
-                    next_value = agent.value(obs_view.to(device))
+                    next_value = agent.value(obs_view)
                     adv = torch.zeros_like(rew_buf)
                     last = torch.zeros(n, device=device)
                     for t in reversed(range(t_len)):
@@ -493,7 +493,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = _parser().parse_args(argv)
-    cfg = Config(**{k: v for k, v in vars(a).items()})
+    cfg = Config(**vars(a))
     if cfg.target_return is not None and cfg.target_return < 0:
         cfg.target_return = None
     if not cfg.plot:
