@@ -234,10 +234,10 @@ impl VecEnv for CartPole {
                 rewards[i] = 1.0;
                 terminated[i] = term as u8;
                 truncated[i] = trunc as u8;
-                // What the step produced, before the autoreset below replaces it: the
-                // learner bootstraps a truncated episode from this.
-                write_state(&mut final_obs[4 * i..4 * i + 4], &self.state[i]);
                 if term || trunc {
+                    // What the step produced, before the autoreset replaces it: the
+                    // learner bootstraps a truncated episode from this.
+                    write_state(&mut final_obs[4 * i..4 * i + 4], &self.state[i]);
                     self.reset_one(i);
                     continue;
                 }
