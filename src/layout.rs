@@ -1203,7 +1203,7 @@ fn validate_desc(
         )));
     }
     let end = d.offset.checked_add(d.nbytes);
-    if location == Location::Cuda {
+    let cuda = if location == Location::Cuda {
         if d.device_ordinal < 0 {
             return Err(invalid(format!(
                 "CUDA device ordinal {} < 0",
@@ -1219,30 +1219,23 @@ fn validate_desc(
                 d.offset, d.nbytes, d.export_size
             )));
         }
-        return Ok(TensorInfo {
-            name,
-            dtype,
-            shape,
-            direction,
-            location,
-            offset: d.offset,
-            nbytes: d.nbytes,
-            cuda: Some(CudaPlacement {
-                device_ordinal: d.device_ordinal,
-                device_uuid: d.device_uuid,
-                ipc_mem_handle: d.ipc_mem_handle,
-                alloc_size: d.export_size,
-            }),
-        });
-    }
-    if d.offset < header_size || end.is_none_or(|e| e > region_size) {
-        return Err(Error::TensorOutOfBounds {
-            tensor: name,
-            offset: d.offset,
-            len: d.nbytes,
-            region_size,
-        });
-    }
+        Some(CudaPlacement {
+            device_ordinal: d.device_ordinal,
+            device_uuid: d.device_uuid,
+            ipc_mem_handle: d.ipc_mem_handle,
+            alloc_size: d.export_size,
+        })
+    } else {
+        if d.offset < header_size || end.is_none_or(|e| e > region_size) {
+            return Err(Error::TensorOutOfBounds {
+                tensor: name,
+                offset: d.offset,
+                len: d.nbytes,
+                region_size,
+            });
+        }
+        None
+    };
     Ok(TensorInfo {
         name,
         dtype,
@@ -1251,7 +1244,7 @@ fn validate_desc(
         location,
         offset: d.offset,
         nbytes: d.nbytes,
-        cuda: None,
+        cuda,
     })
 }
 
