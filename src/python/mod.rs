@@ -569,6 +569,8 @@ pub struct PyClient {
     engine_pid: u32,
     /// `"cpu"`, or `"cuda:N"` when the engine's tensors live on a CUDA device.
     device: String,
+    /// N of `"cuda:N"`; `None` for a host client.
+    cuda_ordinal: Option<i32>,
     tensors: Vec<Py<PyTensor>>,
     actions_index: Option<usize>,
     step_outputs: Option<Py<PyTuple>>,
@@ -660,10 +662,12 @@ impl PyClient {
 
     /// Validates `actions` against the action tensor and copies it there: a host copy
     /// into the shared memory, or for a CUDA action tensor a device-to-device copy
-    /// ordered on `stream` (the step's consumer stream). Nothing is written on error.
+    /// ordered on `stream` (the step's consumer stream) of `client`'s context. Nothing is
+    /// written on error.
     fn copy_actions(
         &self,
         py: Python<'_>,
+        client: &Client,
         actions: &Bound<'_, PyAny>,
         stream: Option<u64>,
     ) -> PyResult<()> {
@@ -690,10 +694,10 @@ impl PyClient {
         }
         #[cfg(feature = "cuda")]
         if let Place::Cuda { ptr, ordinal, .. } = &target.place {
-            let lease = target.lease()?;
-            return copy_cuda_actions(py, actions, target, *ptr, *ordinal, &lease, stream);
+            let cuda = client.cuda().ok_or_else(|| closed_err(py))?;
+            return copy_cuda_actions(py, actions, target, *ptr, *ordinal, cuda, stream);
         }
-        let _ = stream;
+        let _ = (client, stream);
         let source = if actions.hasattr("__dlpack__")? {
             actions.clone()
         } else if actions.hasattr("__array__")? {
@@ -778,7 +782,7 @@ impl PyClient {
         py: Python<'_>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<u64>> {
-        let Some(ordinal) = self.cuda_ordinal() else {
+        let Some(ordinal) = self.cuda_ordinal else {
             return Ok(None);
         };
         if let Some(s) = stream.filter(|s| !s.is_none()) {
@@ -793,33 +797,6 @@ impl PyClient {
             }
         }
         Ok(Some(1))
-    }
-
-    /// This client's CUDA device ordinal, if its engine serves CUDA tensors.
-    fn cuda_ordinal(&self) -> Option<i32> {
-        self.device
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-    }
-
-    /// After a frame (or a reset's reply) arrived: makes `stream` wait, on the GPU, for
-    /// the engine's event, so work queued on it afterwards sees the new device tensors.
-    #[allow(unused_variables)]
-    fn order_after_engine(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(raw) = stream {
-            if let Some(t) = self
-                .tensors
-                .iter()
-                .find(|t| !matches!(t.get().place, Place::Host))
-            {
-                let lease = t.get().lease()?;
-                // SAFETY: `raw` is 0, 1, 2 or a stream of the engine's device (checked
-                // where it was resolved: `consumer_stream`).
-                unsafe { lease.wait_on(raw) }.py_err(py)?;
-            }
-        }
-        Ok(())
     }
 
     /// Runs a command-channel call without the GIL, with Ctrl-C checked at every sleep
@@ -908,7 +885,9 @@ fn step_on(client: &mut Client, stream: Option<u64>, timeout: Duration) -> Resul
 
 /// Runs a command that may write device tensors (reset, engine methods) ordered after
 /// the work queued on the consumer stream (reads of the current frame): the client's
-/// event is recorded there before the request goes out. Plain `call` for a host client.
+/// event is recorded there before the request goes out, and once the reply arrived the
+/// stream waits on the engine's event ([`order_after_engine`]). Plain `call` for a host
+/// client.
 fn on_stream<T>(
     client: &mut Client,
     stream: Option<u64>,
@@ -922,10 +901,27 @@ fn on_stream<T>(
         let out = call(client);
         // SAFETY: 1, the legacy default stream.
         unsafe { client.set_command_stream(1) };
-        return out;
+        let out = out?;
+        order_after_engine(client, stream)?;
+        return Ok(out);
     }
     let _ = stream;
     call(client)
+}
+
+/// After a frame (or a command's reply) arrived: makes the consumer stream `raw` wait,
+/// on the GPU, for the engine's event, so work queued on it afterwards sees the new
+/// device tensors. Nothing for a host client.
+fn order_after_engine(client: &Client, stream: Option<u64>) -> Result<(), Error> {
+    #[cfg(feature = "cuda")]
+    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+        // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
+        // (`consumer_stream`), used for this call only.
+        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
+        return cuda.wait_frame_on(&s);
+    }
+    let _ = (client, stream);
+    Ok(())
 }
 
 /// Checks an imported action tensor's dtype and shape against the action slot.
@@ -991,7 +987,7 @@ fn copy_cuda_actions(
     target: &PyTensor,
     dst: u64,
     ordinal: i32,
-    lease: &Arc<crate::cuda::ipc::CudaLease>,
+    cuda: &crate::cuda::ipc::ClientCuda,
     stream: Option<u64>,
 ) -> PyResult<()> {
     if !actions.hasattr("__dlpack__")? {
@@ -1029,12 +1025,11 @@ fn copy_cuda_actions(
     let src = unsafe { view.offset_bytes_ptr() }
         .map_err(|e| PyValueError::new_err(format!("invalid DLPack tensor: {e}")))?;
     // SAFETY: `raw` is 0, 1, 2 or a live stream of this device (`consumer_stream`).
-    let stream = unsafe { crate::cuda::driver::Stream::borrowed(lease.context(), raw) };
+    let stream = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
     // The engine may still be reading the previous actions (a frame is published once its
     // kernels are queued, not done); on another stream than the last step's, the copy
     // must wait for them.
-    // SAFETY: as above.
-    unsafe { lease.wait_on(raw) }.py_err(py)?;
+    cuda.wait_frame_on(&stream).py_err(py)?;
     // SAFETY: `src` is `nbytes` of compact device memory of the producer (same dtype and
     // shape as the slot, checked above), ordered before `stream` by `__dlpack__`; `dst`
     // is the action slot in the engine's allocation (span checked at attach), which the
@@ -1081,6 +1076,7 @@ impl PyClient {
             .map(|t| t.get().device_name())
             .find(|d| d != "cpu")
             .unwrap_or_else(|| "cpu".to_string());
+        let cuda_ordinal = device.strip_prefix("cuda:").and_then(|n| n.parse().ok());
         let find = |n: &str| layout.tensors.iter().position(|t| t.name == n);
         let step_outputs = match (
             find("obs"),
@@ -1108,6 +1104,7 @@ impl PyClient {
             engine_kind: layout.engine_kind.clone(),
             engine_pid: layout.engine_pid,
             device,
+            cuda_ordinal,
             actions_index: find("actions"),
             tensors,
             step_outputs,
@@ -1151,7 +1148,8 @@ impl PyClient {
         }
         let cuda_stream = self.consumer_stream(py, stream.as_ref())?;
         if let Some(a) = &actions {
-            self.copy_actions(py, a, cuda_stream)?;
+            let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+            self.copy_actions(py, client, a, cuda_stream)?;
         }
         let first = match deadline {
             Some(d) => d
@@ -1178,8 +1176,9 @@ impl PyClient {
             }
             Err(e) => return Err(to_pyerr(py, e)),
         }
+        let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+        order_after_engine(client, cuda_stream).py_err(py)?;
         drop(core);
-        self.order_after_engine(py, cuda_stream)?;
         match &self.step_outputs {
             Some(t) => Ok(t.clone_ref(py).into_any()),
             None => Ok(py.None()),
@@ -1217,7 +1216,6 @@ impl PyClient {
                 c.reset(env_ids.as_deref(), &seeds, timeout)
             })
         })?;
-        self.order_after_engine(py, cuda_stream)?;
         Ok(frame)
     }
 
@@ -1250,7 +1248,6 @@ impl PyClient {
                 c.call_method(method, &args, &payload, timeout)
             })
         })?;
-        self.order_after_engine(py, cuda_stream)?;
         let out = PyDict::new(py);
         for (k, v) in reply.args {
             out.set_item(k, v)?;
