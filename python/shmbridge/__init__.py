@@ -225,8 +225,11 @@ def launch(
         fail("interrupted")
         raise
     if name is None:
-        if proc.poll() is None:
-            raise fail(f"the engine did not print its region name within {timeout} s")
+        try:
+            # Its stdout reaches EOF a moment before an exiting engine can be reaped.
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            raise fail(f"the engine did not print its region name within {timeout} s") from None
         text = engine_stderr()
         reason = [line for line in text.splitlines() if "CUDA is unavailable" in line]
         if device != "cpu" and reason:
