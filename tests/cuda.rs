@@ -61,6 +61,15 @@ fn is_child() -> bool {
     std::env::var_os("SHMBRIDGE_CUDA_CHILD").is_some()
 }
 
+/// [`gpu`] for a test of the parent process: `None` (silently) in a child this binary
+/// runs (`SHMBRIDGE_CUDA_CHILD`, or `ROLE` for the engine child), where it is not run.
+fn parent_gpu(test: &str) -> Option<(&'static Driver, Arc<PrimaryContext>)> {
+    if is_child() || std::env::var_os("ROLE").is_some() {
+        return None;
+    }
+    gpu(test)
+}
+
 #[test]
 fn probe_reports_devices_or_why_not() {
     match shmbridge::cuda::probe() {
@@ -429,10 +438,7 @@ fn check_frame(seq: u64, obs: &[f32], rewards: &[f32], actions: &[f32]) {
 /// engine's event, (c) close acknowledgement, then the engine frees.
 #[test]
 fn cuda_engine_and_client_lock_step() {
-    if is_child() || std::env::var_os("ROLE").is_some() {
-        return;
-    }
-    let Some((_, ctx)) = gpu("cuda_engine_and_client_lock_step") else {
+    let Some((_, ctx)) = parent_gpu("cuda_engine_and_client_lock_step") else {
         return;
     };
     let (opens0, closes0) = driver::import_counts();
@@ -482,10 +488,7 @@ fn cuda_engine_and_client_lock_step() {
 /// allocation granularity (2 MiB).
 #[test]
 fn cuda_attach_close_cycles_do_not_leak() {
-    if is_child() || std::env::var_os("ROLE").is_some() {
-        return;
-    }
-    let Some((_, ctx)) = gpu("cuda_attach_close_cycles_do_not_leak") else {
+    let Some((_, ctx)) = parent_gpu("cuda_attach_close_cycles_do_not_leak") else {
         return;
     };
     let engine = EngineChild::spawn("cycles");
@@ -517,10 +520,7 @@ fn cuda_attach_close_cycles_do_not_leak() {
 /// step is PeerDied, and closing it closes its handles without crashing.
 #[test]
 fn cuda_engine_killed_while_client_holds_pointers() {
-    if is_child() || std::env::var_os("ROLE").is_some() {
-        return;
-    }
-    let Some((_, ctx)) = gpu("cuda_engine_killed_while_client_holds_pointers") else {
+    let Some((_, ctx)) = parent_gpu("cuda_engine_killed_while_client_holds_pointers") else {
         return;
     };
     let (opens0, closes0) = driver::import_counts();
@@ -649,10 +649,7 @@ use shmbridge::envs::null::{pattern, pattern_u8};
 
 /// Whether `shmbridge engine --device cuda` can run here: CUDA usable and NVRTC loadable.
 fn gpu_engines(test: &str) -> bool {
-    if is_child() || std::env::var_os("ROLE").is_some() {
-        return false;
-    }
-    let Some((d, _ctx)) = gpu(test) else {
+    let Some((d, _ctx)) = parent_gpu(test) else {
         return false;
     };
     match driver::compile(d, "empty.cu", "extern \"C\" __global__ void k() {}", &[]) {
