@@ -29,7 +29,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::envs::{self, EnvOptions};
 use crate::error::{Error, Peer};
-use crate::layout::{DType, Direction, TensorInfo};
+use crate::layout::{DType, TensorInfo};
 use crate::region::{self, Region};
 use crate::{AttachOptions, Client, WaitPolicy};
 
@@ -222,17 +222,13 @@ impl PyTensor {
             .iter()
             .enumerate()
             .map(|(i, info)| {
-                let writer = match info.direction {
-                    Direction::EngineToClient => Peer::Engine,
-                    Direction::ClientToEngine => Peer::Client,
-                };
                 Py::new(
                     py,
                     PyTensor {
                         region: Arc::clone(region),
                         info: info.clone(),
                         shape: info.shape.iter().map(|&d| d as i64).collect(),
-                        writable: writer == side,
+                        writable: info.direction.writer() == side,
                         place: place(i, info).py_err(py)?,
                     },
                 )
@@ -671,20 +667,9 @@ impl PyClient {
         actions: &Bound<'_, PyAny>,
         stream: Option<u64>,
     ) -> PyResult<()> {
-        let index = self.actions_index.ok_or_else(|| {
-            to_pyerr(
-                py,
-                Error::NoSuchTensor {
-                    name: "actions".into(),
-                    available: self
-                        .tensors
-                        .iter()
-                        .map(|t| t.get().info.name.clone())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                },
-            )
-        })?;
+        let index = self
+            .actions_index
+            .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
         let target = self.tensors[index].get();
         // `client.step(client.actions)`: already in place.
         if let Ok(t) = actions.cast::<PyTensor>() {
@@ -852,17 +837,22 @@ impl PyClient {
 
 /// The tensor called `name`, or `NoSuchTensorError` listing the names there are.
 fn tensor_named(py: Python<'_>, tensors: &[Py<PyTensor>], name: &str) -> PyResult<Py<PyTensor>> {
-    if let Some(t) = tensors.iter().find(|t| t.get().info.name == name) {
-        return Ok(t.clone_ref(py));
+    match tensors.iter().find(|t| t.get().info.name == name) {
+        Some(t) => Ok(t.clone_ref(py)),
+        None => Err(no_such_tensor(py, tensors, name)),
     }
+}
+
+/// `NoSuchTensorError` for `name`, listing the names of `tensors`.
+fn no_such_tensor(py: Python<'_>, tensors: &[Py<PyTensor>], name: &str) -> PyErr {
     let available: Vec<&str> = tensors.iter().map(|t| t.get().info.name.as_str()).collect();
-    Err(to_pyerr(
+    to_pyerr(
         py,
         Error::NoSuchTensor {
             name: name.to_string(),
             available: available.join(", "),
         },
-    ))
+    )
 }
 
 fn closed_err(py: Python<'_>) -> PyErr {
