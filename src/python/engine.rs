@@ -21,8 +21,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::{
-    duration, numpy_name, tensor_named, to_pyerr, wait_policy, IntoPy, Place, PyTensor,
-    SIGNAL_SLICE,
+    duration, next_slice, numpy_name, tensor_named, to_pyerr, wait_policy, IntoPy, Place, PyTensor,
 };
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::{Engine, EngineSpec};
@@ -429,12 +428,7 @@ impl PyEngine {
             raised: None,
         };
         loop {
-            let slice = match deadline {
-                Some(d) => d
-                    .saturating_duration_since(Instant::now())
-                    .min(SIGNAL_SLICE),
-                None => SIGNAL_SLICE,
-            };
+            let slice = next_slice(deadline);
             let got = py.detach(|| engine.wait_actions_with(slice, &mut adapter));
             if let Some(e) = adapter.raised.take() {
                 return Err(e);

@@ -37,6 +37,16 @@ use crate::{AttachOptions, Client, WaitPolicy};
 /// (Ctrl-C): the latency of `KeyboardInterrupt` during a long `step()`.
 const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 
+/// The next native wait: [`SIGNAL_SLICE`], or less when `deadline` comes sooner.
+fn next_slice(deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(d) => d
+            .saturating_duration_since(Instant::now())
+            .min(SIGNAL_SLICE),
+        None => SIGNAL_SLICE,
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Errors
 
@@ -621,13 +631,7 @@ impl PyClient {
         timeout: Duration,
     ) -> PyResult<()> {
         loop {
-            let slice = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    left.min(SIGNAL_SLICE)
-                }
-                None => SIGNAL_SLICE,
-            };
+            let slice = next_slice(deadline);
             let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
             match py.detach(|| client.wait_frame(slice)) {
                 Ok(_) => {
@@ -1141,12 +1145,7 @@ impl PyClient {
             let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
             self.copy_actions(py, client, a, cuda_stream)?;
         }
-        let first = match deadline {
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(SIGNAL_SLICE),
-            None => SIGNAL_SLICE,
-        };
+        let first = next_slice(deadline);
         let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
         match py.detach(|| step_on(client, cuda_stream, first)) {
             Ok(_) => {}
