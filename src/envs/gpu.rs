@@ -60,11 +60,11 @@ fn load(ordinal: i32, file: &str, source: &str) -> Result<(Arc<PrimaryContext>, 
 }
 
 /// `spec` with every tensor on CUDA device `ordinal`.
-fn on_device(spec: EngineSpec, ordinal: i32) -> EngineSpec {
-    let names: Vec<String> = spec.tensors.iter().map(|t| t.name.clone()).collect();
-    names
-        .iter()
-        .fold(spec, |spec, name| spec.place(name, Device::Cuda(ordinal)))
+fn on_device(mut spec: EngineSpec, ordinal: i32) -> EngineSpec {
+    for t in &mut spec.tensors {
+        t.device = Device::Cuda(ordinal);
+    }
+    spec
 }
 
 /// The engine's stream, where a frame's (or a command's) kernels go.
