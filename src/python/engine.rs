@@ -386,7 +386,6 @@ impl PyEngine {
         let layout = engine.layout().clone();
         // An engine written in Python serves host tensors (its EngineSpec has no device).
         let tensors = PyTensor::all(py, &region, &layout, Peer::Engine, |_, _| Ok(Place::Host))?;
-        let region = Arc::clone(&region);
         Ok(PyEngine {
             name: engine.name().to_string(),
             kind: layout.engine_kind.clone(),
