@@ -32,20 +32,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cpu, cuda, cuda:N or auto (CUDA when usable, else host memory)")
     a = p.parse_args(argv)
     try:
-        steps = _native.run_engine(
-            env=a.env,
-            num_envs=a.num_envs,
-            name=a.name,
-            obs_dim=a.obs_dim,
-            act_dim=a.act_dim,
-            sparse=a.sparse,
-            seed=a.seed,
-            spin_us=a.spin_us,
-            blocking=a.blocking,
-            idle_timeout=a.idle_timeout,
-            image=a.image,
-            device=a.device,
-        )
+        # Every option is a keyword argument of run_engine, under the same name.
+        steps = _native.run_engine(**vars(a))
     except Exception as e:  # noqa: BLE001 - report any failure like the CLI does
         print(f"shmbridge: error: {e}", file=sys.stderr, flush=True)
         return 1
