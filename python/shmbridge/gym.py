@@ -123,6 +123,13 @@ def _box(dtype: np.dtype, shape: Tuple[int, ...], low: Any = None, high: Any = N
     return spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
 
 
+def _read_only_view(client: Client, name: str) -> np.ndarray:
+    """A read-only NumPy view (never a copy) of the client's tensor ``name``."""
+    view = np.asarray(client[name])
+    view.flags.writeable = False
+    return view
+
+
 class ShmVectorEnv(VectorEnv):
     """A :class:`gymnasium.vector.VectorEnv` whose environments run in a shmbridge engine.
 
@@ -268,11 +275,9 @@ class ShmVectorEnv(VectorEnv):
         self.render_mode = None
 
         # Persistent views of the shared tensors (never copies).
-        self._views: Dict[str, np.ndarray] = {}
-        for name in ("obs", "rewards", "terminated", "truncated"):
-            view = np.asarray(client[name])
-            view.flags.writeable = False
-            self._views[name] = view
+        self._views: Dict[str, np.ndarray] = {
+            name: _read_only_view(client, name) for name in ("obs", "rewards", "terminated", "truncated")
+        }
         self._actions_view = np.asarray(client.actions)
         if self._actions_view.shape != tuple(act_t["shape"]):
             raise ValueError(f"actions tensor has shape {self._actions_view.shape}, schema says {act_t['shape']}")
@@ -293,9 +298,7 @@ class ShmVectorEnv(VectorEnv):
                     f"{tuple(final_t['shape'])} {final_t['direction']}, the observations "
                     f"{obs_t['dtype']} {tuple(obs_t['shape'])} {obs_t['direction']}"
                 )
-            view = np.asarray(client[final_name])
-            view.flags.writeable = False
-            self._final_view = view
+            self._final_view = _read_only_view(client, final_name)
 
     # --- properties ----------------------------------------------------------------------
 
