@@ -662,32 +662,6 @@ fn gpu_engines(test: &str) -> bool {
     }
 }
 
-/// `shmbridge engine ARGS...`; the engine's stderr in the panic message if it does not
-/// serve.
-fn start_engine(args: &[&str]) -> common::EngineProc {
-    let mut child = Command::new(common::BIN)
-        .arg("engine")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let name = line.trim().to_string();
-    if name.is_empty() {
-        let out = child.wait_with_output().unwrap();
-        panic!(
-            "engine {args:?} did not serve ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    common::EngineProc { child, name }
-}
-
 /// Closes the client and checks that the engine ended well and logged its device.
 fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
     client.close();
@@ -830,7 +804,8 @@ fn gpu_null_engine_serves_the_cpu_pattern() {
     ];
     for (args, sparse) in configs {
         let what = format!("{args:?}");
-        let engine = start_engine(&[&["--env", "null", "--device", "cuda"], args].concat());
+        let engine =
+            common::EngineProc::start(&[&["--env", "null", "--device", "cuda"], args].concat());
         let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
         for t in &client.layout().tensors {
             assert_eq!(t.location, shmbridge::Location::Cuda, "{what}: {}", t.name);
@@ -895,8 +870,8 @@ impl CartPair {
     fn start(n: usize, seed: u64) -> CartPair {
         let (ns, ss) = (n.to_string(), seed.to_string());
         let args = ["--env", "cartpole", "--num-envs", &ns, "--seed", &ss];
-        let g = start_engine(&[&args[..], &["--device", "cuda"]].concat());
-        let c = start_engine(&args);
+        let g = common::EngineProc::start(&[&args[..], &["--device", "cuda"]].concat());
+        let c = common::EngineProc::start(&args);
         let gpu = Client::attach(&g.name, AttachOptions::default()).unwrap();
         let cpu = Client::attach(&c.name, AttachOptions::default()).unwrap();
         assert!(gpu.layout().has_cuda() && !cpu.layout().has_cuda());

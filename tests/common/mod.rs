@@ -15,7 +15,7 @@ pub struct EngineProc {
 
 impl EngineProc {
     /// Starts `shmbridge engine ARGS...` and reads the region name it prints once frame 0
-    /// is published.
+    /// is published; the engine's stderr in the panic message if it does not serve.
     pub fn start(args: &[&str]) -> EngineProc {
         let mut child = Command::new(BIN)
             .arg("engine")
@@ -29,6 +29,14 @@ impl EngineProc {
             .read_line(&mut line)
             .expect("read region name");
         let name = line.trim().to_string();
+        if name.is_empty() {
+            let out = child.wait_with_output().expect("wait engine");
+            panic!(
+                "engine {args:?} did not serve ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         assert!(name.starts_with("shmbridge-"), "engine printed {line:?}");
         EngineProc { child, name }
     }
