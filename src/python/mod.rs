@@ -25,6 +25,7 @@ use dlpark::python::{DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::envs::{self, EnvOptions};
@@ -577,6 +578,10 @@ pub struct PyClient {
     device: String,
     /// N of `"cuda:N"`; `None` for a host client.
     cuda_ordinal: Option<i32>,
+    /// The `torch.cuda` module, once torch has initialised CUDA in this process (it
+    /// stays initialised): [`consumer_stream`](Self::consumer_stream) then skips the
+    /// lookup and the check on every step.
+    torch_cuda: PyOnceLock<Py<PyAny>>,
     tensors: Vec<Py<PyTensor>>,
     actions_index: Option<usize>,
     step_outputs: Option<Py<PyTuple>>,
@@ -777,15 +782,32 @@ impl PyClient {
         if let Some(s) = stream.filter(|s| !s.is_none()) {
             return stream_handle(s).map(Some);
         }
-        let torch = py.import("sys")?.getattr("modules")?.get_item("torch").ok();
-        if let Some(torch) = torch {
-            let cuda = torch.getattr("cuda")?;
-            if cuda.call_method0("is_initialized")?.is_truthy()? {
-                let current = cuda.call_method1("current_stream", (ordinal,))?;
-                return stream_handle(&current).map(Some);
-            }
+        if let Some(cuda) = self.torch_cuda(py)? {
+            let current = cuda.call_method1("current_stream", (ordinal,))?;
+            return stream_handle(&current).map(Some);
         }
         Ok(Some(1))
+    }
+
+    /// `torch.cuda` if torch is imported and has initialised CUDA; looked up on each
+    /// call until it has, then kept.
+    fn torch_cuda<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some(cuda) = self.torch_cuda.get(py) {
+            return Ok(Some(cuda.bind(py).clone()));
+        }
+        let Ok(torch) = py.import("sys")?.getattr("modules")?.get_item("torch") else {
+            return Ok(None);
+        };
+        let cuda = torch.getattr("cuda")?;
+        if !cuda.call_method0("is_initialized")?.is_truthy()? {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.torch_cuda
+                .get_or_init(py, || cuda.unbind())
+                .bind(py)
+                .clone(),
+        ))
     }
 
     /// Runs a command-channel call without the GIL, with Ctrl-C checked at every sleep
@@ -1099,6 +1121,7 @@ impl PyClient {
             engine_pid: layout.engine_pid,
             device,
             cuda_ordinal,
+            torch_cuda: PyOnceLock::new(),
             actions_index: find("actions"),
             tensors,
             step_outputs,
