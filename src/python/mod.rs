@@ -568,7 +568,8 @@ struct Core {
 pub struct PyClient {
     core: Mutex<Core>,
     /// Set by `close()` before it takes the lock: a step waiting in another thread
-    /// gives up at its next slice instead of keeping `close()` waiting.
+    /// gives up at its next slice instead of keeping `close()` waiting. Also the
+    /// `closed` property (only `close()` takes the client away).
     closing: AtomicBool,
     name: String,
     num_envs: usize,
@@ -1345,9 +1346,11 @@ impl PyClient {
         self.run_on_close(py)
     }
 
+    /// Whether `close()` was called (read without the lock, which a step in another
+    /// thread holds while it waits, and without waiting for that step).
     #[getter]
     fn closed(&self) -> bool {
-        self.core.lock().map(|c| c.client.is_none()).unwrap_or(true)
+        self.closing.load(Ordering::Acquire)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

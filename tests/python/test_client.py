@@ -367,6 +367,19 @@ def test_close_from_another_thread_ends_a_step_in_progress():
         assert c.closed
 
 
+def test_closed_and_repr_answer_while_a_step_waits_in_another_thread():
+    spec = shmbridge.EngineSpec.standard("silent", 2, obs_dim=1, act_dim=1)
+    with shmbridge.Engine(spec) as engine:
+        engine.publish()
+        with shmbridge.attach(engine.name) as c:
+            seen = []
+            t = _when_busy(c, lambda: seen.append((c.closed, repr(c))))
+            with pytest.raises(shmbridge.TimeoutError):
+                c.step(timeout=1)  # `closed` once waited for the step's lock, holding the GIL
+            t.join()
+            assert seen == [(False, repr(c))]
+
+
 def test_launch_refuses_unknown_engine_options_before_starting_anything():
     before = set(shmbridge.list_regions())
     with pytest.raises(TypeError, match=r"unknown engine options \['sed'\]"):
