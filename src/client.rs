@@ -1,15 +1,15 @@
 //! The client's side: attach to a region by name, read frames, write actions, `step()`.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, Reply};
+use crate::control::EngineState;
 use crate::error::{Error, Peer, Result};
+use crate::layout::Layout;
 use crate::layout::TensorKey;
-use crate::layout::{offsets, state, Layout};
 use crate::os;
 use crate::region::{self, Region};
-use crate::sync::{self, Doorbell, SharedSeq, WaitPolicy};
+use crate::sync::{self, WaitPolicy};
 use crate::tensor::{Element, Tensors};
 use crate::wire::{Body, Envelope, Kind, Method};
 
@@ -122,70 +122,16 @@ impl Client {
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        // Claim the slot by moving client_state to CLAIMING, write pid and start time,
-        // then ATTACHED with Release: an engine that sees ATTACHED also sees who it is.
-        let slot = region.u32_at(offsets::CLIENT_STATE);
-        loop {
-            let st = slot.load(Ordering::Acquire);
-            let free = match st {
-                state::NONE | state::CLOSED | state::INVALIDATED => true,
-                state::ATTACHED => {
-                    let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
-                    let start = region
-                        .u64_at(offsets::CLIENT_START_TIME)
-                        .load(Ordering::Relaxed);
-                    if os::process_alive(pid, start) {
-                        return Err(Error::AlreadyAttached { name, pid });
-                    }
-                    true
-                }
-                _ => {
-                    let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
-                    return Err(Error::AlreadyAttached { name, pid });
-                }
-            };
-            if free
-                && slot
-                    .compare_exchange(st, state::CLAIMING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                break;
-            }
-        }
-        region
-            .u32_at(offsets::CLIENT_PID)
-            .store(me, Ordering::Relaxed);
-        region
-            .u64_at(offsets::CLIENT_START_TIME)
-            .store(my_start, Ordering::Relaxed);
-        // CUDA (1.2): the client event's handle is written during the claim and published
-        // by ATTACHED; `client_cuda_state = OPEN` goes before any handle is opened. The
-        // SeqCst store of OPEN and load of `engine_state` pair with the engine's SeqCst
-        // store of CLOSED and load of `client_cuda_state` when it closes: either the
-        // engine sees OPEN (and does not free under us) or we see CLOSED (and open
-        // nothing).
+        // Claim the slot (CLAIMING, then pid and start time), publish the event handle
+        // of a device backend, then ATTACHED with Release: an engine that sees ATTACHED
+        // also sees who it is.
+        let control = region.control();
+        control.claim_client(&name, me, my_start)?;
         #[cfg(feature = "cuda")]
         if let Some(c) = &cuda {
-            let handle = c.handle();
-            for (i, chunk) in handle.chunks_exact(8).enumerate() {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(chunk);
-                region
-                    .u64_at(offsets::CLIENT_EVENT_HANDLE + 8 * i)
-                    .store(u64::from_le_bytes(w), Ordering::Relaxed);
-            }
-            region
-                .u32_at(offsets::CLIENT_CUDA_STATE)
-                .store(crate::layout::cuda_state::OPEN, Ordering::SeqCst);
-            if region.u32_at(offsets::ENGINE_STATE).load(Ordering::SeqCst) == state::CLOSED {
-                region
-                    .u32_at(offsets::CLIENT_CUDA_STATE)
-                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
-                slot.store(state::CLOSED, Ordering::Release);
-                return Err(Error::PeerClosed { peer: Peer::Engine });
-            }
+            control.publish_client_event(&c.handle())?;
         }
-        slot.store(state::ATTACHED, Ordering::Release);
+        control.attach_client();
         let mut client = Client {
             region,
             layout,
@@ -214,8 +160,8 @@ impl Client {
         let mut backoff = crate::sync::Backoff::default();
         loop {
             match client.engine_state() {
-                state::READY => break,
-                state::CLOSED => return Err(Error::PeerClosed { peer: Peer::Engine }),
+                EngineState::Ready => break,
+                EngineState::Closed => return Err(Error::PeerClosed { peer: Peer::Engine }),
                 _ => {}
             }
             client.check_engine()?;
@@ -227,14 +173,7 @@ impl Client {
             }
             backoff.snooze();
         }
-        let frame = client
-            .region
-            .u64_at(offsets::FRAME_SEQ)
-            .load(Ordering::Acquire);
-        let action = client
-            .region
-            .u64_at(offsets::ACTION_SEQ)
-            .load(Ordering::Acquire);
+        let (action, frame) = client.counters();
         if action != frame {
             return Err(Error::Protocol {
                 peer: Peer::Client,
@@ -247,14 +186,7 @@ impl Client {
         client.frame = frame;
         // Discard replies left in the ring for an earlier client (we are its consumer).
         if client.layout.rings.is_some() {
-            let head = client
-                .region
-                .u64_at(offsets::E2C_HEAD)
-                .load(Ordering::Acquire);
-            client
-                .region
-                .u64_at(offsets::E2C_TAIL)
-                .store(head, Ordering::Release);
+            client.region.control().discard_replies();
         }
         Ok(client)
     }
@@ -364,27 +296,18 @@ impl Client {
 
     /// The live `(action_seq, frame_seq)` counters of the region.
     pub fn counters(&self) -> (u64, u64) {
-        (
-            self.region
-                .u64_at(offsets::ACTION_SEQ)
-                .load(Ordering::Acquire),
-            self.region
-                .u64_at(offsets::FRAME_SEQ)
-                .load(Ordering::Acquire),
-        )
+        self.region.control().counters()
     }
 
-    fn engine_state(&self) -> u32 {
-        self.region
-            .u32_at(offsets::ENGINE_STATE)
-            .load(Ordering::Acquire)
+    fn engine_state(&self) -> EngineState {
+        self.region.control().engine_state()
     }
 
     fn check_engine(&self) -> Result<()> {
         if let Some(interrupt) = &self.interrupt {
             interrupt()?;
         }
-        if self.engine_state() == state::CLOSED {
+        if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
         if !os::process_alive(self.layout.engine_pid, self.layout.engine_start_time) {
@@ -397,22 +320,6 @@ impl Client {
             });
         }
         Ok(())
-    }
-
-    fn seqs(&self) -> (SharedSeq<'_>, SharedSeq<'_>) {
-        let r = &self.region;
-        (
-            SharedSeq {
-                counter: r.u64_at(offsets::ACTION_SEQ),
-                low: r.low_u32_of(offsets::ACTION_SEQ),
-                waiting: r.u32_at(offsets::ENGINE_WAITING),
-            },
-            SharedSeq {
-                counter: r.u64_at(offsets::FRAME_SEQ),
-                low: r.low_u32_of(offsets::FRAME_SEQ),
-                waiting: r.u32_at(offsets::CLIENT_WAITING),
-            },
-        )
     }
 
     /// Sends the actions (and reset mask) written into the client→engine tensors and waits
@@ -441,7 +348,7 @@ impl Client {
                 "the previous step's frame has not arrived; call wait_frame() first",
             ));
         }
-        if self.engine_state() == state::CLOSED {
+        if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
         Ok(())
@@ -451,14 +358,9 @@ impl Client {
         self.action += 1;
         if self.layout.version.1 >= 1 {
             // 1.1 engines sleep on the doorbell, which wakes them for commands too.
-            let bell = Doorbell {
-                action_seq: Some(self.region.u64_at(offsets::ACTION_SEQ)),
-                ..Doorbell::of(&self.region)
-            };
-            sync::post(&bell, self.action);
+            sync::post(&self.region.control().doorbell_with_action(), self.action);
         } else {
-            let (action_seq, _) = self.seqs();
-            sync::post(&action_seq, self.action);
+            sync::post(&self.region.control().action_seq(), self.action);
         }
         self.wait_frame(timeout)
     }
@@ -469,9 +371,8 @@ impl Client {
             return Err(Error::Closed(Peer::Client));
         }
         let target = self.action;
-        let (_, frame_seq) = self.seqs();
         let seen = sync::wait_for(
-            &frame_seq,
+            &self.region.control().frame_seq(),
             target,
             self.policy,
             timeout,
@@ -687,20 +588,11 @@ impl Client {
                 }
             });
             if released {
-                self.region
-                    .u32_at(offsets::CLIENT_CUDA_STATE)
-                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
+                self.region.control().acknowledge_device_release();
             }
             client_event = own_event;
         }
-        self.region
-            .u32_at(offsets::CLIENT_STATE)
-            .store(state::CLOSED, Ordering::SeqCst);
-        // Wake an engine asleep on its doorbell (1.1), its action counter (1.0), or on
-        // room for a reply.
-        os::futex_wake_all(self.region.u32_at(offsets::ENGINE_DOORBELL));
-        os::futex_wake_all(self.region.low_u32_of(offsets::ACTION_SEQ));
-        os::futex_wake_all(self.region.low_u32_of(offsets::E2C_TAIL));
+        self.region.control().close_client();
         #[cfg(feature = "cuda")]
         drop(client_event);
     }

@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use crate::error::{Error, Peer, Result};
-use crate::layout::{offsets, Layout};
+use crate::layout::Layout;
 use crate::region::Region;
 use crate::ring::{Ring, RingCtrl};
+use crate::sync;
 use crate::tensor::Tensors;
 use crate::wire::{self, code, Body, Envelope, Kind, Method};
 
@@ -129,20 +130,8 @@ pub(crate) fn channel<'a>(region: &'a Region, layout: &Layout) -> Result<Option<
     let Some(rings) = layout.rings else {
         return Ok(None);
     };
-    let ring = |head: usize,
-                tail: usize,
-                consumer: usize,
-                producer: usize,
-                (offset, cap): (u64, u64),
-                who: Peer| {
-        let ctrl = RingCtrl {
-            head: region.u64_at(head),
-            tail: region.u64_at(tail),
-            head_low: region.low_u32_of(head),
-            tail_low: region.low_u32_of(tail),
-            consumer_waiting: region.u32_at(consumer),
-            producer_waiting: region.u32_at(producer),
-        };
+    let control = region.control();
+    let ring = |ctrl: RingCtrl<'a>, (offset, cap): (u64, u64), who: Peer| {
         // SAFETY: validation (or the builder, for the engine) checked that
         // `offset..offset + cap` lies inside the mapping, page-aligned, overlapping no
         // tensor and not the other ring; the mapping outlives `'a` (borrowed from
@@ -150,28 +139,14 @@ pub(crate) fn channel<'a>(region: &'a Region, layout: &Layout) -> Result<Option<
         unsafe { Ring::new(ctrl, region.ptr().add(offset as usize), cap, who) }
     };
     Ok(Some(Channel {
-        c2e: ring(
-            offsets::C2E_HEAD,
-            offsets::C2E_TAIL,
-            offsets::C2E_CONSUMER_WAITING,
-            offsets::C2E_PRODUCER_WAITING,
-            rings.c2e,
-            Peer::Client,
-        )?,
-        e2c: ring(
-            offsets::E2C_HEAD,
-            offsets::E2C_TAIL,
-            offsets::E2C_CONSUMER_WAITING,
-            offsets::E2C_PRODUCER_WAITING,
-            rings.e2c,
-            Peer::Engine,
-        )?,
+        c2e: ring(control.c2e_ring(), rings.c2e, Peer::Client)?,
+        e2c: ring(control.e2c_ring(), rings.e2c, Peer::Engine)?,
     }))
 }
 
 /// Rings the engine's doorbell after a command push.
 pub(crate) fn ring_doorbell(region: &Region) {
-    crate::sync::post(&crate::sync::Doorbell::of(region), 0);
+    sync::post(&region.control().doorbell(), 0);
 }
 
 /// How long the engine waits for room in the reply ring before giving up on a reply.

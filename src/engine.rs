@@ -1,16 +1,16 @@
 //! The engine's side: create a region, publish frame 0, then loop
 //! `wait_actions()` → step → `publish()`.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
+use crate::control::{ClientState, Control};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
-use crate::layout::{offsets, state, DType, Direction, HeaderBuilder, Layout, TensorSpec};
+use crate::layout::{DType, Direction, HeaderBuilder, Layout, TensorSpec};
 use crate::os;
 use crate::region::{self, Region};
-use crate::sync::{self, Doorbell, SharedSeq, WaitPolicy};
+use crate::sync::{self, WaitPolicy};
 use crate::tensor::{Element, Tensors};
 use crate::wire::{self, Envelope};
 
@@ -144,46 +144,6 @@ pub struct Engine {
     cuda_release: crate::cuda::CudaRelease,
 }
 
-/// The attached client's pid, start time and CUDA event handle, read seqlock-style: the
-/// client writes them while `client_state = CLAIMING` and publishes them with its
-/// Release store of `ATTACHED`. Read `client_state` (Acquire), then the fields, then
-/// (after an Acquire fence) `client_state` and `client_pid` again, and retry if either
-/// changed; `None` when no client is attached. A re-attach by the same process between
-/// the two reads is not detected (same state, same pid): the handle could then mix two
-/// events, and opening it fails with a driver error rather than anything undefined.
-pub fn read_client_event(region: &Region) -> Option<crate::layout::ClientEventHandle> {
-    use std::sync::atomic::fence;
-    let st = region.u32_at(offsets::CLIENT_STATE);
-    let pid_word = region.u32_at(offsets::CLIENT_PID);
-    for _ in 0..1000 {
-        let s1 = st.load(Ordering::Acquire);
-        if s1 != state::ATTACHED {
-            return None;
-        }
-        let pid = pid_word.load(Ordering::Relaxed);
-        let start_time = region
-            .u64_at(offsets::CLIENT_START_TIME)
-            .load(Ordering::Relaxed);
-        let mut handle = [0u8; 64];
-        for (i, chunk) in handle.chunks_exact_mut(8).enumerate() {
-            let w = region
-                .u64_at(offsets::CLIENT_EVENT_HANDLE + 8 * i)
-                .load(Ordering::Relaxed);
-            chunk.copy_from_slice(&w.to_le_bytes());
-        }
-        fence(Ordering::Acquire);
-        if st.load(Ordering::Relaxed) == s1 && pid_word.load(Ordering::Relaxed) == pid {
-            return Some(crate::layout::ClientEventHandle {
-                pid,
-                start_time,
-                handle,
-            });
-        }
-        std::hint::spin_loop();
-    }
-    None
-}
-
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
@@ -217,9 +177,7 @@ impl Engine {
         };
         let region = Region::create(&name, &builder)?;
         let pid = os::current_pid();
-        let start = region
-            .u64_at(offsets::ENGINE_START_TIME)
-            .load(Ordering::Relaxed);
+        let start = region.control().engine_start_time();
         let layout = Layout {
             version: (builder.header.version_major, builder.header.version_minor),
             header_size: builder.header.header_size as u64,
@@ -315,9 +273,15 @@ impl Engine {
         c.ptr(t)
     }
 
-    /// The attached client's pid, start time and event handle ([`read_client_event`]).
+    /// The attached client's pid, start time and event handle
+    /// ([`Control::read_client_event`]).
     pub fn client_event(&self) -> Option<crate::layout::ClientEventHandle> {
-        read_client_event(&self.region)
+        self.control().read_client_event()
+    }
+
+    /// The typed view of the region's live control block.
+    pub fn control(&self) -> Control<'_> {
+        self.region.control()
     }
 
     /// Records the engine's event after the frame's kernels (CUDA engines only).
@@ -329,63 +293,14 @@ impl Engine {
         Ok(())
     }
 
-    fn frame_seq(&self) -> SharedSeq<'_> {
-        SharedSeq {
-            counter: self.region.u64_at(offsets::FRAME_SEQ),
-            low: self.region.low_u32_of(offsets::FRAME_SEQ),
-            waiting: self.region.u32_at(offsets::CLIENT_WAITING),
-        }
-    }
-
     /// Whether a client is attached now.
     pub fn client_attached(&self) -> bool {
-        self.region
-            .u32_at(offsets::CLIENT_STATE)
-            .load(Ordering::Acquire)
-            == state::ATTACHED
+        self.control().client_state() == ClientState::Attached
     }
 
     /// The client's state as an error, if it is gone.
     fn check_client(&self) -> Result<()> {
-        let st = self
-            .region
-            .u32_at(offsets::CLIENT_STATE)
-            .load(Ordering::Acquire);
-        match st {
-            state::CLOSED => Err(Error::PeerClosed { peer: Peer::Client }),
-            state::INVALIDATED => Err(Error::PeerDied {
-                peer: Peer::Client,
-                pid: self
-                    .region
-                    .u32_at(offsets::CLIENT_PID)
-                    .load(Ordering::Relaxed),
-                hint: "it was declared dead earlier",
-            }),
-            state::ATTACHED => {
-                let pid = self
-                    .region
-                    .u32_at(offsets::CLIENT_PID)
-                    .load(Ordering::Relaxed);
-                let start = self
-                    .region
-                    .u64_at(offsets::CLIENT_START_TIME)
-                    .load(Ordering::Relaxed);
-                if os::process_alive(pid, start) {
-                    Ok(())
-                } else {
-                    // Free the slot so another client may attach.
-                    self.region
-                        .u32_at(offsets::CLIENT_STATE)
-                        .store(state::INVALIDATED, Ordering::Release);
-                    Err(Error::PeerDied {
-                        peer: Peer::Client,
-                        pid,
-                        hint: "the learner process exited without closing; restart it",
-                    })
-                }
-            }
-            _ => Ok(()),
-        }
+        self.control().check_client()
     }
 
     /// Publishes the frame for the action last received: observations and the other
@@ -399,9 +314,7 @@ impl Engine {
             // Frame 0 on the device is complete once the event fires: record before READY.
             self.record_frame()?;
             self.ready = true;
-            self.region
-                .u32_at(offsets::ENGINE_STATE)
-                .store(state::READY, Ordering::Release);
+            self.control().set_engine_ready();
             return Ok(0);
         }
         if self.action == self.frame {
@@ -412,7 +325,7 @@ impl Engine {
         // The frame's kernels are on the engine stream: record after them, then post.
         self.record_frame()?;
         self.frame = self.action;
-        sync::post(&self.frame_seq(), self.frame);
+        sync::post(&self.control().frame_seq(), self.frame);
         Ok(self.frame)
     }
 
@@ -450,20 +363,16 @@ impl Engine {
         let target = self.frame + 1;
         let start = Instant::now();
         let seen = loop {
-            let action_seq = self.region.u64_at(offsets::ACTION_SEQ);
-            let (c2e_head, c2e_tail) = (
-                self.region.u64_at(offsets::C2E_HEAD),
-                self.region.u64_at(offsets::C2E_TAIL),
-            );
+            let control = self.control();
+            let action_seq = control.action_seq().counter;
             let has_rings = self.layout.rings.is_some();
             let woke = sync::wait_until(
-                &Doorbell::of(&self.region),
+                &control.doorbell(),
                 |order| {
                     let a = action_seq.load(order);
                     if a >= target {
                         Some(Some(a))
-                    } else if has_rings && c2e_head.load(order) != c2e_tail.load(Ordering::Relaxed)
-                    {
+                    } else if has_rings && control.request_pending(order) {
                         Some(None)
                     } else {
                         None
@@ -507,7 +416,7 @@ impl Engine {
         // posting; the engine stream waits on it before any kernel reads them.
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.as_mut() {
-            c.wait_client(read_client_event(&self.region))?;
+            c.wait_client(self.region.control().read_client_event())?;
         }
         self.action = seen;
         Ok(seen)
@@ -534,7 +443,8 @@ impl Engine {
             // pop is Acquire), so the engine's stream waits on it before the answer.
             #[cfg(feature = "cuda")]
             if let Some(c) = self.cuda.as_mut() {
-                if let Err(e) = c.wait_client_for_command(read_client_event(&self.region)) {
+                if let Err(e) = c.wait_client_for_command(self.region.control().read_client_event())
+                {
                     break Err(e);
                 }
             }
@@ -645,31 +555,18 @@ impl Engine {
             return;
         }
         self.closed = true;
-        self.region
-            .u32_at(offsets::ENGINE_STATE)
-            .store(state::CLOSED, Ordering::SeqCst);
-        // Wake a client asleep on a frame, on a reply, or on room for a request.
-        for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
-            os::futex_wake_all(self.region.low_u32_of(word));
-        }
+        self.region.control().close_engine();
         // Exported memory: freed only when no live client holds it open. The SeqCst
         // store of CLOSED above and the SeqCst load of `client_cuda_state` here pair
         // with the client's SeqCst store of OPEN and load of `engine_state` at attach:
         // either it sees CLOSED and opens nothing, or we see OPEN.
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.take() {
-            let region = &self.region;
-            let may_free = || {
-                let st = region
-                    .u32_at(offsets::CLIENT_CUDA_STATE)
-                    .load(Ordering::SeqCst);
-                let pid = region.u32_at(offsets::CLIENT_PID).load(Ordering::Relaxed);
-                let start = region
-                    .u64_at(offsets::CLIENT_START_TIME)
-                    .load(Ordering::Relaxed);
-                crate::cuda::engine_may_free(st, os::process_alive(pid, start))
-            };
-            self.cuda_release = c.release(may_free, crate::cuda::ipc::RELEASE_WAIT);
+            let control = self.region.control();
+            self.cuda_release = c.release(
+                || control.device_memory_may_be_freed(),
+                crate::cuda::ipc::RELEASE_WAIT,
+            );
         }
     }
 }

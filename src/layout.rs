@@ -37,42 +37,8 @@ pub const CUDA_EXPORT_GRANULARITY: u64 = 2 << 20;
 /// Tensors at least this large start on a page boundary.
 pub const PAGE: u64 = 4096;
 
-/// Engine/client states stored in `engine_state` / `client_state`.
-pub mod state {
-    /// Engine: created, frame 0 not yet published. Client: none attached.
-    pub const STARTING: u32 = 0;
-    pub const NONE: u32 = 0;
-    /// Engine: frame 0 published, serving. Client: attached.
-    pub const READY: u32 = 1;
-    pub const ATTACHED: u32 = 1;
-    /// Closed cleanly.
-    pub const CLOSED: u32 = 2;
-    /// Declared dead by its peer (the engine marks a dead client so the slot frees up).
-    pub const INVALIDATED: u32 = 3;
-    /// Client only: a client is claiming the slot (writing its pid and start time).
-    pub const CLAIMING: u32 = 4;
-
-    pub fn engine_name(s: u32) -> &'static str {
-        match s {
-            STARTING => "starting",
-            READY => "ready",
-            CLOSED => "closed",
-            INVALIDATED => "invalidated",
-            _ => "unknown",
-        }
-    }
-    pub fn client_name(s: u32) -> &'static str {
-        match s {
-            NONE => "none",
-            ATTACHED => "attached",
-            CLAIMING => "claiming",
-            CLOSED => "closed",
-            INVALIDATED => "invalidated",
-            _ => "unknown",
-        }
-    }
-}
-
+/// The live fields' values (states, `client_cuda_state`) are typed in
+/// [`crate::control`], which encodes them as the `u32` codes `docs/protocol.md` lists.
 /// The control block: the first 1024 bytes of every region.
 ///
 /// Fields marked *live* are accessed atomically in the mapping at their offsets (see
@@ -108,7 +74,7 @@ pub struct Header {
     /// live
     pub client_start_time: u64,
     /// live (1.2), client: whether the attached client holds CUDA IPC handles of this
-    /// engine ([`cuda_state`]); the engine frees exported memory only when it is not
+    /// engine ([`crate::control::DeviceImport`]); the engine frees exported memory only when it is not
     /// `OPEN` (or the client died).
     pub client_cuda_state: u32,
     pub _reserved1: [u8; 28],
@@ -269,18 +235,6 @@ pub struct ClientEventHandle {
     pub start_time: u64,
     /// All zero: the client published none (a host-only layout).
     pub handle: [u8; 64],
-}
-
-/// Values of `client_cuda_state` (1.2).
-pub mod cuda_state {
-    /// The client holds no CUDA handle of this engine (never opened, or a host client).
-    pub const NONE: u32 = 0;
-    /// The client is opening or holds handles: the engine must not free exported memory.
-    /// Stored (Release) *before* the first `cuIpcOpenMemHandle`.
-    pub const OPEN: u32 = 1;
-    /// The client closed every handle (`cuIpcCloseMemHandle`, after its last view died).
-    /// Stored (Release) *after* the last close.
-    pub const RELEASED: u32 = 2;
 }
 
 /// FNV-1a over the sizes and offsets of every field: two builds that agree on the

@@ -6,13 +6,14 @@
 //! the engine is gone, with no pid-reuse race.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::control::Control;
 use crate::error::{Error, Result};
-use crate::layout::{self, offsets, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
+use crate::layout::{self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
 use crate::os;
 use crate::sync::Backoff;
 
@@ -108,16 +109,8 @@ impl Region {
         let pid = os::current_pid();
         let start = os::process_start_time(pid)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        region
-            .u64_at(offsets::ENGINE_START_TIME)
-            .store(start, Ordering::Relaxed);
-        region
-            .u32_at(offsets::ENGINE_PID)
-            .store(pid, Ordering::Relaxed);
         // Publish: everything above happens-before any Acquire load that sees the magic.
-        region
-            .u64_at(offsets::MAGIC)
-            .store(layout::MAGIC, Ordering::Release);
+        region.control().publish_engine(pid, start);
         std::mem::forget(guard);
         Ok(region)
     }
@@ -139,7 +132,7 @@ impl Region {
                 Err(e) => return Err(e),
             }
         };
-        while region.u64_at(offsets::MAGIC).load(Ordering::Acquire) == 0 {
+        while !region.control().is_published() {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     waited: timeout,
@@ -243,30 +236,14 @@ impl Region {
         layout::read_header(&self.snapshot()).expect("a region is at least CONTROL_SIZE bytes")
     }
 
-    /// The live atomic u64 at a control-block offset from [`offsets`].
-    pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= CONTROL_SIZE);
+    /// The typed view of the live control block.
+    #[inline]
+    pub fn control(&self) -> Control<'_> {
+        let base = NonNull::new(self.ptr()).expect("a mapping is never at address 0");
         // SAFETY: the mapping is page-aligned and at least CONTROL_SIZE long (checked by
-        // every constructor), the offset is 8-aligned and inside it, so the pointer is
-        // valid and aligned for AtomicU64 for the mapping's lifetime, which the returned
-        // borrow of `self` cannot outlive. Both processes access it only atomically.
-        unsafe { &*(self.ptr().add(offset) as *const AtomicU64) }
-    }
-
-    /// The live atomic u32 at a control-block offset from [`offsets`].
-    pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= CONTROL_SIZE);
-        // SAFETY: as for `u64_at`, with 4-byte alignment.
-        unsafe { &*(self.ptr().add(offset) as *const AtomicU32) }
-    }
-
-    /// The low 32 bits of the live u64 counter at `offset`: the futex word for it.
-    pub fn low_u32_of(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 8 == 0 && offset + 8 <= CONTROL_SIZE);
-        // SAFETY: as for `u32_at`. On little-endian targets (the only ones this crate
-        // builds for, see lib.rs) the low half of a u64 is its first four bytes. The
-        // kernel's futex compare reads these four bytes atomically.
-        unsafe { &*(self.ptr().add(offset) as *const AtomicU32) }
+        // every constructor) and stays mapped while `self` is borrowed, which the view's
+        // lifetime cannot outlive. Both processes access its live fields only atomically.
+        unsafe { Control::new(base) }
     }
 
     /// Removes the name from /dev/shm if it still refers to the object we mapped (a new
@@ -305,13 +282,7 @@ impl Drop for UnlinkOnDrop<'_> {
 /// region closed, wakes a waiting client (it sees `PeerClosed`) and removes the name.
 pub fn close_and_remove(name: &str) -> Result<()> {
     let region = Region::map_existing(name, true)?;
-    region
-        .u32_at(offsets::ENGINE_STATE)
-        .store(layout::state::CLOSED, Ordering::SeqCst);
-    // The same wake-ups as `Engine::close`.
-    for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
-        os::futex_wake_all(region.low_u32_of(word));
-    }
+    region.control().close_engine();
     region.unlink_if_same();
     Ok(())
 }

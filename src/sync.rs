@@ -140,17 +140,6 @@ pub struct Doorbell<'a> {
     pub action_seq: Option<&'a AtomicU64>,
 }
 
-impl<'a> Doorbell<'a> {
-    pub(crate) fn of(region: &'a crate::region::Region) -> Self {
-        use crate::layout::offsets;
-        Doorbell {
-            bell: region.u32_at(offsets::ENGINE_DOORBELL),
-            engine_waiting: region.u32_at(offsets::ENGINE_WAITING),
-            action_seq: None,
-        }
-    }
-}
-
 impl SeqPost for Doorbell<'_> {
     #[inline]
     fn store(&self, value: u64) {

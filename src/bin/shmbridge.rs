@@ -9,9 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use rand::RngExt;
 use rand_pcg::Pcg32;
 
+use shmbridge::control::{ClientState, EngineState};
 use shmbridge::cuda::DeviceRequest;
 use shmbridge::envs::{self, EnvOptions};
-use shmbridge::layout::{self, state, Header};
+use shmbridge::layout::{self, Header};
 use shmbridge::region::{self, Region};
 use shmbridge::{AttachOptions, Client, DType, Error, WaitPolicy};
 
@@ -311,8 +312,8 @@ fn run_ls() -> Result<(), Error> {
                     name,
                     h.engine_pid,
                     h.client_pid,
-                    state::engine_name(h.engine_state),
-                    state::client_name(h.client_state),
+                    EngineState::from_code(h.engine_state).name(),
+                    ClientState::from_code(h.client_state).name(),
                     h.num_envs,
                     l.engine_kind,
                     tensors.join(" ")
@@ -355,13 +356,13 @@ fn run_inspect(name: &str) -> Result<(), Error> {
         "engine        pid {} start {} state {}",
         h.engine_pid,
         h.engine_start_time,
-        state::engine_name(h.engine_state)
+        EngineState::from_code(h.engine_state).name()
     );
     println!(
         "client        pid {} start {} state {}",
         h.client_pid,
         h.client_start_time,
-        state::client_name(h.client_state)
+        ClientState::from_code(h.client_state).name()
     );
     println!(
         "c2e ring      offset {} capacity {} head {} tail {} waiting consumer {} producer {}",

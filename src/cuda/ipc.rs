@@ -5,7 +5,6 @@
 //! Written against the driver layer and checked on CPU only for its refusals
 //! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -268,9 +267,7 @@ impl Drop for CudaLease {
         if let Some(region) = ack {
             if all {
                 // Release: the closes above happen-before an engine's load that sees it.
-                region
-                    .u32_at(crate::layout::offsets::CLIENT_CUDA_STATE)
-                    .store(crate::layout::cuda_state::RELEASED, Ordering::SeqCst);
+                region.control().acknowledge_device_release();
             }
         }
     }

@@ -32,13 +32,6 @@ pub enum CudaRelease {
     Leaked,
 }
 
-/// Whether an engine may free its exported allocation now: the client holds no handle
-/// (`client_cuda_state` is `NONE`, never opened, or `RELEASED`, closed), or the process
-/// that held them is dead (`client_alive` false: the driver closed them with it).
-pub fn engine_may_free(client_cuda_state: u32, client_alive: bool) -> bool {
-    client_cuda_state != crate::layout::cuda_state::OPEN || !client_alive
-}
-
 /// The ordinal (as this process numbers devices) of the engine's device: the one whose
 /// UUID is `uuid` among `visible` (UUIDs by ordinal), else, when `uuid` is all zero
 /// (unknown) or not visible, `ordinal` if this process has such a device. `None`: no
@@ -277,19 +270,6 @@ mod tests {
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
         assert_eq!(Device::Host.dlpack(), (1, 0));
         assert_eq!(Device::Cuda(2).dlpack(), (2, 2));
-    }
-
-    #[test]
-    fn engine_frees_only_without_a_live_importer() {
-        use crate::layout::cuda_state::{NONE, OPEN, RELEASED};
-        assert!(engine_may_free(NONE, true), "never opened");
-        assert!(engine_may_free(RELEASED, true), "acknowledged");
-        assert!(
-            !engine_may_free(OPEN, true),
-            "a live client holds the handle"
-        );
-        assert!(engine_may_free(OPEN, false), "the holder died");
-        assert!(engine_may_free(77, true), "garbage is not OPEN");
     }
 
     #[test]
