@@ -14,6 +14,7 @@ pub mod client;
 pub mod command;
 pub mod control;
 pub mod cuda;
+pub mod device;
 pub mod engine;
 pub mod envs;
 pub mod error;

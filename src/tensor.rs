@@ -47,10 +47,10 @@ element!(u64, "u64", DType::U64);
 /// Host views exist only of tensors whose bytes are in the region (a CUDA tensor's
 /// `offset` is relative to its device allocation, not to the mapping).
 fn host_only(t: &TensorInfo) -> Result<()> {
-    if t.location != crate::layout::Location::Host {
+    if t.location() != crate::layout::Location::Host {
         return Err(Error::NotOnHost {
             tensor: t.name.clone(),
-            location: t.location.name(),
+            location: t.location().name(),
         });
     }
     Ok(())

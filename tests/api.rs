@@ -239,15 +239,15 @@ fn cuda_specs_are_declared_and_refused_without_a_driver() {
             DType::F32,
             &[2, 4],
             Direction::EngineToClient,
-            Device::Cuda(0),
+            Device::cuda(0),
         )
         .tensor("actions", DType::F32, &[2, 1], Direction::ClientToEngine)
-        .place("actions", Device::Cuda(0))
+        .place("actions", Device::cuda(0))
         .name("shmbridge-api-cuda-refused");
     assert!(cuda_spec
         .tensors
         .iter()
-        .all(|t| t.device == Device::Cuda(0)));
+        .all(|t| t.device == Device::cuda(0)));
     if shmbridge::cuda::probe().is_ok() {
         eprintln!("SKIPPED: CUDA is usable here; tests/cuda.rs covers the GPU path");
         return;
@@ -259,6 +259,6 @@ fn cuda_specs_are_declared_and_refused_without_a_driver() {
     );
     assert!(!exists("shmbridge-api-cuda-refused"));
     // Host-only specs are untouched by `place` of an unknown name.
-    let host = spec().place("nope", Device::Cuda(0));
+    let host = spec().place("nope", Device::cuda(0));
     assert!(host.tensors.iter().all(|t| t.device == Device::Host));
 }

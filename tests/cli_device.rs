@@ -66,7 +66,7 @@ fn device_auto_logs_its_choice_and_serves() {
     let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
     let want = if cuda { Location::Cuda } else { Location::Host };
     for t in &client.layout().tensors {
-        assert_eq!(t.location, want, "{}", t.name);
+        assert_eq!(t.location(), want, "{}", t.name);
     }
     if !cuda {
         assert_eq!(client.tensor::<f32>("obs").unwrap().len(), 12);

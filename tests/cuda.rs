@@ -229,21 +229,21 @@ fn child_cuda_engine() {
             DType::F32,
             &[ENVS, OBS_DIM],
             Direction::EngineToClient,
-            Device::Cuda(0),
+            Device::cuda(0),
         )
         .tensor_on(
             "actions",
             DType::F32,
             &[ENVS, 1],
             Direction::ClientToEngine,
-            Device::Cuda(0),
+            Device::cuda(0),
         )
         .tensor_on(
             "rewards",
             DType::F32,
             &[ENVS],
             Direction::EngineToClient,
-            Device::Cuda(0),
+            Device::cuda(0),
         )
         .name(&name);
     let mut engine = Engine::create(spec).unwrap();
@@ -808,7 +808,12 @@ fn gpu_null_engine_serves_the_cpu_pattern() {
             common::EngineProc::start(&[&["--env", "null", "--device", "cuda"], args].concat());
         let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
         for t in &client.layout().tensors {
-            assert_eq!(t.location, shmbridge::Location::Cuda, "{what}: {}", t.name);
+            assert_eq!(
+                t.location(),
+                shmbridge::Location::Cuda,
+                "{what}: {}",
+                t.name
+            );
         }
         check_null_frame(&client, 0, sparse, None, &what);
         let (_, act) = client.layout().tensor("actions").unwrap();

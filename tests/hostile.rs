@@ -335,7 +335,7 @@ fn cuda_entries_are_checked() {
     let b = cuda_region();
     let l = layout::validate("r", &b, b.len() as u64).unwrap();
     let t = &l.tensors[0];
-    assert_eq!(t.location, shmbridge::Location::Cuda);
+    assert_eq!(t.location(), shmbridge::Location::Cuda);
     let c = t.cuda.unwrap();
     assert_eq!((c.ipc_mem_handle, c.alloc_size), ([7; 64], 256));
     assert_eq!(l.engine_event_handle, Some([9; 64]));
@@ -410,7 +410,7 @@ fn engine_with_cuda_tensors_is_refused_with_a_reason() {
         Direction::EngineToClient,
     );
     let mut spec = spec;
-    spec.tensors[0] = spec.tensors[0].clone().on(Device::Cuda(0));
+    spec.tensors[0] = spec.tensors[0].clone().on(Device::cuda(0));
     let e = shmbridge::Engine::create(spec).unwrap_err();
     assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
 }

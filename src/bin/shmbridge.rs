@@ -403,7 +403,7 @@ fn run_inspect(name: &str) -> Result<(), Error> {
                     t.dtype.name(),
                     format!("{:?}", t.shape),
                     t.direction.arrow(),
-                    t.location.name(),
+                    t.location().name(),
                     t.offset,
                     t.nbytes
                 );

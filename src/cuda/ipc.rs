@@ -12,6 +12,7 @@ use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
 use super::CudaRelease;
+use crate::device::Device;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
 use crate::region::Region;
@@ -56,7 +57,7 @@ impl EngineCuda {
         let reads_device_actions = builder
             .tensors
             .iter()
-            .any(|t| t.location == Location::Cuda && t.direction == Direction::ClientToEngine);
+            .any(|t| t.location() == Location::Cuda && t.direction == Direction::ClientToEngine);
         Ok(Some(EngineCuda {
             client_event: None,
             event: Some(event),
@@ -80,7 +81,8 @@ impl EngineCuda {
     /// Device address of a CUDA tensor in this process.
     pub fn ptr(&self, t: &TensorInfo) -> Result<u64> {
         let alloc = self.alloc.as_ref().ok_or(Error::Closed(Peer::Engine))?;
-        if t.location != Location::Cuda || t.offset.saturating_add(t.nbytes) > alloc.size() as u64 {
+        if t.location() != Location::Cuda || t.offset.saturating_add(t.nbytes) > alloc.size() as u64
+        {
             return Err(not_on_device(t));
         }
         Ok(alloc.ptr() + t.offset)
@@ -194,7 +196,7 @@ fn not_on_device(t: &TensorInfo) -> Error {
         detail: format!(
             "tensor '{}' lives in {} memory, not in the CUDA allocation",
             t.name,
-            t.location.name()
+            t.location().name()
         ),
     }
 }
@@ -293,7 +295,10 @@ impl ClientCuda {
     /// then ordinal), retains its primary context and creates the client's event.
     /// Nothing in the region is touched, so a failure leaves no trace there.
     pub fn prepare(layout: &Layout) -> Result<ClientCuda> {
-        let mut cuda = layout.tensors.iter().filter_map(|t| t.cuda.map(|c| (t, c)));
+        let mut cuda = layout.tensors.iter().filter_map(|t| match t.device {
+            Device::Cuda(c) => Some((t, c)),
+            Device::Host => None,
+        });
         let Some((first, placement)) = cuda.next() else {
             return Err(Error::InvalidSpec("no CUDA tensor in the layout".into()));
         };
@@ -304,15 +309,13 @@ impl ClientCuda {
             e => e,
         })?;
         for (t, c) in cuda {
-            if (c.device_ordinal, c.device_uuid)
-                != (placement.device_ordinal, placement.device_uuid)
-            {
+            if c != placement {
                 return Err(Error::InvalidTensor {
                     tensor: t.name.clone(),
                     reason: format!(
                         "on CUDA device {} but '{}' is on {}: this client serves one \
                          device per engine",
-                        c.device_ordinal, first.name, placement.device_ordinal
+                        c.ordinal, first.name, placement.ordinal
                     ),
                 });
             }
@@ -320,20 +323,22 @@ impl ClientCuda {
         let visible = (0..d.info().device_count)
             .map(|o| driver::device_uuid(d, o))
             .collect::<Result<Vec<_>>>()?;
-        let ordinal = super::pick_device(placement.device_uuid, placement.device_ordinal, &visible)
-            .ok_or_else(|| Error::CudaUnavailable {
-                reason: format!(
-                    "tensor '{}' lives on the engine's CUDA device {} (uuid {}), which this \
+        let ordinal =
+            super::pick_device(placement.uuid, placement.ordinal, &visible).ok_or_else(|| {
+                Error::CudaUnavailable {
+                    reason: format!(
+                        "tensor '{}' lives on the engine's CUDA device {} (uuid {}), which this \
                  process does not see ({} device(s))",
-                    first.name,
-                    placement.device_ordinal,
-                    placement
-                        .device_uuid
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect::<String>(),
-                    visible.len()
-                ),
+                        first.name,
+                        placement.ordinal,
+                        placement
+                            .uuid
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<String>(),
+                        visible.len()
+                    ),
+                }
             })?;
         let ctx = PrimaryContext::retain(d, ordinal)?;
         let event = IpcEvent::create(&ctx)?;

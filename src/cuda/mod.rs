@@ -48,43 +48,7 @@ pub fn pick_device(uuid: [u8; 16], ordinal: i32, visible: &[[u8; 16]]) -> Option
         .map(|_| ordinal)
 }
 
-/// Where a tensor's bytes live, as resolved for this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    /// Host memory: the tensor's bytes are in the shared-memory region.
-    Host,
-    /// A CUDA device, by this process's ordinal.
-    Cuda(i32),
-}
-
-impl Device {
-    /// `"cpu"` or `"cuda:N"` (what torch's `torch.device(...)` understands).
-    pub fn torch_name(self) -> String {
-        match self {
-            Device::Host => "cpu".to_string(),
-            Device::Cuda(n) => format!("cuda:{n}"),
-        }
-    }
-
-    /// DLPack `(device_type, device_id)`: `(1, 0)` (kDLCPU) or `(2, ordinal)` (kDLCUDA).
-    pub fn dlpack(self) -> (i32, i32) {
-        match self {
-            Device::Host => (DL_CPU, 0),
-            Device::Cuda(n) => (DL_CUDA, n),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.torch_name())
-    }
-}
-
-/// DLPack `kDLCPU`.
-pub const DL_CPU: i32 = 1;
-/// DLPack `kDLCUDA`.
-pub const DL_CUDA: i32 = 2;
+pub use crate::device::{Device, DL_CPU, DL_CUDA};
 
 /// What a user asked for (`--device`, `device=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,7 +177,7 @@ pub fn resolve_with(requested: DeviceRequest, probed: Result<CudaInfo>) -> Resul
             let n = n.unwrap_or(0);
             cuda(n, &info)?;
             choice(
-                Device::Cuda(n),
+                Device::cuda(n),
                 format!(
                     "requested; driver {}, {} device(s)",
                     info.driver_version, info.device_count
@@ -222,7 +186,7 @@ pub fn resolve_with(requested: DeviceRequest, probed: Result<CudaInfo>) -> Resul
         }
         DeviceRequest::Auto => match probed.and_then(|info| cuda(0, &info).map(|()| info)) {
             Ok(info) => choice(
-                Device::Cuda(0),
+                Device::cuda(0),
                 format!(
                     "CUDA usable: driver {}, {} device(s)",
                     info.driver_version, info.device_count
@@ -262,14 +226,6 @@ mod tests {
             let e = DeviceRequest::parse(bad).unwrap_err();
             assert!(matches!(e, Error::InvalidSpec(_)), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn device_names() {
-        assert_eq!(Device::Host.torch_name(), "cpu");
-        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
-        assert_eq!(Device::Host.dlpack(), (1, 0));
-        assert_eq!(Device::Cuda(2).dlpack(), (2, 2));
     }
 
     #[test]
@@ -322,9 +278,9 @@ mod tests {
             })
         };
         let c = resolve_with(DeviceRequest::Auto, two()).unwrap();
-        assert_eq!(c.device, Device::Cuda(0));
+        assert_eq!(c.device, Device::cuda(0));
         let c = resolve_with(DeviceRequest::Cuda(Some(1)), two()).unwrap();
-        assert_eq!(c.device, Device::Cuda(1));
+        assert_eq!(c.device, Device::cuda(1));
         let e = resolve_with(DeviceRequest::Cuda(Some(2)), two()).unwrap_err();
         assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
     }

@@ -62,7 +62,7 @@ fn load(ordinal: i32, file: &str, source: &str) -> Result<(Arc<PrimaryContext>, 
 /// `spec` with every tensor on CUDA device `ordinal`.
 fn on_device(mut spec: EngineSpec, ordinal: i32) -> EngineSpec {
     for t in &mut spec.tensors {
-        t.device = Device::Cuda(ordinal);
+        t.device = Device::cuda(ordinal);
     }
     spec
 }
@@ -559,7 +559,7 @@ mod tests {
                 (&a.name, a.dtype, &a.shape, a.direction),
                 (&b.name, b.dtype, &b.shape, b.direction)
             );
-            assert_eq!(a.device, Device::Cuda(1), "{}", a.name);
+            assert_eq!(a.device, Device::cuda(1), "{}", a.name);
             assert_eq!(b.device, Device::Host);
         }
     }

@@ -104,7 +104,7 @@ pub fn by_name_on(
     match device {
         crate::cuda::Device::Host => by_name(name, num_envs, options),
         #[cfg(feature = "cuda")]
-        crate::cuda::Device::Cuda(ordinal) => gpu::by_name(name, num_envs, options, ordinal),
+        crate::cuda::Device::Cuda(c) => gpu::by_name(name, num_envs, options, c.ordinal),
         #[cfg(not(feature = "cuda"))]
         crate::cuda::Device::Cuda(_) => Err(crate::cuda::unavailable_without_feature()),
     }

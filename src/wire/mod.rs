@@ -182,7 +182,7 @@ impl TensorSchema {
             dtype: info.dtype,
             shape: info.shape.clone(),
             direction: info.direction,
-            location: info.location,
+            location: info.location(),
         }
     }
 }
@@ -1044,7 +1044,7 @@ mod tests {
             dtype: DType::BF16,
             shape: vec![8, 4],
             direction: Direction::EngineToClient,
-            location: Location::Host,
+            device: crate::device::Device::Host,
             offset: 4096,
             nbytes: 64,
             cuda: None,
@@ -1055,7 +1055,7 @@ mod tests {
             (t.name.as_str(), t.dtype, &t.shape[..]),
             ("obs", DType::BF16, &[8u64, 4][..])
         );
-        assert_eq!((t.direction, t.location), (info.direction, info.location));
+        assert_eq!((t.direction, t.location), (info.direction, info.location()));
     }
 
     #[test]

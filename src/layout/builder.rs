@@ -1,0 +1,289 @@
+//! The engine's side of the header: from a spec to header and table bytes, each tensor
+//! placed by its own device's rule.
+
+use bytemuck::Zeroable;
+
+use super::header::*;
+use super::tensor::{
+    contiguous_strides, CudaExport, Rings, TensorInfo, TensorSpec, MIN_RING_CAPACITY,
+};
+use crate::device::location::Device;
+use crate::error::{Error, Result};
+
+fn align_up(v: u64, a: u64) -> Option<u64> {
+    Some(v.checked_add(a - 1)? / a * a)
+}
+
+fn write_name(name: &str) -> [u8; NAME_LEN] {
+    let mut out = [0u8; NAME_LEN];
+    out[..name.len()].copy_from_slice(name.as_bytes());
+    out
+}
+
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() >= NAME_LEN || name.as_bytes().contains(&0) {
+        return Err(Error::InvalidSpec(format!(
+            "{what} '{name}' must be 1..{} bytes of UTF-8 without NUL",
+            NAME_LEN - 1
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a header and tensor table from an engine's spec: assigns aligned data offsets
+/// and computes the region size. Rejects bad specs before anything is created.
+#[derive(Debug, Clone)]
+pub struct HeaderBuilder {
+    pub header: Header,
+    pub descs: Vec<TensorDesc>,
+    pub tensors: Vec<TensorInfo>,
+    pub rings: Option<Rings>,
+    /// 1.2: the one device allocation holding every CUDA tensor: (device ordinal, size
+    /// in bytes). The engine allocates it, then calls [`HeaderBuilder::set_cuda_export`].
+    pub cuda_alloc: Option<(i32, u64)>,
+}
+
+impl HeaderBuilder {
+    /// Fills in the CUDA export (1.2) once the engine allocated [`Self::cuda_alloc`]:
+    /// the allocation's IPC handle and device UUID in every CUDA entry, and the engine's
+    /// event handle in the control block. Nothing happens without CUDA tensors.
+    pub fn set_cuda_export(
+        &mut self,
+        ipc_mem_handle: [u8; 64],
+        device_uuid: [u8; 16],
+        engine_event_handle: [u8; 64],
+    ) {
+        if self.cuda_alloc.is_none() {
+            return;
+        }
+        for (d, t) in self.descs.iter_mut().zip(self.tensors.iter_mut()) {
+            if let (Some(c), Device::Cuda(dev)) = (t.cuda.as_mut(), &mut t.device) {
+                d.ipc_mem_handle = ipc_mem_handle;
+                d.device_uuid = device_uuid;
+                c.ipc_mem_handle = ipc_mem_handle;
+                dev.uuid = device_uuid;
+            }
+        }
+        self.header.engine_event_handle = engine_event_handle;
+    }
+
+    /// `ring_capacity`: bytes of each command ring, a power of two ≥ 64, or 0 for none.
+    pub fn new(
+        engine_kind: &str,
+        num_envs: u32,
+        specs: &[TensorSpec],
+        ring_capacity: u64,
+    ) -> Result<Self> {
+        check_name("engine kind", engine_kind)?;
+        if num_envs == 0 {
+            return Err(Error::InvalidSpec("num_envs must be at least 1".into()));
+        }
+        if specs.is_empty() || specs.len() > MAX_TENSORS {
+            return Err(Error::InvalidSpec(format!(
+                "an engine declares 1..={MAX_TENSORS} tensors, not {}",
+                specs.len()
+            )));
+        }
+        let table_end = (CONTROL_SIZE + specs.len() * DESC_SIZE) as u64;
+        let header_size = align_up(table_end, PAGE).expect("small");
+        let mut cursor = header_size;
+        let rings = if ring_capacity == 0 {
+            None
+        } else {
+            if !ring_capacity.is_power_of_two()
+                || !(MIN_RING_CAPACITY..=(1 << 40)).contains(&ring_capacity)
+            {
+                return Err(Error::InvalidSpec(format!(
+                    "ring capacity {ring_capacity} must be a power of two between {MIN_RING_CAPACITY} and 2^40 (or 0: no command channel)"
+                )));
+            }
+            let c2e = align_up(cursor, PAGE).expect("small");
+            let e2c = align_up(c2e + ring_capacity, PAGE).expect("small");
+            cursor = e2c + ring_capacity;
+            Some(Rings {
+                c2e: (c2e, ring_capacity),
+                e2c: (e2c, ring_capacity),
+            })
+        };
+        let mut descs = Vec::with_capacity(specs.len());
+        let mut tensors = Vec::with_capacity(specs.len());
+        let mut host = HostPlacement { cursor };
+        let mut cuda = CudaPlacement::default();
+        for (i, s) in specs.iter().enumerate() {
+            check_name("tensor name", &s.name)?;
+            if specs[..i].iter().any(|o| o.name == s.name) {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' declared twice",
+                    s.name
+                )));
+            }
+            if s.shape.is_empty() || s.shape.len() > MAX_NDIM {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' has {} dimensions; 1..={MAX_NDIM} are supported",
+                    s.name,
+                    s.shape.len()
+                )));
+            }
+            if s.shape.contains(&0) {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' has a zero-sized dimension {:?}",
+                    s.name, s.shape
+                )));
+            }
+            let nbytes = s
+                .shape
+                .iter()
+                .try_fold(s.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+                .filter(|&n| n <= isize::MAX as u64)
+                .ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "tensor '{}' shape {:?} is too large",
+                        s.name, s.shape
+                    ))
+                })?;
+            let (offset, export) = match s.device {
+                Device::Host => (host.place(nbytes)?, None),
+                Device::Cuda(dev) => {
+                    let offset = cuda.place(&s.name, dev.ordinal, nbytes)?;
+                    // The allocation's handle and size are set once every tensor is placed.
+                    let export = CudaExport {
+                        ipc_mem_handle: [0; 64],
+                        alloc_size: 0,
+                    };
+                    (offset, Some(export))
+                }
+            };
+            let (code, bits) = s.dtype.dlpack();
+            let mut d = TensorDesc::zeroed();
+            d.name = write_name(&s.name);
+            d.dtype_code = code;
+            d.dtype_bits = bits;
+            d.dtype_lanes = 1;
+            d.ndim = s.shape.len() as u8;
+            d.direction = s.direction as u8;
+            d.location = s.device.location().code();
+            d.device_ordinal = s.device.ordinal();
+            d.shape[..s.shape.len()].copy_from_slice(&s.shape);
+            let strides = contiguous_strides(&s.shape, s.dtype.size() as u64);
+            d.strides[..strides.len()].copy_from_slice(&strides);
+            d.offset = offset;
+            d.nbytes = nbytes;
+            descs.push(d);
+            tensors.push(TensorInfo {
+                name: s.name.clone(),
+                dtype: s.dtype,
+                shape: s.shape.clone(),
+                direction: s.direction,
+                device: s.device,
+                offset,
+                nbytes,
+                cuda: export,
+            });
+        }
+        let cuda_alloc = cuda.allocation()?;
+        if let Some((_, size)) = cuda_alloc {
+            for (d, t) in descs.iter_mut().zip(tensors.iter_mut()) {
+                if let Some(c) = t.cuda.as_mut() {
+                    c.alloc_size = size;
+                    d.export_size = size;
+                }
+            }
+        }
+        let region_size = align_up(host.cursor, PAGE)
+            .filter(|&n| n <= isize::MAX as u64)
+            .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
+        let mut h = Header::zeroed();
+        // `magic` stays zero here: the region publishes it last.
+        h.version_major = VERSION_MAJOR;
+        h.version_minor = VERSION_MINOR;
+        h.header_size = header_size as u32;
+        h.region_size = region_size;
+        h.layout_hash = LAYOUT_HASH;
+        h.num_envs = num_envs;
+        h.tensor_count = specs.len() as u32;
+        h.table_offset = CONTROL_SIZE as u32;
+        h.desc_size = DESC_SIZE as u32;
+        h.engine_kind = write_name(engine_kind);
+        if let Some(r) = rings {
+            h.c2e_ring_offset = r.c2e.0;
+            h.c2e_ring_capacity = r.c2e.1;
+            h.e2c_ring_offset = r.e2c.0;
+            h.e2c_ring_capacity = r.e2c.1;
+        }
+        Ok(HeaderBuilder {
+            header: h,
+            descs,
+            tensors,
+            rings,
+            cuda_alloc,
+        })
+    }
+
+    /// Header and table bytes, `header_size` long, magic still zero.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.header.header_size as usize];
+        out[..CONTROL_SIZE].copy_from_slice(bytemuck::bytes_of(&self.header));
+        for (i, d) in self.descs.iter().enumerate() {
+            let at = CONTROL_SIZE + i * DESC_SIZE;
+            out[at..at + DESC_SIZE].copy_from_slice(bytemuck::bytes_of(d));
+        }
+        out
+    }
+}
+
+/// Host tensors: in the region, after the header and the rings; cache-line aligned, and
+/// page aligned from a page up.
+struct HostPlacement {
+    cursor: u64,
+}
+
+impl HostPlacement {
+    fn place(&mut self, nbytes: u64) -> Result<u64> {
+        let too_large = || Error::InvalidSpec("region too large".into());
+        let align = if nbytes >= PAGE { PAGE } else { DATA_ALIGN };
+        let offset = align_up(self.cursor, align).ok_or_else(too_large)?;
+        self.cursor = offset.checked_add(nbytes).ok_or_else(too_large)?;
+        Ok(offset)
+    }
+}
+
+/// CUDA tensors (1.2): one exported allocation on one device per engine, each tensor at
+/// a [`CUDA_ALIGN`] offset in it.
+#[derive(Default)]
+struct CudaPlacement {
+    device: Option<i32>,
+    cursor: u64,
+}
+
+impl CudaPlacement {
+    fn place(&mut self, name: &str, ordinal: i32, nbytes: u64) -> Result<u64> {
+        if ordinal < 0 {
+            return Err(Error::InvalidSpec(format!(
+                "tensor '{name}': CUDA device ordinal {ordinal} < 0"
+            )));
+        }
+        if let Some(first) = self.device.filter(|&o| o != ordinal) {
+            return Err(Error::InvalidSpec(format!(
+                "tensor '{name}' is on cuda:{ordinal} but an earlier one is on \
+                 cuda:{first}: protocol 1.2 serves one CUDA device per engine"
+            )));
+        }
+        self.device = Some(ordinal);
+        let too_large = || Error::InvalidSpec("CUDA tensors too large".into());
+        let offset = align_up(self.cursor, CUDA_ALIGN).ok_or_else(too_large)?;
+        self.cursor = offset.checked_add(nbytes).ok_or_else(too_large)?;
+        Ok(offset)
+    }
+
+    /// `(ordinal, size)` of the allocation, rounded up to [`CUDA_EXPORT_GRANULARITY`];
+    /// `None` without CUDA tensors.
+    fn allocation(&self) -> Result<Option<(i32, u64)>> {
+        let Some(ordinal) = self.device else {
+            return Ok(None);
+        };
+        let size = align_up(self.cursor.max(1), CUDA_EXPORT_GRANULARITY)
+            .filter(|&n| n <= isize::MAX as u64)
+            .ok_or_else(|| Error::InvalidSpec("CUDA tensors too large".into()))?;
+        Ok(Some((ordinal, size)))
+    }
+}

@@ -1,0 +1,313 @@
+//! The bytes of a region's control block and tensor table: constants, the two `#[repr(C)]`
+//! structs, the offsets of the live fields, the layout hash, and the identity checks.
+//! `docs/protocol.md` documents every byte here.
+
+use bytemuck::{Pod, Zeroable};
+use std::mem::{offset_of, size_of};
+
+use crate::error::{Error, Result};
+
+/// `b"SHMBRIDG"` read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMBRIDG");
+pub const VERSION_MAJOR: u16 = 1;
+/// 1.1: command rings (control words in cache lines 8-13, data after the table) and the
+/// engine doorbell. 1.2: CUDA tensors (`location = 1`): IPC handles in the tensor table,
+/// the two interprocess events and the client's CUDA state in the control block.
+pub const VERSION_MINOR: u16 = 2;
+
+/// Size of the control block at offset 0; the tensor table follows it.
+pub const CONTROL_SIZE: usize = 1024;
+pub const DESC_SIZE: usize = 384;
+pub const MAX_TENSORS: usize = 64;
+pub const MAX_NDIM: usize = 8;
+pub const NAME_LEN: usize = 32;
+/// Host tensor data offsets are multiples of this (a cache line; DLPack wants ≥ 64).
+pub const DATA_ALIGN: u64 = 64;
+/// The Rust engine places CUDA tensors at multiples of this in their allocation
+/// (`cudaMalloc`'s own alignment); readers require only [`DATA_ALIGN`].
+pub const CUDA_ALIGN: u64 = 256;
+/// Size granularity of an exported CUDA allocation: the driver may sub-allocate smaller
+/// `cuMemAlloc` blocks from a shared 2 MiB block, and an IPC handle shares the whole
+/// block, so the export is rounded up to 2 MiB (the CUDA guide's advice for IPC): it is
+/// its own block, and nothing else of the engine's is exposed through it.
+pub const CUDA_EXPORT_GRANULARITY: u64 = 2 << 20;
+/// Tensors at least this large start on a page boundary.
+pub const PAGE: u64 = 4096;
+
+/// The control block: the first 1024 bytes of every region.
+///
+/// Fields marked *live* are accessed atomically in the mapping at their offsets (see
+/// [`offsets`]); in a snapshot they are just the values seen when it was taken.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct Header {
+    // Cache line 0: identity, written once before `magic` is published.
+    pub magic: u64,
+    pub version_major: u16,
+    pub version_minor: u16,
+    /// Control block + tensor table, rounded up to a page; tensor data starts here or later.
+    pub header_size: u32,
+    pub region_size: u64,
+    pub layout_hash: u64,
+    pub num_envs: u32,
+    pub tensor_count: u32,
+    pub table_offset: u32,
+    pub desc_size: u32,
+    pub flags: u64,
+    pub _reserved0: u64,
+    // Cache line 1: processes.
+    pub engine_pid: u32,
+    /// live
+    pub engine_state: u32,
+    /// Start time of the engine process in clock ticks after boot (/proc/PID/stat field 22):
+    /// with the pid, it tells a dead engine from a reused pid.
+    pub engine_start_time: u64,
+    /// live
+    pub client_pid: u32,
+    /// live
+    pub client_state: u32,
+    /// live
+    pub client_start_time: u64,
+    /// live (1.2), client: whether the attached client holds CUDA IPC handles of this
+    /// engine ([`crate::control::DeviceImport`], which types this and the states); the engine frees exported memory only when it is not
+    /// `OPEN` (or the client died).
+    pub client_cuda_state: u32,
+    pub _reserved1: [u8; 28],
+    // Cache line 2: where the command rings' data lie (1.1; zero in 1.0 or without rings).
+    pub c2e_ring_offset: u64,
+    pub c2e_ring_capacity: u64,
+    pub e2c_ring_offset: u64,
+    pub e2c_ring_capacity: u64,
+    pub _reserved2: [u8; 32],
+    // Cache line 3: what the engine is, NUL-padded UTF-8 ("cartpole", "null", ...).
+    pub engine_kind: [u8; NAME_LEN],
+    pub _reserved3: [u8; 32],
+    // Cache lines 4..8: the sequence counters and waiter flags, one line each.
+    /// live: last action number the client posted.
+    pub action_seq: u64,
+    /// live (1.1): bumped by the client after every action post and every command it
+    /// pushes; the engine sleeps on this word, so one futex wakes it for either.
+    pub engine_doorbell: u32,
+    pub _pad_action: [u8; 52],
+    /// live: last frame number the engine published.
+    pub frame_seq: u64,
+    pub _pad_frame: [u8; 56],
+    /// live: 1 while the engine sleeps (1.1: on `engine_doorbell`; 1.0: on `action_seq`).
+    pub engine_waiting: u32,
+    pub _pad_ew: [u8; 60],
+    /// live: 1 while the client sleeps on `frame_seq`.
+    pub client_waiting: u32,
+    pub _pad_cw: [u8; 60],
+    // Cache lines 8..14 (1.1): command rings. Head = bytes ever written by the producer,
+    // tail = bytes ever consumed; each on its own line.
+    /// live: client→engine ring head (client writes).
+    pub c2e_head: u64,
+    pub _pad_c2e_head: [u8; 56],
+    /// live: client→engine ring tail (engine writes).
+    pub c2e_tail: u64,
+    pub _pad_c2e_tail: [u8; 56],
+    /// live: engine→client ring head (engine writes).
+    pub e2c_head: u64,
+    pub _pad_e2c_head: [u8; 56],
+    /// live: engine→client ring tail (client writes).
+    pub e2c_tail: u64,
+    pub _pad_e2c_tail: [u8; 56],
+    /// live: 1 while a c2e consumer sleeps in `Ring::pop` on the head (the engine's
+    /// dispatch sleeps on the doorbell instead) / the client sleeps on room (the tail).
+    pub c2e_consumer_waiting: u32,
+    pub c2e_producer_waiting: u32,
+    pub _pad_c2e_flags: [u8; 56],
+    /// live: 1 while the client sleeps on the e2c head / the engine sleeps on its tail.
+    pub e2c_consumer_waiting: u32,
+    pub e2c_producer_waiting: u32,
+    pub _pad_e2c_flags: [u8; 56],
+    // Cache lines 14..16 (1.2): CUDA interprocess event handles; all zero without CUDA
+    // tensors.
+    /// The engine's event (`cuIpcGetEventHandle`), recorded after its kernels, before
+    /// every `frame_seq` store. Written once before `magic`.
+    pub engine_event_handle: [u8; 64],
+    /// live (1.2), client: the client's event, recorded after its writes of CUDA
+    /// client→engine tensors, before every `action_seq` store. Written while claiming
+    /// the slot, published by the Release store of `client_state = ATTACHED`.
+    pub client_event_handle: [u8; 64],
+}
+
+/// One tensor-table entry.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct TensorDesc {
+    /// NUL-padded UTF-8.
+    pub name: [u8; NAME_LEN],
+    /// DLPack `DLDataTypeCode`.
+    pub dtype_code: u8,
+    pub dtype_bits: u8,
+    pub dtype_lanes: u16,
+    pub ndim: u8,
+    /// [`Direction`] as u8.
+    pub direction: u8,
+    /// [`Location`] as u8.
+    pub location: u8,
+    pub flags: u8,
+    pub device_ordinal: i32,
+    pub _reserved0: u32,
+    /// Entries past `ndim` are zero.
+    pub shape: [u64; MAX_NDIM],
+    /// Byte strides; v1 requires C-contiguous. Entries past `ndim` are zero.
+    pub strides: [i64; MAX_NDIM],
+    /// Host: byte offset of the data in the region. CUDA: offset from the IPC base.
+    pub offset: u64,
+    pub nbytes: u64,
+    /// CUDA (1.2): IPC memory handle of the allocation's base; `offset` is the tensor's
+    /// byte offset from that base.
+    pub ipc_mem_handle: [u8; 64],
+    /// CUDA IPC event handle (reserved: 1.2 puts one event per direction in the control
+    /// block).
+    pub ipc_event_handle: [u8; 64],
+    /// Size of the exported allocation: CUDA (1.2), the `cuMemAlloc` size behind
+    /// `ipc_mem_handle`; Vulkan (reserved), the allocation size.
+    pub export_size: u64,
+    /// Vulkan memory type (reserved).
+    pub export_memory_type: u32,
+    pub _reserved1: u32,
+    /// CUDA (1.2): the device's UUID (`cuDeviceGetUuid`), so a client whose
+    /// `CUDA_VISIBLE_DEVICES` numbers devices differently finds the same one; all zero =
+    /// unknown, use `device_ordinal`.
+    pub device_uuid: [u8; 16],
+    pub _reserved2: [u8; 32],
+}
+
+const _: () = assert!(size_of::<Header>() == CONTROL_SIZE);
+const _: () = assert!(size_of::<TensorDesc>() == DESC_SIZE);
+const _: () = assert!(offset_of!(Header, action_seq) == 256);
+const _: () = assert!(offset_of!(Header, frame_seq) == 320);
+const _: () = assert!(offset_of!(Header, engine_waiting) == 384);
+const _: () = assert!(offset_of!(Header, client_waiting) == 448);
+const _: () = assert!(offset_of!(Header, engine_doorbell) == 264);
+const _: () = assert!(offset_of!(Header, c2e_head) == 512);
+const _: () = assert!(offset_of!(Header, c2e_tail) == 576);
+const _: () = assert!(offset_of!(Header, e2c_head) == 640);
+const _: () = assert!(offset_of!(Header, e2c_tail) == 704);
+const _: () = assert!(offset_of!(Header, c2e_consumer_waiting) == 768);
+const _: () = assert!(offset_of!(Header, e2c_consumer_waiting) == 832);
+const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
+const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);
+const _: () = assert!(offset_of!(Header, client_event_handle) == 960);
+const _: () = assert!(offset_of!(TensorDesc, device_uuid) == 336);
+
+/// Byte offsets of the live fields, for atomic access in the mapping.
+pub mod offsets {
+    use super::Header;
+    use std::mem::offset_of;
+    pub const MAGIC: usize = offset_of!(Header, magic);
+    pub const ENGINE_PID: usize = offset_of!(Header, engine_pid);
+    pub const ENGINE_STATE: usize = offset_of!(Header, engine_state);
+    pub const ENGINE_START_TIME: usize = offset_of!(Header, engine_start_time);
+    pub const CLIENT_PID: usize = offset_of!(Header, client_pid);
+    pub const CLIENT_STATE: usize = offset_of!(Header, client_state);
+    pub const CLIENT_START_TIME: usize = offset_of!(Header, client_start_time);
+    pub const ACTION_SEQ: usize = offset_of!(Header, action_seq);
+    pub const FRAME_SEQ: usize = offset_of!(Header, frame_seq);
+    pub const ENGINE_WAITING: usize = offset_of!(Header, engine_waiting);
+    pub const CLIENT_WAITING: usize = offset_of!(Header, client_waiting);
+    pub const ENGINE_DOORBELL: usize = offset_of!(Header, engine_doorbell);
+    pub const C2E_HEAD: usize = offset_of!(Header, c2e_head);
+    pub const C2E_TAIL: usize = offset_of!(Header, c2e_tail);
+    pub const E2C_HEAD: usize = offset_of!(Header, e2c_head);
+    pub const E2C_TAIL: usize = offset_of!(Header, e2c_tail);
+    pub const C2E_CONSUMER_WAITING: usize = offset_of!(Header, c2e_consumer_waiting);
+    pub const C2E_PRODUCER_WAITING: usize = offset_of!(Header, c2e_producer_waiting);
+    pub const E2C_CONSUMER_WAITING: usize = offset_of!(Header, e2c_consumer_waiting);
+    pub const E2C_PRODUCER_WAITING: usize = offset_of!(Header, e2c_producer_waiting);
+    pub const CLIENT_CUDA_STATE: usize = offset_of!(Header, client_cuda_state);
+    pub const CLIENT_EVENT_HANDLE: usize = offset_of!(Header, client_event_handle);
+}
+
+/// The attached client's identity and CUDA event handle (1.2), as the engine reads them
+/// from the control block (`client_pid`, `client_start_time`, `client_event_handle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientEventHandle {
+    pub pid: u32,
+    pub start_time: u64,
+    /// All zero: the client published none (a host-only layout).
+    pub handle: [u8; 64],
+}
+
+/// FNV-1a over the sizes and offsets of every field: two builds that agree on the
+/// version but not on the layout are caught at attach.
+pub const LAYOUT_HASH: u64 = {
+    let words: [usize; 24] = [
+        size_of::<Header>(),
+        offset_of!(Header, header_size),
+        offset_of!(Header, region_size),
+        offset_of!(Header, num_envs),
+        offset_of!(Header, tensor_count),
+        offset_of!(Header, engine_pid),
+        offset_of!(Header, client_pid),
+        offset_of!(Header, c2e_ring_offset),
+        offset_of!(Header, engine_kind),
+        offset_of!(Header, action_seq),
+        offset_of!(Header, frame_seq),
+        offset_of!(Header, engine_waiting),
+        offset_of!(Header, client_waiting),
+        size_of::<TensorDesc>(),
+        offset_of!(TensorDesc, dtype_code),
+        offset_of!(TensorDesc, ndim),
+        offset_of!(TensorDesc, device_ordinal),
+        offset_of!(TensorDesc, shape),
+        offset_of!(TensorDesc, strides),
+        offset_of!(TensorDesc, offset),
+        offset_of!(TensorDesc, nbytes),
+        offset_of!(TensorDesc, ipc_mem_handle),
+        offset_of!(TensorDesc, export_size),
+        MAX_NDIM,
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < words.len() {
+        let bytes = (words[i] as u64).to_le_bytes();
+        let mut j = 0;
+        while j < 8 {
+            h ^= bytes[j] as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            j += 1;
+        }
+        i += 1;
+    }
+    h
+};
+
+/// Reads the control block from (a copy of) the first bytes of a region.
+pub fn read_header(bytes: &[u8]) -> Result<Header> {
+    if bytes.len() < CONTROL_SIZE {
+        return Err(Error::RegionTooSmall {
+            needed: CONTROL_SIZE as u64,
+            actual: bytes.len() as u64,
+        });
+    }
+    Ok(bytemuck::pod_read_unaligned(&bytes[..CONTROL_SIZE]))
+}
+
+/// Checks identity fields only: magic, version, layout hash.
+pub fn check_identity(name: &str, h: &Header) -> Result<()> {
+    if h.magic != MAGIC {
+        return Err(Error::BadMagic {
+            name: name.to_string(),
+            found: h.magic,
+        });
+    }
+    if h.version_major != VERSION_MAJOR {
+        return Err(Error::VersionMismatch {
+            ours_major: VERSION_MAJOR,
+            ours_minor: VERSION_MINOR,
+            theirs_major: h.version_major,
+            theirs_minor: h.version_minor,
+        });
+    }
+    if h.layout_hash != LAYOUT_HASH {
+        return Err(Error::LayoutMismatch {
+            ours: LAYOUT_HASH,
+            theirs: h.layout_hash,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! Header v1: the byte layout of a region's header and tensor table, and its validation.
+//!
+//! Pure data: no I/O, no unsafe, nothing from the device backends (only the plain
+//! [`Device`](crate::device::Device) type a tensor's placement is). The engine builds a
+//! header with [`HeaderBuilder`]; a client copies the header out of shared memory and runs
+//! [`validate`] on the copy before it trusts any field (the engine could scribble on the
+//! live header afterwards; the client only ever uses its validated snapshot). The live
+//! fields are read and written through [`crate::control`]. `docs/protocol.md` documents
+//! every byte here.
+//!
+//! - [`header`](self::header): constants, the control block and table entry structs, the
+//!   live fields' offsets, the layout hash, the identity checks;
+//! - [`dtype`](self::dtype): element types;
+//! - [`tensor`](self::tensor): tensor specs, validated entries, the validated layout;
+//! - [`builder`](self::builder): spec → header bytes;
+//! - [`validate`](self::validate()): header bytes → [`Layout`].
+
+mod builder;
+mod dtype;
+mod header;
+mod tensor;
+mod validate;
+
+pub use crate::device::location::{Device, Location};
+pub use builder::HeaderBuilder;
+pub use dtype::{DType, DL_BFLOAT, DL_BOOL, DL_FLOAT, DL_INT, DL_UINT};
+pub use header::*;
+pub use tensor::{
+    CudaExport, Direction, Layout, Rings, TensorId, TensorInfo, TensorKey, TensorSpec,
+    DEFAULT_RING_CAPACITY, MIN_RING_CAPACITY,
+};
+pub use validate::validate;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,144 @@
+//! Builder and validation, against each other.
+
+use super::*;
+use crate::device::Device;
+use crate::error::Error;
+
+fn standard() -> HeaderBuilder {
+    HeaderBuilder::new(
+        "test",
+        4,
+        &[
+            TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient),
+            TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine),
+            TensorSpec::new("big", DType::U8, &[2, 84, 84, 3], Direction::EngineToClient),
+        ],
+        4096,
+    )
+    .unwrap()
+}
+
+fn published(b: &HeaderBuilder) -> Vec<u8> {
+    let mut bytes = b.bytes();
+    bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn builder_output_validates() {
+    let b = standard();
+    let l = validate("r", &published(&b), b.header.region_size).unwrap();
+    assert_eq!(l.tensors, b.tensors);
+    assert_eq!(l.engine_kind, "test");
+    for t in &l.tensors {
+        assert_eq!(t.offset % DATA_ALIGN, 0);
+        assert!(t.offset >= l.header_size);
+        if t.nbytes >= PAGE {
+            assert_eq!(t.offset % PAGE, 0);
+        }
+    }
+}
+
+#[test]
+fn unpublished_magic_is_bad_magic() {
+    let b = standard();
+    let err = validate("r", &b.bytes(), b.header.region_size).unwrap_err();
+    assert!(matches!(err, Error::BadMagic { found: 0, .. }), "{err}");
+}
+
+#[test]
+fn dtype_codes_round_trip() {
+    for d in DType::ALL {
+        let (c, b) = d.dlpack();
+        assert_eq!(DType::from_dlpack(c, b, 1), Some(d));
+        assert_eq!(DType::parse(d.name()), Some(d));
+        assert_eq!(d.size() * 8, b as usize);
+    }
+    assert_eq!(DType::from_dlpack(DL_FLOAT, 32, 2), None);
+}
+
+#[test]
+fn bad_specs_are_rejected() {
+    let t = |shape: &[u64]| TensorSpec::new("x", DType::F32, shape, Direction::EngineToClient);
+    assert!(HeaderBuilder::new("k", 0, &[t(&[1])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[0, 3])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[u64::MAX, 2])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[1; 9])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[1]), t(&[2])], 0).is_err());
+    let long = "x".repeat(NAME_LEN);
+    assert!(HeaderBuilder::new(&long, 1, &[t(&[1])], 0).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 100).is_err());
+    assert!(HeaderBuilder::new("k", 1, &[t(&[1])], 32).is_err());
+}
+
+#[test]
+fn cuda_tensors_share_one_allocation() {
+    let mut b = HeaderBuilder::new(
+        "gpu",
+        4,
+        &[
+            TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient)
+                .on(Device::cuda(1)),
+            TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine)
+                .on(Device::cuda(1)),
+            TensorSpec::new("host", DType::U8, &[5], Direction::EngineToClient),
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        b.cuda_alloc,
+        Some((1, CUDA_EXPORT_GRANULARITY)),
+        "its own 2 MiB block"
+    );
+    assert_eq!((b.tensors[0].offset, b.tensors[1].offset), (0, 256));
+    assert_eq!(b.tensors[2].location(), Location::Host);
+    assert!(b.tensors[2].offset >= b.header.header_size as u64);
+    // Not exported yet: a reader rejects it (no handle).
+    assert!(validate("r", &published(&b), b.header.region_size).is_err());
+    b.set_cuda_export([1; 64], [2; 16], [3; 64]);
+    let l = validate("r", &published(&b), b.header.region_size).unwrap();
+    assert_eq!(l.tensors, b.tensors);
+    assert_eq!(l.version, (1, 2));
+    assert!(l.has_cuda());
+    assert_eq!(l.engine_event_handle, Some([3; 64]));
+    let c = l.tensors[1].cuda.unwrap();
+    let Device::Cuda(dev) = l.tensors[1].device else {
+        panic!("on CUDA: {:?}", l.tensors[1].device)
+    };
+    assert_eq!((dev.ordinal, c.alloc_size), (1, CUDA_EXPORT_GRANULARITY));
+    assert_eq!((dev.uuid, c.ipc_mem_handle), ([2; 16], [1; 64]));
+    // Two devices in one engine are refused.
+    let two = [
+        TensorSpec::new("a", DType::F32, &[1], Direction::EngineToClient).on(Device::cuda(0)),
+        TensorSpec::new("b", DType::F32, &[1], Direction::EngineToClient).on(Device::cuda(1)),
+    ];
+    assert!(matches!(
+        HeaderBuilder::new("k", 1, &two, 0),
+        Err(Error::InvalidSpec(_))
+    ));
+    let neg =
+        [TensorSpec::new("a", DType::F32, &[1], Direction::EngineToClient).on(Device::cuda(-1))];
+    assert!(HeaderBuilder::new("k", 1, &neg, 0).is_err());
+}
+
+#[test]
+fn host_only_layouts_are_what_1_1_wrote() {
+    // A host-only 1.2 header differs from a 1.1 one only in `version_minor`: every
+    // 1.2 field is zero, so 1.1 readers (which ignore the minor) read it unchanged.
+    let b = standard();
+    let h = &b.header;
+    assert_eq!(h.version_minor, 2);
+    assert_eq!(h.client_cuda_state, 0);
+    assert!(h.engine_event_handle.iter().all(|&x| x == 0));
+    assert!(h.client_event_handle.iter().all(|&x| x == 0));
+    assert_eq!(b.cuda_alloc, None);
+    for d in &b.descs {
+        assert_eq!((d.location, d.device_ordinal, d.export_size), (0, 0, 0));
+        assert!(d.ipc_mem_handle.iter().all(|&x| x == 0));
+        assert!(d.device_uuid.iter().all(|&x| x == 0));
+    }
+    assert_eq!(LAYOUT_HASH, 0x1A78_E44F_F49A_C1E5);
+}
