@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::{self, Reply};
 use crate::control::EngineState;
+use crate::device::{self, ClientBackend, StreamRef};
 use crate::error::{Error, Peer, Result};
 use crate::layout::Layout;
 use crate::layout::TensorKey;
@@ -65,10 +66,9 @@ pub struct Client {
     /// See [`Client::set_interrupt`].
     interrupt: Option<Interrupt>,
     /// CUDA tensors (1.2): context, events and imports; `None` for host-only layouts.
-    #[cfg(feature = "cuda")]
-    cuda: Option<crate::cuda::ipc::ClientCuda>,
+    /// Where the tensors live: the hooks of their device (no-ops for host memory).
+    device: Box<dyn ClientBackend>,
     /// See [`Client::set_command_stream`].
-    #[cfg(feature = "cuda")]
     command_stream: u64,
 }
 
@@ -100,22 +100,7 @@ impl Client {
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
-        #[cfg(feature = "cuda")]
-        let cuda = if layout.has_cuda() {
-            Some(crate::cuda::ipc::ClientCuda::prepare(&layout)?)
-        } else {
-            None
-        };
-        #[cfg(not(feature = "cuda"))]
-        if let Some(t) = layout.tensors.iter().find(|t| t.cuda.is_some()) {
-            let reason = match crate::cuda::unavailable_without_feature() {
-                Error::CudaUnavailable { reason } => reason,
-                e => e.to_string(),
-            };
-            return Err(Error::CudaUnavailable {
-                reason: format!("tensor '{}' lives on CUDA: {reason}", t.name),
-            });
-        }
+        let device = device::client_backend(&layout)?;
         if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
             return Err(engine_dead(&region));
         }
@@ -127,9 +112,8 @@ impl Client {
         // also sees who it is.
         let control = region.control();
         control.claim_client(&name, me, my_start)?;
-        #[cfg(feature = "cuda")]
-        if let Some(c) = &cuda {
-            control.publish_client_event(&c.handle())?;
+        if let Some(handle) = device.event_handle() {
+            control.publish_client_event(&handle)?;
         }
         control.attach_client();
         let mut client = Client {
@@ -145,17 +129,12 @@ impl Client {
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
             interrupt: None,
-            #[cfg(feature = "cuda")]
-            cuda,
-            #[cfg(feature = "cuda")]
+            device,
             command_stream: 1,
         };
         // Open the engine's event and memory once (a failure drops `client`, which
         // closes whatever was opened and acknowledges).
-        #[cfg(feature = "cuda")]
-        if let Some(c) = client.cuda.as_mut() {
-            c.open(&client.layout)?;
-        }
+        client.device.open(&client.layout)?;
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
         loop {
@@ -235,57 +214,46 @@ impl Client {
         self.io().write(key)
     }
 
-    /// The CUDA side of this client (`cuda` feature, layouts with CUDA tensors): the
-    /// primary context, the engine's event (a consumer stream waits on it before reading
-    /// a frame: [`ClientCuda::wait_frame_on`](crate::cuda::ipc::ClientCuda::wait_frame_on))
-    /// and the client's own event.
-    #[cfg(feature = "cuda")]
-    pub fn cuda(&self) -> Option<&crate::cuda::ipc::ClientCuda> {
-        self.cuda.as_ref()
+    /// The device backend of this client's tensors: with the `cuda` feature,
+    /// `device().as_cuda()` is the CUDA side (`None` for a host layout or once closed):
+    /// the primary context, the engine's event (a consumer stream waits on it before
+    /// reading a frame: `ClientCuda::wait_frame_on`) and the client's own event.
+    pub fn device(&self) -> &dyn ClientBackend {
+        &*self.device
     }
 
-    /// Device address, in this process, of a CUDA tensor: the opened base of the
-    /// engine's allocation plus the tensor's offset, checked against the driver's size.
-    #[cfg(feature = "cuda")]
-    pub fn cuda_ptr(&self, key: impl TensorKey) -> Result<u64> {
+    /// Device address, in this process, of a tensor in device memory: for CUDA, the
+    /// opened base of the engine's allocation plus the tensor's offset, checked against
+    /// the driver's size.
+    pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
         let (i, t) = key.resolve(&self.layout)?;
-        let c = self.cuda.as_ref().ok_or_else(|| {
-            if self.closed {
-                Error::Closed(Peer::Client)
-            } else {
-                Error::NotOnHost {
-                    tensor: t.name.clone(),
-                    location: "host (this engine has no CUDA tensors)",
-                }
-            }
-        })?;
-        c.ptr(i, t)
+        if self.closed {
+            return Err(Error::Closed(Peer::Client));
+        }
+        self.device.device_ptr(i, t)
     }
 
-    /// The CUDA stream whose queued work the next commands (resets, engine methods) must
-    /// follow: the client's event is recorded on it before each request, and the engine
-    /// waits on that before answering. Default: the legacy default stream (1).
+    /// The device stream whose queued work the next commands (resets, engine methods)
+    /// must follow: the client's event is recorded on it before each request, and the
+    /// engine waits on that before answering. Default: the legacy default stream (1).
+    /// Host layouts ignore it.
     ///
     /// # Safety
     /// `raw` must be 0, 1, 2 or a stream of the engine's device that stays alive while
     /// it is set (set it back to 1 before destroying it).
-    #[cfg(feature = "cuda")]
     pub unsafe fn set_command_stream(&mut self, raw: u64) {
         self.command_stream = raw;
     }
 
     /// [`step`](Client::step), recording the client's event on `stream` (where the
     /// client→engine device tensors were written) instead of the legacy default stream.
-    #[cfg(feature = "cuda")]
-    pub fn step_on(
+    pub fn step_on<'s>(
         &mut self,
-        stream: &crate::cuda::driver::Stream,
+        stream: impl Into<StreamRef<'s>>,
         timeout: Duration,
     ) -> Result<u64> {
         self.check_can_step()?;
-        if let Some(c) = &self.cuda {
-            c.record(Some(stream))?;
-        }
+        self.device.before_post(Some(stream.into()))?;
         self.post_and_wait(timeout)
     }
 
@@ -332,10 +300,7 @@ impl Client {
         self.check_can_step()?;
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
-        #[cfg(feature = "cuda")]
-        if let Some(c) = &self.cuda {
-            c.record(None)?;
-        }
+        self.device.before_post(None)?;
         self.post_and_wait(timeout)
     }
 
@@ -424,14 +389,10 @@ impl Client {
         request.validate()?;
         // CUDA: a reset or an engine method may write device tensors that work queued on
         // the command stream still reads; the engine waits on this record (§3.5).
-        #[cfg(feature = "cuda")]
-        if let Some(c) = &self.cuda {
-            // SAFETY: `command_stream` is 1 or a stream the caller vouched for in
-            // `set_command_stream` (live while it is set).
-            let s =
-                unsafe { crate::cuda::driver::Stream::borrowed(c.context(), self.command_stream) };
-            c.record(Some(&s))?;
-        }
+        // SAFETY: `command_stream` is 1 or a stream the caller vouched for in
+        // `set_command_stream` (live while it is set).
+        let stream = unsafe { StreamRef::from_raw(self.command_stream) };
+        self.device.before_post(Some(stream))?;
         let start = Instant::now();
         // The builder and buffer are reused across calls; taken out while `self` is
         // borrowed by the liveness check.
@@ -566,35 +527,14 @@ impl Client {
             return;
         }
         self.closed = true;
-        // CUDA: the client's own event outlives the CLOSED store (an engine that read
-        // ATTACHED may still wait on it); dropped at the end of this function.
-        #[cfg(feature = "cuda")]
-        let mut client_event = None;
-        // CUDA: close every handle (once), then acknowledge with RELEASED (Release: the
-        // closes happen-before an engine's Acquire/SeqCst load that sees it), before
-        // CLOSED, so an engine woken by CLOSED already sees the acknowledgement.
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.take() {
-            let region = &self.region;
-            let (released, own_event) = c.release(|| match region.map_again() {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    eprintln!(
-                        "shmbridge: views still hold the engine's CUDA memory and the region \
-                         could not be mapped for their close acknowledgement ({e}); \
-                         client_cuda_state stays OPEN (the engine will not free it)"
-                    );
-                    None
-                }
-            });
-            if released {
-                self.region.control().acknowledge_device_release();
-            }
-            client_event = own_event;
-        }
+        // Close every import (once), then acknowledge with RELEASED, before CLOSED, so
+        // an engine woken by CLOSED already sees the acknowledgement. The backend keeps
+        // what must outlive the CLOSED store (the client's own CUDA event: an engine that
+        // read ATTACHED may still wait on it) until it is dropped, after that store.
+        let mut device = std::mem::replace(&mut self.device, Box::new(device::host::HostClient));
+        device.release(&self.region);
         self.region.control().close_client();
-        #[cfg(feature = "cuda")]
-        drop(client_event);
+        drop(device);
     }
 }
 

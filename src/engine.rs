@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
 use crate::control::{ClientState, Control};
+use crate::device::{self, CudaRelease, Device, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
 use crate::layout::{DType, Direction, HeaderBuilder, Layout, TensorSpec};
@@ -75,7 +76,7 @@ impl EngineSpec {
         self
     }
 
-    /// A tensor on `device` (`Device::Cuda(ordinal)`: in the engine's one exported CUDA
+    /// A tensor on `device` (`Device::cuda(ordinal)`: in the engine's one exported CUDA
     /// allocation, protocol 1.2; every CUDA tensor of an engine must be on the same
     /// device). Creating the engine needs the `cuda` feature and a usable driver, else
     /// `CudaUnavailable`.
@@ -85,7 +86,7 @@ impl EngineSpec {
         dtype: DType,
         shape: &[u64],
         direction: Direction,
-        device: crate::cuda::Device,
+        device: Device,
     ) -> Self {
         self.tensors
             .push(TensorSpec::new(name, dtype, shape, direction).on(device));
@@ -93,7 +94,7 @@ impl EngineSpec {
     }
 
     /// Moves the already declared tensor `name` to `device` (no-op if there is none).
-    pub fn place(mut self, name: &str, device: crate::cuda::Device) -> Self {
+    pub fn place(mut self, name: &str, device: Device) -> Self {
         for t in self.tensors.iter_mut().filter(|t| t.name == name) {
             t.device = device;
         }
@@ -139,9 +140,10 @@ pub struct Engine {
     frame: u64,
     ready: bool,
     closed: bool,
-    #[cfg(feature = "cuda")]
-    cuda: Option<crate::cuda::ipc::EngineCuda>,
-    cuda_release: crate::cuda::CudaRelease,
+    /// Where the tensors live: the hooks of their device (no-ops for host memory).
+    device: Box<dyn EngineBackend>,
+    /// What became of exported device memory at close.
+    release: CudaRelease,
 }
 
 impl std::fmt::Debug for Engine {
@@ -159,17 +161,11 @@ impl Engine {
     /// Sweeps dead regions, then creates a region for `spec`. Tensors start zeroed; write
     /// the reset observations and call [`Engine::publish`] to serve frame 0.
     pub fn create(spec: EngineSpec) -> Result<Engine> {
-        #[allow(unused_mut)] // written only with the `cuda` feature
         let mut builder =
             HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
         // CUDA tensors: one allocation, exported (IPC handles and the engine's event
         // written into the builder) before the region, hence `magic`, exists.
-        #[cfg(feature = "cuda")]
-        let cuda = crate::cuda::ipc::EngineCuda::create(&mut builder)?;
-        #[cfg(not(feature = "cuda"))]
-        if builder.cuda_alloc.is_some() {
-            return Err(crate::cuda::unavailable_without_feature());
-        }
+        let device = device::engine_backend(&mut builder)?;
         let _ = region::sweep();
         let name = match &spec.name {
             Some(n) => region::canonical_name(n)?,
@@ -204,9 +200,8 @@ impl Engine {
             frame: 0,
             ready: false,
             closed: false,
-            #[cfg(feature = "cuda")]
-            cuda,
-            cuda_release: crate::cuda::CudaRelease::NoCuda,
+            device,
+            release: CudaRelease::NoCuda,
         })
     }
 
@@ -239,10 +234,7 @@ impl Engine {
     /// The engine's views. Callers hold `&mut self` (or, in `answer_all`, are only
     /// reached from a method that does): at most one `Tensors` of this engine exists.
     fn views(&self) -> Tensors<'_> {
-        let io = Tensors::new(&self.region, &self.layout, Peer::Engine);
-        #[cfg(feature = "cuda")]
-        let io = io.with_engine_cuda(self.cuda.as_ref());
-        io
+        Tensors::new(&self.region, &self.layout, Peer::Engine).with_device(&*self.device)
     }
 
     /// A mutable view of one engine→client tensor.
@@ -255,22 +247,18 @@ impl Engine {
         self.io().read(key)
     }
 
-    /// The CUDA side of this engine (`cuda` feature, CUDA tensors): its context and
-    /// stream (launch frame kernels on it), `None` for a host-only engine.
-    #[cfg(feature = "cuda")]
-    pub fn cuda(&self) -> Option<&crate::cuda::ipc::EngineCuda> {
-        self.cuda.as_ref()
+    /// The device backend of this engine's tensors: with the `cuda` feature,
+    /// `device().as_cuda()` is the CUDA side (its context, and the stream to launch a
+    /// frame's kernels on), `None` for a host-only engine.
+    pub fn device(&self) -> &dyn EngineBackend {
+        &*self.device
     }
 
-    /// Device address of a CUDA tensor (in the engine's exported allocation).
-    #[cfg(feature = "cuda")]
-    pub fn cuda_ptr(&self, key: impl TensorKey) -> Result<u64> {
+    /// Device address of a tensor in the engine's device memory (its exported CUDA
+    /// allocation); `NotOnHost` for a host-only engine.
+    pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
         let (_, t) = key.resolve(&self.layout)?;
-        let c = self.cuda.as_ref().ok_or_else(|| Error::NotOnHost {
-            tensor: t.name.clone(),
-            location: "host (this engine has no CUDA tensors)",
-        })?;
-        c.ptr(t)
+        self.device.device_ptr(t)
     }
 
     /// The attached client's pid, start time and event handle
@@ -284,13 +272,11 @@ impl Engine {
         self.region.control()
     }
 
-    /// Records the engine's event after the frame's kernels (CUDA engines only).
+    /// Makes the device work that wrote a frame (or a reply) complete before the peer
+    /// sees it published (CUDA: records the engine's event after the kernels).
+    #[inline]
     fn record_frame(&self) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = &self.cuda {
-            c.record()?;
-        }
-        Ok(())
+        self.device.before_publish()
     }
 
     /// Whether a client is attached now.
@@ -387,11 +373,8 @@ impl Engine {
                 Ok(w) => w,
                 Err(e) => {
                     // The client closed or died: its CUDA event goes with it.
-                    #[cfg(feature = "cuda")]
                     if matches!(e, Error::PeerClosed { .. } | Error::PeerDied { .. }) {
-                        if let Some(c) = self.cuda.as_mut() {
-                            c.forget_client();
-                        }
+                        self.device.forget_client();
                     }
                     return Err(e);
                 }
@@ -414,10 +397,7 @@ impl Engine {
         }
         // CUDA: the client recorded its event after writing device actions and before
         // posting; the engine stream waits on it before any kernel reads them.
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            c.wait_client(self.region.control().read_client_event())?;
-        }
+        self.device.before_actions(self.region.control())?;
         self.action = seen;
         Ok(seen)
     }
@@ -441,12 +421,8 @@ impl Engine {
             // CUDA: a command (reset) may write device tensors the client's queued work
             // still reads; the client recorded its event before pushing this request (the
             // pop is Acquire), so the engine's stream waits on it before the answer.
-            #[cfg(feature = "cuda")]
-            if let Some(c) = self.cuda.as_mut() {
-                if let Err(e) = c.wait_client_for_command(self.region.control().read_client_event())
-                {
-                    break Err(e);
-                }
+            if let Err(e) = self.device.before_command(self.region.control()) {
+                break Err(e);
             }
             if let Err(e) = self.answer_one(&channel, &request, &mut tx, handler) {
                 break Err(e);
@@ -545,9 +521,9 @@ impl Engine {
     /// [`close`](Engine::close), reporting what happened to the exported CUDA memory:
     /// freed once the client acknowledged closing its handles (or died, or never opened
     /// them), else leaked after a bounded wait.
-    pub fn close_reporting(mut self) -> crate::cuda::CudaRelease {
+    pub fn close_reporting(mut self) -> CudaRelease {
         self.shut();
-        self.cuda_release
+        self.release
     }
 
     fn shut(&mut self) {
@@ -556,18 +532,10 @@ impl Engine {
         }
         self.closed = true;
         self.region.control().close_engine();
-        // Exported memory: freed only when no live client holds it open. The SeqCst
-        // store of CLOSED above and the SeqCst load of `client_cuda_state` here pair
-        // with the client's SeqCst store of OPEN and load of `engine_state` at attach:
-        // either it sees CLOSED and opens nothing, or we see OPEN.
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.take() {
-            let control = self.region.control();
-            self.cuda_release = c.release(
-                || control.device_memory_may_be_freed(),
-                crate::cuda::ipc::RELEASE_WAIT,
-            );
-        }
+        // Exported memory: freed only when no live client holds it open (the backend
+        // reads the client's acknowledgement after the CLOSED store above).
+        let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
+        self.release = device.release(self.region.control());
     }
 }
 

@@ -13,7 +13,6 @@ compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU")
 pub mod client;
 pub mod command;
 pub mod control;
-pub mod cuda;
 pub mod device;
 pub mod engine;
 pub mod envs;

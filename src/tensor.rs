@@ -12,6 +12,7 @@
 
 use half::{bf16, f16};
 
+use crate::device::EngineBackend;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{DType, Layout, TensorInfo, TensorKey};
 use crate::region::Region;
@@ -58,18 +59,18 @@ fn host_only(t: &TensorInfo) -> Result<()> {
 
 /// Borrowed access to the tensors of one region, for one side.
 ///
-/// An engine's views of an engine with CUDA tensors (`cuda` feature) also hand out the
-/// engine's CUDA side (`Tensors::engine_cuda`: its context and the stream a frame's
-/// kernels go on) and device addresses (`Tensors::device_ptr`), so that an env steps on
-/// the GPU through the same `&mut Tensors` its steps and commands get.
+/// An engine's views also hand out the engine's device backend ([`Tensors::engine_device`]:
+/// for CUDA tensors, `as_cuda()` gives its context and the stream a frame's kernels go
+/// on) and device addresses ([`Tensors::device_ptr`]), so that an env steps on the GPU
+/// through the same `&mut Tensors` its steps and commands get.
 pub struct Tensors<'a> {
     region: &'a Region,
     layout: &'a Layout,
     side: Peer,
     shared: u64,
     exclusive: u64,
-    #[cfg(feature = "cuda")]
-    cuda: Option<&'a crate::cuda::ipc::EngineCuda>,
+    /// The engine's backend (engine views only).
+    device: Option<&'a dyn EngineBackend>,
 }
 
 impl<'a> Tensors<'a> {
@@ -80,47 +81,41 @@ impl<'a> Tensors<'a> {
             side,
             shared: 0,
             exclusive: 0,
-            #[cfg(feature = "cuda")]
-            cuda: None,
+            device: None,
         }
     }
 
-    /// The engine's views, with its CUDA side (if it has CUDA tensors).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn with_engine_cuda(
-        mut self,
-        cuda: Option<&'a crate::cuda::ipc::EngineCuda>,
-    ) -> Self {
-        self.cuda = cuda;
+    /// The engine's views, with its device backend.
+    pub(crate) fn with_device(mut self, device: &'a dyn EngineBackend) -> Self {
+        self.device = Some(device);
         self
     }
 
-    /// The engine's CUDA side: launch the kernels that write a frame (or a command's
-    /// reset) on its [`stream`](crate::cuda::ipc::EngineCuda::stream), so that the
+    /// The engine's device backend: launch the kernels that write a frame (or a
+    /// command's reset) on its CUDA stream (`engine_device()?.as_cuda()`), so that the
     /// engine's event, recorded before `frame_seq` or the reply is published, follows
-    /// them. An error for a client's views or a host-only engine.
-    #[cfg(feature = "cuda")]
-    pub fn engine_cuda(&self) -> Result<&'a crate::cuda::ipc::EngineCuda> {
-        self.cuda.ok_or_else(|| Error::CudaUnavailable {
+    /// them. An error for a client's views.
+    pub fn engine_device(&self) -> Result<&'a dyn EngineBackend> {
+        self.device.ok_or_else(|| Error::CudaUnavailable {
             reason: format!(
-                "these are the {} views of engine '{}', which has no CUDA tensors",
+                "these are the {} views of engine '{}': only an engine's views have its \
+                 device backend",
                 self.side, self.layout.engine_kind
             ),
         })
     }
 
-    /// Device address (in this process) of a CUDA tensor of the engine: for kernels on
-    /// the engine's stream. The tensor's direction is not checked here: a kernel may read
-    /// any tensor, and must write only engine→client ones.
-    #[cfg(feature = "cuda")]
+    /// Device address (in this process) of a tensor in the engine's device memory: for
+    /// kernels on the engine's stream. The tensor's direction is not checked here: a
+    /// kernel may read any tensor, and must write only engine→client ones.
     pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
         let (_, t) = key.resolve(self.layout)?;
-        match self.cuda {
-            Some(c) => c.ptr(t),
+        match self.device {
+            Some(d) => d.device_ptr(t),
             None => Err(Error::Cuda {
                 call: "device pointer",
                 detail: format!(
-                    "tensor '{}' lives in host memory: these {} views have no CUDA side",
+                    "tensor '{}': these {} views have no device side",
                     t.name, self.side
                 ),
             }),

@@ -223,7 +223,7 @@ fn client_event_handle_is_read_from_the_header() {
     assert_eq!(engine.client_event(), None, "closed");
     assert_eq!(
         engine.close_reporting(),
-        shmbridge::cuda::CudaRelease::NoCuda
+        shmbridge::device::CudaRelease::NoCuda
     );
 }
 
@@ -232,7 +232,7 @@ fn client_event_handle_is_read_from_the_header() {
 /// `CudaUnavailable` with the reason, and leaves no region behind.
 #[test]
 fn cuda_specs_are_declared_and_refused_without_a_driver() {
-    use shmbridge::cuda::Device;
+    use shmbridge::device::Device;
     let cuda_spec = EngineSpec::new("api-cuda", 2)
         .tensor_on(
             "obs",
@@ -248,7 +248,7 @@ fn cuda_specs_are_declared_and_refused_without_a_driver() {
         .tensors
         .iter()
         .all(|t| t.device == Device::cuda(0)));
-    if shmbridge::cuda::probe().is_ok() {
+    if shmbridge::device::probe().is_ok() {
         eprintln!("SKIPPED: CUDA is usable here; tests/cuda.rs covers the GPU path");
         return;
     }

@@ -25,7 +25,7 @@ fn engine_output(args: &[&str]) -> std::process::Output {
 /// region left in /dev/shm.
 #[test]
 fn device_cuda_without_cuda_fails_with_the_reason_and_creates_nothing() {
-    let reason = match shmbridge::cuda::probe() {
+    let reason = match shmbridge::device::probe() {
         Ok(_) => {
             eprintln!("SKIPPED device_cuda_without_cuda_fails: CUDA is usable here");
             return;
@@ -61,7 +61,7 @@ fn device_cuda_without_cuda_fails_with_the_reason_and_creates_nothing() {
 /// (`device auto -> cpu` and why); where CUDA is usable, device 0.
 #[test]
 fn device_auto_logs_its_choice_and_serves() {
-    let cuda = shmbridge::cuda::probe().is_ok();
+    let cuda = shmbridge::device::probe().is_ok();
     let engine = EngineProc::start(&["--env", "cartpole", "--num-envs", "3", "--device", "auto"]);
     let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
     let want = if cuda { Location::Cuda } else { Location::Host };

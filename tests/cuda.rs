@@ -1,4 +1,4 @@
-//! GPU tests. Each one first checks that CUDA is usable (`shmbridge::cuda::probe`: the
+//! GPU tests. Each one first checks that CUDA is usable (`shmbridge::device::probe`: the
 //! `cuda` feature, a loadable driver, a device) and otherwise prints why and returns:
 //! they pass vacuously on CPU-only machines (CI) and run for real on a GPU machine.
 //! Run there with `cargo test --features cuda --test cuda -- --nocapture --test-threads=1`.
@@ -13,7 +13,9 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use shmbridge::cuda::driver::{self, DeviceAllocation, Driver, IpcEvent, PrimaryContext, Stream};
+use shmbridge::device::cuda::driver::{
+    self, DeviceAllocation, Driver, IpcEvent, PrimaryContext, Stream,
+};
 
 /// The driver and device 0's primary context, or `None` (after printing why).
 fn gpu(test: &str) -> Option<(&'static Driver, Arc<PrimaryContext>)> {
@@ -72,7 +74,7 @@ fn parent_gpu(test: &str) -> Option<(&'static Driver, Arc<PrimaryContext>)> {
 
 #[test]
 fn probe_reports_devices_or_why_not() {
-    match shmbridge::cuda::probe() {
+    match shmbridge::device::probe() {
         Ok(info) => assert!(info.device_count >= 1),
         Err(e) => eprintln!("SKIPPED probe_reports_devices_or_why_not: {e}"),
     }
@@ -159,7 +161,7 @@ fn kernels_compile_with_nvrtc_and_null_matches_the_cpu_pattern() {
     let Some((d, ctx)) = gpu("kernels_compile_with_nvrtc") else {
         return;
     };
-    let modules = match shmbridge::cuda::kernels::load_all(d, &ctx) {
+    let modules = match shmbridge::envs::gpu::load_all(d, &ctx) {
         Ok(m) => m,
         Err(e @ shmbridge::Error::CudaUnavailable { .. }) => {
             eprintln!("SKIPPED kernels: {e}");
@@ -204,7 +206,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use shmbridge::cuda::{CudaRelease, Device};
+use shmbridge::device::{CudaRelease, Device};
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Peer};
 
 const ENVS: u64 = 64;
@@ -247,24 +249,24 @@ fn child_cuda_engine() {
         )
         .name(&name);
     let mut engine = Engine::create(spec).unwrap();
-    let cuda = engine.cuda().unwrap();
+    let cuda = engine.device().as_cuda().unwrap();
     // A cubin for this device first, as the GPU engines load their kernels.
-    let module = shmbridge::cuda::kernels::build(
+    let module = shmbridge::envs::gpu::build(
         d,
         cuda.context(),
         "null.cu",
-        shmbridge::cuda::kernels::NULL_CU,
+        shmbridge::envs::kernels::NULL_CU,
     )
     .unwrap();
     let (obs, actions, rewards) = (
-        engine.cuda_ptr("obs").unwrap(),
-        engine.cuda_ptr("actions").unwrap(),
-        engine.cuda_ptr("rewards").unwrap(),
+        engine.device_ptr("obs").unwrap(),
+        engine.device_ptr("actions").unwrap(),
+        engine.device_ptr("rewards").unwrap(),
     );
     let n = ENVS * OBS_DIM;
     use driver::Arg;
     let frame = |engine: &Engine, seq: u64| {
-        let s = engine.cuda().unwrap().stream().unwrap();
+        let s = engine.device().as_cuda().unwrap().stream().unwrap();
         // SAFETY: null_step(float*, u64, u64, const float*, u64, float*, u64); the
         // pointers are the engine's tensors of those sizes, alive until close.
         unsafe {
@@ -389,25 +391,30 @@ fn step_and_read(
     let staging = DeviceAllocation::new(ctx, actions.len() * 4).unwrap();
     let bytes: Vec<u8> = actions.iter().flat_map(|a| a.to_le_bytes()).collect();
     staging.write(0, &bytes).unwrap();
-    let act = client.cuda_ptr("actions").unwrap();
+    let act = client.device_ptr("actions").unwrap();
     // SAFETY: both spans are `bytes.len()` long: the client's actions tensor (ENVS f32)
     // and our staging buffer; neither is written by anyone else meanwhile.
     unsafe { s.copy_dtod(act, staging.ptr(), bytes.len()) }.unwrap();
     let seq = client.step_on(&s, T).unwrap();
     let reader = Stream::create(ctx).unwrap();
-    client.cuda().unwrap().wait_frame_on(&reader).unwrap();
+    client
+        .device()
+        .as_cuda()
+        .unwrap()
+        .wait_frame_on(&reader)
+        .unwrap();
     let (obs_bytes, rew_bytes) = ((ENVS * OBS_DIM * 4) as usize, (ENVS * 4) as usize);
     let local = DeviceAllocation::new(ctx, obs_bytes + rew_bytes).unwrap();
     // SAFETY: copies the client's obs and rewards tensors (sizes from the layout) into
     // `local`, ordered after the engine's event on `reader`.
     unsafe {
         reader
-            .copy_dtod(local.ptr(), client.cuda_ptr("obs").unwrap(), obs_bytes)
+            .copy_dtod(local.ptr(), client.device_ptr("obs").unwrap(), obs_bytes)
             .unwrap();
         reader
             .copy_dtod(
                 local.ptr() + obs_bytes as u64,
-                client.cuda_ptr("rewards").unwrap(),
+                client.device_ptr("rewards").unwrap(),
                 rew_bytes,
             )
             .unwrap();
@@ -449,10 +456,10 @@ fn cuda_engine_and_client_lock_step() {
     for name in ["obs", "actions", "rewards"] {
         let (_, t) = client.layout().tensor(name).unwrap();
         let placement = t.cuda.unwrap();
-        let c = client.cuda().unwrap();
+        let c = client.device().as_cuda().unwrap();
         let m = driver::import_memory(c.context(), &placement.ipc_mem_handle).unwrap();
         assert_eq!(
-            client.cuda_ptr(name).unwrap(),
+            client.device_ptr(name).unwrap(),
             m.base() + t.offset,
             "{name}"
         );
@@ -529,7 +536,7 @@ fn cuda_engine_killed_while_client_holds_pointers() {
     let actions: Vec<f32> = (0..ENVS).map(|e| e as f32).collect();
     let (seq, obs, rewards) = step_and_read(&mut client, &ctx, &actions);
     check_frame(seq, &obs, &rewards, &actions);
-    let held = client.cuda_ptr("obs").unwrap();
+    let held = client.device_ptr("obs").unwrap();
     assert_ne!(held, 0);
     engine.child.kill().unwrap(); // SIGKILL
     engine.child.wait().unwrap();
@@ -578,7 +585,7 @@ fn kernels_compile_and_take_the_launched_parameters() {
         ("cartpole_write_obs", u(4)),
         ("cartpole_step", cat(&[u(11), vec!["f64"], u(1)])),
     ];
-    use shmbridge::cuda::kernels::{COMPILE_OPTIONS, SOURCES};
+    use shmbridge::envs::kernels::{COMPILE_OPTIONS, SOURCES};
     let mut seen = 0;
     for (file, src, kernels) in SOURCES {
         let opts = cudarc::nvrtc::CompileOptions {
@@ -617,7 +624,7 @@ fn kernels_compile_to_cubins() {
         eprintln!("SKIPPED kernels_compile_to_cubins: no libnvrtc");
         return;
     }
-    use shmbridge::cuda::kernels::{COMPILE_OPTIONS, SOURCES};
+    use shmbridge::envs::kernels::{COMPILE_OPTIONS, SOURCES};
     for arch in [(8, 0), (8, 6), (9, 0)] {
         for (file, src, kernels) in SOURCES {
             let cubin = driver::compile_cubin(file, src, COMPILE_OPTIONS, arch)
@@ -632,7 +639,7 @@ fn kernels_compile_to_cubins() {
             }
         }
     }
-    match driver::compile_cubin("null.cu", shmbridge::cuda::kernels::NULL_CU, &[], (1, 0)) {
+    match driver::compile_cubin("null.cu", shmbridge::envs::kernels::NULL_CU, &[], (1, 0)) {
         Err(Error::Cuda { call, detail }) => {
             assert_eq!(call, "nvrtcCompileProgram");
             assert!(detail.contains("sm_10"), "{detail}");
@@ -674,7 +681,7 @@ fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
 /// command reply): a stream waits on the engine's event, then the bytes are read through
 /// the client's import (the cached one: no second open).
 fn fetch(client: &Client, name: &str) -> Vec<u8> {
-    let cuda = client.cuda().unwrap();
+    let cuda = client.device().as_cuda().unwrap();
     let s = Stream::create(cuda.context()).unwrap();
     cuda.wait_frame_on(&s).unwrap();
     s.synchronize().unwrap();
@@ -701,7 +708,7 @@ struct DeviceWriter {
 impl DeviceWriter {
     fn new(client: &Client) -> DeviceWriter {
         DeviceWriter {
-            stream: Stream::create(client.cuda().unwrap().context()).unwrap(),
+            stream: Stream::create(client.device().as_cuda().unwrap().context()).unwrap(),
             staging: None,
         }
     }
@@ -711,8 +718,9 @@ impl DeviceWriter {
         self.stream.synchronize().unwrap();
         let total: usize = tensors.iter().map(|(_, b)| b.len()).sum();
         if self.staging.as_ref().is_none_or(|s| s.size() < total) {
-            self.staging =
-                Some(DeviceAllocation::new(client.cuda().unwrap().context(), total).unwrap());
+            self.staging = Some(
+                DeviceAllocation::new(client.device().as_cuda().unwrap().context(), total).unwrap(),
+            );
         }
         let staging = self.staging.as_ref().unwrap();
         let mut at = 0;
@@ -720,7 +728,7 @@ impl DeviceWriter {
             let (_, t) = client.layout().tensor(name).unwrap();
             assert_eq!(t.nbytes as usize, bytes.len(), "{name}");
             staging.write(at, bytes).unwrap();
-            let dst = client.cuda_ptr(*name).unwrap();
+            let dst = client.device_ptr(*name).unwrap();
             // SAFETY: `dst` is the client's tensor of `bytes.len()` bytes and the source
             // a span of our staging buffer, alive until the next step synchronizes.
             unsafe {

@@ -402,7 +402,7 @@ fn cuda_entries_are_checked() {
 
 #[test]
 fn engine_with_cuda_tensors_is_refused_with_a_reason() {
-    use shmbridge::cuda::Device;
+    use shmbridge::device::Device;
     let spec = shmbridge::EngineSpec::new("cuda-test", 2).tensor(
         "obs",
         DType::F32,
@@ -419,7 +419,7 @@ fn engine_with_cuda_tensors_is_refused_with_a_reason() {
 /// the region as it found it: no claimed slot, no event handle, no CUDA state.
 #[test]
 fn cuda_refusal_leaves_no_trace_in_the_region() {
-    if shmbridge::cuda::probe().is_ok() {
+    if shmbridge::device::probe().is_ok() {
         eprintln!("SKIPPED: CUDA is usable here; tests/cuda.rs covers the GPU path");
         return;
     }

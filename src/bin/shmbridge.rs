@@ -10,7 +10,7 @@ use rand::RngExt;
 use rand_pcg::Pcg32;
 
 use shmbridge::control::{ClientState, EngineState};
-use shmbridge::cuda::DeviceRequest;
+use shmbridge::device::DeviceRequest;
 use shmbridge::envs::{self, EnvOptions};
 use shmbridge::layout::{self, Header};
 use shmbridge::region::{self, Region};

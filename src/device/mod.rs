@@ -1,5 +1,121 @@
-//! Where bytes live.
+//! Where bytes live: the one location type, device requests, and the backends behind
+//! one seam.
+//!
+//! - [`location`]: [`Device`], the plain data type `layout` encodes;
+//! - [`request`]: `cpu | cuda | cuda:N | auto`, and what it resolves to here;
+//! - [`backend`]: the engine's and the client's hooks ([`EngineBackend`],
+//!   [`ClientBackend`]);
+//! - [`host`]: host memory (every hook a no-op); [`cuda`]: CUDA IPC (driver layer,
+//!   exports and imports, events), compiled in every build, served with the `cuda`
+//!   feature.
+//!
+//! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
+//! a layout, and the only place outside this folder that knows the `cuda` feature. A new
+//! kind of memory is one more folder here, one [`Device`] variant and one arm in each.
 
+pub mod backend;
+pub mod cuda;
+pub mod host;
 pub mod location;
+pub mod request;
 
+pub use backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, DL_CPU, DL_CUDA};
+pub use request::{resolve_with, DeviceChoice, DeviceRequest};
+
+use crate::error::Result;
+use crate::layout::{HeaderBuilder, Layout};
+
+/// Whether CUDA can be used in this process: `Ok` with what was found, or
+/// `CudaUnavailable` with the reason. Never panics; cheap after the first call (the
+/// result is cached for the life of the process).
+pub fn probe() -> Result<CudaInfo> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::driver::Driver::get().map(|d| d.info().clone())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(cuda::unavailable_without_feature())
+    }
+}
+
+/// Resolves a request against this machine: `Host` always works; `Cuda` needs a usable
+/// driver and the device (else `CudaUnavailable`); `Auto` takes CUDA device 0 when it is
+/// usable and host memory otherwise, giving the reason in [`DeviceChoice::reason`].
+pub fn resolve(requested: DeviceRequest) -> Result<DeviceChoice> {
+    resolve_with(requested, probe())
+}
+
+/// The engine's backend for the tensors `builder` placed: host memory, or the CUDA
+/// allocation it creates and exports into `builder` (before the region, hence `magic`,
+/// exists). `CudaUnavailable` without a usable driver or device, or the feature.
+pub fn engine_backend(builder: &mut HeaderBuilder) -> Result<Box<dyn EngineBackend>> {
+    if builder.cuda_alloc.is_none() {
+        return Ok(Box::new(host::HostEngine));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        Ok(Box::new(cuda::ipc::EngineCuda::create(builder)?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(cuda::unavailable_without_feature())
+    }
+}
+
+/// The client's backend for a validated layout: host memory, or CUDA imports (the
+/// driver probed, the device found, the client's event created: nothing in the region
+/// touched yet, so a failure leaves no trace there).
+pub fn client_backend(layout: &Layout) -> Result<Box<dyn ClientBackend>> {
+    let Some(t) = layout
+        .tensors
+        .iter()
+        .find(|t| t.location() == Location::Cuda)
+    else {
+        return Ok(Box::new(host::HostClient));
+    };
+    #[cfg(feature = "cuda")]
+    {
+        let _ = t;
+        Ok(Box::new(cuda::ipc::ClientCuda::prepare(layout)?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        use crate::error::Error;
+        let reason = match cuda::unavailable_without_feature() {
+            Error::CudaUnavailable { reason } => reason,
+            e => e.to_string(),
+        };
+        Err(Error::CudaUnavailable {
+            reason: format!("tensor '{}' lives on CUDA: {reason}", t.name),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    /// The real probe on this machine. On a machine without a driver (CI) it must return
+    /// `CudaUnavailable` with a reason, never panic; where CUDA works it reports devices.
+    #[test]
+    fn real_probe_never_panics() {
+        match probe() {
+            Ok(info) => {
+                assert!(info.device_count >= 1, "{info:?}");
+                assert!(info.driver_version > 0, "{info:?}");
+            }
+            Err(Error::CudaUnavailable { reason }) => {
+                assert!(!reason.is_empty());
+                eprintln!("CUDA unavailable here: {reason}");
+                let c = resolve(DeviceRequest::Auto).unwrap();
+                assert_eq!(c.device, Device::Host);
+                assert!(c.reason.contains(&reason), "{}", c.reason);
+            }
+            Err(e) => panic!("probe gave {e}, not CudaUnavailable"),
+        }
+    }
+}

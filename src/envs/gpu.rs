@@ -6,8 +6,8 @@
 //! They are [`VecEnv`]s like the CPU engines, serve the same tensors (names, dtypes,
 //! shapes, metadata: the CPU engines' specs, placed on the device) and are served by the
 //! same [`serve`](super::serve) loop. What they need from the engine comes through the
-//! `&mut Tensors` every step and command gets: [`Tensors::engine_cuda`] (the engine's
-//! stream) and [`Tensors::device_ptr`]. Their own state (cartpole's f64 states, step
+//! `&mut Tensors` every step and command gets: [`Tensors::engine_device`] (the engine's
+//! CUDA side and its stream) and [`Tensors::device_ptr`]. Their own state (cartpole's f64 states, step
 //! counts and generators) lives in a device allocation the env owns; it is not exported.
 //!
 //! Ordering is by the engine's one stream: `wait_actions` queues the wait on the client's
@@ -22,11 +22,14 @@
 
 use std::sync::Arc;
 
+use super::kernels::{self, ResetUpload, BLOCK, SOURCES};
 use super::{cartpole, null, EnvOptions, VecEnv};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
-use crate::cuda::driver::{Arg, DeviceAllocation, Driver, Module, PrimaryContext, Stream};
-use crate::cuda::kernels::{self, ResetUpload, BLOCK};
-use crate::cuda::Device;
+use crate::device::cuda::driver::{
+    self, Arg, DeviceAllocation, Driver, Module, PrimaryContext, Stream,
+};
+use crate::device::cuda::ipc::EngineCuda;
+use crate::device::Device;
 use crate::engine::EngineSpec;
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorId;
@@ -51,11 +54,31 @@ pub fn by_name(
     }
 }
 
+/// Compiles one of the kernel files with NVRTC ([`kernels::COMPILE_OPTIONS`]) and loads
+/// it into `ctx` ([`driver::build`]).
+pub fn build(
+    driver: &Driver,
+    ctx: &Arc<PrimaryContext>,
+    file: &str,
+    source: &str,
+) -> Result<Module> {
+    driver::build(driver, ctx, file, source, kernels::COMPILE_OPTIONS)
+}
+
+/// Compiles every embedded kernel file with NVRTC and loads it into `ctx`: what a GPU
+/// engine does at start. `CudaUnavailable` where NVRTC is missing.
+pub fn load_all(driver: &Driver, ctx: &Arc<PrimaryContext>) -> Result<Vec<(&'static str, Module)>> {
+    SOURCES
+        .iter()
+        .map(|(file, src, _)| Ok((*file, build(driver, ctx, file, src)?)))
+        .collect()
+}
+
 /// Compiles `source` with NVRTC and loads it into device `ordinal`'s primary context.
 fn load(ordinal: i32, file: &str, source: &str) -> Result<(Arc<PrimaryContext>, Module)> {
     let d = Driver::get()?;
     let ctx = PrimaryContext::retain(d, ordinal)?;
-    let module = kernels::build(d, &ctx, file, source)?;
+    let module = build(d, &ctx, file, source)?;
     Ok((ctx, module))
 }
 
@@ -69,9 +92,16 @@ fn on_device(mut spec: EngineSpec, ordinal: i32) -> EngineSpec {
 
 /// The engine's stream, where a frame's (or a command's) kernels go.
 fn stream<'a>(io: &Tensors<'a>) -> Result<&'a Stream> {
-    io.engine_cuda()?
-        .stream()
-        .ok_or(Error::Closed(Peer::Engine))
+    engine_cuda(io)?.stream().ok_or(Error::Closed(Peer::Engine))
+}
+
+/// The engine's CUDA side, through its views.
+fn engine_cuda<'a>(io: &Tensors<'a>) -> Result<&'a EngineCuda> {
+    io.engine_device()?
+        .as_cuda()
+        .ok_or_else(|| Error::CudaUnavailable {
+            reason: "these engine views have no CUDA side: the engine has no CUDA tensors".into(),
+        })
 }
 
 /// A tensor's device address and element count.
@@ -571,7 +601,7 @@ mod tests {
     /// kernels/cartpole.cu's `cartpole_reset_listed` on the host, reading the upload as
     /// the kernel does (one "thread" per listed env).
     fn reset_listed_mirror(states: &mut [[f64; 4]], rngs: &mut [(u64, u64)], up: &ResetUpload) {
-        use crate::cuda::kernels::mirror::uniform;
+        use crate::envs::kernels::mirror::uniform;
         for k in 0..up.n {
             let e = u32::from_ne_bytes(up.bytes[4 * k..4 * k + 4].try_into().unwrap()) as usize;
             if up.seeded {
@@ -635,7 +665,7 @@ mod tests {
     /// Without a usable driver (CI), building a GPU env is a typed error, never a panic.
     #[test]
     fn building_without_cuda_is_a_typed_error() {
-        if crate::cuda::probe().is_ok() {
+        if crate::device::probe().is_ok() {
             eprintln!("SKIPPED building_without_cuda_is_a_typed_error: CUDA is usable here");
             return;
         }

@@ -5,11 +5,13 @@
 pub mod cartpole;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod kernels;
 pub mod null;
 
 use std::time::Duration;
 
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
+use crate::device::{Device, DeviceRequest};
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Peer, Result};
 use crate::tensor::Tensors;
@@ -18,7 +20,7 @@ use crate::tensor::Tensors;
 /// `Reset` and its engine-defined methods.
 ///
 /// An env whose spec puts tensors on a CUDA device steps on the GPU through the same
-/// `Tensors`: `Tensors::engine_cuda` gives the engine's stream to launch on (ordered
+/// `Tensors`: `Tensors::engine_device` gives the engine's CUDA side and stream to launch on (ordered
 /// after the wait on the client's event and before the engine's event record) and
 /// `Tensors::device_ptr` the tensors' device addresses (`envs::gpu`).
 pub trait VecEnv: CommandHandler {
@@ -99,14 +101,14 @@ pub fn by_name_on(
     name: &str,
     num_envs: u32,
     options: &EnvOptions,
-    device: crate::cuda::Device,
+    device: Device,
 ) -> Result<Box<dyn VecEnv>> {
     match device {
-        crate::cuda::Device::Host => by_name(name, num_envs, options),
+        Device::Host => by_name(name, num_envs, options),
         #[cfg(feature = "cuda")]
-        crate::cuda::Device::Cuda(c) => gpu::by_name(name, num_envs, options, c.ordinal),
+        Device::Cuda(c) => gpu::by_name(name, num_envs, options, c.ordinal),
         #[cfg(not(feature = "cuda"))]
-        crate::cuda::Device::Cuda(_) => Err(crate::cuda::unavailable_without_feature()),
+        Device::Cuda(_) => Err(crate::device::cuda::unavailable_without_feature()),
     }
 }
 
@@ -174,7 +176,7 @@ pub struct ReferenceEngine {
     /// engines: every tensor on the device, stepped by the kernels of `kernels/`; needs
     /// the `cuda` feature and a usable device), or `Auto` (CUDA device 0 when usable,
     /// else host).
-    pub device: crate::cuda::DeviceRequest,
+    pub device: DeviceRequest,
 }
 
 /// Creates the engine, prints the region name on stdout once frame 0 is published, and
@@ -182,7 +184,7 @@ pub struct ReferenceEngine {
 /// close the region and remove its name before the process exits, so nothing is left in
 /// /dev/shm and the client sees `PeerClosed`.
 pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
-    let mut choice = crate::cuda::resolve(r.device)?;
+    let mut choice = crate::device::resolve(r.device)?;
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
     let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
@@ -198,16 +200,15 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
         // `auto` with a usable driver but no usable GPU engine (NVRTC missing, a kernel
         // that does not load, no memory): host memory, saying why.
         Err(e @ (Error::CudaUnavailable { .. } | Error::Cuda { .. }))
-            if r.device == crate::cuda::DeviceRequest::Auto
-                && choice.device != crate::cuda::Device::Host =>
+            if r.device == DeviceRequest::Auto && choice.device != Device::Host =>
         {
-            choice.device = crate::cuda::Device::Host;
+            choice.device = Device::Host;
             choice.reason = format!("falling back to host memory: {e}");
             build(choice.device)?
         }
         other => other?,
     };
-    if r.device != crate::cuda::DeviceRequest::Host {
+    if r.device != DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
     close_on_signal(engine.name().to_string());

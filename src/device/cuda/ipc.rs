@@ -5,14 +5,16 @@
 //! Written against the driver layer and checked on CPU only for its refusals
 //! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
 
+use std::any::Any;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
-use super::CudaRelease;
-use crate::device::Device;
+use crate::control::Control;
+use crate::device::backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+use crate::device::location::Device;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
 use crate::region::Region;
@@ -40,11 +42,11 @@ pub struct EngineCuda {
 impl EngineCuda {
     /// Allocates [`HeaderBuilder::cuda_alloc`] in one `cuMemAlloc`, creates the stream
     /// and the interprocess event, and writes the exports into `builder` (before the
-    /// region, hence `magic`, exists). `Ok(None)` without CUDA tensors; `CudaUnavailable`
-    /// without a usable driver or device.
-    pub fn create(builder: &mut HeaderBuilder) -> Result<Option<EngineCuda>> {
+    /// region, hence `magic`, exists). `InvalidSpec` without CUDA tensors;
+    /// `CudaUnavailable` without a usable driver or device.
+    pub fn create(builder: &mut HeaderBuilder) -> Result<EngineCuda> {
         let Some((ordinal, size)) = builder.cuda_alloc else {
-            return Ok(None);
+            return Err(Error::InvalidSpec("no CUDA tensor in the spec".into()));
         };
         let d = Driver::get()?;
         let ctx = PrimaryContext::retain(d, ordinal)?;
@@ -58,14 +60,14 @@ impl EngineCuda {
             .tensors
             .iter()
             .any(|t| t.location() == Location::Cuda && t.direction == Direction::ClientToEngine);
-        Ok(Some(EngineCuda {
+        Ok(EngineCuda {
             client_event: None,
             event: Some(event),
             stream: Some(stream),
             alloc: Some(alloc),
             reads_device_actions,
             ctx,
-        }))
+        })
     }
 
     pub fn context(&self) -> &Arc<PrimaryContext> {
@@ -151,7 +153,11 @@ impl EngineCuda {
     /// `wait`), else leaks it with a log line. Freeing memory that a live peer still has
     /// mapped is undefined in the driver; leaking it costs device memory until this
     /// process exits, when the driver reclaims it.
-    pub fn release(mut self, mut may_free: impl FnMut() -> bool, wait: Duration) -> CudaRelease {
+    pub fn release_when(
+        mut self,
+        mut may_free: impl FnMut() -> bool,
+        wait: Duration,
+    ) -> CudaRelease {
         if let Some(s) = &self.stream {
             let _ = s.synchronize();
         }
@@ -446,24 +452,24 @@ impl ClientCuda {
     }
 
     /// Closes the client's side, each handle exactly once: waits for the client's own
-    /// queued writes (a last record of its event on the default stream), destroys its
-    /// event and drops its reference to the lease. Returns whether the handles are
+    /// queued writes (a last record of its event on the default stream) and drops its
+    /// reference to the lease. Returns whether the handles are
     /// closed now (no view holds the lease), i.e. whether `client_cuda_state = RELEASED`
     /// may be stored. If views still hold it, `ack()` is asked for a mapping of the
     /// region, into which the lease acknowledges when the last view drops.
     ///
-    /// The client's own event is handed back, not destroyed: the engine may still wait on
-    /// it until it sees `client_state = CLOSED`, so the caller drops it after that store.
-    pub fn release(mut self, ack: impl FnOnce() -> Option<Region>) -> (bool, Option<IpcEvent>) {
+    /// The client's own event is kept, not destroyed: the engine may still wait on it
+    /// until it sees `client_state = CLOSED`, so it goes when this value is dropped,
+    /// after that store.
+    pub fn release_with(&mut self, ack: impl FnOnce() -> Option<Region>) -> bool {
         if let Some(ev) = &self.event {
             if ev.record(&self.default_stream).is_ok() {
                 let _ = ev.synchronize();
             }
         }
-        let event = self.event.take();
         self.ptrs.clear();
         let Some(lease) = self.lease.take() else {
-            return (true, event);
+            return true;
         };
         match Arc::try_unwrap(lease) {
             Ok(lease) => {
@@ -474,7 +480,7 @@ impl ClientCuda {
                     .iter()
                     .all(|m| Arc::strong_count(m) == 1);
                 drop(lease);
-                (closed, event)
+                closed
             }
             Err(shared) => {
                 if let Some(region) = ack() {
@@ -482,8 +488,112 @@ impl ClientCuda {
                 }
                 // If the last view dropped meanwhile, this drop closes and acknowledges.
                 drop(shared);
-                (false, event)
+                false
             }
         }
+    }
+}
+
+impl EngineBackend for EngineCuda {
+    fn before_publish(&self) -> Result<()> {
+        self.record()
+    }
+
+    fn before_actions(&mut self, control: Control<'_>) -> Result<()> {
+        self.wait_client(control.read_client_event())
+    }
+
+    fn before_command(&mut self, control: Control<'_>) -> Result<()> {
+        self.wait_client_for_command(control.read_client_event())
+    }
+
+    fn forget_client(&mut self) {
+        EngineCuda::forget_client(self)
+    }
+
+    fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
+        self.ptr(t)
+    }
+
+    fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease {
+        // The SeqCst store of CLOSED (before this call) and the SeqCst load of
+        // `client_cuda_state` here pair with the client's SeqCst store of OPEN and load
+        // of `engine_state` at attach: either it sees CLOSED and opens nothing, or we
+        // see OPEN.
+        self.release_when(|| control.device_memory_may_be_freed(), RELEASE_WAIT)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl ClientBackend for ClientCuda {
+    fn event_handle(&self) -> Option<[u8; 64]> {
+        Some(self.handle())
+    }
+
+    fn open(&mut self, layout: &Layout) -> Result<()> {
+        ClientCuda::open(self, layout)
+    }
+
+    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+        match stream {
+            None => self.record(None),
+            Some(s) => {
+                // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device,
+                // alive while `s` is (for the whole call).
+                let s = unsafe { Stream::borrowed(&self.ctx, s.raw()) };
+                self.record(Some(&s))
+            }
+        }
+    }
+
+    fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64> {
+        self.ptr(index, t)
+    }
+
+    fn release(&mut self, region: &Region) {
+        let released = self.release_with(|| match region.map_again() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!(
+                    "shmbridge: views still hold the engine's CUDA memory and the region \
+                     could not be mapped for their close acknowledgement ({e}); \
+                     client_cuda_state stays OPEN (the engine will not free it)"
+                );
+                None
+            }
+        });
+        if released {
+            region.control().acknowledge_device_release();
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl<'a> From<&'a Stream> for StreamRef<'a> {
+    fn from(s: &'a Stream) -> StreamRef<'a> {
+        // SAFETY: `s` is a live stream (or a borrowed default one) for `'a`.
+        unsafe { StreamRef::from_raw(s.raw()) }
+    }
+}
+
+impl dyn EngineBackend {
+    /// The CUDA side of an engine with CUDA tensors (its context, and the stream a
+    /// frame's kernels go on); `None` for any other backend.
+    pub fn as_cuda(&self) -> Option<&EngineCuda> {
+        self.as_any().downcast_ref()
+    }
+}
+
+impl dyn ClientBackend {
+    /// The CUDA side of a client of CUDA tensors (context, the engine's event, the
+    /// lease on the imports); `None` for any other backend.
+    pub fn as_cuda(&self) -> Option<&ClientCuda> {
+        self.as_any().downcast_ref()
     }
 }

@@ -1061,7 +1061,7 @@ impl Module {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         let block = block.max(1);
-        let grid = super::kernels::blocks(n, block);
+        let grid = super::blocks(n, block);
         // SAFETY: `f` is a function of this module; `params` holds one pointer per
         // argument, each to 8 bytes that outlive the call (the driver copies them before
         // returning); the caller guarantees they match the kernel's signature.
@@ -1088,6 +1088,33 @@ impl Drop for Module {
         if let Ok(_current) = self.ctx.bind() {
             // SAFETY: a module we loaded, unloaded once.
             let _ = unsafe { sys::cuModuleUnload(self.raw) };
+        }
+    }
+}
+
+/// Compiles one kernel file for `ctx`'s device with `options` and loads it: a cubin for
+/// its compute capability (loads on any driver of NVRTC's major version), else, when
+/// NVRTC cannot target that architecture or the driver refuses the cubin, PTX for the
+/// driver to compile. `CudaUnavailable` where NVRTC is missing.
+pub fn build(
+    driver: &Driver,
+    ctx: &Arc<PrimaryContext>,
+    file: &str,
+    source: &str,
+    options: &[&str],
+) -> Result<Module> {
+    let arch = ctx.compute_capability()?;
+    let cubin = compile_cubin(file, source, options, arch)
+        .and_then(|image| Module::load_cubin(ctx, &image));
+    match cubin {
+        Ok(module) => Ok(module),
+        Err(e @ Error::CudaUnavailable { .. }) => Err(e),
+        Err(first) => {
+            let ptx = compile(driver, file, source, options)?;
+            Module::load(ctx, &ptx).map_err(|e| Error::Cuda {
+                call: "cuModuleLoadData",
+                detail: format!("{file}: cubin: {first}; PTX: {e}"),
+            })
         }
     }
 }

@@ -1,5 +1,6 @@
 //! CUDA C sources of the reference engines' kernels (`kernels/*.cu`), embedded in the
-//! binary and compiled at run time with NVRTC (with the `cuda` feature).
+//! binary and compiled at run time with NVRTC (with the `cuda` feature: `envs::gpu`), and
+//! the launch sizes and generator constants they share with the CPU engines.
 
 /// `kernels/null.cu`: the `null` engine's pattern.
 pub const NULL_CU: &str = include_str!("../../kernels/null.cu");
@@ -38,13 +39,6 @@ pub const MAX_BLOCKS: u64 = 1 << 20;
 pub fn launch_threads(elements: u64) -> u32 {
     // MAX_BLOCKS * BLOCK = 2^28 < 2^32: the cast is exact.
     elements.clamp(1, MAX_BLOCKS * BLOCK as u64) as u32
-}
-
-/// The blocks `driver::Module::launch` makes for `threads` threads of `block` (≥ 1):
-/// `ceil(threads / block)`, at least one. For one-thread-per-env kernels (`threads =
-/// num_envs`, a u32) and `BLOCK` it is at most 2^24, within the 2^31 - 1 limit.
-pub fn blocks(threads: u32, block: u32) -> u32 {
-    threads.div_ceil(block.max(1)).max(1)
 }
 
 /// A cartpole reset (frame 0's seeding, a `Reset` command) as `cartpole_reset_listed`
@@ -146,47 +140,6 @@ pub fn pcg32_seed(seed: u64) -> (u64, u64) {
 /// `PCG_MUL` of kernels/cartpole.cu (and rand_pcg's Lcg64Xsh32 multiplier).
 pub const PCG_MUL: u64 = 6364136223846793005;
 
-/// Compiles one kernel file for `ctx`'s device and loads it: a cubin for its compute
-/// capability (loads on any driver of NVRTC's major version), else, when NVRTC cannot
-/// target that architecture or the driver refuses the cubin, PTX for the driver to
-/// compile. `CudaUnavailable` where NVRTC is missing.
-#[cfg(feature = "cuda")]
-pub fn build(
-    driver: &super::driver::Driver,
-    ctx: &std::sync::Arc<super::driver::PrimaryContext>,
-    file: &str,
-    source: &str,
-) -> crate::error::Result<super::driver::Module> {
-    use super::driver::{compile, compile_cubin, Module};
-    let arch = ctx.compute_capability()?;
-    let cubin = compile_cubin(file, source, COMPILE_OPTIONS, arch)
-        .and_then(|image| Module::load_cubin(ctx, &image));
-    match cubin {
-        Ok(module) => Ok(module),
-        Err(e @ crate::error::Error::CudaUnavailable { .. }) => Err(e),
-        Err(first) => {
-            let ptx = compile(driver, file, source, COMPILE_OPTIONS)?;
-            Module::load(ctx, &ptx).map_err(|e| crate::error::Error::Cuda {
-                call: "cuModuleLoadData",
-                detail: format!("{file}: cubin: {first}; PTX: {e}"),
-            })
-        }
-    }
-}
-
-/// Compiles every embedded kernel file with NVRTC and loads it into `ctx`: what a GPU
-/// engine does at start. `CudaUnavailable` where NVRTC is missing.
-#[cfg(feature = "cuda")]
-pub fn load_all(
-    driver: &super::driver::Driver,
-    ctx: &std::sync::Arc<super::driver::PrimaryContext>,
-) -> crate::error::Result<Vec<(&'static str, super::driver::Module)>> {
-    SOURCES
-        .iter()
-        .map(|(file, src, _)| Ok((*file, build(driver, ctx, file, src)?)))
-        .collect()
-}
-
 /// Host mirrors of kernels/cartpole.cu's device functions, for CPU tests of the GPU
 /// scheme (what they cannot show: that the GPU evaluates the kernel the same way).
 #[cfg(test)]
@@ -218,6 +171,7 @@ pub(crate) mod mirror {
 mod tests {
     use super::mirror::{pcg32_next, uniform};
     use super::*;
+    use crate::device::cuda::blocks;
 
     #[test]
     fn launch_sizes_stay_within_cuda_limits() {

@@ -1,0 +1,105 @@
+//! The two hooks a device backend gives the transport: the engine's and the client's.
+//!
+//! [`Engine`](crate::Engine) and [`Client`](crate::Client) each hold one backend, picked
+//! by [`engine_backend`](super::engine_backend) / [`client_backend`](super::client_backend)
+//! from the layout, and call it at fixed points of the protocol. Host memory needs
+//! nothing at any of them ([`super::host`]); a device whose work is asynchronous (CUDA)
+//! orders it there with events, and exports or imports its memory.
+
+use std::any::Any;
+use std::marker::PhantomData;
+
+use crate::control::Control;
+use crate::error::Result;
+use crate::layout::{Layout, TensorInfo};
+use crate::region::Region;
+
+/// The engine's side of a backend.
+pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
+    /// Before a frame or a command's reply is published (`READY`, `frame_seq`, the reply
+    /// push): makes the device work that wrote it complete before the peer reads it.
+    fn before_publish(&self) -> Result<()>;
+
+    /// After an action was posted, before the engine reads the client→engine tensors:
+    /// orders the engine's reads after the client's device writes.
+    fn before_actions(&mut self, control: Control<'_>) -> Result<()>;
+
+    /// Before answering a command (a reset may write tensors the client's queued work
+    /// still reads).
+    fn before_command(&mut self, control: Control<'_>) -> Result<()>;
+
+    /// The client closed or died: drop what was opened of it.
+    fn forget_client(&mut self);
+
+    /// Device address (in this process) of a tensor in the backend's memory.
+    fn device_ptr(&self, t: &TensorInfo) -> Result<u64>;
+
+    /// At close, after `engine_state = CLOSED` is stored: finishes the device's queued
+    /// work and frees exported memory once the client acknowledged releasing it (or
+    /// died, or never imported it).
+    fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease;
+
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The client's side of a backend.
+pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
+    /// The handle to publish in the control block while claiming the slot
+    /// ([`Control::publish_client_event`]); `None`: nothing to publish.
+    fn event_handle(&self) -> Option<[u8; 64]>;
+
+    /// After the slot is claimed (and the event published): imports the engine's memory.
+    fn open(&mut self, layout: &Layout) -> Result<()>;
+
+    /// Before an action or a request is posted: orders the client's device writes (on
+    /// `stream`, the default stream if `None`) before the engine's reads.
+    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()>;
+
+    /// Device address (in this process) of tensor `index` of the layout.
+    fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64>;
+
+    /// At close, before `client_state = CLOSED` is stored: closes the imports and
+    /// acknowledges it in `region`'s control block (or, while views still hold them,
+    /// leaves that to the last view). What must outlive the CLOSED store (the client's
+    /// own event) is dropped with the backend.
+    fn release(&mut self, region: &Region);
+
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A device stream, by its raw handle (CUDA: a `CUstream`, or 1/2 for the legacy and
+/// per-thread default streams), borrowed for `'a`.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamRef<'a> {
+    raw: u64,
+    _stream: PhantomData<&'a ()>,
+}
+
+impl StreamRef<'_> {
+    /// # Safety
+    /// `raw` must be 1, 2, or a live stream of the device the backend serves, which
+    /// stays alive for the returned value's lifetime.
+    pub unsafe fn from_raw(raw: u64) -> Self {
+        StreamRef {
+            raw,
+            _stream: PhantomData,
+        }
+    }
+
+    pub fn raw(self) -> u64 {
+        self.raw
+    }
+}
+
+/// What an engine did with its exported device memory when it closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaRelease {
+    /// No CUDA tensors (or not closed yet).
+    NoCuda,
+    /// Freed: the client acknowledged closing its handles, died, or never opened them.
+    Freed,
+    /// Deliberately not freed: a live client still had the memory open (`client_cuda_state
+    /// = OPEN`) when the bounded wait ran out. Freeing memory a peer has mapped is
+    /// undefined behaviour in the driver; the driver reclaims it when this process exits.
+    Leaked,
+}

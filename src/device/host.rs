@@ -1,0 +1,70 @@
+//! Host memory: the tensors' bytes are in the region itself, which both processes map.
+//! Nothing to export, import, order or release: every hook is a no-op.
+
+use std::any::Any;
+
+use super::backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+use crate::control::Control;
+use crate::error::{Error, Result};
+use crate::layout::{Layout, TensorInfo};
+use crate::region::Region;
+
+/// The engine's host backend.
+#[derive(Debug, Default)]
+pub struct HostEngine;
+
+/// The client's host backend.
+#[derive(Debug, Default)]
+pub struct HostClient;
+
+fn no_device(t: &TensorInfo) -> Error {
+    Error::NotOnHost {
+        tensor: t.name.clone(),
+        location: "host (this engine has no CUDA tensors)",
+    }
+}
+
+impl EngineBackend for HostEngine {
+    #[inline]
+    fn before_publish(&self) -> Result<()> {
+        Ok(())
+    }
+    #[inline]
+    fn before_actions(&mut self, _: Control<'_>) -> Result<()> {
+        Ok(())
+    }
+    #[inline]
+    fn before_command(&mut self, _: Control<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn forget_client(&mut self) {}
+    fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
+        Err(no_device(t))
+    }
+    fn release(self: Box<Self>, _: Control<'_>) -> CudaRelease {
+        CudaRelease::NoCuda
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl ClientBackend for HostClient {
+    fn event_handle(&self) -> Option<[u8; 64]> {
+        None
+    }
+    fn open(&mut self, _: &Layout) -> Result<()> {
+        Ok(())
+    }
+    #[inline]
+    fn before_post(&self, _: Option<StreamRef<'_>>) -> Result<()> {
+        Ok(())
+    }
+    fn device_ptr(&self, _: usize, t: &TensorInfo) -> Result<u64> {
+        Err(no_device(t))
+    }
+    fn release(&mut self, _: &Region) {}
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
