@@ -225,8 +225,8 @@ impl Engine {
         self.layout.num_envs as usize
     }
 
-    /// Views of the tensors: write engine→client ones, read client→engine ones (with the
-    /// `cuda` feature, also the device side of CUDA tensors: `Tensors::engine_cuda`).
+    /// Views of the tensors: write engine→client ones, read client→engine ones, and the
+    /// engine's device side (`Tensors::engine_device`, `Tensors::device_ptr`).
     pub fn io(&mut self) -> Tensors<'_> {
         self.views()
     }

@@ -2,10 +2,12 @@
 //! ("client") on the same machine, through a POSIX shared-memory region with sequence
 //! counters driving a lock-step loop.
 //!
-//! Modules follow the data path: [`layout`] (the header, pure) → [`region`] (the shm
-//! object) → [`sync`] (counters and waiting) → [`tensor`] (typed views) → [`engine`] and
-//! [`client`] (the two public faces) → [`envs`] (reference engines). All system calls are
-//! in `os`. The wire format is documented in `docs/protocol.md`.
+//! Modules follow the data path: [`layout`] (the header, data only) → [`region`] (the shm
+//! object) → [`control`] (the live control block, typed) → [`sync`] (counters and
+//! waiting) → [`tensor`] (typed views) and [`device`] (where bytes live: host or CUDA,
+//! behind one backend seam) → [`engine`] and [`client`] (the two public faces) →
+//! [`envs`] (reference engines). All system calls are in `os`. The wire format is
+//! documented in `docs/protocol.md`.
 
 #[cfg(not(all(target_os = "linux", target_endian = "little")))]
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");

@@ -143,9 +143,9 @@ pub struct TensorDesc {
     pub dtype_bits: u8,
     pub dtype_lanes: u16,
     pub ndim: u8,
-    /// [`Direction`] as u8.
+    /// [`Direction`](super::Direction) as u8.
     pub direction: u8,
-    /// [`Location`] as u8.
+    /// [`Location`](crate::device::Location) as u8.
     pub location: u8,
     pub flags: u8,
     pub device_ordinal: i32,

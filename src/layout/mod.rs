@@ -1,19 +1,17 @@
 //! Header v1: the byte layout of a region's header and tensor table, and its validation.
 //!
 //! Pure data: no I/O, no unsafe, nothing from the device backends (only the plain
-//! [`Device`](crate::device::Device) type a tensor's placement is). The engine builds a
+//! [`Device`] type a tensor's placement is). The engine builds a
 //! header with [`HeaderBuilder`]; a client copies the header out of shared memory and runs
 //! [`validate`] on the copy before it trusts any field (the engine could scribble on the
 //! live header afterwards; the client only ever uses its validated snapshot). The live
 //! fields are read and written through [`crate::control`]. `docs/protocol.md` documents
 //! every byte here.
 //!
-//! - [`header`](self::header): constants, the control block and table entry structs, the
-//!   live fields' offsets, the layout hash, the identity checks;
-//! - [`dtype`](self::dtype): element types;
-//! - [`tensor`](self::tensor): tensor specs, validated entries, the validated layout;
-//! - [`builder`](self::builder): spec → header bytes;
-//! - [`validate`](self::validate()): header bytes → [`Layout`].
+//! Files: `header.rs` (constants, the control block and table entry structs, the live
+//! fields' offsets, the layout hash, the identity checks), `dtype.rs` (element types),
+//! `tensor.rs` (tensor specs, validated entries, the validated layout), `builder.rs`
+//! (spec → header bytes), `validate.rs` (header bytes → [`Layout`]).
 
 mod builder;
 mod dtype;
