@@ -321,6 +321,32 @@ mod loom_tests {
         client_waiting: AtomicU32,
         doorbell: AtomicU32,
         engine_state: AtomicU32,
+        /// What the client writes before each action and the engine reads after it.
+        actions: Tensor,
+        /// What the engine writes before each frame and the client reads after it.
+        observations: Tensor,
+    }
+
+    /// A tensor's bytes, as plain memory that the counters hand from one side to the other.
+    #[derive(Default)]
+    struct Tensor(std::cell::UnsafeCell<u64>);
+
+    // SAFETY: the two sides take turns on a tensor as the lock-step protocol orders them;
+    // each access is announced to the model's loom cells first, so one that the protocol
+    // does not order after the other side's fails the model.
+    unsafe impl Sync for Tensor {}
+
+    impl Tensor {
+        fn write(&self, value: u64) {
+            primitive::writing(self.0.get().cast(), 8);
+            // SAFETY: see `impl Sync`; the model has checked this access.
+            unsafe { *self.0.get() = value }
+        }
+        fn read(&self) -> u64 {
+            primitive::reading(self.0.get().cast(), 8);
+            // SAFETY: see `impl Sync`; the model has checked this access.
+            unsafe { *self.0.get() }
+        }
     }
 
     const CLOSED: u32 = 1;
@@ -336,6 +362,9 @@ mod loom_tests {
             model::track_u32(&c.client_waiting);
             model::track_u32(&c.doorbell);
             model::track_u32(&c.engine_state);
+            for t in [&c.actions, &c.observations] {
+                model::track_bytes(t.0.get().cast(), 8);
+            }
             c
         }
 
@@ -414,20 +443,26 @@ mod loom_tests {
 
     #[test]
     fn lock_step_two_rounds() {
-        // The protocol 1.1 loop: the client posts each action through the doorbell, the
-        // engine sleeps on the doorbell and answers with a frame; a frame for each action,
-        // never more, never fewer.
+        // The protocol 1.1 loop: the client writes the actions and posts them through the
+        // doorbell, the engine sleeps on the doorbell, reads them, writes the observations
+        // and posts a frame. A frame for each action, never more, never fewer, and each
+        // side reads the other's tensor only after it was written, and writes its own only
+        // after the other has read it.
         check("sync::lock_step_two_rounds", || {
             let c = Control::new();
             let engine = c.spawn(|c| {
                 for n in 1..=2u64 {
                     assert_eq!(c.wait_action(n), n);
+                    assert_eq!(c.actions.read(), n);
+                    c.observations.write(100 + n);
                     post(&c.frame(), n);
                 }
             });
             for n in 1..=2u64 {
+                c.actions.write(n);
                 post(&c.doorbell(true), n);
                 assert_eq!(c.wait_frame(n), n);
+                assert_eq!(c.observations.read(), 100 + n);
             }
             engine.join().unwrap();
             waiting_flags_down(&c);
