@@ -91,9 +91,9 @@ pub(crate) fn fetch_add<W: Word>(word: &W, value: W::Value, order: Ordering) -> 
     word.fetch_add_word(value, order)
 }
 
-/// `len` bytes of a ring's data area from `start` are about to be read. Nothing to do but
-/// under `cfg(loom)`, where each byte is a loom cell: a read of bytes whose last write does
-/// not happen before it fails the model.
+/// `len` bytes of plain shared memory (a ring's data area) from `start` are about to be
+/// read. Nothing to do but under `cfg(loom)`, where each byte is a loom cell: a read of
+/// bytes whose last write does not happen before it fails the model.
 #[inline(always)]
 pub(crate) fn reading(start: *const u8, len: usize) {
     #[cfg(loom)]
