@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), the Python package's tests, property, the loom model of the wait handshake, the check that
+# death, command channel), the Python package's tests, property, the loom models of the wait handshake, the doorbell and the ring, the check that
 # the committed FlatBuffers code is what flatc generates, a 60 s fuzz run of the command
 # reader, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
@@ -28,9 +28,9 @@ cargo test --locked --features cuda --test cuda -- --nocapture --test-threads=1 
 echo "== the build without the cuda feature"
 cargo check --locked --all-targets
 
-echo "== loom model of the post/wait handshake"
+echo "== loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
 LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    cargo test --locked --release --lib sync::loom_tests
+    cargo test --locked --release --lib loom_tests -- --nocapture
 
 echo "== Python package: pytest"
 .venv/bin/python -m pytest -q -rs tests/python

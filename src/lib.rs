@@ -23,6 +23,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod layout;
 mod os;
+mod primitive;
 #[cfg(feature = "python")]
 mod python;
 pub mod region;

@@ -86,6 +86,8 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
 /// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
 /// value change, timeout or signal; the caller re-checks its condition in every case.
 /// Shared mapping: the futex is never `FUTEX_PRIVATE_FLAG`.
+// A loom build waits on the modelled futex instead (`primitive`).
+#[cfg_attr(loom, allow(dead_code))]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = rustix::time::Timespec {
         tv_sec: timeout.as_secs() as i64,

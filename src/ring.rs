@@ -19,10 +19,11 @@
 //! [`Error::Protocol`] naming the peer, never a panic.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Peer, Result};
+use crate::primitive::{self, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{self, SharedSeq, WaitPolicy};
 
 /// Bytes of the length word that starts every record.
@@ -89,8 +90,8 @@ impl std::fmt::Debug for Ring<'_> {
         f.debug_struct("Ring")
             .field("producer", &self.producer)
             .field("capacity", &self.capacity)
-            .field("head", &self.ctrl.head.load(Ordering::Relaxed))
-            .field("tail", &self.ctrl.tail.load(Ordering::Relaxed))
+            .field("head", &primitive::load(self.ctrl.head, Ordering::Relaxed))
+            .field("tail", &primitive::load(self.ctrl.tail, Ordering::Relaxed))
             .finish()
     }
 }
@@ -198,7 +199,8 @@ impl<'a> Ring<'a> {
 
     /// Whether nothing is published and unconsumed.
     pub fn is_empty(&self) -> bool {
-        self.ctrl.head.load(Ordering::Acquire) == self.ctrl.tail.load(Ordering::Acquire)
+        primitive::load(self.ctrl.head, Ordering::Acquire)
+            == primitive::load(self.ctrl.tail, Ordering::Acquire)
     }
 
     // ----- producer side -----
@@ -253,9 +255,9 @@ impl<'a> Ring<'a> {
     fn push_once(&self, record: &[u8], size: u64) -> Result<Pushed> {
         let _role = RoleGuard::take(self.roles.map(|r| &r.push));
         // Own counter: no other writer (in-process ones are ordered by the role lock).
-        let head = self.ctrl.head.load(Ordering::Relaxed);
+        let head = primitive::load(self.ctrl.head, Ordering::Relaxed);
         // Acquire: the consumer's copies out of the space it freed happen before our writes.
-        let tail = self.ctrl.tail.load(Ordering::Acquire);
+        let tail = primitive::load(self.ctrl.tail, Ordering::Acquire);
         let used = self.check_counters(head, tail, other(self.producer))?;
         let end = head.checked_add(size).ok_or_else(|| Error::Protocol {
             peer: other(self.producer),
@@ -277,6 +279,7 @@ impl<'a> Ring<'a> {
         // The `size` bytes from `pos` (wrapping) are free space: `size <= capacity - used`,
         // and the consumer does not read past `head` until we publish below.
         unsafe {
+            primitive::writing(self.data.add(pos), len_word.len());
             std::ptr::copy_nonoverlapping(len_word.as_ptr(), self.data.add(pos), len_word.len());
         }
         // SAFETY: `pos + 4 < capacity` (above) and `len + pad <= size <= capacity`, the
@@ -341,9 +344,9 @@ impl<'a> Ring<'a> {
     fn pop_once(&self, out: &mut Vec<u8>) -> Result<Popped> {
         let _role = RoleGuard::take(self.roles.map(|r| &r.pop));
         // Acquire: the producer's writes of everything up to `head` happen before our reads.
-        let head = self.ctrl.head.load(Ordering::Acquire);
+        let head = primitive::load(self.ctrl.head, Ordering::Acquire);
         // Own counter.
-        let tail = self.ctrl.tail.load(Ordering::Relaxed);
+        let tail = primitive::load(self.ctrl.tail, Ordering::Relaxed);
         let avail = self.check_counters(head, tail, self.producer)?;
         if avail == 0 {
             return Ok(Popped::Empty { tail });
@@ -353,6 +356,7 @@ impl<'a> Ring<'a> {
         // SAFETY: `pos` is `tail mod capacity` with tail (checked) and capacity multiples
         // of 8, so `pos <= capacity - 8` and the 4 bytes lie inside the data area.
         unsafe {
+            primitive::reading(self.data.add(pos), len_word.len());
             std::ptr::copy_nonoverlapping(
                 self.data.add(pos),
                 len_word.as_mut_ptr(),
@@ -462,6 +466,8 @@ impl<'a> Ring<'a> {
         // SAFETY: `pos + first <= capacity` and `second <= capacity`: both ranges lie in
         // the data area (the caller's contract); `src` is readable for `first + second`.
         unsafe {
+            primitive::writing(self.data.add(pos), first);
+            primitive::writing(self.data, second);
             std::ptr::copy_nonoverlapping(src, self.data.add(pos), first);
             std::ptr::copy_nonoverlapping(src.add(first), self.data, second);
         }
@@ -476,6 +482,8 @@ impl<'a> Ring<'a> {
         let (first, second) = self.split(pos, len);
         // SAFETY: both ranges lie in the data area, as in `copy_in`.
         unsafe {
+            primitive::writing(self.data.add(pos), first);
+            primitive::writing(self.data, second);
             std::ptr::write_bytes(self.data.add(pos), 0, first);
             std::ptr::write_bytes(self.data, 0, second);
         }
@@ -492,6 +500,8 @@ impl<'a> Ring<'a> {
         // SAFETY: both source ranges lie in the data area (the caller's contract); `dst`
         // is writable for `first + second` bytes.
         unsafe {
+            primitive::reading(self.data.add(pos), first);
+            primitive::reading(self.data, second);
             std::ptr::copy_nonoverlapping(self.data.add(pos), dst, first);
             std::ptr::copy_nonoverlapping(self.data, dst.add(first), second);
         }
@@ -610,7 +620,7 @@ impl std::fmt::Debug for HeapRing {
 }
 
 /// The low 32 bits of a counter, as the futex word for it.
-fn low_half(word: &AtomicU64) -> &AtomicU32 {
+pub(crate) fn low_half(word: &AtomicU64) -> &AtomicU32 {
     // SAFETY: an AtomicU64 is 8 bytes, 8-aligned, so its first 4 bytes are a valid,
     // aligned AtomicU32 for as long as the borrow; on little-endian targets (the only ones
     // the crate builds for) they are the low half. The result is only handed to the
@@ -691,8 +701,8 @@ impl HeapRing {
     /// The counters (head, tail) as they are now.
     pub fn counters(&self) -> (u64, u64) {
         (
-            self.head.0.load(Ordering::Acquire),
-            self.tail.0.load(Ordering::Acquire),
+            primitive::load(&self.head.0, Ordering::Acquire),
+            primitive::load(&self.tail.0, Ordering::Acquire),
         )
     }
 
@@ -717,6 +727,20 @@ impl HeapRing {
     /// all inside `UnsafeCell`s).
     fn data_ptr(&self) -> *mut u8 {
         UnsafeCell::raw_get(self.data.as_ptr().cast::<UnsafeCell<[u8; 64]>>()).cast::<u8>()
+    }
+}
+
+#[cfg(loom)]
+impl HeapRing {
+    /// Hands the control words and the data bytes, as they are now, to the model checker
+    /// (`primitive::model`), before a model spawns its threads.
+    pub(crate) fn track_in_model(&self) {
+        use crate::primitive::model;
+        model::track_u64(&self.head.0);
+        model::track_u64(&self.tail.0);
+        model::track_u32(&self.consumer_waiting.0);
+        model::track_u32(&self.producer_waiting.0);
+        model::track_bytes(self.data_ptr(), self.capacity as usize);
     }
 }
 
@@ -1404,5 +1428,66 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! A model of the real ring's head/tail protocol, run under every interleaving loom
+    //! explores (see `scripts/test.sh` for the command). The heap ring's counters and
+    //! waiter flags go through `primitive::model` as loom atomics, and each byte of its
+    //! data area is a loom cell: a consumer that reads bytes the producer has not
+    //! published, or a producer that overwrites bytes the consumer has not finished
+    //! reading, fails the model (no happens-before between the accesses), as does a lost
+    //! wake-up on a full or an empty ring (a deadlock: futex sleeps have no slices here).
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::primitive::model::check;
+
+    /// Record `n` of `len` bytes: every byte names its record and its place in it.
+    fn record(n: u8, len: usize) -> Vec<u8> {
+        (0..len as u8).map(|i| n << 5 | i).collect()
+    }
+
+    #[test]
+    fn records_cross_a_full_ring_and_its_wrap_intact_and_in_order() {
+        // 64 bytes; records of 24, 32 and 16 bytes from offset 32: the second wraps around
+        // the end (its length word at 56, its payload at 60..64 and 0..24), and the third
+        // does not fit until the first is consumed, so the producer waits on the tail.
+        // The counters start 32 bytes below 2^32, so the futex words (their low halves)
+        // wrap to 0 during the run.
+        const START: u64 = (1 << 32) - 32;
+        let lens = [20usize, 28, 12];
+        check("ring::records_cross_a_full_ring_and_its_wrap", move || {
+            let heap = Arc::new(HeapRing::new(64).unwrap());
+            heap.head.0.store(START, Ordering::Relaxed);
+            heap.tail.0.store(START, Ordering::Relaxed);
+            heap.track_in_model();
+            let producer = {
+                let heap = heap.clone();
+                loom::thread::spawn(move || {
+                    let ring = heap.ring(Peer::Client);
+                    for (n, len) in lens.into_iter().enumerate() {
+                        let rec = record(n as u8, len);
+                        ring.push(&rec, WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
+                            .unwrap();
+                    }
+                })
+            };
+            let ring = heap.ring(Peer::Client);
+            let mut out = Vec::new();
+            for (n, len) in lens.into_iter().enumerate() {
+                ring.pop(&mut out, WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
+                    .unwrap();
+                assert_eq!(out, record(n as u8, len), "record {n}");
+            }
+            producer.join().unwrap();
+            let total: u64 = lens.iter().map(|&l| record_size(l as u32)).sum();
+            assert_eq!(heap.counters(), (START + total, START + total));
+            for flag in [&heap.consumer_waiting.0, &heap.producer_waiting.0] {
+                assert_eq!(primitive::load(flag, Ordering::Relaxed), 0);
+            }
+        });
     }
 }

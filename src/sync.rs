@@ -12,13 +12,9 @@
 //! the futex's expected word: if the counter moved in between, the kernel returns at once.
 //! `loom_tests` below checks this handshake under every interleaving.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-#[cfg(loom)]
-use loom::sync::atomic::fence;
-#[cfg(not(loom))]
-use std::sync::atomic::fence;
+use crate::primitive::{self, fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -103,28 +99,28 @@ pub struct SharedSeq<'a> {
 impl SeqWord for SharedSeq<'_> {
     #[inline]
     fn load(&self, order: Ordering) -> u64 {
-        self.counter.load(order)
+        primitive::load(self.counter, order)
     }
     #[inline]
     fn set_waiting(&self, waiting: bool) {
-        self.waiting.store(waiting as u32, Ordering::Relaxed);
+        primitive::store(self.waiting, waiting as u32, Ordering::Relaxed);
     }
     fn park(&self, expected: u32, slice: Duration) {
-        crate::os::futex_wait(self.low, expected, slice);
+        primitive::futex_wait(self.low, expected, slice);
     }
 }
 
 impl SeqPost for SharedSeq<'_> {
     #[inline]
     fn store(&self, value: u64) {
-        self.counter.store(value, Ordering::Release);
+        primitive::store(self.counter, value, Ordering::Release);
     }
     #[inline]
     fn waiter_sleeps(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) != 0
+        primitive::load(self.waiting, Ordering::Relaxed) != 0
     }
     fn unpark(&self) {
-        crate::os::futex_wake_all(self.low);
+        primitive::futex_wake_all(self.low);
     }
 }
 
@@ -144,30 +140,30 @@ impl SeqPost for Doorbell<'_> {
     #[inline]
     fn store(&self, value: u64) {
         if let Some(a) = self.action_seq {
-            a.store(value, Ordering::Release);
+            primitive::store(a, value, Ordering::Release);
         }
-        self.bell.fetch_add(1, Ordering::Release);
+        primitive::fetch_add(self.bell, 1, Ordering::Release);
     }
     #[inline]
     fn waiter_sleeps(&self) -> bool {
-        self.engine_waiting.load(Ordering::Relaxed) != 0
+        primitive::load(self.engine_waiting, Ordering::Relaxed) != 0
     }
     fn unpark(&self) {
-        crate::os::futex_wake_all(self.bell);
+        primitive::futex_wake_all(self.bell);
     }
 }
 
 impl SeqWord for Doorbell<'_> {
     #[inline]
     fn load(&self, order: Ordering) -> u64 {
-        self.bell.load(order) as u64
+        primitive::load(self.bell, order) as u64
     }
     #[inline]
     fn set_waiting(&self, waiting: bool) {
-        self.engine_waiting.store(waiting as u32, Ordering::Relaxed);
+        primitive::store(self.engine_waiting, waiting as u32, Ordering::Relaxed);
     }
     fn park(&self, expected: u32, slice: Duration) {
-        crate::os::futex_wait(self.bell, expected, slice);
+        primitive::futex_wait(self.bell, expected, slice);
     }
 }
 
@@ -292,149 +288,302 @@ pub fn wait_until<S: SeqWord, R>(
 
 #[cfg(all(test, loom))]
 mod loom_tests {
-    //! Model test of the post/wait handshake: `RUSTFLAGS="--cfg loom" cargo test --release
-    //! --lib sync::loom_tests`. The futex is modelled by a mutex and condvar with the
-    //! kernel's semantics (sleep only if the word still holds the expected value, checked
-    //! under the lock the waker takes). A lost wake-up would block forever: loom reports
-    //! it as a deadlock. Sleeps are unbounded here, so slices cannot mask one.
-    use super::*;
-    use loom::sync::atomic::{AtomicU32, AtomicU64};
-    use loom::sync::{Arc, Condvar, Mutex};
+    //! Models of the real handshakes, run under every interleaving loom explores (see
+    //! `scripts/test.sh` for the command). The control words are std atomics, as in a region,
+    //! handed to `primitive::model`, which makes every operation of the real code on them
+    //! loom's; `low` is the counter's own low half, as in a region. The futex sleeps until
+    //! woken, with no slices, so a lost wake-up is a deadlock loom reports; only the
+    //! liveness model lets slices run out.
+    use std::sync::Arc;
 
-    struct ModelSeq {
-        counter: AtomicU64,
-        waiting: AtomicU32,
-        lock: Mutex<()>,
-        cv: Condvar,
+    use super::*;
+    use crate::error::Peer;
+    use crate::primitive::model::{self, check};
+    use crate::ring::{low_half, HeapRing};
+
+    /// The words of the lock-step loop, as the control block holds them.
+    #[derive(Default)]
+    struct Control {
+        action_seq: AtomicU64,
+        frame_seq: AtomicU64,
+        engine_waiting: AtomicU32,
+        client_waiting: AtomicU32,
+        doorbell: AtomicU32,
+        engine_state: AtomicU32,
+        /// What the client writes before each action and the engine reads after it.
+        actions: Tensor,
+        /// What the engine writes before each frame and the client reads after it.
+        observations: Tensor,
     }
 
-    impl SeqWord for ModelSeq {
-        fn load(&self, order: Ordering) -> u64 {
-            self.counter.load(order)
+    /// A tensor's bytes, as plain memory that the counters hand from one side to the other.
+    #[derive(Default)]
+    struct Tensor(std::cell::UnsafeCell<u64>);
+
+    // SAFETY: the two sides take turns on a tensor as the lock-step protocol orders them;
+    // each access is announced to the model's loom cells first, so one that the protocol
+    // does not order after the other side's fails the model.
+    unsafe impl Sync for Tensor {}
+
+    impl Tensor {
+        fn write(&self, value: u64) {
+            primitive::writing(self.0.get().cast(), 8);
+            // SAFETY: see `impl Sync`; the model has checked this access.
+            unsafe { *self.0.get() = value }
         }
-        fn set_waiting(&self, waiting: bool) {
-            self.waiting.store(waiting as u32, Ordering::Relaxed);
+        fn read(&self) -> u64 {
+            primitive::reading(self.0.get().cast(), 8);
+            // SAFETY: see `impl Sync`; the model has checked this access.
+            unsafe { *self.0.get() }
         }
-        fn park(&self, expected: u32, _slice: Duration) {
-            let g = self.lock.lock().unwrap();
-            // The kernel compares the word under its hash-bucket lock, which the waker
-            // also takes: modelled by this mutex.
-            if self.counter.load(Ordering::Acquire) as u32 == expected {
-                drop(self.cv.wait(g).unwrap());
+    }
+
+    const CLOSED: u32 = 1;
+
+    type Engine = loom::thread::JoinHandle<()>;
+
+    impl Control {
+        fn new() -> Arc<Control> {
+            let c = Arc::new(Control::default());
+            model::track_u64(&c.action_seq);
+            model::track_u64(&c.frame_seq);
+            model::track_u32(&c.engine_waiting);
+            model::track_u32(&c.client_waiting);
+            model::track_u32(&c.doorbell);
+            model::track_u32(&c.engine_state);
+            for t in [&c.actions, &c.observations] {
+                model::track_bytes(t.0.get().cast(), 8);
+            }
+            c
+        }
+
+        /// What the client waits on (as `Client::seqs`).
+        fn frame(&self) -> SharedSeq<'_> {
+            SharedSeq {
+                counter: &self.frame_seq,
+                low: low_half(&self.frame_seq),
+                waiting: &self.client_waiting,
             }
         }
-    }
 
-    impl SeqPost for ModelSeq {
-        fn store(&self, value: u64) {
-            self.counter.store(value, Ordering::Release);
+        /// What the engine sleeps on (as `Doorbell::of`); with the action counter, what the
+        /// client posts an action through (as `Client::post_and_wait`).
+        fn doorbell(&self, action: bool) -> Doorbell<'_> {
+            Doorbell {
+                bell: &self.doorbell,
+                engine_waiting: &self.engine_waiting,
+                action_seq: action.then_some(&self.action_seq),
+            }
         }
-        fn waiter_sleeps(&self) -> bool {
-            self.waiting.load(Ordering::Relaxed) != 0
-        }
-        fn unpark(&self) {
-            let _g = self.lock.lock().unwrap();
-            self.cv.notify_all();
-        }
-    }
 
-    fn model_seq() -> Arc<ModelSeq> {
-        Arc::new(ModelSeq {
-            counter: AtomicU64::new(0),
-            waiting: AtomicU32::new(0),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-        })
-    }
+        /// Runs `f` on the control words in a new model thread (the engine's side).
+        fn spawn(self: &Arc<Self>, f: impl FnOnce(&Control) + Send + 'static) -> Engine {
+            let c = self.clone();
+            loom::thread::spawn(move || f(&c))
+        }
 
-    #[test]
-    fn no_lost_wakeup_one_post() {
-        loom::model(|| {
-            let seq = model_seq();
-            let poster = {
-                let seq = seq.clone();
-                loom::thread::spawn(move || post(&*seq, 1))
-            };
-            let v = wait_for(
-                &*seq,
-                1,
+        /// The client's wait for frame `n`.
+        fn wait_frame(&self, n: u64) -> u64 {
+            let ok = || Ok(());
+            wait_for(
+                &self.frame(),
+                n,
                 WaitPolicy::BLOCKING,
                 Duration::MAX,
-                "t",
-                || Ok(()),
+                "frame",
+                ok,
             )
-            .unwrap();
-            assert_eq!(v, 1);
-            poster.join().unwrap();
-        });
-    }
+            .unwrap()
+        }
 
-    #[test]
-    fn doorbell_wakes_for_a_command() {
-        // The engine waits for "a command is in the ring" while sleeping on the doorbell;
-        // the client stores the ring head, then posts the bell (as Doorbell::store +
-        // post do). No interleaving may leave the engine asleep.
-        loom::model(|| {
-            let bell = model_seq();
-            let ring_head = Arc::new(AtomicU64::new(0));
-            let client = {
-                let (bell, ring_head) = (bell.clone(), ring_head.clone());
-                loom::thread::spawn(move || {
-                    ring_head.store(8, Ordering::Release);
-                    post(&*bell, 1);
-                })
-            };
-            let seen = wait_until(
-                &*bell,
+        /// The engine's wait for action `n`.
+        fn wait_action(&self, n: u64) -> u64 {
+            wait_until(
+                &self.doorbell(false),
                 |order| {
-                    let h = ring_head.load(order);
-                    (h > 0).then_some(h)
+                    let a = primitive::load(&self.action_seq, order);
+                    (a >= n).then_some(a)
                 },
                 WaitPolicy::BLOCKING,
                 Duration::MAX,
-                "command",
+                "action",
                 || Ok(()),
             )
-            .unwrap();
-            assert_eq!(seen, 8);
-            client.join().unwrap();
+            .unwrap()
+        }
+    }
+
+    fn waiting_flags_down(c: &Control) {
+        assert_eq!(primitive::load(&c.engine_waiting, Ordering::Relaxed), 0);
+        assert_eq!(primitive::load(&c.client_waiting, Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn post_wakes_the_waiter() {
+        // One counter: the poster stores and wakes, the waiter sleeps on the low half.
+        check("sync::post_wakes_the_waiter", || {
+            let c = Control::new();
+            let engine = c.spawn(|c| post(&c.frame(), 1));
+            assert_eq!(c.wait_frame(1), 1);
+            engine.join().unwrap();
+            waiting_flags_down(&c);
         });
     }
 
     #[test]
     fn lock_step_two_rounds() {
-        // Two counters, two threads, two rounds of the real protocol: a frame for each
-        // action, never more, never fewer.
-        loom::model(|| {
-            let action = model_seq();
-            let frame = model_seq();
-            let engine = {
-                let (action, frame) = (action.clone(), frame.clone());
-                loom::thread::spawn(move || {
-                    for n in 1..=2u64 {
-                        let a = wait_for(
-                            &*action,
-                            n,
-                            WaitPolicy::BLOCKING,
-                            Duration::MAX,
-                            "a",
-                            || Ok(()),
-                        )
-                        .unwrap();
-                        assert_eq!(a, n);
-                        post(&*frame, n);
-                    }
-                })
-            };
+        // The protocol 1.1 loop: the client writes the actions and posts them through the
+        // doorbell, the engine sleeps on the doorbell, reads them, writes the observations
+        // and posts a frame. A frame for each action, never more, never fewer, and each
+        // side reads the other's tensor only after it was written, and writes its own only
+        // after the other has read it.
+        check("sync::lock_step_two_rounds", || {
+            let c = Control::new();
+            let engine = c.spawn(|c| {
+                for n in 1..=2u64 {
+                    assert_eq!(c.wait_action(n), n);
+                    assert_eq!(c.actions.read(), n);
+                    c.observations.write(100 + n);
+                    post(&c.frame(), n);
+                }
+            });
             for n in 1..=2u64 {
-                post(&*action, n);
-                let f = wait_for(&*frame, n, WaitPolicy::BLOCKING, Duration::MAX, "f", || {
-                    Ok(())
-                })
-                .unwrap();
-                assert_eq!(f, n);
+                c.actions.write(n);
+                post(&c.doorbell(true), n);
+                assert_eq!(c.wait_frame(n), n);
+                assert_eq!(c.observations.read(), 100 + n);
             }
             engine.join().unwrap();
+            waiting_flags_down(&c);
+        });
+    }
+
+    #[test]
+    fn doorbell_wakes_the_engine_for_a_command_and_an_action() {
+        // The client pushes a command into the real ring and rings the bell (as
+        // `command::ring_doorbell`), then posts an action through the bell. The engine,
+        // asleep on the bell with nothing but the ring and the action counter to look at
+        // (as `Engine` waits), must see both: the command intact, the action once.
+        check("sync::doorbell_wakes_for_a_command_and_an_action", || {
+            let c = Control::new();
+            let ring = Arc::new(HeapRing::new(64).unwrap());
+            ring.track_in_model();
+            let client = {
+                let (c, ring) = (c.clone(), ring.clone());
+                loom::thread::spawn(move || {
+                    let r = ring.ring(Peer::Client);
+                    r.push(b"reset", WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
+                        .unwrap();
+                    post(&c.doorbell(false), 0);
+                    post(&c.doorbell(true), 1);
+                })
+            };
+            let r = ring.ring(Peer::Client);
+            let (mut action, mut command) = (None, None);
+            while action.is_none() || command.is_none() {
+                let woke = wait_until(
+                    &c.doorbell(false),
+                    |order| {
+                        let a = primitive::load(&c.action_seq, order);
+                        if action.is_none() && a >= 1 {
+                            Some(Some(a))
+                        } else if !r.is_empty() {
+                            Some(None)
+                        } else {
+                            None
+                        }
+                    },
+                    WaitPolicy::BLOCKING,
+                    Duration::MAX,
+                    "action or command",
+                    || Ok(()),
+                )
+                .unwrap();
+                match woke {
+                    Some(a) => action = Some(a),
+                    None => {
+                        let mut out = Vec::new();
+                        assert!(r.try_pop(&mut out).unwrap());
+                        assert!(command.replace(out).is_none(), "one command, popped twice");
+                    }
+                }
+            }
+            assert_eq!(action, Some(1));
+            assert_eq!(command.as_deref(), Some(&b"reset"[..]));
+            client.join().unwrap();
+            assert!(r.is_empty());
+            waiting_flags_down(&c);
+        });
+    }
+
+    #[test]
+    fn a_closing_peer_ends_the_wait() {
+        // The engine closes while the client waits for a frame: it stores its state, then
+        // wakes the frame word (as `Engine::shut`). A wake that comes before the client
+        // sleeps is lost by design: the client notices at the end of its slice, when it
+        // checks the peer. So here slices run out, and the wait must end with the peer's
+        // error, the waiter flag down.
+        check("sync::a_closing_peer_ends_the_wait", || {
+            model::let_slices_expire();
+            let c = Control::new();
+            let engine = c.spawn(|c| {
+                primitive::store(&c.engine_state, CLOSED, Ordering::SeqCst);
+                primitive::futex_wake_all(low_half(&c.frame_seq));
+            });
+            let mut checks = 0;
+            let seen = wait_for(
+                &c.frame(),
+                1,
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "f",
+                || {
+                    checks += 1;
+                    if primitive::load(&c.engine_state, Ordering::Acquire) == CLOSED {
+                        return Err(Error::PeerClosed { peer: Peer::Engine });
+                    }
+                    Ok(())
+                },
+            );
+            assert!(
+                matches!(seen, Err(Error::PeerClosed { peer: Peer::Engine })),
+                "{seen:?}"
+            );
+            assert!(checks >= 1);
+            engine.join().unwrap();
+            waiting_flags_down(&c);
+        });
+    }
+
+    #[test]
+    fn a_passed_deadline_times_out_after_checking_the_peer() {
+        // A zero timeout: the wait reaches its deadline branch without sleeping. It returns
+        // the posted value or a timeout, and before a timeout it checks the peer once more.
+        check("sync::a_passed_deadline_times_out", || {
+            let c = Control::new();
+            let engine = c.spawn(|c| post(&c.frame(), 1));
+            let mut checks = 0;
+            let seen = wait_for(
+                &c.frame(),
+                1,
+                WaitPolicy::BLOCKING,
+                Duration::ZERO,
+                "f",
+                || {
+                    checks += 1;
+                    Ok(())
+                },
+            );
+            match seen {
+                Ok(v) => assert_eq!(v, 1),
+                Err(Error::Timeout { waited, what }) => {
+                    assert_eq!((waited, what), (Duration::ZERO, "f"));
+                    assert_eq!(checks, 2, "a check before the loop, one before the timeout");
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            engine.join().unwrap();
+            waiting_flags_down(&c);
         });
     }
 }
