@@ -11,6 +11,7 @@
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
 
 pub mod actions;
+pub mod cli;
 pub mod client;
 pub mod command;
 pub mod cuda;
