@@ -95,7 +95,7 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
         proc.wait()
 
 
-# The options of `python -m shmbridge._engine` that launch() passes through.
+# The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
 
 
@@ -176,7 +176,7 @@ def launch(
         )
     device = _check_device(device)
     args = [
-        sys.executable, "-m", "shmbridge._engine",
+        sys.executable, "-m", "shmbridge", "engine",
         "--env", str(env), "--num-envs", str(int(num_envs)), "--device", device,
     ]
     if spin_us is not None:

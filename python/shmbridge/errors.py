@@ -1,7 +1,7 @@
 """Exceptions raised by shmbridge, one class per variant of the Rust ``shmbridge::Error``.
 
 Every exception carries the Rust message, which says what went wrong and what to do.
-``shmbridge._native`` raises them by name (see ``error_class`` in ``src/python/mod.rs``).
+``shmbridge._native`` raises them by name (see ``class_name`` in ``src/python/errors.rs``).
 Where a builtin exception fits, the class subclasses it too, so ``except TimeoutError``,
 ``except FileNotFoundError``, ``except KeyError`` ... keep working.
 """
