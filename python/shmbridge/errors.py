@@ -6,9 +6,7 @@ Where a builtin exception fits, the class subclasses it too, so ``except Timeout
 ``except FileNotFoundError``, ``except KeyError`` ... keep working.
 """
 
-from __future__ import annotations
-
-import builtins
+import builtins as _builtins
 
 __all__ = [
     "ShmBridgeError",
@@ -160,7 +158,7 @@ class ClientClosedError(PeerClosedError):
     """The client closed the region."""
 
 
-class TimeoutError(ShmBridgeError, builtins.TimeoutError):
+class TimeoutError(ShmBridgeError, _builtins.TimeoutError):
     """A wait ran out of time. After a step timed out, the next step first waits for
     the frame still in flight."""
 
@@ -185,7 +183,7 @@ class RemoteError(ShmBridgeError):
     """The engine answered a command with an error (``method``, ``code`` attributes)."""
 
 
-class InterruptedError(ShmBridgeError, builtins.InterruptedError):  # noqa: A001
+class InterruptedError(ShmBridgeError, _builtins.InterruptedError):  # noqa: A001
     """A wait was stopped by an interrupt hook (Python raises the signal's own exception,
     e.g. KeyboardInterrupt, instead; this class is the fallback)."""
 

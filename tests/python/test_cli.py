@@ -135,3 +135,12 @@ def test_ctrl_c_stops_the_engine_which_removes_its_region():
         stop(engine)
     assert name not in shmbridge.list_regions()
 
+
+def test_import_shmbridge_exposes_only_its_api():
+    public = {n for n in dir(shmbridge) if not n.startswith("_")}
+    submodules = {n for n in public if getattr(getattr(shmbridge, n), "__name__", "").startswith("shmbridge.")}
+    assert public - submodules <= set(shmbridge.__all__), sorted(public - submodules - set(shmbridge.__all__))
+    for helper in ("os", "sys", "subprocess", "time", "tempfile", "selectors", "Any", "Optional", "annotations"):
+        assert not hasattr(shmbridge, helper), helper
+    for name in shmbridge.__all__:
+        assert hasattr(shmbridge, name), name
