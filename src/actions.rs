@@ -94,8 +94,11 @@ pub struct ActionSlot<'a> {
 }
 
 impl ActionSlot<'_> {
+    /// The bytes of the slot (saturating: a layout's shapes are validated to fit).
     pub fn nbytes(&self) -> usize {
-        self.shape.iter().map(|&d| d as usize).product::<usize>() * self.dtype.size()
+        self.shape
+            .iter()
+            .fold(self.dtype.size(), |n, &d| n.saturating_mul(d as usize))
     }
 }
 
