@@ -13,9 +13,9 @@ use rand::RngExt;
 use rand_pcg::Pcg32;
 
 use crate::client::Interrupt;
+use crate::control::{ClientState, EngineState};
 use crate::device::DeviceRequest;
 use crate::envs::{self, EnvOptions};
-use crate::control::{ClientState, EngineState};
 use crate::layout::{self, Header};
 use crate::region::{self, Region};
 use crate::{AttachOptions, Client, DType, Error, WaitPolicy};

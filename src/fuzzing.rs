@@ -5,12 +5,12 @@
 use std::mem::offset_of;
 use std::sync::OnceLock;
 
-use crate::cuda::Device;
+use crate::device::Device;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{
-    self, DType, Direction, Header, HeaderBuilder, Layout, Location, TensorDesc, TensorSpec,
-    CONTROL_SIZE, DATA_ALIGN, DESC_SIZE, MAGIC, MAX_NDIM, MAX_TENSORS, MIN_RING_CAPACITY, NAME_LEN,
-    PAGE, VERSION_MAJOR,
+    self, DType, Direction, Header, HeaderBuilder, Layout, TensorDesc, TensorSpec, CONTROL_SIZE,
+    DATA_ALIGN, DESC_SIZE, MAGIC, MAX_NDIM, MAX_TENSORS, MIN_RING_CAPACITY, NAME_LEN, PAGE,
+    VERSION_MAJOR,
 };
 use crate::ring::HeapRing;
 use crate::wire::Envelope;
@@ -169,7 +169,7 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
             Some(t.dtype)
         );
         assert_eq!(Direction::from_u8(d.direction), Some(t.direction));
-        assert_eq!(d.location, t.location as u8);
+        assert_eq!(d.location, t.location().code());
 
         // The shape: 1..=8 non-zero dimensions whose product times the item size is
         // nbytes without overflow, and C-contiguous strides that fit an isize.
@@ -189,20 +189,20 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
         assert_eq!(t.offset % DATA_ALIGN, 0);
 
         let end = t.offset.checked_add(t.nbytes);
-        match (t.location, &t.cuda) {
-            (Location::Host, None) => {
+        match (t.device, &t.cuda) {
+            (Device::Host, None) => {
                 let end = end.expect("host span overflows");
                 assert!(t.offset >= l.header_size, "'{}' inside the header", t.name);
                 assert!(end <= l.region_size, "'{}' past the region", t.name);
                 spans.push((t.offset, end));
             }
-            (Location::Cuda, Some(c)) => {
+            (Device::Cuda(dev), Some(c)) => {
                 assert!(
                     l.version.1 >= 2,
                     "CUDA tensor in a 1.{} header",
                     l.version.1
                 );
-                assert!(c.device_ordinal >= 0);
+                assert!(dev.ordinal >= 0);
                 assert!(c.ipc_mem_handle.iter().any(|&b| b != 0));
                 assert!(
                     end.is_some_and(|e| e <= c.alloc_size),
@@ -210,12 +210,7 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
                     t.name
                 );
                 assert_eq!(
-                    (
-                        c.device_ordinal,
-                        c.device_uuid,
-                        c.ipc_mem_handle,
-                        c.alloc_size
-                    ),
+                    (dev.ordinal, dev.uuid, c.ipc_mem_handle, c.alloc_size),
                     (
                         d.device_ordinal,
                         d.device_uuid,
@@ -302,7 +297,7 @@ pub fn header_bases() -> &'static [HeaderBase] {
             TensorSpec::new("frames", DType::U8, &[2, 84, 84, 3], e2c),
             TensorSpec::new("done", DType::Bool, &[4], e2c),
         ];
-        let cuda = Device::Cuda(0);
+        let cuda = Device::cuda(0);
         let mixed = [
             TensorSpec::new("obs", DType::F16, &[4, 3], e2c).on(cuda),
             TensorSpec::new("actions", DType::I32, &[4], c2e).on(cuda),
