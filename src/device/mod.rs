@@ -19,7 +19,7 @@ pub mod host;
 pub mod location;
 pub mod request;
 
-pub use backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
 pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, DL_CPU, DL_CUDA};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest};

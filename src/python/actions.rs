@@ -8,11 +8,10 @@ use dlpark::tensor::TensorRef;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-#[cfg(feature = "cuda")]
-use super::tensor::Place;
-use super::tensor::PyTensor;
+use super::tensor::{Place, PyTensor};
 use crate::actions::{self as core, ActionError, ActionSlot, ArrayDesc, ArrayDevice, ElementType};
 use crate::client::Client;
+use crate::device::{Device, StreamRef};
 
 /// Validates `actions` against `target`, the action tensor, and copies it there: a host
 /// copy into the shared memory, or for a CUDA action tensor a device-to-device copy
@@ -31,12 +30,9 @@ pub(super) fn copy_actions(
             return Ok(());
         }
     }
-    #[cfg(feature = "cuda")]
-    if let Place::Cuda { ptr, ordinal, .. } = &target.place {
-        let cuda = client.cuda().ok_or_else(|| super::client::closed_err(py))?;
-        return copy_cuda_actions(py, actions, target, *ptr, *ordinal, cuda, stream);
+    if let Place::Device { ptr, device, .. } = &target.place {
+        return copy_device_actions(py, client, actions, target, *ptr, *device, stream);
     }
-    let _ = (client, stream);
     let source = if actions.hasattr("__dlpack__")? {
         actions.clone()
     } else if actions.hasattr("__array__")? {
@@ -124,18 +120,18 @@ fn invalid_tensor(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("invalid DLPack tensor: {e}"))
 }
 
-/// [`copy_actions`] for a CUDA action slot: `actions` must be a CUDA DLPack tensor on
-/// the same device, of the slot's dtype and shape, C-contiguous; it is copied
-/// device-to-device on `stream` after the producer ordered its writes before that stream
-/// (`__dlpack__(stream=...)`). A host array is an error, not a silent transfer.
-#[cfg(feature = "cuda")]
-fn copy_cuda_actions(
+/// [`copy_actions`] for an action slot in device memory: `actions` must be a DLPack
+/// tensor on the same device, of the slot's dtype and shape, C-contiguous; the client's
+/// device backend copies it device-to-device on `stream` after the producer ordered its
+/// writes before that stream (`__dlpack__(stream=...)`). A host array is an error, not a
+/// silent transfer.
+fn copy_device_actions(
     py: Python<'_>,
+    client: &Client,
     actions: &Bound<'_, PyAny>,
     target: &PyTensor,
     dst: u64,
-    ordinal: i32,
-    cuda: &crate::cuda::ipc::ClientCuda,
+    device: Device,
     stream: Option<u64>,
 ) -> PyResult<()> {
     use super::errors::IntoPy;
@@ -143,15 +139,15 @@ fn copy_cuda_actions(
 
     if !actions.hasattr("__dlpack__")? {
         return Err(PyTypeError::new_err(format!(
-            "the engine's 'actions' live on cuda:{ordinal}: pass a CUDA tensor (e.g. torch), \
+            "the engine's 'actions' live on {device}: pass a CUDA tensor (e.g. torch), \
              not {} (no implicit host-to-device copy)",
             actions.get_type().name()?
         )));
     }
     let slot = slot_of(target);
     // Before the import: the consumer stream handed to the producer must be of its device.
-    let device = dlpark::python::dlpack_device(actions.as_borrowed())?;
-    core::check_device(&slot, array_device(device)).map_err(action_error)?;
+    let array_dev = dlpark::python::dlpack_device(actions.as_borrowed())?;
+    core::check_device(&slot, array_device(array_dev)).map_err(action_error)?;
     let raw = stream.unwrap_or(1);
     let imported =
         dlpark::python::from_dlpack(actions.as_borrowed(), Some(&ConsumerStream(raw)), None)?;
@@ -161,20 +157,21 @@ fn copy_cuda_actions(
     // SAFETY: the producer's descriptor describes live device memory while `imported`
     // lives; `offset_bytes_ptr` includes `byte_offset` (pointer arithmetic only).
     let src = unsafe { view.offset_bytes_ptr() }.map_err(invalid_tensor)?;
-    // SAFETY: `raw` is 0, 1, 2 or a live stream of this device (`consumer_stream`).
-    let stream = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
-    // The engine may still be reading the previous actions (a frame is published once its
-    // kernels are queued, not done); on another stream than the last step's, the copy
-    // must wait for them.
-    cuda.wait_frame_on(&stream).py_err(py)?;
-    // SAFETY: `src` is `nbytes` of C-contiguous device memory of the producer (same
-    // dtype and shape as the slot, checked above), ordered before `stream` by
-    // `__dlpack__`; `dst` is the action slot in the engine's allocation (span checked at
-    // attach), which the engine reads only after waiting on the client event recorded
-    // after this copy. The producer keeps `src` alive for work ordered on its stream; a
-    // caller passing a foreign stream keeps it alive until the step returns (documented
-    // on `step`).
-    unsafe { stream.copy_dtod(dst, src as usize as u64, slot.nbytes()) }.py_err(py)?;
+    // SAFETY: `raw` is 0, 1, 2 or a live stream of this device (`consumer_stream`), used
+    // for this call only. `src` is `nbytes` of C-contiguous memory of the slot's device
+    // (same dtype and shape as the slot, checked above), ordered before `stream` by
+    // `__dlpack__`; `dst` is the action slot's address from the client's backend. The
+    // producer keeps `src` alive for work ordered on its stream; a caller passing a
+    // foreign stream keeps it alive until the step returns (documented on `step`).
+    unsafe {
+        client.device().copy_into(
+            dst,
+            src as usize as u64,
+            slot.nbytes(),
+            StreamRef::from_raw(raw),
+        )
+    }
+    .py_err(py)?;
     drop(imported);
     Ok(())
 }

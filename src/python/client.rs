@@ -13,11 +13,7 @@ use pyo3::types::{PyDict, PyTuple};
 use super::actions::copy_actions;
 use super::errors::{to_pyerr, IntoPy};
 use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
-#[cfg(feature = "cuda")]
-use super::tensor::client_place;
-#[cfg(not(feature = "cuda"))]
-use super::tensor::Place;
-use super::tensor::{no_such_tensor, tensor_named, PyTensor};
+use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
 use super::waits::{duration, next_slice, wait_policy, SignalCheck};
 use crate::actions::array_dtype_name;
 use crate::error::{Error, Peer};
@@ -185,10 +181,7 @@ impl PyClient {
             })
             .py_err(py)?;
         let layout = client.layout().clone();
-        #[cfg(feature = "cuda")]
         let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
-        #[cfg(not(feature = "cuda"))]
-        let place = |_: usize, _: &TensorInfo| Ok(Place::Host);
         let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
         let device = tensors
             .iter()

@@ -25,9 +25,10 @@ use super::tensor::{tensor_named, Place, PyTensor};
 use super::waits::{duration, next_slice, wait_policy};
 use crate::actions::array_dtype_name;
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
+use crate::control::ClientState;
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Peer};
-use crate::layout::{offsets, state, DType, Direction, TensorSpec};
+use crate::layout::{DType, Direction, TensorSpec};
 use crate::region::Region;
 use crate::tensor::Tensors;
 
@@ -520,18 +521,13 @@ impl PyEngine {
     /// Number of the last frame published (read from the region: no waiting).
     #[getter]
     fn frame(&self) -> u64 {
-        self.region
-            .u64_at(offsets::FRAME_SEQ)
-            .load(Ordering::Acquire)
+        self.region.control().counters().1
     }
 
     /// Whether a client is attached now (read from the region: no waiting).
     #[getter]
     fn client_attached(&self) -> bool {
-        self.region
-            .u32_at(offsets::CLIENT_STATE)
-            .load(Ordering::Acquire)
-            == state::ATTACHED
+        self.region.control().client_state() == ClientState::Attached
     }
 
     /// Replies dropped because the client stopped reading them (its calls timed out).

@@ -3,7 +3,6 @@
 //! current stream), and the ordering of a CUDA client's steps and commands on them. A
 //! host client has no stream (`None`) and none of this does anything for it.
 
-#[cfg(feature = "cuda")]
 use dlpark::ffi::DLDevice;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -11,6 +10,7 @@ use pyo3::sync::PyOnceLock;
 use std::time::Duration;
 
 use crate::client::Client;
+use crate::device::StreamRef;
 use crate::error::Error;
 
 /// How a client picks the stream a step or command orders its work on.
@@ -79,13 +79,11 @@ impl ConsumerStreams {
 
 /// A CUDA stream handed to a DLPack producer (`__dlpack__(stream=...)`) when importing
 /// CUDA actions: the producer orders its pending writes before it.
-#[cfg(feature = "cuda")]
 pub(super) struct ConsumerStream(pub(super) u64);
 
 // SAFETY: `ConsumerStream` holds 0, 1, 2 or a live stream of the device the tensor is
 // on (see `ConsumerStreams::consumer_stream`), encoded by dlpark's CUDA convention, and
 // lives for the whole `__dlpack__` call.
-#[cfg(feature = "cuda")]
 unsafe impl dlpark::python::DlpackStream for ConsumerStream {
     fn as_python_arg(
         &self,
@@ -98,22 +96,19 @@ unsafe impl dlpark::python::DlpackStream for ConsumerStream {
     }
 }
 
-/// `Client::step`, or for a CUDA client `step_on` the consumer stream `raw` (the client's
-/// event is recorded there, after the action writes queued on it).
+/// `Client::step`, or for a device client `step_on` the consumer stream `raw` (the
+/// client's event is recorded there, after the action writes queued on it).
 pub(super) fn step_on(
     client: &mut Client,
     stream: Option<u64>,
     timeout: Duration,
 ) -> Result<u64, Error> {
-    #[cfg(feature = "cuda")]
-    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+    match stream {
         // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
         // (`consumer_stream`), used for this call only.
-        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
-        return client.step_on(&s, timeout);
+        Some(raw) => client.step_on(unsafe { StreamRef::from_raw(raw) }, timeout),
+        None => client.step(timeout),
     }
-    let _ = stream;
-    client.step(timeout)
 }
 
 /// Runs a command that may write device tensors (reset, engine methods) ordered after
@@ -126,41 +121,34 @@ pub(super) fn on_stream<T>(
     stream: Option<u64>,
     call: impl FnOnce(&mut Client) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    #[cfg(feature = "cuda")]
-    if let Some(raw) = stream {
-        // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
-        // (`consumer_stream`), and is unset before this returns.
-        unsafe { client.set_command_stream(raw) };
-        let out = call(client);
-        // SAFETY: 1, the legacy default stream.
-        unsafe { client.set_command_stream(1) };
-        let out = out?;
-        order_after_engine(client, stream)?;
-        return Ok(out);
-    }
-    let _ = stream;
-    call(client)
+    let Some(raw) = stream else {
+        return call(client);
+    };
+    // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
+    // (`consumer_stream`), and is unset before this returns.
+    unsafe { client.set_command_stream(raw) };
+    let out = call(client);
+    // SAFETY: 1, the legacy default stream.
+    unsafe { client.set_command_stream(1) };
+    let out = out?;
+    order_after_engine(client, stream)?;
+    Ok(out)
 }
 
 /// After a frame (or a command's reply) arrived: makes the consumer stream `raw` wait,
 /// on the GPU, for the engine's event, so work queued on it afterwards sees the new
 /// device tensors. Nothing for a host client.
 pub(super) fn order_after_engine(client: &Client, stream: Option<u64>) -> Result<(), Error> {
-    #[cfg(feature = "cuda")]
-    if let (Some(raw), Some(cuda)) = (stream, client.cuda()) {
+    match stream {
         // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
         // (`consumer_stream`), used for this call only.
-        let s = unsafe { crate::cuda::driver::Stream::borrowed(cuda.context(), raw) };
-        return cuda.wait_frame_on(&s);
+        Some(raw) => client
+            .device()
+            .order_after_frame(unsafe { StreamRef::from_raw(raw) }),
+        None => Ok(()),
     }
-    let _ = (client, stream);
-    Ok(())
 }
 
-/// The raw `CUstream` of a Python stream argument: an int (0, 1 and 2 are the legacy,
-/// legacy and per-thread default streams), an object with `cuda_stream`
-/// (`torch.cuda.Stream`, CuPy), or one with `__cuda_stream__` (the CUDA stream protocol:
-/// `(version, handle)`).
 fn stream_handle(s: &Bound<'_, PyAny>) -> PyResult<u64> {
     let value = if let Ok(v) = s.extract::<i64>() {
         v

@@ -3,25 +3,21 @@
 //! `__array__`. Host tensors share a second mapping of the region through an `Arc` with
 //! every capsule handed out, so a view stays valid after `close()`.
 
-use std::sync::Arc;
-#[cfg(feature = "cuda")]
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::DLManagedTensorVersioned;
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor};
 use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-#[cfg(feature = "cuda")]
-use pyo3::exceptions::PyTypeError;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::errors::{to_pyerr, IntoPy};
 use crate::actions::array_dtype_name;
-#[cfg(feature = "cuda")]
 use crate::client::Client;
+use crate::device::{Device, DeviceLease, DevicePlace, StreamRef};
 use crate::error::{Error, Peer};
 use crate::layout::{DType, TensorInfo};
 use crate::region::Region;
@@ -39,23 +35,22 @@ fn dl_dtype(d: DType) -> DLDataType {
 pub(super) enum Place {
     /// In the shared-memory region, at the layout's offset.
     Host,
-    /// In the engine's CUDA allocation, opened from its IPC handle: `ptr` is the opened
-    /// base plus the tensor's offset, on this process's device `ordinal`. The lease
-    /// keeps the handle open (and the engine's event) while the client is open or a
-    /// capsule of it lives; `close()` takes this object's reference away, so that only
-    /// views handed out delay the close acknowledgement (the memory itself lives only
-    /// as long as the engine process: it owns it).
-    #[cfg(feature = "cuda")]
-    Cuda {
+    /// In the engine's device memory, imported by the client's device backend: `ptr` is
+    /// the tensor's address on this process's `device`. The lease keeps the import open
+    /// (and, for CUDA, the engine's event) while the client is open or a capsule of it
+    /// lives; `close()` takes this object's reference away, so that only views handed
+    /// out delay the close acknowledgement (the memory itself lives only as long as the
+    /// engine process: it owns it).
+    Device {
         ptr: u64,
-        ordinal: i32,
-        lease: Mutex<Option<Arc<crate::cuda::ipc::CudaLease>>>,
+        device: Device,
+        lease: Mutex<Option<Arc<dyn DeviceLease>>>,
     },
 }
 
-/// One tensor of a region, as Python sees it: host memory in the region, or (with the
-/// `cuda` feature) device memory opened from the engine's CUDA IPC handle. Created once
-/// per client at attach.
+/// One tensor of a region, as Python sees it: host memory in the region, or device
+/// memory imported by the client's device backend (CUDA IPC). Created once per client at
+/// attach.
 #[pyclass(module = "shmbridge._native", name = "Tensor", frozen)]
 pub struct PyTensor {
     /// A second mapping of the region (`map_again`): every host capsule holds a clone,
@@ -69,23 +64,20 @@ pub struct PyTensor {
     pub(super) place: Place,
 }
 
-/// The place of tensor `index` for a client: CUDA for the tensors the engine placed on
-/// its device (opened at attach), host for the others.
-#[cfg(feature = "cuda")]
+/// The place of tensor `index` for a client: device memory for the tensors the engine
+/// placed on a device (imported at attach), host for the others.
 pub(super) fn client_place(
     client: &Client,
     index: usize,
     info: &TensorInfo,
 ) -> Result<Place, Error> {
-    if info.cuda.is_none() {
-        return Ok(Place::Host);
-    }
-    let cuda = client.cuda().ok_or(Error::Closed(Peer::Client))?;
-    let lease = cuda.lease().ok_or(Error::Closed(Peer::Client))?;
-    Ok(Place::Cuda {
-        ptr: cuda.ptr(index, info)?,
-        ordinal: cuda.ordinal(),
-        lease: Mutex::new(Some(Arc::clone(lease))),
+    Ok(match client.device().place(index, info)? {
+        None => Place::Host,
+        Some(DevicePlace { ptr, device, lease }) => Place::Device {
+            ptr,
+            device,
+            lease: Mutex::new(Some(lease)),
+        },
     })
 }
 
@@ -131,9 +123,8 @@ impl PyTensor {
     fn host_address(&self) -> PyResult<*mut u8> {
         match &self.place {
             Place::Host => Ok(self.address()),
-            #[cfg(feature = "cuda")]
-            Place::Cuda { ordinal, .. } => Err(PyTypeError::new_err(format!(
-                "tensor '{}' lives on cuda:{ordinal}, not in host memory: use \
+            Place::Device { device, .. } => Err(PyTypeError::new_err(format!(
+                "tensor '{}' lives on {device}, not in host memory: use \
                  torch.from_dlpack(tensor) (or another CUDA DLPack consumer)",
                 self.info.name
             ))),
@@ -144,15 +135,13 @@ impl PyTensor {
     fn data_address(&self) -> u64 {
         match &self.place {
             Place::Host => self.address() as u64,
-            #[cfg(feature = "cuda")]
-            Place::Cuda { ptr, .. } => *ptr,
+            Place::Device { ptr, .. } => *ptr,
         }
     }
 
-    /// The lease of a CUDA tensor of an open client; `ClosedError` after `close()`.
-    #[cfg(feature = "cuda")]
-    pub(super) fn lease(&self) -> PyResult<Arc<crate::cuda::ipc::CudaLease>> {
-        let Place::Cuda { lease, .. } = &self.place else {
+    /// The lease of a device tensor of an open client; `ClosedError` after `close()`.
+    pub(super) fn lease(&self) -> PyResult<Arc<dyn DeviceLease>> {
+        let Place::Device { lease, .. } = &self.place else {
             return Err(PyTypeError::new_err(format!(
                 "tensor '{}' lives in host memory",
                 self.info.name
@@ -165,10 +154,9 @@ impl PyTensor {
             .ok_or_else(|| Python::attach(|py| to_pyerr(py, Error::Closed(Peer::Client))))
     }
 
-    /// Drops this object's reference to the CUDA lease (at the client's close).
+    /// Drops this object's reference to the device lease (at the client's close).
     pub(super) fn detach_lease(&self) {
-        #[cfg(feature = "cuda")]
-        if let Place::Cuda { lease, .. } = &self.place {
+        if let Place::Device { lease, .. } = &self.place {
             lease.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
     }
@@ -176,8 +164,13 @@ impl PyTensor {
     pub(super) fn dl_device(&self) -> DLDevice {
         match &self.place {
             Place::Host => DLDevice::CPU,
-            #[cfg(feature = "cuda")]
-            Place::Cuda { ordinal, .. } => DLDevice::cuda(*ordinal),
+            Place::Device { device, .. } => {
+                let (device_type, device_id) = device.dlpack();
+                DLDevice {
+                    device_type: dlpark::ffi::DLDeviceType(device_type as u32),
+                    device_id,
+                }
+            }
         }
     }
 
@@ -185,8 +178,7 @@ impl PyTensor {
     pub(super) fn device_name(&self) -> String {
         match &self.place {
             Place::Host => "cpu".to_string(),
-            #[cfg(feature = "cuda")]
-            Place::Cuda { ordinal, .. } => format!("cuda:{ordinal}"),
+            Place::Device { device, .. } => device.to_string(),
         }
     }
 
@@ -194,8 +186,7 @@ impl PyTensor {
         let layout = Dynamic::compact(self.shape.clone());
         let mut init = match &self.place {
             Place::Host => layout.initialize_as::<M>(Arc::clone(&self.region)),
-            #[cfg(feature = "cuda")]
-            Place::Cuda { .. } => layout.initialize_as::<M>(self.lease()?),
+            Place::Device { .. } => layout.initialize_as::<M>(Arc::new(self.lease()?)),
         }
         .map_err(|e| PyRuntimeError::new_err(format!("building a DLPack tensor: {e}")))?;
         init.set_data(self.data_address() as usize as *mut std::ffi::c_void)
@@ -228,8 +219,7 @@ impl DlpackExporter for PyTensor {
             // Host memory: nothing to synchronise; the lock-step protocol orders the bytes.
             Place::Host => Ok(()),
             // The consumer's stream waits (on the GPU) for the engine's last frame.
-            #[cfg(feature = "cuda")]
-            Place::Cuda { .. } => {
+            Place::Device { .. } => {
                 let lease = self.lease()?;
                 use dlpark::python::producer::CudaStreamRequest as S;
                 let raw = match _request.cuda_stream()? {
@@ -241,7 +231,8 @@ impl DlpackExporter for PyTensor {
                 };
                 // SAFETY: 1, 2, or a stream pointer the consumer says is live on this
                 // tensor's device for the duration of the call (the DLPack contract).
-                unsafe { lease.wait_on(raw) }.py_err(_py)
+                let stream = unsafe { StreamRef::from_raw(raw) };
+                lease.order_after_frame(stream).py_err(_py)
             }
         }
     }
@@ -269,8 +260,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let py = slf.py();
-        #[cfg(feature = "cuda")]
-        if let Place::Cuda { .. } = slf.get().place {
+        if let Place::Device { .. } = slf.get().place {
             // A device tensor: the consumer's stream waits on the engine's event
             // (`prepare_export`); copy=True is refused (BufferError) by dlpark, as this
             // producer only exports the engine's memory itself.

@@ -16,7 +16,7 @@ use crate::region;
 /// driver, no device). Never raises; cached after the first call.
 #[pyfunction]
 pub(super) fn cuda_available(py: Python<'_>) -> (bool, String) {
-    match py.detach(crate::cuda::probe) {
+    match py.detach(crate::device::probe) {
         Ok(info) => (
             true,
             format!(
