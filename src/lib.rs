@@ -24,6 +24,8 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod layout;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod os;
 mod primitive;
 #[cfg(feature = "python")]

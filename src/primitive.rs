@@ -281,3 +281,13 @@ pub(crate) mod model {
         );
     }
 }
+
+/// The low 32 bits of a counter, as the futex word for it.
+pub(crate) fn low_half(word: &AtomicU64) -> &AtomicU32 {
+    // SAFETY: an AtomicU64 is 8 bytes, 8-aligned, so its first 4 bytes are a valid,
+    // aligned AtomicU32 for as long as the borrow; on little-endian targets (the only ones
+    // the crate builds for) they are the low half. The result is only handed to the
+    // kernel's futex calls (`SharedSeq::park`/`unpark`), never loaded from Rust, so Rust
+    // code makes no mixed-size accesses; the kernel reads the word atomically.
+    unsafe { &*(word as *const AtomicU64).cast::<AtomicU32>() }
+}

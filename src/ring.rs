@@ -23,7 +23,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Peer, Result};
-use crate::primitive::{self, AtomicU32, AtomicU64, Ordering};
+use crate::primitive::{self, low_half, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{self, SharedSeq, WaitPolicy};
 
 /// Bytes of the length word that starts every record.
@@ -617,16 +617,6 @@ impl std::fmt::Debug for HeapRing {
             .field("tail", &tail)
             .finish()
     }
-}
-
-/// The low 32 bits of a counter, as the futex word for it.
-pub(crate) fn low_half(word: &AtomicU64) -> &AtomicU32 {
-    // SAFETY: an AtomicU64 is 8 bytes, 8-aligned, so its first 4 bytes are a valid,
-    // aligned AtomicU32 for as long as the borrow; on little-endian targets (the only ones
-    // the crate builds for) they are the low half. The result is only handed to the
-    // kernel's futex calls (`SharedSeq::park`/`unpark`), never loaded from Rust, so Rust
-    // code makes no mixed-size accesses; the kernel reads the word atomically.
-    unsafe { &*(word as *const AtomicU64).cast::<AtomicU32>() }
 }
 
 impl HeapRing {

@@ -1,0 +1,303 @@
+//! Models of the real handshakes, run under every interleaving loom explores (see
+//! `scripts/test.sh` for the command). The control words are std atomics, as in a region,
+//! handed to `primitive::model`, which makes every operation of the real code on them
+//! loom's; `low` is the counter's own low half, as in a region. The futex sleeps until
+//! woken, with no slices, so a lost wake-up is a deadlock loom reports; only the
+//! liveness model lets slices run out.
+//!
+//! Here, not in `sync`, because the doorbell model drives a real ring too: `ring` builds
+//! on `sync`, and the models build on both.
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Peer};
+use crate::primitive::model::{self, check};
+use crate::primitive::{self, low_half, AtomicU32, AtomicU64, Ordering};
+use crate::ring::HeapRing;
+use crate::sync::*;
+
+/// The words of the lock-step loop, as the control block holds them.
+#[derive(Default)]
+struct Control {
+    action_seq: AtomicU64,
+    frame_seq: AtomicU64,
+    engine_waiting: AtomicU32,
+    client_waiting: AtomicU32,
+    doorbell: AtomicU32,
+    engine_state: AtomicU32,
+    /// What the client writes before each action and the engine reads after it.
+    actions: Tensor,
+    /// What the engine writes before each frame and the client reads after it.
+    observations: Tensor,
+}
+
+/// A tensor's bytes, as plain memory that the counters hand from one side to the other.
+#[derive(Default)]
+struct Tensor(std::cell::UnsafeCell<u64>);
+
+// SAFETY: the two sides take turns on a tensor as the lock-step protocol orders them;
+// each access is announced to the model's loom cells first, so one that the protocol
+// does not order after the other side's fails the model.
+unsafe impl Sync for Tensor {}
+
+impl Tensor {
+    fn write(&self, value: u64) {
+        primitive::writing(self.0.get().cast(), 8);
+        // SAFETY: see `impl Sync`; the model has checked this access.
+        unsafe { *self.0.get() = value }
+    }
+    fn read(&self) -> u64 {
+        primitive::reading(self.0.get().cast(), 8);
+        // SAFETY: see `impl Sync`; the model has checked this access.
+        unsafe { *self.0.get() }
+    }
+}
+
+const CLOSED: u32 = 1;
+
+type Engine = loom::thread::JoinHandle<()>;
+
+impl Control {
+    fn new() -> Arc<Control> {
+        let c = Arc::new(Control::default());
+        model::track_u64(&c.action_seq);
+        model::track_u64(&c.frame_seq);
+        model::track_u32(&c.engine_waiting);
+        model::track_u32(&c.client_waiting);
+        model::track_u32(&c.doorbell);
+        model::track_u32(&c.engine_state);
+        for t in [&c.actions, &c.observations] {
+            model::track_bytes(t.0.get().cast(), 8);
+        }
+        c
+    }
+
+    /// What the client waits on (as `Client::seqs`).
+    fn frame(&self) -> SharedSeq<'_> {
+        SharedSeq {
+            counter: &self.frame_seq,
+            low: low_half(&self.frame_seq),
+            waiting: &self.client_waiting,
+        }
+    }
+
+    /// What the engine sleeps on (as `Doorbell::of`); with the action counter, what the
+    /// client posts an action through (as `Client::post_and_wait`).
+    fn doorbell(&self, action: bool) -> Doorbell<'_> {
+        Doorbell {
+            bell: &self.doorbell,
+            engine_waiting: &self.engine_waiting,
+            action_seq: action.then_some(&self.action_seq),
+        }
+    }
+
+    /// Runs `f` on the control words in a new model thread (the engine's side).
+    fn spawn(self: &Arc<Self>, f: impl FnOnce(&Control) + Send + 'static) -> Engine {
+        let c = self.clone();
+        loom::thread::spawn(move || f(&c))
+    }
+
+    /// The client's wait for frame `n`.
+    fn wait_frame(&self, n: u64) -> u64 {
+        let ok = || Ok(());
+        wait_for(
+            &self.frame(),
+            n,
+            WaitPolicy::BLOCKING,
+            Duration::MAX,
+            "frame",
+            ok,
+        )
+        .unwrap()
+    }
+
+    /// The engine's wait for action `n`.
+    fn wait_action(&self, n: u64) -> u64 {
+        wait_until(
+            &self.doorbell(false),
+            |order| {
+                let a = primitive::load(&self.action_seq, order);
+                (a >= n).then_some(a)
+            },
+            WaitPolicy::BLOCKING,
+            Duration::MAX,
+            "action",
+            || Ok(()),
+        )
+        .unwrap()
+    }
+}
+
+fn waiting_flags_down(c: &Control) {
+    assert_eq!(primitive::load(&c.engine_waiting, Ordering::Relaxed), 0);
+    assert_eq!(primitive::load(&c.client_waiting, Ordering::Relaxed), 0);
+}
+
+#[test]
+fn post_wakes_the_waiter() {
+    // One counter: the poster stores and wakes, the waiter sleeps on the low half.
+    check("sync::post_wakes_the_waiter", || {
+        let c = Control::new();
+        let engine = c.spawn(|c| post(&c.frame(), 1));
+        assert_eq!(c.wait_frame(1), 1);
+        engine.join().unwrap();
+        waiting_flags_down(&c);
+    });
+}
+
+#[test]
+fn lock_step_two_rounds() {
+    // The protocol 1.1 loop: the client writes the actions and posts them through the
+    // doorbell, the engine sleeps on the doorbell, reads them, writes the observations
+    // and posts a frame. A frame for each action, never more, never fewer, and each
+    // side reads the other's tensor only after it was written, and writes its own only
+    // after the other has read it.
+    check("sync::lock_step_two_rounds", || {
+        let c = Control::new();
+        let engine = c.spawn(|c| {
+            for n in 1..=2u64 {
+                assert_eq!(c.wait_action(n), n);
+                assert_eq!(c.actions.read(), n);
+                c.observations.write(100 + n);
+                post(&c.frame(), n);
+            }
+        });
+        for n in 1..=2u64 {
+            c.actions.write(n);
+            post(&c.doorbell(true), n);
+            assert_eq!(c.wait_frame(n), n);
+            assert_eq!(c.observations.read(), 100 + n);
+        }
+        engine.join().unwrap();
+        waiting_flags_down(&c);
+    });
+}
+
+#[test]
+fn doorbell_wakes_the_engine_for_a_command_and_an_action() {
+    // The client pushes a command into the real ring and rings the bell (as
+    // `command::ring_doorbell`), then posts an action through the bell. The engine,
+    // asleep on the bell with nothing but the ring and the action counter to look at
+    // (as `Engine` waits), must see both: the command intact, the action once.
+    check("sync::doorbell_wakes_for_a_command_and_an_action", || {
+        let c = Control::new();
+        let ring = Arc::new(HeapRing::new(64).unwrap());
+        ring.track_in_model();
+        let client = {
+            let (c, ring) = (c.clone(), ring.clone());
+            loom::thread::spawn(move || {
+                let r = ring.ring(Peer::Client);
+                r.push(b"reset", WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
+                    .unwrap();
+                post(&c.doorbell(false), 0);
+                post(&c.doorbell(true), 1);
+            })
+        };
+        let r = ring.ring(Peer::Client);
+        let (mut action, mut command) = (None, None);
+        while action.is_none() || command.is_none() {
+            let woke = wait_until(
+                &c.doorbell(false),
+                |order| {
+                    let a = primitive::load(&c.action_seq, order);
+                    if action.is_none() && a >= 1 {
+                        Some(Some(a))
+                    } else if !r.is_empty() {
+                        Some(None)
+                    } else {
+                        None
+                    }
+                },
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "action or command",
+                || Ok(()),
+            )
+            .unwrap();
+            match woke {
+                Some(a) => action = Some(a),
+                None => {
+                    let mut out = Vec::new();
+                    assert!(r.try_pop(&mut out).unwrap());
+                    assert!(command.replace(out).is_none(), "one command, popped twice");
+                }
+            }
+        }
+        assert_eq!(action, Some(1));
+        assert_eq!(command.as_deref(), Some(&b"reset"[..]));
+        client.join().unwrap();
+        assert!(r.is_empty());
+        waiting_flags_down(&c);
+    });
+}
+
+#[test]
+fn a_closing_peer_ends_the_wait() {
+    // The engine closes while the client waits for a frame: it stores its state, then
+    // wakes the frame word (as `Engine::shut`). A wake that comes before the client
+    // sleeps is lost by design: the client notices at the end of its slice, when it
+    // checks the peer. So here slices run out, and the wait must end with the peer's
+    // error, the waiter flag down.
+    check("sync::a_closing_peer_ends_the_wait", || {
+        model::let_slices_expire();
+        let c = Control::new();
+        let engine = c.spawn(|c| {
+            primitive::store(&c.engine_state, CLOSED, Ordering::SeqCst);
+            primitive::futex_wake_all(low_half(&c.frame_seq));
+        });
+        let mut checks = 0;
+        let seen = wait_for(
+            &c.frame(),
+            1,
+            WaitPolicy::BLOCKING,
+            Duration::MAX,
+            "f",
+            || {
+                checks += 1;
+                if primitive::load(&c.engine_state, Ordering::Acquire) == CLOSED {
+                    return Err(Error::PeerClosed { peer: Peer::Engine });
+                }
+                Ok(())
+            },
+        );
+        assert!(
+            matches!(seen, Err(Error::PeerClosed { peer: Peer::Engine })),
+            "{seen:?}"
+        );
+        assert!(checks >= 1);
+        engine.join().unwrap();
+        waiting_flags_down(&c);
+    });
+}
+
+#[test]
+fn a_passed_deadline_times_out_after_checking_the_peer() {
+    // A zero timeout: the wait reaches its deadline branch without sleeping. It returns
+    // the posted value or a timeout, and before a timeout it checks the peer once more.
+    check("sync::a_passed_deadline_times_out", || {
+        let c = Control::new();
+        let engine = c.spawn(|c| post(&c.frame(), 1));
+        let mut checks = 0;
+        let seen = wait_for(
+            &c.frame(),
+            1,
+            WaitPolicy::BLOCKING,
+            Duration::ZERO,
+            "f",
+            || {
+                checks += 1;
+                Ok(())
+            },
+        );
+        match seen {
+            Ok(v) => assert_eq!(v, 1),
+            Err(Error::Timeout { waited, what }) => {
+                assert_eq!((waited, what), (Duration::ZERO, "f"));
+                assert_eq!(checks, 2, "a check before the loop, one before the timeout");
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+        engine.join().unwrap();
+        waiting_flags_down(&c);
+    });
+}
