@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Fuzzes the command-channel reader (ring + envelope decoder) for N seconds (default 60).
-# A crash leaves its input in fuzz/artifacts/ring_envelope/: once fixed, copy it into
-# fuzz/regressions/ so `cargo test` replays it for good.
+# Fuzzes the decoders of untrusted bytes for N seconds in all (default 90), split evenly
+# between the targets named after it (default: both):
+#   ring_envelope  the command-channel reader (ring + envelope decoder)
+#   layout_header  the header and tensor-table validation
+# A crash leaves its input in fuzz/artifacts/TARGET/: once fixed, copy it into
+# fuzz/regressions/ (ring_envelope) or tests/hostile_headers/ (layout_header) so
+# `cargo test` replays it for good.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
-secs="${1:-60}"
+secs="${1:-90}"
+[ $# -gt 0 ] && shift
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(ring_envelope layout_header)
+per=$((secs / ${#targets[@]}))
+[ "$per" -gt 0 ] || per=1
 
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "fuzz: cargo fuzz needs a nightly toolchain and this machine has none (rustup toolchain install nightly)" >&2
@@ -15,14 +24,32 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
-corpus=fuzz/corpus/ring_envelope
-mkdir -p "$corpus"
-cp fuzz/regressions/*.bin "$corpus"/
-cargo +nightly fuzz run ring_envelope "$corpus" -- \
-    -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
-    | tee /tmp/shmbridge-fuzz.log | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)' || true
-status=${PIPESTATUS[0]}
-if [ "$status" -ne 0 ]; then
-    echo "fuzz: the target failed (exit $status); see /tmp/shmbridge-fuzz.log and fuzz/artifacts/" >&2
-    exit "$status"
-fi
+
+for target in "${targets[@]}"; do
+    corpus=fuzz/corpus/$target
+    mkdir -p "$corpus"
+    case "$target" in
+        ring_envelope) cp fuzz/regressions/*.bin "$corpus"/ ;;
+        layout_header)
+            cp tests/hostile_headers/*.bin "$corpus"/
+            # Valid headers (raw snapshots and unedited builder output), written by the
+            # test that checks them; built with the features scripts/test.sh uses.
+            SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda \
+                --test hostile_headers corpus_seeds_are_valid_headers >/dev/null
+            ;;
+        *)
+            echo "fuzz: unknown target '$target' (ring_envelope, layout_header)" >&2
+            exit 2
+            ;;
+    esac
+    log=/tmp/shmbridge-fuzz-$target.log
+    echo "fuzz: $target for $per s"
+    cargo +nightly fuzz run "$target" "$corpus" -- \
+        -max_total_time="$per" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
+        | tee "$log" | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)' || true
+    status=${PIPESTATUS[0]}
+    if [ "$status" -ne 0 ]; then
+        echo "fuzz: $target failed (exit $status); see $log and fuzz/artifacts/$target/" >&2
+        exit "$status"
+    fi
+done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), the Python package's tests, property, the loom models of the wait handshake, the doorbell and the ring, the check that
-# the committed FlatBuffers code is what flatc generates, a 60 s fuzz run of the command
-# reader, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
+# death, command channel), the Python package's tests, property, the loom models of the
+# wait handshake, the doorbell and the ring, the check that the committed FlatBuffers code
+# is what flatc generates, a 90 s fuzz run of the command reader and the header
+# validation, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 set -euo pipefail
@@ -46,9 +47,9 @@ echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 
-echo "== fuzz the command-channel reader for ${SHMBRIDGE_FUZZ_SECONDS:-60} s"
+echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
-    bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-60}"
+    bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 else
     echo "skipped: cargo fuzz needs a nightly toolchain, and this machine has none"
 fi

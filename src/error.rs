@@ -182,6 +182,139 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What went wrong, without the details: one kind per [`Error`] variant, and per peer
+/// where the variant names one (an engine that died is not a client that died). For
+/// bindings that map errors onto their own types (the Python exception classes, a C
+/// ABI's error codes): `kind as usize` indexes [`ErrorKind::ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    NotFound,
+    NameInUse,
+    PermissionDenied,
+    InvalidName,
+    BadMagic,
+    VersionMismatch,
+    LayoutMismatch,
+    RegionTooSmall,
+    InvalidHeader,
+    TensorOutOfBounds,
+    InvalidTensor,
+    InvalidSpec,
+    NoSuchTensor,
+    DTypeMismatch,
+    WrongDirection,
+    AlreadyBorrowed,
+    AlreadyAttached,
+    EngineDied,
+    ClientDied,
+    EngineClosed,
+    ClientClosed,
+    Timeout,
+    Protocol,
+    RecordTooLarge,
+    BadMessage,
+    NoCommandChannel,
+    Remote,
+    OutOfOrder,
+    Interrupted,
+    Closed,
+    CudaUnavailable,
+    Cuda,
+    VulkanUnavailable,
+    Vulkan,
+    NotOnHost,
+    Io,
+}
+
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 36] = [
+        ErrorKind::NotFound,
+        ErrorKind::NameInUse,
+        ErrorKind::PermissionDenied,
+        ErrorKind::InvalidName,
+        ErrorKind::BadMagic,
+        ErrorKind::VersionMismatch,
+        ErrorKind::LayoutMismatch,
+        ErrorKind::RegionTooSmall,
+        ErrorKind::InvalidHeader,
+        ErrorKind::TensorOutOfBounds,
+        ErrorKind::InvalidTensor,
+        ErrorKind::InvalidSpec,
+        ErrorKind::NoSuchTensor,
+        ErrorKind::DTypeMismatch,
+        ErrorKind::WrongDirection,
+        ErrorKind::AlreadyBorrowed,
+        ErrorKind::AlreadyAttached,
+        ErrorKind::EngineDied,
+        ErrorKind::ClientDied,
+        ErrorKind::EngineClosed,
+        ErrorKind::ClientClosed,
+        ErrorKind::Timeout,
+        ErrorKind::Protocol,
+        ErrorKind::RecordTooLarge,
+        ErrorKind::BadMessage,
+        ErrorKind::NoCommandChannel,
+        ErrorKind::Remote,
+        ErrorKind::OutOfOrder,
+        ErrorKind::Interrupted,
+        ErrorKind::Closed,
+        ErrorKind::CudaUnavailable,
+        ErrorKind::Cuda,
+        ErrorKind::VulkanUnavailable,
+        ErrorKind::Vulkan,
+        ErrorKind::NotOnHost,
+        ErrorKind::Io,
+    ];
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::NameInUse { .. } => ErrorKind::NameInUse,
+            Error::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+            Error::InvalidName { .. } => ErrorKind::InvalidName,
+            Error::BadMagic { .. } => ErrorKind::BadMagic,
+            Error::VersionMismatch { .. } => ErrorKind::VersionMismatch,
+            Error::LayoutMismatch { .. } => ErrorKind::LayoutMismatch,
+            Error::RegionTooSmall { .. } => ErrorKind::RegionTooSmall,
+            Error::InvalidHeader { .. } => ErrorKind::InvalidHeader,
+            Error::TensorOutOfBounds { .. } => ErrorKind::TensorOutOfBounds,
+            Error::InvalidTensor { .. } => ErrorKind::InvalidTensor,
+            Error::InvalidSpec(_) => ErrorKind::InvalidSpec,
+            Error::NoSuchTensor { .. } => ErrorKind::NoSuchTensor,
+            Error::DTypeMismatch { .. } => ErrorKind::DTypeMismatch,
+            Error::WrongDirection { .. } => ErrorKind::WrongDirection,
+            Error::AlreadyBorrowed { .. } => ErrorKind::AlreadyBorrowed,
+            Error::AlreadyAttached { .. } => ErrorKind::AlreadyAttached,
+            Error::PeerDied {
+                peer: Peer::Engine, ..
+            } => ErrorKind::EngineDied,
+            Error::PeerDied {
+                peer: Peer::Client, ..
+            } => ErrorKind::ClientDied,
+            Error::PeerClosed { peer: Peer::Engine } => ErrorKind::EngineClosed,
+            Error::PeerClosed { peer: Peer::Client } => ErrorKind::ClientClosed,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Protocol { .. } => ErrorKind::Protocol,
+            Error::RecordTooLarge { .. } => ErrorKind::RecordTooLarge,
+            Error::BadMessage(_) => ErrorKind::BadMessage,
+            Error::NoCommandChannel { .. } => ErrorKind::NoCommandChannel,
+            Error::Remote { .. } => ErrorKind::Remote,
+            Error::OutOfOrder(_) => ErrorKind::OutOfOrder,
+            Error::Interrupted => ErrorKind::Interrupted,
+            Error::Closed(_) => ErrorKind::Closed,
+            Error::CudaUnavailable { .. } => ErrorKind::CudaUnavailable,
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::VulkanUnavailable { .. } => ErrorKind::VulkanUnavailable,
+            Error::Vulkan { .. } => ErrorKind::Vulkan,
+            Error::NotOnHost { .. } => ErrorKind::NotOnHost,
+            Error::Io { .. } => ErrorKind::Io,
+        }
+    }
+}
+
 /// A duration for messages: whole milliseconds (`200ms`), or seconds to the millisecond
 /// (`1.5s`), rather than `Debug`'s nanoseconds (`999.999439ms`).
 struct Rounded(Duration);
@@ -215,5 +348,34 @@ mod rounded_tests {
         assert_eq!(r(Duration::from_millis(30_000)), "30s");
         assert_eq!(r(Duration::from_micros(250)), "250µs");
         assert_eq!(r(Duration::MAX), "forever");
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_listed_once_at_its_own_index() {
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        assert_eq!(ErrorKind::ALL.len(), ErrorKind::Io as usize + 1);
+    }
+
+    #[test]
+    fn peers_get_their_own_kinds() {
+        let died = |peer| Error::PeerDied {
+            peer,
+            pid: 1,
+            hint: "",
+        };
+        assert_eq!(died(Peer::Engine).kind(), ErrorKind::EngineDied);
+        assert_eq!(died(Peer::Client).kind(), ErrorKind::ClientDied);
+        assert_eq!(
+            Error::PeerClosed { peer: Peer::Client }.kind(),
+            ErrorKind::ClientClosed
+        );
+        assert_eq!(Error::Closed(Peer::Engine).kind(), ErrorKind::Closed);
     }
 }

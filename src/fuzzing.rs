@@ -1,7 +1,17 @@
 //! Entry points shared by the fuzz targets (`fuzz/`) and the regression tests that replay
-//! their findings (`tests/fuzz_regressions.rs`). Not a stable API.
+//! their findings (`tests/fuzz_regressions.rs`, `tests/hostile_headers.rs`). Not a stable
+//! API.
 
-use crate::error::Peer;
+use std::mem::offset_of;
+use std::sync::OnceLock;
+
+use crate::device::Device;
+use crate::error::{Error, Peer, Result};
+use crate::layout::{
+    self, DType, Direction, Header, HeaderBuilder, Layout, TensorDesc, TensorSpec, CONTROL_SIZE,
+    DATA_ALIGN, DESC_SIZE, MAGIC, MAX_NDIM, MAX_TENSORS, MIN_RING_CAPACITY, NAME_LEN, PAGE,
+    VERSION_MAJOR,
+};
 use crate::ring::HeapRing;
 use crate::wire::Envelope;
 
@@ -40,4 +50,481 @@ pub fn ring_reader(data: &[u8]) {
         }
     }
     panic!("ring yielded more records than it can hold");
+}
+
+// ---- Header and tensor-table validation (the `layout_header` target) ----
+
+/// Size of one edit of a [`header`] input in edit mode.
+pub const EDIT_SIZE: usize = 13;
+/// Edits past this many are ignored (keeps one execution short).
+const MAX_EDITS: usize = 64;
+
+/// Runs [`layout::validate`] on a hostile header the way a client does and checks what it
+/// accepts with [`check_layout`]. Returns the validation's result (tests assert that
+/// hand-made hostile inputs are rejected). The first byte picks how the rest is read:
+///
+/// - even, raw: the next 8 bytes are the region's actual size (u64 LE, zero-padded if
+///   short), the rest is the header snapshot.
+/// - odd, edits: `data[0] >> 1` picks a valid header made by [`HeaderBuilder`] (one of
+///   [`header_bases`], modulo their number); the rest is a list of [`EDIT_SIZE`]-byte
+///   edits applied to it (see [`apply_edit`]), then the result is validated against the
+///   (possibly edited) actual size. With no edits the base must validate to exactly what
+///   the builder placed.
+///
+/// Must never panic or read out of bounds; the checks panic (for the fuzzer) if broken.
+pub fn header(data: &[u8]) -> Result<Layout> {
+    let Some((&mode, rest)) = data.split_first() else {
+        return validate_checked(&[], 0);
+    };
+    if mode % 2 == 0 {
+        let n = rest.len().min(8);
+        let mut size = [0u8; 8];
+        size[..n].copy_from_slice(&rest[..n]);
+        return validate_checked(&rest[n..], u64::from_le_bytes(size));
+    }
+    let bases = header_bases();
+    let base = &bases[usize::from(mode >> 1) % bases.len()];
+    let mut bytes = base.bytes.clone();
+    let mut actual = base.builder.header.region_size;
+    let edits = rest.chunks_exact(EDIT_SIZE).take(MAX_EDITS);
+    let unedited = edits.len() == 0;
+    for e in edits {
+        apply_edit(
+            &mut bytes,
+            &mut actual,
+            e.try_into().expect("EDIT_SIZE bytes"),
+        );
+    }
+    let result = validate_checked(&bytes, actual);
+    if unedited {
+        let l = result.as_ref().unwrap_or_else(|e| {
+            panic!(
+                "the builder's header '{}' does not validate: {e}",
+                base.what
+            )
+        });
+        assert_eq!(l.tensors, base.builder.tensors, "{}", base.what);
+        assert_eq!(l.rings, base.builder.rings, "{}", base.what);
+        assert_eq!(
+            l.region_size, base.builder.header.region_size,
+            "{}",
+            base.what
+        );
+    }
+    result
+}
+
+fn validate_checked(bytes: &[u8], actual_region_size: u64) -> Result<Layout> {
+    let result = layout::validate("fuzz", bytes, actual_region_size);
+    match &result {
+        Ok(l) => check_layout(l, bytes, actual_region_size),
+        // Error messages quote hostile names and numbers: formatting must not panic.
+        Err(e) => drop(e.to_string()),
+    }
+    result
+}
+
+/// What a client relies on in a layout that [`layout::validate`] accepted from `bytes`
+/// against a region of `actual_region_size` bytes (docs/protocol.md §4). Panics if any
+/// of it is broken.
+pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
+    let h = layout::read_header(bytes).expect("accepted, so a control block long");
+    assert_eq!(h.magic, MAGIC);
+    assert_eq!(l.version, (VERSION_MAJOR, h.version_minor));
+    assert_eq!((l.num_envs, l.engine_pid), (h.num_envs, h.engine_pid));
+    assert!(l.num_envs >= 1);
+    assert_name(&l.engine_kind, &h.engine_kind, false);
+
+    // The region: header, then data, all inside what is mapped.
+    let count = l.tensors.len();
+    assert!((1..=MAX_TENSORS).contains(&count));
+    assert_eq!(count, h.tensor_count as usize);
+    let table_end = (CONTROL_SIZE + count * DESC_SIZE) as u64;
+    assert!(
+        bytes.len() as u64 >= table_end,
+        "the table lies in the snapshot"
+    );
+    assert_eq!(l.header_size, u64::from(h.header_size));
+    assert!(table_end <= l.header_size && l.header_size <= l.region_size);
+    assert!(l.region_size <= actual_region_size);
+
+    // Host spans (tensors and rings) lie after the header, inside the region, and are
+    // pairwise disjoint: a client hands out views of all of them at once.
+    let mut spans: Vec<(u64, u64)> = Vec::with_capacity(count + 2);
+    for (i, t) in l.tensors.iter().enumerate() {
+        let at = CONTROL_SIZE + i * DESC_SIZE;
+        let d: TensorDesc = bytemuck::pod_read_unaligned(&bytes[at..at + DESC_SIZE]);
+        assert_name(&t.name, &d.name, true);
+        assert!(
+            !l.tensors[..i].iter().any(|o| o.name == t.name),
+            "name '{}' twice",
+            t.name
+        );
+        // What was accepted is what the table says.
+        assert_eq!((t.offset, t.nbytes), (d.offset, d.nbytes));
+        assert_eq!(usize::from(d.ndim), t.shape.len());
+        assert_eq!(t.shape[..], d.shape[..t.shape.len()]);
+        assert_eq!(
+            DType::from_dlpack(d.dtype_code, d.dtype_bits, d.dtype_lanes),
+            Some(t.dtype)
+        );
+        assert_eq!(Direction::from_u8(d.direction), Some(t.direction));
+        assert_eq!(d.location, t.location().code());
+
+        // The shape: 1..=8 non-zero dimensions whose product times the item size is
+        // nbytes without overflow, and C-contiguous strides that fit an isize.
+        assert!((1..=MAX_NDIM).contains(&t.shape.len()));
+        assert!(!t.shape.contains(&0));
+        let product = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.size() as u64, |acc, &s| acc.checked_mul(s));
+        assert_eq!(product, Some(t.nbytes), "nbytes of '{}'", t.name);
+        assert!(t.nbytes <= isize::MAX as u64);
+        assert_eq!(t.numel().checked_mul(t.dtype.size() as u64), Some(t.nbytes));
+        let strides = t.strides();
+        assert_eq!(strides[..], d.strides[..strides.len()]);
+        assert!(strides.iter().all(|&s| s > 0));
+        assert_eq!(strides.last().copied(), Some(t.dtype.size() as i64));
+        assert_eq!(t.offset % DATA_ALIGN, 0);
+
+        let end = t.offset.checked_add(t.nbytes);
+        match (t.device, &t.cuda) {
+            (Device::Host, None) => {
+                let end = end.expect("host span overflows");
+                assert!(t.offset >= l.header_size, "'{}' inside the header", t.name);
+                assert!(end <= l.region_size, "'{}' past the region", t.name);
+                spans.push((t.offset, end));
+            }
+            (Device::Cuda(dev), Some(c)) => {
+                assert!(
+                    l.version.1 >= 2,
+                    "CUDA tensor in a 1.{} header",
+                    l.version.1
+                );
+                assert!(dev.ordinal >= 0);
+                assert!(c.ipc_mem_handle.iter().any(|&b| b != 0));
+                assert!(
+                    end.is_some_and(|e| e <= c.alloc_size),
+                    "'{}' past its allocation",
+                    t.name
+                );
+                assert_eq!(
+                    (dev.ordinal, dev.uuid, c.ipc_mem_handle, c.alloc_size),
+                    (
+                        d.device_ordinal,
+                        d.device_uuid,
+                        d.ipc_mem_handle,
+                        d.export_size
+                    )
+                );
+            }
+            other => panic!("'{}': location and placement disagree: {other:?}", t.name),
+        }
+    }
+    // The engine's event handle: present (non-zero) exactly when a tensor is on CUDA.
+    match l.engine_event_handle {
+        Some(handle) => {
+            assert!(l.has_cuda());
+            assert_eq!(handle, h.engine_event_handle);
+            assert!(handle.iter().any(|&b| b != 0));
+        }
+        None => assert!(!l.has_cuda()),
+    }
+    if let Some(r) = l.rings {
+        assert!(l.version.1 >= 1, "rings in a 1.0 header");
+        assert_eq!(
+            (r.c2e, r.e2c),
+            (
+                (h.c2e_ring_offset, h.c2e_ring_capacity),
+                (h.e2c_ring_offset, h.e2c_ring_capacity)
+            )
+        );
+        for (offset, capacity) in [r.c2e, r.e2c] {
+            assert!(capacity.is_power_of_two() && capacity >= MIN_RING_CAPACITY);
+            assert_eq!(offset % PAGE, 0);
+            assert!(offset >= l.header_size, "ring inside the header");
+            let end = offset.checked_add(capacity).expect("ring span overflows");
+            assert!(end <= l.region_size, "ring past the region");
+            spans.push((offset, end));
+        }
+    } else if l.version.1 >= 1 {
+        assert_eq!((h.c2e_ring_capacity, h.e2c_ring_capacity), (0, 0));
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[..i] {
+            assert!(a.1 <= b.0 || b.1 <= a.0, "spans {a:?} and {b:?} overlap");
+        }
+    }
+
+    // The actual size only bounds the region: the same header validates against exactly
+    // its region size, and is refused against one byte less.
+    let exact = layout::validate("fuzz", bytes, l.region_size).expect("valid at its own size");
+    assert_eq!(exact.tensors, l.tensors);
+    assert!(matches!(
+        layout::validate("fuzz", bytes, l.region_size - 1),
+        Err(Error::RegionTooSmall { .. })
+    ));
+}
+
+/// A validated name: non-empty for tensors, at most NAME_LEN bytes, no NUL, and the
+/// table's bytes up to their first NUL.
+fn assert_name(name: &str, raw: &[u8; NAME_LEN], tensor: bool) {
+    assert!(!tensor || !name.is_empty(), "empty tensor name");
+    assert!(name.len() <= NAME_LEN && !name.contains('\0'));
+    assert_eq!(name.as_bytes(), &raw[..name.len()]);
+    assert!(raw[name.len()..].iter().all(|&b| b == 0));
+}
+
+/// A valid header the edit mode starts from.
+pub struct HeaderBase {
+    pub what: &'static str,
+    pub builder: HeaderBuilder,
+    /// The builder's bytes with `magic` published, as a client snapshots them.
+    pub bytes: Vec<u8>,
+}
+
+/// The headers edit mode starts from: host and CUDA layouts, with and without rings, the
+/// largest table, and 1.0 / 1.1 headers.
+pub fn header_bases() -> &'static [HeaderBase] {
+    static BASES: OnceLock<Vec<HeaderBase>> = OnceLock::new();
+    BASES.get_or_init(|| {
+        let e2c = Direction::EngineToClient;
+        let c2e = Direction::ClientToEngine;
+        let host = [
+            TensorSpec::new("obs", DType::F32, &[4, 3], e2c),
+            TensorSpec::new("actions", DType::I64, &[4, 1], c2e),
+            TensorSpec::new("frames", DType::U8, &[2, 84, 84, 3], e2c),
+            TensorSpec::new("done", DType::Bool, &[4], e2c),
+        ];
+        let cuda = Device::cuda(0);
+        let mixed = [
+            TensorSpec::new("obs", DType::F16, &[4, 3], e2c).on(cuda),
+            TensorSpec::new("actions", DType::I32, &[4], c2e).on(cuda),
+            TensorSpec::new("reward", DType::F64, &[4], e2c),
+        ];
+        let all_cuda = [
+            TensorSpec::new("obs", DType::BF16, &[8, 2, 2], e2c).on(cuda),
+            TensorSpec::new("actions", DType::U16, &[8, 1], c2e).on(cuda),
+        ];
+        let widest: Vec<TensorSpec> = (0..MAX_TENSORS)
+            .map(|i| {
+                let shape: Vec<u64> = (0..=i % MAX_NDIM).map(|k| (k % 3 + 1) as u64).collect();
+                let dir = if i % 2 == 0 { e2c } else { c2e };
+                TensorSpec::new(
+                    &format!("t{i}"),
+                    DType::ALL[i % DType::ALL.len()],
+                    &shape,
+                    dir,
+                )
+            })
+            .collect();
+        let build = |what, kind, specs: &[TensorSpec], ring, minor: Option<u16>| {
+            let mut builder = HeaderBuilder::new(kind, 2, specs, ring).expect("a valid spec");
+            builder.set_cuda_export([0xC1; 64], [0x0D; 16], [0xE7; 64]);
+            if let Some(minor) = minor {
+                builder.header.version_minor = minor;
+            }
+            let mut bytes = builder.bytes();
+            bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+            HeaderBase {
+                what,
+                builder,
+                bytes,
+            }
+        };
+        vec![
+            build("host with rings", "host", &host, 4096, None),
+            build("host without rings", "host", &host, 0, None),
+            build("cuda and host with rings", "gpu", &mixed, 64, None),
+            build("cuda without rings", "gpu", &all_cuda, 0, None),
+            build("64 tensors with rings", "wide", &widest, 128, None),
+            build("1.0 header", "old", &host, 0, Some(0)),
+            build("1.1 header with rings", "rings", &host, 1024, Some(1)),
+        ]
+    })
+}
+
+/// Valid inputs of [`header`], for the fuzzer's corpus: each base as a raw snapshot and
+/// as an edit-mode input with no edits. (file name, bytes)
+pub fn header_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    for (i, base) in header_bases().iter().enumerate() {
+        let mut raw = vec![0u8];
+        raw.extend_from_slice(&base.builder.header.region_size.to_le_bytes());
+        raw.extend_from_slice(&base.bytes);
+        seeds.push((format!("raw-{i}.bin"), raw));
+        seeds.push((format!("edit-{i}.bin"), vec![(i as u8) << 1 | 1]));
+    }
+    seeds
+}
+
+/// A field of the control block: (byte offset, width); byte arrays by element.
+const HEADER_FIELDS: [(usize, usize); 14] = [
+    (offset_of!(Header, magic), 8),
+    (offset_of!(Header, version_major), 2),
+    (offset_of!(Header, version_minor), 2),
+    (offset_of!(Header, header_size), 4),
+    (offset_of!(Header, region_size), 8),
+    (offset_of!(Header, layout_hash), 8),
+    (offset_of!(Header, num_envs), 4),
+    (offset_of!(Header, tensor_count), 4),
+    (offset_of!(Header, table_offset), 4),
+    (offset_of!(Header, desc_size), 4),
+    (offset_of!(Header, c2e_ring_offset), 8),
+    (offset_of!(Header, c2e_ring_capacity), 8),
+    (offset_of!(Header, e2c_ring_offset), 8),
+    (offset_of!(Header, e2c_ring_capacity), 8),
+];
+/// Byte arrays of the control block: (byte offset, length).
+const HEADER_ARRAYS: [(usize, usize); 2] = [
+    (offset_of!(Header, engine_kind), NAME_LEN),
+    (offset_of!(Header, engine_event_handle), 64),
+];
+/// A field of a tensor-table entry: (byte offset, width); `shape` and `strides` by element.
+const DESC_FIELDS: [(usize, usize); 12] = [
+    (offset_of!(TensorDesc, dtype_code), 1),
+    (offset_of!(TensorDesc, dtype_bits), 1),
+    (offset_of!(TensorDesc, dtype_lanes), 2),
+    (offset_of!(TensorDesc, ndim), 1),
+    (offset_of!(TensorDesc, direction), 1),
+    (offset_of!(TensorDesc, location), 1),
+    (offset_of!(TensorDesc, flags), 1),
+    (offset_of!(TensorDesc, device_ordinal), 4),
+    (offset_of!(TensorDesc, offset), 8),
+    (offset_of!(TensorDesc, nbytes), 8),
+    (offset_of!(TensorDesc, export_size), 8),
+    (offset_of!(TensorDesc, export_memory_type), 4),
+];
+/// Arrays of a tensor-table entry: (byte offset, element width, length).
+const DESC_ARRAYS: [(usize, usize, usize); 5] = [
+    (offset_of!(TensorDesc, name), 1, NAME_LEN),
+    (offset_of!(TensorDesc, shape), 8, MAX_NDIM),
+    (offset_of!(TensorDesc, strides), 8, MAX_NDIM),
+    (offset_of!(TensorDesc, ipc_mem_handle), 1, 64),
+    (offset_of!(TensorDesc, device_uuid), 1, 16),
+];
+/// Operations past the field writes.
+const OP_RESHAPE: usize =
+    HEADER_FIELDS.len() + HEADER_ARRAYS.len() + DESC_FIELDS.len() + DESC_ARRAYS.len();
+const OP_ACTUAL_SIZE: usize = OP_RESHAPE + 1;
+const OP_TRUNCATE: usize = OP_ACTUAL_SIZE + 1;
+const OP_COPY_DESC: usize = OP_TRUNCATE + 1;
+const OPS: usize = OP_COPY_DESC + 1;
+
+/// Applies one edit `[op, tensor, element, kind, anchor, value: u64 LE]` to a header
+/// snapshot and the region's actual size. `op` (modulo the number of operations) picks
+/// a header field, a field of entry `tensor` (modulo the entries in `bytes`), element
+/// `element` of an array, or: recompute entry `tensor`'s nbytes and strides from its
+/// shape and dtype (so that a new shape stays consistent and validation gets past it);
+/// set the actual size; truncate the snapshot to `value` bytes; copy entry `anchor` over
+/// entry `tensor`. The value written is, by `kind % 4`: `value`; the field's current
+/// value + `value`; an anchor + `value`; an anchor − `value` (wrapping; the anchors are
+/// sizes and span ends of the header, see [`anchor`]). Fields outside `bytes` are skipped.
+pub fn apply_edit(bytes: &mut Vec<u8>, actual: &mut u64, edit: &[u8; EDIT_SIZE]) {
+    let [op, tensor, element, kind, anchor_id, ..] = *edit;
+    let raw = u64::from_le_bytes(edit[5..].try_into().expect("8 bytes"));
+    let (op, element) = (usize::from(op) % OPS, usize::from(element));
+    let descs = bytes.len().saturating_sub(CONTROL_SIZE) / DESC_SIZE;
+    let desc = |i: usize| CONTROL_SIZE + (i % descs.max(1)) * DESC_SIZE;
+    let tensor = desc(usize::from(tensor));
+    let value = |bytes: &[u8], current: u64| match kind % 4 {
+        0 => raw,
+        1 => current.wrapping_add(raw),
+        2 => anchor(bytes, *actual, anchor_id).wrapping_add(raw),
+        _ => anchor(bytes, *actual, anchor_id).wrapping_sub(raw),
+    };
+    let (at, width) = match op {
+        _ if op < HEADER_FIELDS.len() => HEADER_FIELDS[op],
+        _ if op < HEADER_FIELDS.len() + HEADER_ARRAYS.len() => {
+            let (at, len) = HEADER_ARRAYS[op - HEADER_FIELDS.len()];
+            (at + element % len, 1)
+        }
+        _ if op < HEADER_FIELDS.len() + HEADER_ARRAYS.len() + DESC_FIELDS.len() => {
+            let (at, width) = DESC_FIELDS[op - HEADER_FIELDS.len() - HEADER_ARRAYS.len()];
+            (tensor + at, width)
+        }
+        OP_RESHAPE => return reshape(bytes, tensor),
+        OP_ACTUAL_SIZE => {
+            *actual = value(bytes, *actual);
+            return;
+        }
+        OP_TRUNCATE => {
+            let len = bytes.len() as u64;
+            bytes.truncate(value(bytes, len).min(len) as usize);
+            return;
+        }
+        OP_COPY_DESC => {
+            let from = desc(usize::from(anchor_id));
+            if from + DESC_SIZE <= bytes.len() && tensor + DESC_SIZE <= bytes.len() {
+                bytes.copy_within(from..from + DESC_SIZE, tensor);
+            }
+            return;
+        }
+        _ => {
+            let arrays = HEADER_FIELDS.len() + HEADER_ARRAYS.len() + DESC_FIELDS.len();
+            let (at, width, len) = DESC_ARRAYS[op - arrays];
+            (tensor + at + element % len * width, width)
+        }
+    };
+    if at + width <= bytes.len() {
+        let current = read_le(&bytes[at..at + width]);
+        let new = value(bytes, current).to_le_bytes();
+        bytes[at..at + width].copy_from_slice(&new[..width]);
+    }
+}
+
+/// Values an edit can be relative to, `id % 16`: 0, region_size, header_size, the table's
+/// end, the actual size, each ring's offset and end, u64::MAX, i64::MAX, a page; and of
+/// entry `id / 16`: offset, end (offset + nbytes), nbytes, export_size, shape[0].
+fn anchor(bytes: &[u8], actual: u64, id: u8) -> u64 {
+    let at = |offset: usize, width: usize| bytes.get(offset..offset + width).map_or(0, read_le);
+    let h = |field: usize| at(HEADER_FIELDS[field].0, HEADER_FIELDS[field].1);
+    let descs = bytes.len().saturating_sub(CONTROL_SIZE) / DESC_SIZE;
+    let desc = CONTROL_SIZE + usize::from(id / 16) % descs.max(1) * DESC_SIZE;
+    let d = |field: usize| at(desc + field, 8);
+    match id % 16 {
+        0 => 0,
+        1 => h(4),
+        2 => h(3),
+        3 => (CONTROL_SIZE as u64).wrapping_add(h(7).wrapping_mul(DESC_SIZE as u64)),
+        4 => actual,
+        5 => h(10),
+        6 => h(10).wrapping_add(h(11)),
+        7 => h(12),
+        8 => h(12).wrapping_add(h(13)),
+        9 => u64::MAX,
+        10 => i64::MAX as u64,
+        11 => PAGE,
+        12 => d(offset_of!(TensorDesc, offset)),
+        13 => d(offset_of!(TensorDesc, offset)).wrapping_add(d(offset_of!(TensorDesc, nbytes))),
+        14 => d(offset_of!(TensorDesc, nbytes)),
+        _ => d(offset_of!(TensorDesc, export_size)),
+    }
+}
+
+/// Makes entry `at`'s nbytes and strides agree with its dtype and shape (wrapping, so
+/// overflow is left for validation to find), zeroing shape and strides past ndim.
+fn reshape(bytes: &mut [u8], at: usize) {
+    let Some(entry) = bytes.get_mut(at..at + DESC_SIZE) else {
+        return;
+    };
+    let mut d: TensorDesc = bytemuck::pod_read_unaligned(entry);
+    let ndim = usize::from(d.ndim).min(MAX_NDIM);
+    let item = u64::from(d.dtype_bits / 8);
+    d.shape[ndim..].fill(0);
+    d.strides[ndim..].fill(0);
+    let mut acc = item;
+    for k in (0..ndim).rev() {
+        d.strides[k] = acc as i64;
+        acc = acc.wrapping_mul(d.shape[k]);
+    }
+    d.nbytes = acc;
+    entry.copy_from_slice(bytemuck::bytes_of(&d));
+}
+
+fn read_le(b: &[u8]) -> u64 {
+    let mut v = [0u8; 8];
+    v[..b.len()].copy_from_slice(b);
+    u64::from_le_bytes(v)
 }

@@ -12,6 +12,8 @@
 #[cfg(not(all(target_os = "linux", target_endian = "little")))]
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
 
+pub mod actions;
+pub mod cli;
 pub mod client;
 pub mod command;
 pub mod control;

@@ -17,15 +17,16 @@ A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 """
 
-from __future__ import annotations
-
-import os
-import selectors
-import subprocess
-import sys
-import tempfile
-import time
-from typing import Any, Optional
+# The helpers' modules under private names: `import shmbridge` exposes only `__all__`
+# (and its submodules).
+import os as _os
+import selectors as _selectors
+import subprocess as _subprocess
+import sys as _sys
+import tempfile as _tempfile
+import time as _time
+from typing import Any as _Any
+from typing import Optional as _Optional
 
 from . import errors
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
@@ -53,7 +54,7 @@ def attach(
     name: str,
     timeout: float = 10.0,
     *,
-    spin_us: Optional[float] = None,
+    spin_us: _Optional[float] = None,
     blocking: bool = False,
 ) -> Client:
     """Attaches to the engine serving region ``name``; waits up to ``timeout`` seconds
@@ -61,41 +62,41 @@ def attach(
     return Client.attach(name, timeout, spin_us, blocking)
 
 
-def _read_line(proc: subprocess.Popen, timeout: float) -> Optional[str]:
+def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
     """The first line the engine prints, or None on EOF or timeout."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
+    deadline = _time.monotonic() + timeout
     buf = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
+    with _selectors.DefaultSelector() as sel:
+        sel.register(fd, _selectors.EVENT_READ)
         while b"\n" not in buf:
-            left = deadline - time.monotonic()
+            left = deadline - _time.monotonic()
             if left <= 0 or not sel.select(left):
                 return None
-            chunk = os.read(fd, 4096)
+            chunk = _os.read(fd, 4096)
             if not chunk:
                 return None
             buf += chunk
     return buf.split(b"\n", 1)[0].decode(errors="replace").strip() or None
 
 
-def _stop(proc: subprocess.Popen, grace: float) -> None:
+def _stop(proc: _subprocess.Popen, grace: float) -> None:
     """Waits for the engine to exit; SIGTERM (it then removes its region), then SIGKILL."""
     try:
         proc.wait(grace)
         return
-    except subprocess.TimeoutExpired:
+    except _subprocess.TimeoutExpired:
         pass
     proc.terminate()
     try:
         proc.wait(5.0)
-    except subprocess.TimeoutExpired:
+    except _subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
 
 
-# The options of `python -m shmbridge._engine` that launch() passes through.
+# The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
 
 
@@ -113,19 +114,19 @@ def nvrtc_library_dirs() -> list:
         return []
     dirs = []
     for root in spec.submodule_search_locations or []:
-        lib = os.path.join(root, "lib")
-        if os.path.isdir(lib):
+        lib = _os.path.join(root, "lib")
+        if _os.path.isdir(lib):
             dirs.append(lib)
     return dirs
 
 
-def _engine_env(device: str) -> Optional[dict]:
+def _engine_env(device: str) -> _Optional[dict]:
     """The environment of an engine on ``device``: NVRTC's wheel on its loader path."""
     dirs = nvrtc_library_dirs() if device != "cpu" else []
     if not dirs:
         return None
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    env = dict(_os.environ)
+    env["LD_LIBRARY_PATH"] = _os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(_os.pathsep) if p])
     return env
 
 
@@ -148,9 +149,9 @@ def launch(
     device: str = "cpu",
     *,
     timeout: float = 30.0,
-    spin_us: Optional[float] = None,
+    spin_us: _Optional[float] = None,
     blocking: bool = False,
-    **engine_args: Any,
+    **engine_args: _Any,
 ) -> Client:
     """Starts the reference engine ``env`` as a child process and attaches to it.
 
@@ -176,7 +177,7 @@ def launch(
         )
     device = _check_device(device)
     args = [
-        sys.executable, "-m", "shmbridge._engine",
+        _sys.executable, "-m", "shmbridge", "engine",
         "--env", str(env), "--num-envs", str(int(num_envs)), "--device", device,
     ]
     if spin_us is not None:
@@ -191,11 +192,11 @@ def launch(
             continue
         else:
             args += [flag, str(value)]
-    stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
+    stderr = _tempfile.TemporaryFile()
+    proc = _subprocess.Popen(
         args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdin=_subprocess.DEVNULL,
+        stdout=_subprocess.PIPE,
         stderr=stderr,
         bufsize=0,
         env=_engine_env(device),
@@ -228,7 +229,7 @@ def launch(
         try:
             # Its stdout reaches EOF a moment before an exiting engine can be reaped.
             proc.wait(1.0)
-        except subprocess.TimeoutExpired:
+        except _subprocess.TimeoutExpired:
             raise fail(f"the engine did not print its region name within {timeout} s") from None
         text = engine_stderr()
         reason = [line for line in text.splitlines() if "CUDA is unavailable" in line]
@@ -242,7 +243,7 @@ def launch(
         # The engine's choice (`shmbridge: device auto -> cuda:0 (...)`), for the user.
         for line in engine_stderr().splitlines():
             if line.startswith("shmbridge: device "):
-                print(line, file=sys.stderr, flush=True)
+                print(line, file=_sys.stderr, flush=True)
     assert proc.stdout is not None
     proc.stdout.close()
     try:

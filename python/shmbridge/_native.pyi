@@ -13,7 +13,7 @@ __all__ = [
     "Engine",
     "EngineSpec",
     "Tensor",
-    "run_engine",
+    "cli",
     "cuda_available",
     "list_regions",
     "gc",
@@ -237,21 +237,11 @@ class Engine:
     @property
     def reset_mask(self) -> Tensor: ...
 
-def run_engine(
-    env: str = "cartpole",
-    num_envs: int = 256,
-    name: Optional[str] = None,
-    obs_dim: Optional[int] = None,
-    act_dim: Optional[int] = None,
-    sparse: bool = False,
-    seed: int = 0,
-    spin_us: Optional[float] = None,
-    blocking: bool = False,
-    idle_timeout: float = 3600.0,
-    image: Optional[str] = None,
-    device: str = "cpu",
-) -> int:
-    """Serves a reference engine until the client closes; returns the number of steps."""
+def cli(argv: Sequence[str]) -> int:
+    """Runs the ``shmbridge`` command line, the Rust binary's own (``engine``, ``client``,
+    ``ls``, ``inspect``, ``gc``), on ``argv`` (the program name first); returns the exit
+    status. Runs without the GIL; Ctrl-C stops ``client`` with ``KeyboardInterrupt``,
+    and ``engine`` closes its region and ends the process (status 130)."""
 
 def cuda_available() -> Tuple[bool, str]:
     """``(True, "driver ..., N device(s)")`` or ``(False, reason)``; never raises."""

@@ -1,14 +1,12 @@
 """Exceptions raised by shmbridge, one class per variant of the Rust ``shmbridge::Error``.
 
 Every exception carries the Rust message, which says what went wrong and what to do.
-``shmbridge._native`` raises them by name (see ``error_class`` in ``src/python/mod.rs``).
+``shmbridge._native`` raises them by name (see ``class_name`` in ``src/python/errors.rs``).
 Where a builtin exception fits, the class subclasses it too, so ``except TimeoutError``,
 ``except FileNotFoundError``, ``except KeyError`` ... keep working.
 """
 
-from __future__ import annotations
-
-import builtins
+import builtins as _builtins
 
 __all__ = [
     "ShmBridgeError",
@@ -47,6 +45,8 @@ __all__ = [
     "ClosedError",
     "CudaUnavailableError",
     "CudaError",
+    "VulkanUnavailableError",
+    "VulkanError",
     "NotOnHostError",
     "ShmBridgeOSError",
     "EngineStartError",
@@ -160,7 +160,7 @@ class ClientClosedError(PeerClosedError):
     """The client closed the region."""
 
 
-class TimeoutError(ShmBridgeError, builtins.TimeoutError):
+class TimeoutError(ShmBridgeError, _builtins.TimeoutError):
     """A wait ran out of time. After a step timed out, the next step first waits for
     the frame still in flight."""
 
@@ -185,7 +185,7 @@ class RemoteError(ShmBridgeError):
     """The engine answered a command with an error (``method``, ``code`` attributes)."""
 
 
-class InterruptedError(ShmBridgeError, builtins.InterruptedError):  # noqa: A001
+class InterruptedError(ShmBridgeError, _builtins.InterruptedError):  # noqa: A001
     """A wait was stopped by an interrupt hook (Python raises the signal's own exception,
     e.g. KeyboardInterrupt, instead; this class is the fallback)."""
 
@@ -207,6 +207,16 @@ class CudaUnavailableError(ShmBridgeError, RuntimeError):
 
 class CudaError(ShmBridgeError, RuntimeError):
     """A CUDA driver call failed (the message names the call and the driver's error)."""
+
+
+# Vulkan.
+class VulkanUnavailableError(ShmBridgeError, RuntimeError):
+    """Vulkan was asked for but cannot be used here (no ``vulkan`` feature in this build,
+    no loader or driver, no matching device); the message says which."""
+
+
+class VulkanError(ShmBridgeError, RuntimeError):
+    """A Vulkan call failed (the message names the call and the driver's result)."""
 
 
 class NotOnHostError(ShmBridgeError, TypeError):

@@ -9,7 +9,9 @@
 use std::any::Any;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
+use super::Device;
 use crate::control::Control;
 use crate::error::Result;
 use crate::layout::{Layout, TensorInfo};
@@ -85,6 +87,33 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
         t.device.dlpack()
     }
 
+    /// Where tensor `index` lives in this process: `None` in the region (host memory),
+    /// else its device address, this process's device and a lease on its import.
+    /// `Closed` once the backend released its imports.
+    fn place(&self, index: usize, t: &TensorInfo) -> Result<Option<DevicePlace>>;
+
+    /// After a frame or a command's reply arrived: makes `stream` wait, on the device,
+    /// for the engine's last publication, so work queued on it afterwards sees the new
+    /// device tensors. Nothing for host memory or once released.
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()>;
+
+    /// Copies `nbytes` of device memory from `src` into the client→engine tensor at
+    /// `dst` on `stream`, after the engine's last publication (it may still be reading
+    /// the previous contents). `before_post` on the same stream then orders the copy
+    /// before the engine's reads.
+    ///
+    /// # Safety
+    /// `src` is `nbytes` of memory of this backend's device, valid for work ordered on
+    /// `stream`; `dst` is the address ([`ClientBackend::place`]) of a tensor of at least
+    /// `nbytes` bytes.
+    unsafe fn copy_into(
+        &self,
+        dst: u64,
+        src: u64,
+        nbytes: usize,
+        stream: StreamRef<'_>,
+    ) -> Result<()>;
+
     /// At close, before `client_state = CLOSED` is stored: closes the imports and
     /// acknowledges it in `region`'s control block (or, while views still hold them,
     /// leaves that to the last view). What must outlive the CLOSED store (the client's
@@ -92,6 +121,25 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     fn release(&mut self, region: &Region);
 
     fn as_any(&self) -> &dyn Any;
+}
+
+/// Where a device tensor's bytes are in the client's process.
+#[derive(Debug, Clone)]
+pub struct DevicePlace {
+    /// Device address of the first byte.
+    pub ptr: u64,
+    /// The device, as this process numbers it.
+    pub device: Device,
+    /// Keeps the import open: a view that must stay valid after the client closes (a
+    /// DLPack capsule) holds a clone.
+    pub lease: Arc<dyn DeviceLease>,
+}
+
+/// A hold on a client's imports of the engine's device memory. While any clone lives the
+/// imports stay open; the client's close acknowledgement waits for the last one.
+pub trait DeviceLease: Send + Sync + std::fmt::Debug {
+    /// Makes `stream` wait, on the device, for the engine's last published frame.
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()>;
 }
 
 /// A device stream, by its raw handle (CUDA: a `CUstream`, or 1/2 for the legacy and

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use super::backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+use super::backend::{ClientBackend, CudaRelease, DevicePlace, EngineBackend, StreamRef};
 use crate::control::Control;
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
@@ -62,6 +62,17 @@ impl ClientBackend for HostClient {
     }
     fn device_ptr(&self, _: usize, t: &TensorInfo) -> Result<u64> {
         Err(no_device(t))
+    }
+    fn place(&self, _: usize, _: &TensorInfo) -> Result<Option<DevicePlace>> {
+        Ok(None)
+    }
+    fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn copy_into(&self, _: u64, _: u64, _: usize, _: StreamRef<'_>) -> Result<()> {
+        Err(Error::OutOfOrder(
+            "a device copy into a host client's tensors: they live in the region",
+        ))
     }
     fn release(&mut self, _: &Region) {}
     fn as_any(&self) -> &dyn Any {

@@ -22,7 +22,7 @@ pub mod location;
 pub mod request;
 pub mod vulkan;
 
-pub use backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
 pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest};

@@ -20,13 +20,15 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyVal
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::{
-    duration, next_slice, numpy_name, tensor_named, to_pyerr, wait_policy, IntoPy, Place, PyTensor,
-};
+use super::errors::{to_pyerr, IntoPy};
+use super::tensor::{tensor_named, Place, PyTensor};
+use super::waits::{duration, next_slice, wait_policy};
+use crate::actions::array_dtype_name;
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
+use crate::control::ClientState;
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Peer};
-use crate::layout::{offsets, state, DType, Direction, TensorSpec};
+use crate::layout::{DType, Direction, TensorSpec};
 use crate::region::Region;
 use crate::tensor::Tensors;
 
@@ -53,9 +55,9 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     let bare = name.strip_prefix("torch.").unwrap_or(&name);
     DType::ALL
         .into_iter()
-        .find(|&d| numpy_name(d) == bare || d.name() == bare)
+        .find(|&d| array_dtype_name(d) == bare || d.name() == bare)
         .ok_or_else(|| {
-            let known: Vec<&str> = DType::ALL.into_iter().map(numpy_name).collect();
+            let known: Vec<&str> = DType::ALL.into_iter().map(array_dtype_name).collect();
             PyTypeError::new_err(format!(
                 "unsupported dtype {name:?}; supported: {}",
                 known.join(", ")
@@ -166,7 +168,7 @@ impl PyEngineSpec {
         for t in &self.spec.tensors {
             list.append((
                 t.name.as_str(),
-                numpy_name(t.dtype),
+                array_dtype_name(t.dtype),
                 PyTuple::new(py, &t.shape)?,
                 t.direction.arrow(),
             ))?;
@@ -179,7 +181,7 @@ impl PyEngineSpec {
             .spec
             .tensors
             .iter()
-            .map(|t| format!("{}{:?}:{}", t.name, t.shape, numpy_name(t.dtype)))
+            .map(|t| format!("{}{:?}:{}", t.name, t.shape, array_dtype_name(t.dtype)))
             .collect();
         format!(
             "<shmbridge.EngineSpec '{}' x{} [{}]>",
@@ -519,18 +521,13 @@ impl PyEngine {
     /// Number of the last frame published (read from the region: no waiting).
     #[getter]
     fn frame(&self) -> u64 {
-        self.region
-            .u64_at(offsets::FRAME_SEQ)
-            .load(Ordering::Acquire)
+        self.region.control().counters().1
     }
 
     /// Whether a client is attached now (read from the region: no waiting).
     #[getter]
     fn client_attached(&self) -> bool {
-        self.region
-            .u32_at(offsets::CLIENT_STATE)
-            .load(Ordering::Acquire)
-            == state::ATTACHED
+        self.region.control().client_state() == ClientState::Attached
     }
 
     /// Replies dropped because the client stopped reading them (its calls timed out).

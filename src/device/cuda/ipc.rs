@@ -13,7 +13,9 @@ use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
 use crate::control::Control;
-use crate::device::backend::{ClientBackend, CudaRelease, EngineBackend, StreamRef};
+use crate::device::backend::{
+    ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
+};
 use crate::device::location::Device;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
@@ -553,6 +555,47 @@ impl ClientBackend for ClientCuda {
         self.ptr(index, t)
     }
 
+    fn place(&self, index: usize, t: &TensorInfo) -> Result<Option<DevicePlace>> {
+        if t.cuda.is_none() {
+            return Ok(None);
+        }
+        let lease = self.lease().ok_or(Error::Closed(Peer::Client))?;
+        Ok(Some(DevicePlace {
+            ptr: self.ptr(index, t)?,
+            device: Device::cuda(self.ordinal()),
+            lease: Arc::clone(lease) as Arc<dyn DeviceLease>,
+        }))
+    }
+
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
+        if self.lease.is_none() {
+            return Ok(()); // released: nothing of the engine's is read any more
+        }
+        // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device.
+        let s = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
+        self.wait_frame_on(&s)
+    }
+
+    unsafe fn copy_into(
+        &self,
+        dst: u64,
+        src: u64,
+        nbytes: usize,
+        stream: StreamRef<'_>,
+    ) -> Result<()> {
+        // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device.
+        let s = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
+        // The engine may still be reading the previous contents (a frame is published
+        // once its kernels are queued, not done); on another stream than the last
+        // step's, the copy must wait for them.
+        self.wait_frame_on(&s)?;
+        // SAFETY: the caller's contract: `src` is `nbytes` of this device's memory valid
+        // for work on `stream`, `dst` a tensor of at least `nbytes` in the engine's
+        // allocation (span checked at open), which the engine reads only after waiting
+        // on the client event `before_post` records after this copy.
+        unsafe { s.copy_dtod(dst, src, nbytes) }
+    }
+
     fn release(&mut self, region: &Region) {
         let released = self.release_with(|| match region.map_again() {
             Ok(r) => Some(r),
@@ -572,6 +615,13 @@ impl ClientBackend for ClientCuda {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl DeviceLease for CudaLease {
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
+        // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this context's device.
+        unsafe { self.wait_on(stream.raw()) }
     }
 }
 

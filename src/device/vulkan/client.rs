@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use super::VulkanImporter;
-use crate::device::backend::{ClientBackend, StreamRef};
+use crate::device::backend::{ClientBackend, DevicePlace, StreamRef};
 use crate::device::location::{Device, Location, VulkanDevice, DL_CPU};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
@@ -199,6 +199,32 @@ impl ClientBackend for ClientVulkan {
             let _ = (index, t);
             None
         }
+    }
+
+    fn place(&self, _: usize, t: &TensorInfo) -> Result<Option<DevicePlace>> {
+        if t.location() != Location::Vulkan {
+            return Ok(None);
+        }
+        // The binding's views would need a lease on the import (as CUDA's keep the IPC
+        // handle open); until they have one, refuse rather than hand out a view that the
+        // client's close would unmap.
+        Err(Error::VulkanUnavailable {
+            reason: format!(
+                "tensor '{}' is a Vulkan export: the Python binding does not import \
+                 Vulkan tensors yet (the Rust client does)",
+                t.name
+            ),
+        })
+    }
+
+    fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn copy_into(&self, _: u64, _: u64, _: usize, _: StreamRef<'_>) -> Result<()> {
+        Err(Error::OutOfOrder(
+            "a device copy into a Vulkan client's tensors: they are engine->client only",
+        ))
     }
 
     fn dlpack_device(&self, index: usize, t: &TensorInfo) -> (i32, i32) {

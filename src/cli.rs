@@ -1,0 +1,518 @@
+//! The `shmbridge` command line: serve a reference engine, drive it with a random-policy
+//! client, and list, inspect or clean up regions. One implementation for every front
+//! door: the `shmbridge` binary (`src/bin/shmbridge.rs`) and the Python package's
+//! `shmbridge` command and `python -m shmbridge` both call [`run`].
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use rand::RngExt;
+use rand_pcg::Pcg32;
+
+use crate::client::Interrupt;
+use crate::control::{ClientState, EngineState};
+use crate::device::DeviceRequest;
+use crate::envs::{self, EnvOptions};
+use crate::layout::{self, Header};
+use crate::region::{self, Region};
+use crate::{AttachOptions, Client, DType, Error, WaitPolicy};
+
+/// Exit status of a run stopped by its [`Invocation::interrupt`] (as for SIGINT).
+pub const INTERRUPTED: u8 = 130;
+
+/// What the CLI needs from the program that runs it.
+#[derive(Default, Clone)]
+pub struct Invocation {
+    /// The command that runs this same CLI (program, then leading arguments):
+    /// `client --launch` starts its `engine` with it. `None`: this executable.
+    pub self_command: Option<Vec<OsString>>,
+    /// Consulted while `client` steps (between steps, and in its waits) and stops it
+    /// with its error. The binary has none: SIGINT ends it. The Python package checks
+    /// for signals here, as its interpreter keeps SIGINT to itself.
+    pub interrupt: Option<Interrupt>,
+}
+
+/// Parses `args` (the program name first, as `std::env::args_os` gives them) and runs
+/// the command; returns the exit status. Errors are reported on stderr
+/// (`shmbridge: error: ...`); `--help` and `--version` print on stdout.
+pub fn run<I, T>(args: I, invocation: &Invocation) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
+    let result = match cli.command {
+        Cmd::Engine(a) => run_engine(a),
+        Cmd::Client(a) => run_client(a, invocation),
+        Cmd::Ls => run_ls(),
+        Cmd::Inspect { name } => run_inspect(&name),
+        Cmd::Gc => run_gc(),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(Error::Interrupted) => INTERRUPTED,
+        Err(e) => {
+            eprintln!("shmbridge: error: {e}");
+            1
+        }
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "shmbridge",
+    version,
+    about = "Zero-copy shared-memory bridge between a simulator and a learner"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve a reference engine: prints the region name on stdout, then serves until the
+    /// client closes.
+    Engine(EngineArgs),
+    /// Attach (or launch an engine and attach) and step it with a random policy; prints
+    /// steps/s and, for cartpole, the mean episode return.
+    Client(ClientArgs),
+    /// List live regions.
+    Ls,
+    /// Print a region's whole header and tensor table.
+    Inspect { name: String },
+    /// Remove regions whose engine is dead.
+    Gc,
+}
+
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Reference env: null or cartpole.
+    #[arg(long, default_value = "cartpole")]
+    env: String,
+    #[arg(long, default_value_t = 256)]
+    num_envs: u32,
+    /// Region name (default: random).
+    #[arg(long)]
+    name: Option<String>,
+    /// null: observation size per env, in f32 elements.
+    #[arg(long)]
+    obs_dim: Option<u64>,
+    /// null: action size per env, in f32 elements.
+    #[arg(long)]
+    act_dim: Option<u64>,
+    /// null: write only the first and last element of each tensor per step.
+    #[arg(long)]
+    sparse: bool,
+    /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3.
+    #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
+    image: Option<[u64; 3]>,
+    /// null: where `rgb` lives: host (with the other tensors) or vulkan (exported Vulkan
+    /// memory the client imports; needs the `vulkan` feature and a Vulkan driver).
+    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
+    image_device: String,
+    /// cartpole: seed of the per-env random streams.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    wait: WaitArgs,
+    /// Give up after this many seconds without an action from the client.
+    #[arg(long, default_value = "3600", value_parser = parse_seconds)]
+    idle_timeout: Duration,
+    /// Where the tensors live: cpu, cuda, cuda:N, or auto (CUDA device 0 when usable,
+    /// else host memory; the choice is logged on stderr).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: DeviceRequest,
+}
+
+#[derive(Args, Clone)]
+struct WaitArgs {
+    /// Spin budget in microseconds before sleeping (fractions allowed).
+    #[arg(long, default_value_t = WaitPolicy::DEFAULT_SPIN.as_micros() as f64, value_parser = parse_micros)]
+    spin_us: f64,
+    /// Never spin: sleep at once (lowest CPU use).
+    #[arg(long)]
+    blocking: bool,
+}
+
+impl WaitArgs {
+    fn policy(&self) -> WaitPolicy {
+        if self.blocking {
+            WaitPolicy::BLOCKING
+        } else {
+            WaitPolicy::spinning(Duration::from_secs_f64(self.spin_us / 1e6))
+        }
+    }
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// Region to attach to; omit with --launch.
+    name: Option<String>,
+    /// Launch this reference env as a child process and attach to it.
+    #[arg(long)]
+    launch: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    num_envs: u32,
+    #[arg(long, default_value_t = 100_000)]
+    steps: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seconds to wait for each frame.
+    #[arg(long, default_value = "30", value_parser = parse_seconds)]
+    timeout: Duration,
+    #[command(flatten)]
+    wait: WaitArgs,
+}
+
+fn parse_device(text: &str) -> Result<DeviceRequest, String> {
+    DeviceRequest::parse(text).map_err(|e| e.to_string())
+}
+
+/// A non-negative number of seconds (a negative or NaN one would panic `Duration`).
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err(format!("{text}: expected a non-negative number of seconds"));
+    }
+    Ok(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
+}
+
+/// A non-negative, finite number of microseconds.
+fn parse_micros(text: &str) -> Result<f64, String> {
+    let micros: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    if !micros.is_finite() || micros < 0.0 {
+        return Err(format!(
+            "{text}: expected a non-negative number of microseconds"
+        ));
+    }
+    Ok(micros)
+}
+
+fn parse_image(text: &str) -> Result<[u64; 3], String> {
+    envs::parse_image_shape(text).map_err(|e| e.to_string())
+}
+
+fn run_engine(a: EngineArgs) -> Result<(), Error> {
+    let steps = envs::run_reference(&envs::ReferenceEngine {
+        env: a.env,
+        num_envs: a.num_envs,
+        name: a.name,
+        options: EnvOptions {
+            obs_dim: a.obs_dim,
+            act_dim: a.act_dim,
+            sparse: a.sparse,
+            seed: a.seed,
+            image: a.image,
+            image_device: (a.image_device == "vulkan").then_some(crate::device::Device::Vulkan(
+                crate::device::VulkanDevice::ANY,
+            )),
+        },
+        policy: a.wait.policy(),
+        idle_timeout: a.idle_timeout,
+        device: a.device,
+    })?;
+    eprintln!("shmbridge: client closed after {steps} steps");
+    Ok(())
+}
+
+/// Starts `shmbridge engine` as a child (with `self_command`, else this executable) and
+/// reads the region name it prints.
+fn launch(
+    self_command: Option<&[OsString]>,
+    env: &str,
+    num_envs: u32,
+    seed: u64,
+    wait: &WaitArgs,
+) -> Result<(std::process::Child, String), Error> {
+    let mut cmd = match self_command {
+        Some([program, args @ ..]) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            cmd
+        }
+        _ => Command::new(std::env::current_exe().map_err(|e| Error::Io {
+            context: "finding the shmbridge binary".into(),
+            source: e,
+        })?),
+    };
+    cmd.args([
+        "engine",
+        "--env",
+        env,
+        "--num-envs",
+        &num_envs.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+    cmd.args(["--spin-us", &wait.spin_us.to_string()]);
+    if wait.blocking {
+        cmd.arg("--blocking");
+    }
+    let mut child = cmd.stdout(Stdio::piped()).spawn().map_err(|e| Error::Io {
+        context: "starting the engine".into(),
+        source: e,
+    })?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Error::Io {
+            context: "reading the engine's region name".into(),
+            source: e,
+        })?;
+    if line.trim().is_empty() {
+        let status = child.wait().ok();
+        return Err(Error::InvalidSpec(format!(
+            "the engine exited before serving ({status:?})"
+        )));
+    }
+    Ok((child, line.trim().to_string()))
+}
+
+fn run_client(a: ClientArgs, invocation: &Invocation) -> Result<(), Error> {
+    let (child, name) = match (&a.launch, &a.name) {
+        (Some(env), None) => {
+            let self_command = invocation.self_command.as_deref();
+            let (c, n) = launch(self_command, env, a.num_envs, a.seed, &a.wait)?;
+            (Some(c), n)
+        }
+        (None, Some(n)) => (None, n.clone()),
+        _ => {
+            return Err(Error::InvalidSpec(
+                "give a region name or --launch ENV, not both".into(),
+            ))
+        }
+    };
+    let mut client = Client::attach(&name, AttachOptions::default().policy(a.wait.policy()))?;
+    client.set_interrupt(invocation.interrupt.clone());
+    let result = drive(&mut client, &a, invocation.interrupt.as_ref());
+    // Also after an error or an interrupt: a launched engine exits once the client
+    // closes, and is waited for.
+    client.close();
+    if let Some(mut c) = child {
+        let _ = c.wait();
+    }
+    print!("{}", result?);
+    Ok(())
+}
+
+/// How often, at most, the stepping loop consults the interrupt hook: a step that
+/// completes on the fast path never does.
+const INTERRUPT_CHECK: Duration = Duration::from_millis(50);
+
+/// Steps `client` `a.steps` times with random actions; returns the report to print.
+fn drive(
+    client: &mut Client,
+    a: &ClientArgs,
+    interrupt: Option<&Interrupt>,
+) -> Result<String, Error> {
+    let n = client.num_envs();
+    let kind = client.layout().engine_kind.clone();
+    let act = client.layout().tensor("actions")?.1.clone();
+    let mut rng = Pcg32::new(a.seed ^ 0x5eed, 1);
+    let mut running = vec![0f64; n];
+    let (mut episodes, mut return_sum) = (0u64, 0f64);
+    let timeout = a.timeout;
+    let t0 = Instant::now();
+    let mut checked = t0;
+    for _ in 0..a.steps {
+        if let Some(interrupt) = interrupt {
+            if checked.elapsed() >= INTERRUPT_CHECK {
+                interrupt()?;
+                checked = Instant::now();
+            }
+        }
+        {
+            let mut io = client.io();
+            match act.dtype {
+                DType::I64 => io
+                    .write::<i64>("actions")?
+                    .iter_mut()
+                    .for_each(|x| *x = rng.random_range(0..2)),
+                DType::F32 => io
+                    .write::<f32>("actions")?
+                    .iter_mut()
+                    .for_each(|x| *x = rng.random_range(-1.0..1.0)),
+                other => {
+                    return Err(Error::InvalidSpec(format!(
+                        "random policy: actions of dtype {other}"
+                    )))
+                }
+            }
+        }
+        client.step(timeout)?;
+        let mut io = client.io();
+        let rewards = io.read::<f32>("rewards")?;
+        let term = io.read::<u8>("terminated")?;
+        let trunc = io.read::<u8>("truncated")?;
+        for i in 0..n {
+            running[i] += rewards[i] as f64;
+            if term[i] != 0 || trunc[i] != 0 {
+                episodes += 1;
+                return_sum += running[i];
+                running[i] = 0.0;
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let mut report = format!(
+        "{kind}: {} steps x {n} envs in {secs:.2} s: {:.0} steps/s, {:.0} env-steps/s\n",
+        a.steps,
+        a.steps as f64 / secs,
+        (a.steps * n as u64) as f64 / secs
+    );
+    if episodes > 0 {
+        report += &format!(
+            "random policy: {episodes} episodes, mean return {:.1}\n",
+            return_sum / episodes as f64
+        );
+    }
+    Ok(report)
+}
+
+fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error> {
+    let r = Region::open_read_only(name)?;
+    let snap = r.snapshot();
+    let h = layout::read_header(&snap)?;
+    let l = layout::validate(name, &snap, r.len() as u64);
+    Ok((h, l))
+}
+
+fn run_ls() -> Result<(), Error> {
+    println!(
+        "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} tensors",
+        "name", "engine", "client", "state", "client", "num_envs", "kind"
+    );
+    for name in region::list_names()? {
+        match describe(&name) {
+            Ok((h, Ok(l))) => {
+                let tensors: Vec<String> = l
+                    .tensors
+                    .iter()
+                    .map(|t| format!("{}{:?}:{}", t.name, t.shape, t.dtype))
+                    .collect();
+                println!(
+                    "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} {}",
+                    name,
+                    h.engine_pid,
+                    h.client_pid,
+                    EngineState::from_code(h.engine_state).name(),
+                    ClientState::from_code(h.client_state).name(),
+                    h.num_envs,
+                    l.engine_kind,
+                    tensors.join(" ")
+                );
+            }
+            Ok((_, Err(e))) | Err(e) => println!("{name:<45} (unreadable: {e})"),
+        }
+    }
+    Ok(())
+}
+
+fn run_inspect(name: &str) -> Result<(), Error> {
+    let name = region::canonical_name(name)?;
+    let (h, l) = describe(&name)?;
+    println!("region        {name}");
+    println!(
+        "magic         {:#018x} ({})",
+        h.magic,
+        if h.magic == layout::MAGIC {
+            "ok"
+        } else {
+            "BAD"
+        }
+    );
+    println!("version       {}.{}", h.version_major, h.version_minor);
+    println!(
+        "layout_hash   {:#018x} ({})",
+        h.layout_hash,
+        if h.layout_hash == layout::LAYOUT_HASH {
+            "ok"
+        } else {
+            "differs"
+        }
+    );
+    println!("header_size   {}", h.header_size);
+    println!("region_size   {}", h.region_size);
+    println!("num_envs      {}", h.num_envs);
+    println!("tensor_count  {}", h.tensor_count);
+    println!(
+        "engine        pid {} start {} state {}",
+        h.engine_pid,
+        h.engine_start_time,
+        EngineState::from_code(h.engine_state).name()
+    );
+    println!(
+        "client        pid {} start {} state {}",
+        h.client_pid,
+        h.client_start_time,
+        ClientState::from_code(h.client_state).name()
+    );
+    println!(
+        "c2e ring      offset {} capacity {} head {} tail {} waiting consumer {} producer {}",
+        h.c2e_ring_offset,
+        h.c2e_ring_capacity,
+        h.c2e_head,
+        h.c2e_tail,
+        h.c2e_consumer_waiting,
+        h.c2e_producer_waiting
+    );
+    println!(
+        "e2c ring      offset {} capacity {} head {} tail {} waiting consumer {} producer {}",
+        h.e2c_ring_offset,
+        h.e2c_ring_capacity,
+        h.e2c_head,
+        h.e2c_tail,
+        h.e2c_consumer_waiting,
+        h.e2c_producer_waiting
+    );
+    println!("doorbell      {}", h.engine_doorbell);
+    println!("action_seq    {}", h.action_seq);
+    println!("frame_seq     {}", h.frame_seq);
+    println!(
+        "waiting       engine {} client {}",
+        h.engine_waiting, h.client_waiting
+    );
+    match l {
+        Ok(l) => {
+            println!("engine kind   {}", l.engine_kind);
+            println!(
+                "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
+                "tensor", "dtype", "shape", "direction", "where", "offset", "bytes"
+            );
+            for t in &l.tensors {
+                println!(
+                    "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
+                    t.name,
+                    t.dtype.name(),
+                    format!("{:?}", t.shape),
+                    t.direction.arrow(),
+                    t.location().name(),
+                    t.offset,
+                    t.nbytes
+                );
+            }
+        }
+        Err(e) => println!("validation    FAILED: {e}"),
+    }
+    Ok(())
+}
+
+fn run_gc() -> Result<(), Error> {
+    let removed = region::sweep()?;
+    for n in &removed {
+        println!("removed {n}");
+    }
+    println!("{} stale region(s) removed", removed.len());
+    Ok(())
+}

@@ -1,0 +1,584 @@
+//! `shmbridge.Client`: a [`Client`] behind a mutex, so the Python object can be shared
+//! and the GIL released while it waits; its tensors are [`PyTensor`]s made once at
+//! attach. Waits are sliced to notice Ctrl-C ([`super::waits`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use super::actions::copy_actions;
+use super::errors::{to_pyerr, IntoPy};
+use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
+use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
+use super::waits::{duration, next_slice, wait_policy, SignalCheck};
+use crate::actions::array_dtype_name;
+use crate::error::{Error, Peer};
+use crate::layout::TensorInfo;
+use crate::region;
+use crate::{AttachOptions, Client};
+
+/// The mutable part of a client, behind a mutex so the Python object can be shared and
+/// the GIL released while it waits.
+struct Core {
+    client: Option<Client>,
+    /// An action was posted whose frame has not been received (a timeout or Ctrl-C
+    /// interrupted the wait): the next step first waits for that frame.
+    pending: bool,
+}
+
+/// A client attached to an engine (`shmbridge.attach()` / `shmbridge.launch()`).
+#[pyclass(module = "shmbridge._native", name = "Client", frozen)]
+pub struct PyClient {
+    core: Mutex<Core>,
+    /// Set by `close()` before it takes the lock: a step waiting in another thread
+    /// gives up at its next slice instead of keeping `close()` waiting. Also the
+    /// `closed` property (only `close()` takes the client away).
+    closing: AtomicBool,
+    name: String,
+    num_envs: usize,
+    engine_kind: String,
+    engine_pid: u32,
+    /// `"cpu"`, or `"cuda:N"` when the engine's tensors live on a CUDA device.
+    device: String,
+    /// How steps and commands pick their CUDA stream (none for a host client).
+    streams: ConsumerStreams,
+    tensors: Vec<Py<PyTensor>>,
+    actions_index: Option<usize>,
+    step_outputs: Option<Py<PyTuple>>,
+    /// Called once after close (launch() uses it to wait for its engine).
+    on_close: Mutex<Option<Py<PyAny>>>,
+    /// The engine process `launch()` started, if any.
+    engine_process: Mutex<Option<Py<PyAny>>>,
+}
+
+impl PyClient {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Core>> {
+        match self.core.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
+                "this client is busy in another thread (one step or call at a time)",
+            )),
+        }
+    }
+
+    fn tensor_named(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyTensor>> {
+        tensor_named(py, &self.tensors, name)
+    }
+
+    /// Waits for the frame of the action in flight, in slices, checking for signals
+    /// between them. `deadline` None: no limit.
+    fn wait_frame_sliced(
+        &self,
+        py: Python<'_>,
+        core: &mut Core,
+        deadline: Option<Instant>,
+        timeout: Duration,
+    ) -> PyResult<()> {
+        loop {
+            let slice = next_slice(deadline);
+            let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+            match py.detach(|| client.wait_frame(slice)) {
+                Ok(_) => {
+                    core.pending = false;
+                    return Ok(());
+                }
+                Err(Error::Timeout { .. }) => {
+                    if let Some(d) = deadline {
+                        if Instant::now() >= d {
+                            return Err(to_pyerr(
+                                py,
+                                Error::Timeout {
+                                    waited: timeout,
+                                    what: "the engine's next frame",
+                                },
+                            ));
+                        }
+                    }
+                    if self.closing.load(Ordering::Acquire) {
+                        return Err(closed_err(py));
+                    }
+                    py.check_signals()?;
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
+    }
+
+    /// Runs a command-channel call without the GIL, with Ctrl-C checked at every sleep
+    /// slice of its waits (about every 10 ms): a signal's exception (KeyboardInterrupt)
+    /// stops the call and is raised; the reply, if it comes later, is dropped by id.
+    /// Steps do not use this: their wait is sliced in `step()` itself.
+    fn command<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        call: impl FnOnce(&mut Client) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let mut core = self.lock()?;
+        if core.pending {
+            // A step timed out or was interrupted: its frame comes first (a command sent
+            // now would be answered after it anyway, and for CUDA its event record must
+            // not overtake the step's).
+            let deadline = Instant::now().checked_add(timeout);
+            self.wait_frame_sliced(py, &mut core, deadline, timeout)?;
+        }
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let signals = SignalCheck::default();
+        client.set_interrupt(Some(signals.hook()));
+        let out = py.detach(|| call(&mut *client));
+        client.set_interrupt(None);
+        match out {
+            Err(Error::Interrupted) => Err(signals
+                .take()
+                .unwrap_or_else(|| to_pyerr(py, Error::Interrupted))),
+            other => other.map_err(|e| to_pyerr(py, e)),
+        }
+    }
+
+    fn run_on_close(&self, py: Python<'_>) -> PyResult<()> {
+        let hook = self
+            .on_close
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(hook) = hook {
+            hook.call0(py)?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn closed_err(py: Python<'_>) -> PyErr {
+    to_pyerr(py, Error::Closed(Peer::Client))
+}
+
+#[pymethods]
+impl PyClient {
+    /// Attaches to the engine's region `name` (as printed by `shmbridge engine`).
+    #[staticmethod]
+    #[pyo3(signature = (name, timeout=10.0, spin_us=None, blocking=false))]
+    fn attach(
+        py: Python<'_>,
+        name: &str,
+        timeout: f64,
+        spin_us: Option<f64>,
+        blocking: bool,
+    ) -> PyResult<PyClient> {
+        let timeout = duration(timeout, "timeout")?;
+        let policy = wait_policy(spin_us, blocking)?;
+        let options = AttachOptions::default().timeout(timeout).policy(policy);
+        let name = name.to_string();
+        let (client, region) = py
+            .detach(|| -> Result<_, Error> {
+                let client = Client::attach(&name, options)?;
+                let region = Arc::new(client.map_again()?);
+                Ok((client, region))
+            })
+            .py_err(py)?;
+        let layout = client.layout().clone();
+        let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
+        let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
+        let device = tensors
+            .iter()
+            .map(|t| t.get().device_name())
+            .find(|d| d != "cpu")
+            .unwrap_or_else(|| "cpu".to_string());
+        let cuda_ordinal = device.strip_prefix("cuda:").and_then(|n| n.parse().ok());
+        let find = |n: &str| layout.tensors.iter().position(|t| t.name == n);
+        let step_outputs = match (
+            find("obs"),
+            find("rewards"),
+            find("terminated"),
+            find("truncated"),
+        ) {
+            (Some(a), Some(b), Some(c), Some(d)) => Some(
+                PyTuple::new(
+                    py,
+                    [a, b, c, d].map(|i| tensors[i].clone_ref(py).into_any()),
+                )?
+                .unbind(),
+            ),
+            _ => None,
+        };
+        Ok(PyClient {
+            core: Mutex::new(Core {
+                client: Some(client),
+                pending: false,
+            }),
+            closing: AtomicBool::new(false),
+            name: layout_name(&name),
+            num_envs: layout.num_envs as usize,
+            engine_kind: layout.engine_kind.clone(),
+            engine_pid: layout.engine_pid,
+            device,
+            streams: ConsumerStreams::new(cuda_ordinal),
+            actions_index: find("actions"),
+            tensors,
+            step_outputs,
+            on_close: Mutex::new(None),
+            engine_process: Mutex::new(None),
+        })
+    }
+
+    /// Sends one action and waits for the engine's frame; returns
+    /// `(obs, rewards, terminated, truncated)`, the same tensor objects every time.
+    ///
+    /// CUDA engines: the step is ordered on `stream` (see `ConsumerStreams::consumer_stream`; default
+    /// torch's current stream). CUDA `actions` are copied device-to-device on it, the
+    /// client's event is recorded on it before the action is sent (the engine's kernels
+    /// wait for it), and once the frame arrived it waits on the engine's event, so work
+    /// queued on it afterwards reads the new frame without a host synchronisation.
+    #[pyo3(signature = (actions=None, timeout=None, stream=None))]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        actions: Option<Bound<'py, PyAny>>,
+        timeout: Option<f64>,
+        stream: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let limit = match timeout {
+            Some(t) => Some(duration(t, "timeout")?),
+            None => None,
+        };
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let limit = limit.unwrap_or(Duration::MAX);
+        let mut core = self.lock()?;
+        if core.client.is_none() {
+            return Err(closed_err(py));
+        }
+        // Validate before anything is sent (or waited for).
+        let actions = actions.filter(|a| !a.is_none());
+        if core.pending {
+            // A previous step was interrupted: its frame must arrive before the action
+            // slot may be written again (the engine may be reading it).
+            self.wait_frame_sliced(py, &mut core, deadline, limit)?;
+        }
+        let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
+        if let Some(a) = &actions {
+            let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+            let index = self
+                .actions_index
+                .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
+            copy_actions(py, client, self.tensors[index].get(), a, cuda_stream)?;
+        }
+        let first = next_slice(deadline);
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        match py.detach(|| step_on(client, cuda_stream, first)) {
+            Ok(_) => {}
+            Err(Error::Timeout { .. }) => {
+                core.pending = true;
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(to_pyerr(
+                        py,
+                        Error::Timeout {
+                            waited: limit,
+                            what: "the engine's next frame",
+                        },
+                    ));
+                }
+                py.check_signals()?;
+                self.wait_frame_sliced(py, &mut core, deadline, limit)?;
+            }
+            Err(e) => return Err(to_pyerr(py, e)),
+        }
+        let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+        order_after_engine(client, cuda_stream).py_err(py)?;
+        drop(core);
+        match &self.step_outputs {
+            Some(t) => Ok(t.clone_ref(py).into_any()),
+            None => Ok(py.None()),
+        }
+    }
+
+    /// Resets envs over the command channel: all of them, or `env_ids`. `seed`: none, an
+    /// int (env k of the list gets `seed + k`, as in Gymnasium), or one int per env. When
+    /// it returns, `obs` holds the reset observations. Returns the frame number, which a
+    /// reset does not change.
+    /// CUDA engines: `stream` (default torch's current one) then waits on the engine's
+    /// event, so work queued on it sees the reset observations.
+    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0, stream=None))]
+    fn reset(
+        &self,
+        py: Python<'_>,
+        seed: Option<Bound<'_, PyAny>>,
+        env_ids: Option<Vec<u32>>,
+        timeout: f64,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
+            None => Vec::new(),
+            Some(s) => match s.extract::<u64>() {
+                Ok(one) => vec![one],
+                Err(_) => s.extract::<Vec<u64>>().map_err(|_| {
+                    PyTypeError::new_err("seed must be None, a non-negative int, or a list of them")
+                })?,
+            },
+        };
+        let timeout = duration(timeout, "timeout")?;
+        let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
+        let frame = self.command(py, timeout, |client| {
+            on_stream(client, cuda_stream, |c| {
+                c.reset(env_ids.as_deref(), &seeds, timeout)
+            })
+        })?;
+        Ok(frame)
+    }
+
+    /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
+    /// `payload` as raw bytes. Returns the reply's arguments as a dict of str, with the
+    /// reply's payload under `"payload"` when it has one.
+    #[pyo3(signature = (method, *, payload=None, timeout=10.0, **kwargs))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        method: &str,
+        payload: Option<Vec<u8>>,
+        timeout: f64,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut args: Vec<(String, String)> = Vec::new();
+        if let Some(kw) = kwargs {
+            for (k, v) in kw.iter() {
+                args.push((k.extract::<String>()?, v.str()?.extract::<String>()?));
+            }
+        }
+        let payload = payload.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        // CUDA: an engine-defined method may write device tensors; ordered like a reset.
+        let cuda_stream = self.streams.consumer_stream(py, None)?;
+        let reply = self.command(py, timeout, |client| {
+            let args: Vec<(&str, &str)> =
+                args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            on_stream(client, cuda_stream, |c| {
+                c.call_method(method, &args, &payload, timeout)
+            })
+        })?;
+        let out = PyDict::new(py);
+        for (k, v) in reply.args {
+            out.set_item(k, v)?;
+        }
+        if !reply.payload.is_empty() {
+            out.set_item("payload", pyo3::types::PyBytes::new(py, &reply.payload))?;
+        }
+        Ok(out)
+    }
+
+    /// The engine's schema over the command channel: `num_envs`, `engine_kind`, the
+    /// tensors (name, dtype, shape, direction, location) in table order, and the
+    /// engine's metadata (observation bounds, action space, autoreset mode, ...).
+    #[pyo3(signature = (timeout=10.0))]
+    fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = duration(timeout, "timeout")?;
+        let body = self.command(py, timeout, |client| client.schema(timeout))?;
+        let crate::wire::Body::Schema {
+            num_envs,
+            engine_kind,
+            tensors,
+            metadata,
+        } = body
+        else {
+            return Err(PyRuntimeError::new_err(
+                "GetSchema answered with another body",
+            ));
+        };
+        let out = PyDict::new(py);
+        out.set_item("num_envs", num_envs)?;
+        out.set_item("engine_kind", engine_kind)?;
+        let list = pyo3::types::PyList::empty(py);
+        for t in tensors {
+            let d = PyDict::new(py);
+            d.set_item("name", t.name)?;
+            d.set_item("dtype", array_dtype_name(t.dtype))?;
+            d.set_item("shape", PyTuple::new(py, t.shape)?)?;
+            d.set_item("direction", t.direction.arrow())?;
+            d.set_item("location", t.location.name())?;
+            list.append(d)?;
+        }
+        out.set_item("tensors", list)?;
+        let meta = PyDict::new(py);
+        for (k, v) in metadata {
+            meta.set_item(k, v)?;
+        }
+        out.set_item("metadata", meta)?;
+        Ok(out)
+    }
+
+    /// Round trip of a `Ping` over the command channel; returns the echoed payload.
+    #[pyo3(signature = (payload=None, timeout=10.0))]
+    fn ping<'py>(
+        &self,
+        py: Python<'py>,
+        payload: Option<Vec<u8>>,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let payload = payload.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        let back = self.command(py, timeout, |client| client.ping(&payload, timeout))?;
+        Ok(pyo3::types::PyBytes::new(py, &back))
+    }
+
+    /// Closes the client: the engine sees it, exits and removes its region. Views of
+    /// the tensors stay readable. Waits for an engine started by `launch()`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.closing.store(true, Ordering::Release);
+        // Without the GIL: a step in another thread holds the lock until its next slice,
+        // and needs the GIL to return.
+        let client = py.detach(|| {
+            let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+            core.client.take()
+        });
+        // CUDA: only the views handed out (capsules) may keep the engine's handles open
+        // past this point; this client's own tensor objects let go of them.
+        for t in &self.tensors {
+            t.get().detach_lease();
+        }
+        if let Some(c) = client {
+            c.close();
+        }
+        self.run_on_close(py)
+    }
+
+    /// Whether `close()` was called (read without the lock, which a step in another
+    /// thread holds while it waits, and without waiting for that step).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __getitem__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, name).map_err(|e| {
+            if e.is_instance_of::<PyKeyError>(py) {
+                e
+            } else {
+                PyKeyError::new_err(name.to_string())
+            }
+        })
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.tensors.iter().any(|t| t.get().info.name == name)
+    }
+
+    #[getter]
+    fn obs(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "obs")
+    }
+    #[getter]
+    fn actions(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "actions")
+    }
+    #[getter]
+    fn rewards(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "rewards")
+    }
+    #[getter]
+    fn terminated(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "terminated")
+    }
+    #[getter]
+    fn truncated(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "truncated")
+    }
+    #[getter]
+    fn reset_mask(&self, py: Python<'_>) -> PyResult<Py<PyTensor>> {
+        self.tensor_named(py, "reset_mask")
+    }
+
+    /// Every tensor, in table order.
+    #[getter]
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.tensors.iter().map(|t| t.clone_ref(py)))
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn num_envs(&self) -> usize {
+        self.num_envs
+    }
+
+    #[getter]
+    fn engine_kind(&self) -> &str {
+        &self.engine_kind
+    }
+
+    #[getter]
+    fn engine_pid(&self) -> u32 {
+        self.engine_pid
+    }
+
+    /// Where the engine's tensors live: `"cpu"` (shared memory) or `"cuda:N"` (device
+    /// memory opened from the engine's CUDA IPC handles; N is this process's ordinal).
+    #[getter]
+    fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Number of the frame the tensors hold (0 after attach).
+    #[getter]
+    fn frame(&self, py: Python<'_>) -> PyResult<u64> {
+        let core = self.lock()?;
+        Ok(core.client.as_ref().ok_or_else(|| closed_err(py))?.frame())
+    }
+
+    /// The live `(action_seq, frame_seq)` counters of the region.
+    fn counters(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let core = self.lock()?;
+        Ok(core
+            .client
+            .as_ref()
+            .ok_or_else(|| closed_err(py))?
+            .counters())
+    }
+
+    /// The engine process started by `launch()`, or None.
+    #[getter]
+    fn engine_process(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.engine_process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.clone_ref(py))
+    }
+
+    /// For `launch()`: the engine process, and a callable run once after close.
+    fn _adopt_engine(&self, process: Py<PyAny>, on_close: Py<PyAny>) {
+        *self
+            .engine_process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(process);
+        *self.on_close.lock().unwrap_or_else(|p| p.into_inner()) = Some(on_close);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<shmbridge.Client '{}' {} x{}{}>",
+            self.name,
+            self.engine_kind,
+            self.num_envs,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+fn layout_name(name: &str) -> String {
+    region::canonical_name(name).unwrap_or_else(|_| name.to_string())
+}

@@ -1,0 +1,48 @@
+//! Hostile headers and tensor tables through the `layout_header` fuzz target's code
+//! (`shmbridge::fuzzing::header`): every input in `tests/hostile_headers/` (what the
+//! fuzzer found, once fixed, and hand-made attacks) and the seeds of its corpus.
+
+use std::path::Path;
+
+use shmbridge::fuzzing;
+
+/// Inputs named `reject-*` are hand-made attacks and must be refused; the others (fuzzer
+/// findings) may be accepted, but only as a layout that passes `check_layout`.
+#[test]
+fn replay_hostile_headers() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_headers");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/hostile_headers") {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            continue;
+        }
+        let data = std::fs::read(&path).unwrap();
+        let result = fuzzing::header(&data);
+        let name = path.file_name().unwrap().to_string_lossy();
+        if let (true, Ok(layout)) = (name.starts_with("reject-"), result) {
+            panic!("{name} was accepted: {layout:?}");
+        }
+        n += 1;
+    }
+    assert!(n > 0, "no inputs in {}", dir.display());
+}
+
+/// The corpus seeds are valid headers (raw snapshots and unedited builder output) and
+/// validate to what the builder placed. With `SHMBRIDGE_HEADER_CORPUS=DIR` they are also
+/// written there (`scripts/fuzz.sh` seeds the fuzzer's corpus this way).
+#[test]
+fn corpus_seeds_are_valid_headers() {
+    let seeds = fuzzing::header_seeds();
+    for (name, data) in &seeds {
+        let layout = fuzzing::header(data).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!layout.tensors.is_empty());
+    }
+    assert!(seeds.len() >= 2 * fuzzing::header_bases().len());
+    if let Some(dir) = std::env::var_os("SHMBRIDGE_HEADER_CORPUS") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, data) in &seeds {
+            std::fs::write(Path::new(&dir).join(name), data).unwrap();
+        }
+    }
+}
