@@ -36,6 +36,16 @@ ensure_venv() {
     .venv/bin/python -m pip install -q "$@"
 }
 
+# A Vulkan loader and Mesa's CPU driver lavapipe, so the Vulkan tests (tests/vulkan.rs)
+# run on a machine without a GPU.
+ensure_vulkan() {
+    if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && \
+       [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q mesa-vulkan-drivers libvulkan1
+    fi
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }

@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
+ensure_vulkan
 
 before=$(shm_regions)
 
@@ -20,13 +21,16 @@ if [ -n "$nvrtc_lib" ]; then
     export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
-echo "== cargo test (with the cuda feature)"
-cargo test --locked --features cuda
+echo "== cargo test (with the cuda and vulkan features)"
+cargo test --locked --features cuda,vulkan
+echo "-- the Vulkan tests (tests/vulkan.rs, on lavapipe) again, with what each skipped and why"
+cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 \
+    | grep -E 'SKIPPED|^test result' || true
 echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
-cargo test --locked --features cuda --test cuda -- --nocapture --test-threads=1 2>&1 \
+cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
     | grep -E 'SKIPPED|^test result' || true
 
-echo "== the build without the cuda feature"
+echo "== the build without the cuda and vulkan features"
 cargo check --locked --all-targets
 
 echo "== loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
@@ -50,7 +54,12 @@ else
     echo "skipped: cargo fuzz needs a nightly toolchain, and this machine has none"
 fi
 
-echo "== nothing left in /dev/shm"
+echo "== nothing left in /dev/shm or the socket namespace"
+if grep -q '@shmbridge-' /proc/net/unix; then
+    echo "error: the tests left these fd sockets bound:" >&2
+    grep '@shmbridge-' /proc/net/unix >&2
+    exit 1
+fi
 after=$(shm_regions)
 leaked=$(comm -13 <(echo "$before" | sort) <(echo "$after" | sort) | grep . || true)
 if [ -n "$leaked" ]; then

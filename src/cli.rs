@@ -116,6 +116,10 @@ struct EngineArgs {
     /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3.
     #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
     image: Option<[u64; 3]>,
+    /// null: where `rgb` lives: host (with the other tensors) or vulkan (exported Vulkan
+    /// memory the client imports; needs the `vulkan` feature and a Vulkan driver).
+    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
+    image_device: String,
     /// cartpole: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -209,6 +213,9 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             sparse: a.sparse,
             seed: a.seed,
             image: a.image,
+            image_device: (a.image_device == "vulkan").then_some(crate::device::Device::Vulkan(
+                crate::device::VulkanDevice::ANY,
+            )),
         },
         policy: a.wait.policy(),
         idle_timeout: a.idle_timeout,

@@ -25,6 +25,9 @@ pub struct AttachOptions {
     /// How long to wait for the engine to publish its header and frame 0.
     pub timeout: Duration,
     pub policy: WaitPolicy,
+    /// How to import Vulkan tensors (1.3): `Auto` (CUDA when a CUDA device has the
+    /// engine's Vulkan device UUID, else a Vulkan device of the client's own).
+    pub importer: device::VulkanImporter,
 }
 
 impl Default for AttachOptions {
@@ -32,6 +35,7 @@ impl Default for AttachOptions {
         AttachOptions {
             timeout: Duration::from_secs(10),
             policy: WaitPolicy::default(),
+            importer: device::VulkanImporter::Auto,
         }
     }
 }
@@ -43,6 +47,10 @@ impl AttachOptions {
     }
     pub fn policy(mut self, policy: WaitPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+    pub fn importer(mut self, importer: device::VulkanImporter) -> Self {
+        self.importer = importer;
         self
     }
 }
@@ -100,7 +108,7 @@ impl Client {
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
-        let device = device::client_backend(&layout)?;
+        let device = device::client_backend(&layout, &name, &options)?;
         if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
             return Err(engine_dead(&region));
         }
@@ -201,7 +209,7 @@ impl Client {
 
     /// Views of the tensors: read engine→client ones, write client→engine ones.
     pub fn io(&mut self) -> Tensors<'_> {
-        Tensors::new(&self.region, &self.layout, Peer::Client)
+        Tensors::new(&self.region, &self.layout, Peer::Client).with_client_device(&*self.device)
     }
 
     /// A view of one tensor.
@@ -231,6 +239,14 @@ impl Client {
             return Err(Error::Closed(Peer::Client));
         }
         self.device.device_ptr(i, t)
+    }
+
+    /// DLPack `(device_type, device_id)` of this client's view of a tensor: `(1, 0)`
+    /// (kDLCPU) for host tensors and Vulkan tensors mapped on the CPU, `(2, ordinal)`
+    /// (kDLCUDA) for CUDA tensors and Vulkan tensors imported into CUDA.
+    pub fn dlpack_device(&self, key: impl TensorKey) -> Result<(i32, i32)> {
+        let (i, t) = key.resolve(&self.layout)?;
+        Ok(self.device.dlpack_device(i, t))
     }
 
     /// The device stream whose queued work the next commands (resets, engine methods)

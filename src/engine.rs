@@ -163,15 +163,18 @@ impl Engine {
     pub fn create(spec: EngineSpec) -> Result<Engine> {
         let mut builder =
             HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
-        // CUDA tensors: one allocation, exported (IPC handles and the engine's event
-        // written into the builder) before the region, hence `magic`, exists.
-        let device = device::engine_backend(&mut builder)?;
-        let _ = region::sweep();
         let name = match &spec.name {
             Some(n) => region::canonical_name(n)?,
             None => region::random_name()?,
         };
+        // CUDA tensors: one allocation, exported (IPC handles and the engine's event
+        // written into the builder) before the region, hence `magic`, exists. Vulkan
+        // tensors: allocated or taken over, their table entries filled in, and the fd
+        // socket bound (so a client that sees the region can connect at once).
+        let mut device = device::engine_backend(&mut builder, &name)?;
+        let _ = region::sweep();
         let region = Region::create(&name, &builder)?;
+        device.start(&region)?;
         let pid = os::current_pid();
         let start = region.control().engine_start_time();
         let layout = Layout {

@@ -145,6 +145,17 @@ pub enum Error {
     #[error("CUDA call {call} failed: {detail}")]
     Cuda { call: &'static str, detail: String },
 
+    /// A Vulkan path was asked for where Vulkan cannot be used: a build without the
+    /// `vulkan` feature, no loader (`libvulkan.so.1`) or driver (ICD), no device that can
+    /// export or import memory, or no device with the engine's device UUID. `reason`
+    /// says which.
+    #[error("Vulkan is unavailable: {reason}")]
+    VulkanUnavailable { reason: String },
+
+    /// A Vulkan call failed after a device was found usable.
+    #[error("Vulkan call {call} failed: {detail}")]
+    Vulkan { call: &'static str, detail: String },
+
     /// A host view (slice, address) of a tensor whose bytes are not in the region.
     #[error("tensor '{tensor}' lives on {location}, not in host memory: use its device view")]
     NotOnHost {
@@ -209,13 +220,15 @@ pub enum ErrorKind {
     Closed,
     CudaUnavailable,
     Cuda,
+    VulkanUnavailable,
+    Vulkan,
     NotOnHost,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 34] = [
+    pub const ALL: [ErrorKind; 36] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -248,6 +261,8 @@ impl ErrorKind {
         ErrorKind::Closed,
         ErrorKind::CudaUnavailable,
         ErrorKind::Cuda,
+        ErrorKind::VulkanUnavailable,
+        ErrorKind::Vulkan,
         ErrorKind::NotOnHost,
         ErrorKind::Io,
     ];
@@ -292,6 +307,8 @@ impl Error {
             Error::Closed(_) => ErrorKind::Closed,
             Error::CudaUnavailable { .. } => ErrorKind::CudaUnavailable,
             Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::VulkanUnavailable { .. } => ErrorKind::VulkanUnavailable,
+            Error::Vulkan { .. } => ErrorKind::Vulkan,
             Error::NotOnHost { .. } => ErrorKind::NotOnHost,
             Error::Io { .. } => ErrorKind::Io,
         }

@@ -21,6 +21,7 @@ pub mod device;
 pub mod engine;
 pub mod envs;
 pub mod error;
+pub mod fdpass;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod layout;

@@ -12,7 +12,7 @@
 
 use half::{bf16, f16};
 
-use crate::device::EngineBackend;
+use crate::device::{ClientBackend, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::{DType, Layout, TensorInfo, TensorKey};
 use crate::region::Region;
@@ -45,16 +45,11 @@ element!(u16, "u16", DType::U16);
 element!(u32, "u32", DType::U32);
 element!(u64, "u64", DType::U64);
 
-/// Host views exist only of tensors whose bytes are in the region (a CUDA tensor's
-/// `offset` is relative to its device allocation, not to the mapping).
-fn host_only(t: &TensorInfo) -> Result<()> {
-    if t.location() != crate::layout::Location::Host {
-        return Err(Error::NotOnHost {
-            tensor: t.name.clone(),
-            location: t.location().name(),
-        });
+fn not_on_host(t: &TensorInfo) -> Error {
+    Error::NotOnHost {
+        tensor: t.name.clone(),
+        location: t.location().name(),
     }
-    Ok(())
 }
 
 /// Borrowed access to the tensors of one region, for one side.
@@ -71,6 +66,8 @@ pub struct Tensors<'a> {
     exclusive: u64,
     /// The engine's backend (engine views only).
     device: Option<&'a dyn EngineBackend>,
+    /// The client's backend (client views only): host mappings of imported tensors.
+    client_device: Option<&'a dyn ClientBackend>,
 }
 
 impl<'a> Tensors<'a> {
@@ -82,9 +79,36 @@ impl<'a> Tensors<'a> {
             shared: 0,
             exclusive: 0,
             device: None,
+            client_device: None,
         }
     }
 
+    /// The client's views, with its device backend (host mappings of imports).
+    pub(crate) fn with_client_device(mut self, device: &'a dyn ClientBackend) -> Self {
+        self.client_device = Some(device);
+        self
+    }
+
+    /// Where tensor `i`'s bytes are in this process: in the region for host tensors,
+    /// else where the backend mapped them on the CPU (Vulkan host-visible memory);
+    /// `NotOnHost` when they are not mapped here. Checked aligned for `align`.
+    #[inline]
+    fn base(&self, i: usize, t: &TensorInfo, align: usize) -> Result<*mut u8> {
+        if t.location() == crate::layout::Location::Host {
+            // SAFETY: validation (or the builder) puts `offset..offset + nbytes` inside
+            // the mapping, so `add` stays inside the object.
+            return Ok(unsafe { self.region.ptr().add(t.offset as usize) });
+        }
+        let mapped = match (self.device, self.client_device) {
+            (Some(d), _) => d.host_ptr(i, t),
+            (_, Some(d)) => d.host_ptr(i, t),
+            _ => None,
+        };
+        match mapped {
+            Some(p) if (p.as_ptr() as usize) % align == 0 => Ok(p.as_ptr()),
+            _ => Err(not_on_host(t)),
+        }
+    }
     /// The engine's views, with its device backend.
     pub(crate) fn with_device(mut self, device: &'a dyn EngineBackend) -> Self {
         self.device = Some(device);
@@ -125,7 +149,6 @@ impl<'a> Tensors<'a> {
     #[inline]
     fn lookup<T: Element>(&self, key: impl TensorKey) -> Result<(usize, &'a TensorInfo)> {
         let (i, t) = key.resolve(self.layout)?;
-        host_only(t)?;
         if !T::DTYPES.contains(&t.dtype) {
             return Err(Error::DTypeMismatch {
                 tensor: t.name.clone(),
@@ -145,17 +168,18 @@ impl<'a> Tensors<'a> {
                 tensor: t.name.clone(),
             });
         }
+        let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.shared |= 1 << i;
         let len = (t.nbytes as usize) / std::mem::size_of::<T>();
-        // SAFETY: validation (or the builder, on the engine side) guarantees that
-        // `offset..offset + nbytes` lies inside the mapping, that `offset` is 64-byte
-        // aligned (enough for every Element), and that `nbytes` is `len` elements of a
-        // type with this size. Every bit pattern is a valid `T` (Pod). No mutable slice of
-        // this tensor exists (bitmask above) and the `'a` borrow of the engine/client
-        // keeps the mapping alive and prevents a new `Tensors` meanwhile.
-        Ok(unsafe {
-            std::slice::from_raw_parts(self.region.ptr().add(t.offset as usize) as *const T, len)
-        })
+        // SAFETY: `base` is the first of `nbytes` bytes inside a live mapping: the
+        // region (validation, or the builder on the engine side, bounds the span) or the
+        // backend's host mapping of the tensor's memory (which checked the span against
+        // the mapped size). It is aligned for `T` (checked in `base`), and `nbytes` is
+        // `len` elements of a type with this size. Every bit pattern is a valid `T`
+        // (Pod). No mutable slice of this tensor exists (bitmask above) and the `'a`
+        // borrow of the engine/client keeps both mappings alive and prevents a new
+        // `Tensors` meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(base as *const T, len) })
     }
 
     /// A mutable view of a tensor this side writes; each tensor at most once.
@@ -174,15 +198,15 @@ impl<'a> Tensors<'a> {
                 tensor: t.name.clone(),
             });
         }
+        let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.exclusive |= 1 << i;
         let len = (t.nbytes as usize) / std::mem::size_of::<T>();
         // SAFETY: bounds, alignment and validity as in `read`. The bitmask ensures this is
         // the only slice of this tensor handed out by this `Tensors`, tensors do not
-        // overlap, and the mutable borrow of the engine/client that this `Tensors` holds
-        // for `'a` rules out any other `Tensors` over the same region in this process.
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut(self.region.ptr().add(t.offset as usize) as *mut T, len)
-        })
+        // overlap (host tensors: validated; a Vulkan tensor is in memory of its own), and
+        // the mutable borrow of the engine/client that this `Tensors` holds for `'a`
+        // rules out any other `Tensors` over the same memory in this process.
+        Ok(unsafe { std::slice::from_raw_parts_mut(base as *mut T, len) })
     }
 
     /// A tensor's table entry (dtype, shape, size, where it lives).
@@ -195,11 +219,10 @@ impl<'a> Tensors<'a> {
         self.layout.id(name)
     }
 
-    /// Address of a tensor's first byte in this process (for zero-copy checks).
+    /// Address of a tensor's first byte in this process (for zero-copy checks): in
+    /// the region, or in the host mapping of a Vulkan tensor's memory.
     pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {
-        let (_, t) = key.resolve(self.layout)?;
-        host_only(t)?;
-        // SAFETY: in bounds of the mapping (validated), so `add` stays inside the object.
-        Ok(unsafe { self.region.ptr().add(t.offset as usize) as *const u8 })
+        let (i, t) = key.resolve(self.layout)?;
+        Ok(self.base(i, t, 1)? as *const u8)
     }
 }

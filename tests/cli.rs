@@ -35,7 +35,7 @@ fn cli_ls_inspect_and_gc() {
     for needle in [
         "magic",
         "(ok)",
-        "version       1.2",
+        "version       1.3",
         "num_envs      3",
         "reset_mask",
         "client->engine",

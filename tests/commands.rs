@@ -44,7 +44,10 @@ fn ping_hello_schema_close() {
             engine_pid,
             engine_kind,
         } => {
-            assert_eq!((protocol_major, protocol_minor), (1, 2));
+            assert_eq!(
+                (protocol_major, protocol_minor),
+                (1, shmbridge::layout::VERSION_MINOR)
+            );
             assert_eq!(engine_pid, engine.pid());
             assert_eq!(engine_kind, "cartpole");
         }

@@ -45,6 +45,8 @@ __all__ = [
     "ClosedError",
     "CudaUnavailableError",
     "CudaError",
+    "VulkanUnavailableError",
+    "VulkanError",
     "NotOnHostError",
     "ShmBridgeOSError",
     "EngineStartError",
@@ -205,6 +207,16 @@ class CudaUnavailableError(ShmBridgeError, RuntimeError):
 
 class CudaError(ShmBridgeError, RuntimeError):
     """A CUDA driver call failed (the message names the call and the driver's error)."""
+
+
+# Vulkan.
+class VulkanUnavailableError(ShmBridgeError, RuntimeError):
+    """Vulkan was asked for but cannot be used here (no ``vulkan`` feature in this build,
+    no loader or driver, no matching device); the message says which."""
+
+
+class VulkanError(ShmBridgeError, RuntimeError):
+    """A Vulkan call failed (the message names the call and the driver's result)."""
 
 
 class NotOnHostError(ShmBridgeError, TypeError):

@@ -8,6 +8,7 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::Device;
@@ -36,6 +37,18 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
     /// Device address (in this process) of a tensor in the backend's memory.
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64>;
 
+    /// Once the region exists (before frame 0): start serving what the client fetches
+    /// outside the region (Vulkan: the fd socket). Host and CUDA: nothing.
+    fn start(&mut self, _region: &Region) -> Result<()> {
+        Ok(())
+    }
+
+    /// Host address (in this process) of tensor `index` when the backend's memory of
+    /// it is mapped on the CPU (Vulkan host-visible memory); `None` otherwise.
+    fn host_ptr(&self, _index: usize, _t: &TensorInfo) -> Option<NonNull<u8>> {
+        None
+    }
+
     /// At close, after `engine_state = CLOSED` is stored: finishes the device's queued
     /// work and frees exported memory once the client acknowledged releasing it (or
     /// died, or never imported it).
@@ -59,6 +72,20 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
 
     /// Device address (in this process) of tensor `index` of the layout.
     fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64>;
+
+    /// Host address (in this process) of tensor `index` when the import maps it on the
+    /// CPU (a Vulkan tensor imported into a Vulkan device of the client's own); `None`
+    /// otherwise.
+    fn host_ptr(&self, _index: usize, _t: &TensorInfo) -> Option<NonNull<u8>> {
+        None
+    }
+
+    /// DLPack `(device_type, device_id)` of this client's view of tensor `index`: the
+    /// table's placement unless the import decides (a Vulkan tensor is `kDLCPU` when
+    /// mapped on the CPU, `kDLCUDA` when imported into CUDA).
+    fn dlpack_device(&self, _index: usize, t: &TensorInfo) -> (i32, i32) {
+        t.device.dlpack()
+    }
 
     /// Where tensor `index` lives in this process: `None` in the region (host memory),
     /// else its device address, this process's device and a lease on its import.

@@ -10,6 +10,26 @@ pub enum Device {
     Host,
     /// A CUDA device.
     Cuda(CudaDevice),
+    /// Vulkan device memory exported as an fd (1.3), passed to the client over the
+    /// region's socket.
+    Vulkan(VulkanDevice),
+}
+
+/// A Vulkan device, by the UUIDs of `VkPhysicalDeviceIDProperties`: an opaque fd can
+/// only be imported by a device (and driver) with the same UUIDs, and a CUDA device with
+/// the same UUID is the same GPU. All zero in a spec: any device that can export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct VulkanDevice {
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+}
+
+impl VulkanDevice {
+    /// The first Vulkan device that can export memory (an engine's spec).
+    pub const ANY: VulkanDevice = VulkanDevice {
+        device_uuid: [0; 16],
+        driver_uuid: [0; 16],
+    };
 }
 
 /// A CUDA device: the ordinal as the process that wrote it numbers devices, and the
@@ -28,7 +48,7 @@ pub struct CudaDevice {
 pub enum Location {
     Host = 0,
     Cuda = 1,
-    /// Reserved: not served by protocol 1.x yet.
+    /// Vulkan memory exported as an opaque fd (1.3).
     Vulkan = 2,
 }
 
@@ -60,6 +80,9 @@ impl Location {
 pub const DL_CPU: i32 = 1;
 /// DLPack `kDLCUDA`.
 pub const DL_CUDA: i32 = 2;
+/// DLPack `kDLVulkan`: where a Vulkan tensor lives before a client imports it (the
+/// client's importer then says `kDLCPU` or `kDLCUDA`).
+pub const DL_VULKAN: i32 = 7;
 
 impl Device {
     /// CUDA device `ordinal`, UUID unknown.
@@ -74,30 +97,36 @@ impl Device {
         match self {
             Device::Host => Location::Host,
             Device::Cuda(_) => Location::Cuda,
+            Device::Vulkan(_) => Location::Vulkan,
         }
     }
 
-    /// The device ordinal (0 for host memory, as the tensor table writes it).
+    /// The device ordinal (0 for host and Vulkan memory, as the tensor table writes it:
+    /// a Vulkan device is named by its UUIDs).
     pub const fn ordinal(self) -> i32 {
         match self {
-            Device::Host => 0,
+            Device::Host | Device::Vulkan(_) => 0,
             Device::Cuda(c) => c.ordinal,
         }
     }
 
-    /// `"cpu"` or `"cuda:N"` (what torch's `torch.device(...)` understands).
+    /// `"cpu"`, `"cuda:N"` (what torch's `torch.device(...)` understands) or `"vulkan"`.
     pub fn torch_name(self) -> String {
         match self {
             Device::Host => "cpu".to_string(),
             Device::Cuda(c) => format!("cuda:{}", c.ordinal),
+            Device::Vulkan(_) => "vulkan".to_string(),
         }
     }
 
-    /// DLPack `(device_type, device_id)`: `(1, 0)` (kDLCPU) or `(2, ordinal)` (kDLCUDA).
+    /// DLPack `(device_type, device_id)`: `(1, 0)` (kDLCPU), `(2, ordinal)` (kDLCUDA), or
+    /// `(7, 0)` (kDLVulkan) for the table's placement of a Vulkan tensor; a client's
+    /// importer decides what its view of one is (`ClientBackend::dlpack_device`).
     pub fn dlpack(self) -> (i32, i32) {
         match self {
             Device::Host => (DL_CPU, 0),
             Device::Cuda(c) => (DL_CUDA, c.ordinal),
+            Device::Vulkan(_) => (DL_VULKAN, 0),
         }
     }
 }

@@ -7,22 +7,26 @@
 //!   [`ClientBackend`]);
 //! - [`host`]: host memory (every hook a no-op); [`cuda`]: CUDA IPC (driver layer,
 //!   exports and imports, events), compiled in every build, served with the `cuda`
-//!   feature.
+//!   feature; [`vulkan`]: Vulkan external memory passed as fds (1.3), served with the
+//!   `vulkan` feature (and imported into CUDA with the `cuda` feature).
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and the only place outside this folder that knows the `cuda` feature. A new
-//! kind of memory is one more folder here, one [`Device`] variant and one arm in each.
+//! a layout, and the only place outside this folder that knows the `cuda` and `vulkan`
+//! features. A new kind of memory is one more folder here, one [`Device`] variant and
+//! one arm in each.
 
 pub mod backend;
 pub mod cuda;
 pub mod host;
 pub mod location;
 pub mod request;
+pub mod vulkan;
 
 pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
 pub use cuda::CudaInfo;
-pub use location::{CudaDevice, Device, Location, DL_CPU, DL_CUDA};
+pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest};
+pub use vulkan::VulkanImporter;
 
 use crate::error::Result;
 use crate::layout::{HeaderBuilder, Layout};
@@ -51,7 +55,20 @@ pub fn resolve(requested: DeviceRequest) -> Result<DeviceChoice> {
 /// The engine's backend for the tensors `builder` placed: host memory, or the CUDA
 /// allocation it creates and exports into `builder` (before the region, hence `magic`,
 /// exists). `CudaUnavailable` without a usable driver or device, or the feature.
-pub fn engine_backend(builder: &mut HeaderBuilder) -> Result<Box<dyn EngineBackend>> {
+pub fn engine_backend(builder: &mut HeaderBuilder, name: &str) -> Result<Box<dyn EngineBackend>> {
+    if !builder.vulkan.is_empty() {
+        #[cfg(feature = "vulkan")]
+        {
+            return Ok(Box::new(vulkan::engine::EngineVulkan::create(
+                builder, name,
+            )?));
+        }
+        #[cfg(not(feature = "vulkan"))]
+        {
+            let _ = name;
+            return Err(vulkan::unavailable_without_feature());
+        }
+    }
     if builder.cuda_alloc.is_none() {
         return Ok(Box::new(host::HostEngine));
     }
@@ -65,10 +82,34 @@ pub fn engine_backend(builder: &mut HeaderBuilder) -> Result<Box<dyn EngineBacke
     }
 }
 
-/// The client's backend for a validated layout: host memory, or CUDA imports (the
-/// driver probed, the device found, the client's event created: nothing in the region
-/// touched yet, so a failure leaves no trace there).
-pub fn client_backend(layout: &Layout) -> Result<Box<dyn ClientBackend>> {
+/// The client's backend for a validated layout: host memory, CUDA imports (the driver
+/// probed, the device found, the client's event created), or Vulkan imports (the
+/// importer chosen and its device opened): nothing in the region touched yet, so a
+/// failure leaves no trace there. `name`: the region (Vulkan fds come over its socket).
+pub fn client_backend(
+    layout: &Layout,
+    name: &str,
+    options: &crate::client::AttachOptions,
+) -> Result<Box<dyn ClientBackend>> {
+    if layout
+        .tensors
+        .iter()
+        .any(|t| t.location() == Location::Vulkan)
+    {
+        if layout.has_cuda() {
+            return Err(crate::error::Error::InvalidHeader {
+                field: "location",
+                reason: "CUDA and Vulkan tensors in one table (protocol 1.3 serves one kind)"
+                    .into(),
+            });
+        }
+        return Ok(Box::new(vulkan::client::ClientVulkan::prepare(
+            layout,
+            name,
+            options.importer,
+            options.timeout,
+        )?));
+    }
     let Some(t) = layout
         .tensors
         .iter()

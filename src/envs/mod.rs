@@ -109,6 +109,11 @@ pub fn by_name_on(
         Device::Cuda(c) => gpu::by_name(name, num_envs, options, c.ordinal),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(crate::device::cuda::unavailable_without_feature()),
+        Device::Vulkan(_) => Err(Error::InvalidSpec(
+            "a reference env steps on the host or on CUDA; only its image goes to Vulkan \
+             (--image-device vulkan)"
+                .into(),
+        )),
     }
 }
 
@@ -142,6 +147,10 @@ pub struct EnvOptions {
     pub seed: u64,
     /// `null`: also serve an `rgb` u8 tensor of shape `(num_envs, h, w, c)`.
     pub image: Option<[u64; 3]>,
+    /// Where `rgb` lives: `Host` (default: with the env's other tensors) or
+    /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
+    /// exports, mapped on the engine's CPU, path a).
+    pub image_device: Option<Device>,
 }
 
 /// Parses an image shape written `HxWxC` (e.g. `84x84x3`).
@@ -190,6 +199,9 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
         let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
         let mut spec = env.spec().policy(r.policy);
+        if let Some(d @ Device::Vulkan(_)) = r.options.image_device {
+            spec = spec.place("rgb", d);
+        }
         if let Some(n) = &r.name {
             spec = spec.name(n);
         }

@@ -5,9 +5,11 @@ use bytemuck::Zeroable;
 
 use super::header::*;
 use super::tensor::{
-    contiguous_strides, CudaExport, Rings, TensorInfo, TensorSpec, MIN_RING_CAPACITY,
+    contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
+    MIN_RING_CAPACITY,
 };
-use crate::device::location::Device;
+use crate::device::location::{Device, VulkanDevice};
+use crate::device::vulkan::export::VulkanSource;
 use crate::error::{Error, Result};
 
 fn align_up(v: u64, a: u64) -> Option<u64> {
@@ -41,9 +43,32 @@ pub struct HeaderBuilder {
     /// 1.2: the one device allocation holding every CUDA tensor: (device ordinal, size
     /// in bytes). The engine allocates it, then calls [`HeaderBuilder::set_cuda_export`].
     pub cuda_alloc: Option<(i32, u64)>,
+    /// 1.3: the Vulkan tensors, by index in the table, and where their memory comes
+    /// from. The engine's Vulkan backend allocates (path a) or takes over (path b) each,
+    /// then calls [`HeaderBuilder::set_vulkan_export`].
+    pub vulkan: Vec<(usize, VulkanSource)>,
 }
 
 impl HeaderBuilder {
+    /// Fills in what the table says of Vulkan tensor `index` (1.3) once its memory
+    /// exists: the device's UUIDs, the allocation size, memory type and flags. Nothing
+    /// happens for an index that is not a Vulkan tensor.
+    pub fn set_vulkan_export(&mut self, index: usize, device: VulkanDevice, table: VulkanTable) {
+        let (Some(d), Some(t)) = (self.descs.get_mut(index), self.tensors.get_mut(index)) else {
+            return;
+        };
+        if !matches!(t.device, Device::Vulkan(_)) {
+            return;
+        }
+        d.device_uuid = device.device_uuid;
+        d.driver_uuid = device.driver_uuid;
+        d.export_size = table.alloc_size;
+        d.export_memory_type = table.memory_type_index;
+        d.flags = vulkan_flags(&table);
+        t.device = Device::Vulkan(device);
+        t.vulkan = Some(table);
+    }
+
     /// Fills in the CUDA export (1.2) once the engine allocated [`Self::cuda_alloc`]:
     /// the allocation's IPC handle and device UUID in every CUDA entry, and the engine's
     /// event handle in the control block. Nothing happens without CUDA tensors.
@@ -109,6 +134,7 @@ impl HeaderBuilder {
         let mut tensors = Vec::with_capacity(specs.len());
         let mut host = HostPlacement { cursor };
         let mut cuda = CudaPlacement::default();
+        let mut vulkan = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             check_name("tensor name", &s.name)?;
             if specs[..i].iter().any(|o| o.name == s.name) {
@@ -141,6 +167,7 @@ impl HeaderBuilder {
                         s.name, s.shape
                     ))
                 })?;
+            let mut vk_table = None;
             let (offset, export) = match s.device {
                 Device::Host => (host.place(nbytes)?, None),
                 Device::Cuda(dev) => {
@@ -151,6 +178,12 @@ impl HeaderBuilder {
                         alloc_size: 0,
                     };
                     (offset, Some(export))
+                }
+                Device::Vulkan(_) => {
+                    let (offset, table) = place_vulkan(s, nbytes)?;
+                    vulkan.push((i, s.vulkan.clone().unwrap_or(VulkanSource::Allocate)));
+                    vk_table = table;
+                    (offset, None)
                 }
             };
             let (code, bits) = s.dtype.dlpack();
@@ -168,6 +201,13 @@ impl HeaderBuilder {
             d.strides[..strides.len()].copy_from_slice(&strides);
             d.offset = offset;
             d.nbytes = nbytes;
+            if let (Some(t), Device::Vulkan(dev)) = (&vk_table, s.device) {
+                d.device_uuid = dev.device_uuid;
+                d.driver_uuid = dev.driver_uuid;
+                d.export_size = t.alloc_size;
+                d.export_memory_type = t.memory_type_index;
+                d.flags = vulkan_flags(t);
+            }
             descs.push(d);
             tensors.push(TensorInfo {
                 name: s.name.clone(),
@@ -178,9 +218,15 @@ impl HeaderBuilder {
                 offset,
                 nbytes,
                 cuda: export,
+                vulkan: vk_table,
             });
         }
         let cuda_alloc = cuda.allocation()?;
+        if cuda_alloc.is_some() && !vulkan.is_empty() {
+            return Err(Error::InvalidSpec(
+                "an engine serves CUDA tensors or Vulkan tensors, not both (protocol 1.3)".into(),
+            ));
+        }
         if let Some((_, size)) = cuda_alloc {
             for (d, t) in descs.iter_mut().zip(tensors.iter_mut()) {
                 if let Some(c) = t.cuda.as_mut() {
@@ -216,6 +262,7 @@ impl HeaderBuilder {
             tensors,
             rings,
             cuda_alloc,
+            vulkan,
         })
     }
 
@@ -229,6 +276,54 @@ impl HeaderBuilder {
         }
         out
     }
+}
+
+/// The `flags` byte of a Vulkan tensor's entry.
+fn vulkan_flags(t: &VulkanTable) -> u8 {
+    use crate::device::vulkan::export::SemaphoreKind;
+    let mut f = 0;
+    if t.dedicated {
+        f |= VK_FLAG_DEDICATED;
+    }
+    match t.semaphore {
+        Some(SemaphoreKind::Timeline) => f |= VK_FLAG_SEMAPHORE | VK_FLAG_TIMELINE,
+        Some(SemaphoreKind::Binary) => f |= VK_FLAG_SEMAPHORE,
+        None => {}
+    }
+    f
+}
+
+/// A Vulkan tensor (1.3): engine→client, in its own exported memory. Path (a) puts it
+/// at offset 0 of a buffer the backend allocates (the table is filled in then); path
+/// (b) says where it lies in the renderer's memory, checked here.
+fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>)> {
+    if s.direction != Direction::EngineToClient {
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{}': Vulkan tensors are engine->client (rendered frames) in protocol 1.3",
+            s.name
+        )));
+    }
+    let Some(VulkanSource::Import {
+        export, semaphore, ..
+    }) = &s.vulkan
+    else {
+        return Ok((0, None));
+    };
+    let end = export.offset.checked_add(nbytes);
+    if export.offset % DATA_ALIGN != 0 || end.is_none_or(|e| e > export.alloc_size) {
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{}': {} bytes at offset {} do not fit the exported {}-byte memory \
+             (the offset must be a multiple of {DATA_ALIGN})",
+            s.name, nbytes, export.offset, export.alloc_size
+        )));
+    }
+    let table = VulkanTable {
+        alloc_size: export.alloc_size,
+        memory_type_index: export.memory_type_index,
+        dedicated: export.dedicated,
+        semaphore: semaphore.as_ref().map(|(_, k)| *k),
+    };
+    Ok((export.offset, Some(table)))
 }
 
 /// Host tensors: in the region, after the header and the rings; cache-line aligned, and

@@ -12,8 +12,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"SHMBRIDG");
 pub const VERSION_MAJOR: u16 = 1;
 /// 1.1: command rings (control words in cache lines 8-13, data after the table) and the
 /// engine doorbell. 1.2: CUDA tensors (`location = 1`): IPC handles in the tensor table,
-/// the two interprocess events and the client's CUDA state in the control block.
-pub const VERSION_MINOR: u16 = 2;
+/// the two interprocess events and the client's CUDA state in the control block. 1.3:
+/// Vulkan tensors (`location = 2`): exported memory described in the tensor table, its
+/// fds passed over the region's Unix socket.
+pub const VERSION_MINOR: u16 = 3;
 
 /// Size of the control block at offset 0; the tensor table follows it.
 pub const CONTROL_SIZE: usize = 1024;
@@ -147,6 +149,8 @@ pub struct TensorDesc {
     pub direction: u8,
     /// [`Location`](crate::device::Location) as u8.
     pub location: u8,
+    /// Vulkan (1.3): [`VK_FLAG_DEDICATED`], [`VK_FLAG_SEMAPHORE`], [`VK_FLAG_TIMELINE`].
+    /// Zero for host and CUDA tensors.
     pub flags: u8,
     pub device_ordinal: i32,
     pub _reserved0: u32,
@@ -155,6 +159,7 @@ pub struct TensorDesc {
     /// Byte strides; v1 requires C-contiguous. Entries past `ndim` are zero.
     pub strides: [i64; MAX_NDIM],
     /// Host: byte offset of the data in the region. CUDA: offset from the IPC base.
+    /// Vulkan: offset in the exported memory.
     pub offset: u64,
     pub nbytes: u64,
     /// CUDA (1.2): IPC memory handle of the allocation's base; `offset` is the tensor's
@@ -164,17 +169,26 @@ pub struct TensorDesc {
     /// block).
     pub ipc_event_handle: [u8; 64],
     /// Size of the exported allocation: CUDA (1.2), the `cuMemAlloc` size behind
-    /// `ipc_mem_handle`; Vulkan (reserved), the allocation size.
+    /// `ipc_mem_handle`; Vulkan (1.3), the exported memory's `allocationSize`.
     pub export_size: u64,
-    /// Vulkan memory type (reserved).
+    /// Vulkan (1.3): the exported memory's `memoryTypeIndex` on the engine's device.
     pub export_memory_type: u32,
     pub _reserved1: u32,
     /// CUDA (1.2): the device's UUID (`cuDeviceGetUuid`), so a client whose
     /// `CUDA_VISIBLE_DEVICES` numbers devices differently finds the same one; all zero =
-    /// unknown, use `device_ordinal`.
+    /// unknown, use `device_ordinal`. Vulkan (1.3): `deviceUUID` of the exporting device.
     pub device_uuid: [u8; 16],
-    pub _reserved2: [u8; 32],
+    /// Vulkan (1.3): `driverUUID` of the exporting device.
+    pub driver_uuid: [u8; 16],
+    pub _reserved2: [u8; 16],
 }
+
+/// `TensorDesc::flags` of a Vulkan tensor: the memory is a dedicated allocation.
+pub const VK_FLAG_DEDICATED: u8 = 1;
+/// `TensorDesc::flags` of a Vulkan tensor: a semaphore fd follows its memory fd.
+pub const VK_FLAG_SEMAPHORE: u8 = 2;
+/// `TensorDesc::flags` of a Vulkan tensor: that semaphore is a timeline semaphore.
+pub const VK_FLAG_TIMELINE: u8 = 4;
 
 const _: () = assert!(size_of::<Header>() == CONTROL_SIZE);
 const _: () = assert!(size_of::<TensorDesc>() == DESC_SIZE);
@@ -193,6 +207,7 @@ const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
 const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);
 const _: () = assert!(offset_of!(Header, client_event_handle) == 960);
 const _: () = assert!(offset_of!(TensorDesc, device_uuid) == 336);
+const _: () = assert!(offset_of!(TensorDesc, driver_uuid) == 352);
 
 /// Byte offsets of the live fields, for atomic access in the mapping.
 pub mod offsets {

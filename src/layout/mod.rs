@@ -24,7 +24,7 @@ pub use builder::HeaderBuilder;
 pub use dtype::{DType, DL_BFLOAT, DL_BOOL, DL_FLOAT, DL_INT, DL_UINT};
 pub use header::*;
 pub use tensor::{
-    CudaExport, Direction, Layout, Rings, TensorId, TensorInfo, TensorKey, TensorSpec,
+    CudaExport, Direction, Layout, Rings, TensorId, TensorInfo, TensorKey, TensorSpec, VulkanTable,
     DEFAULT_RING_CAPACITY, MIN_RING_CAPACITY,
 };
 pub use validate::validate;

@@ -1,8 +1,11 @@
 //! What a tensor is: the engine's request ([`TensorSpec`]), a validated table entry
 //! ([`TensorInfo`]) and the validated header as a whole ([`Layout`]).
 
+use std::os::fd::OwnedFd;
+
 use super::dtype::DType;
-use crate::device::location::{Device, Location};
+use crate::device::location::{Device, Location, VulkanDevice};
+use crate::device::vulkan::export::{SemaphoreKind, SharedFd, VulkanExport, VulkanSource};
 use crate::error::{Error, Result};
 
 /// Who writes a tensor.
@@ -52,6 +55,22 @@ pub struct TensorInfo {
     pub nbytes: u64,
     /// The exported allocation a CUDA tensor lies in (`device` on CUDA only).
     pub cuda: Option<CudaExport>,
+    /// The exported memory a Vulkan tensor lies in (`device` on Vulkan only, 1.3).
+    pub vulkan: Option<VulkanTable>,
+}
+
+/// What the tensor table says of a Vulkan tensor's memory (1.3); its fd (and semaphore
+/// fd) come over the region's socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VulkanTable {
+    /// `allocationSize` of the exported memory (`offset + nbytes <= alloc_size`).
+    pub alloc_size: u64,
+    /// `memoryTypeIndex` on the exporting device.
+    pub memory_type_index: u32,
+    /// A dedicated allocation: importers import it dedicated.
+    pub dedicated: bool,
+    /// An exported semaphore follows the memory fd on the socket.
+    pub semaphore: Option<SemaphoreKind>,
 }
 
 /// The export of a CUDA tensor's allocation (1.2).
@@ -194,8 +213,11 @@ pub struct TensorSpec {
     pub dtype: DType,
     pub shape: Vec<u64>,
     pub direction: Direction,
-    /// `Host` (default) or a CUDA device (by ordinal); Vulkan is not served yet.
+    /// `Host` (default), a CUDA device (by ordinal) or a Vulkan device (1.3).
     pub device: Device,
+    /// A Vulkan tensor's memory: allocated by the library (`None` = `Allocate`), or
+    /// exported by the engine's renderer ([`TensorSpec::vulkan_import`]).
+    pub vulkan: Option<VulkanSource>,
 }
 
 impl TensorSpec {
@@ -206,7 +228,43 @@ impl TensorSpec {
             shape: shape.to_vec(),
             direction,
             device: Device::Host,
+            vulkan: None,
         }
+    }
+
+    /// An engine→client tensor in memory the engine's own renderer exported (path b):
+    /// `memory` is the `vkGetMemoryFdKHR` (`OPAQUE_FD`) fd, owned from here on (closed
+    /// when the engine closes), `export` says where the tensor lies in it and on which
+    /// device. Add a semaphore with [`TensorSpec::with_semaphore`].
+    pub fn vulkan_import(
+        name: &str,
+        dtype: DType,
+        shape: &[u64],
+        memory: OwnedFd,
+        export: VulkanExport,
+    ) -> Self {
+        let device = Device::Vulkan(VulkanDevice {
+            device_uuid: export.device_uuid,
+            driver_uuid: export.driver_uuid,
+        });
+        let mut spec = TensorSpec::new(name, dtype, shape, Direction::EngineToClient).on(device);
+        spec.vulkan = Some(VulkanSource::Import {
+            memory: SharedFd::new(memory),
+            export,
+            semaphore: None,
+        });
+        spec
+    }
+
+    /// Adds the semaphore the renderer signals when a frame in this tensor's memory is
+    /// written (`vkGetSemaphoreFdKHR`, `OPAQUE_FD`): sent to the client after the memory
+    /// fd; a CUDA importer waits on it on the consumer's stream. No effect on a tensor
+    /// not made by [`TensorSpec::vulkan_import`].
+    pub fn with_semaphore(mut self, fd: OwnedFd, kind: SemaphoreKind) -> Self {
+        if let Some(VulkanSource::Import { semaphore, .. }) = &mut self.vulkan {
+            *semaphore = Some((SharedFd::new(fd), kind));
+        }
+        self
     }
 
     /// The same tensor on `device`.

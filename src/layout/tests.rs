@@ -101,7 +101,7 @@ fn cuda_tensors_share_one_allocation() {
     b.set_cuda_export([1; 64], [2; 16], [3; 64]);
     let l = validate("r", &published(&b), b.header.region_size).unwrap();
     assert_eq!(l.tensors, b.tensors);
-    assert_eq!(l.version, (1, 2));
+    assert_eq!(l.version, (1, 3));
     assert!(l.has_cuda());
     assert_eq!(l.engine_event_handle, Some([3; 64]));
     let c = l.tensors[1].cuda.unwrap();
@@ -126,11 +126,12 @@ fn cuda_tensors_share_one_allocation() {
 
 #[test]
 fn host_only_layouts_are_what_1_1_wrote() {
-    // A host-only 1.2 header differs from a 1.1 one only in `version_minor`: every
-    // 1.2 field is zero, so 1.1 readers (which ignore the minor) read it unchanged.
+    // A host-only 1.3 header differs from a 1.1 one only in `version_minor`: every
+    // 1.2 and 1.3 field is zero, so 1.1 readers (which ignore the minor) read it
+    // unchanged.
     let b = standard();
     let h = &b.header;
-    assert_eq!(h.version_minor, 2);
+    assert_eq!(h.version_minor, 3);
     assert_eq!(h.client_cuda_state, 0);
     assert!(h.engine_event_handle.iter().all(|&x| x == 0));
     assert!(h.client_event_handle.iter().all(|&x| x == 0));
@@ -139,6 +140,59 @@ fn host_only_layouts_are_what_1_1_wrote() {
         assert_eq!((d.location, d.device_ordinal, d.export_size), (0, 0, 0));
         assert!(d.ipc_mem_handle.iter().all(|&x| x == 0));
         assert!(d.device_uuid.iter().all(|&x| x == 0));
+        assert!(d.driver_uuid.iter().all(|&x| x == 0));
+        assert_eq!((d.flags, d.export_memory_type), (0, 0));
     }
     assert_eq!(LAYOUT_HASH, 0x1A78_E44F_F49A_C1E5);
+}
+
+#[test]
+fn vulkan_tensors_round_trip_and_need_1_3() {
+    use crate::device::vulkan::export::{SemaphoreKind, VulkanExport};
+    let memfd = |n| rustix::fs::memfd_create(n, rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let export = VulkanExport {
+        alloc_size: 1 << 16,
+        offset: 128,
+        memory_type_index: 3,
+        dedicated: true,
+        device_uuid: [7; 16],
+        driver_uuid: [8; 16],
+    };
+    let specs = [
+        TensorSpec::new("obs", DType::F32, &[2, 3], Direction::EngineToClient),
+        TensorSpec::vulkan_import("rgb", DType::U8, &[2, 8, 8, 4], memfd("m"), export)
+            .with_semaphore(memfd("s"), SemaphoreKind::Timeline),
+    ];
+    let b = HeaderBuilder::new("k", 2, &specs, 0).unwrap();
+    assert_eq!(b.vulkan.len(), 1);
+    let d = &b.descs[1];
+    assert_eq!((d.location, d.flags, d.offset), (2, 0b111, 128));
+    assert_eq!((d.export_size, d.export_memory_type), (1 << 16, 3));
+    assert_eq!((d.device_uuid, d.driver_uuid), ([7; 16], [8; 16]));
+    let l = validate("r", &published(&b), b.header.region_size).unwrap();
+    assert_eq!(l.tensors, b.tensors);
+    assert_eq!(crate::device::vulkan::fd_count(&l), 2);
+    // The same bytes under a 1.2 header are refused.
+    let mut old = published(&b);
+    old[10..12].copy_from_slice(&2u16.to_le_bytes());
+    assert!(matches!(
+        validate("r", &old, b.header.region_size),
+        Err(Error::InvalidTensor { .. })
+    ));
+    // A span past the declared memory is refused by the builder.
+    let too_far = VulkanExport {
+        offset: 1 << 16,
+        ..export
+    };
+    let spec = [TensorSpec::vulkan_import(
+        "rgb",
+        DType::U8,
+        &[64],
+        memfd("x"),
+        too_far,
+    )];
+    assert!(matches!(
+        HeaderBuilder::new("k", 1, &spec, 0),
+        Err(Error::InvalidSpec(_))
+    ));
 }

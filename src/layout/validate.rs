@@ -5,9 +5,11 @@
 use super::dtype::DType;
 use super::header::*;
 use super::tensor::{
-    contiguous_strides, CudaExport, Direction, Layout, Rings, TensorInfo, MIN_RING_CAPACITY,
+    contiguous_strides, CudaExport, Direction, Layout, Rings, TensorInfo, VulkanTable,
+    MIN_RING_CAPACITY,
 };
-use crate::device::location::{CudaDevice, Device, Location};
+use crate::device::location::{CudaDevice, Device, Location, VulkanDevice};
+use crate::device::vulkan::export::SemaphoreKind;
 use crate::error::{Error, Result};
 
 fn read_name(field: &'static str, bytes: &[u8; NAME_LEN]) -> Result<String> {
@@ -228,10 +230,11 @@ fn validate_desc(
                 "location cuda in a protocol 1.{version_minor} header (CUDA tensors need 1.2)"
             )))
         }
+        Some(Location::Vulkan) if version_minor >= 3 => Location::Vulkan,
         Some(Location::Vulkan) => {
-            return Err(invalid(
-                "location vulkan is not served by protocol 1.x yet".into(),
-            ))
+            return Err(invalid(format!(
+                "location vulkan in a protocol 1.{version_minor} header (Vulkan tensors need 1.3)"
+            )))
         }
         None => return Err(invalid(format!("location {}", d.location))),
     };
@@ -265,7 +268,47 @@ fn validate_desc(
         )));
     }
     let end = d.offset.checked_add(d.nbytes);
-    let (device, cuda) = if location == Location::Cuda {
+    let mut vulkan = None;
+    let (device, cuda) = if location == Location::Vulkan {
+        let known = VK_FLAG_DEDICATED | VK_FLAG_SEMAPHORE | VK_FLAG_TIMELINE;
+        if d.flags & !known != 0 {
+            return Err(invalid(format!("unknown Vulkan flags {:#04x}", d.flags)));
+        }
+        let semaphore = match (
+            d.flags & VK_FLAG_SEMAPHORE != 0,
+            d.flags & VK_FLAG_TIMELINE != 0,
+        ) {
+            (true, true) => Some(SemaphoreKind::Timeline),
+            (true, false) => Some(SemaphoreKind::Binary),
+            (false, false) => None,
+            (false, true) => return Err(invalid("timeline flag without a semaphore".into())),
+        };
+        if direction != Direction::EngineToClient {
+            return Err(invalid(
+                "location vulkan on a client->engine tensor (1.3: engine->client only)".into(),
+            ));
+        }
+        if d.device_uuid == [0; 16] {
+            return Err(invalid("location vulkan without a device UUID".into()));
+        }
+        if d.export_size == 0 || end.is_none_or(|e| e > d.export_size) {
+            return Err(invalid(format!(
+                "Vulkan span {} + {} lies outside its {}-byte memory",
+                d.offset, d.nbytes, d.export_size
+            )));
+        }
+        vulkan = Some(VulkanTable {
+            alloc_size: d.export_size,
+            memory_type_index: d.export_memory_type,
+            dedicated: d.flags & VK_FLAG_DEDICATED != 0,
+            semaphore,
+        });
+        let device = Device::Vulkan(VulkanDevice {
+            device_uuid: d.device_uuid,
+            driver_uuid: d.driver_uuid,
+        });
+        (device, None)
+    } else if location == Location::Cuda {
         if d.device_ordinal < 0 {
             return Err(invalid(format!(
                 "CUDA device ordinal {} < 0",
@@ -310,5 +353,6 @@ fn validate_desc(
         offset: d.offset,
         nbytes: d.nbytes,
         cuda,
+        vulkan,
     })
 }

@@ -45,6 +45,8 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Closed => "ClosedError",
         ErrorKind::CudaUnavailable => "CudaUnavailableError",
         ErrorKind::Cuda => "CudaError",
+        ErrorKind::VulkanUnavailable => "VulkanUnavailableError",
+        ErrorKind::Vulkan => "VulkanError",
         ErrorKind::NotOnHost => "NotOnHostError",
         ErrorKind::Io => "ShmBridgeOSError",
     }

@@ -1048,6 +1048,7 @@ mod tests {
             offset: 4096,
             nbytes: 64,
             cuda: None,
+            vulkan: None,
         };
         let t = TensorSchema::from_info(&info);
         assert_eq!(t, TensorSchema::from(&info));

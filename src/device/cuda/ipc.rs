@@ -305,7 +305,7 @@ impl ClientCuda {
     pub fn prepare(layout: &Layout) -> Result<ClientCuda> {
         let mut cuda = layout.tensors.iter().filter_map(|t| match t.device {
             Device::Cuda(c) => Some((t, c)),
-            Device::Host => None,
+            Device::Host | Device::Vulkan(_) => None,
         });
         let Some((first, placement)) = cuda.next() else {
             return Err(Error::InvalidSpec("no CUDA tensor in the layout".into()));

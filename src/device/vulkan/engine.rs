@@ -1,0 +1,193 @@
+//! The engine's Vulkan backend: the memory of every Vulkan tensor (allocated here, path
+//! a, or taken over from the engine's renderer, path b), its fds, and the fd server.
+
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use super::export::{SharedFd, VulkanSource};
+use super::server::FdServer;
+use super::vk::{Context, ExportedBuffer};
+use crate::control::Control;
+use crate::device::backend::{CudaRelease, EngineBackend};
+use crate::device::location::Device;
+use crate::error::{Error, Result};
+use crate::fdpass::Listener;
+use crate::layout::{HeaderBuilder, TensorInfo};
+use crate::region::Region;
+
+/// Called before every frame is published: a renderer with its own queue (path b)
+/// waits for its frame's work here.
+pub type BeforePublish = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
+pub struct EngineVulkan {
+    // Drop order: the server (no more sends), then the buffers, then the context.
+    server: Option<FdServer>,
+    listener: Option<Listener>,
+    /// The fds to send, in protocol order.
+    fds: Vec<SharedFd>,
+    /// Path (a) buffers, by tensor index.
+    buffers: Vec<Option<ExportedBuffer>>,
+    hook: Mutex<Option<BeforePublish>>,
+    ctx: Option<Arc<Context>>,
+}
+
+impl std::fmt::Debug for EngineVulkan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineVulkan")
+            .field("fds", &self.fds)
+            .field("buffers", &self.buffers)
+            .field("ctx", &self.ctx)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineVulkan {
+    /// Allocates (path a) or takes over (path b) every Vulkan tensor's memory, fills in
+    /// the table, and binds the region's socket (before the region exists, so a client
+    /// that sees it can connect at once; a second engine of the same name gets
+    /// `NameInUse` here).
+    pub fn create(builder: &mut HeaderBuilder, name: &str) -> Result<EngineVulkan> {
+        let mut buffers: Vec<Option<ExportedBuffer>> = Vec::new();
+        buffers.resize_with(builder.tensors.len(), || None);
+        let mut fds = Vec::new();
+        let mut ctx: Option<Arc<Context>> = None;
+        let listener = Listener::bind(name)?;
+        for (index, source) in std::mem::take(&mut builder.vulkan) {
+            let t = &builder.tensors[index];
+            match source {
+                VulkanSource::Allocate => {
+                    let Device::Vulkan(want) = t.device else {
+                        return Err(Error::InvalidSpec(format!(
+                            "tensor '{}' is not on Vulkan",
+                            t.name
+                        )));
+                    };
+                    let c = match &ctx {
+                        Some(c) if want == crate::device::VulkanDevice::ANY || c.ids() == want => {
+                            c.clone()
+                        }
+                        Some(_) => {
+                            return Err(Error::InvalidSpec(
+                                "the library allocates Vulkan tensors on one device per engine"
+                                    .into(),
+                            ))
+                        }
+                        None => {
+                            let c = Context::open(want)?;
+                            ctx = Some(c.clone());
+                            c
+                        }
+                    };
+                    let buffer = ExportedBuffer::allocate(&c, t.nbytes)?;
+                    builder.set_vulkan_export(index, c.ids(), buffer.table());
+                    fds.push(buffer.fd());
+                    buffers[index] = Some(buffer);
+                }
+                VulkanSource::Import {
+                    memory, semaphore, ..
+                } => {
+                    // The table was filled from the spec's export by the builder.
+                    fds.push(memory);
+                    if let Some((fd, _)) = semaphore {
+                        fds.push(fd);
+                    }
+                }
+            }
+        }
+        Ok(EngineVulkan {
+            server: None,
+            listener: Some(listener),
+            fds,
+            buffers,
+            hook: Mutex::new(None),
+            ctx,
+        })
+    }
+
+    /// The device the library allocated on (path a); `None` when every Vulkan tensor is
+    /// the renderer's own memory (path b).
+    pub fn context(&self) -> Option<&Arc<Context>> {
+        self.ctx.as_ref()
+    }
+
+    /// The buffer of tensor `t` (path a): record GPU work writing a frame into it on
+    /// [`Context::queue`]; [`Engine::publish`](crate::Engine::publish) waits for that
+    /// queue before the frame is published.
+    /// `index`: the tensor's index in the layout (`TensorId::index`).
+    pub fn buffer(&self, index: usize) -> Option<&ExportedBuffer> {
+        self.buffers.get(index)?.as_ref()
+    }
+
+    /// Sets a hook called before every frame is published, after the library's queue
+    /// is idle: a renderer with its own queue (path b) waits for its frame there, since
+    /// without a semaphore the seq counters alone order frames for the client.
+    pub fn set_before_publish(&self, hook: Option<BeforePublish>) {
+        *self.hook.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+    }
+}
+
+impl EngineBackend for EngineVulkan {
+    fn before_publish(&self) -> Result<()> {
+        if let Some(c) = &self.ctx {
+            c.queue_wait_idle()?;
+        }
+        if let Some(h) = &*self.hook.lock().unwrap_or_else(|p| p.into_inner()) {
+            h()?;
+        }
+        Ok(())
+    }
+
+    fn before_actions(&mut self, _: Control<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn before_command(&mut self, _: Control<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn forget_client(&mut self) {}
+
+    fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
+        Err(Error::NotOnHost {
+            tensor: t.name.clone(),
+            location: "vulkan (use its buffer: Tensors::engine_device()?.as_vulkan())",
+        })
+    }
+
+    fn start(&mut self, region: &Region) -> Result<()> {
+        if let Some(listener) = self.listener.take() {
+            self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
+        }
+        Ok(())
+    }
+
+    fn host_ptr(&self, index: usize, _t: &TensorInfo) -> Option<NonNull<u8>> {
+        self.buffers.get(index)?.as_ref()?.mapped()
+    }
+
+    fn release(mut self: Box<Self>, _: Control<'_>) -> CudaRelease {
+        // No more fds go out; then the memory goes. A client's import holds its own
+        // reference to the payload, so freeing ours never pulls it from under the client.
+        if let Some(mut s) = self.server.take() {
+            s.stop();
+        }
+        if let Some(c) = &self.ctx {
+            let _ = c.queue_wait_idle();
+        }
+        self.buffers.clear();
+        CudaRelease::NoCuda
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl dyn EngineBackend {
+    /// The Vulkan side of an engine with Vulkan tensors (its device, queue and
+    /// buffers); `None` for any other backend.
+    pub fn as_vulkan(&self) -> Option<&EngineVulkan> {
+        self.as_any().downcast_ref()
+    }
+}

@@ -1,0 +1,55 @@
+//! The Vulkan backend (protocol 1.3, `docs/protocol.md` §3.6): frames an engine rendered
+//! with Vulkan, shared as external memory. The engine's memory is either allocated here
+//! (path a: a linear exportable buffer) or exported by the engine's own renderer (path
+//! b); either way the tensor table describes it and the fds travel over the region's
+//! Unix socket ([`crate::fdpass`]) when a client attaches. The client imports them into
+//! a Vulkan device of its own and maps them on the CPU.
+//!
+//! - [`export`]: what a spec hands over (compiled in every build);
+//! - `vk` (the `vulkan` feature): all Vulkan FFI, through ash with the loader opened at
+//!   run time, so a machine without `libvulkan.so.1` gets `VulkanUnavailable`;
+//! - `engine`, `client`: the two backends.
+
+use crate::error::Error;
+use crate::layout::{Layout, Location};
+
+pub mod client;
+#[cfg(feature = "vulkan")]
+pub mod engine;
+pub mod export;
+#[cfg(feature = "vulkan")]
+mod server;
+#[cfg(feature = "vulkan")]
+pub mod vk;
+
+/// How a client imports Vulkan tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VulkanImporter {
+    /// CUDA when a CUDA device has the engine's Vulkan device UUID, else Vulkan.
+    #[default]
+    Auto,
+    /// A Vulkan device of the client's own, mapped on the CPU (kDLCPU).
+    Vulkan,
+    /// CUDA external memory (kDLCUDA).
+    Cuda,
+}
+
+/// The error every Vulkan path gives in a build without the `vulkan` feature.
+pub fn unavailable_without_feature() -> Error {
+    Error::VulkanUnavailable {
+        reason: "this shmbridge was built without the `vulkan` feature (rebuild with \
+                 `--features vulkan`; the Python wheel has it)"
+            .into(),
+    }
+}
+
+/// How many fds the engine sends for `layout`, in the documented order: for each Vulkan
+/// tensor in table order, its memory fd, then its semaphore fd if it has one.
+pub fn fd_count(layout: &Layout) -> usize {
+    layout
+        .tensors
+        .iter()
+        .filter(|t| t.location() == Location::Vulkan)
+        .map(|t| 1 + usize::from(t.vulkan.is_some_and(|v| v.semaphore.is_some())))
+        .sum()
+}

@@ -1,0 +1,682 @@
+//! The Vulkan layer (ash, loader opened at run time): one device of this process, the
+//! exportable buffers of path (a), and the imports of the client's Vulkan importer.
+//! All Vulkan FFI and its `unsafe` live here.
+
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ash::vk;
+
+use super::export::SharedFd;
+use crate::device::location::VulkanDevice;
+use crate::error::{Error, Result};
+use crate::layout::VulkanTable;
+
+fn call(call: &'static str) -> impl Fn(vk::Result) -> Error {
+    move |e| Error::Vulkan {
+        call,
+        detail: format!("{e:?}"),
+    }
+}
+
+fn unavailable(reason: String) -> Error {
+    Error::VulkanUnavailable { reason }
+}
+
+fn hex(b: &[u8; 16]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+const OPAQUE_FD: vk::ExternalMemoryHandleTypeFlags = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;
+
+/// A Vulkan device of this process that can export and import `OPAQUE_FD` memory, with
+/// one queue.
+pub struct Context {
+    // Destroyed by hand in `Drop`, device before instance; the entry (the loader) last.
+    instance: ash::Instance,
+    device: ash::Device,
+    memory_fd: ash::khr::external_memory_fd::Device,
+    physical: vk::PhysicalDevice,
+    queue_family: u32,
+    queue: vk::Queue,
+    ids: VulkanDevice,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    cpu: bool,
+    name: String,
+    _entry: ash::Entry,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("vulkan::Context")
+            .field("device", &self.name)
+            .field("device_uuid", &hex(&self.ids.device_uuid))
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: Vulkan handles may be used from any thread; the calls made through `&Context`
+// (map, allocate, free, queue wait) are externally synchronised by their owners
+// (`ExportedBuffer`, `ImportedMemory`), and the queue is only waited on through
+// `queue_wait_idle`, which the engine calls from its one stepping thread.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Loads the loader, creates a Vulkan 1.1 instance and a device with
+    /// `VK_KHR_external_memory_fd`: the one whose UUIDs are `want`'s (all zero: any).
+    /// `VulkanUnavailable` with the reason when there is no loader, no driver, or no such
+    /// device.
+    pub fn open(want: VulkanDevice) -> Result<Arc<Context>> {
+        // SAFETY: loading the system's Vulkan loader runs its initialisers; it is the
+        // library Vulkan applications load, and nothing else of it is called before
+        // `load` succeeded.
+        let entry = unsafe { ash::Entry::load() }
+            .map_err(|e| unavailable(format!("no Vulkan loader (libvulkan.so.1): {e}")))?;
+        // SAFETY: a valid entry; no pointers passed.
+        let version = unsafe { entry.try_enumerate_instance_version() }
+            .map_err(call("vkEnumerateInstanceVersion"))?
+            .unwrap_or(vk::API_VERSION_1_0);
+        if version < vk::API_VERSION_1_1 {
+            return Err(unavailable(format!(
+                "the Vulkan loader speaks {}.{}; external memory needs 1.1",
+                vk::api_version_major(version),
+                vk::api_version_minor(version)
+            )));
+        }
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"shmbridge")
+            .api_version(vk::API_VERSION_1_1);
+        let info = vk::InstanceCreateInfo::default().application_info(&app);
+        // SAFETY: `info` and what it points to live across the call.
+        let instance = unsafe { entry.create_instance(&info, None) }.map_err(|e| {
+            unavailable(format!(
+                "no Vulkan driver: vkCreateInstance gave {e:?} (install an ICD, e.g. \
+                 Debian's mesa-vulkan-drivers for the CPU driver lavapipe)"
+            ))
+        })?;
+        match Self::with_instance(&entry, &instance, want) {
+            Ok((physical, ids, cpu, name, queue_family)) => {
+                Self::finish(entry, instance, physical, ids, cpu, name, queue_family)
+            }
+            Err(e) => {
+                // SAFETY: nothing was created from the instance.
+                unsafe { instance.destroy_instance(None) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Picks the physical device and its queue family.
+    #[allow(clippy::type_complexity)]
+    fn with_instance(
+        _entry: &ash::Entry,
+        instance: &ash::Instance,
+        want: VulkanDevice,
+    ) -> Result<(vk::PhysicalDevice, VulkanDevice, bool, String, u32)> {
+        // SAFETY: a live instance.
+        let physicals = unsafe { instance.enumerate_physical_devices() }
+            .map_err(call("vkEnumeratePhysicalDevices"))?;
+        let mut seen = Vec::new();
+        for pd in physicals {
+            let mut id = vk::PhysicalDeviceIDProperties::default();
+            let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+            // SAFETY: `pd` came from this instance; `props` chains `id` for the call.
+            unsafe { instance.get_physical_device_properties2(pd, &mut props) };
+            let p = props.properties;
+            let name = p
+                .device_name_as_c_str()
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let ids = VulkanDevice {
+                device_uuid: id.device_uuid,
+                driver_uuid: id.driver_uuid,
+            };
+            seen.push(format!(
+                "{name} (device {}, driver {})",
+                hex(&ids.device_uuid),
+                hex(&ids.driver_uuid)
+            ));
+            if p.api_version < vk::API_VERSION_1_1 {
+                continue;
+            }
+            if want.device_uuid != [0; 16] && want.device_uuid != ids.device_uuid {
+                continue;
+            }
+            if want.driver_uuid != [0; 16] && want.driver_uuid != ids.driver_uuid {
+                continue;
+            }
+            // SAFETY: `pd` came from this instance.
+            let exts = unsafe { instance.enumerate_device_extension_properties(pd) }
+                .map_err(call("vkEnumerateDeviceExtensionProperties"))?;
+            let has_fd = exts
+                .iter()
+                .any(|e| e.extension_name_as_c_str() == Ok(ash::khr::external_memory_fd::NAME));
+            if !has_fd {
+                continue;
+            }
+            // SAFETY: `pd` came from this instance.
+            let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
+            let Some(family) = families
+                .iter()
+                .position(|f| {
+                    f.queue_flags
+                        .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
+                })
+                .or(if families.is_empty() { None } else { Some(0) })
+            else {
+                continue;
+            };
+            let cpu = p.device_type == vk::PhysicalDeviceType::CPU;
+            return Ok((pd, ids, cpu, name, family as u32));
+        }
+        let wanted = if want == VulkanDevice::ANY {
+            "a device with VK_KHR_external_memory_fd".to_string()
+        } else {
+            format!(
+                "the engine's device UUID {} (driver UUID {})",
+                hex(&want.device_uuid),
+                hex(&want.driver_uuid)
+            )
+        };
+        Err(unavailable(format!(
+            "no Vulkan device here has {wanted}; devices: [{}]",
+            seen.join(", ")
+        )))
+    }
+
+    fn finish(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        physical: vk::PhysicalDevice,
+        ids: VulkanDevice,
+        cpu: bool,
+        name: String,
+        queue_family: u32,
+    ) -> Result<Arc<Context>> {
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(queue_family)
+            .queue_priorities(&priorities)];
+        let exts = [ash::khr::external_memory_fd::NAME.as_ptr()];
+        let info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_extension_names(&exts);
+        // SAFETY: `physical` belongs to `instance`; `info` and its arrays live across
+        // the call; the extension is supported (checked when picking the device).
+        let device = match unsafe { instance.create_device(physical, &info, None) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: nothing else was created from the instance.
+                unsafe { instance.destroy_instance(None) };
+                return Err(call("vkCreateDevice")(e));
+            }
+        };
+        // SAFETY: the family was created with one queue.
+        let queue = unsafe { device.get_device_queue(queue_family, 0) };
+        // SAFETY: `physical` belongs to `instance`.
+        let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
+        let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
+        Ok(Arc::new(Context {
+            instance,
+            device,
+            memory_fd,
+            physical,
+            queue_family,
+            queue,
+            ids,
+            memory,
+            cpu,
+            name,
+            _entry: entry,
+        }))
+    }
+
+    /// The device's UUIDs.
+    pub fn ids(&self) -> VulkanDevice {
+        self.ids
+    }
+
+    /// The device's name (`VkPhysicalDeviceProperties::deviceName`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether it is a CPU device (lavapipe).
+    pub fn is_cpu(&self) -> bool {
+        self.cpu
+    }
+
+    /// The instance, for a renderer that records work on this device.
+    pub fn instance(&self) -> &ash::Instance {
+        &self.instance
+    }
+
+    /// The logical device, for a renderer that records work into the exported buffers.
+    pub fn device(&self) -> &ash::Device {
+        &self.device
+    }
+
+    pub fn physical_device(&self) -> vk::PhysicalDevice {
+        self.physical
+    }
+
+    /// The queue family of [`Context::queue`].
+    pub fn queue_family(&self) -> u32 {
+        self.queue_family
+    }
+
+    /// The device's one queue: submit a frame's work here, and
+    /// [`Engine::publish`](crate::Engine::publish) waits for it before `frame_seq` moves.
+    pub fn queue(&self) -> vk::Queue {
+        self.queue
+    }
+
+    /// `vkQueueWaitIdle`: every submitted frame's work is complete.
+    pub fn queue_wait_idle(&self) -> Result<()> {
+        // SAFETY: a queue of this device; the engine calls this from its stepping
+        // thread, the one that submits to it.
+        unsafe { self.device.queue_wait_idle(self.queue) }.map_err(call("vkQueueWaitIdle"))
+    }
+
+    fn memory_type(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {
+        (index < self.memory.memory_type_count)
+            .then(|| self.memory.memory_types[index as usize].property_flags)
+    }
+
+    fn buffer(&self, size: u64) -> Result<vk::Buffer> {
+        let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(OPAQUE_FD);
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(
+                vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST
+                    | vk::BufferUsageFlags::STORAGE_BUFFER,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE)
+            .push_next(&mut external);
+        // SAFETY: a live device; `info` and its chain live across the call.
+        unsafe { self.device.create_buffer(&info, None) }.map_err(call("vkCreateBuffer"))
+    }
+
+    /// Maps all of `memory` (host-visible), checking that the pointer is 64-byte aligned.
+    fn map(&self, memory: vk::DeviceMemory) -> Result<NonNull<u8>> {
+        // SAFETY: `memory` is a live, unmapped, host-visible allocation of this device.
+        let p = unsafe {
+            self.device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        }
+        .map_err(call("vkMapMemory"))?;
+        let p = NonNull::new(p as *mut u8).ok_or_else(|| Error::Vulkan {
+            call: "vkMapMemory",
+            detail: "returned a null pointer".into(),
+        })?;
+        if p.as_ptr() as usize % 64 != 0 {
+            // SAFETY: mapped just above.
+            unsafe { self.device.unmap_memory(memory) };
+            return Err(Error::Vulkan {
+                call: "vkMapMemory",
+                detail: "the mapping is not 64-byte aligned".into(),
+            });
+        }
+        Ok(p)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every buffer and allocation holds an `Arc` of this context and was
+        // destroyed before the last one dropped; nothing else uses the handles.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// Path (a): a linear buffer in a dedicated, exportable allocation, mapped when the
+/// memory is host-visible, and its `OPAQUE_FD` export.
+pub struct ExportedBuffer {
+    ctx: Arc<Context>,
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    mapped: Option<NonNull<u8>>,
+    table: VulkanTable,
+    fd: SharedFd,
+}
+
+impl std::fmt::Debug for ExportedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportedBuffer")
+            .field("table", &self.table)
+            .field("mapped", &self.mapped.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the handles and the mapping are plain addresses valid in every thread; the
+// owner (the engine backend) uses them from one thread at a time.
+unsafe impl Send for ExportedBuffer {}
+// SAFETY: as above; `&ExportedBuffer` hands out only copies of handles and the pointer.
+unsafe impl Sync for ExportedBuffer {}
+
+impl ExportedBuffer {
+    /// Allocates at least `nbytes`: a buffer whose size is the allocation's (so an
+    /// importer that must repeat a dedicated allocation's buffer can), in memory of the
+    /// best type: device-local and host-visible, else host-visible (coherent), else
+    /// device-local.
+    pub fn allocate(ctx: &Arc<Context>, nbytes: u64) -> Result<ExportedBuffer> {
+        let d = &ctx.device;
+        let mut buffer = ctx.buffer(nbytes)?;
+        // SAFETY: a live buffer of this device.
+        let mut req = unsafe { d.get_buffer_memory_requirements(buffer) };
+        if req.size != nbytes {
+            // SAFETY: unused, unbound buffer.
+            unsafe { d.destroy_buffer(buffer, None) };
+            buffer = ctx.buffer(req.size)?;
+            // SAFETY: as above.
+            req = unsafe { d.get_buffer_memory_requirements(buffer) };
+        }
+        let destroy = |buffer| {
+            // SAFETY: an unbound buffer of this device, used by nothing.
+            unsafe { d.destroy_buffer(buffer, None) }
+        };
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let pick = |want: vk::MemoryPropertyFlags| {
+            (0..ctx.memory.memory_type_count).find(|&i| {
+                req.memory_type_bits & (1 << i) != 0
+                    && ctx.memory.memory_types[i as usize]
+                        .property_flags
+                        .contains(want)
+            })
+        };
+        let Some(type_index) = pick(host | local)
+            .or_else(|| pick(host))
+            .or_else(|| pick(local))
+        else {
+            destroy(buffer);
+            return Err(Error::Vulkan {
+                call: "vkAllocateMemory",
+                detail: "no memory type fits the buffer".into(),
+            });
+        };
+        let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(OPAQUE_FD);
+        let mut dedicated = vk::MemoryDedicatedAllocateInfo::default().buffer(buffer);
+        let info = vk::MemoryAllocateInfo::default()
+            .allocation_size(req.size)
+            .memory_type_index(type_index)
+            .push_next(&mut export)
+            .push_next(&mut dedicated);
+        // SAFETY: `info` and its chain live across the call; the buffer is this device's.
+        let memory = match unsafe { d.allocate_memory(&info, None) } {
+            Ok(m) => m,
+            Err(e) => {
+                destroy(buffer);
+                return Err(call("vkAllocateMemory")(e));
+            }
+        };
+        let free = |memory| {
+            // SAFETY: an allocation of this device that nothing uses any more.
+            unsafe { d.free_memory(memory, None) }
+        };
+        // SAFETY: the allocation fits the buffer's requirements (its size and type).
+        if let Err(e) = unsafe { d.bind_buffer_memory(buffer, memory, 0) } {
+            destroy(buffer);
+            free(memory);
+            return Err(call("vkBindBufferMemory")(e));
+        }
+        let flags = ctx.memory_type(type_index).unwrap_or_default();
+        let mapped = if flags.contains(host) {
+            match ctx.map(memory) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    destroy(buffer);
+                    free(memory);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let get = vk::MemoryGetFdInfoKHR::default()
+            .memory(memory)
+            .handle_type(OPAQUE_FD);
+        // SAFETY: the memory was allocated exportable as OPAQUE_FD.
+        let fd = match unsafe { ctx.memory_fd.get_memory_fd(&get) } {
+            // SAFETY: a new fd the driver hands over; we own it from here.
+            Ok(fd) if fd >= 0 => {
+                SharedFd::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+            }
+            Ok(_) | Err(_) => {
+                if mapped.is_some() {
+                    // SAFETY: mapped above.
+                    unsafe { d.unmap_memory(memory) };
+                }
+                destroy(buffer);
+                free(memory);
+                return Err(Error::Vulkan {
+                    call: "vkGetMemoryFdKHR",
+                    detail: "no fd".into(),
+                });
+            }
+        };
+        Ok(ExportedBuffer {
+            ctx: ctx.clone(),
+            buffer,
+            memory,
+            mapped,
+            table: VulkanTable {
+                alloc_size: req.size,
+                memory_type_index: type_index,
+                dedicated: true,
+                semaphore: None,
+            },
+            fd,
+        })
+    }
+
+    pub fn buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
+
+    pub fn memory(&self) -> vk::DeviceMemory {
+        self.memory
+    }
+
+    /// What the tensor table says of it.
+    pub fn table(&self) -> VulkanTable {
+        self.table
+    }
+
+    /// The host mapping (host-visible memory only).
+    pub fn mapped(&self) -> Option<NonNull<u8>> {
+        self.mapped
+    }
+
+    /// The exported fd (sent to clients; each gets its own copy).
+    pub fn fd(&self) -> SharedFd {
+        self.fd.clone()
+    }
+}
+
+impl Drop for ExportedBuffer {
+    fn drop(&mut self) {
+        let d = &self.ctx.device;
+        // SAFETY: the queue is idle (the engine waits before it releases); the buffer
+        // and memory are ours, used by nothing else in this process. An importer in
+        // another process holds its own reference to the memory's payload.
+        unsafe {
+            let _ = d.queue_wait_idle(self.ctx.queue);
+            if self.mapped.is_some() {
+                d.unmap_memory(self.memory);
+            }
+            d.destroy_buffer(self.buffer, None);
+            d.free_memory(self.memory, None);
+        }
+    }
+}
+
+/// The client's Vulkan import of one tensor's memory, mapped on the CPU.
+pub struct ImportedMemory {
+    ctx: Arc<Context>,
+    buffer: Option<vk::Buffer>,
+    memory: vk::DeviceMemory,
+    mapped: NonNull<u8>,
+    size: u64,
+}
+
+impl std::fmt::Debug for ImportedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedMemory")
+            .field("size", &self.size)
+            .field("mapped", &self.mapped)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: as for `ExportedBuffer`.
+unsafe impl Send for ImportedMemory {}
+// SAFETY: as for `ExportedBuffer`.
+unsafe impl Sync for ImportedMemory {}
+
+impl ImportedMemory {
+    /// Imports `fd` (`OPAQUE_FD`, the engine's export of `table`) and maps it. The fd is
+    /// untrusted: its size is checked first where the kernel knows it (a memfd: the CPU
+    /// driver's memory), so that a mapping never reaches past the file (SIGBUS); its
+    /// memory type must be host-visible and coherent on this device. The driver owns
+    /// the fd once the import succeeded; on any error it is closed here.
+    pub fn import(
+        ctx: &Arc<Context>,
+        fd: OwnedFd,
+        table: &VulkanTable,
+        tensor: &str,
+    ) -> Result<ImportedMemory> {
+        let invalid = |reason: String| Error::InvalidTensor {
+            tensor: tensor.to_string(),
+            reason,
+        };
+        if let Some(size) = crate::fdpass::fd_size(fd.as_fd()) {
+            if size < table.alloc_size {
+                return Err(invalid(format!(
+                    "the engine declares a {}-byte allocation; the fd it sent holds {size} bytes",
+                    table.alloc_size
+                )));
+            }
+        }
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        match ctx.memory_type(table.memory_type_index) {
+            Some(f) if f.contains(host) => {}
+            Some(_) => {
+                return Err(Error::VulkanUnavailable {
+                    reason: format!(
+                        "tensor '{tensor}': memory type {} of {} is not host-visible and \
+                         coherent, so it cannot be mapped on the CPU (import it into CUDA)",
+                        table.memory_type_index, ctx.name
+                    ),
+                })
+            }
+            None => {
+                return Err(invalid(format!(
+                    "memory type {} does not exist on {}",
+                    table.memory_type_index, ctx.name
+                )))
+            }
+        }
+        let d = &ctx.device;
+        let buffer = if table.dedicated {
+            Some(ctx.buffer(table.alloc_size)?)
+        } else {
+            None
+        };
+        let destroy = |b: Option<vk::Buffer>| {
+            if let Some(b) = b {
+                // SAFETY: an unbound buffer of this device, used by nothing.
+                unsafe { d.destroy_buffer(b, None) }
+            }
+        };
+        let mut import = vk::ImportMemoryFdInfoKHR::default()
+            .handle_type(OPAQUE_FD)
+            .fd(fd.as_raw_fd());
+        let mut dedicated = vk::MemoryDedicatedAllocateInfo::default();
+        if let Some(b) = buffer {
+            dedicated = dedicated.buffer(b);
+        }
+        let mut info = vk::MemoryAllocateInfo::default()
+            .allocation_size(table.alloc_size)
+            .memory_type_index(table.memory_type_index)
+            .push_next(&mut import);
+        if buffer.is_some() {
+            info = info.push_next(&mut dedicated);
+        }
+        // SAFETY: `info` and its chain live across the call; the fd stays open (owned by
+        // `fd`) until the driver took it over.
+        let memory = match unsafe { d.allocate_memory(&info, None) } {
+            Ok(m) => m,
+            Err(e) => {
+                destroy(buffer);
+                return Err(invalid(format!(
+                    "importing the engine's memory fd failed ({e:?}): wrong size, type or device"
+                )));
+            }
+        };
+        // The import succeeded: the driver owns the fd now (it closes it when the memory
+        // is freed). Give up ours without closing it.
+        let _ = fd.into_raw_fd();
+        let free = |m| {
+            // SAFETY: an allocation of this device that nothing uses any more.
+            unsafe { d.free_memory(m, None) }
+        };
+        if let Some(b) = buffer {
+            // SAFETY: the buffer was made for this dedicated allocation.
+            if let Err(e) = unsafe { d.bind_buffer_memory(b, memory, 0) } {
+                destroy(buffer);
+                free(memory);
+                return Err(call("vkBindBufferMemory")(e));
+            }
+        }
+        let mapped = match ctx.map(memory) {
+            Ok(p) => p,
+            Err(e) => {
+                destroy(buffer);
+                free(memory);
+                return Err(e);
+            }
+        };
+        Ok(ImportedMemory {
+            ctx: ctx.clone(),
+            buffer,
+            memory,
+            mapped,
+            size: table.alloc_size,
+        })
+    }
+
+    /// The host address of `offset` in the mapping, if `offset + len` lies inside it.
+    pub fn span(&self, offset: u64, len: u64) -> Option<NonNull<u8>> {
+        let end = offset.checked_add(len)?;
+        if end > self.size {
+            return None;
+        }
+        // SAFETY: `offset <= size`: inside (or one past) the mapping of `size` bytes.
+        NonNull::new(unsafe { self.mapped.as_ptr().add(offset as usize) })
+    }
+}
+
+impl Drop for ImportedMemory {
+    fn drop(&mut self) {
+        let d = &self.ctx.device;
+        // SAFETY: ours; nothing in this process uses the mapping any more (every view
+        // borrowed the client, which dropped this only at close).
+        unsafe {
+            d.unmap_memory(self.memory);
+            if let Some(b) = self.buffer {
+                d.destroy_buffer(b, None);
+            }
+            d.free_memory(self.memory, None);
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Vulkan tensors (protocol 1.3) on a real Vulkan driver (lavapipe in CI): frames
+//! exported by an engine reach the client through fds passed over the region's socket,
+//! imported into the client's own Vulkan device and mapped, with no copy. Every test
+//! skips with the reason where no Vulkan loader or driver is present.
+#![cfg(feature = "vulkan")]
+
+mod common;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use common::{shm_exists, EngineProc};
+use shmbridge::device::vulkan::export::VulkanExport;
+use shmbridge::device::vulkan::vk::{Context, ExportedBuffer};
+use shmbridge::device::{VulkanDevice, DL_CPU};
+use shmbridge::envs::null::pattern_u8;
+use shmbridge::fdpass;
+use shmbridge::layout::TensorSpec;
+use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The tests count this process's fds: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A Vulkan device of this process, or `None` (with the reason printed) where there is
+/// no loader or driver.
+fn vulkan() -> Option<std::sync::Arc<Context>> {
+    match Context::open(VulkanDevice::ANY) {
+        Ok(c) => Some(c),
+        Err(Error::VulkanUnavailable { reason }) => {
+            eprintln!("SKIPPED: {reason}");
+            None
+        }
+        Err(e) => panic!("probing Vulkan gave {e}, not VulkanUnavailable"),
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn gone(name: &str) -> bool {
+    !shm_exists(name) && !fdpass::socket_bound(name)
+}
+
+#[test]
+fn engine_frames_reach_the_client_through_its_mapping() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&[
+        "--env",
+        "null",
+        "--num-envs",
+        "4",
+        "--obs-dim",
+        "4",
+        "--image",
+        "8x8x4",
+        "--image-device",
+        "vulkan",
+        "--blocking",
+    ]);
+    let name = engine.name.clone();
+    assert!(fdpass::socket_bound(&name));
+    let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+    let rgb = c.layout().id("rgb").unwrap();
+    let info = c.layout().tensors[rgb.index()].clone();
+    assert_eq!(info.location().name(), "vulkan");
+    assert!(info.vulkan.unwrap().alloc_size >= info.nbytes);
+    assert_eq!(c.dlpack_device(rgb).unwrap(), (DL_CPU, 0));
+    let reason = c
+        .device()
+        .as_vulkan()
+        .unwrap()
+        .importer_reason()
+        .to_string();
+    assert!(reason.contains("Vulkan importer"), "{reason}");
+    let ptr = c.device_ptr(rgb).unwrap();
+    for step in 0..=50u64 {
+        if step > 0 {
+            c.tensor_mut::<f32>("actions").unwrap().fill(step as f32);
+            assert_eq!(c.step(T).unwrap(), step);
+        }
+        let mut io = c.io();
+        // No client-side copy: the view is the mapping of the engine's memory.
+        assert_eq!(io.address(rgb).unwrap() as u64, ptr);
+        let bytes = io.read::<u8>(rgb).unwrap();
+        assert_eq!(bytes.as_ptr() as u64, ptr);
+        for (i, b) in bytes.iter().enumerate() {
+            assert_eq!(*b, pattern_u8(step, i as u64), "step {step} byte {i}");
+        }
+    }
+    c.close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    assert!(gone(&name));
+}
+
+/// The engine's own renderer (here a test-side Vulkan device) exported the memory.
+fn renderer_export(
+    ctx: &std::sync::Arc<Context>,
+    nbytes: u64,
+) -> (ExportedBuffer, OwnedFd, VulkanExport) {
+    let buffer = ExportedBuffer::allocate(ctx, nbytes).unwrap();
+    let fd = buffer.fd().as_fd().try_clone_to_owned().unwrap();
+    let t = buffer.table();
+    let ids = ctx.ids();
+    let export = VulkanExport {
+        alloc_size: t.alloc_size,
+        offset: 0,
+        memory_type_index: t.memory_type_index,
+        dedicated: t.dedicated,
+        device_uuid: ids.device_uuid,
+        driver_uuid: ids.driver_uuid,
+    };
+    (buffer, fd, export)
+}
+
+fn spec_with(tensor: TensorSpec) -> EngineSpec {
+    let mut spec =
+        EngineSpec::new("render", 1).tensor("obs", DType::F32, &[1, 4], Direction::EngineToClient);
+    spec.tensors.push(tensor);
+    spec
+}
+
+#[test]
+fn memory_the_renderer_exported_is_imported_without_a_copy() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let (buffer, fd, export) = renderer_export(&ctx, 4096);
+    let mapped = buffer.mapped().expect("lavapipe memory is host-visible");
+    let mut engine = Engine::create(spec_with(TensorSpec::vulkan_import(
+        "frame",
+        DType::U8,
+        &[64, 64],
+        fd,
+        export,
+    )))
+    .unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+    // The renderer writes through its own mapping; the client sees the bytes in its.
+    for round in 0..3u8 {
+        // SAFETY: 4096 mapped bytes of the test's own buffer.
+        unsafe { std::ptr::write_bytes(mapped.as_ptr(), 7 + round, 4096) };
+        let ptr = c.device_ptr("frame").unwrap();
+        let view = c.tensor::<u8>("frame").unwrap();
+        assert_eq!(view.as_ptr() as u64, ptr);
+        assert_ne!(
+            view.as_ptr(),
+            mapped.as_ptr() as *const u8,
+            "the client's own mapping"
+        );
+        assert!(view.iter().all(|&b| b == 7 + round));
+    }
+    c.close();
+    engine.close();
+    drop(buffer);
+    assert!(gone(&name));
+}
+
+#[test]
+fn fds_do_not_grow_over_200_attach_close_cycles() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let spec = EngineSpec::new("render", 2)
+        .tensor("obs", DType::F32, &[2, 4], Direction::EngineToClient)
+        .tensor_on(
+            "rgb",
+            DType::U8,
+            &[2, 16, 16, 4],
+            Direction::EngineToClient,
+            shmbridge::device::Device::Vulkan(VulkanDevice::ANY),
+        );
+    let mut engine = Engine::create(spec).unwrap();
+    let name = engine.name().to_string();
+    engine.io().write::<u8>("rgb").unwrap().fill(42);
+    engine.publish().unwrap();
+    // Warm up (the loader and driver open what they keep for the process).
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let before = open_fds();
+    for _ in 0..200 {
+        let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+        assert!(c.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 42));
+        c.close();
+    }
+    assert_eq!(
+        open_fds(),
+        before,
+        "fds leaked over 200 attach/close cycles"
+    );
+    engine.close();
+    assert!(gone(&name));
+}
+
+#[test]
+fn an_fd_smaller_than_declared_is_a_typed_error() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let fd = rustix::fs::memfd_create("short", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, 4096).unwrap();
+    let ids = ctx.ids();
+    let export = VulkanExport {
+        alloc_size: 1 << 20,
+        offset: 0,
+        memory_type_index: 0,
+        dedicated: false,
+        device_uuid: ids.device_uuid,
+        driver_uuid: ids.driver_uuid,
+    };
+    let before = open_fds();
+    let mut engine = Engine::create(spec_with(TensorSpec::vulkan_import(
+        "frame",
+        DType::U8,
+        &[1 << 20],
+        fd,
+        export,
+    )))
+    .unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    let e = Client::attach(&name, AttachOptions::default()).unwrap_err();
+    match &e {
+        Error::InvalidTensor { tensor, reason } => {
+            assert_eq!(tensor, "frame");
+            assert!(reason.contains("4096"), "{reason}");
+        }
+        e => panic!("expected InvalidTensor, got {e}"),
+    }
+    engine.close();
+    assert!(gone(&name));
+    // The memfd (owned by the spec, then the engine) and the client's copy are closed.
+    assert_eq!(open_fds(), before - 1);
+}
+
+#[test]
+fn a_device_uuid_nobody_has_is_a_typed_error() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let (buffer, fd, mut export) = renderer_export(&ctx, 4096);
+    export.device_uuid = [0xab; 16];
+    let mut engine = Engine::create(spec_with(TensorSpec::vulkan_import(
+        "frame",
+        DType::U8,
+        &[4096],
+        fd,
+        export,
+    )))
+    .unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    match Client::attach(&name, AttachOptions::default()).unwrap_err() {
+        Error::VulkanUnavailable { reason } => {
+            assert!(reason.contains("abababab"), "{reason}")
+        }
+        e => panic!("expected VulkanUnavailable, got {e}"),
+    }
+    engine.close();
+    drop(buffer);
+    assert!(gone(&name));
+}
+
+/// Run as `nobody` by the next test: connects to the region's socket as another user.
+#[test]
+fn child_connect_as_other_user() {
+    let Ok(region) = std::env::var("SHMBRIDGE_TEST_FD_SOCKET") else {
+        return;
+    };
+    match fdpass::receive(&region, 1, T) {
+        Err(Error::PermissionDenied { .. }) => println!("REFUSED: PermissionDenied"),
+        other => println!("NOT REFUSED: {other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_of_another_user_gets_no_fd() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    if fdpass::euid() != 0 {
+        eprintln!("SKIPPED: dropping to another user needs root");
+        return;
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
+        return;
+    }
+    let spec = EngineSpec::new("render", 1)
+        .tensor("obs", DType::F32, &[1, 4], Direction::EngineToClient)
+        .tensor_on(
+            "rgb",
+            DType::U8,
+            &[1, 8, 8, 4],
+            Direction::EngineToClient,
+            shmbridge::device::Device::Vulkan(VulkanDevice::ANY),
+        );
+    let mut engine = Engine::create(spec).unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_connect_as_other_user",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SHMBRIDGE_TEST_FD_SOCKET", &name)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("REFUSED: PermissionDenied"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The engine still serves its own client.
+    let c = Client::attach(&name, AttachOptions::default()).unwrap();
+    c.close();
+    engine.close();
+    assert!(gone(&name));
+}
