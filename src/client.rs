@@ -108,7 +108,7 @@ impl Client {
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
-        let device = device::client_backend(&layout, &name, &options)?;
+        let device = device::client_backend(&layout, &name, options.importer, options.timeout)?;
         if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
             return Err(engine_dead(&region));
         }

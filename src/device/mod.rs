@@ -85,11 +85,13 @@ pub fn engine_backend(builder: &mut HeaderBuilder, name: &str) -> Result<Box<dyn
 /// The client's backend for a validated layout: host memory, CUDA imports (the driver
 /// probed, the device found, the client's event created), or Vulkan imports (the
 /// importer chosen and its device opened): nothing in the region touched yet, so a
-/// failure leaves no trace there. `name`: the region (Vulkan fds come over its socket).
+/// failure leaves no trace there. `name`: the region (Vulkan fds come over its socket,
+/// within `timeout`); `importer`: which importer takes Vulkan tensors.
 pub fn client_backend(
     layout: &Layout,
     name: &str,
-    options: &crate::client::AttachOptions,
+    importer: VulkanImporter,
+    timeout: std::time::Duration,
 ) -> Result<Box<dyn ClientBackend>> {
     if layout
         .tensors
@@ -104,10 +106,7 @@ pub fn client_backend(
             });
         }
         return Ok(Box::new(vulkan::client::ClientVulkan::prepare(
-            layout,
-            name,
-            options.importer,
-            options.timeout,
+            layout, name, importer, timeout,
         )?));
     }
     let Some(t) = layout
