@@ -76,6 +76,9 @@ pub struct Client {
     /// CUDA tensors (1.2): context, events and imports; `None` for host-only layouts.
     /// Where the tensors live: the hooks of their device (no-ops for host memory).
     device: Box<dyn ClientBackend>,
+    /// Whether `device` orders device work before a post (false for host memory, whose
+    /// hook does nothing): the step path skips the call entirely.
+    device_hooks: bool,
     /// See [`Client::set_command_stream`].
     command_stream: u64,
 }
@@ -137,6 +140,7 @@ impl Client {
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
             interrupt: None,
+            device_hooks: !device.as_any().is::<crate::device::host::HostClient>(),
             device,
             command_stream: 1,
         };
@@ -316,7 +320,9 @@ impl Client {
         self.check_can_step()?;
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
-        self.device.before_post(None)?;
+        if self.device_hooks {
+            self.device.before_post(None)?;
+        }
         self.post_and_wait(timeout)
     }
 

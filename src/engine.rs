@@ -142,6 +142,9 @@ pub struct Engine {
     closed: bool,
     /// Where the tensors live: the hooks of their device (no-ops for host memory).
     device: Box<dyn EngineBackend>,
+    /// Whether `device` orders device work at the protocol's hook points (false for host
+    /// memory, whose hooks do nothing): the step path skips the calls entirely.
+    device_hooks: bool,
     /// What became of exported device memory at close.
     release: CudaRelease,
 }
@@ -203,6 +206,7 @@ impl Engine {
             frame: 0,
             ready: false,
             closed: false,
+            device_hooks: !device.as_any().is::<crate::device::host::HostEngine>(),
             device,
             release: CudaRelease::NoCuda,
         })
@@ -279,6 +283,9 @@ impl Engine {
     /// sees it published (CUDA: records the engine's event after the kernels).
     #[inline]
     fn record_frame(&self) -> Result<()> {
+        if !self.device_hooks {
+            return Ok(());
+        }
         self.device.before_publish()
     }
 
@@ -400,7 +407,9 @@ impl Engine {
         }
         // CUDA: the client recorded its event after writing device actions and before
         // posting; the engine stream waits on it before any kernel reads them.
-        self.device.before_actions(self.region.control())?;
+        if self.device_hooks {
+            self.device.before_actions(self.region.control())?;
+        }
         self.action = seen;
         Ok(seen)
     }

@@ -99,6 +99,14 @@ impl<'a> Tensors<'a> {
             // the mapping, so `add` stays inside the object.
             return Ok(unsafe { self.region.ptr().add(t.offset as usize) });
         }
+        self.mapped_base(i, t, align)
+    }
+
+    /// [`base`](Self::base) of a tensor outside the region: kept out of line, so the
+    /// host path of every step stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn mapped_base(&self, i: usize, t: &TensorInfo, align: usize) -> Result<*mut u8> {
         let mapped = match (self.device, self.client_device) {
             (Some(d), _) => d.host_ptr(i, t),
             (_, Some(d)) => d.host_ptr(i, t),
@@ -109,6 +117,7 @@ impl<'a> Tensors<'a> {
             _ => Err(not_on_host(t)),
         }
     }
+
     /// The engine's views, with its device backend.
     pub(crate) fn with_device(mut self, device: &'a dyn EngineBackend) -> Self {
         self.device = Some(device);
