@@ -179,6 +179,7 @@ impl<'a> Control<'a> {
     /// `base` is 8-byte aligned and points to at least [`CONTROL_SIZE`] bytes of a
     /// shared mapping that stays mapped for `'a`, whose live fields every party
     /// accesses only atomically.
+    #[inline]
     pub(crate) unsafe fn new(base: NonNull<u8>) -> Control<'a> {
         Control {
             base,

@@ -275,6 +275,7 @@ impl Engine {
     }
 
     /// The typed view of the region's live control block.
+    #[inline]
     pub fn control(&self) -> Control<'_> {
         self.region.control()
     }

@@ -215,6 +215,7 @@ impl Region {
         self.map.len() == 0
     }
 
+    #[inline]
     pub fn ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
