@@ -44,10 +44,13 @@ for target in "${targets[@]}"; do
     esac
     log=/tmp/shmbridge-fuzz-$target.log
     echo "fuzz: $target for $per s"
+    # The fuzzer's own status, not the filter's: with pipefail, `|| true` would hide a crash.
+    set +e +o pipefail
     cargo +nightly fuzz run "$target" "$corpus" -- \
         -max_total_time="$per" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
-        | tee "$log" | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)' || true
+        | tee "$log" | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)'
     status=${PIPESTATUS[0]}
+    set -e -o pipefail
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $target failed (exit $status); see $log and fuzz/artifacts/$target/" >&2
         exit "$status"

@@ -190,6 +190,9 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
 
         let end = t.offset.checked_add(t.nbytes);
         match (t.device, &t.cuda) {
+            _ if t.vulkan.is_some() != matches!(t.device, Device::Vulkan(_)) => {
+                panic!("'{}': Vulkan table fields on a {} tensor", t.name, t.device)
+            }
             (Device::Host, None) => {
                 let end = end.expect("host span overflows");
                 assert!(t.offset >= l.header_size, "'{}' inside the header", t.name);
@@ -216,6 +219,35 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
                         d.device_uuid,
                         d.ipc_mem_handle,
                         d.export_size
+                    )
+                );
+            }
+            (Device::Vulkan(v), None) => {
+                assert!(
+                    l.version.1 >= 3,
+                    "Vulkan tensor in a 1.{} header",
+                    l.version.1
+                );
+                let vk = t
+                    .vulkan
+                    .unwrap_or_else(|| panic!("'{}': Vulkan without its table fields", t.name));
+                assert!(
+                    end.is_some_and(|e| e <= vk.alloc_size),
+                    "'{}' past its memory",
+                    t.name
+                );
+                assert_eq!(
+                    (
+                        v.device_uuid,
+                        v.driver_uuid,
+                        vk.alloc_size,
+                        vk.memory_type_index
+                    ),
+                    (
+                        d.device_uuid,
+                        d.driver_uuid,
+                        d.export_size,
+                        d.export_memory_type
                     )
                 );
             }
