@@ -56,10 +56,17 @@ def attach(
     *,
     spin_us: _Optional[float] = None,
     blocking: bool = False,
+    importer: str = "auto",
 ) -> Client:
     """Attaches to the engine serving region ``name``; waits up to ``timeout`` seconds
-    for it to be ready. ``spin_us``/``blocking``: how the client waits for frames."""
-    return Client.attach(name, timeout, spin_us, blocking)
+    for it to be ready. ``spin_us``/``blocking``: how the client waits for frames.
+
+    ``importer``: how the engine's Vulkan tensors (if any) are imported. ``"vulkan"``:
+    into a Vulkan device of this process, mapped on the CPU (kDLCPU); ``"cuda"``: into
+    the CUDA device with the engine's Vulkan device UUID (kDLCUDA); ``"auto"``: CUDA
+    when such a device is usable, else Vulkan. ``client.importer`` says which, and why.
+    Either way the tensor is the engine's memory, not a copy."""
+    return Client.attach(name, timeout, spin_us, blocking, importer)
 
 
 def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
@@ -97,7 +104,9 @@ def _stop(proc: _subprocess.Popen, grace: float) -> None:
 
 
 # The options of `shmbridge engine` that launch() passes through.
-_ENGINE_ARGS = frozenset({"seed", "obs_dim", "act_dim", "sparse", "image", "name", "idle_timeout"})
+_ENGINE_ARGS = frozenset(
+    {"seed", "obs_dim", "act_dim", "sparse", "image", "image_device", "name", "idle_timeout"}
+)
 
 
 def nvrtc_library_dirs() -> list:
@@ -151,6 +160,7 @@ def launch(
     timeout: float = 30.0,
     spin_us: _Optional[float] = None,
     blocking: bool = False,
+    importer: str = "auto",
     **engine_args: _Any,
 ) -> Client:
     """Starts the reference engine ``env`` as a child process and attaches to it.
@@ -164,8 +174,10 @@ def launch(
     device raises :class:`CudaUnavailableError` with the reason.
 
     ``engine_args`` are the options of ``shmbridge engine`` (``seed``, ``obs_dim``,
-    ``act_dim``, ``sparse``, ``image`` (null: an ``rgb`` uint8 tensor, e.g. ``"84x84x3"``),
-    ``name``, ``idle_timeout``). ``timeout`` bounds the engine's
+    ``act_dim``, ``sparse``, ``image`` (null: an ``rgb`` uint8 tensor, e.g. ``"84x84x3"``;
+    pixels: the frame size, ``"HxWx4"``), ``image_device`` (``"vulkan"``: ``rgb`` in
+    Vulkan memory the engine exports), ``name``, ``idle_timeout``). ``importer``: as for
+    :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm.
     """
@@ -247,7 +259,7 @@ def launch(
     assert proc.stdout is not None
     proc.stdout.close()
     try:
-        client = Client.attach(name, timeout, spin_us, blocking)
+        client = Client.attach(name, timeout, spin_us, blocking, importer)
     except BaseException as e:
         # Ask the engine to remove its region and exit.
         proc.terminate()

@@ -77,6 +77,7 @@ class Client:
         timeout: float = 10.0,
         spin_us: Optional[float] = None,
         blocking: bool = False,
+        importer: str = "auto",
     ) -> Client: ...
     def step(
         self, actions: Optional[Any] = None, timeout: Optional[float] = None, stream: Optional[Any] = None
@@ -137,6 +138,10 @@ class Client:
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``: where the engine's tensors live."""
+    @property
+    def importer(self) -> Optional[str]:
+        """Which importer serves the engine's Vulkan tensors, and why; ``None`` when it
+        has none."""
     @property
     def frame(self) -> int: ...
     def counters(self) -> Tuple[int, int]: ...

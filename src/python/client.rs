@@ -16,6 +16,7 @@ use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
 use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
 use super::waits::{duration, next_slice, wait_policy, SignalCheck};
 use crate::actions::array_dtype_name;
+use crate::device::VulkanImporter;
 use crate::error::{Error, Peer};
 use crate::layout::TensorInfo;
 use crate::region;
@@ -44,6 +45,8 @@ pub struct PyClient {
     engine_pid: u32,
     /// `"cpu"`, or `"cuda:N"` when the engine's tensors live on a CUDA device.
     device: String,
+    /// The Vulkan importer's choice and reason, when the engine has Vulkan tensors.
+    importer: Option<String>,
     /// How steps and commands pick their CUDA stream (none for a host client).
     streams: ConsumerStreams,
     tensors: Vec<Py<PyTensor>>,
@@ -161,17 +164,22 @@ pub(super) fn closed_err(py: Python<'_>) -> PyErr {
 impl PyClient {
     /// Attaches to the engine's region `name` (as printed by `shmbridge engine`).
     #[staticmethod]
-    #[pyo3(signature = (name, timeout=10.0, spin_us=None, blocking=false))]
+    #[pyo3(signature = (name, timeout=10.0, spin_us=None, blocking=false, importer="auto"))]
     fn attach(
         py: Python<'_>,
         name: &str,
         timeout: f64,
         spin_us: Option<f64>,
         blocking: bool,
+        importer: &str,
     ) -> PyResult<PyClient> {
         let timeout = duration(timeout, "timeout")?;
         let policy = wait_policy(spin_us, blocking)?;
-        let options = AttachOptions::default().timeout(timeout).policy(policy);
+        let importer = VulkanImporter::parse(importer).py_err(py)?;
+        let options = AttachOptions::default()
+            .timeout(timeout)
+            .policy(policy)
+            .importer(importer);
         let name = name.to_string();
         let (client, region) = py
             .detach(|| -> Result<_, Error> {
@@ -181,6 +189,10 @@ impl PyClient {
             })
             .py_err(py)?;
         let layout = client.layout().clone();
+        let importer = client
+            .device()
+            .as_vulkan()
+            .map(|v| v.importer_reason().to_string());
         let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
         let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
         let device = tensors
@@ -216,6 +228,7 @@ impl PyClient {
             engine_kind: layout.engine_kind.clone(),
             engine_pid: layout.engine_pid,
             device,
+            importer,
             streams: ConsumerStreams::new(cuda_ordinal),
             actions_index: find("actions"),
             tensors,
@@ -508,6 +521,13 @@ impl PyClient {
     #[getter]
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Which importer serves the engine's Vulkan tensors, and why; `None` when it has
+    /// none.
+    #[getter]
+    fn importer(&self) -> Option<&str> {
+        self.importer.as_deref()
     }
 
     #[getter]

@@ -119,10 +119,25 @@ impl PyTensor {
         unsafe { self.region.ptr().add(self.info.offset as usize) }
     }
 
+    /// Whether the bytes are host memory of this process: in the region, or device
+    /// memory the import mapped on the CPU (a Vulkan tensor imported into a Vulkan
+    /// device of the client's own).
+    fn on_cpu(&self) -> bool {
+        match &self.place {
+            Place::Host => true,
+            Place::Device { device, .. } => *device == Device::Host,
+        }
+    }
+
     /// The host address, or `TypeError` for a CUDA tensor (no host bytes to give).
     fn host_address(&self) -> PyResult<*mut u8> {
         match &self.place {
             Place::Host => Ok(self.address()),
+            Place::Device { ptr, device, .. } if *device == Device::Host => {
+                // The lease must still be held: after close() the mapping may be gone.
+                self.lease()?;
+                Ok(*ptr as usize as *mut u8)
+            }
             Place::Device { device, .. } => Err(PyTypeError::new_err(format!(
                 "tensor '{}' lives on {device}, not in host memory: use \
                  torch.from_dlpack(tensor) (or another CUDA DLPack consumer)",
@@ -218,6 +233,8 @@ impl DlpackExporter for PyTensor {
         match &self.place {
             // Host memory: nothing to synchronise; the lock-step protocol orders the bytes.
             Place::Host => Ok(()),
+            // Device memory mapped on the CPU: `frame_seq` orders it, as for the region.
+            Place::Device { .. } if self.on_cpu() => Ok(()),
             // The consumer's stream waits (on the GPU) for the engine's last frame.
             Place::Device { .. } => {
                 let lease = self.lease()?;
@@ -260,7 +277,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let py = slf.py();
-        if let Place::Device { .. } = slf.get().place {
+        if !slf.get().on_cpu() {
             // A device tensor: the consumer's stream waits on the engine's event
             // (`prepare_export`); copy=True is refused (BufferError) by dlpark, as this
             // producer only exports the engine's memory itself.

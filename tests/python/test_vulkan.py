@@ -1,45 +1,97 @@
-"""Vulkan tensors from Python: until the binding can lease an import, attaching to an
-engine that exports one is refused with a typed error, the client closes cleanly, and nothing is left behind."""
+"""Vulkan tensors from Python: `rgb` of an engine that exports it as Vulkan memory is
+the engine's memory mapped into this process (kDLCPU through a Vulkan device of the
+client's own), viewed without a copy by NumPy and torch; views outlive the client; bad
+importer choices are typed errors; nothing is left behind."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import numpy as np
 import pytest
+import torch
 
 import shmbridge
+from conftest import pattern
 
 
 def regions():
     return {f for f in os.listdir("/dev/shm") if f.startswith("shmbridge")}
 
 
-def test_a_vulkan_tensor_is_refused_with_a_typed_error():
-    before = regions()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shmbridge", "engine", "--env", "null", "--num-envs", "4",
-         "--image", "8x8x4", "--image-device", "vulkan"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def launch_vulkan(**kwargs):
+    """A `null` engine whose `rgb` lives in Vulkan memory it exports, or a skip (with
+    the reason) where this machine has no Vulkan driver."""
     try:
-        name = proc.stdout.readline().strip()
-        if not name:
-            proc.wait(30)
-            err = proc.stderr.read()
-            if "Vulkan is unavailable" in err:
-                pytest.skip(f"no Vulkan driver here: {err.strip()}")
-            pytest.fail(f"the engine did not serve: {err}")
-        with pytest.raises(shmbridge.VulkanUnavailableError, match="'rgb' is a Vulkan export"):
-            shmbridge.attach(name)
-        # The refused client closed cleanly: the engine sees a close, not a death, and
-        # ends as it does after any client (the CLI serves one).
-        assert proc.wait(30) == 0
-        assert "client closed" in proc.stderr.read()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        return shmbridge.launch(
+            "null", num_envs=4, obs_dim=2, image="8x8x4", image_device="vulkan", **kwargs
+        )
+    except shmbridge.EngineStartError as e:
+        if "Vulkan is unavailable" in str(e):
+            pytest.skip(f"no Vulkan driver here: {e}")
+        raise
+
+
+def rgb_pattern(seq: int, n: int) -> np.ndarray:
+    """The `null` engine's `rgb` bytes of frame `seq` (the pattern's low byte)."""
+    return (pattern(seq, np.arange(n)).astype(np.uint32) & 0xFF).astype(np.uint8)
+
+
+def test_vulkan_frames_are_the_engines_memory_without_a_copy():
+    before = regions()
+    with launch_vulkan(importer="vulkan") as client:
+        assert "Vulkan importer" in client.importer
+        rgb = client["rgb"]
+        assert rgb.__dlpack_device__() == (1, 0)
+        assert rgb.device == "cpu"
+        assert (rgb.shape, rgb.dtype) == ((4, 8, 8, 4), "uint8")
+        a = np.from_dlpack(rgb)
+        t = torch.from_dlpack(rgb)
+        # One address: the mapping of the engine's export, shared by every view.
+        assert a.ctypes.data == rgb.data_ptr == t.data_ptr()
+        # Outside the region: a Vulkan mapping, not the shared-memory tensor table.
+        obs = np.from_dlpack(client.obs)
+        assert not (obs.ctypes.data <= rgb.data_ptr < obs.ctypes.data + (1 << 20))
+        for k in range(1, 6):
+            client.step()
+            # The same views see each new frame the engine wrote.
+            np.testing.assert_array_equal(a.ravel(), rgb_pattern(k, a.size))
+            assert torch.equal(t.flatten(), torch.from_numpy(rgb_pattern(k, a.size)))
+        assert np.asarray(client["rgb"]).ctypes.data == rgb.data_ptr
+    assert regions() <= before
+
+
+def test_auto_takes_the_vulkan_importer_without_cuda_and_says_why():
+    with launch_vulkan() as client:
+        reason = client.importer
+        assert reason.startswith("Vulkan importer on ")
+        if not torch.cuda.is_available():
+            assert "CUDA" in reason
+
+
+def test_a_view_outlives_the_client_and_the_tensor_object_refuses_after_close():
+    client = launch_vulkan(importer="vulkan")
+    client.step()
+    view = np.from_dlpack(client["rgb"])
+    rgb = client["rgb"]
+    client.close()
+    # The view holds the import: the mapping stays, with the last frame in it.
+    np.testing.assert_array_equal(view.ravel(), rgb_pattern(1, view.size))
+    with pytest.raises(shmbridge.ClosedError):
+        np.asarray(rgb)
+    with pytest.raises(shmbridge.ClosedError):
+        np.from_dlpack(rgb)
+    del view
+
+
+def test_an_unknown_importer_is_refused_before_attaching():
+    with pytest.raises(shmbridge.InvalidSpecError, match="auto, vulkan or cuda"):
+        shmbridge.attach("shmbridge-none", importer="opengl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this checks a machine without CUDA")
+def test_the_cuda_importer_without_cuda_is_a_typed_error_and_nothing_is_left():
+    before = regions()
+    with pytest.raises(shmbridge.CudaUnavailableError):
+        launch_vulkan(importer="cuda")
     assert regions() <= before

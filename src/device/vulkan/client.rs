@@ -10,10 +10,11 @@
 use std::any::Any;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
-use crate::device::backend::{ClientBackend, DevicePlace, StreamRef};
+use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
 use crate::device::location::{Device, Location, VulkanDevice, DL_CPU};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
@@ -28,11 +29,41 @@ pub struct ClientVulkan {
     timeout: Duration,
     /// Why this importer (for logs and `importer_reason`).
     reason: String,
-    // Drop order: the imports, then the device.
+    /// Each tensor's import, by tensor index; shared with every view handed out (the
+    /// lease), so a view keeps its mapping after the client closed. `None` before open
+    /// and after release. Each import holds the device it was made on.
+    imports: Option<Arc<Imports>>,
     #[cfg(feature = "vulkan")]
-    imports: Vec<Option<ImportedMemory>>,
+    ctx: Arc<Context>,
+}
+
+/// The imports of a client's Vulkan tensors: the lease its views hold.
+#[derive(Debug, Default)]
+struct Imports {
     #[cfg(feature = "vulkan")]
-    ctx: std::sync::Arc<Context>,
+    memories: Vec<Option<ImportedMemory>>,
+}
+
+impl Imports {
+    fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
+        #[cfg(feature = "vulkan")]
+        {
+            self.memories.get(index)?.as_ref()?.span(t.offset, t.nbytes)
+        }
+        #[cfg(not(feature = "vulkan"))]
+        {
+            let _ = (index, t);
+            None
+        }
+    }
+}
+
+impl DeviceLease for Imports {
+    /// Mapped on the CPU: the engine published the frame only once its queue was idle,
+    /// and the client reads it only after `frame_seq` moved; nothing to wait for.
+    fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for ClientVulkan {
@@ -94,7 +125,7 @@ impl ClientVulkan {
                 name: name.to_string(),
                 timeout,
                 reason,
-                imports: Vec::new(),
+                imports: None,
                 ctx,
             })
         }
@@ -127,6 +158,7 @@ impl ClientVulkan {
     /// else when dropped).
     fn import_all(&mut self, layout: &Layout, fds: Vec<OwnedFd>) -> Result<()> {
         let mut fds = fds.into_iter();
+        let mut imports = Imports::default();
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
                 continue;
@@ -152,16 +184,17 @@ impl ClientVulkan {
                         reason: "the tensor lies outside its imported memory".into(),
                     });
                 }
-                if self.imports.len() < layout.tensors.len() {
-                    self.imports.resize_with(layout.tensors.len(), || None);
+                if imports.memories.len() < layout.tensors.len() {
+                    imports.memories.resize_with(layout.tensors.len(), || None);
                 }
-                self.imports[i] = Some(m);
+                imports.memories[i] = Some(m);
             }
             #[cfg(not(feature = "vulkan"))]
             {
                 let _ = (i, memory);
             }
         }
+        self.imports = Some(Arc::new(imports));
         Ok(())
     }
 }
@@ -190,31 +223,30 @@ impl ClientBackend for ClientVulkan {
     }
 
     fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
-        #[cfg(feature = "vulkan")]
-        {
-            self.imports.get(index)?.as_ref()?.span(t.offset, t.nbytes)
-        }
-        #[cfg(not(feature = "vulkan"))]
-        {
-            let _ = (index, t);
-            None
-        }
+        self.imports.as_ref()?.host_ptr(index, t)
     }
 
-    fn place(&self, _: usize, t: &TensorInfo) -> Result<Option<DevicePlace>> {
+    fn place(&self, index: usize, t: &TensorInfo) -> Result<Option<DevicePlace>> {
         if t.location() != Location::Vulkan {
             return Ok(None);
         }
-        // The binding's views would need a lease on the import (as CUDA's keep the IPC
-        // handle open); until they have one, refuse rather than hand out a view that the
-        // client's close would unmap.
-        Err(Error::VulkanUnavailable {
-            reason: format!(
-                "tensor '{}' is a Vulkan export: the Python binding does not import \
-                 Vulkan tensors yet (the Rust client does)",
-                t.name
-            ),
-        })
+        let imports = self
+            .imports
+            .as_ref()
+            .ok_or(Error::Closed(crate::error::Peer::Client))?;
+        let ptr = imports
+            .host_ptr(index, t)
+            .ok_or_else(|| Error::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: "not imported".into(),
+            })?;
+        // Mapped on the CPU: host memory of this process, outside the region, held open
+        // by the lease.
+        Ok(Some(DevicePlace {
+            ptr: ptr.as_ptr() as u64,
+            device: Device::Host,
+            lease: imports.clone(),
+        }))
     }
 
     fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
@@ -235,8 +267,9 @@ impl ClientBackend for ClientVulkan {
     }
 
     fn release(&mut self, _: &Region) {
-        #[cfg(feature = "vulkan")]
-        self.imports.clear();
+        // The engine needs no acknowledgement: an import holds its own reference to the
+        // memory, so each mapping goes when its last holder (this client or a view) does.
+        self.imports = None;
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -34,6 +34,21 @@ pub enum VulkanImporter {
     Cuda,
 }
 
+impl VulkanImporter {
+    /// `auto`, `vulkan` or `cuda` (case-insensitive, surrounding blanks ignored).
+    /// Anything else is `InvalidSpec`.
+    pub fn parse(s: &str) -> Result<VulkanImporter, Error> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(VulkanImporter::Auto),
+            "vulkan" => Ok(VulkanImporter::Vulkan),
+            "cuda" => Ok(VulkanImporter::Cuda),
+            _ => Err(Error::InvalidSpec(format!(
+                "importer '{s}': expected auto, vulkan or cuda"
+            ))),
+        }
+    }
+}
+
 /// The error every Vulkan path gives in a build without the `vulkan` feature.
 pub fn unavailable_without_feature() -> Error {
     Error::VulkanUnavailable {
@@ -52,4 +67,29 @@ pub fn fd_count(layout: &Layout) -> usize {
         .filter(|t| t.location() == Location::Vulkan)
         .map(|t| 1 + usize::from(t.vulkan.is_some_and(|v| v.semaphore.is_some())))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn importer_names() {
+        assert!(matches!(
+            VulkanImporter::parse(" Auto "),
+            Ok(VulkanImporter::Auto)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("vulkan"),
+            Ok(VulkanImporter::Vulkan)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("CUDA"),
+            Ok(VulkanImporter::Cuda)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("cpu"),
+            Err(Error::InvalidSpec(m)) if m.contains("auto, vulkan or cuda")
+        ));
+    }
 }

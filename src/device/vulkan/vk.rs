@@ -669,8 +669,9 @@ impl ImportedMemory {
 impl Drop for ImportedMemory {
     fn drop(&mut self) {
         let d = &self.ctx.device;
-        // SAFETY: ours; nothing in this process uses the mapping any more (every view
-        // borrowed the client, which dropped this only at close).
+        // SAFETY: ours; nothing in this process uses the mapping any more: the Rust
+        // client's views borrow the client, and every other view (a DLPack capsule)
+        // holds the lease that owns this, which drops only after the last of them.
         unsafe {
             d.unmap_memory(self.memory);
             if let Some(b) = self.buffer {
