@@ -202,3 +202,34 @@ def test_gpu_quick(tmp_path):
         assert set(p["ratios"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
     assert md.count(": zero copy") == 2 and "NOT zero copy" not in md
     assert not _regions() - before
+
+
+# bench vulkan: exported frames against host shared memory.
+
+
+def test_vulkan_quick_measures_both_paths_zero_copy_or_skips(tmp_path):
+    before = _regions()
+    out_dir = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", "vulkan", "--quick",
+                           "--num-envs", "8", "--size", "16x24", "--out", str(out_dir)],
+                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode == 3:
+        assert proc.stderr.startswith("bench vulkan: skipped: ") and "Vulkan" in proc.stderr
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out_dir / "vulkan.json").read_text())
+    assert doc["plan"]["num_envs"] == 8 and doc["plan"]["height"] == 16
+    cpu = {k: v for k, v in doc["paths"].items() if k in ("vulkan-export", "host-shm")}
+    assert set(cpu) == {"vulkan-export", "host-shm"}
+    for key, path in cpu.items():
+        assert path["zero_copy"] and path["view_device"] == "cpu" and not path["failures"], key
+        assert path["stats"]["n"] == 100 and path["stats"]["median_ns"] > 0
+    assert cpu["vulkan-export"]["ratio"]["median"] == 1.0
+    assert (out_dir / "vulkan.md").read_text().strip() == proc.stdout.strip()
+    assert not _regions() - before
+
+
+def test_vulkan_rejects_a_bad_size():
+    proc = _run("vulkan", "--size", "84", status=2)
+    assert "expected HxW" in proc.stderr

@@ -1,4 +1,4 @@
-"""``python -m shmbridge.bench {step,peers,gpu} [--quick] ...``"""
+"""``python -m shmbridge.bench {step,peers,gpu,vulkan} [--quick] ...``"""
 
 import sys
 

@@ -62,12 +62,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     g.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
     g.add_argument("--out", default=None, help="also write DIR/gpu.md and DIR/gpu.json")
 
+    v = sub.add_parser("vulkan", help="rendered frames through a Vulkan export against host shared memory",
+                       description="Per-step round trip of 64x84x84x4 u8 frames the engine writes into "
+                                   "Vulkan memory it exports (imported by the client's Vulkan device, and on "
+                                   "a CUDA machine into CUDA), against the same frames written into host "
+                                   "shared memory (and, on the GPU, .cuda() of them); median, p99, ratios.",
+                       epilog="Exit status: 0 measured; 1 a check failed (not zero copy, or a stale "
+                              "frame); 2 bad usage; 3 skipped: no Vulkan driver here, with "
+                              "'bench vulkan: skipped: <reason>' on stderr and nothing written.")
+    v.add_argument("--quick", action="store_true", help="a short smoke run")
+    v.add_argument("--steps", type=int, default=None, help="timed steps per path (default 5000; quick 100)")
+    v.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 2)")
+    v.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps before each block, 5x in the first round (default 50; quick 5)")
+    v.add_argument("--num-envs", type=int, default=64, help="frames per step (default 64)")
+    v.add_argument("--size", default="84x84", help="frame HxW (default 84x84; 4 channels)")
+    v.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
+    v.add_argument("--out", default=None, help="also write DIR/vulkan.md and DIR/vulkan.json")
+
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
         from . import step
 
         return step.main(args)
+    if args.command == "vulkan":
+        from . import vulkan
+
+        return vulkan.main(args)
     if args.command == "gpu":
         from . import gpu
 
