@@ -69,6 +69,23 @@ fn engine_frames_reach_the_client_through_its_mapping() {
     ]);
     let name = engine.name.clone();
     assert!(fdpass::socket_bound(&name));
+    // `inspect` prints the table's Vulkan fields.
+    let inspect = std::process::Command::new(common::BIN)
+        .args(["inspect", &name])
+        .output()
+        .unwrap();
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    let ids = vulkan().unwrap().ids();
+    let want = format!(
+        "vulkan device_uuid {} driver_uuid {} alloc_size ",
+        shmbridge::device::location::uuid_hex(&ids.device_uuid),
+        shmbridge::device::location::uuid_hex(&ids.driver_uuid)
+    );
+    assert!(inspect.contains(&want), "{want:?} not in:\n{inspect}");
+    assert!(
+        inspect.contains("dedicated yes semaphore none"),
+        "{inspect}"
+    );
     let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
     let rgb = c.layout().id("rgb").unwrap();
     let info = c.layout().tensors[rgb.index()].clone();

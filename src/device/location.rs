@@ -131,6 +131,11 @@ impl Device {
     }
 }
 
+/// A 16-byte UUID (CUDA or Vulkan device, Vulkan driver) as 32 lowercase hex digits.
+pub fn uuid_hex(b: &[u8; 16]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.torch_name())
