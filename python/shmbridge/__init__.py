@@ -19,6 +19,7 @@ registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 
 # The helpers' modules under private names: `import shmbridge` exposes only `__all__`
 # (and its submodules).
+import numbers as _numbers
 import os as _os
 import selectors as _selectors
 import subprocess as _subprocess
@@ -152,6 +153,51 @@ def _check_device(device: str) -> str:
     raise ValueError(f"device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
 
+# The type each engine option of `launch()` takes: ints and floats are checked (and a
+# bool is not an int here), strings passed as they are.
+_ENGINE_ARG_TYPES = {
+    "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str,
+    "image_device": str, "name": str, "idle_timeout": float,
+}
+
+
+def _check_int(what: str, value: _Any, low: int) -> int:
+    """``value`` as an int of at least ``low``: ``TypeError`` for anything but an int
+    (a float, a string, a bool), ``ValueError`` below ``low``."""
+    if isinstance(value, bool) or not isinstance(value, _numbers.Integral):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})")
+    if value < low:
+        raise ValueError(f"{what} must be at least {low}, not {value}")
+    return int(value)
+
+
+def _check_number(what: str, value: _Any, positive: bool = True) -> float:
+    """``value`` as a finite float (``> 0`` if ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, _numbers.Real):
+        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({value!r})")
+    v = float(value)
+    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
+        raise ValueError(f"{what} must be a finite {'positive ' if positive else ''}number, not {value!r}")
+    return v
+
+
+def _check_engine_args(engine_args: dict) -> None:
+    """Every engine option of the right type, before a process starts."""
+    for key, value in engine_args.items():
+        kind = _ENGINE_ARG_TYPES[key]
+        if value is None:
+            continue
+        if kind is int:
+            _check_int(key, value, 0 if key == "seed" else 1)
+        elif kind is float:
+            _check_number(key, value)
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise TypeError(f"{key} must be a bool, not {type(value).__name__} ({value!r})")
+        elif not isinstance(value, str):
+            raise TypeError(f"{key} must be a str, not {type(value).__name__} ({value!r})")
+
+
 def launch(
     env: str = "cartpole",
     num_envs: int = 256,
@@ -187,10 +233,17 @@ def launch(
             f"launch() got unknown engine options {unknown}; "
             f"the reference engines take {sorted(_ENGINE_ARGS)}"
         )
+    if not isinstance(env, str):
+        raise TypeError(f"env must be a str such as 'cartpole', not {type(env).__name__}")
+    num_envs = _check_int("num_envs", num_envs, 1)
+    timeout = _check_number("timeout", timeout)
+    if spin_us is not None:
+        _check_number("spin_us", spin_us, positive=False)
+    _check_engine_args(engine_args)
     device = _check_device(device)
     args = [
         _sys.executable, "-m", "shmbridge", "engine",
-        "--env", str(env), "--num-envs", str(int(num_envs)), "--device", device,
+        "--env", str(env), "--num-envs", str(num_envs), "--device", device,
     ]
     if spin_us is not None:
         args += ["--spin-us", str(spin_us)]
