@@ -33,6 +33,9 @@ pub enum Error {
     #[error("invalid region name '{name}': {reason}")]
     InvalidName { name: String, reason: &'static str },
 
+    #[error("'{name}' in /dev/shm is {what}, not a region file: shmbridge does not open it (remove it if nothing else uses it)")]
+    NotARegionFile { name: String, what: &'static str },
+
     #[error("region '{name}' is not a shmbridge region (magic {found:#018x}): check the name")]
     BadMagic { name: String, found: u64 },
 
@@ -192,6 +195,7 @@ pub enum ErrorKind {
     NameInUse,
     PermissionDenied,
     InvalidName,
+    NotARegionFile,
     BadMagic,
     VersionMismatch,
     LayoutMismatch,
@@ -228,11 +232,12 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 36] = [
+    pub const ALL: [ErrorKind; 37] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
         ErrorKind::InvalidName,
+        ErrorKind::NotARegionFile,
         ErrorKind::BadMagic,
         ErrorKind::VersionMismatch,
         ErrorKind::LayoutMismatch,
@@ -275,6 +280,7 @@ impl Error {
             Error::NameInUse { .. } => ErrorKind::NameInUse,
             Error::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             Error::InvalidName { .. } => ErrorKind::InvalidName,
+            Error::NotARegionFile { .. } => ErrorKind::NotARegionFile,
             Error::BadMagic { .. } => ErrorKind::BadMagic,
             Error::VersionMismatch { .. } => ErrorKind::VersionMismatch,
             Error::LayoutMismatch { .. } => ErrorKind::LayoutMismatch,

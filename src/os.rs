@@ -41,16 +41,48 @@ pub fn shm_create(name: &str) -> Result<File> {
     Ok(File::from(fd))
 }
 
-/// Opens an existing shm object.
+/// Opens an existing shm object, refusing what a region cannot be: anything but a
+/// regular file (a FIFO would block `open` forever, a symlink could point anywhere, so
+/// neither is followed or waited on: `O_NOFOLLOW | O_NONBLOCK`), and a file another user
+/// owns (`PermissionDenied`, even for root). `/dev/shm` is world-writable: any local user
+/// can plant a file with a region's name.
 pub fn shm_open(name: &str, writable: bool) -> Result<File> {
-    let flags = if writable {
-        OFlags::RDWR
-    } else {
-        OFlags::RDONLY
-    };
-    let fd: OwnedFd =
-        rustix::shm::open(name, flags, Mode::empty()).map_err(|e| map_open_err(name, e))?;
+    use rustix::fs::{FileType, OFlags as F};
+    let access = if writable { F::RDWR } else { F::RDONLY };
+    let path = format!("{SHM_DIR}/{}", name.trim_start_matches('/'));
+    let fd: OwnedFd = rustix::fs::open(
+        path.as_str(),
+        access | F::NOFOLLOW | F::NONBLOCK | F::CLOEXEC | F::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::LOOP => not_a_region(name, "a symbolic link"),
+        Errno::ISDIR => not_a_region(name, "a directory"),
+        Errno::NXIO => not_a_region(name, "a FIFO or a socket"),
+        e => map_open_err(name, e),
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(format!("fstat('{name}')"), e))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Fifo => return Err(not_a_region(name, "a FIFO")),
+        FileType::Directory => return Err(not_a_region(name, "a directory")),
+        FileType::Socket => return Err(not_a_region(name, "a socket")),
+        FileType::CharacterDevice | FileType::BlockDevice => {
+            return Err(not_a_region(name, "a device node"))
+        }
+        _ => return Err(not_a_region(name, "not a regular file")),
+    }
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(Error::PermissionDenied { name: name.into() });
+    }
     Ok(File::from(fd))
+}
+
+fn not_a_region(name: &str, what: &'static str) -> Error {
+    Error::NotARegionFile {
+        name: name.into(),
+        what,
+    }
 }
 
 pub fn shm_unlink(name: &str) -> Result<()> {

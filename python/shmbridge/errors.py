@@ -15,6 +15,7 @@ __all__ = [
     "PermissionDeniedError",
     "InvalidNameError",
     "InvalidRegionError",
+    "NotARegionFileError",
     "BadMagicError",
     "VersionMismatchError",
     "LayoutMismatchError",
@@ -80,6 +81,11 @@ class InvalidNameError(ShmBridgeError, ValueError):
 # A region whose header cannot be trusted.
 class InvalidRegionError(ShmBridgeError):
     """The region's header failed validation."""
+
+
+class NotARegionFileError(InvalidRegionError):
+    """The name in /dev/shm is not a regular file (a FIFO, a symlink, a directory...):
+    not opened, not waited on."""
 
 
 class BadMagicError(InvalidRegionError):

@@ -17,6 +17,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::NameInUse => "NameInUseError",
         ErrorKind::PermissionDenied => "PermissionDeniedError",
         ErrorKind::InvalidName => "InvalidNameError",
+        ErrorKind::NotARegionFile => "NotARegionFileError",
         ErrorKind::BadMagic => "BadMagicError",
         ErrorKind::VersionMismatch => "VersionMismatchError",
         ErrorKind::LayoutMismatch => "LayoutMismatchError",
