@@ -137,32 +137,74 @@ pub fn current_pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
 
-/// Process start time in clock ticks after boot, with the state letter, from
-/// `/proc/PID/stat`. `None` if there is no such process.
-fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold anything: parse after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // Field 3 is the state; starttime is field 22, i.e. 19 fields further on.
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+/// `PF_EXITING` in a task's flags (`/proc/PID/stat` field 9): the task has entered
+/// `do_exit` and will never run user code again (include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
+/// SIGKILL in a pending-signal bitmap (`/proc/PID/stat` field 31; bit `signo - 1`). The
+/// kernel queues it to every thread of a process the moment a fatal signal is sent to it
+/// (SIGKILL, or SIGTERM with no handler): from then on the process never runs user code.
+const SIGKILL_PENDING: u64 = 1 << 8;
+
+/// What `/proc/PID/stat` says about a process: its state letter, kernel flags, start
+/// time (clock ticks after boot) and its main thread's pending signals.
+struct ProcStat {
+    state: char,
+    flags: u64,
+    start: u64,
+    pending: u64,
+}
+
+impl ProcStat {
+    /// Parses the text of `/proc/PID/stat`.
+    fn parse(text: &str) -> Option<ProcStat> {
+        // The command name is in parentheses and may hold anything: parse after the last ')'.
+        let rest = &text[text.rfind(')')? + 1..];
+        let mut fields = rest.split_ascii_whitespace();
+        // Field 3 is the state, field 9 the flags, field 22 the start time, field 31
+        // the pending signals.
+        let state = fields.next()?.chars().next()?;
+        let flags = fields.nth(5)?.parse().ok()?;
+        let start = fields.nth(12)?.parse().ok()?;
+        let pending = fields.nth(8)?.parse().ok()?;
+        Some(ProcStat {
+            state,
+            flags,
+            start,
+            pending,
+        })
+    }
+
+    fn read(pid: u32) -> Option<ProcStat> {
+        ProcStat::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+
+    /// Dead, or doomed: a zombie (exited, not reaped yet), a process whose main thread
+    /// has started to exit, or one a fatal signal was sent to. A killed process with much
+    /// mapped (a learner with torch loaded) needs the CPU, then tens to hundreds of
+    /// milliseconds, to finish exiting and become a zombie (over a second on a busy
+    /// machine); it stopped running user code when the signal was sent, and counts as
+    /// dead from then on.
+    fn dead_or_doomed(&self) -> bool {
+        self.state == 'Z'
+            || self.state == 'X'
+            || self.flags & PF_EXITING != 0
+            || self.pending & SIGKILL_PENDING != 0
+    }
 }
 
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    proc_stat(pid).map(|(_, t)| t)
+    ProcStat::read(pid).map(|s| s.start)
 }
 
-/// Whether the process `pid` that started at `start_time` still runs. A zombie counts as
-/// dead (it has exited, nobody reaped it yet); a live process with another start time is
-/// a reused pid, so the one we knew is dead too.
+/// Whether the process `pid` that started at `start_time` still runs. A process that has
+/// exited, has started to exit or was sent a fatal signal counts as dead; a live process
+/// with another start time is a reused pid, so the one we knew is dead too.
 pub fn process_alive(pid: u32, start_time: u64) -> bool {
     if pid == 0 {
         return false;
     }
-    match proc_stat(pid) {
-        Some((state, start)) => start == start_time && state != 'Z' && state != 'X',
+    match ProcStat::read(pid) {
+        Some(s) => s.start == start_time && !s.dead_or_doomed(),
         None => false,
     }
 }
@@ -186,6 +228,62 @@ mod tests {
         assert!(process_alive(pid, start));
         assert!(!process_alive(pid, start + 1));
         assert!(!process_alive(0, start));
+    }
+
+    #[test]
+    fn stat_fields_and_a_dying_process() {
+        // A command name holding ") (" and spaces; flags 0x400140, nothing pending.
+        let line = |state: &str, flags: u64, pending: u64| {
+            format!(
+                "4242 (a) (b c) {state} 1 4242 4242 0 -1 {flags} 10 0 0 0 3 1 0 0 20 0 5 0 \
+                 987654 1000 100 18446744073709551615 1 1 0 0 0 {pending} 0 0 0 0 0 17 1 0 0"
+            )
+        };
+        let s = ProcStat::parse(&line("S", 0x400140, 0)).expect("parses");
+        assert_eq!((s.flags, s.start, s.pending), (0x400140, 987654, 0));
+        let doomed = |state, flags, pending| {
+            ProcStat::parse(&line(state, flags, pending))
+                .expect("parses")
+                .dead_or_doomed()
+        };
+        assert!(!doomed("S", 0x400140, 0));
+        // A pending SIGTERM (bit 14) is not death: the process may handle it.
+        assert!(!doomed("S", 0x400140, 1 << 14));
+        // Sent SIGKILL, not yet scheduled; tearing its memory down; exited.
+        assert!(doomed("S", 0x400140, 1 << 8));
+        assert!(doomed("R", 0x400144, 0));
+        assert!(doomed("D", 0x404044, 0));
+        assert!(doomed("Z", 0x400144, 0));
+        assert!(ProcStat::parse("4242 (truncated) S 1").is_none());
+        // This process: running, not doomed; its start time is field 22.
+        let me = ProcStat::read(current_pid()).expect("own stat");
+        assert!(!me.dead_or_doomed());
+        assert_eq!(Some(me.start), process_start_time(current_pid()));
+    }
+
+    #[test]
+    fn a_stopped_process_is_alive_and_dead_once_killed() {
+        // Stopped, it cannot exit: SIGKILL is the only thing that happens to it, so the
+        // process counts as dead from the kill on, however long it takes to exit.
+        let mut child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let start = process_start_time(pid).expect("start time");
+        let raw = rustix::process::Pid::from_raw(pid as i32).expect("pid");
+        rustix::process::kill_process(raw, rustix::process::Signal::STOP).expect("stop");
+        let stopped =
+            rustix::process::WaitIdOptions::STOPPED | rustix::process::WaitIdOptions::NOWAIT;
+        rustix::process::waitid(rustix::process::WaitId::Pid(raw), stopped).expect("waitid");
+        assert!(process_alive(pid, start), "a stopped process lives");
+        rustix::process::kill_process(raw, rustix::process::Signal::KILL).expect("kill");
+        assert!(
+            !process_alive(pid, start),
+            "a killed process is dead at once"
+        );
+        let _ = child.wait();
+        assert!(!process_alive(pid, start));
     }
 
     #[test]
