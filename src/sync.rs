@@ -72,6 +72,12 @@ pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(10);
 /// Longest single futex sleep: the latency bound for noticing a dead peer or a deadline.
 pub const SLICE: Duration = Duration::from_millis(10);
 
+/// The yields after the spin stop once the wait has lasted its spin budget and this
+/// much more, however many were planned: on a contended CPU one `sched_yield` can cost a
+/// whole scheduler slice (milliseconds, more with many runnable tasks), and the peer's
+/// liveness is checked only after the yields. Idle, 16 yields take about 20 µs.
+pub const YIELD_TIME: Duration = Duration::from_micros(100);
+
 /// A counter another process posts, as the waiting side needs it.
 pub trait SeqWord {
     fn load(&self, order: Ordering) -> u64;
@@ -246,10 +252,14 @@ pub fn wait_until<S: SeqWord, R>(
         }
     }
     let start = start.unwrap_or_else(Instant::now);
+    let yield_until = policy.spin.saturating_add(YIELD_TIME);
     for _ in 0..policy.yields {
         std::thread::yield_now();
         if let Some(r) = ready(Ordering::Acquire) {
             return Ok(r);
+        }
+        if start.elapsed() >= yield_until {
+            break;
         }
     }
     let deadline = start.checked_add(timeout);
