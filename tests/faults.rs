@@ -1,0 +1,809 @@
+//! The fault matrix: each side killed with SIGKILL, SIGTERM, and SIGSTOP then SIGKILL, at
+//! each phase (before attach, in attach, in step, in reset, in call). The survivor must
+//! end its call with the typed error of that death, never hang; nothing may be left in
+//! /dev/shm under the region's name; an engine whose client died serves a new client.
+//!
+//! Phases are reached deterministically: the victim is a peer process (this test binary
+//! run again as `fault_peer`) that says on stdout when it is inside the phase and then
+//! blocks on its stdin, or a state the survivor sees in the region (a client that has
+//! claimed the slot is inside `attach`; an engine that received action n has a client
+//! inside `step`). No test sleeps to get there.
+//!
+//! Detection times (from the fatal signal to the survivor's error) are printed, with the
+//! time the victim took to exit, against a bound that is reported, never asserted. Run
+//! `cargo test --test faults -- --nocapture --test-threads=1` to see the table.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{shm_exists, BIN};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use shmbridge::error::ErrorKind;
+use shmbridge::region::Region;
+use shmbridge::{
+    AttachOptions, Client, CommandError, CommandHandler, DType, Engine, EngineSpec, Error, Reply,
+    ResetRequest, Tensors,
+};
+
+/// The environment variable that makes `fault_peer` act; its value is the role.
+const PEER_ROLE: &str = "SHMBRIDGE_FAULT_PEER";
+/// Marks the peer's protocol lines on stdout (the test harness prints other lines).
+const SAYS: &str = "FAULT ";
+/// A hang guard, not a timing check: a wait past this is reported as a hang.
+const HANG: Duration = Duration::from_secs(60);
+/// What a survivor's detection is compared with in the printed table: one 10 ms sleep
+/// slice plus the spin budget, with room for a loaded machine and for the victim's own
+/// exit (the kernel tears a process down before it counts as dead).
+const BOUND: Duration = Duration::from_millis(100);
+/// The survivors' call timeout: far past any detection, so a `Timeout` means a miss.
+const LONG: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    BeforeAttach,
+    Attach,
+    Step,
+    Reset,
+    Call,
+}
+
+const PHASES: [Phase; 5] = [
+    Phase::BeforeAttach,
+    Phase::Attach,
+    Phase::Step,
+    Phase::Reset,
+    Phase::Call,
+];
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::BeforeAttach => "before-attach",
+            Phase::Attach => "attach",
+            Phase::Step => "step",
+            Phase::Reset => "reset",
+            Phase::Call => "call",
+        }
+    }
+
+    fn parse(text: &str) -> Phase {
+        *PHASES
+            .iter()
+            .find(|p| p.name() == text)
+            .unwrap_or_else(|| panic!("unknown phase {text}"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Kill,
+    Term,
+    StopKill,
+}
+
+const FAULTS: [Fault; 3] = [Fault::Kill, Fault::Term, Fault::StopKill];
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::Term => "SIGTERM",
+            Fault::StopKill => "SIGSTOP+KILL",
+        }
+    }
+}
+
+// ---- The peer: this test binary run again, as an engine or a client ----
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{SAYS}{line}");
+    let _ = out.flush();
+}
+
+/// Blocks until the test closes our stdin or dies; then this peer has nothing to do.
+fn block() -> ! {
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(3)
+}
+
+/// A handler that holds every command it gets (`reset`, `call`) in `hold`, given the
+/// command's name, then answers it.
+struct Holding<F: FnMut(&str)>(F);
+
+impl<F: FnMut(&str)> CommandHandler for Holding<F> {
+    fn reset(&mut self, _io: &mut Tensors<'_>, _req: &ResetRequest) -> Result<(), CommandError> {
+        (self.0)("reset");
+        Ok(())
+    }
+    fn call(
+        &mut self,
+        _io: &mut Tensors<'_>,
+        _method: &str,
+        _args: &[(String, String)],
+        _payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        (self.0)("call");
+        Ok(Reply::default())
+    }
+}
+
+fn spec() -> EngineSpec {
+    EngineSpec::standard("faults", 4, 4, 1, DType::F32)
+}
+
+fn peer_engine(phase: Phase) -> ! {
+    let mut engine = Engine::create(spec()).expect("create");
+    if phase == Phase::Attach {
+        // Frame 0 never comes: a client stays inside attach.
+        say(&format!("created {}", engine.name()));
+        block();
+    }
+    engine.publish().expect("frame 0");
+    say(&format!("served {}", engine.name()));
+    match phase {
+        Phase::BeforeAttach | Phase::Attach => block(),
+        Phase::Step => {
+            engine.wait_actions(LONG).expect("an action");
+            say("in-step");
+            block()
+        }
+        Phase::Reset | Phase::Call => {
+            // Says which command it is in and blocks there.
+            let mut handler = Holding(|what: &str| {
+                say(&format!("in-{what}"));
+                block()
+            });
+            let got = engine.wait_actions_with(LONG, &mut handler);
+            panic!("the handler blocks: {got:?}")
+        }
+    }
+}
+
+fn peer_client(phase: Phase, name: &str) -> ! {
+    if phase == Phase::BeforeAttach {
+        say("ready");
+        block();
+    }
+    say("attaching");
+    let mut client = Client::attach(name, AttachOptions::default().timeout(LONG)).expect("attach");
+    say("attached");
+    let got = match phase {
+        Phase::Step => client.step(LONG).map(|_| ()),
+        Phase::Reset => client.reset(None, &[7], LONG).map(|_| ()),
+        Phase::Call => client.call_method("hold", &[], &[], LONG).map(|_| ()),
+        Phase::BeforeAttach | Phase::Attach => Ok(()),
+    };
+    say(&format!("returned {got:?}"));
+    block()
+}
+
+/// Not a test: a peer process of the fault matrix, started by the matrix with its role
+/// in `SHMBRIDGE_FAULT_PEER` (`engine PHASE` or `client PHASE NAME`).
+#[test]
+#[ignore = "a peer process the fault matrix starts itself"]
+fn fault_peer() {
+    let Ok(role) = std::env::var(PEER_ROLE) else {
+        return;
+    };
+    let words: Vec<&str> = role.split_whitespace().collect();
+    match words[..] {
+        ["engine", phase] => peer_engine(Phase::parse(phase)),
+        ["client", phase, name] => peer_client(Phase::parse(phase), name),
+        _ => panic!("bad role {role:?}"),
+    }
+}
+
+// ---- The survivor's side ----
+
+/// A peer process; killed and reaped on drop.
+struct PeerProc {
+    child: Child,
+    /// Kept open: the peer blocks reading it.
+    _stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    /// When the peer became a zombie (its exit, as its parent sees it).
+    exited: Option<mpsc::Receiver<Instant>>,
+}
+
+impl PeerProc {
+    /// This test binary, as `fault_peer` with `role`.
+    fn start(role: &str) -> PeerProc {
+        let exe = std::env::current_exe().expect("test binary");
+        let command = Command::new(exe);
+        PeerProc::spawn(
+            command,
+            role,
+            &["fault_peer", "--exact", "--ignored", "--nocapture"],
+        )
+    }
+
+    fn spawn(mut command: Command, role: &str, args: &[&str]) -> PeerProc {
+        let mut child = command
+            .args(args)
+            .env(PEER_ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn peer");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        PeerProc {
+            child,
+            _stdin: stdin,
+            lines,
+            exited: None,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the peer's next protocol line; it must start with `word`. Returns the
+    /// rest of the line.
+    fn expect(&mut self, word: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(HANG)
+                .unwrap_or_else(|_| panic!("peer {} never said '{word}'", self.pid()));
+            // The test harness may have printed on the same line before.
+            if let Some(said) = line.find(SAYS).map(|at| &line[at + SAYS.len()..]) {
+                let rest = said
+                    .strip_prefix(word)
+                    .unwrap_or_else(|| panic!("peer said '{said}', expected '{word}'"));
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Starts watching for the peer's exit (without reaping it).
+    fn watch_exit(&mut self) {
+        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
+            if rustix::process::waitid(WaitId::Pid(pid), options).is_ok() {
+                let _ = tx.send(Instant::now());
+            }
+        });
+        self.exited = Some(rx);
+    }
+
+    /// Applies `fault`; returns when the fatal signal was sent.
+    fn fault(&mut self, fault: Fault) -> Instant {
+        self.watch_exit();
+        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
+        match fault {
+            Fault::Kill => common::signal(self.pid(), Signal::KILL),
+            Fault::Term => common::signal(self.pid(), Signal::TERM),
+            Fault::StopKill => {
+                common::signal(self.pid(), Signal::STOP);
+                // Stopped for sure before it is killed.
+                let options = WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT;
+                rustix::process::waitid(WaitId::Pid(pid), options).expect("waitid stopped");
+                common::signal(self.pid(), Signal::KILL);
+            }
+        }
+        Instant::now()
+    }
+
+    /// How long after `since` the peer exited (waits for it).
+    fn exit_after(&mut self, since: Instant) -> Option<Duration> {
+        let at = self.exited.as_ref()?.recv_timeout(HANG).ok()?;
+        Some(at.saturating_duration_since(since))
+    }
+}
+
+impl Drop for PeerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One case of the matrix, as printed.
+struct Row {
+    case: String,
+    /// The survivor's error (or what it got instead).
+    got: String,
+    detect: Option<Duration>,
+    exit: Option<Duration>,
+    /// What was wrong; `None`: the case passed.
+    problem: Option<String>,
+}
+
+impl Row {
+    fn new(
+        case: String,
+        got: &Result<(), Error>,
+        detect: Option<Duration>,
+        exit: Option<Duration>,
+        problem: Option<String>,
+    ) -> Row {
+        let got = match got {
+            Ok(()) => "Ok".into(),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        Row {
+            case,
+            got,
+            detect,
+            exit,
+            problem,
+        }
+    }
+}
+
+/// Every phase with every fault, through `case`.
+fn matrix(case: impl Fn(Phase, Fault) -> Row) -> Vec<Row> {
+    PHASES
+        .iter()
+        .flat_map(|&p| FAULTS.iter().map(move |&f| (p, f)))
+        .map(|(p, f)| case(p, f))
+        .collect()
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3))
+}
+
+/// Prints the table and the detection summary; fails listing every case that failed.
+fn report(title: &str, rows: &[Row]) {
+    eprintln!("\n== fault matrix: {title} (bound {BOUND:?}, reported, not asserted)");
+    eprintln!(
+        "{:<44} {:<22} {:>10} {:>10}  verdict",
+        "case", "survivor got", "detected", "exited"
+    );
+    for r in rows {
+        let verdict = match (&r.problem, r.detect) {
+            (Some(p), _) => format!("FAIL: {p}"),
+            (None, Some(d)) if d > BOUND => "ok (over bound)".into(),
+            (None, _) => "ok".into(),
+        };
+        eprintln!(
+            "{:<44} {:<22} {:>10} {:>10}  {verdict}",
+            r.case,
+            r.got,
+            ms(r.detect),
+            ms(r.exit)
+        );
+    }
+    let mut times: Vec<Duration> = rows.iter().filter_map(|r| r.detect).collect();
+    times.sort();
+    if let (Some(max), Some(median)) = (times.last(), times.get(times.len() / 2)) {
+        eprintln!(
+            "detection over {} cases: median {}, max {}",
+            times.len(),
+            ms(Some(*median)),
+            ms(Some(*max))
+        );
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.case, r.problem.as_ref()?)))
+        .collect();
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
+
+/// The problem with a survivor's outcome, if any: it must be `expected`, and nothing may
+/// be left in /dev/shm under `name`.
+fn judge(got: &Result<(), Error>, expected: ErrorKind, name: &str) -> Option<String> {
+    match got {
+        Err(e) if e.kind() == expected => {}
+        Err(e) => return Some(format!("expected {expected:?}, got {e}")),
+        Ok(()) => return Some(format!("expected {expected:?}, the call succeeded")),
+    }
+    shm_exists(name).then(|| format!("{name} left in /dev/shm"))
+}
+
+// ---- Engine killed: the client survives ----
+
+/// Runs `call` on a client in a thread; returns its result and when it returned.
+fn in_thread<T: Send + 'static>(
+    call: impl FnOnce() -> T + Send + 'static,
+) -> mpsc::Receiver<(T, Instant)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let out = call();
+        let _ = tx.send((out, Instant::now()));
+    });
+    rx
+}
+
+fn wait_for<T>(rx: &mpsc::Receiver<(T, Instant)>, what: &str) -> (T, Instant) {
+    rx.recv_timeout(HANG)
+        .unwrap_or_else(|_| panic!("{what}: the survivor hung"))
+}
+
+/// Polls a region until the client slot is held by `pid` (the client is then inside
+/// attach: it claimed the slot and waits for frame 0). Not a sleep: a state to reach.
+fn until_client_claimed(control: shmbridge::control::Control<'_>, pid: u32) {
+    let deadline = Instant::now() + HANG;
+    loop {
+        if control.client_state() == shmbridge::control::ClientState::Attached
+            && control.client_identity().0 == pid
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client never claimed the slot"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn engine_case(phase: Phase, fault: Fault) -> Row {
+    let case = format!("engine {} in {}", fault.name(), phase.name());
+    let mut engine = PeerProc::start(&format!("engine {}", phase.name()));
+    let name = if phase == Phase::Attach {
+        engine.expect("created")
+    } else {
+        engine.expect("served")
+    };
+    let options = AttachOptions::default().timeout(LONG);
+    // `killed`: when the fatal signal went out, for a survivor already waiting.
+    let (got, detect, killed) = match phase {
+        Phase::BeforeAttach => {
+            // Dead (and reaped) before the client starts: attach finds a dead engine.
+            engine.fault(fault);
+            let _ = engine.child.wait();
+            let start = Instant::now();
+            let got = Client::attach(&name, options).map(|_| ());
+            (got, start.elapsed(), None)
+        }
+        Phase::Attach => {
+            let probe = Region::open_read_only(&name).expect("probe");
+            let n = name.clone();
+            let rx = in_thread(move || Client::attach(&n, options).map(|_| ()));
+            until_client_claimed(probe.control(), std::process::id());
+            drop(probe);
+            let killed = engine.fault(fault);
+            let (got, at) = wait_for(&rx, &case);
+            (got, at.saturating_duration_since(killed), Some(killed))
+        }
+        Phase::Step | Phase::Reset | Phase::Call => {
+            let mut client = Client::attach(&name, options).expect("attach");
+            let rx = in_thread(move || match phase {
+                Phase::Step => client.step(LONG).map(|_| ()),
+                Phase::Reset => client.reset(None, &[7], LONG).map(|_| ()),
+                _ => client.call_method("hold", &[], &[], LONG).map(|_| ()),
+            });
+            engine.expect(&format!("in-{}", phase.name()));
+            let killed = engine.fault(fault);
+            let (got, at) = wait_for(&rx, &case);
+            (got, at.saturating_duration_since(killed), Some(killed))
+        }
+    };
+    let exit = killed.and_then(|k| engine.exit_after(k));
+    Row::new(
+        case,
+        &got,
+        Some(detect),
+        exit,
+        judge(&got, ErrorKind::EngineDied, &name),
+    )
+}
+
+#[test]
+fn engine_dies_in_every_phase_client_gets_engine_died() {
+    let rows = matrix(engine_case);
+    report("engine killed (a Rust engine), the client survives", &rows);
+}
+
+// ---- Client killed: the engine survives ----
+
+/// After its client died the engine serves a new one: attach, one step, close. The
+/// engine waits once the new client holds the slot: a wait before that reports the
+/// dead client again.
+fn serves_a_new_client(engine: &mut Engine) -> Option<String> {
+    let name = engine.name().to_string();
+    let rx = in_thread(move || -> Result<(), Error> {
+        let mut c = Client::attach(&name, AttachOptions::default().timeout(LONG))?;
+        c.step(LONG)?;
+        c.close();
+        Ok(())
+    });
+    until_client_claimed(engine.control(), std::process::id());
+    let served = (|| -> Result<Option<String>, Error> {
+        engine.wait_actions(LONG)?;
+        engine.publish()?;
+        Ok(match engine.wait_actions(LONG) {
+            Err(Error::PeerClosed { .. }) => None,
+            other => Some(format!(
+                "after the new client closed the engine got {other:?}"
+            )),
+        })
+    })();
+    let (client, _) = wait_for(&rx, "a new client");
+    match (served, client) {
+        (Ok(None), Ok(())) => None,
+        (Ok(Some(p)), _) => Some(p),
+        (e, c) => Some(format!("no new client served: engine {e:?}, client {c:?}")),
+    }
+}
+
+/// The problem with a surviving engine's outcome, if any: it must be `expected`, then
+/// the engine must serve a new client, and once it is dropped nothing may be left in
+/// /dev/shm under its name.
+fn judge_engine(
+    got: &Result<(), Error>,
+    expected: ErrorKind,
+    mut engine: Engine,
+) -> Option<String> {
+    let name = engine.name().to_string();
+    let problem = match got {
+        Err(e) if e.kind() == expected => serves_a_new_client(&mut engine),
+        Err(e) => Some(format!("expected {expected:?}, got {e}")),
+        Ok(()) => Some(format!("expected {expected:?}, the wait succeeded")),
+    };
+    drop(engine);
+    problem.or_else(|| shm_exists(&name).then(|| format!("{name} left in /dev/shm")))
+}
+
+fn client_case(phase: Phase, fault: Fault) -> Row {
+    let case = format!("client {} in {}", fault.name(), phase.name());
+    let mut engine = Engine::create(spec()).expect("create");
+    let name = engine.name().to_string();
+    if phase != Phase::Attach {
+        engine.publish().expect("frame 0");
+    }
+    let mut client = PeerProc::start(&format!("client {} {name}", phase.name()));
+    if phase != Phase::BeforeAttach {
+        client.expect("attaching");
+    }
+    // `killed`: when the fatal signal went out; the engine's error ends the detection.
+    let (got, killed, returned) = match phase {
+        Phase::BeforeAttach => {
+            client.expect("ready");
+            client.fault(fault);
+            let _ = client.child.wait();
+            // No client came: the engine keeps waiting (a timeout, not a death).
+            let got = engine.wait_actions(Duration::from_millis(100)).map(|_| ());
+            (got, None, Instant::now())
+        }
+        Phase::Attach | Phase::Step => {
+            if phase == Phase::Attach {
+                until_client_claimed(engine.control(), client.pid());
+            } else {
+                client.expect("attached");
+                // The client posted action 1 and waits for its frame.
+                engine.wait_actions(LONG).expect("action 1");
+            }
+            let killed = client.fault(fault);
+            let got = engine
+                .publish()
+                .and_then(|_| engine.wait_actions(LONG))
+                .map(|_| ());
+            (got, Some(killed), Instant::now())
+        }
+        Phase::Reset | Phase::Call => {
+            client.expect("attached");
+            // The engine's handler tells the killer it is inside the command, and waits
+            // until the client was killed.
+            let (inside_tx, inside) = mpsc::channel();
+            let (go, go_rx) = mpsc::channel();
+            let mut handler = Holding(|_: &str| {
+                let _ = inside_tx.send(());
+                let _ = go_rx.recv_timeout(HANG);
+            });
+            let killer = std::thread::spawn(move || {
+                inside
+                    .recv_timeout(HANG)
+                    .expect("the handler was not reached");
+                let killed = client.fault(fault);
+                let _ = go.send(());
+                (client, killed)
+            });
+            let got = engine.wait_actions_with(LONG, &mut handler).map(|_| ());
+            let returned = Instant::now();
+            let (c, killed) = killer.join().expect("killer");
+            client = c;
+            (got, Some(killed), returned)
+        }
+    };
+    let detect = killed.map(|k| returned.saturating_duration_since(k));
+    let exit = killed.and_then(|k| client.exit_after(k));
+    let expected = if phase == Phase::BeforeAttach {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::ClientDied
+    };
+    Row::new(
+        case,
+        &got,
+        detect,
+        exit,
+        judge_engine(&got, expected, engine),
+    )
+}
+
+#[test]
+fn client_dies_in_every_phase_engine_gets_client_died_and_serves_again() {
+    let rows = matrix(client_case);
+    report(
+        "client killed (a Rust client), the engine survives and serves a new client",
+        &rows,
+    );
+}
+
+// ---- The CLI's processes: `shmbridge engine` (which closes on SIGTERM), `shmbridge client` ----
+
+fn cli_engine_case(phase: Phase, fault: Fault) -> Row {
+    let case = format!("cli engine {} in {}", fault.name(), phase.name());
+    let mut engine = PeerProc::spawn(
+        Command::new(BIN),
+        "",
+        &["engine", "--env", "null", "--num-envs", "4"],
+    );
+    // The CLI prints the bare name: read it as a raw line.
+    let name = engine.lines.recv_timeout(HANG).expect("the engine's name");
+    // SIGTERM: the engine closes its region and removes it (the client sees it closed,
+    // or finds no region); the others leave it to the client, which removes it.
+    let expected = match (fault, phase) {
+        (Fault::Term, Phase::BeforeAttach) => ErrorKind::NotFound,
+        (Fault::Term, _) => ErrorKind::EngineClosed,
+        _ => ErrorKind::EngineDied,
+    };
+    let options = AttachOptions::default().timeout(LONG);
+    let (got, detect) = match phase {
+        Phase::BeforeAttach => {
+            engine.fault(fault);
+            let _ = engine.child.wait();
+            let start = Instant::now();
+            (
+                Client::attach(&name, options).map(|_| ()),
+                Some(start.elapsed()),
+            )
+        }
+        _ => {
+            // In step: the engine is stopped, so the client's step waits for its frame
+            // (asleep on the futex once it raised its waiter flag); then the fault.
+            let mut client = Client::attach(&name, options).expect("attach");
+            client.step(LONG).expect("a first step");
+            common::signal(engine.pid(), Signal::STOP);
+            let probe = Region::open_read_only(&name).expect("probe");
+            let rx = in_thread(move || {
+                let first = client.step(LONG).map(|_| ());
+                // A closing engine may answer the step in flight first: the next one
+                // must then see it closed.
+                match first {
+                    Ok(()) => client.step(LONG).map(|_| ()),
+                    e => e,
+                }
+            });
+            let deadline = Instant::now() + HANG;
+            while probe.header().client_waiting == 0 {
+                assert!(Instant::now() < deadline, "the client never went to sleep");
+                std::thread::yield_now();
+            }
+            drop(probe);
+            let killed = match fault {
+                Fault::Term => {
+                    let at = engine.fault(Fault::Term);
+                    common::signal(engine.pid(), Signal::CONT);
+                    at
+                }
+                // Already stopped: SIGSTOP+KILL is a kill now.
+                _ => engine.fault(Fault::Kill),
+            };
+            let (got, at) = wait_for(&rx, &case);
+            (got, Some(at.saturating_duration_since(killed)))
+        }
+    };
+    let _ = engine.child.wait();
+    Row::new(case, &got, detect, None, judge(&got, expected, &name))
+}
+
+fn cli_client_case(fault: Fault) -> Row {
+    let case = format!("cli client {} in step", fault.name());
+    let mut engine = Engine::create(spec()).expect("create");
+    engine.publish().expect("frame 0");
+    let name = engine.name().to_string();
+    let mut client = PeerProc::spawn(
+        Command::new(BIN),
+        "",
+        &["client", &name, "--steps", "1000000000"],
+    );
+    // The client's step n is in flight once its action n arrived.
+    for _ in 0..10 {
+        engine.wait_actions(LONG).expect("an action");
+        engine.publish().expect("a frame");
+    }
+    engine.wait_actions(LONG).expect("an action");
+    let killed = client.fault(fault);
+    let got = engine
+        .publish()
+        .and_then(|_| engine.wait_actions(LONG))
+        .map(|_| ());
+    let detect = Some(killed.elapsed());
+    let exit = client.exit_after(killed);
+    Row::new(
+        case,
+        &got,
+        detect,
+        exit,
+        judge_engine(&got, ErrorKind::ClientDied, engine),
+    )
+}
+
+#[test]
+fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
+    let mut rows = Vec::new();
+    for phase in [Phase::BeforeAttach, Phase::Step] {
+        for fault in FAULTS {
+            rows.push(cli_engine_case(phase, fault));
+        }
+    }
+    for fault in FAULTS {
+        rows.push(cli_client_case(fault));
+    }
+    report("the shmbridge CLI's engine and client", &rows);
+}
+
+// ---- A survivor on a busy CPU ----
+
+/// A busy loop in a child process; killed and reaped on drop.
+struct Hog(Child);
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Pins the calling thread to CPU 0 (and what it starts from then on).
+fn pin_to_cpu0() {
+    let mut cpu0 = rustix::thread::CpuSet::new();
+    cpu0.set(0);
+    rustix::thread::sched_setaffinity(None, &cpu0).expect("sched_setaffinity");
+}
+
+/// The engine shares its CPU with a busy process when its client dies in step. With the
+/// default (spinning) policy it spins, then yields a few times before it looks at the
+/// client: each yield may hand the CPU to the busy process for a whole scheduler slice,
+/// which once delayed the first look by 16 slices. The time is reported, not asserted.
+#[test]
+fn an_engine_on_a_busy_cpu_notices_its_client_die() {
+    let rows = FAULTS
+        .iter()
+        .map(|&fault| {
+            // Its own thread: the pinning ends with it. The busy loop and the client,
+            // started after the pinning, inherit it.
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                let _hog = Hog(Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn a busy loop"));
+                let mut row = client_case(Phase::Step, fault);
+                row.case += ", busy cpu";
+                row
+            })
+            .join()
+            .expect("case thread")
+        })
+        .collect::<Vec<_>>();
+    report(
+        "client killed while the engine shares its CPU with a busy loop",
+        &rows,
+    );
+}

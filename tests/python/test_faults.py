@@ -1,0 +1,394 @@
+"""The fault matrix from Python: a Python engine or a Python client killed with SIGKILL,
+SIGTERM, and SIGSTOP then SIGKILL, at each phase (before attach, in attach, in step, in
+reset, in call; for the engine, reset and call are inside its command handler). The
+survivor gets the typed error of that death, nothing is left in /dev/shm under the
+region's name, and an engine whose client died serves a new client.
+
+Phases are reached deterministically: the victim is a peer process that prints when it is
+inside the phase and then blocks reading its stdin, or a state the survivor sees (an
+engine that received action n has a client inside step). Nothing sleeps to get there.
+
+Detection times (from the fatal signal to the survivor's exception) are printed in a
+table at the end of the run against a bound that is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import shmbridge
+
+# A hang guard, not a timing check.
+HANG = 60.0
+# The survivors' call timeout: far past any detection, so a timeout means a miss.
+LONG = 30.0
+# What detection is compared with in the printed table (not asserted).
+BOUND_MS = 100.0
+
+PHASES = ["before-attach", "attach", "step", "reset", "call"]
+FAULTS = ["SIGKILL", "SIGTERM", "SIGSTOP+KILL"]
+
+_PEER_COMMON = r"""
+import os, sys
+import shmbridge
+
+def say(line):
+    print("FAULT " + line, flush=True)
+
+def block():
+    sys.stdin.read()  # until the test closes it or dies
+    sys.exit(3)
+"""
+
+ENGINE_PEER = _PEER_COMMON + r"""
+phase = sys.argv[1]
+engine = shmbridge.Engine(
+    shmbridge.EngineSpec.standard("faults", 4, obs_dim=4, act_dim=1, act_dtype="float32")
+)
+if phase == "attach":
+    # Frame 0 never comes: once the client holds the slot it is inside attach.
+    say("created " + engine.name)
+    while not engine.client_attached:
+        os.sched_yield()
+    say("client-inside")
+    block()
+engine.publish()
+say("served " + engine.name)
+
+class Holding:
+    def reset(self, env_ids, seeds, options):
+        say("in-reset")
+        block()
+
+    def call(self, method, args, payload):
+        say("in-call")
+        block()
+
+if phase == "before-attach":
+    block()
+engine.wait_actions(timeout=60, handler=Holding())
+say("in-step")
+block()
+"""
+
+CLIENT_PEER = _PEER_COMMON + r"""
+phase, name, learner = sys.argv[1], sys.argv[2], sys.argv[3] == "torch"
+if learner:
+    # A learner as users run one: torch loaded, its thread pool started.
+    import torch
+    x = torch.randn(256, 256)
+    x @ x
+if phase == "before-attach":
+    say("ready")
+    block()
+say("attaching")
+client = shmbridge.attach(name, timeout=60)
+say("attached")
+if phase == "step":
+    client.step(timeout=60)
+elif phase == "reset":
+    client.reset(seed=7, timeout=60)
+elif phase == "call":
+    client.call("hold", timeout=60)
+say("returned")
+block()
+"""
+
+ROWS: list = []
+
+
+class Peer:
+    """A peer process that reports its phase on stdout; killed and reaped at the end."""
+
+    def __init__(self, code: str, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.exited_at = None
+        self._watch = None
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line.decode().strip())
+        self._lines.put("(end of output)")
+
+    def expect(self, word: str) -> str:
+        try:
+            line = self._lines.get(timeout=HANG)
+        except queue.Empty:
+            raise AssertionError(f"the peer never said {word!r}") from None
+        assert line.startswith("FAULT " + word), f"peer said {line!r}, expected {word!r}"
+        return line[len("FAULT " + word):].strip()
+
+    def _watch_exit(self) -> None:
+        def watch():
+            try:
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:  # reaped already, after a failure
+                return
+            self.exited_at = time.monotonic()
+
+        self._watch = threading.Thread(target=watch, daemon=True)
+        self._watch.start()
+
+    def fault(self, fault: str, watch: bool = True) -> float:
+        """Applies ``fault``; returns when the fatal signal was sent. ``watch``: note when
+        the peer exits (``exit_ms``); not for a peer the test reaps itself."""
+        if watch:
+            self._watch_exit()
+        pid = self.proc.pid
+        if fault == "SIGKILL":
+            os.kill(pid, signal.SIGKILL)
+        elif fault == "SIGTERM":
+            os.kill(pid, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOWAIT)  # stopped for sure
+            os.kill(pid, signal.SIGKILL)
+        return time.monotonic()
+
+    def exit_ms(self, since: float):
+        if self._watch is None:
+            return None
+        self._watch.join(HANG)
+        return None if self.exited_at is None else (self.exited_at - since) * 1e3
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+
+
+def in_thread(call):
+    """Runs ``call`` in a thread; returns a function giving (exception, when it ended)."""
+    out = {}
+
+    def run():
+        try:
+            call()
+            out["error"] = None
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            out["error"] = e
+        out["at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def result():
+        t.join(HANG)
+        assert not t.is_alive(), "the survivor hung"
+        return out["error"], out["at"]
+
+    return result
+
+
+def record(case: str, error, detect_ms, exit_ms) -> None:
+    ROWS.append((case, type(error).__name__ if error else "no error", detect_ms, exit_ms))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_the_table(request):
+    yield
+    if not ROWS:
+        return
+    # Past pytest's capture, so the table shows in every run's output.
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print_rows()
+
+
+def print_rows() -> None:
+    print(f"\n== fault matrix from Python (bound {BOUND_MS:.0f} ms, reported, not asserted)")
+    print(f"{'case':<44} {'survivor got':<22} {'detected':>10} {'exited':>10}")
+    fmt = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
+    for case, got, detect, exit_ in ROWS:
+        over = "  (over bound)" if detect is not None and detect > BOUND_MS else ""
+        print(f"{case:<44} {got:<22} {fmt(detect):>10} {fmt(exit_):>10}{over}")
+    times = [d for _, _, d, _ in ROWS if d is not None]
+    if times:
+        print(f"detection over {len(times)} cases: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
+
+
+def gone(name: str) -> bool:
+    return not os.path.exists(os.path.join("/dev/shm", name))
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("phase", PHASES)
+def test_python_engine_killed_client_gets_engine_died(phase, fault):
+    peer = Peer(ENGINE_PEER, phase)
+    try:
+        name = peer.expect("created" if phase == "attach" else "served")
+        killed = None
+        if phase == "before-attach":
+            peer.fault(fault, watch=False)
+            peer.proc.wait()
+            start = time.monotonic()
+            with pytest.raises(shmbridge.EngineDiedError) as info:
+                shmbridge.attach(name, timeout=LONG)
+            error, detect = info.value, (time.monotonic() - start) * 1e3
+        elif phase == "attach":
+            result = in_thread(lambda: shmbridge.attach(name, timeout=LONG))
+            peer.expect("client-inside")
+            killed = peer.fault(fault)
+            error, at = result()
+            detect = (at - killed) * 1e3
+        else:
+            client = shmbridge.attach(name, timeout=LONG)
+            calls = {
+                "step": lambda: client.step(timeout=LONG),
+                "reset": lambda: client.reset(seed=7, timeout=LONG),
+                "call": lambda: client.call("hold", timeout=LONG),
+            }
+            result = in_thread(calls[phase])
+            peer.expect("in-" + phase)
+            killed = peer.fault(fault)
+            error, at = result()
+            detect = (at - killed) * 1e3
+            client.close()
+        record(f"python engine {fault} in {phase}", error, detect, killed and peer.exit_ms(killed))
+        assert isinstance(error, shmbridge.EngineDiedError), repr(error)
+        assert gone(name), f"{name} left in /dev/shm"
+
+    finally:
+        peer.close()
+
+
+class Holding:
+    """The surviving engine's handler: says it is inside the command, then waits until
+    the test lets it go (after the client was killed)."""
+
+    def __init__(self):
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def _hold(self):
+        self.inside.set()
+        self.go.wait(HANG)
+
+    def reset(self, env_ids, seeds, options):
+        self._hold()
+
+    def call(self, method, args, payload):
+        self._hold()
+        return {}
+
+
+def serves_a_new_client(engine: shmbridge.Engine) -> None:
+    """The engine whose client died takes a new one: attach, one step, close. It waits
+    once the new client holds the slot (a wait before reports the dead one again)."""
+
+    def new_client():
+        with shmbridge.attach(engine.name, timeout=LONG) as c:
+            c.step(timeout=LONG)
+
+    result = in_thread(new_client)
+    deadline = time.monotonic() + HANG
+    while not engine.client_attached:
+        assert time.monotonic() < deadline, "the new client never attached"
+        os.sched_yield()
+    engine.wait_actions(timeout=LONG)
+    engine.publish()
+    with pytest.raises(shmbridge.ClientClosedError):
+        engine.wait_actions(timeout=LONG)
+    error, _ = result()
+    assert error is None, repr(error)
+
+
+def spec() -> shmbridge.EngineSpec:
+    return shmbridge.EngineSpec.standard("faults", 4, obs_dim=4, act_dim=1, act_dtype="float32")
+
+
+def client_case(phase: str, fault: str, learner: str) -> None:
+    """The client (``learner``: "plain", or "torch" for one with torch loaded) is killed
+    by ``fault`` in ``phase``; the engine gets ClientDiedError and serves a new client."""
+    engine = shmbridge.Engine(spec())
+    name = engine.name
+    if phase != "attach":
+        engine.publish()
+    peer = Peer(CLIENT_PEER, phase, name, learner)
+    label = "python client" if learner == "plain" else f"{learner} learner"
+    try:
+        if phase == "before-attach":
+            peer.expect("ready")
+            peer.fault(fault, watch=False)
+            peer.proc.wait()
+            # No client came: the engine keeps waiting (a timeout, not a death).
+            with pytest.raises(shmbridge.TimeoutError):
+                engine.wait_actions(timeout=0.1)
+            record(f"{label} {fault} in {phase}", None, None, None)
+        else:
+            peer.expect("attaching")
+            if phase == "attach":
+                deadline = time.monotonic() + HANG
+                while not engine.client_attached:  # it holds the slot, waits for frame 0
+                    assert time.monotonic() < deadline, "the client never claimed the slot"
+                    os.sched_yield()
+                killed = peer.fault(fault)
+                engine.publish()
+                survivor = lambda: engine.wait_actions(timeout=LONG)  # noqa: E731
+            elif phase == "step":
+                peer.expect("attached")
+                engine.wait_actions(timeout=LONG)  # the client's step 1 is in flight
+                killed = peer.fault(fault)
+                engine.publish()
+                survivor = lambda: engine.wait_actions(timeout=LONG)  # noqa: E731
+            else:
+                peer.expect("attached")
+                handler = Holding()
+                when = {}
+
+                def killer():
+                    handler.inside.wait(HANG)
+                    when["killed"] = peer.fault(fault)
+                    handler.go.set()
+
+                k = threading.Thread(target=killer, daemon=True)
+                k.start()
+                survivor = lambda: engine.wait_actions(timeout=LONG, handler=handler)  # noqa: E731
+            try:
+                survivor()
+                error = None
+            except shmbridge.ShmBridgeError as e:
+                error = e
+            at = time.monotonic()
+            if phase in ("reset", "call"):
+                k.join(HANG)
+                killed = when["killed"]
+            record(f"{label} {fault} in {phase}", error, (at - killed) * 1e3, peer.exit_ms(killed))
+            assert isinstance(error, shmbridge.ClientDiedError), repr(error)
+        serves_a_new_client(engine)
+    finally:
+        peer.close()
+        engine.close()
+    assert gone(name), f"{name} left in /dev/shm"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("phase", PHASES)
+def test_python_client_killed_engine_gets_client_died_and_serves_again(phase, fault):
+    client_case(phase, fault, "plain")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("phase", ["step", "reset", "call"])
+def test_a_torch_learner_killed_is_noticed_like_any_client(phase, fault):
+    """A learner with torch loaded takes long to exit (unmapping its libraries, stopping
+    its thread pool): its death must be noticed when it starts, not when it ends."""
+    pytest.importorskip("torch")
+    client_case(phase, fault, "torch")
