@@ -158,6 +158,7 @@ impl ClientVulkan {
     /// else when dropped).
     fn import_all(&mut self, layout: &Layout, fds: Vec<OwnedFd>) -> Result<()> {
         let mut fds = fds.into_iter();
+        #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
         let mut imports = Imports::default();
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
