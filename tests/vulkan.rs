@@ -529,3 +529,43 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
 }
+
+/// Path (b) with a semaphore: its fd rides after the memory fd (an empty memfd stands in
+/// for it: lavapipe cannot export semaphores). Were the order wrong, the client would
+/// import the empty fd as the memory and fail its size check. The CPU importer closes
+/// the semaphore fd: none leaks over 50 attaches, and the table says timeline.
+#[test]
+fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
+    use shmbridge::device::vulkan::export::SemaphoreKind;
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let (buffer, fd, export) = renderer_export(&ctx, 4096);
+    let mapped = buffer.mapped().expect("lavapipe memory is host-visible");
+    // SAFETY: 4096 mapped bytes of the test's own buffer.
+    unsafe { std::ptr::write_bytes(mapped.as_ptr(), 9, 4096) };
+    let semaphore = rustix::fs::memfd_create("semaphore", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let tensor = TensorSpec::vulkan_import("frame", DType::U8, &[64, 64], fd, export)
+        .with_semaphore(semaphore, SemaphoreKind::Timeline);
+    let mut engine = Engine::create(spec_with(tensor)).unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    let inspect = std::process::Command::new(common::BIN)
+        .args(["inspect", &name])
+        .output()
+        .unwrap();
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.contains("semaphore timeline"), "{inspect}");
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let before = open_fds();
+    for _ in 0..50 {
+        let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+        assert!(c.tensor::<u8>("frame").unwrap().iter().all(|&b| b == 9));
+        c.close();
+    }
+    assert_eq!(open_fds(), before, "fds leaked over 50 attach/close cycles");
+    engine.close();
+    drop(buffer);
+    assert!(gone(&name));
+}
