@@ -15,13 +15,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::peer::{self, block, say, Fault, PeerProc, FAULTS, HANG};
 use common::{shm_exists, BIN};
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use rustix::process::Signal;
 use shmbridge::error::ErrorKind;
 use shmbridge::region::Region;
 use shmbridge::{
@@ -29,12 +29,6 @@ use shmbridge::{
     ResetRequest, Tensors,
 };
 
-/// The environment variable that makes `fault_peer` act; its value is the role.
-const PEER_ROLE: &str = "SHMBRIDGE_FAULT_PEER";
-/// Marks the peer's protocol lines on stdout (the test harness prints other lines).
-const SAYS: &str = "FAULT ";
-/// A hang guard, not a timing check: a wait past this is reported as a hang.
-const HANG: Duration = Duration::from_secs(60);
 /// What a survivor's detection is compared with in the printed table: one 10 ms sleep
 /// slice plus the spin budget, with room for a loaded machine and for the victim's own
 /// exit (the kernel tears a process down before it counts as dead).
@@ -78,38 +72,7 @@ impl Phase {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Kill,
-    Term,
-    StopKill,
-}
-
-const FAULTS: [Fault; 3] = [Fault::Kill, Fault::Term, Fault::StopKill];
-
-impl Fault {
-    fn name(self) -> &'static str {
-        match self {
-            Fault::Kill => "SIGKILL",
-            Fault::Term => "SIGTERM",
-            Fault::StopKill => "SIGSTOP+KILL",
-        }
-    }
-}
-
 // ---- The peer: this test binary run again, as an engine or a client ----
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{SAYS}{line}");
-    let _ = out.flush();
-}
-
-/// Blocks until the test closes our stdin or dies; then this peer has nothing to do.
-fn block() -> ! {
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    std::process::exit(3)
-}
 
 /// A handler that holds every command it gets (`reset`, `call`) in `hold`, given the
 /// command's name, then answers it.
@@ -183,11 +146,11 @@ fn peer_client(phase: Phase, name: &str) -> ! {
 }
 
 /// Not a test: a peer process of the fault matrix, started by the matrix with its role
-/// in `SHMBRIDGE_FAULT_PEER` (`engine PHASE` or `client PHASE NAME`).
+/// (`engine PHASE` or `client PHASE NAME`).
 #[test]
 #[ignore = "a peer process the fault matrix starts itself"]
 fn fault_peer() {
-    let Ok(role) = std::env::var(PEER_ROLE) else {
+    let Some(role) = peer::role() else {
         return;
     };
     let words: Vec<&str> = role.split_whitespace().collect();
@@ -199,122 +162,6 @@ fn fault_peer() {
 }
 
 // ---- The survivor's side ----
-
-/// A peer process; killed and reaped on drop.
-struct PeerProc {
-    child: Child,
-    /// Kept open: the peer blocks reading it.
-    _stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    /// When the peer became a zombie (its exit, as its parent sees it).
-    exited: Option<mpsc::Receiver<Instant>>,
-}
-
-impl PeerProc {
-    /// This test binary, as `fault_peer` with `role`.
-    fn start(role: &str) -> PeerProc {
-        let exe = std::env::current_exe().expect("test binary");
-        let command = Command::new(exe);
-        PeerProc::spawn(
-            command,
-            role,
-            &["fault_peer", "--exact", "--ignored", "--nocapture"],
-        )
-    }
-
-    fn spawn(mut command: Command, role: &str, args: &[&str]) -> PeerProc {
-        let mut child = command
-            .args(args)
-            .env(PEER_ROLE, role)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn peer");
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        PeerProc {
-            child,
-            _stdin: stdin,
-            lines,
-            exited: None,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits for the peer's next protocol line; it must start with `word`. Returns the
-    /// rest of the line.
-    fn expect(&mut self, word: &str) -> String {
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(HANG)
-                .unwrap_or_else(|_| panic!("peer {} never said '{word}'", self.pid()));
-            // The test harness may have printed on the same line before.
-            if let Some(said) = line.find(SAYS).map(|at| &line[at + SAYS.len()..]) {
-                let rest = said
-                    .strip_prefix(word)
-                    .unwrap_or_else(|| panic!("peer said '{said}', expected '{word}'"));
-                return rest.trim().to_string();
-            }
-        }
-    }
-
-    /// Starts watching for the peer's exit (without reaping it).
-    fn watch_exit(&mut self) {
-        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
-            if rustix::process::waitid(WaitId::Pid(pid), options).is_ok() {
-                let _ = tx.send(Instant::now());
-            }
-        });
-        self.exited = Some(rx);
-    }
-
-    /// Applies `fault`; returns when the fatal signal was sent.
-    fn fault(&mut self, fault: Fault) -> Instant {
-        self.watch_exit();
-        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
-        match fault {
-            Fault::Kill => common::signal(self.pid(), Signal::KILL),
-            Fault::Term => common::signal(self.pid(), Signal::TERM),
-            Fault::StopKill => {
-                common::signal(self.pid(), Signal::STOP);
-                // Stopped for sure before it is killed.
-                let options = WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT;
-                rustix::process::waitid(WaitId::Pid(pid), options).expect("waitid stopped");
-                common::signal(self.pid(), Signal::KILL);
-            }
-        }
-        Instant::now()
-    }
-
-    /// How long after `since` the peer exited (waits for it).
-    fn exit_after(&mut self, since: Instant) -> Option<Duration> {
-        let at = self.exited.as_ref()?.recv_timeout(HANG).ok()?;
-        Some(at.saturating_duration_since(since))
-    }
-}
-
-impl Drop for PeerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// One case of the matrix, as printed.
 struct Row {
@@ -450,7 +297,7 @@ fn until_client_claimed(control: shmbridge::control::Control<'_>, pid: u32) {
 
 fn engine_case(phase: Phase, fault: Fault) -> Row {
     let case = format!("engine {} in {}", fault.name(), phase.name());
-    let mut engine = PeerProc::start(&format!("engine {}", phase.name()));
+    let mut engine = PeerProc::start("fault_peer", &format!("engine {}", phase.name()));
     let name = if phase == Phase::Attach {
         engine.expect("created")
     } else {
@@ -563,7 +410,7 @@ fn client_case(phase: Phase, fault: Fault) -> Row {
     if phase != Phase::Attach {
         engine.publish().expect("frame 0");
     }
-    let mut client = PeerProc::start(&format!("client {} {name}", phase.name()));
+    let mut client = PeerProc::start("fault_peer", &format!("client {} {name}", phase.name()));
     if phase != Phase::BeforeAttach {
         client.expect("attaching");
     }
@@ -652,7 +499,7 @@ fn cli_engine_case(phase: Phase, fault: Fault) -> Row {
         &["engine", "--env", "null", "--num-envs", "4"],
     );
     // The CLI prints the bare name: read it as a raw line.
-    let name = engine.lines.recv_timeout(HANG).expect("the engine's name");
+    let name = engine.line();
     // SIGTERM: the engine closes its region and removes it (the client sees it closed,
     // or finds no region); the others leave it to the client, which removes it.
     let expected = match (fault, phase) {

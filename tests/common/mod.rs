@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: run the real `shmbridge` binary as an engine.
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,208 @@
+//! Peer processes for tests that kill or corrupt the other side: the test binary runs
+//! itself again as one of its (ignored) entry tests, with a role in an environment
+//! variable. The peer says where it is on stdout (`PEER ...` lines) and blocks on its
+//! stdin when it has to stay where it is; the test reads those lines, signals the peer,
+//! and sees how it ended.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+
+/// The environment variable holding a peer's role (unset: the entry test does nothing).
+pub const PEER_ROLE: &str = "SHMBRIDGE_TEST_PEER";
+/// Marks the peer's protocol lines on stdout (the test harness prints other lines).
+const SAYS: &str = "PEER ";
+/// A hang guard, not a timing check: a wait past this is reported as a hang.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// The role this process was started with as a peer, if it was.
+pub fn role() -> Option<String> {
+    std::env::var(PEER_ROLE).ok()
+}
+
+/// Tells the test where this peer is.
+pub fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{SAYS}{line}");
+    let _ = out.flush();
+}
+
+/// Blocks until the test closes our stdin or dies; then this peer has nothing to do.
+pub fn block() -> ! {
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(3)
+}
+
+/// How a peer is made to die.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Kill,
+    Term,
+    /// SIGSTOP, then (once it is stopped) SIGKILL.
+    StopKill,
+}
+
+pub const FAULTS: [Fault; 3] = [Fault::Kill, Fault::Term, Fault::StopKill];
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::Term => "SIGTERM",
+            Fault::StopKill => "SIGSTOP+KILL",
+        }
+    }
+}
+
+/// A peer process; killed and reaped on drop.
+pub struct PeerProc {
+    pub child: Child,
+    /// Kept open: the peer blocks reading it.
+    _stdin: ChildStdin,
+    pub lines: mpsc::Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+    /// When the peer became a zombie (its exit, as its parent sees it).
+    exited: Option<mpsc::Receiver<Instant>>,
+}
+
+impl PeerProc {
+    /// This test binary, running its ignored test `entry` with `role`.
+    pub fn start(entry: &str, role: &str) -> PeerProc {
+        let exe = std::env::current_exe().expect("test binary");
+        PeerProc::spawn(
+            Command::new(exe),
+            role,
+            &[entry, "--exact", "--ignored", "--nocapture"],
+        )
+    }
+
+    /// Any program, with `args`, and `role` in its environment.
+    pub fn spawn(mut command: Command, role: &str, args: &[&str]) -> PeerProc {
+        let mut child = command
+            .args(args)
+            .env(PEER_ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn peer");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut err = child.stderr.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            *sink.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        });
+        PeerProc {
+            child,
+            _stdin: stdin,
+            lines,
+            stderr,
+            exited: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line the program printed (for programs that are not peers).
+    pub fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(HANG)
+            .unwrap_or_else(|_| panic!("process {} printed nothing", self.pid()))
+    }
+
+    /// Waits for the peer's next protocol line; it must start with `word`. Returns the
+    /// rest of the line.
+    pub fn expect(&mut self, word: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(HANG)
+                .unwrap_or_else(|_| panic!("peer {} never said '{word}'", self.pid()));
+            // The test harness may have printed on the same line before.
+            if let Some(said) = line.find(SAYS).map(|at| &line[at + SAYS.len()..]) {
+                let rest = said
+                    .strip_prefix(word)
+                    .unwrap_or_else(|| panic!("peer said '{said}', expected '{word}'"));
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Starts watching for the peer's exit (without reaping it).
+    fn watch_exit(&mut self) {
+        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
+            if rustix::process::waitid(WaitId::Pid(pid), options).is_ok() {
+                let _ = tx.send(Instant::now());
+            }
+        });
+        self.exited = Some(rx);
+    }
+
+    /// Applies `fault`; returns when the fatal signal was sent.
+    pub fn fault(&mut self, fault: Fault) -> Instant {
+        self.watch_exit();
+        let pid = Pid::from_raw(self.pid() as i32).expect("pid");
+        match fault {
+            Fault::Kill => super::signal(self.pid(), Signal::KILL),
+            Fault::Term => super::signal(self.pid(), Signal::TERM),
+            Fault::StopKill => {
+                super::signal(self.pid(), Signal::STOP);
+                // Stopped for sure before it is killed.
+                let options = WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT;
+                rustix::process::waitid(WaitId::Pid(pid), options).expect("waitid stopped");
+                super::signal(self.pid(), Signal::KILL);
+            }
+        }
+        Instant::now()
+    }
+
+    /// How long after `since` the peer exited (waits for it).
+    pub fn exit_after(&mut self, since: Instant) -> Option<Duration> {
+        let at = self.exited.as_ref()?.recv_timeout(HANG).ok()?;
+        Some(at.saturating_duration_since(since))
+    }
+
+    /// Waits (at most [`HANG`]) for the peer to end by itself; `None` if it did not.
+    pub fn wait_end(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.watch_exit();
+        }
+        self.exited.as_ref()?.recv_timeout(HANG).ok()?;
+        self.child.wait().ok()
+    }
+
+    /// What the peer wrote on stderr (complete once it has ended).
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for PeerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
