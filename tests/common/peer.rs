@@ -182,8 +182,16 @@ impl PeerProc {
         Some(at.saturating_duration_since(since))
     }
 
+    /// Whether the peer still runs (reaps it if it ended).
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
     /// Waits (at most [`HANG`]) for the peer to end by itself; `None` if it did not.
     pub fn wait_end(&mut self) -> Option<ExitStatus> {
+        if let Some(status) = self.child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
         if self.exited.is_none() {
             self.watch_exit();
         }
