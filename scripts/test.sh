@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), the Python package's tests, property, the loom models of the
+# death, the fault matrix, hostile files and scribbled live regions, access control,
+# command channel), the Python package's tests, property, the loom models of the
 # wait handshake, the doorbell and the ring, the check that the committed FlatBuffers code
 # is what flatc generates, a 90 s fuzz run of the command reader and the header
-# validation, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
+# validation, smoke runs of the benchmarks, a 1-minute soak, and a check that nothing was
+# left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 set -euo pipefail
@@ -46,6 +48,9 @@ bash scripts/gen-flatbuffers.sh --check
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
+
+echo "== soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
+bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 
 echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
