@@ -3,6 +3,9 @@
 # between the targets named after it (default: both):
 #   ring_envelope  the command-channel reader (ring + envelope decoder)
 #   layout_header  the header and tensor-table validation
+# Long runs count executions instead: `bash scripts/fuzz.sh --runs 10000000 [target...]`
+# runs each target for that many (one target at a time; hours on a small machine; run it
+# under `nice`), and prints each one's count, time and peak memory.
 # A crash leaves its input in fuzz/artifacts/TARGET/: once fixed, copy it into
 # fuzz/regressions/ (ring_envelope) or tests/hostile_headers/ (layout_header) so
 # `cargo test` replays it for good.
@@ -10,12 +13,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
-secs="${1:-90}"
-[ $# -gt 0 ] && shift
+runs=""
+if [ "${1:-}" = "--runs" ]; then
+    runs="${2:?--runs needs a number of executions}"
+    shift 2
+    secs=0
+else
+    secs="${1:-90}"
+    [ $# -gt 0 ] && shift
+fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(ring_envelope layout_header)
 per=$((secs / ${#targets[@]}))
 [ "$per" -gt 0 ] || per=1
+if [ -n "$runs" ]; then
+    limit=(-runs="$runs")
+else
+    limit=(-max_total_time="$per")
+fi
 
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "fuzz: cargo fuzz needs a nightly toolchain and this machine has none (rustup toolchain install nightly)" >&2
@@ -43,14 +58,20 @@ for target in "${targets[@]}"; do
             ;;
     esac
     log=/tmp/shmbridge-fuzz-$target.log
-    echo "fuzz: $target for $per s"
+    if [ -n "$runs" ]; then
+        echo "fuzz: $target for $runs executions (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    else
+        echo "fuzz: $target for $per s"
+    fi
+    started=$(date +%s)
     # The fuzzer's own status, not the filter's: with pipefail, `|| true` would hide a crash.
     set +e +o pipefail
     cargo +nightly fuzz run "$target" "$corpus" -- \
-        -max_total_time="$per" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
+        "${limit[@]}" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
         | tee "$log" | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)'
     status=${PIPESTATUS[0]}
     set -e -o pipefail
+    echo "fuzz: $target ran $(( $(date +%s) - started )) s"
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $target failed (exit $status); see $log and fuzz/artifacts/$target/" >&2
         exit "$status"
