@@ -115,6 +115,49 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
     rustix::fs::flock(file, FlockOperation::LockExclusive).map_err(|e| Error::io("flock", e))
 }
 
+/// An open-file-description write lock on byte `index` of `file`, as `fcntl(F_OFD_*)`
+/// takes it: owned by the open file description (not the process), released by the
+/// kernel when its last descriptor closes, however the process ends, and independent
+/// of `flock` locks on the same file. A shard of a sharded region (1.4) holds the one on
+/// its index for its whole life: its liveness token, as the `flock` is the creator's.
+fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` is plain data; all-zero is a valid value of it.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = index as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: `file` is an open descriptor for the whole call; `lock` is a valid,
+    // initialised `struct flock` the kernel reads (and for F_OFD_GETLK writes); l_pid is
+    // 0 as OFD commands require.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
+    if rc == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(lock)
+}
+
+/// Takes the write lock on byte `index` without blocking; `Ok(false)` when another open
+/// file description holds a lock there.
+pub fn try_lock_byte(file: &File, index: u64) -> Result<bool> {
+    match ofd_lock(file, index, libc::F_OFD_SETLK) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+            Ok(false)
+        }
+        Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
+    }
+}
+
+/// Whether an open file description other than `file`'s holds a lock on byte `index`
+/// (`F_OFD_GETLK`: a query, nothing is taken).
+pub fn byte_locked(file: &File, index: u64) -> Result<bool> {
+    let lock =
+        ofd_lock(file, index, libc::F_OFD_GETLK).map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
+    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+}
+
 /// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
 /// value change, timeout or signal; the caller re-checks its condition in every case.
 /// Shared mapping: the futex is never `FUTEX_PRIVATE_FLAG`.
@@ -186,6 +229,23 @@ mod tests {
         assert!(process_alive(pid, start));
         assert!(!process_alive(pid, start + 1));
         assert!(!process_alive(0, start));
+    }
+
+    #[test]
+    fn byte_locks_are_per_open_file_and_per_byte() {
+        let path = std::env::temp_dir().join(format!("shmbridge-ofd-{}", current_pid()));
+        let a = File::create(&path).unwrap();
+        let b = File::options().read(true).write(true).open(&path).unwrap();
+        assert!(!byte_locked(&b, 3).unwrap(), "nobody holds byte 3 yet");
+        assert!(try_lock_byte(&a, 3).unwrap());
+        assert!(byte_locked(&b, 3).unwrap(), "seen from another open file");
+        assert!(!byte_locked(&a, 3).unwrap(), "a holder does not conflict with itself");
+        assert!(!byte_locked(&b, 4).unwrap(), "only byte 3 is taken");
+        assert!(!try_lock_byte(&b, 3).unwrap(), "a second holder is refused");
+        assert!(try_lock_byte(&b, 4).unwrap());
+        drop(a);
+        assert!(!byte_locked(&b, 3).unwrap(), "closing the holder's last fd releases it");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
