@@ -177,6 +177,23 @@ pub fn post<S: SeqPost>(seq: &S, value: u64) {
     }
 }
 
+/// Posts through the doorbell to the engine processes of a sharded region (1.4): each
+/// sleeps on the one doorbell with a waiter flag of its own, so the poster looks at
+/// every flag after its fence, and one wake reaches every sleeper. Dekker as in
+/// [`post`], once per flag: a shard that stored its flag before the fence is seen here;
+/// one that stores it after sees the new doorbell and does not sleep.
+#[inline]
+pub fn post_all<'a>(bell: &Doorbell<'a>, value: u64, flags: impl IntoIterator<Item = &'a AtomicU32>) {
+    bell.store(value);
+    fence(Ordering::SeqCst);
+    if flags
+        .into_iter()
+        .any(|f| primitive::load(f, Ordering::Relaxed) != 0)
+    {
+        bell.unpark();
+    }
+}
+
 /// Waits until the counter is at least `target`; returns the value seen. `check_peer` runs
 /// before each sleep and after each slice: it returns the error that ends the wait (peer
 /// closed or dead). On timeout the peer is checked once more first, so a dead peer is
