@@ -347,7 +347,7 @@ pub(super) fn validate_table(
                         return Err(bad(
                             "shard table",
                             format!(
-                                "shard {k}'s ring at {offset} (+{cap}) is not page-aligned inside the region after the header"
+                                "shard {k}'s ring at {offset} (+{cap}) does not lie page-aligned inside the region, after the header"
                             ),
                         ));
                     }
