@@ -58,6 +58,8 @@ impl Request {
 pub struct AttachOptions {
     /// How long to wait for the engine to publish its header and frame 0.
     pub timeout: Duration,
+    /// How it waits for frames and replies. The default adapts on a sharded region
+    /// ([`WaitPolicy::adapted_to_shards`]).
     pub policy: WaitPolicy,
     /// How to import Vulkan tensors (1.3): `Auto` (CUDA when a CUDA device has the
     /// engine's Vulkan device UUID, else a Vulkan device of the client's own).
@@ -161,10 +163,11 @@ impl Client {
             control.publish_client_event(&handle)?;
         }
         control.attach_client();
+        let policy = options.policy.adapted_to_shards(layout.shards.len());
         let mut client = Client {
             region,
             layout,
-            policy: options.policy,
+            policy,
             action: 0,
             frame: 0,
             closed: false,
@@ -342,6 +345,16 @@ impl Client {
     /// The shards of the region and their envs (one, all envs, when unsharded).
     pub fn shards(&self) -> &[ShardInfo] {
         &self.layout.shards
+    }
+
+    /// The pid serving each shard, as it wrote it when joining (the engine's pid for an
+    /// unsharded region). For tools and tests: liveness is judged by the shard's lock.
+    pub fn shard_pids(&self) -> Result<Vec<u32>> {
+        self.layout
+            .shards
+            .iter()
+            .map(|s| Ok(ShardSlot::new(&self.region, s)?.identity().0))
+            .collect()
     }
 
     fn check_engine(&self) -> Result<()> {

@@ -25,6 +25,8 @@ pub struct EngineSpec {
     pub tensors: Vec<TensorSpec>,
     /// Region name; a random one if `None`.
     pub name: Option<String>,
+    /// How it waits for actions. The default adapts on a sharded region
+    /// ([`WaitPolicy::adapted_to_shards`]).
     pub policy: WaitPolicy,
     /// Bytes of each command ring (power of two ≥ 64); 0: no command channel.
     pub ring_capacity: u64,
@@ -139,6 +141,8 @@ impl EngineSpec {
 pub struct JoinOptions {
     /// How long to wait for the region to appear and be published.
     pub timeout: Duration,
+    /// How it waits; the default adapts to the machine
+    /// ([`WaitPolicy::adapted_to_shards`]).
     pub policy: WaitPolicy,
     /// Key/values for the schema (only shard 0's are served; the others' are kept).
     pub metadata: Vec<(String, String)>,
@@ -253,7 +257,7 @@ impl Engine {
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
-            policy: spec.policy,
+            policy: spec.policy.adapted_to_shards(spec.shards as usize),
             action: 0,
             frame: 0,
             ready: false,
@@ -305,6 +309,7 @@ impl Engine {
         let start = os::process_start_time(pid)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
         slot.set_identity(pid, start);
+        let policy = options.policy.adapted_to_shards(layout.shards.len());
         Ok(Engine {
             region,
             slice: layout.narrowed(&shard),
@@ -314,7 +319,7 @@ impl Engine {
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
-            policy: options.policy,
+            policy,
             action: 0,
             frame: 0,
             ready: false,
@@ -427,12 +432,13 @@ impl Engine {
         self.control().client_state() == ClientState::Attached
     }
 
-    /// The client's state as an error, if it is gone. A shard that joined also stops
-    /// when the region's creator (shard 0) is gone, so no shard outlives its region
-    /// waiting for a client that cannot come.
+    /// The client's state as an error, if it is gone. A shard also stops when another
+    /// shard died or closed: the region can no longer step (the client's next step fails
+    /// naming that shard), so no shard waits for actions that cannot come, and the
+    /// creator, stopping, removes the region.
     fn check_client(&self) -> Result<()> {
         self.control().check_client()?;
-        if self.layout.is_sharded() && !self.region.is_owner() {
+        if self.layout.is_sharded() {
             shard::check_shards(&self.region, &self.layout, Some(self.shard.index))?;
         }
         Ok(())

@@ -195,20 +195,16 @@ pub fn lock_shard(region: &Region, index: u32) -> Result<()> {
 /// checking its siblings passes its own index as `me` (its own lock does not conflict
 /// with itself, so it would look free).
 pub fn check_shards(region: &Region, layout: &Layout, me: Option<u32>) -> Result<()> {
+    // A death is reported before a closure: when one shard dies its siblings close in
+    // turn (they check each other), and the death is what the user must hear about.
+    let mut closed = None;
     for s in layout.shards.iter().filter(|s| Some(s.index) != me) {
         let slot = ShardSlot::new(region, s)?;
         let state = slot.state();
         let envs = s.envs();
-        if state == EngineState::Closed {
-            return Err(Error::ShardClosed {
-                shard: s.index,
-                env_start: envs.start,
-                env_end: envs.end,
-            });
-        }
         let (pid, _) = slot.identity();
-        let joined = state == EngineState::Ready || pid != 0;
-        if joined && !os::byte_locked(region.file()?, u64::from(s.index))? {
+        let joined = state != EngineState::Starting || pid != 0;
+        if joined && !os::byte_locked(region.file()?, u64::from(s.index))? && state != EngineState::Closed {
             return Err(Error::ShardDied {
                 shard: s.index,
                 pid,
@@ -216,8 +212,15 @@ pub fn check_shards(region: &Region, layout: &Layout, me: Option<u32>) -> Result
                 env_end: envs.end,
             });
         }
+        if state == EngineState::Closed && closed.is_none() {
+            closed = Some(Error::ShardClosed {
+                shard: s.index,
+                env_start: envs.start,
+                env_end: envs.end,
+            });
+        }
     }
-    Ok(())
+    closed.map_or(Ok(()), Err)
 }
 
 /// What a `Reset` becomes on a sharded region: for each shard that owns a listed env,

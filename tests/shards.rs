@@ -287,19 +287,13 @@ fn a_dead_shard_is_a_clear_error_naming_it_and_its_envs() {
         } => assert_eq!(pid, shard1.pid()),
         other => panic!("expected shard 1 (envs 4..8) dead, got {other}"),
     }
-    assert!(err_text_names_shard(&client.step(T).unwrap_err()));
-    client.close();
-    // Shard 0 sees its client close and exits, removing the region.
+    // Shard 0 stops by itself, naming its dead sibling, and removes the region.
     let (status, stderr) = shard0.finish();
-    assert!(status.success(), "{stderr}");
+    assert!(!status.success());
+    assert!(stderr.contains("shard 1"), "{stderr}");
     assert!(!shm_exists(&region), "nothing left in /dev/shm");
+    client.close();
     drop(shard1);
-}
-
-fn err_text_names_shard(e: &Error) -> bool {
-    // After a timeout-free failure the step is still in flight: the next step says so,
-    // or repeats the death.
-    matches!(e, Error::OutOfOrder(_) | Error::ShardDied { .. })
 }
 
 #[test]
