@@ -104,6 +104,33 @@ def _stop(proc: _subprocess.Popen, grace: float) -> None:
         proc.wait()
 
 
+def _spawn_engine(
+    args: list, env: _Optional[dict] = None, stdin: bytes = b""
+) -> "tuple[_subprocess.Popen, _Any]":
+    """Starts an engine process (``launch``'s and ``launch_gym``'s one way to do it):
+    stdout piped (the engine prints its region name there), stderr to a temporary file
+    (returned, for error messages), ``stdin`` written to its standard input and closed."""
+    stderr = _tempfile.TemporaryFile()
+    proc = _subprocess.Popen(
+        args,
+        stdin=_subprocess.PIPE if stdin else _subprocess.DEVNULL,
+        stdout=_subprocess.PIPE,
+        stderr=stderr,
+        bufsize=0,
+        env=env,
+        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
+        # when the client closes (or dies).
+        start_new_session=True,
+    )
+    if stdin:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(stdin)
+        finally:
+            proc.stdin.close()
+    return proc, stderr
+
+
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "image_device", "name", "idle_timeout"}
@@ -257,18 +284,7 @@ def launch(
             continue
         else:
             args += [flag, str(value)]
-    stderr = _tempfile.TemporaryFile()
-    proc = _subprocess.Popen(
-        args,
-        stdin=_subprocess.DEVNULL,
-        stdout=_subprocess.PIPE,
-        stderr=stderr,
-        bufsize=0,
-        env=_engine_env(device),
-        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
-        # when the client closes (or dies).
-        start_new_session=True,
-    )
+    proc, stderr = _spawn_engine(args, _engine_env(device))
 
     def engine_stderr() -> str:
         stderr.seek(0)
@@ -329,6 +345,15 @@ def launch(
 
     client._adopt_engine(proc, on_close)
     return client
+
+
+def launch_gym(*args: _Any, **kwargs: _Any) -> Client:
+    """Runs any Gymnasium environment behind a sharded engine: ``shards`` processes,
+    each stepping its slice of ``num_envs`` envs; returns the attached client. See
+    :func:`shmbridge.gym_shards.launch_gym` (imports Gymnasium)."""
+    from .gym_shards import launch_gym as _launch_gym
+
+    return _launch_gym(*args, **kwargs)
 
 
 # Gymnasium: after `import shmbridge`, `gymnasium.make_vec("shmbridge/CartPole-v1",
