@@ -41,6 +41,7 @@ __all__ = [
     "Tensor",
     "attach",
     "launch",
+    "launch_gym",
     "cuda_available",
     "nvrtc_library_dirs",
     "list_regions",
