@@ -212,6 +212,9 @@ impl Client {
         }
         client.action = frame;
         client.frame = frame;
+        if client.device_hooks {
+            client.device.after_frame(frame)?;
+        }
         // Discard replies left in the ring for an earlier client (we are its consumer).
         for s in client.layout.shards.iter().filter(|s| s.rings.is_some()) {
             ShardSlot::new(&client.region, s)?.discard_replies();
@@ -471,6 +474,9 @@ impl Client {
             }
         }
         self.frame = target;
+        if self.device_hooks {
+            self.device.after_frame(target)?;
+        }
         Ok(target)
     }
 
