@@ -50,9 +50,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _spawn_engine, _read_line, _stop, _check_int, _check_number
+from . import _adopt_shards, _check_int, _check_number, _start_shards, _stop_shards
 from ._native import Client, Engine, EngineSpec
-from .errors import EngineStartError
 
 __all__ = ["launch_gym", "env_slice", "make_vec", "default_shards"]
 
@@ -125,48 +124,16 @@ def launch_gym(
         base.append("--blocking")
     elif spin_us is not None:
         base += ["--spin-us", str(spin_us)]
-    procs: List[Tuple[Any, Any]] = []
-
-    def stderr_of(k: int) -> str:
-        f = procs[k][1]
-        f.seek(0)
-        return f.read().decode(errors="replace").strip()
-
-    def stop_all() -> None:
-        for proc, f in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc, f in procs:
-            _stop(proc, 5.0)
-            f.close()
-
+    procs = _start_shards([base + ["--shard", str(k)] for k in range(shards)], timeout,
+                          f"launch_gym({env!r})", stdin=blob)
     try:
-        for k in range(shards):
-            procs.append(_spawn_engine(base + ["--shard", str(k)], stdin=blob))
-        for k, (proc, _) in enumerate(procs):
-            if _read_line(proc, timeout) is None:
-                text = stderr_of(k)
-                stop_all()
-                raise EngineStartError(
-                    f"gym shard {k}/{shards} of {env!r} did not start within {timeout} s "
-                    f"(exit status {proc.returncode})" + (f"\nshard stderr:\n{text}" if text else "")
-                )
-            assert proc.stdout is not None
-            proc.stdout.close()
         client = Client.attach(name, timeout, spin_us, blocking, "auto")
     except BaseException:
-        stop_all()
+        _stop_shards(procs, grace=0.0)
         raise
-
-    def on_close() -> None:
-        # The client closed first: every shard sees it and exits (shard 0 removes the
-        # region); a shard that does not is stopped.
-        for proc, f in procs:
-            _stop(proc, 10.0)
-            f.close()
-
-    client._adopt_engine(procs[0][0], on_close)
-    return client
+    # Closing the client stops every shard (each sees the client close; shard 0 removes
+    # the region); one that does not is stopped.
+    return _adopt_shards(client, procs)
 
 
 def make_vec(
