@@ -170,8 +170,16 @@ def _stop_shards(procs: list, grace: float) -> None:
         err.close()
 
 
-def _adopt_shards(client: Client, procs: list) -> Client:
-    """Makes ``client.close()`` wait for (and if need be stop) every shard."""
+def _attach_shards(
+    name: str, procs: list, timeout: float, spin_us: _Optional[float], blocking: bool
+) -> Client:
+    """Attaches to the region the shards ``procs`` serve; ``client.close()`` then
+    waits for (and if need be stops) every shard. A failed attach stops them."""
+    try:
+        client = Client.attach(name, timeout, spin_us, blocking, "auto")
+    except BaseException:
+        _stop_shards(procs, grace=0.0)
+        raise
     client._adopt_engine(procs[0][0], lambda: _stop_shards(procs, grace=10.0))
     return client
 
@@ -322,22 +330,7 @@ def launch(
     shards = _check_int("shards", shards, 1)
     if shards > 1:
         return _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
-    args = [
-        _sys.executable, "-m", "shmbridge", "engine",
-        "--env", str(env), "--num-envs", str(num_envs), "--device", device,
-    ]
-    if spin_us is not None:
-        args += ["--spin-us", str(spin_us)]
-    if blocking:
-        args.append("--blocking")
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            args += [flag, str(value)]
+    args = _engine_command(env, num_envs, device, spin_us, blocking, engine_args)
     proc, stderr = _spawn_engine(args, _engine_env(device))
 
     def engine_stderr() -> str:
@@ -411,26 +404,31 @@ def _launch_sharded(
     if shards > num_envs:
         raise ValueError(f"shards={shards} > num_envs={num_envs}: each shard needs an env")
     name = engine_args.pop("name", None) or "shmbridge-" + _secrets.token_hex(16)
-    base = [_sys.executable, "-m", "shmbridge", "engine", "--env", env,
-            "--num-envs", str(num_envs), "--name", name]
+    base = _engine_command(env, num_envs, device, spin_us, blocking, {**engine_args, "name": name})
+    procs = _start_shards([base + ["--shard", f"{k}/{shards}"] for k in range(shards)],
+                          timeout, f"launch({env!r}, shards={shards})")
+    return _attach_shards(name, procs, timeout, spin_us, blocking)
+
+
+def _engine_command(
+    env: str, num_envs: int, device: str, spin_us: _Optional[float], blocking: bool, engine_args: dict
+) -> list:
+    """The ``shmbridge engine`` command line of ``launch``."""
+    args = [
+        _sys.executable, "-m", "shmbridge", "engine",
+        "--env", str(env), "--num-envs", str(num_envs), "--device", device,
+    ]
     if spin_us is not None:
-        base += ["--spin-us", str(spin_us)]
+        args += ["--spin-us", str(spin_us)]
     if blocking:
-        base.append("--blocking")
+        args.append("--blocking")
     for key, value in engine_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
-            base.append(flag)
+            args.append(flag)
         elif value is not False and value is not None:
-            base += [flag, str(value)]
-    procs = _start_shards([base + ["--shard", f"{k}/{shards}"] for k in range(shards)],
-                          timeout, f"launch({env!r}, shards={shards})")
-    try:
-        client = Client.attach(name, timeout, spin_us, blocking, "auto")
-    except BaseException:
-        _stop_shards(procs, grace=0.0)
-        raise
-    return _adopt_shards(client, procs)
+            args += [flag, str(value)]
+    return args
 
 
 def launch_gym(*args: _Any, **kwargs: _Any) -> Client:

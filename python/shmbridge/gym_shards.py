@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _adopt_shards, _check_int, _check_number, _start_shards, _stop_shards
+from . import _attach_shards, _check_int, _check_number, _start_shards
 from ._native import Client, Engine, EngineSpec
 
 __all__ = ["launch_gym", "env_slice", "make_vec", "default_shards"]
@@ -126,14 +126,9 @@ def launch_gym(
         base += ["--spin-us", str(spin_us)]
     procs = _start_shards([base + ["--shard", str(k)] for k in range(shards)], timeout,
                           f"launch_gym({env!r})", stdin=blob)
-    try:
-        client = Client.attach(name, timeout, spin_us, blocking, "auto")
-    except BaseException:
-        _stop_shards(procs, grace=0.0)
-        raise
     # Closing the client stops every shard (each sees the client close; shard 0 removes
     # the region); one that does not is stopped.
-    return _adopt_shards(client, procs)
+    return _attach_shards(name, procs, timeout, spin_us, blocking)
 
 
 def make_vec(
