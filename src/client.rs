@@ -322,9 +322,22 @@ impl Client {
         self.frame
     }
 
-    /// The live `(action_seq, frame_seq)` counters of the region.
+    /// The live `(action_seq, frame_seq)` counters of the region. A sharded region: the
+    /// frame every shard has published (the lowest of their `frame_seq`s).
     pub fn counters(&self) -> (u64, u64) {
-        self.region.control().counters()
+        let (action, frame) = self.region.control().counters();
+        if !self.layout.is_sharded() {
+            return (action, frame);
+        }
+        let lowest = self
+            .layout
+            .shards
+            .iter()
+            .filter_map(|s| ShardSlot::new(&self.region, s).ok())
+            .map(|slot| slot.frame())
+            .min()
+            .unwrap_or(0);
+        (action, lowest)
     }
 
     fn engine_state(&self) -> EngineState {

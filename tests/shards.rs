@@ -316,3 +316,51 @@ fn shards_stop_when_the_creator_dies() {
     let _ = shmbridge::region::sweep();
     assert!(!shm_exists(&region));
 }
+
+#[test]
+fn a_second_client_attaches_after_the_first_closed() {
+    // The shards keep serving across clients: the second one starts from the frame every
+    // shard has published, not from the control block's (unused) frame counter.
+    let name = unique("reattach");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let serve_clients = |mut engine: Engine, stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+        write_frame(&mut engine, 0);
+        engine.publish().unwrap();
+        let mut rec = Recorder::default();
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            match engine.wait_actions_with(Duration::from_millis(20), &mut rec) {
+                Ok(n) => {
+                    write_frame(&mut engine, n);
+                    engine.publish().unwrap();
+                }
+                Err(Error::PeerClosed { .. } | Error::Timeout { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let creator = Engine::create(spec(4, 2, &name)).unwrap();
+    let region = creator.name().to_string();
+    let joined = Engine::join(&region, 1, JoinOptions::default()).unwrap();
+    let threads: Vec<_> = [creator, joined]
+        .into_iter()
+        .map(|e| {
+            let stop = stop.clone();
+            std::thread::spawn(move || serve_clients(e, stop))
+        })
+        .collect();
+    for round in 0..2u64 {
+        let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+        assert_eq!(client.frame(), round * 3);
+        for _ in 0..3 {
+            let n = client.step(T).unwrap();
+            assert_eq!(client.tensor::<f32>("obs").unwrap()[6], n as f32);
+        }
+        assert_eq!(client.counters(), ((round + 1) * 3, (round + 1) * 3));
+        client.close();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(!shm_exists(&region));
+}
