@@ -508,6 +508,22 @@ fn run_inspect(name: &str) -> Result<(), Error> {
     match l {
         Ok(l) => {
             println!("engine kind   {}", l.engine_kind);
+            if l.is_sharded() {
+                // 1.4: each shard's live words (read-only mapping; loads only).
+                let region = crate::region::Region::open_read_only(&name)?;
+                for s in &l.shards {
+                    let slot = crate::shard::ShardSlot::new(&region, s)?;
+                    let (pid, start) = slot.identity();
+                    println!(
+                        "shard {:<7} envs {}..{} pid {pid} start {start} state {} frame_seq {}",
+                        s.index,
+                        s.env_start,
+                        s.env_start + s.env_count,
+                        slot.state().name(),
+                        slot.frame()
+                    );
+                }
+            }
             println!(
                 "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
                 "tensor", "dtype", "shape", "direction", "where", "offset", "bytes"

@@ -176,6 +176,44 @@ pub fn futex_wake_all(word: &AtomicU32) {
     let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
+/// How often [`core_free`] reads the kernel's count again; in between it answers from
+/// its last reading.
+const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Whether every runnable thread of the machine has a core now: the kernel's count of
+/// runnable threads (`/proc/loadavg`, the `R` of its `R/T` field, which counts the caller)
+/// is at most the cores this process may use. A waiter spins only while this holds: on a
+/// busy machine a spinning waiter takes the core the process it waits for needs. Read at
+/// most every 10 ms (a read costs a few microseconds); `true` when it cannot be read.
+pub fn core_free() -> bool {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static CORES: OnceLock<usize> = OnceLock::new();
+    static CHECKED_AT: AtomicU64 = AtomicU64::new(0);
+    static FREE: AtomicBool = AtomicBool::new(true);
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let now = epoch.elapsed().as_nanos() as u64 + 1;
+    let last = CHECKED_AT.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < CORE_FREE_EVERY.as_nanos() as u64 {
+        return FREE.load(Ordering::Relaxed);
+    }
+    CHECKED_AT.store(now, Ordering::Relaxed);
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let free = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| runnable_threads(&text))
+        .is_none_or(|running| running <= cores);
+    FREE.store(free, Ordering::Relaxed);
+    free
+}
+
+/// The runnable-thread count of a `/proc/loadavg` line (`0.50 0.40 0.30 3/412 12345`).
+fn runnable_threads(loadavg: &str) -> Option<usize> {
+    loadavg.split_ascii_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
+
 pub fn current_pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
@@ -246,6 +284,14 @@ mod tests {
         drop(a);
         assert!(!byte_locked(&b, 3).unwrap(), "closing the holder's last fd releases it");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn runnable_threads_are_read_from_loadavg() {
+        assert_eq!(runnable_threads("0.50 0.40 0.30 3/412 12345\n"), Some(3));
+        assert_eq!(runnable_threads("garbage"), None);
+        let live = std::fs::read_to_string("/proc/loadavg").unwrap();
+        assert!(runnable_threads(&live).is_some_and(|n| n >= 1), "{live}: the reader runs");
     }
 
     #[test]

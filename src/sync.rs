@@ -18,7 +18,9 @@ use crate::primitive::{self, fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
-/// How a side waits for its peer.
+/// How a side waits for its peer. Whatever the policy, a waiter spins and yields only
+/// while every runnable thread of the machine has a core ([`crate::os::core_free`]);
+/// otherwise it sleeps on the futex at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitPolicy {
     /// Busy-wait (PAUSE) this long before yielding. Zero: never spin.
@@ -265,6 +267,10 @@ pub fn wait_until<S: SeqWord, R>(
     // The clock is read only once the first 64 turns have not seen the value: a fast
     // peer answers before that, and a clock read (~25 ns) would be most of its cost.
     let mut start: Option<Instant> = None;
+    // Spinning (and yielding) pays only while every runnable thread has a core: on a busy
+    // machine the waiter would hold the core its peer needs. Looked at once the first 64
+    // turns have not seen the value (a fast peer never gets here).
+    let mut core_free = true;
     if !policy.spin.is_zero() {
         let mut i: u32 = 0;
         let mut next_yield = SPIN_YIELD_EVERY;
@@ -275,8 +281,15 @@ pub fn wait_until<S: SeqWord, R>(
             }
             i = i.wrapping_add(1);
             if i % 64 == 0 {
-                let spent = start.get_or_insert_with(Instant::now).elapsed();
-                if spent >= policy.spin {
+                let spent = match start {
+                    Some(t) => t.elapsed(),
+                    None => {
+                        start = Some(Instant::now());
+                        core_free = primitive::core_free();
+                        Duration::ZERO
+                    }
+                };
+                if spent >= policy.spin || !core_free {
                     break;
                 }
                 // On a busy machine the peer may need this very core to answer: let it
@@ -289,7 +302,7 @@ pub fn wait_until<S: SeqWord, R>(
         }
     }
     let start = start.unwrap_or_else(Instant::now);
-    for _ in 0..policy.yields {
+    for _ in 0..if core_free { policy.yields } else { 0 } {
         std::thread::yield_now();
         if let Some(r) = ready(Ordering::Acquire) {
             return Ok(r);

@@ -364,3 +364,34 @@ fn a_second_client_attaches_after_the_first_closed() {
     }
     assert!(!shm_exists(&region));
 }
+
+#[test]
+fn inspect_lists_every_shard() {
+    let name = unique("inspect");
+    let a0 = ["--env", "cartpole", "--num-envs", "5", "--name", &name, "--shard", "0/2"];
+    let a1 = ["--env", "cartpole", "--num-envs", "5", "--name", &name, "--shard", "1/2"];
+    let (shard0, shard1) = (EngineProc::start(&a0), EngineProc::start(&a1));
+    let out = std::process::Command::new(common::BIN)
+        .args(["inspect", &shard0.name])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("version       1.4"), "{text}");
+    for (k, envs, pid) in [(0, "0..3", shard0.pid()), (1, "3..5", shard1.pid())] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("shard {k} ")))
+            .unwrap_or_else(|| panic!("no line for shard {k}: {text}"));
+        assert!(line.contains(&format!("envs {envs} pid {pid} ")), "{line}");
+        assert!(line.contains("state ready frame_seq 0"), "{line}");
+    }
+    let region = shard0.name.clone();
+    let client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.close();
+    for e in [shard0, shard1] {
+        let (status, stderr) = e.finish();
+        assert!(status.success(), "{stderr}");
+    }
+    assert!(!shm_exists(&region));
+}
