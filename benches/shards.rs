@@ -3,7 +3,8 @@
 //! wait policies on both sides: `default` (what a user gets: it spins 100 µs while the
 //! shards and the client fit the cores, else sleeps on the futex at once,
 //! `WaitPolicy::adapted_to_shards`), `spin` (a 99 µs spin budget on every side whatever
-//! the cores: what the default would do without adapting) and `block` (the futex at once). Each configuration's processes start once; the rounds
+//! the cores: what the default would do without adapting), `block` (the futex at once)
+//! and `hybrid` (the shards spin 99 µs, the client sleeps on the futex at once). Each configuration's processes start once; the rounds
 //! interleave them (a few hundred steps each), every step timed with `Instant`. Prints a
 //! markdown table: median and p99 per step, env-steps/s (from the mean), and each row's
 //! median over K = 1 with the same policy.
@@ -45,7 +46,7 @@ fn start(shards: u32, policy: &'static str, envs: u32, obs_dim: u32) -> Config {
             "block" => {
                 cmd.arg("--blocking");
             }
-            "spin" => {
+            "spin" | "hybrid" => {
                 cmd.args(["--spin-us", "99"]);
             }
             _ => {}
@@ -64,7 +65,7 @@ fn start(shards: u32, policy: &'static str, envs: u32, obs_dim: u32) -> Config {
         procs.push(child);
     }
     let wait = match policy {
-        "block" => WaitPolicy::BLOCKING,
+        "block" | "hybrid" => WaitPolicy::BLOCKING,
         "spin" => WaitPolicy::spinning(Duration::from_micros(99)),
         _ => WaitPolicy::default(),
     };
@@ -114,7 +115,7 @@ fn main() {
     let obs_dim = arg(&args, "--obs-dim", 16);
     let (rounds, steps) = if quick { (2, 50) } else { (20, 500) };
     let mut configs: Vec<Config> = Vec::new();
-    for policy in ["default", "spin", "block"] {
+    for policy in ["default", "spin", "block", "hybrid"] {
         for shards in [1, 2, 4] {
             configs.push(start(shards, policy, envs, obs_dim));
         }
