@@ -4,7 +4,7 @@
     client = shmbridge.launch_gym("HalfCheetah-v5", num_envs=64, shards=4, seed=0)
     # or, as a Gymnasium vector env:
     import gymnasium as gym
-    envs = gym.make_vec("shmbridge/HalfCheetah-v5", num_envs=64, vectorization_kwargs={"shards": 4})
+    envs = gym.make_vec("shmbridge/HalfCheetah-v5", num_envs=64, shards=4, seed=0)
 
 ``launch_gym`` starts ``shards`` processes (``python -m shmbridge.gym_shards``). Shard 0
 creates the region for all ``num_envs`` envs; shard ``k`` joins it and steps envs
@@ -142,8 +142,10 @@ def make_vec(
     **kwargs: Any,
 ) -> Any:
     """A :class:`shmbridge.gym.ShmVectorEnv` over :func:`launch_gym` (what
-    ``gymnasium.make_vec("shmbridge/<id>")`` makes; ``vectorization_kwargs`` may set
-    ``shards``, ``seed``, ``autoreset_mode``, ``copy``, ``spin_us``, ``blocking``)."""
+    ``gymnasium.make_vec("shmbridge/<id>", num_envs=N, **kwargs)`` makes: Gymnasium hands
+    a vector entry point the keyword arguments of ``make_vec`` (``shards``, ``seed``,
+    ``autoreset_mode``, ``copy``, ``spin_us``, ``blocking``, ``timeout``; the others go to
+    ``gymnasium.make``), not ``vector_kwargs``)."""
     from .gym import ShmVectorEnv
 
     if render_mode is not None:
