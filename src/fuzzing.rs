@@ -275,14 +275,7 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
                 (h.e2c_ring_offset, h.e2c_ring_capacity)
             )
         );
-        for (offset, capacity) in [r.c2e, r.e2c] {
-            assert!(capacity.is_power_of_two() && capacity >= MIN_RING_CAPACITY);
-            assert_eq!(offset % PAGE, 0);
-            assert!(offset >= l.header_size, "ring inside the header");
-            let end = offset.checked_add(capacity).expect("ring span overflows");
-            assert!(end <= l.region_size, "ring past the region");
-            spans.push((offset, end));
-        }
+        push_ring_spans(l, r, "the region", &mut spans);
     } else if l.version.1 >= 1 {
         assert_eq!((h.c2e_ring_capacity, h.e2c_ring_capacity), (0, 0));
     }
@@ -300,6 +293,19 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
         layout::validate("fuzz", bytes, l.region_size - 1),
         Err(Error::RegionTooSmall { .. })
     ));
+}
+
+/// Checks a pair of accepted rings of `whose` (power-of-two capacities, page-aligned,
+/// after the header, inside the region) and adds their spans to `spans`.
+fn push_ring_spans(l: &Layout, r: layout::Rings, whose: &str, spans: &mut Vec<(u64, u64)>) {
+    for (offset, capacity) in [r.c2e, r.e2c] {
+        assert!(capacity.is_power_of_two() && capacity >= MIN_RING_CAPACITY);
+        assert_eq!(offset % PAGE, 0);
+        assert!(offset >= l.header_size, "{whose}: ring inside the header");
+        let end = offset.checked_add(capacity).expect("ring span overflows");
+        assert!(end <= l.region_size, "{whose}: ring past the region");
+        spans.push((offset, end));
+    }
 }
 
 /// The shards of an accepted layout (1.4): one in the control block, covering every
@@ -330,13 +336,7 @@ fn check_shards(l: &Layout, h: &Header, spans: &mut Vec<(u64, u64)>) {
         assert!(s.words.end() as u64 <= l.header_size, "shard {k}'s words in the header");
         assert_eq!(s.rings.is_some(), l.rings.is_some());
         if let (Some(r), true) = (s.rings, k > 0) {
-            for (offset, capacity) in [r.c2e, r.e2c] {
-                assert_eq!(offset % PAGE, 0);
-                assert!(offset >= l.header_size, "shard {k}'s ring inside the header");
-                let end = offset.checked_add(capacity).expect("ring span overflows");
-                assert!(end <= l.region_size, "shard {k}'s ring past the region");
-                spans.push((offset, end));
-            }
+            push_ring_spans(l, r, &format!("shard {k}"), spans);
         } else if k == 0 {
             assert_eq!(s.rings, l.rings, "shard 0's rings are the control block's");
         }
