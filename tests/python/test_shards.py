@@ -268,3 +268,30 @@ def test_native_cartpole_sharded_equals_unsharded_step_for_step():
         one.close()
         three.close()
     assert not shm_has(three.name)
+
+
+ORPHANING_LAUNCHER = textwrap.dedent(
+    """
+    import os, sys, cloudpickle, shmbridge
+    name = "shmbridge-gym-orphan-" + os.urandom(8).hex()
+    base = [sys.executable, "-m", "shmbridge.gym_shards", "--name", name, "--shards", "2",
+            "--num-envs", "2"]
+    procs = shmbridge._start_shards([base + ["--shard", str(k)] for k in (0, 1)], 60.0, "test",
+                                    stdin=cloudpickle.dumps(("CartPole-v1", {})))
+    print(name, *(p.pid for p, _ in procs), flush=True)
+    os._exit(0)  # dies without attaching a client and without stopping its shards
+    """
+)
+
+
+def test_shards_whose_launcher_dies_before_attaching_exit():
+    out = subprocess.run([sys.executable, "-c", ORPHANING_LAUNCHER], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    name, *pids = out.stdout.split()
+    assert len(pids) == 2
+    # No client will ever come: each shard notices its parent is gone and exits; shard 0
+    # removes the region.
+    for pid in pids:
+        assert wait_gone(int(pid)), f"shard pid {pid} outlived its launcher"
+    assert not shm_has(name)
