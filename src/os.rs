@@ -143,9 +143,7 @@ fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::
 pub fn try_lock_byte(file: &File, index: u64) -> Result<bool> {
     match ofd_lock(file, index, libc::F_OFD_SETLK) {
         Ok(_) => Ok(true),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
-            Ok(false)
-        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
         Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
     }
 }
@@ -182,9 +180,12 @@ const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10
 
 /// Whether every runnable thread of the machine has a core now: the kernel's count of
 /// runnable threads (`/proc/loadavg`, the `R` of its `R/T` field, which counts the caller)
-/// is at most the cores this process may use. A waiter spins only while this holds: on a
-/// busy machine a spinning waiter takes the core the process it waits for needs. Read at
-/// most every 10 ms (a read costs a few microseconds); `true` when it cannot be read.
+/// is at most the machine's online CPUs. A waiter spins only while this holds: on a busy
+/// machine a spinning waiter takes the core the process it waits for needs. Both counts
+/// are the whole machine's (`/proc/loadavg` is not per container): compared with the
+/// CPUs a container's quota allows instead, a quiet container on a busy host would never
+/// spin. Read at most every 10 ms (a read costs a few microseconds); `true` when it
+/// cannot be read.
 pub fn core_free() -> bool {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::OnceLock;
@@ -200,7 +201,12 @@ pub fn core_free() -> bool {
         return FREE.load(Ordering::Relaxed);
     }
     CHECKED_AT.store(now, Ordering::Relaxed);
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = *CORES.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|text| cpu_list_len(&text))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    });
     let free = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|text| runnable_threads(&text))
@@ -209,9 +215,31 @@ pub fn core_free() -> bool {
     free
 }
 
+/// How many CPUs a kernel CPU list names (`0-15`, `0,2-5,7`).
+fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in list.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    (n > 0).then_some(n)
+}
+
 /// The runnable-thread count of a `/proc/loadavg` line (`0.50 0.40 0.30 3/412 12345`).
 fn runnable_threads(loadavg: &str) -> Option<usize> {
-    loadavg.split_ascii_whitespace().nth(3)?.split('/').next()?.parse().ok()
+    loadavg
+        .split_ascii_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
 
 pub fn current_pid() -> u32 {
@@ -277,13 +305,30 @@ mod tests {
         assert!(!byte_locked(&b, 3).unwrap(), "nobody holds byte 3 yet");
         assert!(try_lock_byte(&a, 3).unwrap());
         assert!(byte_locked(&b, 3).unwrap(), "seen from another open file");
-        assert!(!byte_locked(&a, 3).unwrap(), "a holder does not conflict with itself");
+        assert!(
+            !byte_locked(&a, 3).unwrap(),
+            "a holder does not conflict with itself"
+        );
         assert!(!byte_locked(&b, 4).unwrap(), "only byte 3 is taken");
         assert!(!try_lock_byte(&b, 3).unwrap(), "a second holder is refused");
         assert!(try_lock_byte(&b, 4).unwrap());
         drop(a);
-        assert!(!byte_locked(&b, 3).unwrap(), "closing the holder's last fd releases it");
+        assert!(
+            !byte_locked(&b, 3).unwrap(),
+            "closing the holder's last fd releases it"
+        );
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(cpu_list_len("0-15\n"), Some(16));
+        assert_eq!(cpu_list_len("0,2-5,7"), Some(6));
+        assert_eq!(cpu_list_len("3"), Some(1));
+        assert_eq!(cpu_list_len("5-3"), None);
+        assert_eq!(cpu_list_len(""), None);
+        let live = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        assert!(cpu_list_len(&live).is_some_and(|n| n >= 1), "{live}");
     }
 
     #[test]
@@ -291,7 +336,10 @@ mod tests {
         assert_eq!(runnable_threads("0.50 0.40 0.30 3/412 12345\n"), Some(3));
         assert_eq!(runnable_threads("garbage"), None);
         let live = std::fs::read_to_string("/proc/loadavg").unwrap();
-        assert!(runnable_threads(&live).is_some_and(|n| n >= 1), "{live}: the reader runs");
+        assert!(
+            runnable_threads(&live).is_some_and(|n| n >= 1),
+            "{live}: the reader runs"
+        );
     }
 
     #[test]
