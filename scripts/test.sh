@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
 # death, the fault matrix, hostile files and scribbled live regions, access control,
-# command channel), the Python package's tests, property, the loom models of the
+# command channel, shards), the Python package's tests (sharded Gymnasium and MuJoCo envs,
+# two torchrun ranks with gloo), property, the loom models of the
 # wait handshake, the doorbell and the ring, the check that the committed FlatBuffers code
 # is what flatc generates, a 90 s fuzz run of the command reader and the header
 # validation, smoke runs of the benchmarks, a 1-minute soak, and a check that nothing was
@@ -48,6 +49,7 @@ bash scripts/gen-flatbuffers.sh --check
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
+SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 
 echo "== soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
 bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
