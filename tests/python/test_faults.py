@@ -50,7 +50,12 @@ def block():
 """
 
 ENGINE_PEER = _PEER_COMMON + r"""
-phase = sys.argv[1]
+phase, simulator = sys.argv[1], sys.argv[2]
+if simulator == "torch":
+    # A simulator as some are: torch loaded, its thread pool started.
+    import torch
+    x = torch.randn(256, 256)
+    x @ x
 engine = shmbridge.Engine(
     shmbridge.EngineSpec.standard("faults", 4, obs_dim=4, act_dim=1, act_dtype="float32")
 )
@@ -228,10 +233,11 @@ def gone(name: str) -> bool:
     return not os.path.exists(os.path.join("/dev/shm", name))
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("phase", PHASES)
-def test_python_engine_killed_client_gets_engine_died(phase, fault):
-    peer = Peer(ENGINE_PEER, phase)
+def engine_case(phase: str, fault: str, simulator: str) -> None:
+    """The Python engine (``simulator``: "plain", or "torch" for one with torch loaded)
+    is killed by ``fault`` in ``phase``; the client gets EngineDiedError."""
+    peer = Peer(ENGINE_PEER, phase, simulator)
+    label = "python engine" if simulator == "plain" else f"{simulator} engine"
     try:
         name = peer.expect("created" if phase == "attach" else "served")
         killed = None
@@ -261,12 +267,26 @@ def test_python_engine_killed_client_gets_engine_died(phase, fault):
             error, at = result()
             detect = (at - killed) * 1e3
             client.close()
-        record(f"python engine {fault} in {phase}", error, detect, killed and peer.exit_ms(killed))
+        record(f"{label} {fault} in {phase}", error, detect, killed and peer.exit_ms(killed))
         assert isinstance(error, shmbridge.EngineDiedError), repr(error)
         assert gone(name), f"{name} left in /dev/shm"
-
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("phase", PHASES)
+def test_python_engine_killed_client_gets_engine_died(phase, fault):
+    engine_case(phase, fault, "plain")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("phase", ["step", "reset", "call"])
+def test_a_torch_engine_killed_is_noticed_like_any_engine(phase, fault):
+    """A simulator with torch loaded takes long to exit: its client must notice the
+    death, and the region must be gone, however long that takes."""
+    pytest.importorskip("torch")
+    engine_case(phase, fault, "torch")
 
 
 class Holding:
