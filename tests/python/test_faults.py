@@ -274,19 +274,24 @@ def engine_case(phase: str, fault: str, simulator: str) -> None:
         peer.close()
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("phase", PHASES)
-def test_python_engine_killed_client_gets_engine_died(phase, fault):
-    engine_case(phase, fault, "plain")
+# A process with torch loaded (as learners and some simulators are) takes long to exit:
+# its death must be noticed when it starts, not when the kernel has torn it down.
+HEAVY_PHASES = ["step", "reset", "call"]
+CASES = [(p, f, "plain") for p in PHASES for f in FAULTS] + [
+    (p, f, "torch") for p in HEAVY_PHASES for f in FAULTS
+]
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("phase", ["step", "reset", "call"])
-def test_a_torch_engine_killed_is_noticed_like_any_engine(phase, fault):
-    """A simulator with torch loaded takes long to exit: its client must notice the
-    death, and the region must be gone, however long that takes."""
-    pytest.importorskip("torch")
-    engine_case(phase, fault, "torch")
+def case_id(case) -> str:
+    return "-".join(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_python_engine_killed_client_gets_engine_died(case):
+    phase, fault, simulator = case
+    if simulator == "torch":
+        pytest.importorskip("torch")
+    engine_case(phase, fault, simulator)
 
 
 class Holding:
@@ -399,16 +404,9 @@ def client_case(phase: str, fault: str, learner: str) -> None:
     assert gone(name), f"{name} left in /dev/shm"
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("phase", PHASES)
-def test_python_client_killed_engine_gets_client_died_and_serves_again(phase, fault):
-    client_case(phase, fault, "plain")
-
-
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("phase", ["step", "reset", "call"])
-def test_a_torch_learner_killed_is_noticed_like_any_client(phase, fault):
-    """A learner with torch loaded takes long to exit (unmapping its libraries, stopping
-    its thread pool): its death must be noticed when it starts, not when it ends."""
-    pytest.importorskip("torch")
-    client_case(phase, fault, "torch")
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_python_client_killed_engine_gets_client_died_and_serves_again(case):
+    phase, fault, learner = case
+    if learner == "torch":
+        pytest.importorskip("torch")
+    client_case(phase, fault, learner)
