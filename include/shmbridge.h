@@ -177,17 +177,17 @@ typedef enum {
   /**
    * In the shared-memory region: a host pointer on both sides.
    */
-  SHMB_HOST = 0,
+  SHMB_LOCATION_HOST = 0,
   /**
    * In CUDA device memory the engine exports (the `cuda` build feature): a device
    * pointer on both sides.
    */
-  SHMB_CUDA = 1,
+  SHMB_LOCATION_CUDA = 1,
   /**
    * In Vulkan memory the engine exports (not served by this ABI's engines; a client
    * sees such tensors in the table).
    */
-  SHMB_VULKAN = 2,
+  SHMB_LOCATION_VULKAN = 2,
 } shmb_location;
 
 /**
@@ -249,7 +249,7 @@ typedef struct {
    */
   uint64_t nbytes;
   /**
-   * The CUDA device ordinal (engine's numbering) of a `SHMB_CUDA` tensor, else -1.
+   * The CUDA device ordinal (engine's numbering) of a `SHMB_LOCATION_CUDA` tensor, else -1.
    */
   int32_t device_ordinal;
 } shmb_tensor_info;
@@ -617,7 +617,7 @@ shmb_status shmb_engine_client_attached(shmb_engine *engine, uint8_t *attached);
 /**
  * Device address (in this process) of a tensor on CUDA, by name or index (`name`
  * NULL), for the engine's kernels. `SHMB_CUDA_UNAVAILABLE` in a build without the
- * `cuda` feature; `SHMB_NOT_ON_HOST`/`SHMB_CUDA` errors for a host tensor.
+ * `cuda` feature; an error for a host tensor.
  *
  * Ownership: device memory owned by the engine, valid until `shmb_engine_close`.
  */
@@ -658,7 +658,7 @@ shmb_status shmb_spec_new(const char *kind, uint32_t num_envs, shmb_spec **out);
 /**
  * Adds a tensor: `name` (1..31 bytes, unique), `dtype` (a `shmb_dtype`), `shape`
  * (`ndim` dimensions, 1..=SHMB_MAX_NDIM, each ≥ 1), `direction` (a `shmb_direction`),
- * `location` (`SHMB_HOST`, or `SHMB_CUDA` on CUDA device `device_ordinal`; every CUDA
+ * `location` (`SHMB_LOCATION_HOST`, or `SHMB_LOCATION_CUDA` on CUDA device `device_ordinal`; every CUDA
  * tensor of an engine on one device). Checked fully when the engine is created.
  *
  * Ownership: everything is copied; the caller keeps its strings and arrays.

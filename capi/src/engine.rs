@@ -219,7 +219,7 @@ pub unsafe extern "C" fn shmb_engine_client_attached(
 
 /// Device address (in this process) of a tensor on CUDA, by name or index (`name`
 /// NULL), for the engine's kernels. `SHMB_CUDA_UNAVAILABLE` in a build without the
-/// `cuda` feature; `SHMB_NOT_ON_HOST`/`SHMB_CUDA` errors for a host tensor.
+/// `cuda` feature; an error for a host tensor.
 ///
 /// Ownership: device memory owned by the engine, valid until `shmb_engine_close`.
 #[no_mangle]

@@ -48,7 +48,7 @@ pub unsafe extern "C" fn shmb_spec_new(
 
 /// Adds a tensor: `name` (1..31 bytes, unique), `dtype` (a `shmb_dtype`), `shape`
 /// (`ndim` dimensions, 1..=SHMB_MAX_NDIM, each ≥ 1), `direction` (a `shmb_direction`),
-/// `location` (`SHMB_HOST`, or `SHMB_CUDA` on CUDA device `device_ordinal`; every CUDA
+/// `location` (`SHMB_LOCATION_HOST`, or `SHMB_LOCATION_CUDA` on CUDA device `device_ordinal`; every CUDA
 /// tensor of an engine on one device). Checked fully when the engine is created.
 ///
 /// Ownership: everything is copied; the caller keeps its strings and arrays.

@@ -47,13 +47,13 @@ pub enum shmb_direction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum shmb_location {
     /// In the shared-memory region: a host pointer on both sides.
-    SHMB_HOST = 0,
+    SHMB_LOCATION_HOST = 0,
     /// In CUDA device memory the engine exports (the `cuda` build feature): a device
     /// pointer on both sides.
-    SHMB_CUDA = 1,
+    SHMB_LOCATION_CUDA = 1,
     /// In Vulkan memory the engine exports (not served by this ABI's engines; a client
     /// sees such tensors in the table).
-    SHMB_VULKAN = 2,
+    SHMB_LOCATION_VULKAN = 2,
 }
 
 /// A key/value pair of UTF-8, NUL-terminated strings (metadata, method arguments).
@@ -86,7 +86,7 @@ pub struct shmb_tensor_info {
     pub shape: [u64; SHMB_MAX_NDIM],
     /// Size in bytes (C-contiguous).
     pub nbytes: u64,
-    /// The CUDA device ordinal (engine's numbering) of a `SHMB_CUDA` tensor, else -1.
+    /// The CUDA device ordinal (engine's numbering) of a `SHMB_LOCATION_CUDA` tensor, else -1.
     pub device_ordinal: i32,
 }
 
@@ -122,7 +122,7 @@ pub(crate) fn device_from(location: u32, ordinal: i32) -> CResult<Device> {
             "CUDA device ordinal {ordinal} is negative"
         ))),
         other => Err(Fail::invalid(format!(
-            "location {other}: an engine of this ABI puts tensors on SHMB_HOST (0) or SHMB_CUDA (1)"
+            "location {other}: an engine of this ABI puts tensors on SHMB_LOCATION_HOST (0) or SHMB_LOCATION_CUDA (1)"
         ))),
     }
 }
@@ -296,17 +296,17 @@ mod tests {
         );
         assert!(direction_from(2).is_err() && direction_from(256).is_err());
         assert_eq!(
-            device_from(shmb_location::SHMB_HOST as u32, 0).unwrap(),
+            device_from(shmb_location::SHMB_LOCATION_HOST as u32, 0).unwrap(),
             Device::Host
         );
         assert_eq!(
-            device_from(shmb_location::SHMB_CUDA as u32, 1)
+            device_from(shmb_location::SHMB_LOCATION_CUDA as u32, 1)
                 .unwrap()
                 .location()
                 .code(),
-            shmb_location::SHMB_CUDA as u8
+            shmb_location::SHMB_LOCATION_CUDA as u8
         );
-        assert!(device_from(shmb_location::SHMB_CUDA as u32, -1).is_err());
-        assert!(device_from(shmb_location::SHMB_VULKAN as u32, 0).is_err());
+        assert!(device_from(shmb_location::SHMB_LOCATION_CUDA as u32, -1).is_err());
+        assert!(device_from(shmb_location::SHMB_LOCATION_VULKAN as u32, 0).is_err());
     }
 }
