@@ -28,6 +28,7 @@ import tempfile as _tempfile
 import time as _time
 from typing import Any as _Any
 from typing import Optional as _Optional
+from typing import Sequence as _Sequence
 
 from . import errors
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
@@ -207,9 +208,11 @@ def launch(
     spin_us: _Optional[float] = None,
     blocking: bool = False,
     importer: str = "auto",
+    command: _Optional[_Sequence[str]] = None,
     **engine_args: _Any,
 ) -> Client:
-    """Starts the reference engine ``env`` as a child process and attaches to it.
+    """Starts the reference engine ``env`` (or any engine executable: ``command``) as a
+    child process and attaches to it.
 
     ``device``: where the engine's tensors live. ``"cpu"`` (shared memory), ``"cuda"``
     or ``"cuda:N"`` (device memory, stepped by the CUDA kernels; the client opens it
@@ -226,7 +229,17 @@ def launch(
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm.
+
+    ``command``: the program and arguments of an engine of your own (a C, C++, C# or
+    Rust simulator built on the C ABI, e.g. ``["./cartpole_engine", "--seed", "3"]``)
+    that follows the engine CLI convention of ``docs/protocol.md`` §9: it prints the
+    region name on stdout once frame 0 is published and serves until the client closes.
+    It is started exactly as the reference engines are (same checks, same stderr
+    reporting, same stop on close); ``env``, ``num_envs``, ``device`` and
+    ``engine_args`` do not apply (the command says everything).
     """
+    if command is not None:
+        return _spawn(_check_command(command, engine_args), None, None, timeout, spin_us, blocking, importer)
     unknown = sorted(set(engine_args) - _ENGINE_ARGS)
     if unknown:
         raise TypeError(
@@ -236,9 +249,6 @@ def launch(
     if not isinstance(env, str):
         raise TypeError(f"env must be a str such as 'cartpole', not {type(env).__name__}")
     num_envs = _check_int("num_envs", num_envs, 1)
-    timeout = _check_number("timeout", timeout)
-    if spin_us is not None:
-        _check_number("spin_us", spin_us, positive=False)
     _check_engine_args(engine_args)
     device = _check_device(device)
     args = [
@@ -257,18 +267,58 @@ def launch(
             continue
         else:
             args += [flag, str(value)]
+    return _spawn(args, device, _engine_env(device), timeout, spin_us, blocking, importer)
+
+
+def _check_command(command: _Any, engine_args: dict) -> list:
+    """``command`` as a list of strings, or ``TypeError``/``ValueError`` before anything
+    is started."""
+    if isinstance(command, (str, bytes)) or not isinstance(command, _Sequence):
+        raise TypeError(f"command must be a list of strings (program, then arguments), not {type(command).__name__}")
+    if not command:
+        raise ValueError("command is empty: give the engine program, then its arguments")
+    for part in command:
+        if not isinstance(part, str):
+            raise TypeError(f"command holds {part!r} ({type(part).__name__}): every part must be a str")
+    if engine_args:
+        raise TypeError(
+            f"launch(command=...) takes no engine options ({sorted(engine_args)}): put them in the command"
+        )
+    return list(command)
+
+
+def _spawn(
+    args: list,
+    device: _Optional[str],
+    env: _Optional[dict],
+    timeout: float,
+    spin_us: _Optional[float],
+    blocking: bool,
+    importer: str,
+) -> Client:
+    """Starts the engine ``args`` (a reference engine on ``device``, or an engine
+    executable when ``device`` is None), reads the region name it prints, attaches, and
+    hands the process to the client (closing it stops the engine): the one way
+    ``launch()`` starts any engine."""
+    timeout = _check_number("timeout", timeout)
+    if spin_us is not None:
+        _check_number("spin_us", spin_us, positive=False)
     stderr = _tempfile.TemporaryFile()
-    proc = _subprocess.Popen(
-        args,
-        stdin=_subprocess.DEVNULL,
-        stdout=_subprocess.PIPE,
-        stderr=stderr,
-        bufsize=0,
-        env=_engine_env(device),
-        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
-        # when the client closes (or dies).
-        start_new_session=True,
-    )
+    try:
+        proc = _subprocess.Popen(
+            args,
+            stdin=_subprocess.DEVNULL,
+            stdout=_subprocess.PIPE,
+            stderr=stderr,
+            bufsize=0,
+            env=env,
+            # Ctrl-C in the terminal interrupts the learner, not its engine: the engine
+            # stops when the client closes (or dies).
+            start_new_session=True,
+        )
+    except OSError as e:
+        stderr.close()
+        raise EngineStartError(f"cannot start the engine {args[0]!r}: {e}") from e
 
     def engine_stderr() -> str:
         stderr.seek(0)
@@ -298,13 +348,13 @@ def launch(
             raise fail(f"the engine did not print its region name within {timeout} s") from None
         text = engine_stderr()
         reason = [line for line in text.splitlines() if "CUDA is unavailable" in line]
-        if device != "cpu" and reason:
+        if device not in (None, "cpu") and reason:
             proc.wait()
             stderr.close()
             said = reason[-1].removeprefix("shmbridge: error: ")
             raise CudaUnavailableError(f"launch(device={device!r}): {said}")
         raise fail("the engine exited before serving")
-    if device != "cpu":
+    if device not in (None, "cpu"):
         # The engine's choice (`shmbridge: device auto -> cuda:0 (...)`), for the user.
         for line in engine_stderr().splitlines():
             if line.startswith("shmbridge: device "):
