@@ -23,6 +23,11 @@ fn repo() -> PathBuf {
 
 /// Compiles `source` (relative to the repository) into `target/<profile>/c/<name>`.
 fn compile(source: &str, name: &str) -> PathBuf {
+    compile_with(source, name, &[])
+}
+
+/// [`compile`] with extra compiler flags.
+fn compile_with(source: &str, name: &str, flags: &[&str]) -> PathBuf {
     let lib = target_dir();
     assert!(
         lib.join("libshmbridge.so").exists(),
@@ -42,6 +47,7 @@ fn compile(source: &str, name: &str) -> PathBuf {
             "-Wextra",
             "-Werror",
         ])
+        .args(flags)
         .arg("-I")
         .arg(repo().join("include"))
         .arg(repo().join(source))
@@ -232,4 +238,88 @@ fn bytes(client: &mut Client, name: &str) -> Vec<u8> {
     } else {
         client.tensor::<u8>(name).unwrap().to_vec()
     }
+}
+
+/// The C programs built with AddressSanitizer (and its leak checker) and
+/// UndefinedBehaviorSanitizer, run through hostile calls, 20,000 checked steps of the C
+/// client, and 2,000 steps with resets and methods of the C engine: any invalid access,
+/// leak or undefined behaviour in them or in what the library does on their behalf
+/// (its allocations are the process's, seen by the leak checker) fails the test.
+#[test]
+fn c_programs_are_clean_under_address_and_undefined_behaviour_sanitizers() {
+    let flags = [
+        "-g",
+        "-fsanitize=address,undefined",
+        "-fno-omit-frame-pointer",
+        "-fno-sanitize-recover=all",
+    ];
+    let sanitized = |cmd: &mut Command| {
+        cmd.env(
+            "ASAN_OPTIONS",
+            "detect_leaks=1:abort_on_error=0:exitcode=99",
+        )
+        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1");
+    };
+    let check = |what: &str, out: std::process::Output| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {}\n{err}", out.status);
+        for bad in ["AddressSanitizer", "LeakSanitizer", "runtime error"] {
+            assert!(!err.contains(bad), "{what}: {bad} reported:\n{err}");
+        }
+        eprintln!("{what}: clean");
+    };
+
+    let hostile = compile_with("capi/tests/hostile.c", "hostile-asan", &flags);
+    let mut cmd = Command::new(hostile);
+    sanitized(&mut cmd);
+    check("hostile.c", cmd.output().unwrap());
+
+    let client = compile_with("examples/c/null_client.c", "null_client-asan", &flags);
+    let mut env = NullEnv::new(16, 16, 1, false).unwrap();
+    let mut engine = Engine::create(env.spec()).unwrap();
+    let name = engine.name().to_string();
+    let server = std::thread::spawn(move || {
+        envs::serve(&mut engine, &mut env, Duration::from_secs(60), |_| {})
+    });
+    let mut cmd = Command::new(client);
+    cmd.args([name.as_str(), "20000"]);
+    sanitized(&mut cmd);
+    check("null_client.c", cmd.output().unwrap());
+    server.join().unwrap().unwrap();
+
+    let engine_exe = compile_with(
+        "examples/c/cartpole_engine.c",
+        "cartpole_engine-asan",
+        &flags,
+    );
+    let mut cmd = Command::new(engine_exe);
+    cmd.args(["--num-envs", "8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    sanitized(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let mut client = Client::attach(line.trim(), AttachOptions::default()).unwrap();
+    let t = Duration::from_secs(10);
+    for step in 0..2000u64 {
+        client
+            .tensor_mut::<i64>("actions")
+            .unwrap()
+            .fill((step % 3 == 0) as i64);
+        client.step(t).unwrap();
+        if step % 500 == 0 {
+            client.reset(Some(&[1, 3]), &[step], t).unwrap();
+            client
+                .call_method("set_pole_length", &[("length", "0.5")], &[], t)
+                .unwrap();
+            assert!(client.call_method("nope", &[], b"payload", t).is_err());
+        }
+    }
+    client.close();
+    check("cartpole_engine.c", child.wait_with_output().unwrap());
 }
