@@ -274,7 +274,7 @@ fn cuda_stream(_engine: &Engine) -> CResult<u64> {
 }
 
 #[cfg(feature = "cuda")]
-fn no_cuda_tensor(engine: &Engine) -> Fail {
+fn no_cuda_tensor(engine: &Engine) -> crate::status::Fail {
     shmbridge_core::Error::CudaUnavailable {
         reason: format!("engine '{}' has no tensor on CUDA", engine.name()),
     }
