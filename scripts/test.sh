@@ -56,7 +56,7 @@ echo "== include/shmbridge.h is what cbindgen generates from capi/src"
 cargo run --locked -q -p shmbridge-header -- --check
 
 echo "== benchmark smoke runs (no timing is checked)"
-SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
+SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 
 echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
