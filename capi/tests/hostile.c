@@ -29,7 +29,11 @@ static shmb_status waited;
 
 static void *wait_in_thread(void *engine) {
     atomic_store(&waiting, 1);
-    waited = shmb_engine_wait_actions(engine, 2000, NULL, NULL);
+    /* The main thread's calls may hold the handle for a moment: this one is then BUSY
+     * too, and tries again, until it holds the handle for its 2 s wait. */
+    do {
+        waited = shmb_engine_wait_actions(engine, 2000, NULL, NULL);
+    } while (waited == SHMB_BUSY);
     atomic_store(&waiting, 2);
     return NULL;
 }
@@ -101,6 +105,14 @@ int main(void) {
     EXPECT(shmb_spec_free(spec), SHMB_CLOSED);
     EXPECT(shmb_spec_set_spin(spec, 0), SHMB_CLOSED);
 
+    /* A CUDA tensor from a library built without the `cuda` feature (as the tests build
+     * it): the reason, not a crash. */
+    EXPECT(shmb_spec_new("gpu", 2, &spec), SHMB_OK);
+    EXPECT(shmb_spec_add_tensor(spec, "obs", SHMB_F32, shape, 2, SHMB_ENGINE_TO_CLIENT, SHMB_LOCATION_CUDA, 0),
+           SHMB_OK);
+    EXPECT(shmb_engine_create(spec, &engine), SHMB_CUDA_UNAVAILABLE);
+    EXPECT(shmb_spec_free(spec), SHMB_OK);
+
     EXPECT(shmb_spec_new("hostile", 4, &spec), SHMB_OK);
     EXPECT(shmb_spec_add_standard(spec, 3, 2, SHMB_F32), SHMB_OK);
     EXPECT(shmb_spec_set_name(spec, "bad name!"), SHMB_OK);
@@ -122,6 +134,8 @@ int main(void) {
         fprintf(stderr, "a device pointer for a host tensor\n");
         failures++;
     }
+    EXPECT(shmb_engine_cuda_stream(engine, &u64), SHMB_CUDA_UNAVAILABLE);
+    EXPECT(shmb_client_device_ptr(foreign_client, "obs", 0, &u64), SHMB_INVALID_HANDLE);
     EXPECT(shmb_engine_tensor(engine, NULL, 0, &data, &size), SHMB_OK);
     if (size != 4 * 3 * sizeof(float)) {
         fprintf(stderr, "obs is %zu bytes\n", size);
