@@ -366,6 +366,40 @@ impl ClientVulkan {
         &self.reason
     }
 
+    /// Copies tensor `index`'s bytes as this client's import holds them into `out`
+    /// (`t.nbytes` long): from the mapping, or device to host for a CUDA import. For
+    /// tests and debugging; views never copy.
+    pub fn read_tensor(&self, index: usize, t: &TensorInfo, out: &mut [u8]) -> Result<()> {
+        let imports = self.imports.as_ref().ok_or(Error::Closed(Peer::Client))?;
+        if out.len() as u64 != t.nbytes {
+            return Err(Error::InvalidSpec(format!(
+                "read_tensor: {} bytes for '{}' of {}",
+                out.len(),
+                t.name,
+                t.nbytes
+            )));
+        }
+        match imports.get(index) {
+            #[cfg(feature = "vulkan")]
+            Some(Import::Mapped(m)) => {
+                let p = m.span(t.offset, t.nbytes).ok_or(Error::NotOnHost {
+                    tensor: t.name.clone(),
+                    location: "vulkan",
+                })?;
+                // SAFETY: `span` checked `offset + nbytes` against the live mapping,
+                // which `imports` keeps alive across the copy; `out` is another buffer.
+                out.copy_from_slice(unsafe { std::slice::from_raw_parts(p.as_ptr(), out.len()) });
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Some(Import::Cuda { memory, .. }) => memory.read(t.offset, out),
+            None => Err(Error::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: "not imported".into(),
+            }),
+        }
+    }
+
     /// Whether the CUDA importer serves this client (its views are kDLCUDA).
     pub fn is_cuda(&self) -> bool {
         match self.importer {
