@@ -5,6 +5,9 @@
  *
  *   ./null_client REGION [STEPS] [--no-check]
  *
+ * Before stepping it calls the engine's `echo` method and a bare reset through the
+ * command channel and checks the replies.
+ *
  * Exit status 0 when every step checked out; 1 on the first wrong value or error.
  */
 #include <stdio.h>
@@ -48,6 +51,35 @@ int main(int argc, char **argv) {
         goto done;
     }
     size_t n_obs = obs_bytes / sizeof(float), act_dim = act_bytes / sizeof(float) / num_envs;
+
+    /* The command channel: `echo` answers with its arguments and payload. */
+    const shmb_kv args[2] = {{"greeting", "hello"}, {"answer", "42"}};
+    const uint8_t payload[3] = {1, 0, 255};
+    const uint8_t *reply = NULL;
+    size_t reply_len = 0, reply_args = 0;
+    const char *key = NULL, *value = NULL;
+    if ((s = shmb_client_call(client, "echo", args, 2, payload, 3, 10000)) != SHMB_OK ||
+        (s = shmb_client_reply_payload(client, &reply, &reply_len)) != SHMB_OK ||
+        (s = shmb_client_reply_arg_count(client, &reply_args)) != SHMB_OK ||
+        (s = shmb_client_reply_arg(client, 1, &key, &value)) != SHMB_OK) {
+        rc = fail("echo", s);
+        goto done;
+    }
+    if (reply_len != 3 || memcmp(reply, payload, 3) != 0 || reply_args != 2 ||
+        strcmp(key, "answer") != 0 || strcmp(value, "42") != 0) {
+        fprintf(stderr, "null_client: echo answered something else\n");
+        rc = 1;
+        goto done;
+    }
+    if ((s = shmb_client_reset(client, NULL, 0, NULL, 0, 10000, NULL)) != SHMB_OK) {
+        rc = fail("reset", s);
+        goto done;
+    }
+    if (check && obs[n_obs - 1] != pattern(0, n_obs - 1)) {
+        fprintf(stderr, "null_client: the reset did not rewrite frame 0's pattern\n");
+        rc = 1;
+        goto done;
+    }
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
