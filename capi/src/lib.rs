@@ -82,3 +82,25 @@ pub extern "C" fn shmb_status_name(status: i32) -> *const c_char {
         .find(|s| **s as i32 == status)
         .map_or(c"UNKNOWN".as_ptr(), |s| s.name().as_ptr())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_macros_are_the_crate_version() {
+        let version = |s: &str| s.parse::<u32>().unwrap();
+        assert_eq!(SHMB_VERSION_MAJOR, version(env!("CARGO_PKG_VERSION_MAJOR")));
+        assert_eq!(SHMB_VERSION_MINOR, version(env!("CARGO_PKG_VERSION_MINOR")));
+        assert_eq!(SHMB_VERSION_PATCH, version(env!("CARGO_PKG_VERSION_PATCH")));
+        assert_eq!(shmb_abi_version(), SHMB_ABI_VERSION);
+        // SAFETY: static NUL-terminated strings.
+        let text = unsafe { std::ffi::CStr::from_ptr(shmb_version()) }
+            .to_str()
+            .unwrap();
+        assert!(text.starts_with(env!("CARGO_PKG_VERSION")), "{text}");
+        // SAFETY: as above.
+        let unknown = unsafe { std::ffi::CStr::from_ptr(shmb_status_name(-7)) };
+        assert_eq!(unknown.to_str().unwrap(), "UNKNOWN");
+    }
+}

@@ -5,6 +5,7 @@ CartPole, comparing every tensor bit for bit."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -22,7 +23,8 @@ def build_capi() -> Path:
     """``cargo build -p shmbridge-capi``; returns the folder holding libshmbridge.so."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug"
     subprocess.run(["cargo", "build", "--locked", "-q", "-p", "shmbridge-capi"], cwd=ROOT, check=True)
-    assert (target / "libshmbridge.so").exists(), target
+    lib = ctypes.CDLL(str(target / "libshmbridge.so"))
+    assert lib.shmb_abi_version() == 1, "not the C library (another build wrote libshmbridge.so?)"
     return target
 
 
