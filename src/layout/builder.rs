@@ -309,6 +309,15 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
     else {
         return Ok((0, None));
     };
+    if let Some((_, crate::device::vulkan::export::SemaphoreKind::Binary)) = semaphore {
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{}': a binary semaphore cannot be shared (1.3 takes timeline semaphores: \
+             a binary one needs exactly one wait per signal from every client, which a client \
+             that maps the memory on the CPU cannot give; export a timeline semaphore, \
+             Vulkan 1.2)",
+            s.name
+        )));
+    }
     let end = export.offset.checked_add(nbytes);
     if export.offset % DATA_ALIGN != 0 || end.is_none_or(|e| e > export.alloc_size) {
         return Err(Error::InvalidSpec(format!(

@@ -256,10 +256,12 @@ impl TensorSpec {
         spec
     }
 
-    /// Adds the semaphore the renderer signals when a frame in this tensor's memory is
-    /// written (`vkGetSemaphoreFdKHR`, `OPAQUE_FD`): sent to the client after the memory
-    /// fd; a CUDA importer waits on it on the consumer's stream. No effect on a tensor
-    /// not made by [`TensorSpec::vulkan_import`].
+    /// Adds the timeline semaphore the renderer signals with value `frame` when frame
+    /// `frame` (≥ 1) in this tensor's memory is written (`vkGetSemaphoreFdKHR`,
+    /// `OPAQUE_FD`): sent to the client after the memory fd; a CUDA importer waits on it
+    /// on the consumer's stream. `SemaphoreKind::Binary` makes `Engine::create` fail with
+    /// `InvalidSpec` (1.3 shares timeline semaphores only). No effect on a tensor not made
+    /// by [`TensorSpec::vulkan_import`].
     pub fn with_semaphore(mut self, fd: OwnedFd, kind: SemaphoreKind) -> Self {
         if let Some(VulkanSource::Import { semaphore, .. }) = &mut self.vulkan {
             *semaphore = Some((SharedFd::new(fd), kind));

@@ -279,7 +279,13 @@ fn validate_desc(
             d.flags & VK_FLAG_TIMELINE != 0,
         ) {
             (true, true) => Some(SemaphoreKind::Timeline),
-            (true, false) => Some(SemaphoreKind::Binary),
+            (true, false) => {
+                return Err(invalid(
+                    "a binary semaphore (flags bit 1 without bit 2): 1.3 shares timeline \
+                     semaphores only"
+                        .into(),
+                ))
+            }
             (false, false) => None,
             (false, true) => return Err(invalid("timeline flag without a semaphore".into())),
         };
