@@ -6,7 +6,15 @@
  * Every function returns a shmb_status (SHMB_OK = 0) and writes its results through
  * out-pointers only on success; on failure shmb_last_error_message() says what went wrong
  * and what to do. Handles are opaque numbers: NULL, closed or foreign handles are errors,
- * never crashes. Link with -lshmbridge (libshmbridge.so or libshmbridge.a; the static
+ * never crashes.
+ *
+ * Ownership, unless a function's comment says more: strings and arrays passed in are read
+ * during the call (or copied) and stay the caller's; out-pointers are the caller's memory,
+ * written on success; nothing a function returns is freed by the caller except the
+ * handles, each with its own close or free. Threading: one call at a time per handle
+ * (another thread's call meanwhile is SHMB_BUSY); see docs/c-api.md.
+ *
+ * Link with -lshmbridge (libshmbridge.so or libshmbridge.a; the static
  * library also needs -lpthread -ldl -lm). */
 
 #ifndef SHMBRIDGE_H
