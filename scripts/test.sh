@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), the C ABI (hostile calls in C, the C null client for 100,000
-# checked steps, the C CartPole engine against the Rust one bit for bit, the C programs
-# under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's tests (the
-# C and C# CartPole engines trained against from Python), property, the loom models of
-# the wait handshake, the doorbell and the ring, the checks that the committed FlatBuffers
-# code and C header are what flatc and cbindgen generate, a 90 s fuzz run of the command
-# reader and the header validation, smoke runs of the benchmarks, and a check that
-# nothing was left in /dev/shm.
+# death, command channel, shards), the C ABI (hostile calls in C, the C null client for
+# 100,000 checked steps, the C CartPole engine against the Rust one bit for bit, the C
+# programs under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's
+# tests (sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C and C#
+# CartPole engines trained against from Python), property, the loom models of the wait
+# handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
+# C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
+# the header validation, smoke runs of the benchmarks, and a check that nothing was left
+# in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 set -euo pipefail
@@ -58,6 +59,7 @@ cargo run --locked -q -p shmbridge-header -- --check
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
+SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 
 echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

@@ -13,14 +13,17 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::control::Control;
 use crate::error::{Error, Result};
-use crate::layout::{self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
+use crate::layout::{
+    self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
+};
 use crate::os;
 use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
-/// The most header bytes a snapshot copies: control block + a full tensor table.
-const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE;
+/// The most header bytes a snapshot copies: control block, a full tensor table and a
+/// full shard table (1.4).
+const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
 /// A region younger than this, not yet claimed by its engine, is left alone by the sweep:
 /// its engine may be between `shm_open` and `flock`.
 const CREATE_GRACE: Duration = Duration::from_secs(5);
@@ -182,6 +185,17 @@ impl Region {
         &self.name
     }
 
+    /// The open descriptor of this mapping (not of a second one, `map_again`): what the
+    /// liveness locks are taken on and queried through.
+    pub(crate) fn file(&self) -> Result<&File> {
+        self.file.as_ref().ok_or_else(|| {
+            Error::io(
+                format!("lock '{}'", self.name),
+                std::io::Error::other("this mapping has no descriptor"),
+            )
+        })
+    }
+
     /// Maps the same object a second time, read-write, through the open descriptor (not
     /// the name, which another engine may have taken meanwhile). The new mapping is never
     /// the owner: dropping it unmaps, nothing else. Views that must outlive the client or
@@ -285,6 +299,19 @@ pub fn close_and_remove(name: &str) -> Result<()> {
     let region = Region::map_existing(name, true)?;
     region.control().close_engine();
     region.unlink_if_same();
+    Ok(())
+}
+
+/// For a shard process exiting without its `Engine` value (a signal handler): marks its
+/// shard closed and wakes a waiting client (it sees `ShardClosed`). The name stays: it
+/// is the creator's.
+pub fn close_shard(name: &str, shard: u32) -> Result<()> {
+    let region = Region::map_existing(name, true)?;
+    let layout = layout::validate(name, &region.snapshot(), region.len() as u64)?;
+    let info = layout.shards.get(shard as usize).ok_or_else(|| {
+        Error::InvalidSpec(format!("region '{name}' has no shard {shard}"))
+    })?;
+    crate::shard::ShardSlot::new(&region, info)?.close();
     Ok(())
 }
 
