@@ -558,17 +558,17 @@ fn null_group(c: &mut Criterion, group_name: &str, engine: Option<&std::path::Pa
 // ---------------------------------------------------------------------------------------
 // The summary: interleaved rounds, batch-timed, as a markdown table.
 
-/// One of the four, started fresh for each round.
+/// One of the cases, started fresh for each round.
 enum Pair {
-    Floor(Floor),
+    Floor(Box<Floor>),
     Null(NullBench),
 }
 
 impl Pair {
     fn start(which: usize) -> Pair {
         match which {
-            0 => Pair::Floor(Floor::start(false)),
-            1 => Pair::Floor(Floor::start(true)),
+            0 => Pair::Floor(Box::new(Floor::start(false))),
+            1 => Pair::Floor(Box::new(Floor::start(true))),
             2 => Pair::Null(NullBench::start(&NULL_64B, None)),
             3 => Pair::Null(NullBench::start(&NULL_4096X100, None)),
             4 => Pair::Null(NullBench::start(&NULL_64B, c_engine().as_deref())),
@@ -590,7 +590,7 @@ impl Pair {
     }
     fn finish(self) {
         match self {
-            Pair::Floor(f) => f.finish(),
+            Pair::Floor(f) => (*f).finish(),
             Pair::Null(n) => n.finish(),
         }
     }
