@@ -15,6 +15,12 @@
 //!   per env. Sparse mode: the engine touches two elements per tensor, so this shows
 //!   whether the cost depends on the payload size (it should not: zero copy).
 //!
+//! * `c_engine/null_64B`, `c_engine/null_4096x100`: the same two, served by the `null`
+//!   engine written in C against the C ABI (`examples/c/null_engine.c`), when
+//!   `SHMBRIDGE_BENCH_C_ENGINE` names its executable (`scripts/bench-c.sh` builds it
+//!   against the release `libshmbridge.so` and sets it): the C path's cost next to the
+//!   Rust engine's, in the same run.
+//!
 //! After criterion, a summary of its own: interleaved rounds of the three, each timed
 //! with `Instant` around batches of 100 round trips; median and p99 of the batch means
 //! (per round trip) and the ratios, as a markdown table on stdout.
@@ -334,10 +340,27 @@ struct NullBench {
     ids: Option<(TensorId, TensorId)>,
 }
 
+/// The C `null` engine's executable, if the run includes it.
+fn c_engine() -> Option<std::path::PathBuf> {
+    std::env::var_os("SHMBRIDGE_BENCH_C_ENGINE")
+        .filter(|p| !p.is_empty())
+        .map(Into::into)
+}
+
 impl NullBench {
-    fn start(case: &NullCase) -> NullBench {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shmbridge"))
-            .args(["engine", "--env", "null", "--num-envs"])
+    /// Starts the `null` engine: the Rust one (`shmbridge engine --env null`), or the C
+    /// one at `c_engine`.
+    fn start(case: &NullCase, c_engine: Option<&std::path::Path>) -> NullBench {
+        let mut command = match c_engine {
+            Some(path) => Command::new(path),
+            None => {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_shmbridge"));
+                c.args(["engine", "--env", "null"]);
+                c
+            }
+        };
+        let mut child = command
+            .arg("--num-envs")
             .arg(case.num_envs.to_string())
             .arg("--obs-dim")
             .arg(case.obs_dim.to_string())
@@ -349,7 +372,7 @@ impl NullBench {
             // It says "client closed after N steps" there; shown only if it fails.
             .stderr(Stdio::piped())
             .spawn()
-            .expect("starting `shmbridge engine`");
+            .expect("starting the null engine");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
         let _ = stdout.read_line(&mut line);
@@ -496,11 +519,22 @@ fn run_criterion(c: &mut Criterion) {
             floor.finish();
         }
     }
-    let mut group = c.benchmark_group("roundtrip");
+    let c_path = c_engine();
+    let engines = [("roundtrip", None), ("c_engine", c_path.as_deref())];
+    for (group_name, engine) in engines {
+        if group_name == "c_engine" && engine.is_none() {
+            continue;
+        }
+        null_group(c, group_name, engine);
+    }
+}
+
+fn null_group(c: &mut Criterion, group_name: &str, engine: Option<&std::path::Path>) {
+    let mut group = c.benchmark_group(group_name);
     for case in [&NULL_64B, &NULL_4096X100] {
         let mut bench: Option<NullBench> = None;
         group.bench_function(case.label, |b| {
-            let bench = bench.get_or_insert_with(|| NullBench::start(case));
+            let bench = bench.get_or_insert_with(|| NullBench::start(case, engine));
             b.iter_custom(|iters| {
                 let t0 = Instant::now();
                 for _ in 0..iters {
@@ -524,19 +558,21 @@ fn run_criterion(c: &mut Criterion) {
 // ---------------------------------------------------------------------------------------
 // The summary: interleaved rounds, batch-timed, as a markdown table.
 
-/// One of the four, started fresh for each round.
+/// One of the cases, started fresh for each round.
 enum Pair {
-    Floor(Floor),
+    Floor(Box<Floor>),
     Null(NullBench),
 }
 
 impl Pair {
     fn start(which: usize) -> Pair {
         match which {
-            0 => Pair::Floor(Floor::start(false)),
-            1 => Pair::Floor(Floor::start(true)),
-            2 => Pair::Null(NullBench::start(&NULL_64B)),
-            _ => Pair::Null(NullBench::start(&NULL_4096X100)),
+            0 => Pair::Floor(Box::new(Floor::start(false))),
+            1 => Pair::Floor(Box::new(Floor::start(true))),
+            2 => Pair::Null(NullBench::start(&NULL_64B, None)),
+            3 => Pair::Null(NullBench::start(&NULL_4096X100, None)),
+            4 => Pair::Null(NullBench::start(&NULL_64B, c_engine().as_deref())),
+            _ => Pair::Null(NullBench::start(&NULL_4096X100, c_engine().as_deref())),
         }
     }
     #[inline]
@@ -554,17 +590,19 @@ impl Pair {
     }
     fn finish(self) {
         match self {
-            Pair::Floor(f) => f.finish(),
+            Pair::Floor(f) => (*f).finish(),
             Pair::Null(n) => n.finish(),
         }
     }
 }
 
-const NAMES: [&str; 4] = [
+const NAMES: [&str; 6] = [
     "floor",
     "floor_data",
     "roundtrip/null_64B",
     "roundtrip/null_4096x100",
+    "c_engine/null_64B",
+    "c_engine/null_4096x100",
 ];
 const CASES: usize = NAMES.len();
 
@@ -600,10 +638,14 @@ fn run_summary(quick: bool) {
     let mut round_medians: [Vec<f64>; CASES] = Default::default();
     let load_before = loadavg();
     let t_all = Instant::now();
+    // The C engine's cases only when the run has its executable.
+    let active: Vec<usize> = (0..CASES)
+        .filter(|&i| i < 4 || c_engine().is_some())
+        .collect();
     for round in 0..rounds {
         // Rotate the order as well, so no case always runs first after a spawn.
-        for k in 0..CASES {
-            let which = (round + k) % CASES;
+        for k in 0..active.len() {
+            let which = active[(round + k) % active.len()];
             let mut pair = Pair::start(which);
             let t_round = Instant::now();
             for i in 0..warmup {
@@ -637,7 +679,7 @@ fn run_summary(quick: bool) {
 
     let mut med = [0.0; CASES];
     let mut p99 = [0.0; CASES];
-    for i in 0..CASES {
+    for &i in &active {
         means[i].sort_by(f64::total_cmp);
         med[i] = percentile(&means[i], 50.0);
         p99[i] = percentile(&means[i], 99.0);
@@ -670,7 +712,7 @@ fn run_summary(quick: bool) {
     println!();
     println!("| bench | median ns/RT | p99 ns/RT | round medians min..max ns | RTs timed |");
     println!("|---|---:|---:|---:|---:|");
-    for i in 0..CASES {
+    for &i in &active {
         let (lo, hi) = round_medians[i]
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
@@ -692,19 +734,22 @@ fn run_summary(quick: bool) {
     println!();
     println!("| ratio | of medians | of p99s |");
     println!("|---|---:|---:|");
-    println!(
-        "| null_64B / floor | {:.2} | {:.2} |",
-        med[2] / med[0],
-        p99[2] / p99[0]
-    );
-    println!(
-        "| null_64B / floor_data | {:.2} | {:.2} |",
-        med[2] / med[1],
-        p99[2] / p99[1]
-    );
-    println!(
-        "| null_4096x100 / null_64B | {:.2} | {:.2} |",
-        med[3] / med[2],
-        p99[3] / p99[2]
-    );
+    let ratio = |label: &str, a: usize, b: usize| {
+        println!(
+            "| {label} | {:.3} | {:.2} |",
+            med[a] / med[b],
+            p99[a] / p99[b]
+        );
+    };
+    ratio("null_64B / floor", 2, 0);
+    ratio("null_64B / floor_data", 2, 1);
+    ratio("null_4096x100 / null_64B", 3, 2);
+    if active.len() == CASES {
+        ratio("C engine / Rust engine, null_64B", 4, 2);
+        ratio("C engine / Rust engine, null_4096x100", 5, 3);
+        ratio("C engine null_64B / floor", 4, 0);
+    } else {
+        println!();
+        println!("(The C engine's cases were not run: `bash scripts/bench-c.sh` runs them.)");
+    }
 }

@@ -46,6 +46,16 @@ ensure_vulkan() {
     fi
 }
 
+# Debian's Mono C# compiler and runtime, so the C# binding and engine
+# (bindings/csharp, examples/csharp) build and run in the tests. Mono 6.8's mscorlib has
+# Span<T>: nothing from another registry is needed.
+ensure_mono() {
+    if ! command -v mcs >/dev/null 2>&1 || ! command -v mono >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q mono-mcs mono-runtime
+    fi
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
 # death, the fault matrix, hostile files and scribbled live regions, access control,
-# command channel, shards), the Python package's tests (sharded Gymnasium and MuJoCo envs,
-# two torchrun ranks with gloo), property, the loom models of the
-# wait handshake, the doorbell and the ring, the check that the committed FlatBuffers code
-# is what flatc generates, a 90 s fuzz run of the command reader and the header
-# validation, smoke runs of the benchmarks, a 1-minute soak, and a check that nothing was
-# left in /dev/shm.
+# command channel, shards), the C ABI (hostile calls in C, the C null client for
+# 100,000 checked steps, the C CartPole engine against the Rust one bit for bit, the C
+# programs under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's
+# tests (sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C and C#
+# CartPole engines trained against from Python), property, the loom models of the wait
+# handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
+# C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
+# the header validation, smoke runs of the benchmarks, a 1-minute soak, and a check that
+# nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 set -euo pipefail
@@ -14,6 +17,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
 ensure_vulkan
+ensure_mono
 
 before=$(shm_regions)
 
@@ -33,6 +37,10 @@ echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why
 cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
     | grep -E 'SKIPPED|^test result' || true
 
+echo "== the C ABI (capi/): unit tests, C programs, sanitizers; then with the cuda feature"
+cargo test --locked -p shmbridge-capi
+cargo check --locked -p shmbridge-capi --features cuda
+
 echo "== the build without the cuda and vulkan features"
 cargo check --locked --all-targets
 
@@ -46,8 +54,11 @@ echo "== Python package: pytest"
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
+echo "== include/shmbridge.h is what cbindgen generates from capi/src"
+cargo run --locked -q -p shmbridge-header -- --check
+
 echo "== benchmark smoke runs (no timing is checked)"
-SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
+SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 

@@ -96,6 +96,40 @@ pub struct ResetRequest {
     pub options: Vec<(String, String)>,
 }
 
+impl ResetRequest {
+    /// The request checked as `docs/protocol.md` §7.2 says, for an engine of `num_envs`
+    /// envs (an id ≥ `num_envs`, then a seed count other than 0, 1 or one per listed
+    /// env: `BAD_REQUEST`). Returns the envs to reset in list order (every env when none
+    /// is listed; duplicates kept) and, when seeds were given, the seed of the k-th one's
+    /// new stream: `seeds[0] + k` (wrapping) for one seed, `seeds[k]` for one per env
+    /// (Gymnasium's vector-env convention). Every engine face (Rust envs, the C ABI's
+    /// reset callback) plans resets with this one function.
+    pub fn plan(&self, num_envs: u32) -> Result<(Vec<u32>, Option<Vec<u64>>), CommandError> {
+        let ids = match &self.env_ids {
+            Some(ids) => ids.clone(),
+            None => (0..num_envs).collect(),
+        };
+        if let Some(&bad) = ids.iter().find(|&&i| i >= num_envs) {
+            return Err(CommandError::bad_request(format!(
+                "env id {bad} out of range (num_envs {num_envs})"
+            )));
+        }
+        let seeds = match self.seeds[..] {
+            [] => None,
+            [s] => Some((0..ids.len() as u64).map(|k| s.wrapping_add(k)).collect()),
+            ref many if many.len() == ids.len() => Some(many.to_vec()),
+            ref many => {
+                return Err(CommandError::bad_request(format!(
+                    "{} seeds for {} envs: give none, one, or one per env",
+                    many.len(),
+                    ids.len()
+                )))
+            }
+        };
+        Ok((ids, seeds))
+    }
+}
+
 /// What an engine does with `Reset` and with its own methods. Both default to refusing.
 pub trait CommandHandler {
     /// Reset the requested envs and write their observations into the engine→client
@@ -242,4 +276,45 @@ pub(crate) fn answer(
         reply.error = Some((e.code, e.message));
     }
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_plans_follow_the_protocol() {
+        use crate::wire::code;
+        let req = |env_ids: Option<Vec<u32>>, seeds: Vec<u64>| ResetRequest {
+            env_ids,
+            seeds,
+            options: Vec::new(),
+        };
+        assert_eq!(req(None, vec![]).plan(3).unwrap(), (vec![0, 1, 2], None));
+        assert_eq!(
+            req(None, vec![u64::MAX]).plan(3).unwrap(),
+            (vec![0, 1, 2], Some(vec![u64::MAX, 0, 1])),
+            "one seed: seed + k, wrapping"
+        );
+        assert_eq!(
+            req(Some(vec![2, 0, 2]), vec![7, 8, 9]).plan(3).unwrap(),
+            (vec![2, 0, 2], Some(vec![7, 8, 9])),
+            "one per listed env, duplicates kept in order"
+        );
+        assert_eq!(
+            req(Some(vec![]), vec![5]).plan(3).unwrap(),
+            (vec![], Some(vec![]))
+        );
+        let bad = |r: ResetRequest| r.plan(3).unwrap_err();
+        let e = bad(req(Some(vec![0, 3]), vec![1, 2, 3]));
+        assert_eq!(e.code, code::BAD_REQUEST);
+        assert!(
+            e.message.contains("env id 3"),
+            "ids are checked first: {}",
+            e.message
+        );
+        let e = bad(req(None, vec![1, 2]));
+        assert_eq!(e.code, code::BAD_REQUEST);
+        assert!(e.message.contains("2 seeds for 3 envs"), "{}", e.message);
+    }
 }

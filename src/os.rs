@@ -176,6 +176,7 @@ pub fn futex_wake_all(word: &AtomicU32) {
 
 /// How often [`core_free`] reads the kernel's count again; in between it answers from
 /// its last reading.
+#[cfg_attr(loom, allow(dead_code))]
 const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Whether every runnable thread of the machine has a core now: the kernel's count of
@@ -186,6 +187,7 @@ const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10
 /// CPUs a container's quota allows instead, a quiet container on a busy host would never
 /// spin. Read at most every 10 ms (a read costs a few microseconds); `true` when it
 /// cannot be read.
+#[cfg_attr(loom, allow(dead_code))]
 pub fn core_free() -> bool {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::OnceLock;

@@ -29,6 +29,7 @@ import tempfile as _tempfile
 import time as _time
 from typing import Any as _Any
 from typing import Optional as _Optional
+from typing import Sequence as _Sequence
 
 from . import errors
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
@@ -288,9 +289,11 @@ def launch(
     blocking: bool = False,
     importer: str = "auto",
     shards: int = 1,
+    command: _Optional[_Sequence[str]] = None,
     **engine_args: _Any,
 ) -> Client:
-    """Starts the reference engine ``env`` as a child process and attaches to it.
+    """Starts the reference engine ``env`` (or any engine executable: ``command``) as a
+    child process and attaches to it.
 
     ``shards``: how many engine processes serve the ``num_envs`` envs (protocol 1.4,
     host memory only): each steps a contiguous slice, all write one region, and
@@ -312,7 +315,21 @@ def launch(
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm.
+
+    ``command``: the program and arguments of an engine of your own (a C, C++, C# or
+    Rust simulator built on the C ABI, e.g. ``["./cartpole_engine", "--seed", "3"]``)
+    that follows the engine CLI convention of ``docs/protocol.md`` §9: it prints the
+    region name on stdout once frame 0 is published and serves until the client closes.
+    It is started exactly as the reference engines are (same spawning, checks, stderr
+    reporting and stop on close); ``env``, ``num_envs``, ``device``, ``shards`` and
+    ``engine_args`` do not apply (the command says everything).
     """
+    if command is not None:
+        args = _check_command(command, engine_args)
+        timeout = _check_number("timeout", timeout)
+        if spin_us is not None:
+            _check_number("spin_us", spin_us, positive=False)
+        return _serve_launched(args, None, None, timeout, spin_us, blocking, importer)
     unknown = sorted(set(engine_args) - _ENGINE_ARGS)
     if unknown:
         raise TypeError(
@@ -331,7 +348,43 @@ def launch(
     if shards > 1:
         return _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
     args = _engine_command(env, num_envs, device, spin_us, blocking, engine_args)
-    proc, stderr = _spawn_engine(args, _engine_env(device))
+    return _serve_launched(args, device, _engine_env(device), timeout, spin_us, blocking, importer)
+
+
+def _check_command(command: _Any, engine_args: dict) -> list:
+    """``command`` as a list of strings, or ``TypeError``/``ValueError`` before anything
+    is started."""
+    if isinstance(command, (str, bytes)) or not isinstance(command, _Sequence):
+        raise TypeError(f"command must be a list of strings (program, then arguments), not {type(command).__name__}")
+    if not command:
+        raise ValueError("command is empty: give the engine program, then its arguments")
+    for part in command:
+        if not isinstance(part, str):
+            raise TypeError(f"command holds {part!r} ({type(part).__name__}): every part must be a str")
+    if engine_args:
+        raise TypeError(
+            f"launch(command=...) takes no engine options ({sorted(engine_args)}): put them in the command"
+        )
+    return list(command)
+
+
+def _serve_launched(
+    args: list,
+    device: _Optional[str],
+    env: _Optional[dict],
+    timeout: float,
+    spin_us: _Optional[float],
+    blocking: bool,
+    importer: str,
+) -> Client:
+    """Starts the single engine ``args`` with :func:`_spawn_engine` (a reference engine on
+    ``device``, or an engine executable when ``device`` is None), reads the region name
+    it prints, attaches, and hands the process to the client (closing it stops the
+    engine)."""
+    try:
+        proc, stderr = _spawn_engine(args, env)
+    except OSError as e:
+        raise EngineStartError(f"cannot start the engine {args[0]!r}: {e}") from e
 
     def engine_stderr() -> str:
         stderr.seek(0)
@@ -361,13 +414,13 @@ def launch(
             raise fail(f"the engine did not print its region name within {timeout} s") from None
         text = engine_stderr()
         reason = [line for line in text.splitlines() if "CUDA is unavailable" in line]
-        if device != "cpu" and reason:
+        if device not in (None, "cpu") and reason:
             proc.wait()
             stderr.close()
             said = reason[-1].removeprefix("shmbridge: error: ")
             raise CudaUnavailableError(f"launch(device={device!r}): {said}")
         raise fail("the engine exited before serving")
-    if device != "cpu":
+    if device not in (None, "cpu"):
         # The engine's choice (`shmbridge: device auto -> cuda:0 (...)`), for the user.
         for line in engine_stderr().splitlines():
             if line.startswith("shmbridge: device "):

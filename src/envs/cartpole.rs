@@ -152,39 +152,6 @@ pub fn spec_of(kind: &str, num_envs: u32) -> EngineSpec {
         )
 }
 
-/// A `Reset` request checked as `docs/protocol.md` §7.2 says (an id ≥ `num_envs`, then
-/// a seed count other than 0, 1 or one per listed env: `BAD_REQUEST`). Returns the envs to
-/// reset in list order (every env when none is listed; duplicates kept) and, when seeds
-/// were given, the seed of the k-th one's new stream: `seeds[0] + k` (wrapping) for one
-/// seed, `seeds[k]` for one per env.
-pub fn reset_plan(
-    num_envs: u32,
-    req: &ResetRequest,
-) -> Result<(Vec<u32>, Option<Vec<u64>>), CommandError> {
-    let ids = match &req.env_ids {
-        Some(ids) => ids.clone(),
-        None => (0..num_envs).collect(),
-    };
-    if let Some(&bad) = ids.iter().find(|&&i| i >= num_envs) {
-        return Err(CommandError::bad_request(format!(
-            "env id {bad} out of range (num_envs {num_envs})"
-        )));
-    }
-    let seeds = match req.seeds[..] {
-        [] => None,
-        [s] => Some((0..ids.len() as u64).map(|k| s.wrapping_add(k)).collect()),
-        ref many if many.len() == ids.len() => Some(many.to_vec()),
-        ref many => {
-            return Err(CommandError::bad_request(format!(
-                "{} seeds for {} envs: give none, one, or one per env",
-                many.len(),
-                ids.len()
-            )))
-        }
-    };
-    Ok((ids, seeds))
-}
-
 /// The engine-defined methods of `cartpole` (CPU and GPU): `set_pole_length` sets
 /// `*length` and answers the previous one.
 pub fn call_method(
@@ -257,7 +224,7 @@ impl VecEnv for CartPole {
 impl CommandHandler for CartPole {
     /// `Reset`: the listed envs (all if none), reseeded as Gymnasium does.
     fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
-        let (ids, seeds) = reset_plan(self.num_envs, req)?;
+        let (ids, seeds) = req.plan(self.num_envs)?;
         for (k, &i) in ids.iter().enumerate() {
             if let Some(seeds) = &seeds {
                 self.rngs[i as usize] = Pcg32::seed_from_u64(seeds[k]);
@@ -294,45 +261,6 @@ mod tests {
             assert!(n < 200);
         }
         assert!(n > 5, "{n}");
-    }
-
-    #[test]
-    fn reset_plans_follow_the_protocol() {
-        use crate::wire::code;
-        let req = |env_ids: Option<Vec<u32>>, seeds: Vec<u64>| ResetRequest {
-            env_ids,
-            seeds,
-            options: Vec::new(),
-        };
-        assert_eq!(
-            reset_plan(3, &req(None, vec![])).unwrap(),
-            (vec![0, 1, 2], None)
-        );
-        assert_eq!(
-            reset_plan(3, &req(None, vec![u64::MAX])).unwrap(),
-            (vec![0, 1, 2], Some(vec![u64::MAX, 0, 1])),
-            "one seed: seed + k, wrapping"
-        );
-        assert_eq!(
-            reset_plan(3, &req(Some(vec![2, 0, 2]), vec![7, 8, 9])).unwrap(),
-            (vec![2, 0, 2], Some(vec![7, 8, 9])),
-            "one per listed env, duplicates kept in order"
-        );
-        assert_eq!(
-            reset_plan(3, &req(Some(vec![]), vec![5])).unwrap(),
-            (vec![], Some(vec![]))
-        );
-        let bad = |r| reset_plan(3, &r).unwrap_err();
-        let e = bad(req(Some(vec![0, 3]), vec![1, 2, 3]));
-        assert_eq!(e.code, code::BAD_REQUEST);
-        assert!(
-            e.message.contains("env id 3"),
-            "ids are checked first: {}",
-            e.message
-        );
-        let e = bad(req(None, vec![1, 2]));
-        assert_eq!(e.code, code::BAD_REQUEST);
-        assert!(e.message.contains("2 seeds for 3 envs"), "{}", e.message);
     }
 
     #[test]

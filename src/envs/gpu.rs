@@ -401,7 +401,7 @@ impl GpuCartPole {
 
     /// Queues a reset of `ids` in list order (duplicates allowed), each listing first
     /// giving the env the generator of `Pcg32::seed_from_u64(seeds[k])` when `seeds` is
-    /// given (one per listing, all ids < num_envs: as `cartpole::reset_plan` gives them),
+    /// given (one per listing, all ids < num_envs: as `ResetRequest::plan` gives them),
     /// then rewrites every env's `obs` and `final_obs` from its state: what the CPU
     /// engine's `Reset` does. Linear in the listing and the envs.
     fn queue_reset(&mut self, io: &Tensors<'_>, ids: &[u32], seeds: Option<&[u64]>) -> Result<()> {
@@ -536,7 +536,7 @@ impl VecEnv for GpuCartPole {
 impl CommandHandler for GpuCartPole {
     /// `Reset`: the listed envs (all if none), reseeded as the CPU engine does.
     fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
-        let (ids, seeds) = cartpole::reset_plan(self.num_envs, req)?;
+        let (ids, seeds) = req.plan(self.num_envs)?;
         self.queue_reset(io, &ids, seeds.as_deref())
             .map_err(CommandError::engine)
     }
@@ -617,7 +617,7 @@ mod tests {
         }
     }
 
-    /// The GPU cartpole's seeding and reset scheme (host: `reset_plan`, `ResetUpload`;
+    /// The GPU cartpole's seeding and reset scheme (host: `ResetRequest::plan`, `ResetUpload`;
     /// kernel: `cartpole_reset_listed`, mirrored above) gives bit for bit the CPU engine's
     /// states: at frame 0 and after `Reset` commands, duplicates and every seed form
     /// included.
@@ -652,7 +652,7 @@ mod tests {
             req(Some(vec![]), vec![4]),
         ] {
             CommandHandler::reset(&mut cpu, &mut engine.io(), &r).unwrap();
-            let (ids, seeds) = cartpole::reset_plan(n, &r).unwrap();
+            let (ids, seeds) = r.plan(n).unwrap();
             reset_listed_mirror(
                 &mut states,
                 &mut rngs,
