@@ -180,3 +180,62 @@ fn another_users_file_is_refused_and_left_alone() {
     assert!(!removed.contains(&name), "{removed:?}");
     assert_eq!(std::fs::metadata(&p).unwrap().uid(), 65534);
 }
+
+/// Root's `gc`, `ls` and `inspect` against a symbolic link that `nobody` planted, pointing
+/// at a file of root's that looks like an abandoned region (old, magic written, no lock):
+/// none follows the link (before the fix, root's `gc` took a lock on the target through
+/// it and removed the name), each says what the name is, and both files stay as they were.
+#[test]
+fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
+    if !common::private_shm("roots_gc_does_not_follow_a_link_planted_by_nobody", "8m") {
+        return;
+    }
+    let name = "shmbridge-planted-by-nobody";
+    let target = std::env::temp_dir().join(format!("shmbridge-link-target-{}", std::process::id()));
+    let mut region = vec![0u8; shmbridge::layout::CONTROL_SIZE];
+    region[..8].copy_from_slice(&shmbridge::layout::MAGIC.to_le_bytes());
+    std::fs::write(&target, &region).unwrap();
+    let old = rustix::fs::Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: old,
+        last_modification: old,
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, &target, &times, rustix::fs::AtFlags::empty()).unwrap();
+    let link = path(name);
+    symlink(&target, &link).unwrap();
+    let nobody = rustix::process::Uid::from_raw(65534);
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &link,
+        Some(nobody),
+        None,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        no_hang("the CLI", move || {
+            Command::new(common::BIN).args(&args).output().unwrap()
+        })
+    };
+    let gc = run(&["gc"]);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    let ls = run(&["ls"]);
+    let ls = String::from_utf8_lossy(&ls.stdout).to_string();
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with(name) && l.contains("a symbolic link")),
+        "{ls}"
+    );
+    let inspect = run(&["inspect", name]);
+    assert!(!inspect.status.success());
+    assert!(String::from_utf8_lossy(&inspect.stderr).contains("a symbolic link"));
+    let meta = link.symlink_metadata().expect("gc removed the link");
+    assert!(meta.file_type().is_symlink() && meta.uid() == 65534);
+    assert_eq!(std::fs::read(&target).unwrap(), region, "the target was changed");
+    assert_eq!(target.metadata().unwrap().mtime(), 1);
+    std::fs::remove_file(&target).unwrap();
+}

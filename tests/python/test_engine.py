@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -327,3 +328,31 @@ def test_example_python_engine_serves_pendulum_dynamics():
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_engine_start_and_region_tools_do_not_block_on_a_fifo():
+    """A FIFO named like a region (any local user can make one in /dev/shm): `Engine()`
+    (whose start sweeps /dev/shm), `list_regions()` and `gc()` neither block on it nor
+    remove it. Run in a child process, so a hang fails the test instead of stalling it."""
+    fifo = f"/dev/shm/shmbridge-pyfifo-{os.getpid()}"
+    os.mkfifo(fifo, 0o666)
+    try:
+        code = (
+            "import shmbridge, sys\n"
+            "e = shmbridge.Engine(shmbridge.EngineSpec.standard('toy', 2, 3, 1))\n"
+            "assert sys.argv[1] in shmbridge.list_regions()\n"
+            "assert sys.argv[1] not in shmbridge.gc()\n"
+            "e.close()\n"
+            "print('served')\n"
+        )
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", code, os.path.basename(fifo)],
+                capture_output=True, text=True, timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("Engine(), list_regions() or gc() blocked on a FIFO in /dev/shm")
+        assert out.returncode == 0 and "served" in out.stdout, out.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    finally:
+        os.unlink(fifo)
