@@ -166,6 +166,15 @@ pub enum Error {
         location: &'static str,
     },
 
+    /// The filesystem of shm objects (`/dev/shm`, a tmpfs) has no room for the region.
+    #[error("no room in /dev/shm for region '{name}': it needs {needed} bytes ({}), /dev/shm has {free} bytes free of {total} ({} of {}); free some (`shmbridge gc` removes regions of dead engines), serve fewer or smaller tensors, or give /dev/shm more room (Docker: `docker run --shm-size=2g`, Compose: `shm_size`; Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)", Mib(*needed), Mib(*free), Mib(*total))]
+    NoSpace {
+        name: String,
+        needed: u64,
+        free: u64,
+        total: u64,
+    },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -227,12 +236,13 @@ pub enum ErrorKind {
     VulkanUnavailable,
     Vulkan,
     NotOnHost,
+    NoSpace,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 37] = [
+    pub const ALL: [ErrorKind; 38] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -269,6 +279,7 @@ impl ErrorKind {
         ErrorKind::VulkanUnavailable,
         ErrorKind::Vulkan,
         ErrorKind::NotOnHost,
+        ErrorKind::NoSpace,
         ErrorKind::Io,
     ];
 }
@@ -316,8 +327,18 @@ impl Error {
             Error::VulkanUnavailable { .. } => ErrorKind::VulkanUnavailable,
             Error::Vulkan { .. } => ErrorKind::Vulkan,
             Error::NotOnHost { .. } => ErrorKind::NotOnHost,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
             Error::Io { .. } => ErrorKind::Io,
         }
+    }
+}
+
+/// A byte count for messages, in MiB with one decimal (`21.7 MiB`).
+struct Mib(u64);
+
+impl std::fmt::Display for Mib {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} MiB", self.0 as f64 / (1u64 << 20) as f64)
     }
 }
 

@@ -95,8 +95,30 @@ pub fn file_identity(file: &File) -> Result<(u64, u64, u64)> {
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
 
-pub fn set_len(file: &File, len: u64) -> Result<()> {
-    rustix::fs::ftruncate(file, len).map_err(|e| Error::io("ftruncate", e))
+/// Sizes a new shm object to `len` bytes and reserves them: `posix_fallocate` charges
+/// every page to the tmpfs now, so a region that does not fit is `Err(ENOSPC)` here. After
+/// a bare `ftruncate` the file would be sparse, and the first write past the free space
+/// (`MAP_POPULATE` does not reserve either) would kill the process with SIGBUS.
+pub fn reserve(file: &File, len: u64) -> std::result::Result<(), Errno> {
+    loop {
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+            // A signal arrived while the kernel was allocating: what it allocated stays,
+            // so asking again finishes the job.
+            Err(Errno::INTR) => continue,
+            // A filesystem without fallocate (not tmpfs): size it the old way.
+            Err(Errno::OPNOTSUPP) => return rustix::fs::ftruncate(file, len),
+            other => return other,
+        }
+    }
+}
+
+/// `(free, total)` bytes of the filesystem holding shm objects (`/dev/shm`), for messages.
+pub fn shm_space() -> Option<(u64, u64)> {
+    let st = rustix::fs::statvfs(SHM_DIR).ok()?;
+    Some((
+        st.f_bavail.saturating_mul(st.f_frsize),
+        st.f_blocks.saturating_mul(st.f_frsize),
+    ))
 }
 
 /// Takes an exclusive `flock` without blocking; `Ok(false)` if someone else holds it.

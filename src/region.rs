@@ -85,7 +85,18 @@ impl Region {
         // A sweep may hold the lock for a moment while it looks at the new file: wait.
         os::lock_exclusive(&file)?;
         let len = builder.header.region_size;
-        os::set_len(&file, len)?;
+        os::reserve(&file, len).map_err(|e| match e {
+            rustix::io::Errno::NOSPC | rustix::io::Errno::FBIG => {
+                let (free, total) = os::shm_space().unwrap_or((0, 0));
+                Error::NoSpace {
+                    name: name.to_string(),
+                    needed: len,
+                    free,
+                    total,
+                }
+            }
+            e => Error::io(format!("reserving {len} bytes for '{name}'"), e),
+        })?;
         let map = MmapOptions::new()
             .len(len as usize)
             .populate()

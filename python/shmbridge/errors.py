@@ -49,6 +49,7 @@ __all__ = [
     "VulkanUnavailableError",
     "VulkanError",
     "NotOnHostError",
+    "NoSpaceError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -227,6 +228,11 @@ class VulkanError(ShmBridgeError, RuntimeError):
 
 class NotOnHostError(ShmBridgeError, TypeError):
     """A host view was asked of a tensor whose bytes live on a device."""
+
+
+class NoSpaceError(ShmBridgeError, OSError):
+    """``/dev/shm`` has no room for the region (Docker gives containers 64 MB unless
+    started with ``--shm-size``); the message gives the sizes. Nothing was left behind."""
 
 
 class ShmBridgeOSError(ShmBridgeError, OSError):

@@ -49,6 +49,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::VulkanUnavailable => "VulkanUnavailableError",
         ErrorKind::Vulkan => "VulkanError",
         ErrorKind::NotOnHost => "NotOnHostError",
+        ErrorKind::NoSpace => "NoSpaceError",
         ErrorKind::Io => "ShmBridgeOSError",
     }
 }

@@ -356,3 +356,38 @@ def test_engine_start_and_region_tools_do_not_block_on_a_fifo():
         assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     finally:
         os.unlink(fifo)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private 8 MB /dev/shm needs root (unshare -m, mount)")
+def test_a_region_larger_than_dev_shm_raises_in_process_and_from_launch():
+    """In an 8 MB tmpfs (a small Docker /dev/shm): an in-process `Engine()` of 21.7 MB
+    raises `NoSpaceError` naming the sizes and `--shm-size` (before the fix it returned an
+    engine whose first write past 8 MB killed the interpreter with SIGBUS), `launch()`
+    raises `EngineStartError` carrying the same message, and nothing is left in /dev/shm."""
+    code = (
+        "import os, shmbridge\n"
+        "spec = shmbridge.EngineSpec('big', 1024).tensor('rgb', 'uint8', [1024, 84, 84, 3])\n"
+        "spec.tensor('actions', 'float32', [1024, 1], 'client->engine')\n"
+        "try:\n"
+        "    shmbridge.Engine(spec)\n"
+        "except shmbridge.NoSpaceError as e:\n"
+        "    assert isinstance(e, OSError) and '--shm-size' in str(e) and '21.7 MiB' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('Engine() did not raise')\n"
+        "assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')\n"
+        "try:\n"
+        "    shmbridge.launch('null', 1024, obs_dim=4, act_dim=1, image='84x84x3')\n"
+        "except shmbridge.EngineStartError as e:\n"
+        "    assert 'no room in /dev/shm' in str(e) and '--shm-size' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('launch() did not raise')\n"
+        "assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')\n"
+        "print('raised')\n"
+    )
+    out = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs -o size=8m,mode=1777 shmbridge-test /dev/shm && exec "$0" "$@"',
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0 and "raised" in out.stdout, (out.returncode, out.stdout, out.stderr)
