@@ -149,7 +149,10 @@ impl WaitArgs {
         if self.blocking {
             WaitPolicy::BLOCKING
         } else {
-            WaitPolicy::spinning(Duration::from_secs_f64(self.spin_us / 1e6))
+            // `parse_micros` keeps it finite and non-negative; `spinning` caps it.
+            WaitPolicy::spinning(
+                Duration::try_from_secs_f64(self.spin_us / 1e6).unwrap_or(Duration::MAX),
+            )
         }
     }
 }

@@ -129,14 +129,16 @@ impl Region {
     /// Opens an existing region and waits (up to `timeout`) until its engine has published
     /// the header. Returns the region and a validated snapshot of its layout.
     pub fn open(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
-        let deadline = Instant::now() + timeout;
+        // No deadline when it lies past what an Instant holds (a timeout of "forever").
+        let deadline = Instant::now().checked_add(timeout);
+        let expired = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = Backoff::default();
         // The engine sizes the object right after creating it, before writing anything:
         // wait for the size, then map once and wait for the magic.
         let region = loop {
             match Region::map_existing(name, true) {
                 Ok(r) => break r,
-                Err(e @ Error::RegionTooSmall { .. }) if Instant::now() >= deadline => {
+                Err(e @ Error::RegionTooSmall { .. }) if expired() => {
                     return Err(e)
                 }
                 Err(Error::RegionTooSmall { .. }) => backoff.snooze(),
@@ -144,7 +146,7 @@ impl Region {
             }
         };
         while !region.control().is_published() {
-            if Instant::now() >= deadline {
+            if expired() {
                 return Err(Error::Timeout {
                     waited: timeout,
                     what: "the engine to publish the region header",

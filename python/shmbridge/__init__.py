@@ -80,8 +80,11 @@ def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
         sel.register(fd, _selectors.EVENT_READ)
         while b"\n" not in buf:
             left = deadline - _time.monotonic()
-            if left <= 0 or not sel.select(left):
+            if left <= 0:
                 return None
+            # In slices: select() refuses a timeout past what a time_t holds.
+            if not sel.select(min(left, 60.0)):
+                continue
             chunk = _os.read(fd, 4096)
             if not chunk:
                 return None

@@ -90,7 +90,18 @@ pub fn serve(
 pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
     match name {
         "null" => Ok(Box::new(null_env(num_envs, options)?)),
-        "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed))),
+        "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed)?)),
+        other => Err(unknown_env(other)),
+    }
+}
+
+/// The spec the host env `name` serves, without building the env: its state is about
+/// as large as its region, so [`run_reference`] reserves the region first, and a size
+/// that does not fit /dev/shm is `NoSpace` before any of that memory is touched.
+pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+    match name {
+        "null" => Ok(null_env(num_envs, options)?.spec()),
+        "cartpole" => Ok(cartpole::spec(num_envs)),
         other => Err(unknown_env(other)),
     }
 }
@@ -196,16 +207,25 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     let mut choice = crate::device::resolve(r.device)?;
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
-    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
-        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
-        let mut spec = env.spec().policy(r.policy);
+    let serving = |spec: EngineSpec| {
+        let mut spec = spec.policy(r.policy);
         if let Some(d @ Device::Vulkan(_)) = r.options.image_device {
             spec = spec.place("rgb", d);
         }
         if let Some(n) = &r.name {
             spec = spec.name(n);
         }
-        let engine = Engine::create(spec)?;
+        spec
+    };
+    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
+        if device == Device::Host {
+            // The region (reserved in /dev/shm) before the env's state, which is as large.
+            let engine = Engine::create(serving(host_spec(&r.env, r.num_envs, &r.options)?))?;
+            let env = by_name(&r.env, r.num_envs, &r.options)?;
+            return Ok((env, engine));
+        }
+        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
+        let engine = Engine::create(serving(env.spec()))?;
         Ok((env, engine))
     };
     let (mut env, mut engine) = match build(choice.device) {

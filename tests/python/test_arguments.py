@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import shmbridge
+from conftest import needs_root, run_in_private_shm
 
 
 @pytest.fixture
@@ -58,3 +59,67 @@ def test_good_arguments_still_launch():
     with shmbridge.launch("null", num_envs=2, obs_dim=3, seed=0, idle_timeout=5, timeout=30.0) as c:
         assert c.num_envs == 2 and tuple(c.obs.shape) == (2, 3)
     assert not any(n.startswith("shmbridge-") and n == c.name for n in os.listdir("/dev/shm"))
+
+
+# Run in a private 64 MB /dev/shm with a 4 GiB address-space cap: what would eat the
+# machine must fail, and fail with a typed error.
+_ABSURD = r'''
+import os, shmbridge
+from shmbridge import EngineSpec, Engine
+
+TYPED = (shmbridge.ShmBridgeError, TypeError, ValueError, OverflowError)
+seen = []
+
+def expect(what, f, kind=TYPED):
+    try:
+        f()
+    except kind as e:
+        # An engine's stderr travels in EngineStartError: no panic or abort in it either.
+        for crash in ("panicked", "memory allocation of", "RUST_BACKTRACE"):
+            assert crash not in str(e), f"{what}: {e}"
+        seen.append(f"{what}: {type(e).__name__}")
+        return
+    except BaseException as e:  # a pyo3 PanicException is a BaseException
+        raise AssertionError(f"{what}: {type(e).__name__}: {e}") from None
+    raise AssertionError(f"{what}: no error")
+
+expect("launch cartpole 10**9", lambda: shmbridge.launch("cartpole", num_envs=10**9), shmbridge.EngineStartError)
+expect("launch null 2**32", lambda: shmbridge.launch("null", num_envs=2**32), shmbridge.EngineStartError)
+expect("launch obs_dim 2**64", lambda: shmbridge.launch("null", 4, obs_dim=2**64), shmbridge.EngineStartError)
+expect("launch image", lambda: shmbridge.launch("null", 4, image="4294967296x4294967296x4294967296"), shmbridge.EngineStartError)
+expect("spec num_envs 2**32", lambda: EngineSpec("k", 2**32), OverflowError)
+expect("spec num_envs 0", lambda: Engine(EngineSpec.standard("k", 0, 1, 1)), shmbridge.InvalidSpecError)
+expect("spec shape", lambda: Engine(EngineSpec("k", 4).tensor("obs", "float32", [2**62, 2**62])), shmbridge.InvalidSpecError)
+expect("spec huge", lambda: Engine(EngineSpec.standard("k", 10**9, 10**9, 10**9)), (shmbridge.InvalidSpecError, shmbridge.NoSpaceError))
+expect("spec big", lambda: Engine(EngineSpec.standard("k", 10**6, 10**3, 1)), shmbridge.NoSpaceError)
+expect("ring 3", lambda: Engine(EngineSpec("k", 4, ring_capacity=3).tensor("o", "float32", [4])), shmbridge.InvalidSpecError)
+expect("ring 2**40", lambda: Engine(EngineSpec("k", 4, ring_capacity=2**40).tensor("o", "float32", [4])), shmbridge.NoSpaceError)
+expect("ring 2**64", lambda: EngineSpec("k", 4, ring_capacity=2**64), OverflowError)
+expect("attach long name", lambda: shmbridge.attach("x" * 5000, timeout=1e300), shmbridge.InvalidNameError)
+expect("attach absent", lambda: shmbridge.attach("shmbridge-absent", timeout=1e300), shmbridge.NotFoundError)
+
+with Engine(EngineSpec.standard("k", 4, 3, 1), spin_us=1e300) as e:
+    e.publish()
+with shmbridge.launch("cartpole", 4, timeout=1e300, idle_timeout=1e300, spin_us=1e300) as c:
+    c.step(timeout=1e300)
+    expect("reset seed 2**64", lambda: c.reset(seed=2**64), TypeError)
+    expect("reset env_ids 2**32", lambda: c.reset(env_ids=[2**32]), OverflowError)
+    expect("reset env_ids 10**6", lambda: c.reset(env_ids=[10**6]), shmbridge.RemoteError)
+    expect("call payload", lambda: c.call("set_pole_length", payload=b"x" * (64 << 20)), shmbridge.RecordTooLargeError)
+    expect("step timeout nan", lambda: c.step(timeout=float("nan")), ValueError)
+    c.reset(seed=1, timeout=1e300)
+    c.step()
+assert os.listdir("/dev/shm") == [], os.listdir("/dev/shm")
+print("\n".join(seen))
+print("typed errors only")
+'''
+
+
+@needs_root
+def test_absurd_sizes_at_every_python_entry_point_are_typed_errors():
+    """Absurd sizes at `launch()`, `EngineSpec`/`Engine`, `attach()` and a client's calls:
+    a typed exception each, never a Rust panic (pyo3's PanicException), an abort or a
+    signal. Before the fix `launch("cartpole", num_envs=10**9)` ended in an engine panic."""
+    out = run_in_private_shm(_ABSURD, "64m", memory_kib=4 << 20)
+    assert out.returncode == 0 and "typed errors only" in out.stdout, (out.returncode, out.stdout, out.stderr)
+    assert "panicked" not in out.stderr, out.stderr

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import shmbridge
+from conftest import needs_root, run_in_private_shm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "python_engine.py"
@@ -358,7 +359,7 @@ def test_engine_start_and_region_tools_do_not_block_on_a_fifo():
         os.unlink(fifo)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a private 8 MB /dev/shm needs root (unshare -m, mount)")
+@needs_root
 def test_a_region_larger_than_dev_shm_raises_in_process_and_from_launch():
     """In an 8 MB tmpfs (a small Docker /dev/shm): an in-process `Engine()` of 21.7 MB
     raises `NoSpaceError` naming the sizes and `--shm-size` (before the fix it returned an
@@ -384,10 +385,5 @@ def test_a_region_larger_than_dev_shm_raises_in_process_and_from_launch():
         "assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')\n"
         "print('raised')\n"
     )
-    out = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",
-         'mount -t tmpfs -o size=8m,mode=1777 shmbridge-test /dev/shm && exec "$0" "$@"',
-         sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=300,
-    )
+    out = run_in_private_shm(code, "8m")
     assert out.returncode == 0 and "raised" in out.stdout, (out.returncode, out.stdout, out.stderr)
