@@ -240,6 +240,10 @@ def launch(
         raise TypeError(f"env must be a str such as 'cartpole', not {type(env).__name__}")
     num_envs = _check_int("num_envs", num_envs, 1)
     timeout = _check_number("timeout", timeout)
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be a bool, not {type(blocking).__name__} ({blocking!r})")
+    if not isinstance(importer, str):
+        raise TypeError(f"importer must be a str ('auto', 'cuda' or 'vulkan'), not {type(importer).__name__}")
     if spin_us is not None:
         _check_number("spin_us", spin_us, positive=False)
     _check_engine_args(engine_args)

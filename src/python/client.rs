@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::actions::copy_actions;
+use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
 use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
@@ -164,12 +165,12 @@ pub(super) fn closed_err(py: Python<'_>) -> PyErr {
 impl PyClient {
     /// Attaches to the engine's region `name` (as printed by `shmbridge engine`).
     #[staticmethod]
-    #[pyo3(signature = (name, timeout=10.0, spin_us=None, blocking=false, importer="auto"))]
+    #[pyo3(signature = (name, timeout=Seconds(10.0), spin_us=None, blocking=false, importer="auto"))]
     fn attach(
         py: Python<'_>,
         name: &str,
-        timeout: f64,
-        spin_us: Option<f64>,
+        timeout: Seconds,
+        spin_us: Option<Seconds>,
         blocking: bool,
         importer: &str,
     ) -> PyResult<PyClient> {
@@ -251,7 +252,7 @@ impl PyClient {
         &self,
         py: Python<'py>,
         actions: Option<Bound<'py, PyAny>>,
-        timeout: Option<f64>,
+        timeout: Option<Seconds>,
         stream: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let limit = match timeout {
@@ -314,24 +315,25 @@ impl PyClient {
     /// reset does not change.
     /// CUDA engines: `stream` (default torch's current one) then waits on the engine's
     /// event, so work queued on it sees the reset observations.
-    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0, stream=None))]
+    #[pyo3(signature = (seed=None, env_ids=None, timeout=Seconds(10.0), stream=None))]
     fn reset(
         &self,
         py: Python<'_>,
         seed: Option<Bound<'_, PyAny>>,
-        env_ids: Option<Vec<u32>>,
-        timeout: f64,
+        env_ids: Option<Vec<Count<u32>>>,
+        timeout: Seconds,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
             None => Vec::new(),
-            Some(s) => match s.extract::<u64>() {
-                Ok(one) => vec![one],
-                Err(_) => s.extract::<Vec<u64>>().map_err(|_| {
+            Some(s) => match s.extract::<Count<u64>>() {
+                Ok(one) => vec![one.0],
+                Err(_) => s.extract::<Vec<Count<u64>>>().map(counts).map_err(|_| {
                     PyTypeError::new_err("seed must be None, a non-negative int, or a list of them")
                 })?,
             },
         };
+        let env_ids = env_ids.map(counts);
         let timeout = duration(timeout, "timeout")?;
         let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
         let frame = self.command(py, timeout, |client| {
@@ -345,13 +347,13 @@ impl PyClient {
     /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
     /// `payload` as raw bytes. Returns the reply's arguments as a dict of str, with the
     /// reply's payload under `"payload"` when it has one.
-    #[pyo3(signature = (method, *, payload=None, timeout=10.0, **kwargs))]
+    #[pyo3(signature = (method, *, payload=None, timeout=Seconds(10.0), **kwargs))]
     fn call<'py>(
         &self,
         py: Python<'py>,
         method: &str,
         payload: Option<Vec<u8>>,
-        timeout: f64,
+        timeout: Seconds,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let mut args: Vec<(String, String)> = Vec::new();
@@ -384,8 +386,8 @@ impl PyClient {
     /// The engine's schema over the command channel: `num_envs`, `engine_kind`, the
     /// tensors (name, dtype, shape, direction, location) in table order, and the
     /// engine's metadata (observation bounds, action space, autoreset mode, ...).
-    #[pyo3(signature = (timeout=10.0))]
-    fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (timeout=Seconds(10.0)))]
+    fn schema<'py>(&self, py: Python<'py>, timeout: Seconds) -> PyResult<Bound<'py, PyDict>> {
         let timeout = duration(timeout, "timeout")?;
         let body = self.command(py, timeout, |client| client.schema(timeout))?;
         let crate::wire::Body::Schema {
@@ -422,12 +424,12 @@ impl PyClient {
     }
 
     /// Round trip of a `Ping` over the command channel; returns the echoed payload.
-    #[pyo3(signature = (payload=None, timeout=10.0))]
+    #[pyo3(signature = (payload=None, timeout=Seconds(10.0)))]
     fn ping<'py>(
         &self,
         py: Python<'py>,
         payload: Option<Vec<u8>>,
-        timeout: f64,
+        timeout: Seconds,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;

@@ -20,6 +20,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyVal
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::tensor::{tensor_named, Place, PyTensor};
 use super::waits::{duration, next_slice, wait_policy};
@@ -83,10 +84,15 @@ impl PyEngineSpec {
     /// if None). `ring_capacity`: bytes of each command ring (0: no command channel).
     #[new]
     #[pyo3(signature = (kind, num_envs, *, name=None, ring_capacity=None))]
-    fn new(kind: &str, num_envs: u32, name: Option<String>, ring_capacity: Option<u64>) -> Self {
-        let mut spec = EngineSpec::new(kind, num_envs);
+    fn new(
+        kind: &str,
+        num_envs: Count<u32>,
+        name: Option<String>,
+        ring_capacity: Option<Count<u64>>,
+    ) -> Self {
+        let mut spec = EngineSpec::new(kind, num_envs.0);
         spec.name = name;
-        if let Some(bytes) = ring_capacity {
+        if let Some(Count(bytes)) = ring_capacity {
             spec.ring_capacity = bytes;
         }
         PyEngineSpec { spec }
@@ -99,9 +105,9 @@ impl PyEngineSpec {
     #[pyo3(signature = (kind, num_envs, obs_dim, act_dim, act_dtype=None, *, name=None))]
     fn standard(
         kind: &str,
-        num_envs: u32,
-        obs_dim: u64,
-        act_dim: u64,
+        num_envs: Count<u32>,
+        obs_dim: Count<u64>,
+        act_dim: Count<u64>,
         act_dtype: Option<&Bound<'_, PyAny>>,
         name: Option<String>,
     ) -> PyResult<Self> {
@@ -109,7 +115,7 @@ impl PyEngineSpec {
             Some(d) => parse_dtype(d)?,
             None => DType::F32,
         };
-        let mut spec = EngineSpec::standard(kind, num_envs, obs_dim, act_dim, act_dtype);
+        let mut spec = EngineSpec::standard(kind, num_envs.0, obs_dim.0, act_dim.0, act_dtype);
         spec.name = name;
         Ok(PyEngineSpec { spec })
     }
@@ -121,14 +127,14 @@ impl PyEngineSpec {
         mut slf: PyRefMut<'py, Self>,
         name: &str,
         dtype: &Bound<'py, PyAny>,
-        shape: Vec<u64>,
+        shape: Vec<Count<u64>>,
         direction: &str,
     ) -> PyResult<PyRefMut<'py, Self>> {
         let dtype = parse_dtype(dtype)?;
         let direction = parse_direction(direction)?;
         slf.spec
             .tensors
-            .push(TensorSpec::new(name, dtype, &shape, direction));
+            .push(TensorSpec::new(name, dtype, &counts(shape), direction));
         Ok(slf)
     }
 
@@ -374,7 +380,7 @@ impl PyEngine {
     fn new(
         py: Python<'_>,
         spec: PyRef<'_, PyEngineSpec>,
-        spin_us: Option<f64>,
+        spin_us: Option<Seconds>,
         blocking: bool,
     ) -> PyResult<Self> {
         let spec = spec.spec.clone().policy(wait_policy(spin_us, blocking)?);
@@ -415,7 +421,7 @@ impl PyEngine {
     fn wait_actions(
         &self,
         py: Python<'_>,
-        timeout: Option<f64>,
+        timeout: Option<Seconds>,
         handler: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
         let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;

@@ -12,10 +12,12 @@
 //! - [`engine`]: `Engine` and `EngineSpec`, a simulator written in Python.
 //! - [`errors`]: crate errors as the exceptions of `shmbridge.errors`.
 //! - [`waits`]: sliced waits (Ctrl-C) and the timeouts of the Python API.
+//! - [`args`]: counts and seconds taken strictly (a bool is neither).
 //! - [`tools`]: `cli` (the `shmbridge` command line), `list_regions`, `gc`,
 //!   `cuda_available`.
 
 mod actions;
+mod args;
 mod client;
 mod engine;
 mod errors;

@@ -123,3 +123,89 @@ def test_absurd_sizes_at_every_python_entry_point_are_typed_errors():
     out = run_in_private_shm(_ABSURD, "64m", memory_kib=4 << 20)
     assert out.returncode == 0 and "typed errors only" in out.stdout, (out.returncode, out.stdout, out.stderr)
     assert "panicked" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(blocking="yes"), TypeError), (dict(blocking=1), TypeError), (dict(importer=3), TypeError),
+])
+def test_wait_and_importer_options_of_launch_are_checked_first(no_process, kwargs, error):
+    with pytest.raises(error):
+        shmbridge.launch("null", num_envs=2, **kwargs)
+
+
+def _spec(**kw):
+    return shmbridge.EngineSpec.standard("toy", 2, 3, 1, **kw)
+
+
+# Each callable must raise before anything is created. Python's True == 1: a bool is not
+# taken for a count or a number of seconds, nor a float for a count.
+@pytest.mark.parametrize("call, error", [
+    (lambda: shmbridge.EngineSpec("k", True), TypeError),
+    (lambda: shmbridge.EngineSpec("k", 2.0), TypeError),
+    (lambda: shmbridge.EngineSpec("k", "2"), TypeError),
+    (lambda: shmbridge.EngineSpec("k", -2), OverflowError),
+    (lambda: shmbridge.EngineSpec("k", 2, ring_capacity=True), TypeError),
+    (lambda: shmbridge.EngineSpec("k", 2, ring_capacity=4096.0), TypeError),
+    (lambda: shmbridge.EngineSpec.standard("k", 2, True, 1), TypeError),
+    (lambda: shmbridge.EngineSpec.standard("k", 2, 3, 1.5), TypeError),
+    (lambda: shmbridge.EngineSpec("k", 2).tensor("obs", "float32", [2, True]), TypeError),
+    (lambda: shmbridge.EngineSpec("k", 2).tensor("obs", "float32", [2, 3.0]), TypeError),
+    (lambda: shmbridge.EngineSpec("k", 2).tensor("obs", "float32", "23"), TypeError),
+    (lambda: shmbridge.Engine(_spec(), spin_us=True), TypeError),
+    (lambda: shmbridge.Engine(_spec(), spin_us="5"), TypeError),
+    (lambda: shmbridge.Engine(_spec(), spin_us=-1.0), ValueError),
+    (lambda: shmbridge.Engine(_spec(), spin_us=float("nan")), ValueError),
+    (lambda: shmbridge.Engine(_spec(), blocking=1), TypeError),
+    (lambda: shmbridge.Engine("spec"), TypeError),
+    (lambda: shmbridge.attach(3), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", timeout=True), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", timeout="5"), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", timeout=-1), ValueError),
+    (lambda: shmbridge.attach("shmbridge-absent", timeout=float("nan")), ValueError),
+    (lambda: shmbridge.attach("shmbridge-absent", spin_us=True), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", spin_us=-3), ValueError),
+    (lambda: shmbridge.attach("shmbridge-absent", blocking="no"), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", importer=1), TypeError),
+    (lambda: shmbridge.attach("shmbridge-absent", importer="opengl"), ValueError),
+])
+def test_bad_arguments_to_engines_and_attach_raise_before_anything_is_created(call, error):
+    before = set(shmbridge.list_regions())
+    with pytest.raises(error):
+        call()
+    assert set(shmbridge.list_regions()) <= before
+
+
+@pytest.mark.parametrize("method, kwargs, error", [
+    ("step", dict(timeout=True), TypeError),
+    ("step", dict(timeout="1"), TypeError),
+    ("step", dict(timeout=-1), ValueError),
+    ("reset", dict(seed=True), TypeError),
+    ("reset", dict(seed=1.5), TypeError),
+    ("reset", dict(seed=[1, True]), TypeError),
+    ("reset", dict(seed="7"), TypeError),
+    ("reset", dict(env_ids=[True]), TypeError),
+    ("reset", dict(env_ids=[0.0]), TypeError),
+    ("reset", dict(timeout=False), TypeError),
+    ("ping", dict(timeout=True), TypeError),
+    ("schema", dict(timeout=float("nan")), ValueError),
+])
+def test_bad_arguments_to_a_client_raise_and_the_client_keeps_stepping(null_client, method, kwargs, error):
+    frame = null_client.frame
+    with pytest.raises(error):
+        getattr(null_client, method)(**kwargs)
+    assert null_client.counters() == (frame, frame), "something was sent"
+    null_client.step()
+    assert null_client.frame == frame + 1
+
+
+@pytest.mark.parametrize("args", [
+    ["engine", "--num-envs", "1.9"], ["engine", "--num-envs", "true"], ["engine", "--num-envs", "0x10"],
+    ["engine", "--obs-dim", "-1"], ["engine", "--seed", "1.5"], ["engine", "--spin-us", "fast"],
+    ["engine", "--idle-timeout", "-1"], ["engine", "--device", "gpu"], ["engine", "--image", "84x84"],
+    ["client", "x", "--steps", "1e3"], ["client", "x", "--timeout", "nan"], ["client", "--launch", "null", "y"],
+])
+def test_the_cli_refuses_loose_arguments_with_status_2(args):
+    """clap parses strictly: what is not exactly an int (or a number of seconds) is a usage
+    error before anything runs (the last case, a name and --launch, is the CLI's own: 1)."""
+    status = shmbridge._native.cli(["shmbridge", *args])
+    assert status == (1 if "--launch" in args else 2)
