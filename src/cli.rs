@@ -296,8 +296,10 @@ fn run_client(a: ClientArgs, invocation: &Invocation) -> Result<(), Error> {
             ))
         }
     };
-    let mut client = Client::attach(&name, AttachOptions::default().policy(a.wait.policy()))?;
-    client.set_interrupt(invocation.interrupt.clone());
+    let options = AttachOptions::default()
+        .policy(a.wait.policy())
+        .interrupt(invocation.interrupt.clone());
+    let mut client = Client::attach(&name, options)?;
     let result = drive(&mut client, &a, invocation.interrupt.as_ref());
     // Also after an error or an interrupt: a launched engine exits once the client
     // closes, and is waited for.

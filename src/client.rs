@@ -20,7 +20,7 @@ use crate::wire::{Body, Envelope, Kind, Method};
 pub type Interrupt = std::sync::Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 /// How to attach.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct AttachOptions {
     /// How long to wait for the engine to publish its header and frame 0.
     pub timeout: Duration,
@@ -28,6 +28,21 @@ pub struct AttachOptions {
     /// How to import Vulkan tensors (1.3): `Auto` (CUDA when a CUDA device has the
     /// engine's Vulkan device UUID, else a Vulkan device of the client's own).
     pub importer: device::VulkanImporter,
+    /// Consulted by every wait of the attach (for the header, for frame 0) on its slow
+    /// path, about every millisecond, and by the client's waits afterwards (see
+    /// [`Client::set_interrupt`]): its error ends the attach. `None`: only the timeout.
+    pub interrupt: Option<Interrupt>,
+}
+
+impl std::fmt::Debug for AttachOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachOptions")
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .field("importer", &self.importer)
+            .field("interrupt", &self.interrupt.is_some())
+            .finish()
+    }
 }
 
 impl Default for AttachOptions {
@@ -36,6 +51,7 @@ impl Default for AttachOptions {
             timeout: Duration::from_secs(10),
             policy: WaitPolicy::default(),
             importer: device::VulkanImporter::Auto,
+            interrupt: None,
         }
     }
 }
@@ -51,6 +67,11 @@ impl AttachOptions {
     }
     pub fn importer(mut self, importer: device::VulkanImporter) -> Self {
         self.importer = importer;
+        self
+    }
+    /// See [`AttachOptions::interrupt`].
+    pub fn interrupt(mut self, interrupt: Option<Interrupt>) -> Self {
+        self.interrupt = interrupt;
         self
     }
 }
@@ -100,7 +121,11 @@ impl Client {
     pub fn attach(name: &str, options: AttachOptions) -> Result<Client> {
         let start = Instant::now();
         let name = region::canonical_name(name)?;
-        let (region, layout) = Region::open(&name, options.timeout)?;
+        let interrupted = || match &options.interrupt {
+            Some(interrupt) => interrupt(),
+            None => Ok(()),
+        };
+        let (region, layout) = Region::open(&name, options.timeout, interrupted)?;
         let engine_dead = |r: &Region| {
             r.unlink_if_same();
             Error::PeerDied {
@@ -139,7 +164,7 @@ impl Client {
             next_id: (u64::from(me) << 32) | 1,
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
-            interrupt: None,
+            interrupt: options.interrupt.clone(),
             device_hooks: !device.as_any().is::<crate::device::host::HostClient>(),
             device,
             command_stream: 1,

@@ -128,7 +128,13 @@ impl Region {
 
     /// Opens an existing region and waits (up to `timeout`) until its engine has published
     /// the header. Returns the region and a validated snapshot of its layout.
-    pub fn open(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
+    /// `interrupted` is consulted at each poll once the wait sleeps (about every
+    /// millisecond): its error ends the wait.
+    pub fn open(
+        name: &str,
+        timeout: Duration,
+        mut interrupted: impl FnMut() -> Result<()>,
+    ) -> Result<(Region, layout::Layout)> {
         // No deadline when it lies past what an Instant holds (a timeout of "forever").
         let deadline = Instant::now().checked_add(timeout);
         let expired = || deadline.is_some_and(|d| Instant::now() >= d);
@@ -141,7 +147,12 @@ impl Region {
                 Err(e @ Error::RegionTooSmall { .. }) if expired() => {
                     return Err(e)
                 }
-                Err(Error::RegionTooSmall { .. }) => backoff.snooze(),
+                Err(Error::RegionTooSmall { .. }) => {
+                    if backoff.sleeps() {
+                        interrupted()?;
+                    }
+                    backoff.snooze()
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -151,6 +162,9 @@ impl Region {
                     waited: timeout,
                     what: "the engine to publish the region header",
                 });
+            }
+            if backoff.sleeps() {
+                interrupted()?;
             }
             backoff.snooze();
         }

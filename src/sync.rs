@@ -64,6 +64,12 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
+    /// Whether the next snooze sleeps (the yields are over): a poller consults its
+    /// interrupt hook only then, at most once a millisecond.
+    pub(crate) fn sleeps(&self) -> bool {
+        self.polls >= 63
+    }
+
     pub(crate) fn snooze(&mut self) {
         self.polls = self.polls.saturating_add(1);
         if self.polls < 64 {

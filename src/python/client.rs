@@ -177,18 +177,30 @@ impl PyClient {
         let timeout = duration(timeout, "timeout")?;
         let policy = wait_policy(spin_us, blocking)?;
         let importer = VulkanImporter::parse(importer).py_err(py)?;
+        // Ctrl-C while the engine has not published (its header, or frame 0) ends the
+        // attach with the KeyboardInterrupt, as it ends a step.
+        let signals = SignalCheck::default();
         let options = AttachOptions::default()
             .timeout(timeout)
             .policy(policy)
-            .importer(importer);
+            .importer(importer)
+            .interrupt(Some(signals.hook()));
         let name = name.to_string();
-        let (client, region) = py
-            .detach(|| -> Result<_, Error> {
-                let client = Client::attach(&name, options)?;
-                let region = Arc::new(client.map_again()?);
-                Ok((client, region))
-            })
-            .py_err(py)?;
+        let attached = py.detach(|| -> Result<_, Error> {
+            let mut client = Client::attach(&name, options)?;
+            // Later waits install their own hook (`command`) or check between slices.
+            client.set_interrupt(None);
+            let region = Arc::new(client.map_again()?);
+            Ok((client, region))
+        });
+        let (client, region) = match attached {
+            Err(Error::Interrupted) => {
+                return Err(signals
+                    .take()
+                    .unwrap_or_else(|| to_pyerr(py, Error::Interrupted)))
+            }
+            other => other.py_err(py)?,
+        };
         let layout = client.layout().clone();
         let importer = client
             .device()
