@@ -17,7 +17,7 @@ use crate::control::{ClientState, EngineState};
 use crate::device::DeviceRequest;
 use crate::envs::{self, EnvOptions};
 use crate::layout::{self, Header};
-use crate::region::{self, Region};
+use crate::region;
 use crate::{AttachOptions, Client, DType, Error, WaitPolicy};
 
 /// Exit status of a run stopped by its [`Invocation::interrupt`] (as for SIGINT).
@@ -385,11 +385,12 @@ fn drive(
     Ok(report)
 }
 
+/// A region's header as `ls` and `inspect` show it, read with `pread` (a file that
+/// shrinks meanwhile is a short read, never a SIGBUS), and its validation.
 fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error> {
-    let r = Region::open_read_only(name)?;
-    let snap = r.snapshot();
-    let h = layout::read_header(&snap)?;
-    let l = layout::validate(name, &snap, r.len() as u64);
+    let (bytes, size) = region::read_header_bytes(name)?;
+    let h = layout::read_header(&bytes)?;
+    let l = layout::validate(name, &bytes, size);
     Ok((h, l))
 }
 

@@ -320,6 +320,9 @@ impl Client {
         if let Some(interrupt) = &self.interrupt {
             interrupt()?;
         }
+        // Before each sleep: a region truncated under us is an error, not a SIGBUS at
+        // the next access (a truncation after this check still faults; see check_size).
+        self.region.check_size()?;
         if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }

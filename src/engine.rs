@@ -295,8 +295,10 @@ impl Engine {
         self.control().client_state() == ClientState::Attached
     }
 
-    /// The client's state as an error, if it is gone.
+    /// The client's state as an error, if it is gone; `RegionTooSmall` if the region was
+    /// truncated under the engine (checked before each sleep, as the client does).
     fn check_client(&self) -> Result<()> {
+        self.region.check_size()?;
         self.control().check_client()
     }
 

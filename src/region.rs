@@ -173,7 +173,9 @@ impl Region {
         Ok((region, layout))
     }
 
-    /// Maps a region read-only for inspection; nothing is validated beyond the size.
+    /// Maps a region read-only; nothing is validated beyond the size. A mapping of a file
+    /// that shrinks under it faults (SIGBUS) past the new end: tools that only look at
+    /// the header read it with [`read_header_bytes`] instead.
     pub fn open_read_only(name: &str) -> Result<Region> {
         Region::map_existing(name, false)
     }
@@ -289,6 +291,48 @@ impl Region {
     pub fn is_owner(&self) -> bool {
         self.owner
     }
+
+    /// `RegionTooSmall` if the file is now shorter than this mapping: someone with the
+    /// owner's rights truncated it, and touching the bytes past its end would SIGBUS.
+    /// Callers check before each blocking wait (the slow path, never per step). What
+    /// remains for a same-uid peer: a truncation between this check and an access of
+    /// the mapping (the next frame read, the next counter load) still faults; a tmpfs
+    /// file cannot be sealed against shrinking (only memfds can).
+    pub fn check_size(&self) -> Result<()> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let (size, _, _) = os::file_identity(file)?;
+        if size < self.len() as u64 {
+            return Err(Error::RegionTooSmall {
+                needed: self.len() as u64,
+                actual: size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The header bytes of region `name` (control block and the largest possible table, or
+/// the whole file if shorter) and the file's size, read with `pread`, never through a
+/// mapping: a file that shrinks while it is read gives a short read here (validation
+/// then says `RegionTooSmall`), where a mapping would kill the reader with SIGBUS.
+pub fn read_header_bytes(name: &str) -> Result<(Vec<u8>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let file = os::shm_open(name, false)?;
+    let (size, _, _) = os::file_identity(&file)?;
+    let mut out = vec![0u8; (size as usize).min(MAX_HEADER)];
+    let mut filled = 0;
+    while filled < out.len() {
+        match file.read_at(&mut out[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(format!("reading '{name}'"), e)),
+        }
+    }
+    out.truncate(filled);
+    Ok((out, size))
 }
 
 impl Drop for Region {
@@ -336,9 +380,8 @@ fn engine_is_gone(name: &str) -> Result<bool> {
     }
     let (size, _, _) = os::file_identity(&file)?;
     let claimed = size >= CONTROL_SIZE as u64 && {
-        let r = Region::open_read_only(name)?;
-        let h = r.header();
-        h.magic != 0 || h.engine_pid != 0
+        let (bytes, _) = read_header_bytes(name)?;
+        layout::read_header(&bytes).is_ok_and(|h| h.magic != 0 || h.engine_pid != 0)
     };
     if claimed {
         return Ok(true);
