@@ -126,8 +126,8 @@ impl Client {
             None => Ok(()),
         };
         let (region, layout) = Region::open(&name, options.timeout, interrupted)?;
-        let engine_dead = |r: &Region| {
-            r.unlink_if_same();
+        // `engine_gone` removed the name it left.
+        let engine_dead = || {
             Error::PeerDied {
                 peer: Peer::Engine,
                 pid: layout.engine_pid,
@@ -137,8 +137,8 @@ impl Client {
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
         let device = device::client_backend(&layout, &name, options.importer, options.timeout)?;
-        if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
-            return Err(engine_dead(&region));
+        if region.engine_gone()? {
+            return Err(engine_dead());
         }
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
@@ -147,7 +147,12 @@ impl Client {
         // of a device backend, then ATTACHED with Release: an engine that sees ATTACHED
         // also sees who it is.
         let control = region.control();
-        control.claim_client(&name, me, my_start)?;
+        // The lock that tells the engine this client lives (whatever PID namespace it is
+        // in), held until this client's descriptor closes.
+        region.hold_client_lock(me, my_start)?;
+        control.claim_client(&name, me, my_start, |pid, start| {
+            region.client_alive(pid, start)
+        })?;
         if let Some(handle) = device.event_handle() {
             control.publish_client_event(&handle)?;
         }
@@ -326,9 +331,9 @@ impl Client {
         if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
-        if !os::process_alive(self.layout.engine_pid, self.layout.engine_start_time) {
-            // The engine cannot unlink any more: do it for it, if the name is still ours.
-            self.region.unlink_if_same();
+        // Its lock, not its pid (which may be another PID namespace's): a dead engine
+        // cannot unlink any more, so `engine_gone` removes the name for it if still ours.
+        if self.region.engine_gone()? {
             return Err(Error::PeerDied {
                 peer: Peer::Engine,
                 pid: self.layout.engine_pid,

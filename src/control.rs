@@ -269,10 +269,17 @@ impl<'a> Control<'a> {
     }
 
     /// Claims the client slot for `(pid, start_time)`: moves `client_state` to
-    /// `CLAIMING` (a free slot: none, closed, invalidated, or attached by a dead
-    /// process), then writes who claims it. Publish it with [`Self::attach_client`].
-    /// `AlreadyAttached` when a live client holds it or another one is claiming it.
-    pub fn claim_client(&self, name: &str, pid: u32, start_time: u64) -> Result<()> {
+    /// `CLAIMING` (a free slot: none, closed, invalidated, or attached by a client that
+    /// `client_alive` says is dead: `Region::client_alive`), then writes who claims it.
+    /// Publish it with [`Self::attach_client`]. `AlreadyAttached` when a live client
+    /// holds it or another one is claiming it.
+    pub fn claim_client(
+        &self,
+        name: &str,
+        pid: u32,
+        start_time: u64,
+        client_alive: impl Fn(u32, u64) -> bool,
+    ) -> Result<()> {
         let slot = self.u32(offsets::CLIENT_STATE);
         loop {
             let code = slot.load(Ordering::Acquire);
@@ -280,7 +287,7 @@ impl<'a> Control<'a> {
                 ClientState::None | ClientState::Closed | ClientState::Invalidated => {}
                 ClientState::Attached => {
                     let (holder, start) = self.client_identity();
-                    if os::process_alive(holder, start) {
+                    if client_alive(holder, start) {
                         return Err(Error::AlreadyAttached {
                             name: name.to_string(),
                             pid: holder,
@@ -382,9 +389,10 @@ impl<'a> Control<'a> {
         None
     }
 
-    /// The engine's check of its client: `PeerClosed` or `PeerDied` when it is gone. A
-    /// client that died attached is marked `INVALIDATED`, so another may attach.
-    pub fn check_client(&self) -> Result<()> {
+    /// The engine's check of its client: `PeerClosed` or `PeerDied` when it is gone
+    /// (`client_alive` judges: `Region::client_alive`). A client that died attached is
+    /// marked `INVALIDATED`, so another may attach.
+    pub fn check_client(&self, client_alive: impl Fn(u32, u64) -> bool) -> Result<()> {
         match self.client_state() {
             ClientState::Closed => Err(Error::PeerClosed { peer: Peer::Client }),
             ClientState::Invalidated => Err(Error::PeerDied {
@@ -394,7 +402,7 @@ impl<'a> Control<'a> {
             }),
             ClientState::Attached => {
                 let (pid, start) = self.client_identity();
-                if os::process_alive(pid, start) {
+                if client_alive(pid, start) {
                     Ok(())
                 } else {
                     // Free the slot so another client may attach.
@@ -596,7 +604,7 @@ mod tests {
         c.publish_engine(42, 7);
         assert!(c.is_published());
         c.set_engine_ready();
-        c.claim_client("r", 43, 8).unwrap();
+        c.claim_client("r", 43, 8, |_, _| false).unwrap();
         c.publish_client_event(&[5; 64]).unwrap();
         assert_eq!(c.read_client_event(), None, "not attached yet");
         c.attach_client();

@@ -299,7 +299,8 @@ impl Engine {
     /// truncated under the engine (checked before each sleep, as the client does).
     fn check_client(&self) -> Result<()> {
         self.region.check_size()?;
-        self.control().check_client()
+        self.control()
+            .check_client(|pid, start| self.region.client_alive(pid, start))
     }
 
     /// Publishes the frame for the action last received: observations and the other

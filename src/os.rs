@@ -137,6 +137,75 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
     rustix::fs::flock(file, FlockOperation::LockExclusive).map_err(|e| Error::io("flock", e))
 }
 
+/// Drops a `flock` this descriptor holds.
+pub fn unlock(file: &File) {
+    let _ = rustix::fs::flock(file, FlockOperation::Unlock);
+}
+
+/// `(device, inode)` of what `name` in /dev/shm is now (a link itself, not its target);
+/// `None` if the name does not exist.
+pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
+    let path = format!("{SHM_DIR}/{}", name.trim_start_matches('/'));
+    match rustix::fs::statat(
+        rustix::fs::CWD,
+        path.as_str(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) => Ok(Some((st.st_dev, st.st_ino))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::io(format!("stat('{name}')"), e)),
+    }
+}
+
+// Byte locks: open file description (OFD) record locks on one byte of a file. Like a
+// `flock` they belong to the open file description, so the kernel drops them when the
+// last descriptor of it closes, however the holder ends, and closing another descriptor
+// of the same file does not (classic POSIX record locks, rustix's `fcntl_lock`, are
+// dropped then); unlike a `flock`, each party can hold its own byte of one file. They and
+// `flock`s do not see each other (Linux). A forked child shares the description, hence
+// the lock, until it closes its copy.
+
+/// `fcntl(fd, cmd, {l_type, SEEK_SET, byte, 1})`; returns the struct as the kernel left it.
+fn byte_lock(file: &File, cmd: libc::c_int, l_type: libc::c_int, byte: u64) -> Result<libc::flock, Errno> {
+    use std::os::fd::AsRawFd;
+    let start = libc::off_t::try_from(byte).map_err(|_| Errno::INVAL)?;
+    let mut lock = libc::flock {
+        l_type: l_type as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start,
+        l_len: 1,
+        // Must be 0 for OFD locks.
+        l_pid: 0,
+    };
+    // SAFETY: `file` is an open descriptor for the duration of the call, `cmd` is one of
+    // F_OFD_SETLK/F_OFD_GETLK, which read and (GETLK) write a `struct flock` through the
+    // pointer, and `lock` is a valid, initialised one that outlives the call.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
+    if r == -1 {
+        return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO));
+    }
+    Ok(lock)
+}
+
+/// Takes the write lock on `byte` of `file` without waiting; `Ok(false)` if another open
+/// file description holds it.
+pub fn try_lock_byte(file: &File, byte: u64) -> Result<bool> {
+    match byte_lock(file, libc::F_OFD_SETLK, libc::F_WRLCK, byte) {
+        Ok(_) => Ok(true),
+        Err(Errno::AGAIN) | Err(Errno::ACCESS) => Ok(false),
+        Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
+    }
+}
+
+/// Whether another open file description holds a lock on `byte` of `file` (asked of the
+/// kernel without taking anything: `F_OFD_GETLK`).
+pub fn byte_locked_by_other(file: &File, byte: u64) -> Result<bool> {
+    let lock = byte_lock(file, libc::F_OFD_GETLK, libc::F_WRLCK, byte)
+        .map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
+    Ok(i32::from(lock.l_type) != libc::F_UNLCK)
+}
+
+
 /// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
 /// value change, timeout or signal; the caller re-checks its condition in every case.
 /// Shared mapping: the futex is never `FUTEX_PRIVATE_FLAG`.

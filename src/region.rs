@@ -1,9 +1,25 @@
-//! A named shared-memory region: create (engine), open (client, tools), unlink, and the
-//! sweep of regions whose engine is dead.
+//! A named shared-memory region: create (engine), open (client, tools), unlink, the
+//! liveness of the parties serving it, and the sweep of regions whose engine is dead.
 //!
-//! The engine holds an exclusive `flock` on its region for as long as it lives. The kernel
-//! releases it when the engine exits in any way, so a sweep that can take the lock knows
-//! the engine is gone, with no pid-reuse race.
+//! # Liveness
+//!
+//! Every judgment of whether a peer lives goes through this module, and none rests on a
+//! pid alone: a pid means another process (or none) in another PID namespace (a client in
+//! a container), and pids are reused. Each party holds a lock on the region file that the
+//! kernel drops when the party ends, however it ends:
+//!
+//! - the engine, an exclusive `flock` on the whole file, from before it writes the header
+//!   until it exits (every version of the library takes it, so every sweep sees it). A
+//!   region whose `flock` can be taken has no engine: [`Region::engine_gone`];
+//! - an attached client (this version on), an OFD write lock on one byte of the file,
+//!   [`client_lock_byte`] of the pid and start time it recorded in the client slot, so the
+//!   engine reads where to look from the slot: [`Region::client_alive`]. A client of an
+//!   earlier version holds none; for it, a pid and start time naming a live process here
+//!   still count as alive.
+//!
+//! A name is removed only under the engine's lock (its owner, or whoever took the lock of
+//! a dead engine), and only if it still names the very object judged (same device and
+//! inode): a new engine may have taken the name meanwhile.
 
 use std::fs::File;
 use std::ptr::NonNull;
@@ -79,7 +95,7 @@ impl Region {
     /// Creates, sizes, pre-faults and initialises a region, then publishes its magic.
     /// Nothing is left behind if any step fails.
     pub fn create(name: &str, builder: &HeaderBuilder) -> Result<Region> {
-        let file = os::shm_create(name)?;
+        let file = create_name(name)?;
         // From here on, a failure must remove the name again.
         let guard = UnlinkOnDrop(name);
         // A sweep may hold the lock for a moment while it looks at the new file: wait.
@@ -277,14 +293,56 @@ impl Region {
     }
 
     /// Removes the name from /dev/shm if it still refers to the object we mapped (a new
-    /// engine may have taken the name since).
+    /// engine may have taken the name since). Callers hold the engine's lock (the engine
+    /// itself, or [`Region::engine_gone`] for a dead one), so no sweep acts on this
+    /// object meanwhile: see [`unlink_if_same`].
     pub fn unlink_if_same(&self) {
-        if let Ok(f) = os::shm_open(&self.name, false) {
-            if let Ok((_, dev, ino)) = os::file_identity(&f) {
-                if (dev, ino) == self.identity {
-                    let _ = os::shm_unlink(&self.name);
-                }
-            }
+        let _ = unlink_if_same(&self.name, self.identity);
+    }
+
+    /// `(device, inode)` of the object mapped.
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
+    }
+
+    /// Whether this region's engine is gone: its `flock` is free (it exited, however it
+    /// exited, or it never took it). If so, the name is removed, under that lock, if it
+    /// still names this object, and the lock is let go. `false` while the engine lives,
+    /// and for a second mapping (no descriptor to ask with). A sweep holding the lock
+    /// for a moment reads as alive: the caller asks again at its next check.
+    pub fn engine_gone(&self) -> Result<bool> {
+        let Some(file) = &self.file else {
+            return Ok(false);
+        };
+        if !os::try_lock_exclusive(file)? {
+            return Ok(false);
+        }
+        self.unlink_if_same();
+        os::unlock(file);
+        Ok(true)
+    }
+
+    /// Whether the client recorded in the slot as `(pid, start_time)` lives: it holds its
+    /// lock on this region ([`client_lock_byte`]; seen from any PID namespace), or (a
+    /// client of an earlier version holds none) that pid and start time name a live
+    /// process here. A dead client of this version fails both: its lock went with it,
+    /// and its pid is dead here or belongs to another process (or is another namespace's).
+    pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
+        let locked = self.file.as_ref().is_some_and(|f| {
+            // An error asking is no evidence of death.
+            os::byte_locked_by_other(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+        });
+        locked || os::process_alive(pid, start_time)
+    }
+
+    /// Takes the client lock of `(pid, start_time)` (the attaching client, before it
+    /// claims the slot). `false` if another descriptor holds it: a child forked from an
+    /// earlier client of this same process that kept the region open. The client then
+    /// goes on without (its pid still vouches for it, as for an earlier version's).
+    pub(crate) fn hold_client_lock(&self, pid: u32, start_time: u64) -> Result<bool> {
+        match &self.file {
+            Some(f) => os::try_lock_byte(f, client_lock_byte(pid, start_time)),
+            None => Ok(false),
         }
     }
 
@@ -318,9 +376,13 @@ impl Region {
 /// mapping: a file that shrinks while it is read gives a short read here (validation
 /// then says `RegionTooSmall`), where a mapping would kill the reader with SIGBUS.
 pub fn read_header_bytes(name: &str) -> Result<(Vec<u8>, u64)> {
+    read_header_from(name, &os::shm_open(name, false)?)
+}
+
+/// [`read_header_bytes`] of an open region file.
+fn read_header_from(name: &str, file: &File) -> Result<(Vec<u8>, u64)> {
     use std::os::unix::fs::FileExt;
-    let file = os::shm_open(name, false)?;
-    let (size, _, _) = os::file_identity(&file)?;
+    let (size, _, _) = os::file_identity(file)?;
     let mut out = vec![0u8; (size as usize).min(MAX_HEADER)];
     let mut filled = 0;
     while filled < out.len() {
@@ -343,11 +405,57 @@ impl Drop for Region {
     }
 }
 
+/// `shm_create(name)`; a name left by a dead engine is removed first ([`remove_if_dead`]).
+/// A sweep may hold that engine's lock for a moment, so a name in use is asked about a
+/// few more times (about 16 ms in all) before it is `NameInUse`.
+fn create_name(name: &str) -> Result<File> {
+    let mut backoff = Backoff::default();
+    for _ in 0..80 {
+        match os::shm_create(name) {
+            Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name) {
+                Ok(true) => {}
+                Ok(false) => backoff.snooze(),
+                // Not a region file of ours: nothing to wait for.
+                Err(_) => return Err(e),
+            },
+            other => return other,
+        }
+    }
+    os::shm_create(name)
+}
+
 struct UnlinkOnDrop<'a>(&'a str);
 impl Drop for UnlinkOnDrop<'_> {
     fn drop(&mut self) {
         let _ = os::shm_unlink(self.0);
     }
+}
+
+/// The byte of a region file whose lock the client recorded as `(pid, start_time)` holds
+/// while attached. Derived from what the slot records, so the engine needs no other field
+/// to find it; a client forked from another, or one in another PID namespace, has another
+/// pid or start time, hence another byte. Never byte 0, and below `i64::MAX` (`off_t`).
+pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
+    // splitmix64 of the pair: distinct clients land on distinct bytes.
+    let mut z = (u64::from(pid) << 32 ^ start_time).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 2) | 1
+}
+
+/// Removes `name` if it names the object `identity`. Whoever calls this holds that
+/// object's engine lock (its owner, or the judge of a dead engine), so no other caller
+/// acts on the object at the same time. The window left: between the `stat` and the
+/// `unlink`, something that takes no lock (a user's `rm`, a sweep of an earlier version)
+/// could remove the name and a new engine create it again; the new one would then lose
+/// its name (not its mapping). Every path of this version unlinks under the lock.
+fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
+    if os::name_identity(name)? != Some(identity) {
+        return Ok(false);
+    }
+    os::shm_unlink(name)?;
+    Ok(true)
 }
 
 /// For an engine that is exiting without its `Engine` value (a signal handler): marks the
@@ -371,28 +479,35 @@ pub fn list_names() -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Whether the engine of this region is gone: its lock is free and it had claimed it
-/// (magic or pid written), or it never claimed it and the file is older than the grace.
-fn engine_is_gone(name: &str) -> Result<bool> {
+/// Removes `name` if its engine is gone: judged by the engine's `flock` (free), never by
+/// a pid, on the descriptor opened here, and the name removed only if it still names that
+/// very object, while the lock is held ([`unlink_if_same`]). `Ok(false)`: left alone (its
+/// engine lives, another sweep is looking at it, or it is being created). Errors: the
+/// name is not a region file of ours (a FIFO, a link, another user's), or I/O.
+fn remove_if_dead(name: &str) -> Result<bool> {
     let file = os::shm_open(name, false)?;
     if !os::try_lock_exclusive(&file)? {
         return Ok(false);
     }
-    let (size, _, _) = os::file_identity(&file)?;
+    // From here until `file` drops, the engine is known dead and no other sweep or
+    // client acts on this object.
+    let (size, dev, ino) = os::file_identity(&file)?;
     let claimed = size >= CONTROL_SIZE as u64 && {
-        let (bytes, _) = read_header_bytes(name)?;
+        let (bytes, _) = read_header_from(name, &file)?;
         layout::read_header(&bytes).is_ok_and(|h| h.magic != 0 || h.engine_pid != 0)
     };
-    if claimed {
-        return Ok(true);
+    if !claimed {
+        let age = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        if age <= CREATE_GRACE {
+            return Ok(false);
+        }
     }
-    let age = file
-        .metadata()
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .unwrap_or_default();
-    Ok(age > CREATE_GRACE)
+    unlink_if_same(name, (dev, ino))
 }
 
 /// Removes every region whose engine is gone. Returns the names removed. Regions of
@@ -400,10 +515,8 @@ fn engine_is_gone(name: &str) -> Result<bool> {
 pub fn sweep() -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for name in list_names()? {
-        if let Ok(true) = engine_is_gone(&name) {
-            if os::shm_unlink(&name).is_ok() {
-                removed.push(name);
-            }
+        if let Ok(true) = remove_if_dead(&name) {
+            removed.push(name);
         }
     }
     Ok(removed)
