@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command, for a machine with an NVIDIA GPU and
 # driver: the Rust GPU tests (tests/cuda.rs), the Python GPU tests (test_gpu, and the GPU
-# tests of test_ppo and test_bench), `python -m shmbridge.bench gpu` (written to
+# tests of test_ppo and test_bench), the Vulkan tests with the CUDA importer and `bench
+# vulkan`, `python -m shmbridge.bench gpu` (written to
 # bench-results/gpu.{md,json}) and the PPO main job on CUDA end to end. Unlike
 # scripts/test.sh, a GPU test that skips here is a failure: on a GPU machine they must run.
 # Uses .venv when it exists (as scripts/test.sh leaves it), else installs like test.sh.
@@ -35,6 +36,17 @@ if grep -E '^SKIPPED .*(CUDA|GPU|cuda|gpu)' "$log" | grep -v 'checks the fallbac
     echo "gpu-check: Python GPU tests skipped on a GPU machine (above)" >&2
     exit 1
 fi
+
+echo "== Vulkan tests with the CUDA importer (needs the NVIDIA Vulkan driver and a loader)"
+cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 | tee "$log"
+if grep -q SKIPPED "$log"; then
+    echo "gpu-check: Vulkan tests skipped on a GPU machine (above): is libvulkan.so.1 there," >&2
+    echo "and does VK_DRIVER_FILES name the NVIDIA ICD?" >&2
+    exit 1
+fi
+
+echo "== bench vulkan (the GPU half: Vulkan->CUDA import against host shm + .cuda())"
+.venv/bin/python -m shmbridge.bench vulkan --out bench-results
 
 echo "== bench gpu"
 .venv/bin/python -m shmbridge.bench gpu --out bench-results

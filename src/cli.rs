@@ -96,7 +96,8 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Reference env: null or cartpole.
+    /// Reference env: null, cartpole, or pixels (cartpole with each env's frame rendered
+    /// by a Vulkan compute shader into exported memory: `rgb`, u8 (num_envs, H, W, 4)).
     #[arg(long, default_value = "cartpole")]
     env: String,
     #[arg(long, default_value_t = 256)]
@@ -113,14 +114,15 @@ struct EngineArgs {
     /// null: write only the first and last element of each tensor per step.
     #[arg(long)]
     sparse: bool,
-    /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3.
+    /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3. pixels: the
+    /// frame size, HxWx4 (default 84x84x4).
     #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
     image: Option<[u64; 3]>,
     /// null: where `rgb` lives: host (with the other tensors) or vulkan (exported Vulkan
     /// memory the client imports; needs the `vulkan` feature and a Vulkan driver).
     #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
     image_device: String,
-    /// cartpole: seed of the per-env random streams.
+    /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     #[command(flatten)]

@@ -205,6 +205,9 @@ impl Client {
         }
         client.action = frame;
         client.frame = frame;
+        if client.device_hooks {
+            client.device.after_frame(frame)?;
+        }
         // Discard replies left in the ring for an earlier client (we are its consumer).
         if client.layout.rings.is_some() {
             client.region.control().discard_replies();
@@ -406,6 +409,9 @@ impl Client {
             });
         }
         self.frame = seen;
+        if self.device_hooks {
+            self.device.after_frame(seen)?;
+        }
         Ok(seen)
     }
 

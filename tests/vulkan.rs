@@ -14,6 +14,7 @@ use shmbridge::device::vulkan::export::VulkanExport;
 use shmbridge::device::vulkan::vk::{Context, ExportedBuffer};
 use shmbridge::device::{VulkanDevice, DL_CPU};
 use shmbridge::envs::null::pattern_u8;
+use shmbridge::envs::pixels::{render_reference, DrawParams};
 use shmbridge::fdpass;
 use shmbridge::layout::TensorSpec;
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error};
@@ -353,5 +354,218 @@ fn a_peer_of_another_user_gets_no_fd() {
     let c = Client::attach(&name, AttachOptions::default()).unwrap();
     c.close();
     engine.close();
+    assert!(gone(&name));
+}
+
+/// The frames the `pixels` engine's shader rendered, read through the client's import,
+/// against the CPU reference of the observations the client read in the same frame.
+fn pixels_frame_matches_reference(c: &mut Client, ptr: u64, what: &str) -> Vec<u8> {
+    let n = c.num_envs();
+    let mut io = c.io();
+    let obs = io.read::<f32>("obs").unwrap().to_vec();
+    let rgb = io.read::<u8>("rgb").unwrap();
+    // No client-side copy.
+    assert_eq!(rgb.as_ptr() as u64, ptr, "{what}");
+    let info = io.info("rgb").unwrap();
+    let (h, w) = (info.shape[1] as u32, info.shape[2] as u32);
+    let mut params = DrawParams::new(n as u32, h, w);
+    params.set_states(&obs);
+    let mut want = vec![0u8; rgb.len()];
+    render_reference(&params, &mut want).unwrap();
+    if rgb != &want[..] {
+        let i = rgb.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+        let px = i / 4;
+        panic!(
+            "{what}: byte {i} (env {}, y {}, x {}, channel {}) is {}, the CPU reference {}",
+            px / (h * w) as usize,
+            (px / w as usize) % h as usize,
+            px % w as usize,
+            i % 4,
+            rgb[i],
+            want[i]
+        );
+    }
+    rgb.to_vec()
+}
+
+#[test]
+fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    // An odd size, so that rows and envs do not line up with workgroups.
+    let engine = EngineProc::start(&[
+        "--env",
+        "pixels",
+        "--num-envs",
+        "6",
+        "--image",
+        "37x53x4",
+        "--seed",
+        "11",
+        "--blocking",
+    ]);
+    let name = engine.name.clone();
+    let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+    let rgb = c.layout().id("rgb").unwrap();
+    assert_eq!(c.layout().tensors[rgb.index()].shape, vec![6, 37, 53, 4]);
+    assert_eq!(c.dlpack_device(rgb).unwrap(), (DL_CPU, 0));
+    let ptr = c.device_ptr(rgb).unwrap();
+    let mut previous = pixels_frame_matches_reference(&mut c, ptr, "frame 0");
+    let mut resets = 0;
+    for step in 1..=200u64 {
+        {
+            let mut io = c.io();
+            // Push every env the same way for 6 steps, then the other way: the poles
+            // swing and the carts travel.
+            let push = (step / 6) % 2;
+            io.write::<i64>("actions")
+                .unwrap()
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, a)| *a = ((push + i as u64) % 2) as i64);
+            // Every 25 steps env 2 is reset through the mask.
+            let mask = io.write::<u8>("reset_mask").unwrap();
+            mask.fill(0);
+            if step % 25 == 0 {
+                mask[2] = 1;
+                resets += 1;
+            }
+        }
+        assert_eq!(c.step(T).unwrap(), step);
+        let frame = pixels_frame_matches_reference(&mut c, ptr, &format!("step {step}"));
+        assert_ne!(
+            frame, previous,
+            "step {step}: the frame did not change with the state"
+        );
+        previous = frame;
+        // Every 40 steps a reset command with seeds re-renders the listed envs.
+        if step % 40 == 0 {
+            c.reset(Some(&[0, 5]), &[step, step + 1], T).unwrap();
+            resets += 2;
+            let frame = pixels_frame_matches_reference(&mut c, ptr, &format!("reset after {step}"));
+            assert_ne!(
+                frame, previous,
+                "reset after {step}: the frame did not change"
+            );
+            previous = frame;
+        }
+    }
+    assert_eq!(resets, 8 + 2 * 5);
+    c.close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    assert!(gone(&name));
+}
+
+/// On a machine whose Vulkan device is a CUDA device (an NVIDIA GPU and its Vulkan
+/// driver): the CUDA importer's frames are the engine's memory (kDLCUDA, one device
+/// address throughout) and equal the CPU reference. Skips with the reason elsewhere
+/// (lavapipe memory cannot be imported into CUDA).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_importer_frames_equal_the_cpu_reference() {
+    use shmbridge::device::location::DL_CUDA;
+    use shmbridge::device::vulkan::VulkanImporter;
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&[
+        "--env",
+        "pixels",
+        "--num-envs",
+        "4",
+        "--image",
+        "21x30x4",
+        "--seed",
+        "3",
+        "--blocking",
+    ]);
+    let options = AttachOptions::default().importer(VulkanImporter::Cuda);
+    let mut c = match Client::attach(&engine.name, options) {
+        Ok(c) => c,
+        Err(Error::CudaUnavailable { reason }) => {
+            eprintln!("SKIPPED cuda_importer_frames_equal_the_cpu_reference: {reason}");
+            // The engine waits for a client: stop it the way that removes its region.
+            common::signal(engine.pid(), rustix::process::Signal::TERM);
+            let _ = engine.finish();
+            return;
+        }
+        Err(e) => panic!("attaching with the CUDA importer: {e}"),
+    };
+    let rgb = c.layout().id("rgb").unwrap();
+    let info = c.layout().tensors[rgb.index()].clone();
+    let vk = c.device().as_vulkan().unwrap();
+    assert!(vk.is_cuda(), "{}", vk.importer_reason());
+    assert_eq!(c.dlpack_device(rgb).unwrap().0, DL_CUDA);
+    let ptr = c.device_ptr(rgb).unwrap();
+    let mut frame = vec![0u8; info.nbytes as usize];
+    for step in 0..=60u64 {
+        if step > 0 {
+            c.tensor_mut::<i64>("actions")
+                .unwrap()
+                .fill((step / 5 % 2) as i64);
+            c.step(T).unwrap();
+        }
+        assert_eq!(c.device_ptr(rgb).unwrap(), ptr, "the import is not re-made");
+        let obs = c.tensor::<f32>("obs").unwrap().to_vec();
+        c.device()
+            .as_vulkan()
+            .unwrap()
+            .read_tensor(rgb.index(), &info, &mut frame)
+            .unwrap();
+        let mut params = DrawParams::new(4, 21, 30);
+        params.set_states(&obs);
+        let mut want = vec![0u8; frame.len()];
+        render_reference(&params, &mut want).unwrap();
+        assert!(
+            frame == want,
+            "step {step}: the CUDA import differs from the reference"
+        );
+    }
+    c.close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+}
+
+/// Path (b) with a semaphore: its fd rides after the memory fd (an empty memfd stands in
+/// for it: lavapipe cannot export semaphores). Were the order wrong, the client would
+/// import the empty fd as the memory and fail its size check. The CPU importer closes
+/// the semaphore fd: none leaks over 50 attaches, and the table says timeline.
+#[test]
+fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
+    use shmbridge::device::vulkan::export::SemaphoreKind;
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let (buffer, fd, export) = renderer_export(&ctx, 4096);
+    let mapped = buffer.mapped().expect("lavapipe memory is host-visible");
+    // SAFETY: 4096 mapped bytes of the test's own buffer.
+    unsafe { std::ptr::write_bytes(mapped.as_ptr(), 9, 4096) };
+    let semaphore = rustix::fs::memfd_create("semaphore", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let tensor = TensorSpec::vulkan_import("frame", DType::U8, &[64, 64], fd, export)
+        .with_semaphore(semaphore, SemaphoreKind::Timeline);
+    let mut engine = Engine::create(spec_with(tensor)).unwrap();
+    let name = engine.name().to_string();
+    engine.publish().unwrap();
+    let inspect = std::process::Command::new(common::BIN)
+        .args(["inspect", &name])
+        .output()
+        .unwrap();
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.contains("semaphore timeline"), "{inspect}");
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let before = open_fds();
+    for _ in 0..50 {
+        let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+        assert!(c.tensor::<u8>("frame").unwrap().iter().all(|&b| b == 9));
+        c.close();
+    }
+    assert_eq!(open_fds(), before, "fds leaked over 50 attach/close cycles");
+    engine.close();
+    drop(buffer);
     assert!(gone(&name));
 }

@@ -70,6 +70,19 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// `stream`, the default stream if `None`) before the engine's reads.
     fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()>;
 
+    /// Which importer serves this client and why, where there is a choice (Vulkan
+    /// tensors: CUDA or a Vulkan device of the client's own); `None` otherwise.
+    fn importer_reason(&self) -> Option<&str> {
+        None
+    }
+
+    /// A frame arrived (`frame`: at attach, the frame current then; after each step,
+    /// the new one): an import whose frames are ordered by an exported semaphore
+    /// accounts for its signal. Nothing for host memory and IPC imports.
+    fn after_frame(&self, _frame: u64) -> Result<()> {
+        Ok(())
+    }
+
     /// Device address (in this process) of tensor `index` of the layout.
     fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64>;
 

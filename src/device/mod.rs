@@ -105,9 +105,26 @@ pub fn client_backend(
                     .into(),
             });
         }
+        #[cfg(any(feature = "cuda", feature = "vulkan"))]
         return Ok(Box::new(vulkan::client::ClientVulkan::prepare(
             layout, name, importer, timeout,
         )?));
+        #[cfg(not(any(feature = "cuda", feature = "vulkan")))]
+        {
+            let _ = (name, importer, timeout);
+            let first = layout
+                .tensors
+                .iter()
+                .find(|t| t.location() == Location::Vulkan)
+                .map_or("?", |t| t.name.as_str());
+            let reason = match vulkan::unavailable_without_feature() {
+                crate::error::Error::VulkanUnavailable { reason } => reason,
+                e => e.to_string(),
+            };
+            return Err(crate::error::Error::VulkanUnavailable {
+                reason: format!("tensor '{first}' lives in Vulkan memory: {reason}"),
+            });
+        }
     }
     let Some(t) = layout
         .tensors

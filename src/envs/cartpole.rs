@@ -141,13 +141,18 @@ fn write_state(out: &mut [f32], state: &[f64; 4]) {
 /// The tensors and metadata of a `cartpole` engine with `num_envs` envs, in host memory
 /// (the GPU engine places the same ones on its device).
 pub fn spec(num_envs: u32) -> EngineSpec {
+    spec_of("cartpole", num_envs)
+}
+
+/// [`spec`] under another engine kind (`pixels` serves the same tensors and more).
+pub fn spec_of(kind: &str, num_envs: u32) -> EngineSpec {
     let high = [
         X_THRESHOLD * 2.0,
         f64::INFINITY,
         THETA_THRESHOLD * 2.0,
         f64::INFINITY,
     ];
-    EngineSpec::standard("cartpole", num_envs, 4, 1, DType::I64)
+    EngineSpec::standard(kind, num_envs, 4, 1, DType::I64)
         .metadata("env_id", "CartPole-v1")
         .metadata("autoreset_mode", "same-step")
         .metadata("observation_low", &join(high.map(|h| -h)))

@@ -7,6 +7,7 @@ pub mod cartpole;
 pub mod gpu;
 pub mod kernels;
 pub mod null;
+pub mod pixels;
 
 use std::time::Duration;
 
@@ -91,6 +92,11 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
     match name {
         "null" => Ok(Box::new(null_env(num_envs, options)?)),
         "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed)?)),
+        "pixels" => Ok(Box::new(pixels::Pixels::new(
+            num_envs,
+            options.seed,
+            options.image,
+        )?)),
         other => Err(unknown_env(other)),
     }
 }
@@ -102,6 +108,7 @@ pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Engi
     match name {
         "null" => Ok(null_env(num_envs, options)?.spec()),
         "cartpole" => Ok(cartpole::spec(num_envs)),
+        "pixels" => pixels::spec(num_envs, options.image),
         other => Err(unknown_env(other)),
     }
 }
@@ -144,7 +151,7 @@ fn null_env(num_envs: u32, options: &EnvOptions) -> Result<null::NullEnv> {
 
 fn unknown_env(name: &str) -> Error {
     Error::InvalidSpec(format!(
-        "unknown env '{name}' (reference envs: null, cartpole)"
+        "unknown env '{name}' (reference envs: null, cartpole, pixels)"
     ))
 }
 

@@ -202,10 +202,7 @@ impl PyClient {
             other => other.py_err(py)?,
         };
         let layout = client.layout().clone();
-        let importer = client
-            .device()
-            .as_vulkan()
-            .map(|v| v.importer_reason().to_string());
+        let importer = client.device().importer_reason().map(str::to_string);
         let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
         let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
         let device = tensors

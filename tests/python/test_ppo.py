@@ -85,6 +85,26 @@ def test_train_returns_the_result(tmp_path):
     assert not _regions() - before  # nothing new left (other processes may come and go)
 
 
+def test_ppo_from_pixels_runs_and_plots(tmp_path, capsys):
+    """`--env pixels`: a CNN on the frames the pixels engine renders, read through
+    zero-copy views of the client's import (no return is asserted: it is an option)."""
+    before = _regions()
+    plot = tmp_path / "pixels.png"
+    rc = ppo.main([
+        "--env", "pixels", "--image", "32x32x4", "--num-envs", "4", "--num-steps", "32",
+        "--num-minibatches", "2", "--total-steps", "256", "--seed", "1", "--device", "cpu",
+        "--plot", str(plot), "--no-progress",
+    ])
+    out, err = capsys.readouterr()
+    if rc == 2 and "Vulkan is unavailable" in err:
+        pytest.skip(f"no Vulkan driver here: {err.strip()}")
+    assert rc == 0, out + err
+    assert "frames: (4, 32, 32, 4) u8 on cpu" in out, out
+    assert re.search(r"^final mean return over the last \d+ episodes: ", out, re.M), out
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+    assert not _regions() - before
+
+
 def test_module_help_and_bad_device():
     # -m entry point; --help needs neither torch nor an engine.
     p = subprocess.run([sys.executable, "-m", "shmbridge.examples.ppo", "--help"],

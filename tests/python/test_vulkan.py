@@ -95,3 +95,43 @@ def test_the_cuda_importer_without_cuda_is_a_typed_error_and_nothing_is_left():
     with pytest.raises(shmbridge.CudaUnavailableError):
         launch_vulkan(importer="cuda")
     assert regions() <= before
+
+
+def launch_pixels(**kwargs):
+    """The `pixels` engine, or a skip (with the reason) where there is no Vulkan driver."""
+    try:
+        return shmbridge.launch("pixels", **kwargs)
+    except shmbridge.EngineStartError as e:
+        if "Vulkan is unavailable" in str(e):
+            pytest.skip(f"no Vulkan driver here: {e}")
+        raise
+
+
+def test_pixels_frames_reach_torch_without_a_copy_and_follow_the_state():
+    """The frames the `pixels` engine's shader rendered, seen by torch at the import's
+    address; each step the cart is drawn where the observation puts it."""
+    before = regions()
+    h, w = 64, 96
+    with launch_pixels(num_envs=3, seed=5, image=f"{h}x{w}x4") as client:
+        rgb = client["rgb"]
+        assert (rgb.shape, rgb.dtype) == ((3, h, w, 4), "uint8")
+        frames = torch.from_dlpack(rgb)
+        assert frames.data_ptr() == rgb.data_ptr
+        obs = torch.from_dlpack(client.obs)
+        actions = torch.from_dlpack(client.actions)
+        previous = frames.clone()
+        cart_row = int(h * 0.75) - 2  # above the track, inside the cart
+        for step in range(1, 41):
+            actions.fill_((step // 4) % 2)
+            client.step()
+            assert not torch.equal(frames, previous), f"step {step}: the frame did not change"
+            previous = frames.clone()
+            for env in range(3):
+                # The cart: the dark pixels of its row, centred where x puts it
+                # (Gymnasium's picture: 4.8 m across the frame).
+                dark = (frames[env, cart_row, :, 0] < 128).nonzero().flatten().float()
+                assert len(dark) > 0, f"step {step} env {env}: no cart"
+                want = w / 2 + float(obs[env, 0]) * w / 4.8
+                assert abs(float(dark.mean()) + 0.5 - want) < 1.0, (step, env, dark, want)
+        assert torch.from_dlpack(client["rgb"]).data_ptr() == frames.data_ptr()
+    assert regions() <= before

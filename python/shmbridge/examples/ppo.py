@@ -47,6 +47,8 @@ import shmbridge
 class Config:
     """Hyperparameters and run options; the defaults are the command line's defaults."""
 
+    env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
+    image: str = "64x64x4"  # pixels: the frame size the engine renders (HxWx4)
     num_envs: int = 16
     total_steps: int = 500_000  # env steps (all envs together); an upper bound
     num_steps: int = 128  # rollout length per env: a batch is num_envs * num_steps
@@ -173,6 +175,54 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
         rewards += gamma * values * cut_dev
 
 
+def gae(rewards, values, dones, next_value, gamma: float, lam: float):
+    """Generalised advantage estimation over a rollout: ``rewards``, ``values``,
+    ``dones`` are (T, n); ``next_value`` (n,) is V of the observation after the last
+    step. Returns ``(advantages, returns)``, both (T, n)."""
+    import torch
+
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        nv = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * nv * live - values[t]
+        last = delta + gamma * lam * live * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
+               minibatch: int) -> None:
+    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
+    minibatches. ``evaluate(obs) -> (logits, value)``; ``obs`` is (batch, ...), the
+    other rollout tensors (T, n), flattened here."""
+    import torch
+    from torch.distributions import Categorical
+
+    batch = obs.shape[0]
+    b_act, b_logp = actions.reshape(batch), logp.reshape(batch)
+    b_adv, b_ret = adv.reshape(batch), ret.reshape(batch)
+    for _ in range(cfg.update_epochs):
+        perm = torch.randperm(batch, device=obs.device)
+        for s in range(0, batch, minibatch):
+            mb = perm[s:s + minibatch]
+            logits, value = evaluate(obs[mb])
+            dist = Categorical(logits=logits, validate_args=False)
+            ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
+            a = b_adv[mb]
+            a = (a - a.mean()) / (a.std() + 1e-8)
+            pg_loss = torch.max(
+                -a * ratio, -a * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+            ).mean()
+            v_loss = 0.5 * (value - b_ret[mb]).pow(2).mean()
+            loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * dist.entropy().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+
+
 def choose_device(name: str) -> Tuple[str, str]:
     """Where the learner and the engine's tensors live, and why: ``("cpu" or "cuda:N",
     reason)`` for ``name`` auto, cpu or cuda. ``ValueError`` if cuda cannot be had."""
@@ -235,11 +285,67 @@ def _engine_views(client: "shmbridge.Client", device) -> dict:
     return views
 
 
+class _Progress:
+    """A run's episode returns (the last ``cfg.window`` of them), its learning curve and
+    its progress bar. ``update`` after each rollout says whether the target is reached."""
+
+    def __init__(self, cfg: Config, total: int, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.cfg = cfg
+        self.recent: Deque[float] = deque(maxlen=cfg.window)
+        self.episodes = 0
+        self.env_steps = 0
+        self.reached = False
+        self.curve_steps: List[int] = []
+        self.curve_returns: List[float] = []
+        self.bar = tqdm(total=total, unit="step", unit_scale=True, disable=not cfg.progress,
+                        dynamic_ncols=True, desc=desc)
+
+    def mean(self) -> float:
+        return sum(self.recent) / len(self.recent) if self.recent else float("nan")
+
+    def update(self, env_steps: int, finished: List[float]) -> bool:
+        """``env_steps`` more steps, in which the episodes with returns ``finished``
+        ended (in the order they ended)."""
+        self.env_steps += env_steps
+        self.recent.extend(finished)
+        self.episodes += len(finished)
+        mean = self.mean()
+        if self.recent:
+            self.curve_steps.append(self.env_steps)
+            self.curve_returns.append(mean)
+        self.bar.update(env_steps)
+        self.bar.set_postfix(ret=f"{mean:.1f}", episodes=self.episodes, refresh=False)
+        target = self.cfg.target_return
+        self.reached = (target is not None and len(self.recent) == self.cfg.window
+                        and mean >= target)
+        return self.reached
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def result(self, wall_s: float, device: str, engine_device: str,
+               zero_copy_views: List[str]) -> Result:
+        return Result(
+            mean_return=self.mean(),
+            window_episodes=len(self.recent),
+            episodes=self.episodes,
+            env_steps=self.env_steps,
+            wall_s=wall_s,
+            reached_target=self.reached,
+            device=device,
+            engine_device=engine_device,
+            zero_copy_views=zero_copy_views,
+            curve_steps=self.curve_steps,
+            curve_returns=self.curve_returns,
+        )
+
+
 def train(cfg: Config, log=print) -> Result:
     """Trains PPO on the ``cartpole`` engine; returns the outcome (and writes the plot)."""
     import torch
     from torch.distributions import Categorical
-    from tqdm import tqdm
 
     where, why = choose_device(cfg.device)
     device = torch.device(where)
@@ -273,15 +379,6 @@ def train(cfg: Config, log=print) -> Result:
     # ended: read back once per update).
     ep_return = torch.zeros(n, dtype=torch.float64, device=device)
     ret_at_step = torch.zeros((t_len, n), dtype=torch.float64, device=device)
-    recent: Deque[float] = deque(maxlen=cfg.window)
-    episodes = 0
-    curve_steps: List[int] = []
-    curve_returns: List[float] = []
-    global_step = 0
-    reached = False
-
-    def recent_mean() -> float:
-        return sum(recent) / len(recent) if recent else float("nan")
 
     start = time.perf_counter()
     # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors
@@ -305,8 +402,7 @@ def train(cfg: Config, log=print) -> Result:
         final_view = views.get("final_obs")
         engine_device, view_names = client.device, list(views)
 
-        bar = tqdm(total=num_updates * batch, unit="step", unit_scale=True,
-                   disable=not cfg.progress, dynamic_ncols=True, desc="PPO cartpole")
+        progress = _Progress(cfg, num_updates * batch, "PPO cartpole")
         try:
             for update in range(num_updates):
                 if cfg.anneal_lr:
@@ -342,81 +438,25 @@ def train(cfg: Config, log=print) -> Result:
                         ep_return += rew_view
                         ret_at_step[t].copy_(ep_return)
                         ep_return.masked_fill_(done, 0.0)
-                global_step += batch
                 # The returns of the episodes that ended in this rollout, in the order
                 # they ended (step, then env): the one host read-back per update.
                 finished = ret_at_step[done_buf.bool()].tolist()
-                recent.extend(finished)
-                episodes += len(finished)
 
-                # Generalised advantage estimation.
                 with torch.no_grad():
-                    next_value = agent.value(obs_view)
-                    adv = torch.zeros_like(rew_buf)
-                    last = torch.zeros(n, device=device)
-                    for t in reversed(range(t_len)):
-                        nv = next_value if t == t_len - 1 else val_buf[t + 1]
-                        live = 1.0 - done_buf[t]
-                        delta = rew_buf[t] + cfg.gamma * nv * live - val_buf[t]
-                        last = delta + cfg.gamma * cfg.gae_lambda * live * last
-                        adv[t] = last
-                    ret = adv + val_buf
-
-                b_obs = obs_buf.reshape(batch, 4)
-                b_act = act_buf.reshape(batch)
-                b_logp = logp_buf.reshape(batch)
-                b_adv = adv.reshape(batch)
-                b_ret = ret.reshape(batch)
-                for _ in range(cfg.update_epochs):
-                    perm = torch.randperm(batch, device=device)
-                    for s in range(0, batch, minibatch):
-                        mb = perm[s:s + minibatch]
-                        dist = Categorical(logits=agent.actor(b_obs[mb]), validate_args=False)
-                        logp = dist.log_prob(b_act[mb])
-                        ratio = (logp - b_logp[mb]).exp()
-                        a = b_adv[mb]
-                        a = (a - a.mean()) / (a.std() + 1e-8)
-                        pg_loss = torch.max(
-                            -a * ratio, -a * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
-                        ).mean()
-                        v_loss = 0.5 * (agent.value(b_obs[mb]) - b_ret[mb]).pow(2).mean()
-                        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * dist.entropy().mean()
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-                        optimizer.step()
-
-                mean = recent_mean()
-                if recent:
-                    curve_steps.append(global_step)
-                    curve_returns.append(mean)
-                bar.update(batch)
-                bar.set_postfix(ret=f"{mean:.1f}", episodes=episodes, refresh=False)
-                if (cfg.target_return is not None and len(recent) == cfg.window
-                        and mean >= cfg.target_return):
-                    reached = True
+                    adv, ret = gae(rew_buf, val_buf, done_buf, agent.value(obs_view),
+                                   cfg.gamma, cfg.gae_lambda)
+                ppo_update(cfg, agent, optimizer,
+                           lambda x: (agent.actor(x), agent.value(x)),
+                           obs_buf.reshape(batch, 4), act_buf, logp_buf, adv, ret, minibatch)
+                if progress.update(batch, finished):
                     break
         finally:
-            bar.close()
+            progress.close()
             # Drop the views before the client closes: on a GPU the client acknowledges
             # its close (and the engine frees its memory) once no view holds it open.
             views.clear()
             obs_view = act_view = rew_view = term_view = trunc_view = final_view = None
-    wall = time.perf_counter() - start
-
-    result = Result(
-        mean_return=recent_mean(),
-        window_episodes=len(recent),
-        episodes=episodes,
-        env_steps=global_step,
-        wall_s=wall,
-        reached_target=reached,
-        device=str(device),
-        engine_device=engine_device,
-        zero_copy_views=view_names,
-        curve_steps=curve_steps,
-        curve_returns=curve_returns,
-    )
+    result = progress.result(time.perf_counter() - start, str(device), engine_device, view_names)
     if cfg.plot:
         result.plot = _plot(cfg, result)
     return result
@@ -436,7 +476,8 @@ def _plot(cfg: Config, r: Result) -> str:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
     ax.set_ylim(0, 520)
-    ax.set_title(f"PPO on shmbridge cartpole ({cfg.num_envs} envs, seed {cfg.seed}, "
+    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}, CNN"
+    ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
                  f"{r.wall_s:.0f} s, {r.device})")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -447,16 +488,33 @@ def _plot(cfg: Config, r: Result) -> str:
     return path
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where it does not depend on ``--env`` (those are None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
     d = Config()
     p = argparse.ArgumentParser(
         prog="shmbridge-ppo",
-        description="PPO in PyTorch on the shmbridge cartpole engine (CartPole-v1 dynamics).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="PPO in PyTorch on the shmbridge cartpole engine (CartPole-v1 dynamics), "
+                    "from its state or (--env pixels) from the frames the pixels engine renders.",
+        formatter_class=_Help,
     )
+    p.add_argument("--env", choices=["cartpole", "pixels"], default=d.env,
+                   help="cartpole: an MLP on the state; pixels: a small CNN on the frames the "
+                        "pixels engine renders with Vulkan (no target; defaults then: --lr "
+                        f"{PIXELS['lr']:g}, --total-steps {PIXELS['total_steps']:,}, --ent-coef "
+                        f"{PIXELS['ent_coef']:g}, --update-epochs {PIXELS['update_epochs']}, "
+                        f"--plot {PIXELS['plot']})")
+    p.add_argument("--image", default=d.image, help="pixels: the frame size, HxWx4")
     p.add_argument("--num-envs", type=int, default=d.num_envs, help="parallel environments")
-    p.add_argument("--total-steps", type=int, default=d.total_steps,
-                   help="most environment steps (all envs together)")
+    p.add_argument("--total-steps", type=int, default=None,
+                   help=f"most environment steps (all envs together) [cartpole: {d.total_steps:,}]")
     p.add_argument("--seed", type=int, default=d.seed, help="torch seed and engine seed")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device,
                    help="where the learner and the engine's tensors live (cuda: GPU memory "
@@ -464,43 +522,58 @@ def _parser() -> argparse.ArgumentParser:
                         "sees a GPU and shmbridge.cuda_available() says it can use it, else cpu")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch CPU threads (the engine process takes a core too); 0: torch's default")
-    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--lr", type=float, default=None, help=f"Adam learning rate [cartpole: {d.lr:g}]")
     p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false",
                    help="keep the learning rate constant (default: linear decay to 0 over --total-steps)")
     p.add_argument("--num-steps", type=int, default=d.num_steps, help="rollout length per env")
-    p.add_argument("--update-epochs", "--epochs", type=int, default=d.update_epochs,
-                   help="passes over each rollout")
+    p.add_argument("--update-epochs", "--epochs", type=int, default=None,
+                   help=f"passes over each rollout [cartpole: {d.update_epochs}]")
     p.add_argument("--num-minibatches", "--minibatches", type=int, default=d.num_minibatches)
     p.add_argument("--gamma", type=float, default=d.gamma)
     p.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
     p.add_argument("--clip-coef", "--clip", type=float, default=d.clip_coef)
-    p.add_argument("--ent-coef", type=float, default=d.ent_coef)
+    p.add_argument("--ent-coef", type=float, default=None, help=f"[cartpole: {d.ent_coef:g}]")
     p.add_argument("--vf-coef", type=float, default=d.vf_coef)
     p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
     p.add_argument("--no-bootstrap-truncated", dest="bootstrap_truncated", action="store_false",
                    help="treat time-limit truncation as termination (CleanRL); default: bootstrap "
                         "from V(the episode's final observation, the engine's final_obs)")
-    p.add_argument("--target-return", type=float, default=d.target_return,
+    p.add_argument("--target-return", type=float, default=None,
                    help="stop once the mean return of the last 100 episodes reaches this; "
-                        "a negative value: never stop early")
+                        f"a negative value: never stop early [cartpole: {d.target_return:g}]")
     p.add_argument("--blocking", action="store_true",
                    help="client and engine sleep on the futex instead of spinning first")
-    p.add_argument("--plot", default=d.plot, help="learning-curve PNG ('' for none)")
+    p.add_argument("--plot", default=None, help=f"learning-curve PNG ('' for none) [cartpole: {d.plot}]")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
     return p
 
 
+# `--env pixels`: the defaults that differ from CartPole's (a CNN learns slower and wants
+# a smaller step; no return is targeted).
+PIXELS = dict(lr=2.5e-4, total_steps=100_000, ent_coef=0.01, update_epochs=4,
+              target_return=None, plot="ppo_pixels.png")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    a = _parser().parse_args(argv)
-    cfg = Config(**vars(a))
+    a = vars(_parser().parse_args(argv))
+    defaults = vars(Config()) if a["env"] == "cartpole" else {**vars(Config()), **PIXELS}
+    for key, value in list(a.items()):
+        if value is None:
+            a[key] = defaults[key]
+    cfg = Config(**a)
     if cfg.target_return is not None and cfg.target_return < 0:
         cfg.target_return = None
     if not cfg.plot:
         cfg.plot = None
     try:
-        r = train(cfg)
-    except (ValueError, shmbridge.CudaUnavailableError) as e:
+        if cfg.env == "pixels":
+            from .ppo_pixels import train as train_pixels
+
+            r = train_pixels(cfg)
+        else:
+            r = train(cfg)
+    except (ValueError, shmbridge.CudaUnavailableError, shmbridge.EngineStartError) as e:
         print(f"shmbridge-ppo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

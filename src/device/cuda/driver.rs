@@ -13,6 +13,8 @@
 //!   `cuIpcGetMemHandle` works on its base), exported by [`DeviceAllocation::ipc_handle`];
 //! - client: [`import_memory`] (`cuIpcOpenMemHandle`, once per process, context and
 //!   handle: cached; closed exactly once, when the last user drops it);
+//! - client of Vulkan tensors: [`ExternalMemory`] (`cuImportExternalMemory` of an
+//!   `OPAQUE_FD` and its mapped buffer) and [`ExternalSemaphore`] (waited on a stream);
 //! - kernels: [`compile`] (NVRTC) and [`Module`]/[`Module::launch`].
 //!
 //! Handles cannot be opened in the process that exported them (the driver refuses); the
@@ -66,6 +68,12 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuImportExternalMemory",
+    "cuExternalMemoryGetMappedBuffer",
+    "cuDestroyExternalMemory",
+    "cuImportExternalSemaphore",
+    "cuWaitExternalSemaphoresAsync",
+    "cuDestroyExternalSemaphore",
 ];
 
 /// Every NVRTC symbol cudarc's `compile_ptx_with_opts` calls.
@@ -805,6 +813,201 @@ impl Drop for ImportedMemory {
             // exactly once (here; the Arc ensures a single owner drops it).
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
             CLOSES.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Vulkan memory and semaphores imported into CUDA (protocol 1.3)
+
+/// Memory another API exported as an `OPAQUE_FD` (a Vulkan allocation), imported with
+/// `cuImportExternalMemory` and mapped whole as one device buffer. The mapping is freed
+/// and the import destroyed on drop, after the context's queued work.
+#[derive(Debug)]
+pub struct ExternalMemory {
+    handle: sys::CUexternalMemory,
+    ptr: sys::CUdeviceptr,
+    size: u64,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: driver handles and a device address, usable from any thread.
+unsafe impl Send for ExternalMemory {}
+// SAFETY: `&self` methods only read them.
+unsafe impl Sync for ExternalMemory {}
+
+impl ExternalMemory {
+    /// Imports `size` bytes (the exporter's `allocationSize`) from `fd`, as a dedicated
+    /// allocation if it was one, and maps all of it. The driver owns `fd` once the
+    /// import succeeded; on an error it is closed here.
+    pub fn import_opaque_fd(
+        ctx: &Arc<PrimaryContext>,
+        fd: std::os::fd::OwnedFd,
+        size: u64,
+        dedicated: bool,
+    ) -> Result<ExternalMemory> {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        let _current = ctx.bind()?;
+        // SAFETY: a plain C struct; all-zero is its documented "no flags, reserved 0".
+        let mut desc: sys::CUDA_EXTERNAL_MEMORY_HANDLE_DESC = unsafe { std::mem::zeroed() };
+        desc.type_ = sys::CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+        desc.handle.fd = fd.as_raw_fd();
+        desc.size = size;
+        desc.flags = if dedicated {
+            sys::CUDA_EXTERNAL_MEMORY_DEDICATED
+        } else {
+            0
+        };
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor; our context is current; the fd is
+        // open (owned by `fd`) across the call.
+        check("cuImportExternalMemory", unsafe {
+            sys::cuImportExternalMemory(&mut handle, &desc)
+        })?;
+        // Imported: the driver owns the fd now (it closes it with the import).
+        let _ = fd.into_raw_fd();
+        let mut m = ExternalMemory {
+            handle,
+            ptr: 0,
+            size,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: as above; all-zero is offset 0, flags 0.
+        let mut buffer: sys::CUDA_EXTERNAL_MEMORY_BUFFER_DESC = unsafe { std::mem::zeroed() };
+        buffer.size = size;
+        // SAFETY: valid out-pointer and descriptor; `handle` is a live import of `size`
+        // bytes. On an error `m`'s drop destroys the import (and frees no mapping).
+        check("cuExternalMemoryGetMappedBuffer", unsafe {
+            sys::cuExternalMemoryGetMappedBuffer(&mut m.ptr, m.handle, &buffer)
+        })?;
+        Ok(m)
+    }
+
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The context it was imported into.
+    pub fn context(&self) -> &Arc<PrimaryContext> {
+        &self.ctx
+    }
+
+    /// The device address of `offset..offset+len`, checked against the import.
+    pub fn span(&self, offset: u64, len: u64) -> Option<u64> {
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= self.size)
+            .map(|_| self.ptr + offset)
+    }
+
+    /// Synchronous device→host copy (tests, debugging).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let at = self
+            .span(offset, out.len() as u64)
+            .ok_or_else(|| Error::Cuda {
+                call: "external memory",
+                detail: format!("span {offset}+{} outside {} bytes", out.len(), self.size),
+            })?;
+        read_device(&self.ctx, at, out)
+    }
+}
+
+impl Drop for ExternalMemory {
+    fn drop(&mut self) {
+        let Ok(_current) = self.ctx.bind() else {
+            return;
+        };
+        // SAFETY: our context is current. A consumer's kernels may still read the
+        // mapping: wait for them before it goes (as for IPC imports).
+        let _ = unsafe { sys::cuCtxSynchronize() };
+        if self.ptr != 0 {
+            // SAFETY: the mapping `cuExternalMemoryGetMappedBuffer` returned, freed once.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+        // SAFETY: the import, destroyed once, after its mapping.
+        let _ = unsafe { sys::cuDestroyExternalMemory(self.handle) };
+    }
+}
+
+/// A semaphore another API exported as an fd (a Vulkan timeline or binary semaphore),
+/// imported with `cuImportExternalSemaphore`; destroyed on drop.
+#[derive(Debug)]
+pub struct ExternalSemaphore {
+    handle: sys::CUexternalSemaphore,
+    timeline: bool,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a driver handle, usable from any thread.
+unsafe impl Send for ExternalSemaphore {}
+// SAFETY: as above.
+unsafe impl Sync for ExternalSemaphore {}
+
+impl ExternalSemaphore {
+    /// Imports `fd`: a timeline semaphore (`TIMELINE_SEMAPHORE_FD`) or a binary one
+    /// (`OPAQUE_FD`). The driver owns `fd` once the import succeeded.
+    pub fn import_fd(
+        ctx: &Arc<PrimaryContext>,
+        fd: std::os::fd::OwnedFd,
+        timeline: bool,
+    ) -> Result<ExternalSemaphore> {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        use sys::CUexternalSemaphoreHandleType as Kind;
+        let _current = ctx.bind()?;
+        // SAFETY: a plain C struct; all-zero is "no flags, reserved 0".
+        let mut desc: sys::CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC = unsafe { std::mem::zeroed() };
+        desc.type_ = if timeline {
+            Kind::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
+        } else {
+            Kind::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
+        };
+        desc.handle.fd = fd.as_raw_fd();
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor; context current; the fd is open.
+        check("cuImportExternalSemaphore", unsafe {
+            sys::cuImportExternalSemaphore(&mut handle, &desc)
+        })?;
+        let _ = fd.into_raw_fd();
+        Ok(ExternalSemaphore {
+            handle,
+            timeline,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn is_timeline(&self) -> bool {
+        self.timeline
+    }
+
+    /// Makes `stream` wait, on the device, until the semaphore is signalled: a timeline
+    /// one up to `value`, a binary one once (`value` unused; the wait consumes the
+    /// signal).
+    pub fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
+        let _current = self.ctx.bind()?;
+        // SAFETY: a plain C struct; all-zero is "no flags".
+        let mut params: sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = unsafe { std::mem::zeroed() };
+        params.params.fence.value = if self.timeline { value } else { 0 };
+        // SAFETY: one live semaphore and its parameters; the stream is live (owned, or
+        // borrowed under `Stream::borrowed`'s contract); context current.
+        check("cuWaitExternalSemaphoresAsync", unsafe {
+            sys::cuWaitExternalSemaphoresAsync(&self.handle, &params, 1, stream.raw)
+        })
+    }
+}
+
+impl Drop for ExternalSemaphore {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.ctx.bind() {
+            // SAFETY: our context is current. Every wait queued on the semaphore must
+            // have completed before it is destroyed (the driver's rule): finish them.
+            let _ = unsafe { sys::cuCtxSynchronize() };
+            // SAFETY: the import, destroyed once.
+            let _ = unsafe { sys::cuDestroyExternalSemaphore(self.handle) };
         }
     }
 }

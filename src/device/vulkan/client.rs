@@ -2,10 +2,20 @@
 //! the importer before the slot is claimed, receives the fds over the region's socket
 //! at open, and imports each tensor's memory once.
 //!
-//! The importer: a Vulkan device of the client's own (the `vulkan` feature), which maps
-//! host-visible memory and hands out host pointers (kDLCPU): no copy, the mapped bytes
-//! are the engine's. CUDA (`VulkanImporter::Cuda`) is not served by this build: it
-//! answers `CudaUnavailable` with the reason, and `Auto` says why it took Vulkan.
+//! The importers:
+//! - **CUDA** (the `cuda` feature, a CUDA device whose UUID is the engine's Vulkan device
+//!   UUID): `cuImportExternalMemory(OPAQUE_FD)` and a mapped buffer, handed out as device
+//!   pointers (kDLCUDA). An exported semaphore is imported too and waited on the
+//!   consumer's stream before a frame is read ([`ClientBackend::order_after_frame`]):
+//!   stream-ordered, no host sync. Without one the seq counters order frames (the engine
+//!   completed the frame's work before it published it).
+//! - **Vulkan** (the `vulkan` feature): a Vulkan device of the client's own maps
+//!   host-visible memory and hands out host pointers (kDLCPU). Semaphores are closed:
+//!   the CPU reads after `frame_seq`, which the engine publishes once the frame is done.
+//!
+//! Either way the views are the engine's bytes, never a copy. `auto` takes CUDA when the
+//! UUIDs match a CUDA device, else Vulkan, and says which and why
+//! ([`ClientVulkan::importer_reason`]).
 
 use std::any::Any;
 use std::os::fd::OwnedFd;
@@ -15,13 +25,238 @@ use std::time::Duration;
 
 use super::VulkanImporter;
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
-use crate::device::location::{Device, Location, VulkanDevice, DL_CPU};
-use crate::error::{Error, Result};
+use crate::device::location::{uuid_hex, Device, Location, VulkanDevice};
+use crate::error::{Error, Peer, Result};
 use crate::layout::{Layout, TensorInfo};
 use crate::region::Region;
 
 #[cfg(feature = "vulkan")]
 use super::vk::{Context, ImportedMemory};
+#[cfg(feature = "cuda")]
+use crate::device::cuda::driver::{self, ExternalMemory, ExternalSemaphore, PrimaryContext};
+
+/// Which importer serves a client, decided before anything is imported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImporterChoice {
+    /// CUDA device `ordinal` (as this process numbers them) has the engine's UUID.
+    Cuda {
+        ordinal: i32,
+    },
+    Vulkan,
+}
+
+/// Picks the importer for `requested`, given the engine's Vulkan device and what this
+/// process sees of CUDA: the UUIDs of its devices by ordinal, or why there is no CUDA
+/// (`Err`). Returns the choice and the reason to report. `Cuda` requested but not
+/// possible is `CudaUnavailable` with the reason; `auto` then takes Vulkan.
+pub fn choose_importer(
+    requested: VulkanImporter,
+    engine: VulkanDevice,
+    cuda: std::result::Result<Vec<[u8; 16]>, String>,
+) -> Result<(ImporterChoice, String)> {
+    let engine_uuid = uuid_hex(&engine.device_uuid);
+    let cuda_answer = match cuda {
+        Ok(uuids) => match uuids.iter().position(|u| *u == engine.device_uuid) {
+            Some(i) => Ok(i as i32),
+            None => Err(format!(
+                "no CUDA device of this process has the engine's Vulkan device UUID \
+                 {engine_uuid} ({} CUDA device(s): {})",
+                uuids.len(),
+                uuids.iter().map(uuid_hex).collect::<Vec<_>>().join(", ")
+            )),
+        },
+        Err(why) => Err(why),
+    };
+    match (requested, cuda_answer) {
+        (VulkanImporter::Vulkan, _) => Ok((ImporterChoice::Vulkan, "requested".into())),
+        (VulkanImporter::Cuda | VulkanImporter::Auto, Ok(ordinal)) => Ok((
+            ImporterChoice::Cuda { ordinal },
+            format!("CUDA device {ordinal} has the engine's Vulkan device UUID {engine_uuid}"),
+        )),
+        (VulkanImporter::Cuda, Err(why)) => Err(Error::CudaUnavailable {
+            reason: format!("importing the engine's Vulkan memory into CUDA: {why}"),
+        }),
+        (VulkanImporter::Auto, Err(why)) => Ok((ImporterChoice::Vulkan, why)),
+    }
+}
+
+/// What this process sees of CUDA, for [`choose_importer`].
+fn cuda_devices() -> std::result::Result<Vec<[u8; 16]>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        let d = driver::Driver::get().map_err(|e| e.to_string())?;
+        (0..d.info().device_count)
+            .map(|o| driver::device_uuid(d, o))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(match crate::device::cuda::unavailable_without_feature() {
+            Error::CudaUnavailable { reason } => reason,
+            e => e.to_string(),
+        })
+    }
+}
+
+/// The device a client imports into.
+enum Importer {
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<PrimaryContext>),
+    #[cfg(feature = "vulkan")]
+    Vulkan(Arc<Context>),
+}
+
+/// One tensor's import.
+#[derive(Debug)]
+enum Import {
+    /// Mapped on the CPU by the client's Vulkan device.
+    #[cfg(feature = "vulkan")]
+    Mapped(ImportedMemory),
+    /// Imported into CUDA, with the engine's semaphore if it exported one.
+    #[cfg(feature = "cuda")]
+    Cuda {
+        memory: ExternalMemory,
+        semaphore: Option<ExternalSemaphore>,
+    },
+}
+
+/// The imports of a client's Vulkan tensors: the lease its views hold.
+#[derive(Debug, Default)]
+struct Imports {
+    /// By tensor index.
+    tensors: Vec<Option<Import>>,
+    /// The last frame that arrived (a timeline semaphore's value to wait for), or, for
+    /// binary semaphores, how many frames' signals this client has consumed.
+    #[cfg(feature = "cuda")]
+    frames: std::sync::Mutex<FrameWaits>,
+}
+
+/// Per-client bookkeeping of the semaphore waits.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Default)]
+struct FrameWaits {
+    /// Whether the frame current at attach was seen (binary semaphores count from the
+    /// frame after it: the engine completed that one before the client attached).
+    started: bool,
+    /// The newest frame published to this client.
+    latest: u64,
+    /// Binary semaphores: the next frame whose signal no wait was queued for yet (one
+    /// wait per signal, as Vulkan requires).
+    consumed: u64,
+    /// Binary semaphores: the client's stream the waits go on, and an event recorded
+    /// after them that consumers wait for.
+    binary: Option<(driver::Stream, driver::IpcEvent)>,
+}
+
+impl Imports {
+    fn get(&self, index: usize) -> Option<&Import> {
+        self.tensors.get(index)?.as_ref()
+    }
+
+    fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
+        match self.get(index)? {
+            #[cfg(feature = "vulkan")]
+            Import::Mapped(m) => m.span(t.offset, t.nbytes),
+            #[cfg(feature = "cuda")]
+            Import::Cuda { .. } => {
+                let _ = t;
+                None
+            }
+        }
+    }
+
+    /// Device (CUDA) address of tensor `index`'s first byte.
+    fn device_ptr(&self, index: usize, t: &TensorInfo) -> Option<u64> {
+        match self.get(index)? {
+            #[cfg(feature = "vulkan")]
+            Import::Mapped(m) => m.span(t.offset, t.nbytes).map(|p| p.as_ptr() as u64),
+            #[cfg(feature = "cuda")]
+            Import::Cuda { memory, .. } => memory.span(t.offset, t.nbytes),
+        }
+    }
+
+    /// A frame arrived: binary semaphores are waited once for it (on the client's own
+    /// stream, then an event consumers wait for), timeline ones remember its number.
+    #[cfg_attr(not(feature = "cuda"), allow(clippy::unused_self))]
+    fn frame_arrived(&self, frame: u64) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut waits = self.frames.lock().unwrap_or_else(|p| p.into_inner());
+            if !waits.started {
+                waits.started = true;
+                waits.consumed = frame.saturating_add(1);
+            }
+            waits.latest = waits.latest.max(frame);
+            let binary: Vec<&ExternalSemaphore> =
+                self.semaphores().filter(|s| !s.is_timeline()).collect();
+            if binary.is_empty() {
+                return Ok(());
+            }
+            // One signal per frame published since the last wait (frame 0 included).
+            while waits.consumed <= waits.latest {
+                let Some((stream, _)) = &waits.binary else {
+                    return Ok(());
+                };
+                for s in &binary {
+                    s.wait(stream, 0)?;
+                }
+                waits.consumed += 1;
+            }
+            if let Some((stream, event)) = &waits.binary {
+                event.record(stream)?;
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = frame;
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn semaphores(&self) -> impl Iterator<Item = &ExternalSemaphore> {
+        self.tensors.iter().filter_map(|i| match i.as_ref()? {
+            Import::Cuda { semaphore, .. } => semaphore.as_ref(),
+            #[cfg(feature = "vulkan")]
+            Import::Mapped(_) => None,
+        })
+    }
+}
+
+impl DeviceLease for Imports {
+    /// CUDA imports with a semaphore: `stream` waits on the device for the last frame's
+    /// signal. Mapped on the CPU, or without a semaphore: the engine published the frame
+    /// once its work was complete, and the client reads after `frame_seq` moved, so
+    /// there is nothing to wait for.
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            let Some(ctx) = self.tensors.iter().find_map(|i| match i.as_ref()? {
+                Import::Cuda {
+                    memory,
+                    semaphore: Some(_),
+                } => Some(memory.context().clone()),
+                _ => None,
+            }) else {
+                return Ok(());
+            };
+            // SAFETY: the caller of `order_after_frame` hands a stream of this device
+            // (the DLPack consumer's), live for the call.
+            let consumer = unsafe { driver::Stream::borrowed(&ctx, stream.raw()) };
+            let waits = self.frames.lock().unwrap_or_else(|p| p.into_inner());
+            for s in self.semaphores() {
+                if s.is_timeline() {
+                    s.wait(&consumer, waits.latest)?;
+                }
+            }
+            if let Some((_, event)) = &waits.binary {
+                consumer.wait(event)?;
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = stream;
+        Ok(())
+    }
+}
 
 /// The client's Vulkan state: the importer's device, and each tensor's import.
 pub struct ClientVulkan {
@@ -29,41 +264,10 @@ pub struct ClientVulkan {
     timeout: Duration,
     /// Why this importer (for logs and `importer_reason`).
     reason: String,
-    /// Each tensor's import, by tensor index; shared with every view handed out (the
-    /// lease), so a view keeps its mapping after the client closed. `None` before open
-    /// and after release. Each import holds the device it was made on.
+    /// Each tensor's import; shared with every view handed out (the lease), so a view
+    /// keeps its mapping after the client closed. `None` before open and after release.
     imports: Option<Arc<Imports>>,
-    #[cfg(feature = "vulkan")]
-    ctx: Arc<Context>,
-}
-
-/// The imports of a client's Vulkan tensors: the lease its views hold.
-#[derive(Debug, Default)]
-struct Imports {
-    #[cfg(feature = "vulkan")]
-    memories: Vec<Option<ImportedMemory>>,
-}
-
-impl Imports {
-    fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
-        #[cfg(feature = "vulkan")]
-        {
-            self.memories.get(index)?.as_ref()?.span(t.offset, t.nbytes)
-        }
-        #[cfg(not(feature = "vulkan"))]
-        {
-            let _ = (index, t);
-            None
-        }
-    }
-}
-
-impl DeviceLease for Imports {
-    /// Mapped on the CPU: the engine published the frame only once its queue was idle,
-    /// and the client reads it only after `frame_seq` moved; nothing to wait for.
-    fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
-        Ok(())
-    }
+    importer: Importer,
 }
 
 impl std::fmt::Debug for ClientVulkan {
@@ -103,48 +307,58 @@ impl ClientVulkan {
         timeout: Duration,
     ) -> Result<ClientVulkan> {
         let dev = engine_device(layout)?;
-        let cuda_reason = match importer {
-            VulkanImporter::Cuda => {
-                return Err(Error::CudaUnavailable {
-                    reason: "importing Vulkan memory into CUDA is not served by this build".into(),
-                })
+        let (choice, why) = choose_importer(importer, dev, cuda_devices())?;
+        let (importer, reason) = match choice {
+            #[cfg(feature = "cuda")]
+            ImporterChoice::Cuda { ordinal } => {
+                let d = driver::Driver::get()?;
+                let ctx = PrimaryContext::retain(d, ordinal)?;
+                (
+                    Importer::Cuda(ctx),
+                    format!("CUDA importer on device {ordinal} (kDLCUDA): {why}"),
+                )
             }
-            VulkanImporter::Auto => {
-                "CUDA import of Vulkan memory is not served by this build".to_string()
+            // `choose_importer` picks CUDA only when `cuda_devices` listed a device,
+            // which a build without the feature never does.
+            #[cfg(not(feature = "cuda"))]
+            ImporterChoice::Cuda { .. } => {
+                return Err(crate::device::cuda::unavailable_without_feature())
             }
-            VulkanImporter::Vulkan => "requested".to_string(),
+            ImporterChoice::Vulkan => Self::vulkan_importer(layout, dev, &why)?,
         };
-        #[cfg(feature = "vulkan")]
-        {
-            let ctx = Context::open(dev)?;
-            let reason = format!(
-                "Vulkan importer on {} (host-mapped, kDLCPU): {cuda_reason}",
-                ctx.name()
-            );
-            Ok(ClientVulkan {
-                name: name.to_string(),
-                timeout,
-                reason,
-                imports: None,
-                ctx,
-            })
-        }
-        #[cfg(not(feature = "vulkan"))]
-        {
-            let _ = (dev, name, timeout, cuda_reason);
-            let reason = match super::unavailable_without_feature() {
-                Error::VulkanUnavailable { reason } => reason,
-                e => e.to_string(),
-            };
-            let first = layout
-                .tensors
-                .iter()
-                .find(|t| t.location() == Location::Vulkan)
-                .map_or("?", |t| t.name.as_str());
-            Err(Error::VulkanUnavailable {
-                reason: format!("tensor '{first}' lives in Vulkan memory: {reason}"),
-            })
-        }
+        Ok(ClientVulkan {
+            name: name.to_string(),
+            timeout,
+            reason,
+            imports: None,
+            importer,
+        })
+    }
+
+    #[cfg(feature = "vulkan")]
+    fn vulkan_importer(_: &Layout, dev: VulkanDevice, why: &str) -> Result<(Importer, String)> {
+        let ctx = Context::open(dev)?;
+        let reason = format!(
+            "Vulkan importer on {} (host-mapped, kDLCPU): {why}",
+            ctx.name()
+        );
+        Ok((Importer::Vulkan(ctx), reason))
+    }
+
+    #[cfg(not(feature = "vulkan"))]
+    fn vulkan_importer(layout: &Layout, _: VulkanDevice, why: &str) -> Result<(Importer, String)> {
+        let reason = match super::unavailable_without_feature() {
+            Error::VulkanUnavailable { reason } => reason,
+            e => e.to_string(),
+        };
+        let first = layout
+            .tensors
+            .iter()
+            .find(|t| t.location() == Location::Vulkan)
+            .map_or("?", |t| t.name.as_str());
+        Err(Error::VulkanUnavailable {
+            reason: format!("tensor '{first}' lives in Vulkan memory: {reason}; and {why}"),
+        })
     }
 
     /// Which importer serves this client, and why.
@@ -152,46 +366,128 @@ impl ClientVulkan {
         &self.reason
     }
 
-    /// Receives the fds (after the slot is claimed: the engine sends them only to its
-    /// attached client) and imports each tensor's memory. Every fd received is owned
+    /// Copies tensor `index`'s bytes as this client's import holds them into `out`
+    /// (`t.nbytes` long): from the mapping, or device to host for a CUDA import. For
+    /// tests and debugging; views never copy.
+    pub fn read_tensor(&self, index: usize, t: &TensorInfo, out: &mut [u8]) -> Result<()> {
+        let imports = self.imports.as_ref().ok_or(Error::Closed(Peer::Client))?;
+        if out.len() as u64 != t.nbytes {
+            return Err(Error::InvalidSpec(format!(
+                "read_tensor: {} bytes for '{}' of {}",
+                out.len(),
+                t.name,
+                t.nbytes
+            )));
+        }
+        match imports.get(index) {
+            #[cfg(feature = "vulkan")]
+            Some(Import::Mapped(m)) => {
+                let p = m.span(t.offset, t.nbytes).ok_or(Error::NotOnHost {
+                    tensor: t.name.clone(),
+                    location: "vulkan",
+                })?;
+                // SAFETY: `span` checked `offset + nbytes` against the live mapping,
+                // which `imports` keeps alive across the copy; `out` is another buffer.
+                out.copy_from_slice(unsafe { std::slice::from_raw_parts(p.as_ptr(), out.len()) });
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Some(Import::Cuda { memory, .. }) => memory.read(t.offset, out),
+            None => Err(Error::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: "not imported".into(),
+            }),
+        }
+    }
+
+    /// Whether the CUDA importer serves this client (its views are kDLCUDA).
+    pub fn is_cuda(&self) -> bool {
+        match self.importer {
+            #[cfg(feature = "cuda")]
+            Importer::Cuda(_) => true,
+            #[cfg(feature = "vulkan")]
+            Importer::Vulkan(_) => false,
+        }
+    }
+
+    /// Imports each tensor's memory from the fds received (after the slot is claimed:
+    /// the engine sends them only to its attached client). Every fd received is owned
     /// here at once, so each is closed exactly once (by the driver after an import,
     /// else when dropped).
     fn import_all(&mut self, layout: &Layout, fds: Vec<OwnedFd>) -> Result<()> {
         let mut fds = fds.into_iter();
-        let mut imports = Imports::default();
+        let mut imports = Imports {
+            tensors: (0..layout.tensors.len()).map(|_| None).collect(),
+            ..Imports::default()
+        };
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
                 continue;
             };
-            let Some(memory) = fds.next() else {
-                return Err(Error::Protocol {
-                    peer: crate::error::Peer::Engine,
-                    detail: "fewer fds than Vulkan tensors".into(),
-                });
+            let too_few = || Error::Protocol {
+                peer: Peer::Engine,
+                detail: "fewer fds than the tensor table calls for".into(),
             };
-            // The CPU importer reads host-visible memory after `frame_seq`, which the
-            // engine bumps only once its frame is complete: a semaphore adds nothing
-            // here, and is closed.
-            if table.semaphore.is_some() {
-                drop(fds.next());
-            }
-            #[cfg(feature = "vulkan")]
-            {
-                let m = ImportedMemory::import(&self.ctx, memory, &table, &t.name)?;
-                if m.span(t.offset, t.nbytes).is_none() {
-                    return Err(Error::InvalidTensor {
+            let memory = fds.next().ok_or_else(too_few)?;
+            let semaphore = match table.semaphore {
+                Some(kind) => Some((fds.next().ok_or_else(too_few)?, kind)),
+                None => None,
+            };
+            let import = match &self.importer {
+                #[cfg(feature = "vulkan")]
+                Importer::Vulkan(ctx) => {
+                    // Read after `frame_seq` on the CPU: the semaphore adds nothing.
+                    drop(semaphore);
+                    Import::Mapped(ImportedMemory::import(ctx, memory, &table, &t.name)?)
+                }
+                #[cfg(feature = "cuda")]
+                Importer::Cuda(ctx) => {
+                    let memory = ExternalMemory::import_opaque_fd(
+                        ctx,
+                        memory,
+                        table.alloc_size,
+                        table.dedicated,
+                    )
+                    .map_err(|e| Error::InvalidTensor {
                         tensor: t.name.clone(),
-                        reason: "the tensor lies outside its imported memory".into(),
-                    });
+                        reason: format!("importing the engine's memory into CUDA: {e}"),
+                    })?;
+                    let semaphore = match semaphore {
+                        Some((fd, kind)) => Some(ExternalSemaphore::import_fd(
+                            ctx,
+                            fd,
+                            kind == super::export::SemaphoreKind::Timeline,
+                        )?),
+                        None => None,
+                    };
+                    Import::Cuda { memory, semaphore }
                 }
-                if imports.memories.len() < layout.tensors.len() {
-                    imports.memories.resize_with(layout.tensors.len(), || None);
-                }
-                imports.memories[i] = Some(m);
+            };
+            imports.tensors[i] = Some(import);
+            if imports.device_ptr(i, t).is_none() {
+                return Err(Error::InvalidTensor {
+                    tensor: t.name.clone(),
+                    reason: "the tensor lies outside its imported memory".into(),
+                });
             }
-            #[cfg(not(feature = "vulkan"))]
-            {
-                let _ = (i, memory);
+        }
+        if fds.next().is_some() {
+            return Err(Error::Protocol {
+                peer: Peer::Engine,
+                detail: "more fds than the tensor table calls for".into(),
+            });
+        }
+        #[cfg(feature = "cuda")]
+        #[allow(irrefutable_let_patterns)]
+        if let Importer::Cuda(ctx) = &self.importer {
+            if imports.semaphores().any(|s| !s.is_timeline()) {
+                let stream = driver::Stream::create(ctx)?;
+                let event = driver::IpcEvent::create(ctx)?;
+                imports
+                    .frames
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .binary = Some((stream, event));
             }
         }
         self.imports = Some(Arc::new(imports));
@@ -204,6 +500,10 @@ impl ClientBackend for ClientVulkan {
         None
     }
 
+    fn importer_reason(&self) -> Option<&str> {
+        Some(&self.reason)
+    }
+
     fn open(&mut self, layout: &Layout) -> Result<()> {
         let fds = crate::fdpass::receive(&self.name, super::fd_count(layout), self.timeout)?;
         self.import_all(layout, fds)
@@ -213,9 +513,17 @@ impl ClientBackend for ClientVulkan {
         Ok(())
     }
 
+    fn after_frame(&self, frame: u64) -> Result<()> {
+        match &self.imports {
+            Some(imports) => imports.frame_arrived(frame),
+            None => Ok(()),
+        }
+    }
+
     fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64> {
-        self.host_ptr(index, t)
-            .map(|p| p.as_ptr() as u64)
+        self.imports
+            .as_ref()
+            .and_then(|i| i.device_ptr(index, t))
             .ok_or_else(|| Error::NotOnHost {
                 tensor: t.name.clone(),
                 location: t.location().name(),
@@ -230,27 +538,35 @@ impl ClientBackend for ClientVulkan {
         if t.location() != Location::Vulkan {
             return Ok(None);
         }
-        let imports = self
-            .imports
-            .as_ref()
-            .ok_or(Error::Closed(crate::error::Peer::Client))?;
-        let ptr = imports
-            .host_ptr(index, t)
-            .ok_or_else(|| Error::InvalidTensor {
-                tensor: t.name.clone(),
-                reason: "not imported".into(),
-            })?;
-        // Mapped on the CPU: host memory of this process, outside the region, held open
-        // by the lease.
+        let imports = self.imports.as_ref().ok_or(Error::Closed(Peer::Client))?;
+        let not_imported = || Error::InvalidTensor {
+            tensor: t.name.clone(),
+            reason: "not imported".into(),
+        };
+        let ptr = imports.device_ptr(index, t).ok_or_else(not_imported)?;
+        let device = match &self.importer {
+            // Mapped on the CPU: host memory of this process, outside the region, held
+            // open by the lease.
+            #[cfg(feature = "vulkan")]
+            Importer::Vulkan(_) => Device::Host,
+            #[cfg(feature = "cuda")]
+            Importer::Cuda(ctx) => Device::Cuda(crate::device::location::CudaDevice {
+                ordinal: ctx.ordinal(),
+                uuid: ctx.uuid()?,
+            }),
+        };
         Ok(Some(DevicePlace {
-            ptr: ptr.as_ptr() as u64,
-            device: Device::Host,
+            ptr,
+            device,
             lease: imports.clone(),
         }))
     }
 
-    fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
-        Ok(())
+    fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
+        match &self.imports {
+            Some(imports) => imports.order_after_frame(stream),
+            None => Ok(()),
+        }
     }
 
     unsafe fn copy_into(&self, _: u64, _: u64, _: usize, _: StreamRef<'_>) -> Result<()> {
@@ -260,9 +576,15 @@ impl ClientBackend for ClientVulkan {
     }
 
     fn dlpack_device(&self, index: usize, t: &TensorInfo) -> (i32, i32) {
-        match self.host_ptr(index, t) {
-            Some(_) => (DL_CPU, 0),
-            None => t.device.dlpack(),
+        match (
+            &self.importer,
+            self.imports.as_ref().and_then(|i| i.get(index)),
+        ) {
+            #[cfg(feature = "cuda")]
+            (Importer::Cuda(ctx), Some(_)) => (crate::device::location::DL_CUDA, ctx.ordinal()),
+            #[cfg(feature = "vulkan")]
+            (Importer::Vulkan(_), Some(_)) => (crate::device::location::DL_CPU, 0),
+            _ => t.device.dlpack(),
         }
     }
 
@@ -281,5 +603,47 @@ impl dyn ClientBackend {
     /// The Vulkan side of a client of Vulkan tensors; `None` for any other backend.
     pub fn as_vulkan(&self) -> Option<&ClientVulkan> {
         self.as_any().downcast_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENGINE: VulkanDevice = VulkanDevice {
+        device_uuid: [7; 16],
+        driver_uuid: [1; 16],
+    };
+
+    #[test]
+    fn auto_takes_cuda_only_for_the_engines_device() {
+        let (c, why) =
+            choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16], [7; 16]])).unwrap();
+        assert_eq!(c, ImporterChoice::Cuda { ordinal: 1 });
+        assert!(why.contains("CUDA device 1"), "{why}");
+        let (c, why) = choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16]])).unwrap();
+        assert_eq!(c, ImporterChoice::Vulkan);
+        assert!(why.contains("no CUDA device"), "{why}");
+        let (c, why) =
+            choose_importer(VulkanImporter::Auto, ENGINE, Err("no driver".into())).unwrap();
+        assert_eq!(c, ImporterChoice::Vulkan);
+        assert_eq!(why, "no driver");
+    }
+
+    #[test]
+    fn a_requested_importer_is_taken_or_refused() {
+        let (c, _) = choose_importer(VulkanImporter::Vulkan, ENGINE, Ok(vec![[7; 16]])).unwrap();
+        assert_eq!(
+            c,
+            ImporterChoice::Vulkan,
+            "vulkan requested wins over a match"
+        );
+        let e = choose_importer(VulkanImporter::Cuda, ENGINE, Ok(vec![[3; 16]])).unwrap_err();
+        assert!(
+            matches!(&e, Error::CudaUnavailable { reason } if reason.contains("07070707")),
+            "{e}"
+        );
+        let e = choose_importer(VulkanImporter::Cuda, ENGINE, Err("no driver".into()));
+        assert!(matches!(e, Err(Error::CudaUnavailable { .. })));
     }
 }

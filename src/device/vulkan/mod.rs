@@ -8,11 +8,13 @@
 //! - [`export`]: what a spec hands over (compiled in every build);
 //! - `vk` (the `vulkan` feature): all Vulkan FFI, through ash with the loader opened at
 //!   run time, so a machine without `libvulkan.so.1` gets `VulkanUnavailable`;
-//! - `engine`, `client`: the two backends.
+//! - `engine`, `client`: the two backends (`client` imports into CUDA with the `cuda`
+//!   feature and into Vulkan with `vulkan`; a build with neither refuses Vulkan tensors).
 
 use crate::error::Error;
 use crate::layout::{Layout, Location};
 
+#[cfg(any(feature = "cuda", feature = "vulkan"))]
 pub mod client;
 #[cfg(feature = "vulkan")]
 pub mod engine;

@@ -337,38 +337,29 @@ impl Drop for Context {
     }
 }
 
-/// Path (a): a linear buffer in a dedicated, exportable allocation, mapped when the
-/// memory is host-visible, and its `OPAQUE_FD` export.
-pub struct ExportedBuffer {
+/// A linear buffer bound to a dedicated allocation of its own, mapped when the memory is
+/// host-visible; unmapped, destroyed and freed on drop (after the queue is idle).
+struct BoundBuffer {
     ctx: Arc<Context>,
     buffer: vk::Buffer,
     memory: vk::DeviceMemory,
     mapped: Option<NonNull<u8>>,
-    table: VulkanTable,
-    fd: SharedFd,
+    /// `allocationSize` (the buffer's size: its memory requirement, at least the size
+    /// asked for).
+    size: u64,
+    memory_type_index: u32,
 }
 
-impl std::fmt::Debug for ExportedBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExportedBuffer")
-            .field("table", &self.table)
-            .field("mapped", &self.mapped.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-// SAFETY: the handles and the mapping are plain addresses valid in every thread; the
-// owner (the engine backend) uses them from one thread at a time.
-unsafe impl Send for ExportedBuffer {}
-// SAFETY: as above; `&ExportedBuffer` hands out only copies of handles and the pointer.
-unsafe impl Sync for ExportedBuffer {}
-
-impl ExportedBuffer {
-    /// Allocates at least `nbytes`: a buffer whose size is the allocation's (so an
-    /// importer that must repeat a dedicated allocation's buffer can), in memory of the
-    /// best type: device-local and host-visible, else host-visible (coherent), else
-    /// device-local.
-    pub fn allocate(ctx: &Arc<Context>, nbytes: u64) -> Result<ExportedBuffer> {
+impl BoundBuffer {
+    /// At least `nbytes` in memory of the first type in `preference` the buffer can use,
+    /// exportable as `OPAQUE_FD` when `export`. The buffer's size is the allocation's, so
+    /// that an importer that must repeat a dedicated allocation's buffer can.
+    fn allocate(
+        ctx: &Arc<Context>,
+        nbytes: u64,
+        export: bool,
+        preference: &[vk::MemoryPropertyFlags],
+    ) -> Result<BoundBuffer> {
         let d = &ctx.device;
         let mut buffer = ctx.buffer(nbytes)?;
         // SAFETY: a live buffer of this device.
@@ -384,33 +375,31 @@ impl ExportedBuffer {
             // SAFETY: an unbound buffer of this device, used by nothing.
             unsafe { d.destroy_buffer(buffer, None) }
         };
-        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
-        let pick = |want: vk::MemoryPropertyFlags| {
-            (0..ctx.memory.memory_type_count).find(|&i| {
-                req.memory_type_bits & (1 << i) != 0
-                    && ctx.memory.memory_types[i as usize]
-                        .property_flags
-                        .contains(want)
-            })
+        let fits = |i: u32, want: vk::MemoryPropertyFlags| {
+            req.memory_type_bits & (1 << i) != 0
+                && ctx.memory.memory_types[i as usize]
+                    .property_flags
+                    .contains(want)
         };
-        let Some(type_index) = pick(host | local)
-            .or_else(|| pick(host))
-            .or_else(|| pick(local))
+        let Some(type_index) = preference
+            .iter()
+            .find_map(|&want| (0..ctx.memory.memory_type_count).find(|&i| fits(i, want)))
         else {
             destroy(buffer);
             return Err(Error::Vulkan {
                 call: "vkAllocateMemory",
-                detail: "no memory type fits the buffer".into(),
+                detail: format!("no memory type of {} fits the buffer", ctx.name),
             });
         };
-        let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(OPAQUE_FD);
+        let mut export_info = vk::ExportMemoryAllocateInfo::default().handle_types(OPAQUE_FD);
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default().buffer(buffer);
-        let info = vk::MemoryAllocateInfo::default()
+        let mut info = vk::MemoryAllocateInfo::default()
             .allocation_size(req.size)
             .memory_type_index(type_index)
-            .push_next(&mut export)
             .push_next(&mut dedicated);
+        if export {
+            info = info.push_next(&mut export_info);
+        }
         // SAFETY: `info` and its chain live across the call; the buffer is this device's.
         let memory = match unsafe { d.allocate_memory(&info, None) } {
             Ok(m) => m,
@@ -419,31 +408,82 @@ impl ExportedBuffer {
                 return Err(call("vkAllocateMemory")(e));
             }
         };
-        let free = |memory| {
-            // SAFETY: an allocation of this device that nothing uses any more.
-            unsafe { d.free_memory(memory, None) }
+        // From here `Drop` cleans up.
+        let mut bound = BoundBuffer {
+            ctx: ctx.clone(),
+            buffer,
+            memory,
+            mapped: None,
+            size: req.size,
+            memory_type_index: type_index,
         };
         // SAFETY: the allocation fits the buffer's requirements (its size and type).
-        if let Err(e) = unsafe { d.bind_buffer_memory(buffer, memory, 0) } {
-            destroy(buffer);
-            free(memory);
-            return Err(call("vkBindBufferMemory")(e));
+        unsafe { d.bind_buffer_memory(buffer, memory, 0) }.map_err(call("vkBindBufferMemory"))?;
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        if ctx
+            .memory_type(type_index)
+            .unwrap_or_default()
+            .contains(host)
+        {
+            bound.mapped = Some(ctx.map(memory)?);
         }
-        let flags = ctx.memory_type(type_index).unwrap_or_default();
-        let mapped = if flags.contains(host) {
-            match ctx.map(memory) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    destroy(buffer);
-                    free(memory);
-                    return Err(e);
-                }
+        Ok(bound)
+    }
+}
+
+impl Drop for BoundBuffer {
+    fn drop(&mut self) {
+        let d = &self.ctx.device;
+        // SAFETY: the queue is idle (waited for here), so no submitted work uses the
+        // buffer; the buffer and memory are ours, used by nothing else in this process.
+        // An importer in another process holds its own reference to the payload.
+        unsafe {
+            let _ = d.queue_wait_idle(self.ctx.queue);
+            if self.mapped.is_some() {
+                d.unmap_memory(self.memory);
             }
-        } else {
-            None
-        };
+            d.destroy_buffer(self.buffer, None);
+            d.free_memory(self.memory, None);
+        }
+    }
+}
+
+const HOST: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::from_raw(
+    vk::MemoryPropertyFlags::HOST_VISIBLE.as_raw()
+        | vk::MemoryPropertyFlags::HOST_COHERENT.as_raw(),
+);
+
+/// Path (a): a linear buffer in a dedicated, exportable allocation, mapped when the
+/// memory is host-visible, and its `OPAQUE_FD` export.
+pub struct ExportedBuffer {
+    bound: BoundBuffer,
+    table: VulkanTable,
+    fd: SharedFd,
+}
+
+impl std::fmt::Debug for ExportedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportedBuffer")
+            .field("table", &self.table)
+            .field("mapped", &self.bound.mapped.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the handles and the mapping are plain addresses valid in every thread; the
+// owner (the engine backend) uses them from one thread at a time.
+unsafe impl Send for ExportedBuffer {}
+// SAFETY: as above; `&ExportedBuffer` hands out only copies of handles and the pointer.
+unsafe impl Sync for ExportedBuffer {}
+
+impl ExportedBuffer {
+    /// Allocates at least `nbytes` in memory of the best type: device-local and
+    /// host-visible, else host-visible (coherent), else device-local.
+    pub fn allocate(ctx: &Arc<Context>, nbytes: u64) -> Result<ExportedBuffer> {
+        let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let bound = BoundBuffer::allocate(ctx, nbytes, true, &[HOST | local, HOST, local])?;
         let get = vk::MemoryGetFdInfoKHR::default()
-            .memory(memory)
+            .memory(bound.memory)
             .handle_type(OPAQUE_FD);
         // SAFETY: the memory was allocated exportable as OPAQUE_FD.
         let fd = match unsafe { ctx.memory_fd.get_memory_fd(&get) } {
@@ -452,39 +492,27 @@ impl ExportedBuffer {
                 SharedFd::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
             }
             Ok(_) | Err(_) => {
-                if mapped.is_some() {
-                    // SAFETY: mapped above.
-                    unsafe { d.unmap_memory(memory) };
-                }
-                destroy(buffer);
-                free(memory);
                 return Err(Error::Vulkan {
                     call: "vkGetMemoryFdKHR",
                     detail: "no fd".into(),
-                });
+                })
             }
         };
-        Ok(ExportedBuffer {
-            ctx: ctx.clone(),
-            buffer,
-            memory,
-            mapped,
-            table: VulkanTable {
-                alloc_size: req.size,
-                memory_type_index: type_index,
-                dedicated: true,
-                semaphore: None,
-            },
-            fd,
-        })
+        let table = VulkanTable {
+            alloc_size: bound.size,
+            memory_type_index: bound.memory_type_index,
+            dedicated: true,
+            semaphore: None,
+        };
+        Ok(ExportedBuffer { bound, table, fd })
     }
 
     pub fn buffer(&self) -> vk::Buffer {
-        self.buffer
+        self.bound.buffer
     }
 
     pub fn memory(&self) -> vk::DeviceMemory {
-        self.memory
+        self.bound.memory
     }
 
     /// What the tensor table says of it.
@@ -494,7 +522,7 @@ impl ExportedBuffer {
 
     /// The host mapping (host-visible memory only).
     pub fn mapped(&self) -> Option<NonNull<u8>> {
-        self.mapped
+        self.bound.mapped
     }
 
     /// The exported fd (sent to clients; each gets its own copy).
@@ -503,19 +531,298 @@ impl ExportedBuffer {
     }
 }
 
-impl Drop for ExportedBuffer {
+/// A buffer of this process only (not exported) in host-visible, coherent memory,
+/// mapped: the inputs a kernel reads, written by the CPU before each submission.
+pub struct HostBuffer {
+    bound: BoundBuffer,
+    mapped: NonNull<u8>,
+}
+
+// SAFETY: as for `ExportedBuffer`.
+unsafe impl Send for HostBuffer {}
+// SAFETY: as for `ExportedBuffer`.
+unsafe impl Sync for HostBuffer {}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("size", &self.bound.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostBuffer {
+    /// At least `nbytes`, host-visible and coherent (the device-local kind first).
+    pub fn allocate(ctx: &Arc<Context>, nbytes: u64) -> Result<HostBuffer> {
+        let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let bound = BoundBuffer::allocate(ctx, nbytes, false, &[HOST | local, HOST])?;
+        let Some(mapped) = bound.mapped else {
+            return Err(Error::Vulkan {
+                call: "vkMapMemory",
+                detail: "a host-visible buffer was not mapped".into(),
+            });
+        };
+        Ok(HostBuffer { bound, mapped })
+    }
+
+    pub fn buffer(&self) -> vk::Buffer {
+        self.bound.buffer
+    }
+
+    /// The buffer's bytes. `&mut self`: the caller writes them between submissions,
+    /// when no kernel reads them (the queue is idle after each frame).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let p = self.mapped;
+        // SAFETY: a mapping of `size` bytes of coherent memory owned by this buffer, alive
+        // while it is; `&mut self` makes this the only slice of it in this process, and
+        // the device reads it only during a submission, which the owner waits for before
+        // writing again.
+        unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), self.bound.size as usize) }
+    }
+}
+
+/// A compute shader bound to its storage buffers, with one command buffer that records
+/// its dispatch once and is submitted again for every frame.
+///
+/// Binding `i` of descriptor set 0 is `buffers[i]`. The recording ends with a barrier
+/// that makes the shader's writes visible to the host (the client maps the memory), and
+/// each submission signals a fence the next one waits for, so the command buffer is
+/// never resubmitted while pending. The engine waits for the queue before it publishes
+/// ([`Context::queue_wait_idle`]).
+pub struct ComputeKernel {
+    ctx: Arc<Context>,
+    module: vk::ShaderModule,
+    set_layout: vk::DescriptorSetLayout,
+    pipeline_layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+    descriptors: vk::DescriptorPool,
+    commands: vk::CommandPool,
+    command: vk::CommandBuffer,
+    fence: vk::Fence,
+}
+
+// SAFETY: the handles are valid in every thread; the owner submits from one thread at a
+// time (`&mut self` in `submit`).
+unsafe impl Send for ComputeKernel {}
+// SAFETY: `&ComputeKernel` hands out nothing.
+unsafe impl Sync for ComputeKernel {}
+
+impl std::fmt::Debug for ComputeKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComputeKernel").finish_non_exhaustive()
+    }
+}
+
+impl ComputeKernel {
+    /// Builds the pipeline of `spirv` (entry point `main`) over `buffers` and records its
+    /// dispatch over `groups` workgroups.
+    pub fn new(
+        ctx: &Arc<Context>,
+        spirv: &[u32],
+        buffers: &[vk::Buffer],
+        groups: [u32; 2],
+    ) -> Result<ComputeKernel> {
+        let d = &ctx.device;
+        let mut k = ComputeKernel {
+            ctx: ctx.clone(),
+            module: vk::ShaderModule::null(),
+            set_layout: vk::DescriptorSetLayout::null(),
+            pipeline_layout: vk::PipelineLayout::null(),
+            pipeline: vk::Pipeline::null(),
+            descriptors: vk::DescriptorPool::null(),
+            commands: vk::CommandPool::null(),
+            command: vk::CommandBuffer::null(),
+            fence: vk::Fence::null(),
+        };
+        // Each step fills one handle; on error, `Drop` destroys those made so far (it
+        // skips null handles).
+        let info = vk::ShaderModuleCreateInfo::default().code(spirv);
+        // SAFETY: `spirv` is a SPIR-V module (translated and validated at build time);
+        // `info` lives across the call.
+        k.module =
+            unsafe { d.create_shader_module(&info, None) }.map_err(call("vkCreateShaderModule"))?;
+        let bindings: Vec<_> = (0..buffers.len() as u32)
+            .map(|i| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(i)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: as above.
+        k.set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
+            .map_err(call("vkCreateDescriptorSetLayout"))?;
+        let layouts = [k.set_layout];
+        let info = vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts);
+        // SAFETY: as above.
+        k.pipeline_layout = unsafe { d.create_pipeline_layout(&info, None) }
+            .map_err(call("vkCreatePipelineLayout"))?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(k.module)
+            .name(c"main");
+        let info = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(k.pipeline_layout)];
+        // SAFETY: as above; the module and layout are live.
+        k.pipeline = unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &info, None) }
+            .map_err(|(_, e)| call("vkCreateComputePipelines")(e))?[0];
+        let sizes = [vk::DescriptorPoolSize::default()
+            .ty(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(buffers.len().max(1) as u32)];
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(1)
+            .pool_sizes(&sizes);
+        // SAFETY: as above.
+        k.descriptors = unsafe { d.create_descriptor_pool(&info, None) }
+            .map_err(call("vkCreateDescriptorPool"))?;
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(k.descriptors)
+            .set_layouts(&layouts);
+        // SAFETY: the pool has room for this one set.
+        let set = unsafe { d.allocate_descriptor_sets(&info) }
+            .map_err(call("vkAllocateDescriptorSets"))?[0];
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
+            .iter()
+            .map(|&b| {
+                [vk::DescriptorBufferInfo::default()
+                    .buffer(b)
+                    .range(vk::WHOLE_SIZE)]
+            })
+            .collect();
+        let writes: Vec<_> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        // SAFETY: the set and the buffers are live; nothing uses the set yet.
+        unsafe { d.update_descriptor_sets(&writes, &[]) };
+        let info = vk::CommandPoolCreateInfo::default().queue_family_index(ctx.queue_family);
+        // SAFETY: as above.
+        k.commands =
+            unsafe { d.create_command_pool(&info, None) }.map_err(call("vkCreateCommandPool"))?;
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(k.commands)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: a live pool.
+        k.command = unsafe { d.allocate_command_buffers(&info) }
+            .map_err(call("vkAllocateCommandBuffers"))?[0];
+        let info = vk::FenceCreateInfo::default().flags(vk::FenceCreateFlags::SIGNALED);
+        // SAFETY: as above.
+        k.fence = unsafe { d.create_fence(&info, None) }.map_err(call("vkCreateFence"))?;
+        let c = k.command;
+        let to_host = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        let from_host = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::HOST_WRITE)
+            .dst_access_mask(vk::AccessFlags::SHADER_READ)];
+        // SAFETY: `c` is a fresh primary command buffer of a pool of this device, recorded
+        // once here and only submitted afterwards; every handle recorded is live.
+        unsafe {
+            d.begin_command_buffer(c, &vk::CommandBufferBeginInfo::default())
+                .map_err(call("vkBeginCommandBuffer"))?;
+            d.cmd_pipeline_barrier(
+                c,
+                vk::PipelineStageFlags::HOST,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &from_host,
+                &[],
+                &[],
+            );
+            d.cmd_bind_pipeline(c, vk::PipelineBindPoint::COMPUTE, k.pipeline);
+            d.cmd_bind_descriptor_sets(
+                c,
+                vk::PipelineBindPoint::COMPUTE,
+                k.pipeline_layout,
+                0,
+                &[set],
+                &[],
+            );
+            d.cmd_dispatch(c, groups[0], groups[1], 1);
+            d.cmd_pipeline_barrier(
+                c,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &to_host,
+                &[],
+                &[],
+            );
+            d.end_command_buffer(c)
+                .map_err(call("vkEndCommandBuffer"))?;
+        }
+        Ok(k)
+    }
+
+    /// Waits until the last submission completed (so its inputs may be rewritten).
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: a live fence of this device; waiting has no other requirement.
+        unsafe {
+            self.ctx
+                .device
+                .wait_for_fences(&[self.fence], true, u64::MAX)
+        }
+        .map_err(call("vkWaitForFences"))
+    }
+
+    /// Submits the recorded dispatch to the context's queue, after the previous
+    /// submission completed. Returns at once; the engine's publish waits for the queue.
+    pub fn submit(&mut self) -> Result<()> {
+        self.wait()?;
+        let d = &self.ctx.device;
+        let fences = [self.fence];
+        // SAFETY: the fence is signalled (waited above) and no submission uses it.
+        unsafe { d.reset_fences(&fences) }.map_err(call("vkResetFences"))?;
+        let commands = [self.command];
+        let submit = [vk::SubmitInfo::default().command_buffers(&commands)];
+        // SAFETY: the command buffer is recorded and not pending (its last submission's
+        // fence was waited for); the queue is used from this thread only (`&mut self`,
+        // and the engine's stepping thread is the one that renders and publishes).
+        unsafe { d.queue_submit(self.ctx.queue, &submit, self.fence) }
+            .map_err(call("vkQueueSubmit"))
+    }
+}
+
+impl Drop for ComputeKernel {
     fn drop(&mut self) {
         let d = &self.ctx.device;
-        // SAFETY: the queue is idle (the engine waits before it releases); the buffer
-        // and memory are ours, used by nothing else in this process. An importer in
-        // another process holds its own reference to the memory's payload.
+        // SAFETY: every non-null handle was made by this kernel on this device; the
+        // fence wait (when a fence exists) ends the last submission that used them;
+        // destroying a null handle is skipped.
         unsafe {
-            let _ = d.queue_wait_idle(self.ctx.queue);
-            if self.mapped.is_some() {
-                d.unmap_memory(self.memory);
+            if self.fence != vk::Fence::null() {
+                let _ = d.wait_for_fences(&[self.fence], true, u64::MAX);
+                d.destroy_fence(self.fence, None);
             }
-            d.destroy_buffer(self.buffer, None);
-            d.free_memory(self.memory, None);
+            if self.commands != vk::CommandPool::null() {
+                d.destroy_command_pool(self.commands, None);
+            }
+            if self.descriptors != vk::DescriptorPool::null() {
+                d.destroy_descriptor_pool(self.descriptors, None);
+            }
+            if self.pipeline != vk::Pipeline::null() {
+                d.destroy_pipeline(self.pipeline, None);
+            }
+            if self.pipeline_layout != vk::PipelineLayout::null() {
+                d.destroy_pipeline_layout(self.pipeline_layout, None);
+            }
+            if self.set_layout != vk::DescriptorSetLayout::null() {
+                d.destroy_descriptor_set_layout(self.set_layout, None);
+            }
+            if self.module != vk::ShaderModule::null() {
+                d.destroy_shader_module(self.module, None);
+            }
         }
     }
 }

@@ -1,0 +1,39 @@
+//! With the `vulkan` feature: translates the `pixels` engine's compute shader
+//! (kernels/pixels.wgsl) into SPIR-V with naga, validated, into `$OUT_DIR/pixels.spv`
+//! (src/envs/pixels.rs includes it). Nothing outside Cargo is run or downloaded.
+
+fn main() {
+    println!("cargo:rerun-if-changed=kernels/pixels.wgsl");
+    println!("cargo:rerun-if-changed=build.rs");
+    #[cfg(feature = "vulkan")]
+    pixels_spirv();
+}
+
+#[cfg(feature = "vulkan")]
+fn pixels_spirv() {
+    use naga::back::spv;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    let path = "kernels/pixels.wgsl";
+    let source = std::fs::read_to_string(path).expect("kernels/pixels.wgsl is part of the crate");
+    let module = naga::front::wgsl::parse_str(&source)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string_with_path(&source, path)));
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string_with_path(&source, path)));
+    let options = spv::Options {
+        // SPIR-V 1.0: every Vulkan 1.1 device takes it.
+        lang_version: (1, 0),
+        flags: spv::WriterFlags::empty(),
+        ..spv::Options::default()
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    let words = spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .unwrap_or_else(|e| panic!("translating {path} to SPIR-V: {e}"));
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let out = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("pixels.spv");
+    std::fs::write(&out, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+}
