@@ -404,6 +404,11 @@ fn run_ls() -> Result<(), Error> {
     for name in region::list_names()? {
         match describe(&name) {
             Ok((h, Ok(l))) => {
+                // `gc` removes a region whose engine no longer holds its lock.
+                let state = match region::engine_alive(&name) {
+                    Ok(false) => "dead",
+                    _ => EngineState::from_code(h.engine_state).name(),
+                };
                 let tensors: Vec<String> = l
                     .tensors
                     .iter()
@@ -414,7 +419,7 @@ fn run_ls() -> Result<(), Error> {
                     name,
                     h.engine_pid,
                     h.client_pid,
-                    EngineState::from_code(h.engine_state).name(),
+                    state,
                     ClientState::from_code(h.client_state).name(),
                     h.num_envs,
                     l.engine_kind,
@@ -551,10 +556,15 @@ fn device_line(t: &layout::TensorInfo) -> Option<String> {
 }
 
 fn run_gc() -> Result<(), Error> {
-    let removed = region::sweep()?;
-    for n in &removed {
-        println!("removed {n}");
+    let swept = region::sweep_report()?;
+    for s in &swept {
+        let what = if s.removed() { "removed" } else { "left" };
+        println!("{what:<8} {:<45} {}", s.name, s.verdict);
     }
-    println!("{} stale region(s) removed", removed.len());
+    let removed = swept.iter().filter(|s| s.removed()).count();
+    println!(
+        "{removed} stale region(s) removed, {} left",
+        swept.len() - removed
+    );
     Ok(())
 }

@@ -412,11 +412,11 @@ fn create_name(name: &str) -> Result<File> {
     let mut backoff = Backoff::default();
     for _ in 0..80 {
         match os::shm_create(name) {
-            Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name) {
-                Ok(true) => {}
-                Ok(false) => backoff.snooze(),
-                // Not a region file of ours: nothing to wait for.
-                Err(_) => return Err(e),
+            Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name).verdict {
+                Verdict::Removed | Verdict::Changed => {}
+                // A live engine, or a sweep looking at a dead one for a moment.
+                Verdict::Alive => backoff.snooze(),
+                Verdict::Left(_) => return Err(e),
             },
             other => return other,
         }
@@ -479,47 +479,129 @@ pub fn list_names() -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Removes `name` if its engine is gone: judged by the engine's `flock` (free), never by
-/// a pid, on the descriptor opened here, and the name removed only if it still names that
-/// very object, while the lock is held ([`unlink_if_same`]). `Ok(false)`: left alone (its
-/// engine lives, another sweep is looking at it, or it is being created). Errors: the
-/// name is not a region file of ours (a FIFO, a link, another user's), or I/O.
-fn remove_if_dead(name: &str) -> Result<bool> {
-    let file = os::shm_open(name, false)?;
-    if !os::try_lock_exclusive(&file)? {
-        return Ok(false);
+/// What a sweep did with one name in /dev/shm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub name: String,
+    pub verdict: Verdict,
+}
+
+/// Why a sweep removed a name, or left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A region of this library whose engine is gone: removed.
+    Removed,
+    /// Its engine holds the region's lock (or another sweep holds it for a moment).
+    Alive,
+    /// The name was removed, or taken by another object, while the sweep looked at it.
+    Changed,
+    /// Left: what could not be proven, in words.
+    Left(String),
+}
+
+impl Swept {
+    pub fn removed(&self) -> bool {
+        self.verdict == Verdict::Removed
     }
-    // From here until `file` drops, the engine is known dead and no other sweep or
-    // client acts on this object.
-    let (size, dev, ino) = os::file_identity(&file)?;
-    let claimed = size >= CONTROL_SIZE as u64 && {
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Removed => f.write_str("its engine is dead"),
+            Verdict::Alive => {
+                f.write_str("its engine is alive (it holds the region's lock; or another sweep does)")
+            }
+            Verdict::Changed => f.write_str("removed or replaced meanwhile"),
+            Verdict::Left(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Whether the engine of region `name` lives: it holds the region's `flock` (for `ls`; a
+/// dead engine's lock, taken to ask, is let go at once).
+pub fn engine_alive(name: &str) -> Result<bool> {
+    let file = os::shm_open(name, false)?;
+    Ok(!os::try_lock_exclusive(&file)?)
+}
+
+/// Whether the header bytes `bytes` of a file `age` old prove it is a region this library
+/// wrote: its magic, or (an engine that died before publishing it) the rest of a header
+/// of this layout, older than the creation grace. `Err(why not)` otherwise.
+fn identify(bytes: &[u8], age: Duration) -> std::result::Result<(), String> {
+    let h = layout::read_header(bytes)
+        .map_err(|_| format!("too short for a region header ({} bytes)", bytes.len()))?;
+    if h.magic == layout::MAGIC {
+        return Ok(());
+    }
+    let ours_unpublished = h.magic == 0
+        && h.layout_hash == layout::LAYOUT_HASH
+        && h.version_major == layout::VERSION_MAJOR;
+    match (ours_unpublished, age > CREATE_GRACE) {
+        (true, true) => Ok(()),
+        (true, false) => Err("being created (not published yet)".into()),
+        (false, _) => Err(format!(
+            "not a shmbridge region (magic {:#018x}): remove it yourself if nothing uses it",
+            h.magic
+        )),
+    }
+}
+
+/// Removes `name` if it can prove it is a region whose engine is gone: a regular file of
+/// the caller's ([`os::shm_open`]), the engine's `flock` free (never a pid), and a header
+/// this library wrote ([`identify`], read with `pread` from the same descriptor); the name
+/// is removed only if it still names that very object, while the lock is held
+/// ([`unlink_if_same`]). Anything it cannot prove is left, with the reason.
+fn remove_if_dead(name: &str) -> Swept {
+    let verdict = (|| -> Result<Verdict> {
+        let file = os::shm_open(name, false)?;
+        if !os::try_lock_exclusive(&file)? {
+            return Ok(Verdict::Alive);
+        }
+        // From here until `file` drops, the engine is known dead and no other sweep or
+        // client acts on this object.
+        let (_, dev, ino) = os::file_identity(&file)?;
         let (bytes, _) = read_header_from(name, &file)?;
-        layout::read_header(&bytes).is_ok_and(|h| h.magic != 0 || h.engine_pid != 0)
-    };
-    if !claimed {
         let age = file
             .metadata()
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
             .unwrap_or_default();
-        if age <= CREATE_GRACE {
-            return Ok(false);
+        if let Err(why) = identify(&bytes, age) {
+            return Ok(Verdict::Left(why));
         }
+        Ok(match unlink_if_same(name, (dev, ino))? {
+            true => Verdict::Removed,
+            false => Verdict::Changed,
+        })
+    })();
+    let verdict = verdict.unwrap_or_else(|e| match e {
+        Error::NotFound { .. } => Verdict::Changed,
+        Error::PermissionDenied { .. } => Verdict::Left("belongs to another user".into()),
+        Error::NotARegionFile { what, .. } => Verdict::Left(format!("{what}, not a region file")),
+        e => Verdict::Left(e.to_string()),
+    });
+    Swept {
+        name: name.to_string(),
+        verdict,
     }
-    unlink_if_same(name, (dev, ino))
 }
 
-/// Removes every region whose engine is gone. Returns the names removed. Regions of
-/// other users (permission denied) and live ones are left alone.
+/// Looks at every `shmbridge-*` name in /dev/shm: removes each region it can prove
+/// belongs to a dead engine, and says why it left every other one (a live engine, a file
+/// it cannot identify, another user's, a FIFO or link, one being created).
+pub fn sweep_report() -> Result<Vec<Swept>> {
+    Ok(list_names()?.iter().map(|n| remove_if_dead(n)).collect())
+}
+
+/// [`sweep_report`], returning the names removed.
 pub fn sweep() -> Result<Vec<String>> {
-    let mut removed = Vec::new();
-    for name in list_names()? {
-        if let Ok(true) = remove_if_dead(&name) {
-            removed.push(name);
-        }
-    }
-    Ok(removed)
+    Ok(sweep_report()?
+        .into_iter()
+        .filter(Swept::removed)
+        .map(|s| s.name)
+        .collect())
 }
 
 #[cfg(test)]

@@ -94,17 +94,7 @@ fn a_symlink_is_not_followed_by_the_sweep() {
     let planted = plant("link", "sweep");
     let target = std::env::temp_dir().join(format!("{}-target", planted.0));
     std::fs::write(&target, [0u8; 16]).unwrap();
-    let old = rustix::fs::Timestamps {
-        last_access: rustix::fs::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        },
-        last_modification: rustix::fs::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        },
-    };
-    rustix::fs::utimensat(rustix::fs::CWD, &target, &old, rustix::fs::AtFlags::empty()).unwrap();
+    common::make_old(&target);
     let removed = no_hang("sweep", region::sweep).unwrap();
     assert!(!removed.contains(&planted.0), "{removed:?}");
     assert!(path(&planted.0).symlink_metadata().is_ok());
@@ -161,20 +151,7 @@ fn another_users_file_is_refused_and_left_alone() {
     std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let nobody = rustix::process::Uid::from_raw(65534);
     rustix::fs::chown(&p, Some(nobody), None).unwrap();
-    let old = rustix::fs::Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        &p,
-        &rustix::fs::Timestamps {
-            last_access: old,
-            last_modification: old,
-        },
-        rustix::fs::AtFlags::empty(),
-    )
-    .unwrap();
+    common::make_old(&p);
     assert!(matches!(attach(&name), Error::PermissionDenied { name: n } if n == name));
     let removed = region::sweep().unwrap();
     assert!(!removed.contains(&name), "{removed:?}");
@@ -195,15 +172,7 @@ fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
     let mut region = vec![0u8; shmbridge::layout::CONTROL_SIZE];
     region[..8].copy_from_slice(&shmbridge::layout::MAGIC.to_le_bytes());
     std::fs::write(&target, &region).unwrap();
-    let old = rustix::fs::Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    };
-    let times = rustix::fs::Timestamps {
-        last_access: old,
-        last_modification: old,
-    };
-    rustix::fs::utimensat(rustix::fs::CWD, &target, &times, rustix::fs::AtFlags::empty()).unwrap();
+    common::make_old(&target);
     let link = path(name);
     symlink(&target, &link).unwrap();
     let nobody = rustix::process::Uid::from_raw(65534);

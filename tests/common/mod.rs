@@ -117,3 +117,18 @@ pub fn private_shm(test: &str, size: &str) -> bool {
     eprint!("{stderr}");
     false
 }
+
+/// Sets `path`'s access and modification times to 1 s after the epoch: a file older than
+/// any grace period (the sweep leaves younger unpublished files alone).
+pub fn make_old(path: impl AsRef<Path>) {
+    let t = rustix::fs::Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path.as_ref(), &times, rustix::fs::AtFlags::empty())
+        .expect("utimensat");
+}
