@@ -458,13 +458,17 @@ fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
     Ok(true)
 }
 
-/// For an engine that is exiting without its `Engine` value (a signal handler): marks the
-/// region closed, wakes a waiting client (it sees `PeerClosed`) and removes the name.
-pub fn close_and_remove(name: &str) -> Result<()> {
-    let region = Region::map_existing(name, true)?;
-    region.control().close_engine();
-    region.unlink_if_same();
-    Ok(())
+impl Region {
+    /// For an engine exiting without its `Engine` value (a signal handler), on a mapping
+    /// of its own region ([`Region::map_again`], made while serving): marks the region
+    /// closed, wakes a waiting client (it sees `PeerClosed`) and removes the name if it
+    /// still names this object. Never by name alone: the name may have been removed and
+    /// taken by another engine since, whose region must not be touched. The engine
+    /// process still holds its lock (§ liveness).
+    pub fn close_and_remove(&self) {
+        self.control().close_engine();
+        self.unlink_if_same();
+    }
 }
 
 /// Names of all shmbridge regions in /dev/shm, sorted.

@@ -250,7 +250,7 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     if r.device != DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    close_on_signal(engine.name().to_string());
+    close_on_signal(engine.map_again()?);
     let ServeEnd::ClientClosed { steps } =
         serve(&mut engine, env.as_mut(), r.idle_timeout, |name| {
             use std::io::Write;
@@ -261,14 +261,16 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     Ok(steps)
 }
 
-fn close_on_signal(name: String) {
+/// On SIGINT/SIGTERM: closes the region this engine serves (`own`, a second mapping of
+/// it) and removes its name if the name is still its own, then exits 128+signal.
+fn close_on_signal(own: crate::region::Region) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            let _ = crate::region::close_and_remove(&name);
+            own.close_and_remove();
             std::process::exit(128 + sig);
         }
     });
