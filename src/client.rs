@@ -578,7 +578,8 @@ impl Client {
     }
 
     /// Marks the client closed and wakes a waiting engine (it gets `PeerClosed`). Also
-    /// done on drop.
+    /// done on drop. In a child forked from the process that attached, neither touches
+    /// the region: the session stays its parent's.
     pub fn close(mut self) {
         self.shut();
     }
@@ -588,6 +589,10 @@ impl Client {
             return;
         }
         self.closed = true;
+        // A child forked from the learner drops its copy: the session is its parent's.
+        if !self.region.made_here() {
+            return;
+        }
         // Close every import (once), then acknowledge with RELEASED, before CLOSED, so
         // an engine woken by CLOSED already sees the acknowledgement. The backend keeps
         // what must outlive the CLOSED store (the client's own CUDA event: an engine that

@@ -529,7 +529,8 @@ impl Engine {
     }
 
     /// Marks the region closed, wakes a waiting client (it gets `PeerClosed`) and removes
-    /// the name. Also done on drop.
+    /// the name. Also done on drop. In a child forked from the engine's process, neither
+    /// touches the region.
     pub fn close(mut self) {
         self.shut();
     }
@@ -547,6 +548,11 @@ impl Engine {
             return;
         }
         self.closed = true;
+        // A child forked from the engine's process drops its copy: the region is its
+        // parent's (Region's drop does not unlink there either).
+        if !self.region.made_here() {
+            return;
+        }
         self.region.control().close_engine();
         // Exported memory: freed only when no live client holds it open (the backend
         // reads the client's acknowledgement after the CLOSED store above).

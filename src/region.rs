@@ -79,6 +79,11 @@ pub struct Region {
     /// (device, inode) of the object we mapped, to unlink only that one.
     identity: (u64, u64),
     owner: bool,
+    /// The process that made this mapping: a child forked from it inherits the value
+    /// and must not act for it (close, unlink) when it drops its copy.
+    pid: u32,
+    /// Where `os` keeps this mapping for forked children (`os::hold_mapping`).
+    fork_slot: Option<usize>,
 }
 
 impl std::fmt::Debug for Region {
@@ -125,7 +130,10 @@ impl Region {
             map,
             identity: (dev, ino),
             owner: true,
-        };
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(None, true);
         let bytes = builder.bytes();
         // SAFETY: the mapping is `len` bytes and `bytes.len() == header_size <= len`
         // (HeaderBuilder guarantees it). Nobody else can have mapped the object yet
@@ -220,7 +228,23 @@ impl Region {
             map,
             identity: (dev, ino),
             owner: false,
-        })
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(None, writable))
+    }
+
+    /// Registers this region's descriptor and mapping (made through `through`, or its
+    /// own descriptor) with `os`, which releases them in children forked from this
+    /// process: a child must not keep its parent's liveness lock.
+    fn held_in_parent_only(mut self, through: Option<&File>, writable: bool) -> Region {
+        if let Some(file) = &self.file {
+            os::hold_in_parent_only(file);
+        }
+        if let Some(file) = through.or(self.file.as_ref()) {
+            self.fork_slot = os::hold_mapping(file, self.ptr(), self.len(), writable);
+        }
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -249,7 +273,10 @@ impl Region {
             map,
             identity: self.identity,
             owner: false,
-        })
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(Some(file), true))
     }
 
     pub fn len(&self) -> usize {
@@ -397,10 +424,24 @@ fn read_header_from(name: &str, file: &File) -> Result<(Vec<u8>, u64)> {
     Ok((out, size))
 }
 
+impl Region {
+    /// Whether this process made this mapping (false in a child forked after it was
+    /// made, which must leave the region to its parent).
+    pub fn made_here(&self) -> bool {
+        self.pid == os::current_pid()
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.owner {
+        if self.owner && self.made_here() {
             self.unlink_if_same();
+        }
+        if let Some(slot) = self.fork_slot {
+            os::release_mapping(slot);
+        }
+        if let Some(file) = &self.file {
+            os::release_held(file);
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct PyClient {
     on_close: Mutex<Option<Py<PyAny>>>,
     /// The engine process `launch()` started, if any.
     engine_process: Mutex<Option<Py<PyAny>>>,
+    /// The process that attached: in a child forked from it, `close()` and the drop
+    /// leave the session (and a launched engine) to the parent.
+    pid: u32,
 }
 
 impl PyClient {
@@ -245,6 +248,7 @@ impl PyClient {
             step_outputs,
             on_close: Mutex::new(None),
             engine_process: Mutex::new(None),
+            pid: crate::os::current_pid(),
         })
     }
 
@@ -463,6 +467,10 @@ impl PyClient {
         }
         if let Some(c) = client {
             c.close();
+        }
+        if crate::os::current_pid() != self.pid {
+            // A forked child: the launched engine is its parent's to stop and wait for.
+            return Ok(());
         }
         self.run_on_close(py)
     }
