@@ -455,6 +455,18 @@ impl Client {
         let stream = unsafe { StreamRef::from_raw(self.command_stream) };
         self.device.before_post(Some(stream))?;
         let start = Instant::now();
+        // Replies still in the ring answer earlier calls that gave up (one call is in
+        // flight at a time): none is this call's, and each takes room its reply may need.
+        let mut rx = std::mem::take(&mut self.rx);
+        let drained = loop {
+            match channel.e2c.try_pop(&mut rx) {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.rx = rx;
+        drained?;
         // The builder and buffer are reused across calls; taken out while `self` is
         // borrowed by the liveness check.
         let mut tx = std::mem::take(&mut self.tx);
@@ -464,7 +476,16 @@ impl Client {
                 self.check_engine()
             });
         self.tx = tx;
-        pushed?;
+        match pushed {
+            // No room for the whole timeout: the engine has not read earlier requests.
+            Err(Error::Timeout { .. }) => {
+                return Err(Error::CommandBacklog {
+                    queued: channel.c2e.queued(),
+                    capacity: channel.c2e.capacity(),
+                })
+            }
+            other => other?,
+        }
         command::ring_doorbell(&self.region);
         let mut rx = std::mem::take(&mut self.rx);
         let result = loop {

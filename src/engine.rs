@@ -1,6 +1,7 @@
 //! The engine's side: create a region, publish frame 0, then loop
 //! `wait_actions()` → step → `publish()`.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
@@ -496,15 +497,34 @@ impl Engine {
             );
             bytes = too_big.encode_into(tx);
         }
-        match channel
+        // A client has one call in flight at a time and posts its next request, or its
+        // next action, only once the call returned (answered, timed out, interrupted):
+        // if either is already posted, nobody waits for this reply. Dropping it here, and
+        // giving up on room for it as soon as either appears, means a backlog of stale
+        // replies never fills the ring and never keeps the engine from stepping.
+        let superseded = || {
+            self.control().request_pending(Ordering::Acquire)
+                || self.control().action_seq().counter.load(Ordering::Acquire) > self.action
+        };
+        if superseded() {
+            self.dropped_replies.set(self.dropped_replies.get() + 1);
+            return Ok(());
+        }
+        let pushed = channel
             .e2c
             .push(bytes, self.policy, command::REPLY_TIMEOUT, || {
-                self.check_client()
-            }) {
+                self.check_client()?;
+                if superseded() {
+                    // Our own stop: not an interrupt from anyone else.
+                    return Err(Error::Interrupted);
+                }
+                Ok(())
+            });
+        match pushed {
             Ok(()) => {}
-            // The client has not read its replies for REPLY_TIMEOUT: it gave up on
-            // them. Drop this one rather than stop serving.
-            Err(Error::Timeout { .. }) => {
+            // Superseded while it waited for room, or no room for REPLY_TIMEOUT (the
+            // client stopped reading): dropped rather than stop serving.
+            Err(Error::Interrupted | Error::Timeout { .. }) => {
                 self.dropped_replies.set(self.dropped_replies.get() + 1);
             }
             Err(e) => return Err(e),
@@ -512,8 +532,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Replies dropped because the client did not read them for
-    /// [`command::REPLY_TIMEOUT`] (its calls had timed out).
+    /// Replies dropped because nobody waited for them: the client had posted a newer
+    /// request or action (its call had returned), or did not read for
+    /// [`command::REPLY_TIMEOUT`].
     pub fn dropped_replies(&self) -> u64 {
         self.dropped_replies.get()
     }

@@ -166,6 +166,12 @@ pub enum Error {
         location: &'static str,
     },
 
+    /// The engine has not taken earlier requests out of the command ring for the whole
+    /// call timeout: it is busy (a long step, a handler that blocks) or does not serve
+    /// commands. Nothing was sent; the session can keep stepping.
+    #[error("the engine's command ring is full: {queued} of its {capacity} bytes hold requests it has not read yet (it is busy, or does not serve commands while it steps); nothing was sent, the session can keep stepping: call again later")]
+    CommandBacklog { queued: u64, capacity: u64 },
+
     /// The filesystem of shm objects (`/dev/shm`, a tmpfs) has no room for the region.
     #[error("no room in /dev/shm for region '{name}': it needs {needed} bytes ({}), /dev/shm has {free} bytes free of {total} ({} of {}); free some (`shmbridge gc` removes regions of dead engines), serve fewer or smaller tensors, or give /dev/shm more room (Docker: `docker run --shm-size=2g`, Compose: `shm_size`; Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)", Mib(*needed), Mib(*free), Mib(*total))]
     NoSpace {
@@ -237,12 +243,13 @@ pub enum ErrorKind {
     Vulkan,
     NotOnHost,
     NoSpace,
+    CommandBacklog,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 38] = [
+    pub const ALL: [ErrorKind; 39] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -280,6 +287,7 @@ impl ErrorKind {
         ErrorKind::Vulkan,
         ErrorKind::NotOnHost,
         ErrorKind::NoSpace,
+        ErrorKind::CommandBacklog,
         ErrorKind::Io,
     ];
 }
@@ -328,6 +336,7 @@ impl Error {
             Error::Vulkan { .. } => ErrorKind::Vulkan,
             Error::NotOnHost { .. } => ErrorKind::NotOnHost,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
+            Error::CommandBacklog { .. } => ErrorKind::CommandBacklog,
             Error::Io { .. } => ErrorKind::Io,
         }
     }

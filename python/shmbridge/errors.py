@@ -50,6 +50,7 @@ __all__ = [
     "VulkanError",
     "NotOnHostError",
     "NoSpaceError",
+    "CommandBacklogError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -228,6 +229,12 @@ class VulkanError(ShmBridgeError, RuntimeError):
 
 class NotOnHostError(ShmBridgeError, TypeError):
     """A host view was asked of a tensor whose bytes live on a device."""
+
+
+class CommandBacklogError(ShmBridgeError):
+    """The engine's command ring stayed full for the whole call timeout: it has not read
+    earlier requests (busy in a long step or handler). Nothing was sent; the session can
+    keep stepping, and a later call goes through once the engine serves commands again."""
 
 
 class NoSpaceError(ShmBridgeError, OSError):

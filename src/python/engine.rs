@@ -536,7 +536,7 @@ impl PyEngine {
         self.region.control().client_state() == ClientState::Attached
     }
 
-    /// Replies dropped because the client stopped reading them (its calls timed out).
+    /// Replies dropped because nobody waited for them (their calls had timed out).
     #[getter]
     fn dropped_replies(&self, py: Python<'_>) -> PyResult<u64> {
         self.with_engine(py, |e| Ok(e.dropped_replies()))

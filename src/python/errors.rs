@@ -50,6 +50,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Vulkan => "VulkanError",
         ErrorKind::NotOnHost => "NotOnHostError",
         ErrorKind::NoSpace => "NoSpaceError",
+        ErrorKind::CommandBacklog => "CommandBacklogError",
         ErrorKind::Io => "ShmBridgeOSError",
     }
 }

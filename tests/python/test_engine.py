@@ -387,3 +387,47 @@ def test_a_region_larger_than_dev_shm_raises_in_process_and_from_launch():
     )
     out = run_in_private_shm(code, "8m")
     assert out.returncode == 0 and "raised" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+def test_a_command_backlog_is_typed_and_the_session_keeps_stepping():
+    """Calls time out while the engine's handler is held, until the request ring is full
+    (`CommandBacklogError`, nothing sent); released, the engine drops every reply nobody
+    waits for instead of waiting for room, and the session steps on."""
+    spec = shmbridge.EngineSpec("backlog", 2, ring_capacity=4096)
+    spec.tensor("obs", "float32", [2, 3]).tensor("actions", "float32", [2, 1], "client->engine")
+    gate = threading.Event()
+
+    class Held:
+        def call(self, method, args, payload):
+            if method == "slow":
+                gate.wait()
+            return payload
+
+    with shmbridge.Engine(spec) as engine:
+        engine.publish()
+
+        def serve():
+            while True:
+                try:
+                    engine.wait_actions(timeout=30, handler=Held())
+                except shmbridge.ClientClosedError:
+                    return
+                engine.publish()
+
+        server = threading.Thread(target=serve)
+        server.start()
+        with shmbridge.attach(engine.name) as client:
+            sent = 0
+            with pytest.raises(shmbridge.CommandBacklogError):
+                while sent < 100:
+                    with pytest.raises(shmbridge.TimeoutError):
+                        client.call("slow", payload=b"x" * 1000, timeout=0.02)
+                    sent += 1
+            assert 3 <= sent < 100
+            gate.set()
+            for k in range(1, 6):
+                client.step(timeout=30)
+                assert client.frame == k
+            assert client.ping(b"fresh", timeout=30) == b"fresh"
+        server.join()
+        assert engine.dropped_replies in (sent - 1, sent)
