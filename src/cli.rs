@@ -323,11 +323,21 @@ fn drive(
     a: &ClientArgs,
     interrupt: Option<&Interrupt>,
 ) -> Result<String, Error> {
+    // The header is the engine's word: every tensor this loop indexes per env must agree
+    // with its num_envs, and the per-env returns are allocated fallibly.
+    let layout = client.layout();
     let n = client.num_envs();
-    let kind = client.layout().engine_kind.clone();
-    let act = client.layout().tensor("actions")?.1.clone();
+    let kind = layout.engine_kind.clone();
+    let act = layout.per_env_tensor("actions", None)?.clone();
+    for name in ["rewards", "terminated", "truncated"] {
+        layout.per_env_tensor(name, Some(1))?;
+    }
+    let mut running: Vec<f64> = Vec::new();
+    running.try_reserve_exact(n).map_err(|_| {
+        Error::InvalidSpec(format!("no memory for the returns of {n} envs"))
+    })?;
+    running.resize(n, 0.0);
     let mut rng = Pcg32::new(a.seed ^ 0x5eed, 1);
-    let mut running = vec![0f64; n];
     let (mut episodes, mut return_sum) = (0u64, 0f64);
     let timeout = a.timeout;
     let t0 = Instant::now();
@@ -362,12 +372,13 @@ fn drive(
         let rewards = io.read::<f32>("rewards")?;
         let term = io.read::<u8>("terminated")?;
         let trunc = io.read::<u8>("truncated")?;
-        for i in 0..n {
-            running[i] += rewards[i] as f64;
-            if term[i] != 0 || trunc[i] != 0 {
+        let dones = term.iter().zip(trunc).map(|(&a, &b)| a != 0 || b != 0);
+        for ((ret, &r), done) in running.iter_mut().zip(rewards).zip(dones) {
+            *ret += f64::from(r);
+            if done {
                 episodes += 1;
-                return_sum += running[i];
-                running[i] = 0.0;
+                return_sum += *ret;
+                *ret = 0.0;
             }
         }
     }
@@ -376,7 +387,7 @@ fn drive(
         "{kind}: {} steps x {n} envs in {secs:.2} s: {:.0} steps/s, {:.0} env-steps/s\n",
         a.steps,
         a.steps as f64 / secs,
-        (a.steps * n as u64) as f64 / secs
+        a.steps as f64 * n as f64 / secs
     );
     if episodes > 0 {
         report += &format!(

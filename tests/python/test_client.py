@@ -499,3 +499,27 @@ def test_ctrl_c_during_attach_to_a_region_whose_header_is_never_published():
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def test_views_of_what_the_other_side_writes_are_read_only(null_client):
+    """Engine→client tensors are read-only on the client: NumPy views (through
+    `__array__` or a DLPack 1.x capsule, which carries READ_ONLY) refuse writes; the
+    client→engine ones stay writable. torch takes the flagged capsule as the same memory
+    (before the fix `np.asarray(client.obs)` was writable)."""
+    obs = np.asarray(null_client.obs)
+    assert not obs.flags.writeable
+    with pytest.raises(ValueError):
+        obs[0, 0] = 1.0
+    assert not np.from_dlpack(null_client.rewards).flags.writeable
+    assert np.asarray(null_client.actions).flags.writeable
+    assert np.from_dlpack(null_client.actions).flags.writeable
+    torch = pytest.importorskip("torch")
+    assert torch.from_dlpack(null_client.obs).data_ptr() == null_client.obs.data_ptr
+    # A copy is the caller's own.
+    assert np.array(null_client.obs, copy=True).flags.writeable
+
+
+def test_an_engines_views_of_the_actions_are_read_only():
+    with shmbridge.Engine(shmbridge.EngineSpec.standard("ro", 2, 3, 1)) as engine:
+        assert not np.asarray(engine.actions).flags.writeable
+        assert np.asarray(engine.obs).flags.writeable
