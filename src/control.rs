@@ -345,10 +345,12 @@ impl<'a> Control<'a> {
     }
 
     /// Ends the claim: `client_state = ATTACHED` (Release), so an engine that sees it
-    /// also sees the pid, start time and event handle written while claiming.
+    /// also sees the pid, start time and event handle written while claiming; then rings
+    /// the doorbell, waking an engine asleep on it waiting for a client.
     pub fn attach_client(&self) {
         self.u32(offsets::CLIENT_STATE)
             .store(ClientState::Attached.code(), Ordering::Release);
+        crate::sync::post(&self.doorbell(), 0);
     }
 
     /// The attached client's pid, start time and event handle, read seqlock-style: the
@@ -618,7 +620,8 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!((h.client_pid, h.client_start_time), (43, 8));
-        assert_eq!((h.action_seq, h.engine_doorbell), (3, 1));
+        // The doorbell rang twice: at attach, and with the action.
+        assert_eq!((h.action_seq, h.engine_doorbell), (3, 2));
         assert_eq!(h.client_event_handle, [5; 64]);
     }
 }

@@ -134,6 +134,10 @@ pub struct Engine {
     rx: Vec<u8>,
     /// Replies dropped because the client left the reply ring full.
     dropped_replies: std::cell::Cell<u64>,
+    /// The end (close or death) of the last client was reported by a wait: later waits
+    /// wait for a new client instead of reporting it again at once (a loop serving one
+    /// client after another would otherwise spin). Cleared once a client is attached.
+    client_end_reported: std::cell::Cell<bool>,
     policy: WaitPolicy,
     /// Last action number received.
     action: u64,
@@ -202,6 +206,7 @@ impl Engine {
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
+            client_end_reported: std::cell::Cell::new(false),
             policy: spec.policy,
             action: 0,
             frame: 0,
@@ -296,12 +301,60 @@ impl Engine {
         self.control().client_state() == ClientState::Attached
     }
 
-    /// The client's state as an error, if it is gone; `RegionTooSmall` if the region was
+    /// The client's state as an error, if it is gone, once per client: after a wait
+    /// reported its end, waits go on (for a new client). `RegionTooSmall` if the region was
     /// truncated under the engine (checked before each sleep, as the client does).
     fn check_client(&self) -> Result<()> {
         self.region.check_size()?;
-        self.control()
-            .check_client(|pid, start| self.region.client_alive(pid, start))
+        let control = self.control();
+        match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+            Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
+                if self.client_end_reported.get() =>
+            {
+                Ok(())
+            }
+            Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                self.client_end_reported.set(true);
+                Err(e)
+            }
+            Err(e) => Err(e),
+            Ok(()) => {
+                if control.client_state() == ClientState::Attached {
+                    self.client_end_reported.set(false);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until a client is attached (a live one: a client that died attached frees
+    /// the slot meanwhile); `Ok` at once if one is. Sleeps on the doorbell, which an
+    /// attaching client rings (a client of an earlier version does not: then it is seen
+    /// within a sleep slice, 10 ms). The way to serve one client after another: after
+    /// `wait_actions` reported `PeerClosed` or `PeerDied`, call this, then wait for
+    /// actions again. `Timeout` after `timeout` (`Duration::MAX`: none).
+    pub fn wait_for_client(&mut self, timeout: Duration) -> Result<()> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Engine));
+        }
+        let control = self.control();
+        let attached = |_| {
+            let live = control.client_state() == ClientState::Attached
+                && control
+                    .check_client(|pid, start| self.region.client_alive(pid, start))
+                    .is_ok();
+            live.then_some(())
+        };
+        sync::wait_until(
+            &control.doorbell(),
+            attached,
+            WaitPolicy::BLOCKING,
+            timeout,
+            "a client to attach",
+            || self.region.check_size(),
+        )?;
+        self.client_end_reported.set(false);
+        Ok(())
     }
 
     /// Publishes the frame for the action last received: observations and the other
@@ -416,6 +469,8 @@ impl Engine {
             self.device.before_actions(self.region.control())?;
         }
         self.action = seen;
+        // A client posts actions: the end of the next one is news again.
+        self.client_end_reported.set(false);
         Ok(seen)
     }
 

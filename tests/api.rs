@@ -301,3 +301,54 @@ fn attach_waits_end_at_the_interrupt_hook() {
     std::fs::remove_file(&path).unwrap();
     assert!(matches!(attached, Err(Error::Interrupted)), "{attached:?}");
 }
+
+/// After a wait reported its client's end, the next wait waits for a new client (and its
+/// action) rather than reporting the end again at once; `wait_for_client` blocks until
+/// one attaches. Before the fix every later wait failed at once with `PeerClosed`.
+#[test]
+fn an_engine_serves_one_client_after_another_without_spinning() {
+    let mut engine = ready_engine();
+    let name = engine.name().to_string();
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    assert!(matches!(
+        engine.wait_actions(T),
+        Err(Error::PeerClosed { peer: Peer::Client })
+    ));
+    assert!(matches!(
+        engine.wait_actions(Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+            c.step(T).unwrap();
+        });
+        assert_eq!(engine.wait_actions(T).unwrap(), 1);
+        engine.publish().unwrap();
+    });
+    assert!(matches!(
+        engine.wait_actions(T),
+        Err(Error::PeerClosed { peer: Peer::Client })
+    ));
+    let (attached_tx, attached_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let name = &name;
+        s.spawn(move || {
+            let c = Client::attach(name, AttachOptions::default()).unwrap();
+            attached_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            c.close();
+        });
+        engine.wait_for_client(T).unwrap();
+        assert!(engine.client_attached());
+        attached_rx.recv().unwrap();
+        release_tx.send(()).unwrap();
+    });
+    assert!(matches!(
+        engine.wait_for_client(Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+}

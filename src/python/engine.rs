@@ -357,6 +357,40 @@ impl PyEngine {
         }
     }
 
+    /// Runs `wait` (one native wait of at most `slice`, without the GIL) until it ends
+    /// otherwise than by that slice's timeout; between slices: the overall deadline
+    /// (`timeout`, None: none), `close()` from another thread, and signals (Ctrl-C).
+    fn sliced<T>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Seconds>,
+        what: &'static str,
+        mut wait: impl FnMut(Python<'_>, &mut Engine, Duration) -> PyResult<Result<T, Error>>,
+    ) -> PyResult<T> {
+        let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let mut guard = self.lock()?;
+        let engine = guard
+            .as_mut()
+            .ok_or_else(|| to_pyerr(py, Error::Closed(Peer::Engine)))?;
+        loop {
+            match wait(py, engine, next_slice(deadline))? {
+                Ok(v) => return Ok(v),
+                Err(Error::Timeout { .. }) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        let waited = limit.unwrap_or(Duration::MAX);
+                        return Err(to_pyerr(py, Error::Timeout { waited, what }));
+                    }
+                    if self.closed.load(Ordering::Acquire) {
+                        return Err(to_pyerr(py, Error::Closed(Peer::Engine)));
+                    }
+                    py.check_signals()?;
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
+    }
+
     fn with_engine<T>(
         &self,
         py: Python<'_>,
@@ -416,7 +450,8 @@ impl PyEngine {
     /// then hold it. Commands arriving meanwhile are answered (built-ins by the library,
     /// `reset` and custom methods by `handler`, see the module docs). `timeout` None: no
     /// limit. Raises `ClientClosedError` when the client closed, `ClientDiedError` when it
-    /// died, `TimeoutError` after `timeout`, `KeyboardInterrupt` on Ctrl-C.
+    /// died (once per client: a later call waits for a new client, and its first action),
+    /// `TimeoutError` after `timeout`, `KeyboardInterrupt` on Ctrl-C.
     #[pyo3(signature = (timeout=None, handler=None))]
     fn wait_actions(
         &self,
@@ -424,42 +459,29 @@ impl PyEngine {
         timeout: Option<Seconds>,
         handler: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
-        let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;
-        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
-        let mut guard = self.lock()?;
-        let engine = guard
-            .as_mut()
-            .ok_or_else(|| to_pyerr(py, Error::Closed(Peer::Engine)))?;
         let mut adapter = PyHandler {
             handler: handler.as_ref(),
             raised: None,
         };
-        loop {
-            let slice = next_slice(deadline);
+        self.sliced(py, timeout, "the client's next action", |py, engine, slice| {
             let got = py.detach(|| engine.wait_actions_with(slice, &mut adapter));
-            if let Some(e) = adapter.raised.take() {
-                return Err(e);
+            match adapter.raised.take() {
+                Some(e) => Err(e),
+                None => Ok(got),
             }
-            match got {
-                Ok(seq) => return Ok(seq),
-                Err(Error::Timeout { .. }) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(to_pyerr(
-                            py,
-                            Error::Timeout {
-                                waited: limit.unwrap_or(Duration::MAX),
-                                what: "the client's next action",
-                            },
-                        ));
-                    }
-                    if self.closed.load(Ordering::Acquire) {
-                        return Err(to_pyerr(py, Error::Closed(Peer::Engine)));
-                    }
-                    py.check_signals()?;
-                }
-                Err(e) => return Err(to_pyerr(py, e)),
-            }
-        }
+        })
+    }
+
+    /// Waits until a client is attached (at once if one is), sleeping: the way to serve
+    /// one client after another. After `wait_actions` raised `ClientClosedError` or
+    /// `ClientDiedError`, call this, then `wait_actions` again (which, meanwhile, waits
+    /// for a new client rather than raising again). `timeout` None: no limit; raises
+    /// `TimeoutError` after it, `KeyboardInterrupt` on Ctrl-C.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_for_client(&self, py: Python<'_>, timeout: Option<Seconds>) -> PyResult<()> {
+        self.sliced(py, timeout, "a client to attach", |py, engine, slice| {
+            Ok(py.detach(|| engine.wait_for_client(slice)))
+        })
     }
 
     /// Answers the commands waiting now, without waiting for an action; returns how

@@ -431,3 +431,68 @@ def test_a_command_backlog_is_typed_and_the_session_keeps_stepping():
             assert client.ping(b"fresh", timeout=30) == b"fresh"
         server.join()
         assert engine.dropped_replies in (sent - 1, sent)
+
+
+def test_an_engine_serves_one_client_after_another_and_waits_without_spinning():
+    """After reporting its client's end once, `wait_actions` waits for a new client (and
+    its action) instead of raising again at once, and `wait_for_client` blocks until one
+    attaches. Before the fix every later `wait_actions` raised `ClientClosedError` at
+    once: a loop waiting for the next client burnt a core."""
+    with shmbridge.Engine(toy_spec()) as engine:
+        engine.publish()
+        shmbridge.attach(engine.name).close()
+        with pytest.raises(shmbridge.ClientClosedError):
+            engine.wait_actions(timeout=30)
+        # Reported once: with no new client, the next wait times out.
+        with pytest.raises(shmbridge.TimeoutError):
+            engine.wait_actions(timeout=0.2)
+
+        def one_step():
+            with shmbridge.attach(engine.name) as client:
+                client.step(timeout=30)
+
+        second = threading.Thread(target=one_step)
+        second.start()
+        assert engine.wait_actions(timeout=60) == 1
+        engine.publish()
+        second.join()
+        with pytest.raises(shmbridge.ClientClosedError):
+            engine.wait_actions(timeout=30)
+
+        attached, release = threading.Event(), threading.Event()
+
+        def stay_attached():
+            with shmbridge.attach(engine.name):
+                attached.set()
+                release.wait(60)
+
+        third = threading.Thread(target=stay_attached)
+        third.start()
+        engine.wait_for_client(timeout=60)
+        assert engine.client_attached
+        release.set()
+        third.join()
+        with pytest.raises(shmbridge.TimeoutError):
+            engine.wait_for_client(timeout=0.2)
+
+
+def test_example_python_engine_keeps_serving_one_learner_after_another():
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--num-envs", "4", "--keep-serving", "--idle-timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith("shmbridge-"), proc.stderr.read()
+        for learner in range(3):
+            with shmbridge.attach(name) as client:
+                for _ in range(5):
+                    client.step(np.zeros((4, 1), np.float32))
+                assert client.frame == 5 * (learner + 1)
+        # No fourth learner within the idle timeout: the engine closes and exits.
+        assert proc.wait(60) == 0
+        assert name not in shmbridge.list_regions()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
