@@ -263,10 +263,10 @@ fn launch(
     if wait.blocking {
         cmd.arg("--blocking");
     }
-    let mut child = cmd.stdout(Stdio::piped()).spawn().map_err(|e| Error::Io {
-        context: "starting the engine".into(),
-        source: e,
-    })?;
+    cmd.stdout(Stdio::piped());
+    // The one spawning path: the engine gets SIGTERM if this client dies (or dies
+    // before it starts), so no engine outlives it.
+    let mut child = crate::launch::spawn_engine(cmd, false)?;
     let mut line = String::new();
     let stdout = child.stdout.take().expect("piped");
     BufReader::new(stdout)
@@ -301,7 +301,18 @@ fn run_client(a: ClientArgs, invocation: &Invocation) -> Result<(), Error> {
     let options = AttachOptions::default()
         .policy(a.wait.policy())
         .interrupt(invocation.interrupt.clone());
-    let mut client = Client::attach(&name, options)?;
+    let mut client = match Client::attach(&name, options) {
+        Ok(c) => c,
+        Err(e) => {
+            // A launched engine would otherwise serve no one until its idle timeout:
+            // SIGTERM (it closes and removes its region), then reap it.
+            if let Some(mut c) = child {
+                crate::os::terminate(c.id());
+                let _ = c.wait();
+            }
+            return Err(e);
+        }
+    };
     let result = drive(&mut client, &a, invocation.interrupt.as_ref());
     // Also after an error or an interrupt: a launched engine exits once the client
     // closes, and is waited for.

@@ -421,6 +421,33 @@ pub fn release_mapping(slot: usize) {
     }
 }
 
+/// Sends SIGTERM to process `pid` (a launched engine: it closes and removes its region).
+pub fn terminate(pid: u32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+}
+
+/// In a child between `fork` and `exec` (async-signal-safe: system calls only): asks the
+/// kernel for SIGTERM when the parent dies (`PR_SET_PDEATHSIG`, kept across `exec`), then
+/// checks the parent is still `parent` (the launcher's pid, read before the fork): if it
+/// died before the request, the child was re-parented already and must not start.
+pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+    match rustix::process::getppid() {
+        Some(p) if p.as_raw_nonzero().get() as u32 == parent => Ok(()),
+        // ESRCH: the launcher is gone. No allocation here (a forked child).
+        _ => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    }
+}
+
+/// In a child between `fork` and `exec`: a session of its own, so the terminal's Ctrl-C
+/// reaches the launcher only (its engine stops when its client closes or dies).
+pub fn new_session() -> std::io::Result<()> {
+    rustix::process::setsid()?;
+    Ok(())
+}
+
 pub fn current_pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }

@@ -32,6 +32,7 @@ from typing import Optional as _Optional
 from . import errors
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
+from ._process import EngineProcess as _EngineProcess
 from .errors import CudaUnavailableError, EngineStartError, ShmBridgeError
 
 __all__ = [
@@ -70,7 +71,7 @@ def attach(
     return Client.attach(name, timeout, spin_us, blocking, importer)
 
 
-def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
+def _read_line(proc: "_EngineProcess", timeout: float) -> _Optional[str]:
     """The first line the engine prints, or None on EOF or timeout."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -92,7 +93,7 @@ def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
     return buf.split(b"\n", 1)[0].decode(errors="replace").strip() or None
 
 
-def _stop(proc: _subprocess.Popen, grace: float) -> None:
+def _stop(proc: "_EngineProcess", grace: float) -> None:
     """Waits for the engine to exit; SIGTERM (it then removes its region), then SIGKILL."""
     try:
         proc.wait(grace)
@@ -228,7 +229,9 @@ def launch(
     Vulkan memory the engine exports), ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
-    the client stops the engine and waits for it; nothing is left in /dev/shm.
+    the client stops the engine and waits for it; nothing is left in /dev/shm. The engine
+    gets SIGTERM if this process dies, even while ``launch()`` still waits for it, so it
+    never outlives the learner; ``client.engine_process`` is the process.
     """
     unknown = sorted(set(engine_args) - _ENGINE_ARGS)
     if unknown:
@@ -265,17 +268,14 @@ def launch(
         else:
             args += [flag, str(value)]
     stderr = _tempfile.TemporaryFile()
-    proc = _subprocess.Popen(
-        args,
-        stdin=_subprocess.DEVNULL,
-        stdout=_subprocess.PIPE,
-        stderr=stderr,
-        bufsize=0,
-        env=_engine_env(device),
-        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
-        # when the client closes (or dies).
-        start_new_session=True,
-    )
+    # The library's one spawning path: the engine gets SIGTERM if this process dies (while
+    # it waits for the engine too), in a session of its own so that Ctrl-C in the terminal
+    # interrupts the learner, not its engine (which stops when the client closes or dies).
+    try:
+        proc = _EngineProcess(args, _engine_env(device), stderr.fileno())
+    except BaseException:
+        stderr.close()
+        raise
 
     def engine_stderr() -> str:
         stderr.seek(0)

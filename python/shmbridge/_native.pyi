@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, Union, final
 
 import numpy as np
+
+from ._process import EngineProcess
 
 __all__ = [
     "Client",
@@ -146,7 +147,7 @@ class Client:
     def frame(self) -> int: ...
     def counters(self) -> Tuple[int, int]: ...
     @property
-    def engine_process(self) -> Optional[subprocess.Popen[bytes]]: ...
+    def engine_process(self) -> Optional[EngineProcess]: ...
     def _adopt_engine(self, process: Any, on_close: Callable[[], None]) -> None: ...
 
 class _CommandHandler(Protocol):
@@ -253,5 +254,10 @@ def cuda_available() -> Tuple[bool, str]:
     """``(True, "driver ..., N device(s)")`` or ``(False, reason)``; never raises."""
 def list_regions() -> List[str]: ...
 def gc() -> List[str]: ...
+def _spawn_engine(
+    argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]], stderr_fd: int
+) -> Tuple[int, int]:
+    """Starts an engine through the library's one spawning path (SIGTERM when this
+    process dies; its own session); returns ``(pid, stdout_fd)``."""
 def _error_classes() -> List[str]: ...
 def _raise_timeout() -> BaseException: ...

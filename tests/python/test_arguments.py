@@ -13,12 +13,14 @@ from conftest import needs_root, run_in_private_shm
 
 @pytest.fixture
 def no_process(monkeypatch):
-    """Fails the test if `launch()` starts a process."""
+    """Fails the test if `launch()` starts a process (it starts its engine through the
+    library's one spawning path, `_process.EngineProcess`)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(shmbridge, "_EngineProcess", refuse)
 
 
 @pytest.mark.parametrize("num_envs, error", [
