@@ -12,15 +12,20 @@ import struct
 
 # Bases (header_bases): 0 host + rings (obs f32[4,3], actions i64[4,1],
 # frames u8[2,84,84,3], done bool[4]), 1 host, 2 CUDA obs/actions + host reward + rings,
-# 3 CUDA only, 4 64 tensors + rings, 5 1.0 header, 6 1.1 header + rings.
-HOST_RINGS, HOST, MIXED, CUDA, WIDE, V1_0, V1_1 = range(7)
+# 3 CUDA only, 4 64 tensors + rings, 5 1.0 header, 6 1.1 header + rings, 7 three shards
+# over 6 envs (obs f32[6,3], actions i64[6,1], frames u8[6,84,84,3]) + rings, 8 the same
+# without rings.
+HOST_RINGS, HOST, MIXED, CUDA, WIDE, V1_0, V1_1, SHARDS_RINGS, SHARDS = range(9)
 
 (MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, REGION_SIZE, LAYOUT_HASH, NUM_ENVS,
  TENSOR_COUNT, TABLE_OFFSET, DESC_SIZE, C2E_OFFSET, C2E_CAPACITY, E2C_OFFSET,
  E2C_CAPACITY, ENGINE_KIND, ENGINE_EVENT_HANDLE, DTYPE_CODE, DTYPE_BITS, DTYPE_LANES,
  NDIM, DIRECTION, LOCATION, FLAGS, DEVICE_ORDINAL, OFFSET, NBYTES, EXPORT_SIZE,
  EXPORT_MEMORY_TYPE, NAME, SHAPE, STRIDES, IPC_MEM_HANDLE, DEVICE_UUID, RESHAPE,
- ACTUAL_SIZE, TRUNCATE, COPY_DESC) = range(37)
+ ACTUAL_SIZE, TRUNCATE, COPY_DESC, SHARD_HEADER, SHARD_ENTRY) = range(39)
+# Elements of SHARD_HEADER and SHARD_ENTRY (fuzzing::SHARD_HEADER_FIELDS, SHARD_ENTRY_FIELDS).
+SHARD_COUNT, SHARD_TABLE_OFFSET = range(2)
+ENV_START, ENV_COUNT, SHARD_C2E, SHARD_E2C, SHARD_STATE = range(5)
 
 # Value kinds and anchors (fuzzing::anchor).
 SET, ADD, FROM, BELOW = range(4)
@@ -120,6 +125,36 @@ CASES = {
     "cuda-without-ipc-handle": edits(HOST, edit(LOCATION, 1), edit(EXPORT_SIZE, U64)),
     "cuda-without-event-handle": edits(HOST, edit(LOCATION, 1), edit(EXPORT_SIZE, U64),
                                        edit(IPC_MEM_HANDLE, 7, element=3)),
+    # Shards (1.4).
+    "shards-in-1-3-header": edits(SHARDS, edit(VERSION_MINOR, 3)),
+    "shards-unsharded-layout-hash": edits(SHARDS, edit(LAYOUT_HASH, 0x1A78E44FF49AC1E5)),
+    "shard-count-one": edits(SHARDS, edit(SHARD_HEADER, 1, element=SHARD_COUNT)),
+    "shard-count-above-num-envs": edits(SHARDS, edit(NUM_ENVS, 2)),
+    "shard-count-65": edits(SHARDS, edit(SHARD_HEADER, 65, element=SHARD_COUNT)),
+    # 6 entries end at 2176 + 6 x 512 = 5248, past the 4096-byte header.
+    "shard-count-past-header": edits(SHARDS, edit(SHARD_HEADER, 6, element=SHARD_COUNT)),
+    "shard-table-offset-moved": edits(SHARDS, edit(SHARD_HEADER, 64, element=SHARD_TABLE_OFFSET, kind=ADD)),
+    "shard-table-offset-without-shards": edits(HOST, edit(SHARD_HEADER, 1408, element=SHARD_TABLE_OFFSET)),
+    "shard-table-cut-from-snapshot": edits(SHARDS, edit(TRUNCATE, 1, kind=BELOW, anchor=A_HEADER_SIZE),
+                                           edit(TRUNCATE, 3000)),
+    "shard-slices-gap": edits(SHARDS, edit(SHARD_ENTRY, 1, tensor=1, element=ENV_START, kind=ADD)),
+    "shard-slice-empty": edits(SHARDS, edit(SHARD_ENTRY, 0, tensor=2, element=ENV_COUNT)),
+    "shard-slices-short": edits(SHARDS, edit(SHARD_ENTRY, U64, tensor=2, element=ENV_COUNT, kind=ADD)),
+    "shard-slice-past-num-envs": edits(SHARDS, edit(SHARD_ENTRY, 1, tensor=2, element=ENV_COUNT, kind=ADD)),
+    "shard-slice-wraps": edits(SHARDS, edit(SHARD_ENTRY, 0xFFFF_FFFF, tensor=2, element=ENV_COUNT)),
+    "shard-ring-in-header": edits(SHARDS_RINGS, edit(SHARD_ENTRY, 0, tensor=1, element=SHARD_C2E)),
+    "shard-ring-unaligned": edits(SHARDS_RINGS, edit(SHARD_ENTRY, 64, tensor=2, element=SHARD_E2C, kind=ADD)),
+    "shard-ring-past-region": edits(SHARDS_RINGS, edit(SHARD_ENTRY, 0, tensor=2, element=SHARD_E2C,
+                                                       kind=FROM, anchor=A_REGION_SIZE)),
+    "shard-rings-overlap": edits(SHARDS_RINGS, edit(SHARD_ENTRY, 0, tensor=2, element=SHARD_C2E,
+                                                    kind=FROM, anchor=A_C2E)),
+    "shard-ring-over-tensor": edits(SHARDS_RINGS, edit(SHARD_ENTRY, 0, tensor=1, element=SHARD_E2C,
+                                                       kind=FROM, anchor=a_offset(2))),
+    "shard-zero-rings-differ": edits(SHARDS_RINGS, edit(C2E_OFFSET, 4096, kind=ADD)),
+    "shard-rings-without-region-rings": edits(SHARDS, edit(SHARD_ENTRY, 1 << 20, tensor=1, element=SHARD_C2E)),
+    "sharded-tensor-without-env-axis": edits(SHARDS, edit(SHAPE, 3, tensor=1, element=0), edit(RESHAPE, tensor=1)),
+    "sharded-cuda-tensor": edits(SHARDS, edit(LOCATION, 1), edit(EXPORT_SIZE, U64),
+                                 edit(IPC_MEM_HANDLE, 7, element=3)),
 }
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (cross-process, 1M-step stress, hostile headers, peer
-# death, command channel), the Python package's tests, property, the loom models of the
+# death, command channel, shards), the Python package's tests (sharded Gymnasium and
+# MuJoCo envs, two torchrun ranks with gloo), property, the loom models of the
 # wait handshake, the doorbell and the ring, the check that the committed FlatBuffers code
 # is what flatc generates, a 90 s fuzz run of the command reader and the header
 # validation, smoke runs of the benchmarks, and a check that nothing was left in /dev/shm.
@@ -46,6 +47,7 @@ bash scripts/gen-flatbuffers.sh --check
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench roundtrip
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
+SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 
 echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

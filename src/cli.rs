@@ -134,6 +134,24 @@ struct EngineArgs {
     /// else host memory; the choice is logged on stderr).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: DeviceRequest,
+    /// Serve shard k of a region split over K processes (protocol 1.4), e.g. 0/4: shard
+    /// 0 creates the region named by --name, the others join it; every shard is started
+    /// with the same --env, --num-envs and options. Host memory only.
+    #[arg(long, value_name = "k/K", value_parser = parse_shard, default_value = "0/1")]
+    shard: (u32, u32),
+}
+
+fn parse_shard(text: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("'{text}': expected k/K with 0 <= k < K, e.g. 0/4");
+    let (k, count) = text.split_once('/').ok_or_else(bad)?;
+    let (k, count): (u32, u32) = (
+        k.trim().parse().map_err(|_| bad())?,
+        count.trim().parse().map_err(|_| bad())?,
+    );
+    if count == 0 || k >= count {
+        return Err(bad());
+    }
+    Ok((k, count))
 }
 
 #[derive(Args, Clone)]
@@ -221,10 +239,12 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             image_device: (a.image_device == "vulkan").then_some(crate::device::Device::Vulkan(
                 crate::device::VulkanDevice::ANY,
             )),
+            first_env: 0,
         },
         policy: a.wait.policy(),
         idle_timeout: a.idle_timeout,
         device: a.device,
+        shard: a.shard,
     })?;
     eprintln!("shmbridge: client closed after {steps} steps");
     Ok(())
@@ -521,6 +541,22 @@ fn run_inspect(name: &str) -> Result<(), Error> {
     match l {
         Ok(l) => {
             println!("engine kind   {}", l.engine_kind);
+            if l.is_sharded() {
+                // 1.4: each shard's live words (read-only mapping; loads only).
+                let region = crate::region::Region::open_read_only(&name)?;
+                for s in &l.shards {
+                    let slot = crate::shard::ShardSlot::new(&region, s)?;
+                    let (pid, start) = slot.identity();
+                    println!(
+                        "shard {:<7} envs {}..{} pid {pid} start {start} state {} frame_seq {}",
+                        s.index,
+                        s.env_start,
+                        s.env_start + s.env_count,
+                        slot.state().name(),
+                        slot.frame()
+                    );
+                }
+            }
             println!(
                 "{:<16} {:<6} {:<20} {:<15} {:<6} {:>10} {:>10}",
                 "tensor", "dtype", "shape", "direction", "where", "offset", "bytes"

@@ -6,10 +6,11 @@ use crate::command::{self, Reply};
 use crate::control::EngineState;
 use crate::device::{self, ClientBackend, StreamRef};
 use crate::error::{Error, Peer, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, ShardInfo};
 use crate::layout::TensorKey;
 use crate::os;
 use crate::region::{self, Region};
+use crate::shard::{self, ShardSlot};
 use crate::sync::{self, WaitPolicy};
 use crate::tensor::{Element, Tensors};
 use crate::wire::{Body, Envelope, Kind, Method};
@@ -19,11 +20,46 @@ use crate::wire::{Body, Envelope, Kind, Method};
 /// so Ctrl-C interrupts a command waiting for its reply.
 pub type Interrupt = std::sync::Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
+/// One request of [`Client::call_shards`]: everything of an envelope but its id.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: Method,
+    pub body: Body,
+    pub args: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+}
+
+impl Request {
+    pub fn new(method: Method, body: Body) -> Self {
+        Request {
+            method,
+            body,
+            args: Vec::new(),
+            payload: Vec::new(),
+        }
+    }
+
+    /// An engine-defined method with its arguments.
+    pub fn method(method: &str, args: &[(&str, &str)], payload: &[u8]) -> Self {
+        Request {
+            method: Method::Custom(method.to_string()),
+            body: Body::None,
+            args: args
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            payload: payload.to_vec(),
+        }
+    }
+}
+
 /// How to attach.
 #[derive(Clone)]
 pub struct AttachOptions {
     /// How long to wait for the engine to publish its header and frame 0.
     pub timeout: Duration,
+    /// How it waits for frames and replies. The default adapts on a sharded region
+    /// ([`WaitPolicy::adapted_to_shards`]).
     pub policy: WaitPolicy,
     /// How to import Vulkan tensors (1.3): `Auto` (CUDA when a CUDA device has the
     /// engine's Vulkan device UUID, else a Vulkan device of the client's own).
@@ -157,10 +193,11 @@ impl Client {
             control.publish_client_event(&handle)?;
         }
         control.attach_client();
+        let policy = options.policy.adapted_to_shards(layout.shards.len());
         let mut client = Client {
             region,
             layout,
-            policy: options.policy,
+            policy,
             action: 0,
             frame: 0,
             closed: false,
@@ -181,7 +218,7 @@ impl Client {
         let mut backoff = crate::sync::Backoff::default();
         loop {
             match client.engine_state() {
-                EngineState::Ready => break,
+                EngineState::Ready if client.all_shards_ready()? => break,
                 EngineState::Closed => return Err(Error::PeerClosed { peer: Peer::Engine }),
                 _ => {}
             }
@@ -209,8 +246,8 @@ impl Client {
             client.device.after_frame(frame)?;
         }
         // Discard replies left in the ring for an earlier client (we are its consumer).
-        if client.layout.rings.is_some() {
-            client.region.control().discard_replies();
+        for s in client.layout.shards.iter().filter(|s| s.rings.is_some()) {
+            ShardSlot::new(&client.region, s)?.discard_replies();
         }
         Ok(client)
     }
@@ -315,13 +352,55 @@ impl Client {
         self.frame
     }
 
-    /// The live `(action_seq, frame_seq)` counters of the region.
+    /// The live `(action_seq, frame_seq)` counters of the region. A sharded region: the
+    /// frame every shard has published (the lowest of their `frame_seq`s).
     pub fn counters(&self) -> (u64, u64) {
-        self.region.control().counters()
+        let (action, frame) = self.region.control().counters();
+        if !self.layout.is_sharded() {
+            return (action, frame);
+        }
+        let lowest = self
+            .layout
+            .shards
+            .iter()
+            .filter_map(|s| ShardSlot::new(&self.region, s).ok())
+            .map(|slot| slot.frame())
+            .min()
+            .unwrap_or(0);
+        (action, lowest)
     }
 
     fn engine_state(&self) -> EngineState {
         self.region.control().engine_state()
+    }
+
+    /// Whether every shard has published frame 0 of its slice (an unsharded region's one
+    /// shard is the engine: `engine_state` READY, checked by the caller).
+    fn all_shards_ready(&self) -> Result<bool> {
+        if !self.layout.is_sharded() {
+            return Ok(true);
+        }
+        for s in &self.layout.shards {
+            if ShardSlot::new(&self.region, s)?.state() != EngineState::Ready {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The shards of the region and their envs (one, all envs, when unsharded).
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.layout.shards
+    }
+
+    /// The pid serving each shard, as it wrote it when joining (the engine's pid for an
+    /// unsharded region). For tools and tests: liveness is judged by the shard's lock.
+    pub fn shard_pids(&self) -> Result<Vec<u32>> {
+        self.layout
+            .shards
+            .iter()
+            .map(|s| Ok(ShardSlot::new(&self.region, s)?.identity().0))
+            .collect()
     }
 
     fn check_engine(&self) -> Result<()> {
@@ -331,6 +410,15 @@ impl Client {
         // Before each sleep: a region truncated under us is an error, not a SIGBUS at
         // the next access (a truncation after this check still faults; see check_size).
         self.region.check_size()?;
+        if self.layout.is_sharded() {
+            // A shard that died or closed ends the region for everyone: the creator's
+            // name goes too once the creator is gone (its lock free: `engine_gone`
+            // removes the name under it), so nothing is left in /dev/shm.
+            if let Err(e) = shard::check_shards(&self.region, &self.layout, None) {
+                let _ = self.region.engine_gone();
+                return Err(e);
+            }
+        }
         if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
@@ -379,7 +467,19 @@ impl Client {
 
     fn post_and_wait(&mut self, timeout: Duration) -> Result<u64> {
         self.action += 1;
-        if self.layout.version.1 >= 1 {
+        if self.layout.is_sharded() {
+            // One action for every shard: each sleeps on the doorbell with its own flag.
+            let slots = self.layout.shards.iter().map(|s| {
+                ShardSlot::new(&self.region, s)
+                    .expect("checked at attach")
+                    .engine_waiting()
+            });
+            sync::post_all(
+                &self.region.control().doorbell_with_action(),
+                self.action,
+                slots,
+            );
+        } else if self.layout.version.1 >= 1 {
             // 1.1 engines sleep on the doorbell, which wakes them for commands too.
             sync::post(&self.region.control().doorbell_with_action(), self.action);
         } else {
@@ -393,31 +493,42 @@ impl Client {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
+        // Every shard's frame (an unsharded region's one shard is the control block's
+        // `frame_seq`), each in turn: the total is the slowest shard's time, not the sum.
+        // The clock is read only when there are several (the fast path reads none).
         let target = self.action;
-        let seen = sync::wait_for(
-            &self.region.control().frame_seq(),
-            target,
-            self.policy,
-            timeout,
-            "the engine's next frame",
-            || self.check_engine(),
-        )?;
-        if seen != target {
-            return Err(Error::Protocol {
-                peer: Peer::Engine,
-                detail: format!("published frame {seen} for action {target}"),
-            });
+        let start = self.layout.is_sharded().then(Instant::now);
+        for s in &self.layout.shards {
+            let slot = ShardSlot::new(&self.region, s)?;
+            let seen = sync::wait_for(
+                &slot.frame_seq(),
+                target,
+                self.policy,
+                start.map_or(timeout, |t| timeout.saturating_sub(t.elapsed())),
+                "the engine's next frame",
+                || self.check_engine(),
+            )?;
+            if seen != target {
+                return Err(Error::Protocol {
+                    peer: Peer::Engine,
+                    detail: match self.layout.is_sharded() {
+                        true => format!("shard {} published frame {seen} for action {target}", s.index),
+                        false => format!("published frame {seen} for action {target}"),
+                    },
+                });
+            }
         }
-        self.frame = seen;
+        self.frame = target;
         if self.device_hooks {
-            self.device.after_frame(seen)?;
+            self.device.after_frame(target)?;
         }
-        Ok(seen)
+        Ok(target)
     }
 
     /// Sends a request over the command channel and waits for its reply (matched by
     /// correlation id; replies to earlier calls that timed out are dropped). An error
-    /// reply is `Error::Remote`.
+    /// reply is `Error::Remote`. A sharded region: shard 0 answers (see
+    /// [`Client::call_on`]).
     pub fn call(
         &mut self,
         method: Method,
@@ -426,24 +537,79 @@ impl Client {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Envelope> {
+        self.call_on(0, method, body, args, payload, timeout)
+    }
+
+    /// As [`Client::call`], answered by shard `shard` of a sharded region.
+    pub fn call_on(
+        &mut self,
+        shard: u32,
+        method: Method,
+        body: Body,
+        args: Vec<(String, String)>,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        let request = Request { method, body, args, payload };
+        self.call_shards(vec![(shard, request)], timeout)?
+            .pop()
+            .expect("one reply per request")
+    }
+
+    /// Sends one request to each listed shard, rings the doorbell once (so the shards
+    /// answer at the same time), then collects the replies in the order given. The
+    /// outer error ends the whole call (nothing more can be read); an inner one is that
+    /// shard's answer (`Remote` for an error reply).
+    pub fn call_shards(
+        &mut self,
+        requests: Vec<(u32, Request)>,
+        timeout: Duration,
+    ) -> Result<Vec<Result<Envelope>>> {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
-        let channel =
-            command::channel(&self.region, &self.layout)?.ok_or(Error::NoCommandChannel {
-                major: self.layout.version.0,
-                minor: self.layout.version.1,
+        let start = Instant::now();
+        let mut sent = Vec::with_capacity(requests.len());
+        for (shard, r) in requests {
+            let info = *self.layout.shards.get(shard as usize).ok_or_else(|| {
+                Error::InvalidSpec(format!(
+                    "shard {shard}: the region has {} shards",
+                    self.layout.shards.len()
+                ))
             })?;
+            let id = self.push_request(&info, r, timeout.saturating_sub(start.elapsed()))?;
+            sent.push((info, id));
+        }
+        command::ring_doorbell(&self.region);
+        let mut replies = Vec::with_capacity(sent.len());
+        for (info, (id, name)) in sent {
+            let left = timeout.saturating_sub(start.elapsed());
+            replies.push(self.pop_reply(&info, id, name, left)?);
+        }
+        Ok(replies)
+    }
+
+    /// Validates and pushes one request into `shard`'s ring; returns its id and method.
+    fn push_request(
+        &mut self,
+        shard: &ShardInfo,
+        r: Request,
+        timeout: Duration,
+    ) -> Result<(u64, String)> {
+        let channel = command::channel(&self.region, shard)?.ok_or(Error::NoCommandChannel {
+            major: self.layout.version.0,
+            minor: self.layout.version.1,
+        })?;
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let name = method.name().to_string();
+        let name = r.method.name().to_string();
         let request = Envelope {
             id,
             kind: Kind::Request,
-            method,
-            body,
-            args,
-            payload,
+            method: r.method,
+            body: r.body,
+            args: r.args,
+            payload: r.payload,
             error: None,
         };
         // Refuse a malformed request here, with nothing sent.
@@ -454,9 +620,9 @@ impl Client {
         // `set_command_stream` (live while it is set).
         let stream = unsafe { StreamRef::from_raw(self.command_stream) };
         self.device.before_post(Some(stream))?;
-        let start = Instant::now();
-        // Replies still in the ring answer earlier calls that gave up (one call is in
-        // flight at a time): none is this call's, and each takes room its reply may need.
+        // Replies still in this shard's ring answer earlier calls that gave up (one call
+        // is in flight at a time): none is this call's, and each takes room its reply
+        // may need.
         let mut rx = std::mem::take(&mut self.rx);
         let drained = loop {
             match channel.e2c.try_pop(&mut rx) {
@@ -467,8 +633,8 @@ impl Client {
         };
         self.rx = rx;
         drained?;
-        // The builder and buffer are reused across calls; taken out while `self` is
-        // borrowed by the liveness check.
+        // The builder is reused across calls; taken out while `self` is borrowed by the
+        // liveness check.
         let mut tx = std::mem::take(&mut self.tx);
         let pushed = channel
             .c2e
@@ -486,7 +652,23 @@ impl Client {
             }
             other => other?,
         }
-        command::ring_doorbell(&self.region);
+        Ok((id, name))
+    }
+
+    /// Pops `shard`'s replies until the one with `id` (earlier ones, whose calls gave
+    /// up, are dropped). An error reply is `Err(Remote)` inside `Ok`.
+    fn pop_reply(
+        &mut self,
+        shard: &ShardInfo,
+        id: u64,
+        name: String,
+        timeout: Duration,
+    ) -> Result<Result<Envelope>> {
+        let channel = command::channel(&self.region, shard)?.ok_or(Error::NoCommandChannel {
+            major: self.layout.version.0,
+            minor: self.layout.version.1,
+        })?;
+        let start = Instant::now();
         let mut rx = std::mem::take(&mut self.rx);
         let result = loop {
             let left = timeout.saturating_sub(start.elapsed());
@@ -504,13 +686,13 @@ impl Client {
                 continue; // the answer to an earlier call that gave up waiting
             }
             if let Some((code, message)) = reply.error {
-                break Err(Error::Remote {
+                break Ok(Err(Error::Remote {
                     method: name,
                     code,
                     message,
-                });
+                }));
             }
-            break Ok(reply);
+            break Ok(Ok(reply));
         };
         self.rx = rx;
         result
@@ -552,28 +734,40 @@ impl Client {
 
     /// Resets `env_ids` (all if `None`) with `seeds` (none, one, or one per env). When it
     /// returns, the engine→client tensors hold the reset observations; returns the frame
-    /// number (unchanged: a reset consumes no action).
+    /// number (unchanged: a reset consumes no action). A sharded region: each shard that
+    /// owns a listed env gets its envs (as its own ids) and their seeds, so env `e` is
+    /// seeded as it would be unsharded (one seed `s`: `s + k` for the `k`-th listed env).
     pub fn reset(
         &mut self,
         env_ids: Option<&[u32]>,
         seeds: &[u64],
         timeout: Duration,
     ) -> Result<u64> {
-        let body = Body::Reset {
-            env_ids: env_ids.map(<[u32]>::to_vec),
-            seeds: seeds.to_vec(),
-            options: Vec::new(),
-        };
-        match self
-            .call(Method::Reset, body, Vec::new(), Vec::new(), timeout)?
-            .body
-        {
-            Body::ResetDone { frame } => Ok(frame),
-            other => Err(Error::BadMessage(format!("Reset answered with {other:?}"))),
+        let plan = shard::route_reset(&self.layout, env_ids, seeds)?;
+        let requests = plan
+            .into_iter()
+            .map(|(shard, env_ids, seeds)| {
+                let body = Body::Reset {
+                    env_ids,
+                    seeds,
+                    options: Vec::new(),
+                };
+                (shard, Request::new(Method::Reset, body))
+            })
+            .collect();
+        let mut frame = self.frame;
+        for reply in self.call_shards(requests, timeout)? {
+            match reply?.body {
+                Body::ResetDone { frame: f } => frame = f,
+                other => return Err(Error::BadMessage(format!("Reset answered with {other:?}"))),
+            }
         }
+        Ok(frame)
     }
 
-    /// Calls an engine-defined method; returns its result arguments and payload.
+    /// Calls an engine-defined method; returns its result arguments and payload. A
+    /// sharded region: shard 0 answers ([`Client::call_method_on`],
+    /// [`Client::call_method_all`]).
     pub fn call_method(
         &mut self,
         method: &str,
@@ -581,21 +775,50 @@ impl Client {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<Reply> {
-        let args = args
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let reply = self.call(
-            Method::Custom(method.to_string()),
-            Body::None,
-            args,
-            payload.to_vec(),
-            timeout,
-        )?;
+        self.call_method_on(0, method, args, payload, timeout)
+    }
+
+    /// Calls an engine-defined method on shard `shard`.
+    pub fn call_method_on(
+        &mut self,
+        shard: u32,
+        method: &str,
+        args: &[(&str, &str)],
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Reply> {
+        let request = Request::method(method, args, payload);
+        let reply = self
+            .call_shards(vec![(shard, request)], timeout)?
+            .pop()
+            .expect("one reply per request")?;
         Ok(Reply {
             args: reply.args,
             payload: reply.payload,
         })
+    }
+
+    /// Calls an engine-defined method on every shard at once (one, unsharded); the
+    /// replies in shard order. The first error reply is returned as the error.
+    pub fn call_method_all(
+        &mut self,
+        method: &str,
+        args: &[(&str, &str)],
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Reply>> {
+        let requests = (0..self.layout.shards.len() as u32)
+            .map(|k| (k, Request::method(method, args, payload)))
+            .collect();
+        self.call_shards(requests, timeout)?
+            .into_iter()
+            .map(|r| {
+                r.map(|e| Reply {
+                    args: e.args,
+                    payload: e.payload,
+                })
+            })
+            .collect()
     }
 
     /// Marks the client closed and wakes a waiting engine (it gets `PeerClosed`). Also

@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use crate::error::{Error, Peer, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, ShardInfo};
 use crate::region::Region;
 use crate::ring::{Ring, RingCtrl};
+use crate::shard::ShardSlot;
 use crate::sync;
 use crate::tensor::Tensors;
 use crate::wire::{self, code, Body, Envelope, Kind, Method};
@@ -125,12 +126,13 @@ pub(crate) struct Channel<'a> {
     pub e2c: Ring<'a>,
 }
 
-/// The rings of `region`, if its layout has them.
-pub(crate) fn channel<'a>(region: &'a Region, layout: &Layout) -> Result<Option<Channel<'a>>> {
-    let Some(rings) = layout.rings else {
+/// The rings of `shard` in `region` (an unsharded region's one shard: the control
+/// block's), if the layout has rings.
+pub(crate) fn channel<'a>(region: &'a Region, shard: &ShardInfo) -> Result<Option<Channel<'a>>> {
+    let Some(rings) = shard.rings else {
         return Ok(None);
     };
-    let control = region.control();
+    let control = ShardSlot::new(region, shard)?;
     let ring = |ctrl: RingCtrl<'a>, (offset, cap): (u64, u64), who: Peer| {
         // SAFETY: validation (or the builder, for the engine) checked that
         // `offset..offset + cap` lies inside the mapping, page-aligned, overlapping no

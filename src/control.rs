@@ -16,7 +16,6 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::error::{Error, Peer, Result};
 use crate::layout::{offsets, ClientEventHandle, CONTROL_SIZE, MAGIC};
 use crate::os;
-use crate::ring::RingCtrl;
 use crate::sync::{Doorbell, SharedSeq};
 
 /// `engine_state`.
@@ -499,60 +498,6 @@ impl<'a> Control<'a> {
             action_seq: Some(self.u64(offsets::ACTION_SEQ)),
             ..self.doorbell()
         }
-    }
-
-    /// Control words of the client→engine ring.
-    #[inline]
-    pub fn c2e_ring(&self) -> RingCtrl<'a> {
-        self.ring_ctrl(
-            offsets::C2E_HEAD,
-            offsets::C2E_TAIL,
-            offsets::C2E_CONSUMER_WAITING,
-            offsets::C2E_PRODUCER_WAITING,
-        )
-    }
-
-    /// Control words of the engine→client ring.
-    #[inline]
-    pub fn e2c_ring(&self) -> RingCtrl<'a> {
-        self.ring_ctrl(
-            offsets::E2C_HEAD,
-            offsets::E2C_TAIL,
-            offsets::E2C_CONSUMER_WAITING,
-            offsets::E2C_PRODUCER_WAITING,
-        )
-    }
-
-    #[inline]
-    fn ring_ctrl(
-        &self,
-        head: usize,
-        tail: usize,
-        consumer: usize,
-        producer: usize,
-    ) -> RingCtrl<'a> {
-        RingCtrl {
-            head: self.u64(head),
-            tail: self.u64(tail),
-            head_low: self.low_u32(head),
-            tail_low: self.low_u32(tail),
-            consumer_waiting: self.u32(consumer),
-            producer_waiting: self.u32(producer),
-        }
-    }
-
-    /// Whether a request waits in the client→engine ring (`order` for the head).
-    #[inline]
-    pub fn request_pending(&self, order: Ordering) -> bool {
-        let c2e = self.c2e_ring();
-        c2e.head.load(order) != c2e.tail.load(Ordering::Relaxed)
-    }
-
-    /// A new client (the e2c consumer) discards replies left for an earlier one.
-    pub fn discard_replies(&self) {
-        let e2c = self.e2c_ring();
-        e2c.tail
-            .store(e2c.head.load(Ordering::Acquire), Ordering::Release);
     }
 }
 

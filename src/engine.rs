@@ -5,13 +5,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
-use crate::control::{ClientState, Control};
+use crate::control::{ClientState, Control, EngineState};
 use crate::device::{self, CudaRelease, Device, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
-use crate::layout::{DType, Direction, HeaderBuilder, Layout, TensorSpec};
+use crate::layout::{DType, Direction, HeaderBuilder, Layout, ShardInfo, TensorSpec};
 use crate::os;
 use crate::region::{self, Region};
+use crate::shard::{self, ShardSlot};
 use crate::sync::{self, WaitPolicy};
 use crate::tensor::{Element, Tensors};
 use crate::wire::{self, Envelope};
@@ -25,12 +26,17 @@ pub struct EngineSpec {
     pub tensors: Vec<TensorSpec>,
     /// Region name; a random one if `None`.
     pub name: Option<String>,
+    /// How it waits for actions. The default adapts on a sharded region
+    /// ([`WaitPolicy::adapted_to_shards`]).
     pub policy: WaitPolicy,
     /// Bytes of each command ring (power of two ≥ 64); 0: no command channel.
     pub ring_capacity: u64,
     /// Key/values the engine reports in its schema: observation and action bounds, the
     /// autoreset mode, anything a client needs to build its spaces.
     pub metadata: Vec<(String, String)>,
+    /// Engine processes serving the region (1.4): the creator serves shard 0 and the
+    /// others [`Engine::join`] it. 1: an ordinary region.
+    pub shards: u32,
 }
 
 impl EngineSpec {
@@ -44,6 +50,7 @@ impl EngineSpec {
             policy: WaitPolicy::default(),
             ring_capacity: crate::layout::DEFAULT_RING_CAPACITY,
             metadata: Vec::new(),
+            shards: 1,
         }
     }
 
@@ -121,12 +128,46 @@ impl EngineSpec {
         self.metadata.push((key.to_string(), value.to_string()));
         self
     }
+
+    /// Splits the env axis over `count` engine processes (1.4): this engine creates the
+    /// region and serves shard 0; processes 1..count join it with [`Engine::join`].
+    pub fn shards(mut self, count: u32) -> Self {
+        self.shards = count;
+        self
+    }
+}
+
+/// How a shard process joins a sharded region ([`Engine::join`]).
+#[derive(Debug, Clone)]
+pub struct JoinOptions {
+    /// How long to wait for the region to appear and be published.
+    pub timeout: Duration,
+    /// How it waits; the default adapts to the machine
+    /// ([`WaitPolicy::adapted_to_shards`]).
+    pub policy: WaitPolicy,
+    /// Key/values for the schema (only shard 0's are served; the others' are kept).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Default for JoinOptions {
+    fn default() -> Self {
+        JoinOptions {
+            timeout: Duration::from_secs(10),
+            policy: WaitPolicy::default(),
+            metadata: Vec::new(),
+        }
+    }
 }
 
 /// An engine serving one region. Dropping it closes the region and removes its name.
 pub struct Engine {
     region: Region,
+    /// The region's whole layout (what the schema describes).
     layout: Layout,
+    /// What this engine serves: the whole layout, or its shard's slice of every tensor.
+    slice: Layout,
+    /// This engine's shard (the control block's words when the region is unsharded).
+    shard: ShardInfo,
     metadata: Vec<(String, String)>,
     /// Reused for every reply.
     tx: flatbuffers::FlatBufferBuilder<'static>,
@@ -169,8 +210,13 @@ impl Engine {
     /// Sweeps dead regions, then creates a region for `spec`. Tensors start zeroed; write
     /// the reset observations and call [`Engine::publish`] to serve frame 0.
     pub fn create(spec: EngineSpec) -> Result<Engine> {
-        let mut builder =
-            HeaderBuilder::new(&spec.kind, spec.num_envs, &spec.tensors, spec.ring_capacity)?;
+        let mut builder = HeaderBuilder::sharded(
+            &spec.kind,
+            spec.num_envs,
+            &spec.tensors,
+            spec.ring_capacity,
+            spec.shards,
+        )?;
         let name = match &spec.name {
             Some(n) => region::canonical_name(n)?,
             None => region::random_name()?,
@@ -185,6 +231,13 @@ impl Engine {
         device.start(&region)?;
         let pid = os::current_pid();
         let start = region.control().engine_start_time();
+        let shards = builder.shards();
+        let shard = shards[0];
+        if shards.len() > 1 {
+            // The creator serves shard 0: its lock and identity, as a joining shard's.
+            shard::lock_shard(&region, 0)?;
+            ShardSlot::new(&region, &shard)?.set_identity(pid, start);
+        }
         let layout = Layout {
             version: (builder.header.version_major, builder.header.version_minor),
             header_size: builder.header.header_size as u64,
@@ -198,16 +251,19 @@ impl Engine {
             engine_event_handle: builder
                 .cuda_alloc
                 .map(|_| builder.header.engine_event_handle),
+            shards,
         };
         Ok(Engine {
             region,
+            slice: layout.narrowed(&shard),
+            shard,
             layout,
             metadata: spec.metadata,
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
             client_end_reported: std::cell::Cell::new(false),
-            policy: spec.policy,
+            policy: spec.policy.adapted_to_shards(spec.shards as usize),
             action: 0,
             frame: 0,
             ready: false,
@@ -216,6 +272,87 @@ impl Engine {
             device,
             release: CudaRelease::NoCuda,
         })
+    }
+
+    /// Joins the sharded region `name` as shard `index` (1.4): opens and validates it as
+    /// a client would (the same checks of untrusted bytes), takes the shard's liveness
+    /// lock (`ShardTaken` if a live process holds it) and writes who serves it. The
+    /// engine then serves its slice of the env axis: [`Engine::num_envs`] and every
+    /// tensor view are the slice's, and it runs the same loop as any engine (write frame
+    /// 0, [`publish`](Engine::publish), then `wait_actions` → step → `publish`).
+    pub fn join(name: &str, index: u32, options: JoinOptions) -> Result<Engine> {
+        let name = region::canonical_name(name)?;
+        // No deadline when it lies past what an Instant holds.
+        let deadline = Instant::now().checked_add(options.timeout);
+        let left = || deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        let mut backoff = sync::Backoff::default();
+        // The creator may not have made the region yet: wait for the name, then for it
+        // to be published (Region::open waits for that).
+        let (region, layout) = loop {
+            match Region::open(&name, left(), || Ok(())) {
+                Err(Error::NotFound { .. }) if !left().is_zero() => backoff.snooze(),
+                other => break other?,
+            }
+        };
+        if !layout.is_sharded() {
+            return Err(Error::InvalidSpec(format!(
+                "region '{name}' is not sharded: its one engine serves it whole"
+            )));
+        }
+        let Some(&shard) = layout.shards.get(index as usize) else {
+            return Err(Error::InvalidSpec(format!(
+                "shard {index} of region '{name}', which has {} shards",
+                layout.shards.len()
+            )));
+        };
+        shard::lock_shard(&region, index)?;
+        let slot = ShardSlot::new(&region, &shard)?;
+        if slot.state() != EngineState::Starting {
+            return Err(Error::InvalidSpec(format!(
+                "shard {index} of region '{name}' was served before (state {}): a shard joins a fresh region only",
+                slot.state().name()
+            )));
+        }
+        let pid = os::current_pid();
+        let start = os::process_start_time(pid)
+            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
+        slot.set_identity(pid, start);
+        let policy = options.policy.adapted_to_shards(layout.shards.len());
+        Ok(Engine {
+            region,
+            slice: layout.narrowed(&shard),
+            shard,
+            layout,
+            metadata: options.metadata,
+            tx: flatbuffers::FlatBufferBuilder::new(),
+            rx: Vec::new(),
+            dropped_replies: std::cell::Cell::new(0),
+            client_end_reported: std::cell::Cell::new(false),
+            policy,
+            action: 0,
+            frame: 0,
+            ready: false,
+            closed: false,
+            device_hooks: false,
+            device: Box::new(device::host::HostEngine),
+            release: CudaRelease::NoCuda,
+        })
+    }
+
+    /// Which shard this engine serves, and its envs (shard 0, all envs, when unsharded).
+    pub fn shard(&self) -> &ShardInfo {
+        &self.shard
+    }
+
+    /// The layout of the whole region (every env), as the schema describes it.
+    pub fn region_layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The live words of this engine's shard.
+    #[inline]
+    fn slot(&self) -> ShardSlot<'_> {
+        ShardSlot::new(&self.region, &self.shard).expect("checked when the engine was made")
     }
 
     /// A second mapping of the same region, for views that must outlive this engine
@@ -230,12 +367,15 @@ impl Engine {
         self.region.name()
     }
 
+    /// What this engine serves: the region's layout, or for a shard its slice (each
+    /// tensor narrowed to the shard's envs).
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.slice
     }
 
+    /// Envs this engine steps (its shard's, for a shard).
     pub fn num_envs(&self) -> usize {
-        self.layout.num_envs as usize
+        self.slice.num_envs as usize
     }
 
     /// Views of the tensors: write engine→client ones, read client→engine ones, and the
@@ -247,7 +387,7 @@ impl Engine {
     /// The engine's views. Callers hold `&mut self` (or, in `answer_all`, are only
     /// reached from a method that does): at most one `Tensors` of this engine exists.
     fn views(&self) -> Tensors<'_> {
-        Tensors::new(&self.region, &self.layout, Peer::Engine).with_device(&*self.device)
+        Tensors::new(&self.region, &self.slice, Peer::Engine).with_device(&*self.device)
     }
 
     /// A mutable view of one engine→client tensor.
@@ -270,7 +410,7 @@ impl Engine {
     /// Device address of a tensor in the engine's device memory (its exported CUDA
     /// allocation); `NotOnHost` for a host-only engine.
     pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
-        let (_, t) = key.resolve(&self.layout)?;
+        let (_, t) = key.resolve(&self.slice)?;
         self.device.device_ptr(t)
     }
 
@@ -302,12 +442,12 @@ impl Engine {
     }
 
     /// The client's state as an error, if it is gone, once per client: after a wait
-    /// reported its end, waits go on (for a new client). `RegionTooSmall` if the region was
+    /// reported its end, waits go on (for a new client); a dead or closed sibling shard. `RegionTooSmall` if the region was
     /// truncated under the engine (checked before each sleep, as the client does).
     fn check_client(&self) -> Result<()> {
         self.region.check_size()?;
         let control = self.control();
-        match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+        let client = match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
             Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
                 if self.client_end_reported.get() =>
             {
@@ -324,8 +464,17 @@ impl Engine {
                 }
                 Ok(())
             }
+        };
+        client?;
+        // A shard also stops when another shard died or closed: the region can no longer
+        // step (the client's next step fails naming that shard), so no shard waits for
+        // actions that cannot come, and the creator, stopping, removes the region.
+        if self.layout.is_sharded() {
+            shard::check_shards(&self.region, &self.layout, Some(self.shard.index))?;
         }
+        Ok(())
     }
+
 
     /// Waits until a client is attached (a live one: a client that died attached frees
     /// the slot meanwhile); `Ok` at once if one is. Sleeps on the doorbell, which an
@@ -368,7 +517,12 @@ impl Engine {
             // Frame 0 on the device is complete once the event fires: record before READY.
             self.record_frame()?;
             self.ready = true;
-            self.control().set_engine_ready();
+            // Unsharded: the shard's state word is `engine_state`. The creator of a
+            // sharded region also marks the region ready, for tools that list it.
+            self.slot().set_ready();
+            if self.region.is_owner() && self.layout.is_sharded() {
+                self.control().set_engine_ready();
+            }
             return Ok(0);
         }
         if self.action == self.frame {
@@ -379,7 +533,7 @@ impl Engine {
         // The frame's kernels are on the engine stream: record after them, then post.
         self.record_frame()?;
         self.frame = self.action;
-        sync::post(&self.control().frame_seq(), self.frame);
+        sync::post(&self.slot().frame_seq(), self.frame);
         Ok(self.frame)
     }
 
@@ -418,15 +572,16 @@ impl Engine {
         let start = Instant::now();
         let seen = loop {
             let control = self.control();
+            let slot = self.slot();
             let action_seq = control.action_seq().counter;
-            let has_rings = self.layout.rings.is_some();
+            let has_rings = self.shard.rings.is_some();
             let woke = sync::wait_until(
-                &control.doorbell(),
+                &slot.doorbell(&self.region),
                 |order| {
                     let a = action_seq.load(order);
                     if a >= target {
                         Some(Some(a))
-                    } else if has_rings && control.request_pending(order) {
+                    } else if has_rings && slot.request_pending(order) {
                         Some(None)
                     } else {
                         None
@@ -478,7 +633,7 @@ impl Engine {
     /// between steps (`wait_actions_with` does). A request that does not decode gets an
     /// error reply with id 0; a corrupt ring is a `Protocol` error.
     pub fn poll_commands(&mut self, handler: &mut dyn CommandHandler) -> Result<usize> {
-        let Some(channel) = command::channel(&self.region, &self.layout)? else {
+        let Some(channel) = command::channel(&self.region, &self.shard)? else {
             return Ok(0);
         };
         let mut request = std::mem::take(&mut self.rx);
@@ -558,7 +713,7 @@ impl Engine {
         // giving up on room for it as soon as either appears, means a backlog of stale
         // replies never fills the ring and never keeps the engine from stepping.
         let superseded = || {
-            self.control().request_pending(Ordering::Acquire)
+            self.slot().request_pending(Ordering::Acquire)
                 || self.control().action_seq().counter.load(Ordering::Acquire) > self.action
         };
         if superseded() {
@@ -629,7 +784,12 @@ impl Engine {
         if !self.region.made_here() {
             return;
         }
-        self.region.control().close_engine();
+        if self.layout.is_sharded() {
+            self.slot().close();
+        }
+        if self.region.is_owner() {
+            self.region.control().close_engine();
+        }
         // Exported memory: freed only when no live client holds it open (the backend
         // reads the client's acknowledgement after the CLOSED store above).
         let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));

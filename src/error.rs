@@ -103,6 +103,28 @@ pub enum Error {
     #[error("the {peer} closed the region")]
     PeerClosed { peer: Peer },
 
+    /// 1.4: one engine process of a sharded region died (its lock on the region was
+    /// released, however it ended).
+    #[error("engine shard {shard} (pid {pid}, envs {env_start}..{env_end}) died; the other shards are stopped with the region: start the engine again")]
+    ShardDied {
+        shard: u32,
+        pid: u32,
+        env_start: u32,
+        env_end: u32,
+    },
+
+    /// 1.4: one engine process of a sharded region closed it.
+    #[error("engine shard {shard} (envs {env_start}..{env_end}) closed the region")]
+    ShardClosed {
+        shard: u32,
+        env_start: u32,
+        env_end: u32,
+    },
+
+    /// 1.4: a process tried to serve a shard another live process serves.
+    #[error("shard {shard} of region '{name}' is already served by a live process: one process per shard")]
+    ShardTaken { name: String, shard: u32 },
+
     #[error("timed out after {} waiting for {what}", Rounded(*waited))]
     Timeout {
         waited: Duration,
@@ -320,6 +342,9 @@ impl Error {
                 peer: Peer::Client, ..
             } => ErrorKind::ClientDied,
             Error::PeerClosed { peer: Peer::Engine } => ErrorKind::EngineClosed,
+            Error::ShardDied { .. } => ErrorKind::EngineDied,
+            Error::ShardClosed { .. } => ErrorKind::EngineClosed,
+            Error::ShardTaken { .. } => ErrorKind::AlreadyAttached,
             Error::PeerClosed { peer: Peer::Client } => ErrorKind::ClientClosed,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Protocol { .. } => ErrorKind::Protocol,

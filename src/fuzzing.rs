@@ -9,9 +9,10 @@ use crate::device::Device;
 use crate::error::{Error, Peer, Result};
 use crate::layout::{
     self, DType, Direction, Header, HeaderBuilder, Layout, TensorDesc, TensorSpec, CONTROL_SIZE,
-    DATA_ALIGN, DESC_SIZE, MAGIC, MAX_NDIM, MAX_TENSORS, MIN_RING_CAPACITY, NAME_LEN, PAGE,
-    VERSION_MAJOR,
+    DATA_ALIGN, DESC_SIZE, LAYOUT_HASH, LAYOUT_HASH_SHARDED, MAGIC, MAX_NDIM, MAX_SHARDS,
+    MAX_TENSORS, MIN_RING_CAPACITY, NAME_LEN, PAGE, SHARD_ENTRY_SIZE, VERSION_MAJOR,
 };
+use crate::layout::{ShardEntry, ShardWords};
 use crate::ring::HeapRing;
 use crate::wire::Envelope;
 
@@ -105,6 +106,7 @@ pub fn header(data: &[u8]) -> Result<Layout> {
         });
         assert_eq!(l.tensors, base.builder.tensors, "{}", base.what);
         assert_eq!(l.rings, base.builder.rings, "{}", base.what);
+        assert_eq!(l.shards, base.builder.shards(), "{}", base.what);
         assert_eq!(
             l.region_size, base.builder.header.region_size,
             "{}",
@@ -263,6 +265,7 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
         }
         None => assert!(!l.has_cuda()),
     }
+    check_shards(l, &h, &mut spans);
     if let Some(r) = l.rings {
         assert!(l.version.1 >= 1, "rings in a 1.0 header");
         assert_eq!(
@@ -272,14 +275,7 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
                 (h.e2c_ring_offset, h.e2c_ring_capacity)
             )
         );
-        for (offset, capacity) in [r.c2e, r.e2c] {
-            assert!(capacity.is_power_of_two() && capacity >= MIN_RING_CAPACITY);
-            assert_eq!(offset % PAGE, 0);
-            assert!(offset >= l.header_size, "ring inside the header");
-            let end = offset.checked_add(capacity).expect("ring span overflows");
-            assert!(end <= l.region_size, "ring past the region");
-            spans.push((offset, end));
-        }
+        push_ring_spans(l, r, "the region", &mut spans);
     } else if l.version.1 >= 1 {
         assert_eq!((h.c2e_ring_capacity, h.e2c_ring_capacity), (0, 0));
     }
@@ -297,6 +293,65 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
         layout::validate("fuzz", bytes, l.region_size - 1),
         Err(Error::RegionTooSmall { .. })
     ));
+}
+
+/// Checks a pair of accepted rings of `whose` (power-of-two capacities, page-aligned,
+/// after the header, inside the region) and adds their spans to `spans`.
+fn push_ring_spans(l: &Layout, r: layout::Rings, whose: &str, spans: &mut Vec<(u64, u64)>) {
+    for (offset, capacity) in [r.c2e, r.e2c] {
+        assert!(capacity.is_power_of_two() && capacity >= MIN_RING_CAPACITY);
+        assert_eq!(offset % PAGE, 0);
+        assert!(offset >= l.header_size, "{whose}: ring inside the header");
+        let end = offset.checked_add(capacity).expect("ring span overflows");
+        assert!(end <= l.region_size, "{whose}: ring past the region");
+        spans.push((offset, end));
+    }
+}
+
+/// The shards of an accepted layout (1.4): one in the control block, covering every
+/// env, when `shard_count` is 0; else the table's entries: contiguous non-empty slices
+/// covering every env, their words inside the header, every tensor on the host with the
+/// env axis first, and every shard's rings after the header, inside the region (pushed
+/// onto `spans` for the overlap check; shard 0's are the control block's, pushed there).
+fn check_shards(l: &Layout, h: &Header, spans: &mut Vec<(u64, u64)>) {
+    if h.shard_count == 0 {
+        assert_eq!(l.shards.len(), 1);
+        let s = l.shards[0];
+        assert_eq!((s.index, s.env_start, s.env_count), (0, 0, l.num_envs));
+        assert_eq!(s.words, ShardWords::CONTROL_BLOCK);
+        assert_eq!(s.rings, l.rings);
+        assert_eq!(h.layout_hash, LAYOUT_HASH);
+        return;
+    }
+    assert!(l.version.1 >= 4, "shards in a 1.{} header", l.version.1);
+    assert_eq!(h.layout_hash, LAYOUT_HASH_SHARDED);
+    assert_eq!(l.shards.len(), h.shard_count as usize);
+    assert!((2..=MAX_SHARDS).contains(&l.shards.len()));
+    let mut next = 0;
+    for (k, s) in l.shards.iter().enumerate() {
+        assert_eq!(s.index as usize, k);
+        assert_eq!(s.env_start, next, "shard {k} starts where the last ended");
+        assert!(s.env_count >= 1);
+        next = s.env_start + s.env_count;
+        assert!(s.words.end() as u64 <= l.header_size, "shard {k}'s words in the header");
+        assert_eq!(s.rings.is_some(), l.rings.is_some());
+        if let (Some(r), true) = (s.rings, k > 0) {
+            push_ring_spans(l, r, &format!("shard {k}"), spans);
+        } else if k == 0 {
+            assert_eq!(s.rings, l.rings, "shard 0's rings are the control block's");
+        }
+        // The narrowed views a shard hands out stay inside its tensors.
+        let slice = l.narrowed(s);
+        for (t, whole) in slice.tensors.iter().zip(&l.tensors) {
+            assert!(t.offset >= whole.offset);
+            assert!(t.offset + t.nbytes <= whole.offset + whole.nbytes);
+        }
+    }
+    assert_eq!(next, l.num_envs, "the shards cover every env");
+    for t in &l.tensors {
+        assert_eq!(t.device, Device::Host);
+        assert_eq!(t.shape[0], u64::from(l.num_envs));
+    }
 }
 
 /// A validated name: non-empty for tensors, at most NAME_LEN bytes, no NUL, and the
@@ -365,6 +420,23 @@ pub fn header_bases() -> &'static [HeaderBase] {
                 bytes,
             }
         };
+        // 1.4: three shards over 6 envs, every tensor with the env axis first.
+        let sharded = |what, ring| {
+            let specs = [
+                TensorSpec::new("obs", DType::F32, &[6, 3], e2c),
+                TensorSpec::new("actions", DType::I64, &[6, 1], c2e),
+                TensorSpec::new("frames", DType::U8, &[6, 84, 84, 3], e2c),
+            ];
+            let builder =
+                HeaderBuilder::sharded("shards", 6, &specs, ring, 3).expect("a valid spec");
+            let mut bytes = builder.bytes();
+            bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+            HeaderBase {
+                what,
+                builder,
+                bytes,
+            }
+        };
         vec![
             build("host with rings", "host", &host, 4096, None),
             build("host without rings", "host", &host, 0, None),
@@ -373,6 +445,8 @@ pub fn header_bases() -> &'static [HeaderBase] {
             build("64 tensors with rings", "wide", &widest, 128, None),
             build("1.0 header", "old", &host, 0, Some(0)),
             build("1.1 header with rings", "rings", &host, 1024, Some(1)),
+            sharded("3 shards with rings", 4096),
+            sharded("3 shards without rings", 0),
         ]
     })
 }
@@ -442,7 +516,25 @@ const OP_RESHAPE: usize =
 const OP_ACTUAL_SIZE: usize = OP_RESHAPE + 1;
 const OP_TRUNCATE: usize = OP_ACTUAL_SIZE + 1;
 const OP_COPY_DESC: usize = OP_TRUNCATE + 1;
-const OPS: usize = OP_COPY_DESC + 1;
+/// 1.4: a field of the header's shard words ([`SHARD_HEADER_FIELDS`], by `element`).
+const OP_SHARD_HEADER: usize = OP_COPY_DESC + 1;
+/// 1.4: a field of shard-table entry `tensor` ([`SHARD_ENTRY_FIELDS`], by `element`).
+const OP_SHARD_ENTRY: usize = OP_SHARD_HEADER + 1;
+const OPS: usize = OP_SHARD_ENTRY + 1;
+
+/// The header's shard fields (1.4): (byte offset, width).
+const SHARD_HEADER_FIELDS: [(usize, usize); 2] = [
+    (offset_of!(Header, shard_count), 4),
+    (offset_of!(Header, shard_table_offset), 4),
+];
+/// The fields of a shard-table entry a creator writes (1.4): (byte offset, width).
+const SHARD_ENTRY_FIELDS: [(usize, usize); 5] = [
+    (offset_of!(ShardEntry, env_start), 4),
+    (offset_of!(ShardEntry, env_count), 4),
+    (offset_of!(ShardEntry, c2e_ring_offset), 8),
+    (offset_of!(ShardEntry, e2c_ring_offset), 8),
+    (offset_of!(ShardEntry, state), 4),
+];
 
 /// Applies one edit `[op, tensor, element, kind, anchor, value: u64 LE]` to a header
 /// snapshot and the region's actual size. `op` (modulo the number of operations) picks
@@ -492,6 +584,16 @@ pub fn apply_edit(bytes: &mut Vec<u8>, actual: &mut u64, edit: &[u8; EDIT_SIZE])
                 bytes.copy_within(from..from + DESC_SIZE, tensor);
             }
             return;
+        }
+        OP_SHARD_HEADER => SHARD_HEADER_FIELDS[element % SHARD_HEADER_FIELDS.len()],
+        OP_SHARD_ENTRY => {
+            // Entry `tensor` of the table the header points at (its count, at least 1).
+            let h = |field: (usize, usize)| bytes.get(field.0..field.0 + field.1).map_or(0, read_le);
+            let count = h(SHARD_HEADER_FIELDS[0]).max(1);
+            let table = h(SHARD_HEADER_FIELDS[1]) as usize;
+            let entry = table + (usize::from(edit[1]) % count as usize) * SHARD_ENTRY_SIZE;
+            let (at, width) = SHARD_ENTRY_FIELDS[element % SHARD_ENTRY_FIELDS.len()];
+            (entry + at, width)
         }
         _ => {
             let arrays = HEADER_FIELDS.len() + HEADER_ARRAYS.len() + DESC_FIELDS.len();

@@ -34,6 +34,7 @@ mod primitive;
 mod python;
 pub mod region;
 pub mod ring;
+pub mod shard;
 pub mod sync;
 pub mod tensor;
 pub mod wire;

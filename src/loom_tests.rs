@@ -301,3 +301,119 @@ fn a_passed_deadline_times_out_after_checking_the_peer() {
         waiting_flags_down(&c);
     });
 }
+
+/// The words of a sharded region (1.4): one action counter and doorbell, and per shard a
+/// frame counter, its own waiter flag on the doorbell, the client's waiter flag on its
+/// frame, and its slice of the observations.
+#[derive(Default)]
+struct Shard {
+    frame_seq: AtomicU64,
+    engine_waiting: AtomicU32,
+    client_waiting: AtomicU32,
+    observations: Tensor,
+}
+
+impl Shard {
+    fn frame(&self) -> SharedSeq<'_> {
+        SharedSeq {
+            counter: &self.frame_seq,
+            low: low_half(&self.frame_seq),
+            waiting: &self.client_waiting,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Sharded {
+    action_seq: AtomicU64,
+    doorbell: AtomicU32,
+    actions: Tensor,
+    shards: [Shard; 2],
+}
+
+impl Sharded {
+    fn new() -> Arc<Sharded> {
+        let c = Arc::new(Sharded::default());
+        model::track_u64(&c.action_seq);
+        model::track_u32(&c.doorbell);
+        model::track_bytes(c.actions.0.get().cast(), 8);
+        for s in &c.shards {
+            model::track_u64(&s.frame_seq);
+            model::track_u32(&s.engine_waiting);
+            model::track_u32(&s.client_waiting);
+            model::track_bytes(s.observations.0.get().cast(), 8);
+        }
+        c
+    }
+
+    /// The doorbell as shard `k` sleeps on it (as `ShardSlot::doorbell`), or as the client
+    /// posts an action through it.
+    fn doorbell(&self, k: usize, action: bool) -> Doorbell<'_> {
+        Doorbell {
+            bell: &self.doorbell,
+            engine_waiting: &self.shards[k].engine_waiting,
+            action_seq: action.then_some(&self.action_seq),
+        }
+    }
+}
+
+#[test]
+fn every_shard_wakes_for_one_action_and_the_client_waits_for_all() {
+    // Two shards asleep on the one doorbell, each with its own flag; the client posts one
+    // action (`post_all`, as `Client::post_and_wait` for a sharded region) and waits for
+    // both frames in turn (as `Client::wait_shard_frames`). Neither shard may miss the
+    // wake-up, each reads the actions only after they were written, and the client reads
+    // each slice only after its shard wrote it.
+    check("sync::shards_one_action_all_frames", || {
+        let c = Sharded::new();
+        let shards: Vec<_> = (0..2)
+            .map(|k| {
+                let c = c.clone();
+                loom::thread::spawn(move || {
+                    let a = wait_until(
+                        &c.doorbell(k, false),
+                        |order| {
+                            let a = primitive::load(&c.action_seq, order);
+                            (a >= 1).then_some(a)
+                        },
+                        WaitPolicy::BLOCKING,
+                        Duration::MAX,
+                        "action",
+                        || Ok(()),
+                    )
+                    .unwrap();
+                    assert_eq!(a, 1);
+                    assert_eq!(c.actions.read(), 7);
+                    c.shards[k].observations.write(10 + k as u64);
+                    post(&c.shards[k].frame(), 1);
+                })
+            })
+            .collect();
+        c.actions.write(7);
+        post_all(
+            &c.doorbell(0, true),
+            1,
+            c.shards.iter().map(|s| &s.engine_waiting),
+        );
+        for (k, s) in c.shards.iter().enumerate() {
+            let seen = wait_for(
+                &s.frame(),
+                1,
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "frame",
+                || Ok(()),
+            )
+            .unwrap();
+            assert_eq!(seen, 1);
+            assert_eq!(s.observations.read(), 10 + k as u64);
+        }
+        for t in shards {
+            t.join().unwrap();
+        }
+        for s in &c.shards {
+            assert_eq!(primitive::load(&s.engine_waiting, Ordering::Relaxed), 0);
+            assert_eq!(primitive::load(&s.client_waiting, Ordering::Relaxed), 0);
+        }
+    });
+}

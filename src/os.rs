@@ -157,54 +157,48 @@ pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
     }
 }
 
-// Byte locks: open file description (OFD) record locks on one byte of a file. Like a
-// `flock` they belong to the open file description, so the kernel drops them when the
-// last descriptor of it closes, however the holder ends, and closing another descriptor
-// of the same file does not (classic POSIX record locks, rustix's `fcntl_lock`, are
-// dropped then); unlike a `flock`, each party can hold its own byte of one file. They and
-// `flock`s do not see each other (Linux). A forked child shares the description, hence
-// the lock, until it closes its copy.
-
-/// `fcntl(fd, cmd, {l_type, SEEK_SET, byte, 1})`; returns the struct as the kernel left it.
-fn byte_lock(file: &File, cmd: libc::c_int, l_type: libc::c_int, byte: u64) -> Result<libc::flock, Errno> {
+/// An open-file-description write lock on byte `index` of `file`, as `fcntl(F_OFD_*)`
+/// takes it: owned by the open file description (not the process), released by the
+/// kernel when nothing refers to it any more (no descriptor, no mapping made through
+/// it), however the process ends, and independent of `flock` locks on the same file. A
+/// shard of a sharded region (1.4) holds the one on its index for its whole life: its
+/// liveness token, as the `flock` is the creator's; an attached client holds one at
+/// `region::client_lock_byte` (at or above 2^61, far from any shard index).
+fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
     use std::os::fd::AsRawFd;
-    let start = libc::off_t::try_from(byte).map_err(|_| Errno::INVAL)?;
-    let mut lock = libc::flock {
-        l_type: l_type as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: start,
-        l_len: 1,
-        // Must be 0 for OFD locks.
-        l_pid: 0,
-    };
-    // SAFETY: `file` is an open descriptor for the duration of the call, `cmd` is one of
-    // F_OFD_SETLK/F_OFD_GETLK, which read and (GETLK) write a `struct flock` through the
-    // pointer, and `lock` is a valid, initialised one that outlives the call.
-    let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
-    if r == -1 {
-        return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO));
+    // SAFETY: `flock` is plain data; all-zero is a valid value of it.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = index as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: `file` is an open descriptor for the whole call; `lock` is a valid,
+    // initialised `struct flock` the kernel reads (and for F_OFD_GETLK writes); l_pid is
+    // 0 as OFD commands require.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
+    if rc == -1 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(lock)
 }
 
-/// Takes the write lock on `byte` of `file` without waiting; `Ok(false)` if another open
-/// file description holds it.
-pub fn try_lock_byte(file: &File, byte: u64) -> Result<bool> {
-    match byte_lock(file, libc::F_OFD_SETLK, libc::F_WRLCK, byte) {
+/// Takes the write lock on byte `index` without blocking; `Ok(false)` when another open
+/// file description holds a lock there.
+pub fn try_lock_byte(file: &File, index: u64) -> Result<bool> {
+    match ofd_lock(file, index, libc::F_OFD_SETLK) {
         Ok(_) => Ok(true),
-        Err(Errno::AGAIN) | Err(Errno::ACCESS) => Ok(false),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
         Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
     }
 }
 
-/// Whether another open file description holds a lock on `byte` of `file` (asked of the
-/// kernel without taking anything: `F_OFD_GETLK`).
-pub fn byte_locked_by_other(file: &File, byte: u64) -> Result<bool> {
-    let lock = byte_lock(file, libc::F_OFD_GETLK, libc::F_WRLCK, byte)
-        .map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
-    Ok(i32::from(lock.l_type) != libc::F_UNLCK)
+/// Whether an open file description other than `file`'s holds a lock on byte `index`
+/// (`F_OFD_GETLK`: a query, nothing is taken).
+pub fn byte_locked(file: &File, index: u64) -> Result<bool> {
+    let lock =
+        ofd_lock(file, index, libc::F_OFD_GETLK).map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
+    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
 }
-
 
 /// Sleeps on `word` while it equals `expected`, at most `timeout`. Returns on wake-up,
 /// value change, timeout or signal; the caller re-checks its condition in every case.
@@ -448,6 +442,74 @@ pub fn new_session() -> std::io::Result<()> {
     Ok(())
 }
 
+/// How often [`core_free`] reads the kernel's count again; in between it answers from
+/// its last reading.
+const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Whether every runnable thread of the machine has a core now: the kernel's count of
+/// runnable threads (`/proc/loadavg`, the `R` of its `R/T` field, which counts the caller)
+/// is at most the machine's online CPUs. A waiter spins only while this holds: on a busy
+/// machine a spinning waiter takes the core the process it waits for needs. Both counts
+/// are the whole machine's (`/proc/loadavg` is not per container): compared with the
+/// CPUs a container's quota allows instead, a quiet container on a busy host would never
+/// spin. Read at most every 10 ms (a read costs a few microseconds); `true` when it
+/// cannot be read.
+pub fn core_free() -> bool {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static CORES: OnceLock<usize> = OnceLock::new();
+    static CHECKED_AT: AtomicU64 = AtomicU64::new(0);
+    static FREE: AtomicBool = AtomicBool::new(true);
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let now = epoch.elapsed().as_nanos() as u64 + 1;
+    let last = CHECKED_AT.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < CORE_FREE_EVERY.as_nanos() as u64 {
+        return FREE.load(Ordering::Relaxed);
+    }
+    CHECKED_AT.store(now, Ordering::Relaxed);
+    let cores = *CORES.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|text| cpu_list_len(&text))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    });
+    let free = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| runnable_threads(&text))
+        .is_none_or(|running| running <= cores);
+    FREE.store(free, Ordering::Relaxed);
+    free
+}
+
+/// How many CPUs a kernel CPU list names (`0-15`, `0,2-5,7`).
+fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in list.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    (n > 0).then_some(n)
+}
+
+/// The runnable-thread count of a `/proc/loadavg` line (`0.50 0.40 0.30 3/412 12345`).
+fn runnable_threads(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_ascii_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
 pub fn current_pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
@@ -501,6 +563,51 @@ mod tests {
         assert!(process_alive(pid, start));
         assert!(!process_alive(pid, start + 1));
         assert!(!process_alive(0, start));
+    }
+
+    #[test]
+    fn byte_locks_are_per_open_file_and_per_byte() {
+        let path = std::env::temp_dir().join(format!("shmbridge-ofd-{}", current_pid()));
+        let a = File::create(&path).unwrap();
+        let b = File::options().read(true).write(true).open(&path).unwrap();
+        assert!(!byte_locked(&b, 3).unwrap(), "nobody holds byte 3 yet");
+        assert!(try_lock_byte(&a, 3).unwrap());
+        assert!(byte_locked(&b, 3).unwrap(), "seen from another open file");
+        assert!(
+            !byte_locked(&a, 3).unwrap(),
+            "a holder does not conflict with itself"
+        );
+        assert!(!byte_locked(&b, 4).unwrap(), "only byte 3 is taken");
+        assert!(!try_lock_byte(&b, 3).unwrap(), "a second holder is refused");
+        assert!(try_lock_byte(&b, 4).unwrap());
+        drop(a);
+        assert!(
+            !byte_locked(&b, 3).unwrap(),
+            "closing the holder's last fd releases it"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(cpu_list_len("0-15\n"), Some(16));
+        assert_eq!(cpu_list_len("0,2-5,7"), Some(6));
+        assert_eq!(cpu_list_len("3"), Some(1));
+        assert_eq!(cpu_list_len("5-3"), None);
+        assert_eq!(cpu_list_len(""), None);
+        let live = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        assert!(cpu_list_len(&live).is_some_and(|n| n >= 1), "{live}");
+    }
+
+    #[test]
+    fn runnable_threads_are_read_from_loadavg() {
+        assert_eq!(runnable_threads("0.50 0.40 0.30 3/412 12345\n"), Some(3));
+        assert_eq!(runnable_threads("garbage"), None);
+        let live = std::fs::read_to_string("/proc/loadavg").unwrap();
+        assert!(
+            runnable_threads(&live).is_some_and(|n| n >= 1),
+            "{live}: the reader runs"
+        );
     }
 
     #[test]

@@ -18,11 +18,11 @@
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use crate::os::{futex_wait, futex_wake_all};
+pub(crate) use crate::os::{core_free, futex_wait, futex_wake_all};
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::fence;
 #[cfg(loom)]
-pub(crate) use model::{futex_wait, futex_wake_all};
+pub(crate) use model::{core_free, futex_wait, futex_wake_all};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::fence;
 
@@ -241,6 +241,11 @@ pub(crate) mod model {
     }
 
     /// The modelled `FUTEX_WAKE` of every waiter on `word`'s address.
+    /// The models wait with the blocking policy: they never spin, so they never ask.
+    pub(crate) fn core_free() -> bool {
+        true
+    }
+
     pub(crate) fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
         let slot = self::word(word.as_ptr() as usize);
         let _queue = slot.queue.lock().unwrap();

@@ -29,14 +29,17 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::control::Control;
 use crate::error::{Error, Result};
-use crate::layout::{self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_TENSORS};
+use crate::layout::{
+    self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
+};
 use crate::os;
 use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
-/// The most header bytes a snapshot copies: control block + a full tensor table.
-const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE;
+/// The most header bytes a snapshot copies: control block, a full tensor table and a
+/// full shard table (1.4).
+const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
 /// A region younger than this, not yet claimed by its engine, is left alone by the sweep:
 /// its engine may be between `shm_open` and `flock`.
 const CREATE_GRACE: Duration = Duration::from_secs(5);
@@ -251,6 +254,17 @@ impl Region {
         &self.name
     }
 
+    /// The open descriptor of this mapping (not of a second one, `map_again`): what the
+    /// liveness locks are taken on and queried through.
+    pub(crate) fn file(&self) -> Result<&File> {
+        self.file.as_ref().ok_or_else(|| {
+            Error::io(
+                format!("lock '{}'", self.name),
+                std::io::Error::other("this mapping has no descriptor"),
+            )
+        })
+    }
+
     /// Maps the same object a second time, read-write, through the open descriptor (not
     /// the name, which another engine may have taken meanwhile). The new mapping is never
     /// the owner: dropping it unmaps, nothing else. Views that must outlive the client or
@@ -357,7 +371,7 @@ impl Region {
     pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
         let locked = self.file.as_ref().is_some_and(|f| {
             // An error asking is no evidence of death.
-            os::byte_locked_by_other(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+            os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
         });
         locked || os::process_alive(pid, start_time)
     }
@@ -475,14 +489,15 @@ impl Drop for UnlinkOnDrop<'_> {
 /// The byte of a region file whose lock the client recorded as `(pid, start_time)` holds
 /// while attached. Derived from what the slot records, so the engine needs no other field
 /// to find it; a client forked from another, or one in another PID namespace, has another
-/// pid or start time, hence another byte. Never byte 0, and below `i64::MAX` (`off_t`).
+/// pid or start time, hence another byte. In `[2^61, 2^62)`: far above the bytes
+/// `0..shards` the shards of a sharded region lock (1.4), and below `i64::MAX` (`off_t`).
 pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
     // splitmix64 of the pair: distinct clients land on distinct bytes.
     let mut z = (u64::from(pid) << 32 ^ start_time).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
-    (z >> 2) | 1
+    (z >> 3) | (1 << 61)
 }
 
 /// Removes `name` if it names the object `identity`. Whoever calls this holds that
@@ -509,6 +524,18 @@ impl Region {
     pub fn close_and_remove(&self) {
         self.control().close_engine();
         self.unlink_if_same();
+    }
+
+    /// For a shard process exiting without its `Engine` value (a signal handler), on a
+    /// mapping of the region it joined: marks its shard closed and wakes a waiting client
+    /// (it sees `ShardClosed`). The name stays: it is the creator's.
+    pub fn close_shard(&self, shard: u32) -> Result<()> {
+        let layout = layout::validate(&self.name, &self.snapshot(), self.len() as u64)?;
+        let info = layout.shards.get(shard as usize).ok_or_else(|| {
+            Error::InvalidSpec(format!("region '{}' has no shard {shard}", self.name))
+        })?;
+        crate::shard::ShardSlot::new(self, info)?.close();
+        Ok(())
     }
 }
 

@@ -306,9 +306,16 @@ fn interrupt_hook_stops_a_waiting_call_and_is_consulted_only_per_sleep_slice() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     signal(engine.pid(), Signal::CONT);
     calls.store(0, Ordering::SeqCst);
+    // From here the hook only counts: a wait reaches its sleep (and the hook) whenever
+    // the engine is descheduled, and on a busy machine, where waiters do not spin, at
+    // every wait the engine does not answer within a few microseconds.
+    let counted = Arc::clone(&calls);
+    c.set_interrupt(Some(Arc::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })));
     // The late reply to "first" is dropped; "second" gets its own. The hook runs at
-    // sleep slices only, not per spin: at most about once per wait here (a wait reaches
-    // a slice only if the machine descheduled the engine).
+    // sleep slices only, not per spin: at most about once per wait here.
     assert_eq!(c.ping(b"second", T).unwrap(), b"second");
     for _ in 0..100 {
         c.step(T).unwrap();

@@ -46,3 +46,35 @@ fn corpus_seeds_are_valid_headers() {
         }
     }
 }
+
+/// The shard-table attacks (1.4) are refused for what they break, not by accident: each
+/// error names the shard table or its fields, a shard's ring, the env axis, the layout
+/// hash or the snapshot's size.
+#[test]
+fn shard_table_attacks_are_refused_for_what_they_break() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_headers");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/hostile_headers") {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !(name.starts_with("reject-shard") || name.starts_with("reject-sharded")) {
+            continue;
+        }
+        let err = fuzzing::header(&std::fs::read(&path).unwrap()).unwrap_err();
+        let text = err.to_string();
+        let why = [
+            "shard",
+            "envs first",
+            "layout hash",
+            "region too small",
+            "ring",
+            "overlaps",
+        ];
+        assert!(
+            why.iter().any(|w| text.contains(w)),
+            "{name}: refused for another reason: {text}"
+        );
+        n += 1;
+    }
+    assert!(n >= 20, "only {n} shard attacks");
+}

@@ -21,6 +21,7 @@ registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 # (and its submodules).
 import numbers as _numbers
 import os as _os
+import secrets as _secrets
 import selectors as _selectors
 import subprocess as _subprocess
 import sys as _sys
@@ -42,6 +43,7 @@ __all__ = [
     "Tensor",
     "attach",
     "launch",
+    "launch_gym",
     "cuda_available",
     "nvrtc_library_dirs",
     "list_regions",
@@ -106,6 +108,75 @@ def _stop(proc: "_EngineProcess", grace: float) -> None:
     except _subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _spawn_engine(
+    args: list, env: _Optional[dict] = None, stdin: bytes = b""
+) -> "tuple[_EngineProcess, _Any]":
+    """Starts an engine process (``launch``'s and ``launch_gym``'s one way to do it)
+    through the library's one spawning path: it gets SIGTERM if this process dies (while
+    it waits for the engine too), in a session of its own so that Ctrl-C in the terminal
+    interrupts the learner, not its engine (which stops when the client closes or dies).
+    stdout piped (the engine prints its region name there), stderr to a temporary file
+    (returned, for error messages), ``stdin`` written to its standard input and closed."""
+    stderr = _tempfile.TemporaryFile()
+    try:
+        proc = _EngineProcess(args, env, stderr.fileno(), stdin)
+    except BaseException:
+        stderr.close()
+        raise
+    return proc, stderr
+
+
+def _start_shards(arg_lists: list, timeout: float, what: str, stdin: bytes = b"") -> list:
+    """Starts one engine process per argument list (the shards of one region) and
+    waits until each printed its region name (frame 0 of its slice is published).
+    Returns ``[(proc, stderr_file)]``; on any failure every one is stopped first and
+    :class:`EngineStartError` names the shard and carries its stderr."""
+    procs: list = []
+    try:
+        for args in arg_lists:
+            procs.append(_spawn_engine(args, stdin=stdin))
+        for k, (proc, err) in enumerate(procs):
+            if _read_line(proc, timeout) is None:
+                err.seek(0)
+                text = err.read().decode(errors="replace").strip()
+                _stop_shards(procs, grace=0.0)
+                raise EngineStartError(
+                    f"{what}: shard {k}/{len(procs)} did not start within {timeout} s "
+                    f"(exit status {proc.returncode}; command: {' '.join(arg_lists[k])})"
+                    + (f"\nshard stderr:\n{text}" if text else " (nothing on stderr)")
+                )
+            assert proc.stdout is not None
+            proc.stdout.close()
+    except BaseException:
+        _stop_shards(procs, grace=0.0)
+        raise
+    return procs
+
+
+def _stop_shards(procs: list, grace: float) -> None:
+    """Waits ``grace`` seconds for each shard to exit by itself (its client closed),
+    then stops it (SIGTERM: it closes its shard; shard 0 removes the region)."""
+    for proc, err in procs:
+        if grace <= 0 and proc.poll() is None:
+            proc.terminate()
+        _stop(proc, grace if grace > 0 else 5.0)
+        err.close()
+
+
+def _attach_shards(
+    name: str, procs: list, timeout: float, spin_us: _Optional[float], blocking: bool
+) -> Client:
+    """Attaches to the region the shards ``procs`` serve; ``client.close()`` then
+    waits for (and if need be stops) every shard. A failed attach stops them."""
+    try:
+        client = Client.attach(name, timeout, spin_us, blocking, "auto")
+    except BaseException:
+        _stop_shards(procs, grace=0.0)
+        raise
+    client._adopt_engine(procs[0][0], lambda: _stop_shards(procs, grace=10.0))
+    return client
 
 
 # The options of `shmbridge engine` that launch() passes through.
@@ -211,9 +282,15 @@ def launch(
     spin_us: _Optional[float] = None,
     blocking: bool = False,
     importer: str = "auto",
+    shards: int = 1,
     **engine_args: _Any,
 ) -> Client:
     """Starts the reference engine ``env`` as a child process and attaches to it.
+
+    ``shards``: how many engine processes serve the ``num_envs`` envs (protocol 1.4,
+    host memory only): each steps a contiguous slice, all write one region, and
+    ``client.obs`` is still one ``[num_envs, ...]`` tensor. A dead shard makes the next
+    step raise :class:`EngineDiedError` naming it and its envs.
 
     ``device``: where the engine's tensors live. ``"cpu"`` (shared memory), ``"cuda"``
     or ``"cuda:N"`` (device memory, stepped by the CUDA kernels; the client opens it
@@ -251,31 +328,11 @@ def launch(
         _check_number("spin_us", spin_us, positive=False)
     _check_engine_args(engine_args)
     device = _check_device(device)
-    args = [
-        _sys.executable, "-m", "shmbridge", "engine",
-        "--env", str(env), "--num-envs", str(num_envs), "--device", device,
-    ]
-    if spin_us is not None:
-        args += ["--spin-us", str(spin_us)]
-    if blocking:
-        args.append("--blocking")
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            args += [flag, str(value)]
-    stderr = _tempfile.TemporaryFile()
-    # The library's one spawning path: the engine gets SIGTERM if this process dies (while
-    # it waits for the engine too), in a session of its own so that Ctrl-C in the terminal
-    # interrupts the learner, not its engine (which stops when the client closes or dies).
-    try:
-        proc = _EngineProcess(args, _engine_env(device), stderr.fileno())
-    except BaseException:
-        stderr.close()
-        raise
+    shards = _check_int("shards", shards, 1)
+    if shards > 1:
+        return _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
+    args = _engine_command(env, num_envs, device, spin_us, blocking, engine_args)
+    proc, stderr = _spawn_engine(args, _engine_env(device))
 
     def engine_stderr() -> str:
         stderr.seek(0)
@@ -336,6 +393,52 @@ def launch(
 
     client._adopt_engine(proc, on_close)
     return client
+
+
+def _launch_sharded(
+    env: str, num_envs: int, device: str, shards: int, timeout: float,
+    spin_us: _Optional[float], blocking: bool, engine_args: dict,
+) -> Client:
+    """``launch`` with ``shards`` > 1: ``shmbridge engine --shard k/K`` processes."""
+    if device != "cpu":
+        raise ValueError(f"shards={shards} with device={device!r}: sharded engines serve host memory")
+    if shards > num_envs:
+        raise ValueError(f"shards={shards} > num_envs={num_envs}: each shard needs an env")
+    name = engine_args.pop("name", None) or "shmbridge-" + _secrets.token_hex(16)
+    base = _engine_command(env, num_envs, device, spin_us, blocking, {**engine_args, "name": name})
+    procs = _start_shards([base + ["--shard", f"{k}/{shards}"] for k in range(shards)],
+                          timeout, f"launch({env!r}, shards={shards})")
+    return _attach_shards(name, procs, timeout, spin_us, blocking)
+
+
+def _engine_command(
+    env: str, num_envs: int, device: str, spin_us: _Optional[float], blocking: bool, engine_args: dict
+) -> list:
+    """The ``shmbridge engine`` command line of ``launch``."""
+    args = [
+        _sys.executable, "-m", "shmbridge", "engine",
+        "--env", str(env), "--num-envs", str(num_envs), "--device", device,
+    ]
+    if spin_us is not None:
+        args += ["--spin-us", str(spin_us)]
+    if blocking:
+        args.append("--blocking")
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False and value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def launch_gym(*args: _Any, **kwargs: _Any) -> Client:
+    """Runs any Gymnasium environment behind a sharded engine: ``shards`` processes,
+    each stepping its slice of ``num_envs`` envs; returns the attached client. See
+    :func:`shmbridge.gym_shards.launch_gym` (imports Gymnasium)."""
+    from .gym_shards import launch_gym as _launch_gym
+
+    return _launch_gym(*args, **kwargs)
 
 
 # Gymnasium: after `import shmbridge`, `gymnasium.make_vec("shmbridge/CartPole-v1",

@@ -24,15 +24,39 @@ ENVS: Dict[str, Dict[str, Any]] = {
 }
 
 VECTOR_ENTRY_POINT = "shmbridge.gym:ShmVectorEnv"
+#: Where ``shmbridge/<any Gymnasium id>`` leads: the env behind sharded engines.
+SHARDED_ENTRY_POINT = "shmbridge.gym_shards:make_vec"
+
+
+def register_sharded(env_id: str) -> str:
+    """Registers ``shmbridge/<env_id>``: ``gymnasium.make_vec`` of it runs Gymnasium's
+    ``env_id`` behind sharded engines (``shmbridge.gym_shards.make_vec``; keyword
+    arguments such as ``shards``, ``seed``, ``autoreset_mode`` pass through). Returns
+    the new id. For ids registered after ``import shmbridge`` (ids in a namespace cannot
+    be mirrored: call ``shmbridge.gym_shards.make_vec`` with them)."""
+    import gymnasium
+
+    sharded_id = f"shmbridge/{env_id}"
+    if sharded_id not in gymnasium.registry:
+        gymnasium.register(
+            id=sharded_id, vector_entry_point=SHARDED_ENTRY_POINT, kwargs={"env_id": env_id}
+        )
+    return sharded_id
 
 
 def register_envs() -> None:
-    """Registers every id of :data:`ENVS` that Gymnasium does not know yet."""
+    """Registers every id of :data:`ENVS` that Gymnasium does not know yet, and
+    ``shmbridge/<id>`` for every Gymnasium id without a namespace it knows now (except
+    those of :data:`ENVS`: ``shmbridge/CartPole-v1`` stays the native Rust engine;
+    Gymnasium's own CartPole behind shards is ``shmbridge.launch_gym("CartPole-v1")``)."""
     import gymnasium
 
     for env_id, args in ENVS.items():
         if env_id not in gymnasium.registry:
             gymnasium.register(id=env_id, vector_entry_point=VECTOR_ENTRY_POINT, **args)
+    for env_id in list(gymnasium.registry):
+        if "/" not in env_id and f"shmbridge/{env_id}" not in ENVS:
+            register_sharded(env_id)
 
 
 def _register_quietly() -> None:

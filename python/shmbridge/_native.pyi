@@ -96,8 +96,21 @@ class Client:
         stream: Optional[Any] = None,
     ) -> int: ...
     def call(
-        self, method: str, *, payload: Optional[bytes] = None, timeout: float = 10.0, **kwargs: Any
-    ) -> Dict[str, Union[str, bytes]]: ...
+        self,
+        method: str,
+        *,
+        payload: Optional[bytes] = None,
+        timeout: float = 10.0,
+        shard: Union[None, int, Literal["all"]] = None,
+        **kwargs: Any,
+    ) -> Union[Dict[str, Union[str, bytes]], List[Dict[str, Union[str, bytes]]]]:
+        """A sharded engine: shard 0 answers, or shard ``shard``; ``"all"``: every
+        shard, a list of replies in shard order."""
+    @property
+    def shards(self) -> List[Tuple[int, int]]:
+        """``(start, end)`` of each shard's envs (one range for an unsharded engine)."""
+    @property
+    def shard_pids(self) -> List[int]: ...
     def schema(self, timeout: float = 10.0) -> Dict[str, Any]:
         """``{"num_envs", "engine_kind", "tensors": [{"name", "dtype", "shape",
         "direction", "location"}], "metadata": {str: str}}`` from the engine."""
@@ -186,6 +199,9 @@ class EngineSpec:
         direction: Literal["engine->client", "client->engine"] = "engine->client",
     ) -> EngineSpec: ...
     def metadata(self, key: str, value: Any) -> EngineSpec: ...
+    def shards(self, count: int) -> EngineSpec:
+        """Split the env axis over ``count`` processes (protocol 1.4): the engine made
+        from this spec serves shard 0; the others ``Engine.join`` it."""
     @property
     def kind(self) -> str: ...
     @property
@@ -201,6 +217,15 @@ class Engine:
     ``wait_actions()``, repeat."""
 
     def __init__(self, spec: EngineSpec, *, spin_us: Optional[float] = None, blocking: bool = False) -> None: ...
+    @staticmethod
+    def join(
+        name: str, shard: int, *, timeout: float = 10.0, spin_us: Optional[float] = None, blocking: bool = False
+    ) -> Engine:
+        """Serve shard ``shard`` of the sharded region ``name`` (its envs only)."""
+    @property
+    def shard(self) -> int: ...
+    @property
+    def shard_envs(self) -> Tuple[int, int]: ...
     def publish(self) -> int: ...
     def wait_actions(self, timeout: Optional[float] = None, handler: Optional[_CommandHandler] = None) -> int: ...
     def wait_for_client(self, timeout: Optional[float] = None) -> None: ...
@@ -255,9 +280,9 @@ def cuda_available() -> Tuple[bool, str]:
 def list_regions() -> List[str]: ...
 def gc() -> List[str]: ...
 def _spawn_engine(
-    argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]], stderr_fd: int
-) -> Tuple[int, int]:
+    argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]], stderr_fd: int, stdin: bool = False
+) -> Tuple[int, int, int]:
     """Starts an engine through the library's one spawning path (SIGTERM when this
-    process dies; its own session); returns ``(pid, stdout_fd)``."""
+    process dies; its own session); returns ``(pid, stdout_fd, stdin_fd)``."""
 def _error_classes() -> List[str]: ...
 def _raise_timeout() -> BaseException: ...

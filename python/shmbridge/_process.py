@@ -18,14 +18,23 @@ from typing import List, Optional
 class EngineProcess:
     """A launched engine: reaped by pid (``os.waitpid``), as ``Popen`` does."""
 
-    def __init__(self, args: List[str], env: Optional[dict], stderr_fd: int) -> None:
+    def __init__(self, args: List[str], env: Optional[dict], stderr_fd: int, stdin: bytes = b"") -> None:
+        """Starts ``args`` with environment ``env`` (None: this process's), stdout piped,
+        stderr onto ``stderr_fd``, and ``stdin`` written to its standard input and closed
+        (empty: /dev/null)."""
         from ._native import _spawn_engine
 
         env_items = None if env is None else [(k, v) for k, v in env.items()]
         self.args = args
-        self.pid, stdout_fd = _spawn_engine(args, env_items, stderr_fd)
+        self.pid, stdout_fd, stdin_fd = _spawn_engine(args, env_items, stderr_fd, bool(stdin))
         self.stdout = os.fdopen(stdout_fd, "rb", buffering=0)
         self.returncode: Optional[int] = None
+        if stdin_fd >= 0:
+            with os.fdopen(stdin_fd, "wb") as pipe:
+                try:
+                    pipe.write(stdin)
+                except BrokenPipeError:  # it exited already; its status says why
+                    pass
 
     def poll(self) -> Optional[int]:
         """The exit status (``-N`` for signal N), or None while it runs."""

@@ -100,7 +100,7 @@ def _space_bounds(text: str, what: str, size: int) -> np.ndarray:
     except ValueError:
         raise ValueError(f"engine metadata {what}={text!r}: not a comma-separated list of floats") from None
     if len(values) != size:
-        raise ValueError(f"engine metadata {what} has {len(values)} values for an observation of {size}")
+        raise ValueError(f"engine metadata {what} has {len(values)} values for a space of {size}")
     return np.asarray(values, dtype=np.float64)
 
 
@@ -248,7 +248,13 @@ class ShmVectorEnv(VectorEnv):
                 )
             self.single_action_space = spaces.Discrete(count)
         elif kind == "box":
-            self.single_action_space = _box(self._act_dtype, act_shape)
+            if "action_low" in meta and "action_high" in meta:
+                size = int(np.prod(act_shape, dtype=np.int64))
+                low = _space_bounds(meta["action_low"], "action_low", size)
+                high = _space_bounds(meta["action_high"], "action_high", size)
+                self.single_action_space = _box(self._act_dtype, act_shape, low, high)
+            else:
+                self.single_action_space = _box(self._act_dtype, act_shape)
         else:
             raise ValueError(f"engine metadata action_space={kind!r}: expected 'discrete:<n>' or 'box'")
         self.observation_space = batch_space(self.single_observation_space, n)

@@ -90,8 +90,13 @@ pub fn serve(
 /// Builds a reference env by name (host memory).
 pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
     match name {
-        "null" => Ok(Box::new(null_env(num_envs, options)?)),
-        "cartpole" => Ok(Box::new(cartpole::CartPole::new(num_envs, options.seed)?)),
+        "null" => Ok(Box::new(
+            null_env(num_envs, options)?.with_first_env(options.first_env),
+        )),
+        "cartpole" => Ok(Box::new(cartpole::CartPole::new(
+            num_envs,
+            options.seed.wrapping_add(u64::from(options.first_env)),
+        )?)),
         "pixels" => Ok(Box::new(pixels::Pixels::new(
             num_envs,
             options.seed,
@@ -169,6 +174,10 @@ pub struct EnvOptions {
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
     /// exports, mapped on the engine's CPU, path a).
     pub image_device: Option<Device>,
+    /// The envs built are the region's `first_env..` (a shard's slice, 1.4): `cartpole`
+    /// seeds env `e` of the slice with `seed + first_env + e`, `null` writes the pattern
+    /// at the region's element indices, so a sharded region holds what one engine would.
+    pub first_env: u32,
 }
 
 /// Parses an image shape written `HxWxC` (e.g. `84x84x3`).
@@ -204,6 +213,9 @@ pub struct ReferenceEngine {
     /// the `cuda` feature and a usable device), or `Auto` (CUDA device 0 when usable,
     /// else host).
     pub device: DeviceRequest,
+    /// `(k, K)`: serve shard `k` of a region split over `K` processes (1.4). Shard 0
+    /// creates the region (named by `name`, required when `K > 1`); the others join it.
+    pub shard: (u32, u32),
 }
 
 /// Creates the engine, prints the region name on stdout once frame 0 is published, and
@@ -211,6 +223,9 @@ pub struct ReferenceEngine {
 /// close the region and remove its name before the process exits, so nothing is left in
 /// /dev/shm and the client sees `PeerClosed`.
 pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
+    if r.shard.1 > 1 {
+        return run_reference_shard(r);
+    }
     let mut choice = crate::device::resolve(r.device)?;
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
@@ -250,27 +265,85 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     if r.device != DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    close_on_signal(engine.map_again()?);
-    let ServeEnd::ClientClosed { steps } =
-        serve(&mut engine, env.as_mut(), r.idle_timeout, |name| {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{name}");
-            let _ = out.flush();
-        })?;
+    close_on_signal(engine.map_again()?, None);
+    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+}
+
+/// One shard of a reference engine (1.4): shard 0 creates the region from the whole
+/// env's spec and serves its slice; the others join by name. Each steps an env of its
+/// slice's size, built as the slice of the whole (`EnvOptions::first_env`). Host only.
+fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
+    let (k, count) = r.shard;
+    let Some(name) = &r.name else {
+        return Err(Error::InvalidSpec(
+            "a sharded engine needs --name: the shards find the region by it".into(),
+        ));
+    };
+    if k >= count {
+        return Err(Error::InvalidSpec(format!("shard {k}/{count}: k must be below K")));
+    }
+    if r.device != DeviceRequest::Host || r.options.image_device.is_some() {
+        return Err(Error::InvalidSpec(
+            "sharded engines serve host memory only (--device cpu, no --image-device)".into(),
+        ));
+    }
+    let (first_env, envs) = crate::layout::env_slice(r.num_envs, count.min(r.num_envs), k);
+    let options = EnvOptions {
+        first_env,
+        ..r.options.clone()
+    };
+    let mut env = by_name(&r.env, envs, &options)?;
+    let mut engine = if k == 0 {
+        let whole = by_name(&r.env, r.num_envs, &r.options)?;
+        let spec = whole.spec().policy(r.policy).name(name).shards(count);
+        Engine::create(spec)?
+    } else {
+        let options = crate::engine::JoinOptions {
+            policy: r.policy,
+            metadata: env.spec().metadata,
+            ..Default::default()
+        };
+        Engine::join(name, k, options)?
+    };
+    if engine.num_envs() != envs as usize {
+        return Err(Error::InvalidSpec(format!(
+            "shard {k} of '{name}' serves {} envs, this engine was built for {envs}: start every shard with the same --num-envs",
+            engine.num_envs()
+        )));
+    }
+    close_on_signal(engine.map_again()?, (k > 0).then_some(k));
+    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+}
+
+/// [`serve`], printing the region name on stdout once frame 0 is published (what a
+/// launcher waits for); returns the steps served.
+fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration) -> Result<u64> {
+    let ServeEnd::ClientClosed { steps } = serve(engine, env, idle, |name| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{name}");
+        let _ = out.flush();
+    })?;
     Ok(steps)
 }
 
-/// On SIGINT/SIGTERM: closes the region this engine serves (`own`, a second mapping of
-/// it) and removes its name if the name is still its own, then exits 128+signal.
-fn close_on_signal(own: crate::region::Region) {
+/// On SIGINT/SIGTERM: close the region this engine serves (`own`, a second mapping of
+/// it, never re-opened by name: the name may be another engine's by now) and remove its
+/// name if still its own (the creator), or mark a joined shard closed (the name is the
+/// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit.
+fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            own.close_and_remove();
+            match joined_shard {
+                None => own.close_and_remove(),
+                Some(k) => {
+                    let _ = own.close_shard(k);
+                }
+            }
             std::process::exit(128 + sig);
         }
     });

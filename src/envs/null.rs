@@ -45,6 +45,9 @@ pub struct NullEnv {
     pub(super) sparse: bool,
     /// `(h, w, c)` of the `rgb` tensor, if served.
     pub(super) image: Option<[u64; 3]>,
+    /// Global index of this env vector's first env (a shard's slice starts there): the
+    /// pattern runs over the region's flat element index, whichever shard writes it.
+    pub(super) first_env: u64,
     /// obs, actions, rewards, resolved on `reset`.
     ids: Option<[TensorId; 3]>,
     rgb: Option<TensorId>,
@@ -63,9 +66,16 @@ impl NullEnv {
             act_dim,
             sparse,
             image: None,
+            first_env: 0,
             ids: None,
             rgb: None,
         })
+    }
+
+    /// The envs are the region's `first_env..first_env + num_envs` (a shard's slice).
+    pub fn with_first_env(mut self, first_env: u32) -> Self {
+        self.first_env = u64::from(first_env);
+        self
     }
 
     /// Also serve `rgb`, `u8` of shape `(num_envs, h, w, c)`.
@@ -80,9 +90,11 @@ impl NullEnv {
     }
 
     fn write(&self, seq: u64, io: &mut Tensors<'_>, obs: TensorId) -> Result<()> {
-        fill(self.sparse, io.write::<f32>(obs)?, |i| pattern(seq, i));
-        if let Some(rgb) = self.rgb {
-            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern_u8(seq, i));
+        let at = self.first_env * self.obs_dim;
+        fill(self.sparse, io.write::<f32>(obs)?, |i| pattern(seq, at + i));
+        if let (Some(rgb), Some([h, w, c])) = (self.rgb, self.image) {
+            let at = self.first_env * h * w * c;
+            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern_u8(seq, at + i));
         }
         Ok(())
     }

@@ -29,8 +29,9 @@ pub const HEADER: usize = 16;
 pub const PER_ENV: usize = 4;
 /// The frame size when none is given.
 pub const DEFAULT_SIZE: [u32; 2] = [84, 84];
-/// The largest frame side: keeps every product in the shader inside `i32` (positions are
-/// below `2 * 1024 * 256`, times a Q12 sine).
+/// The largest frame side. The pole's products (`rx * s`, positions below `3 * 1024 * 256`
+/// times a Q12 sine) stay inside `i32` for every state on screen; a cart clamped far
+/// outside the frame may wrap, identically in the shader and the reference (both wrap).
 pub const MAX_SIDE: u32 = 1024;
 /// Workgroup size of the shader (`@workgroup_size(64)`).
 const GROUP: u32 = 64;
@@ -123,11 +124,24 @@ fn blend(c: [i32; 3], fg: [i32; 3], cov: i32) -> [i32; 3] {
 /// pixels into `out` (which must hold exactly that many bytes times 4).
 pub fn render_reference(params: &DrawParams, out: &mut [u8]) -> Result<()> {
     let p = &params.words;
-    let (n, h, w, per_env) = (p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize);
-    let pixels = n * h * w;
-    if out.len() != pixels * 4 || p.len() < HEADER + per_env * n {
-        return Err(Error::InvalidSpec(format!(
-            "render_reference: {} bytes for {n} frames of {h}x{w}",
+    let bad = |what: String| Error::InvalidSpec(format!("render_reference: {what}"));
+    if p.len() < HEADER || p[3] != PER_ENV as i32 {
+        return Err(bad(format!(
+            "{} words, {PER_ENV} per env expected",
+            p.len()
+        )));
+    }
+    let dims = [p[0], p[1], p[2]].map(|v| usize::try_from(v).ok());
+    let [Some(n), Some(h), Some(w)] = dims else {
+        return Err(bad(format!("negative sizes {:?}", &p[..3])));
+    };
+    let per_env = PER_ENV;
+    let pixels = n.checked_mul(h).and_then(|v| v.checked_mul(w));
+    let words = n.checked_mul(per_env).and_then(|v| v.checked_add(HEADER));
+    if pixels.and_then(|v| v.checked_mul(4)) != Some(out.len()) || words.is_none_or(|v| v > p.len())
+    {
+        return Err(bad(format!(
+            "{} bytes for {n} frames of {h}x{w}",
             out.len()
         )));
     }
@@ -267,7 +281,10 @@ impl Pixels {
         self.params.set_states(&self.obs);
         #[cfg(feature = "vulkan")]
         {
-            if self.renderer.is_none() {
+            // Made for the engine's buffer on first use, and again should this env be
+            // served by another engine (the recorded dispatch names the buffer).
+            if !self.renderer.as_ref().is_some_and(|r| r.serves(io)) {
+                self.renderer = None;
                 self.renderer = Some(renderer::Renderer::new(io, &self.params)?);
             }
             if let Some(r) = &mut self.renderer {
@@ -350,11 +367,15 @@ mod renderer {
         // Drop order: the kernel (it waits for its last submission), then the buffer.
         kernel: ComputeKernel,
         params: HostBuffer,
-        _ctx: Arc<Context>,
+        /// The engine's buffer the kernel writes (recorded into its command buffer): a
+        /// renderer is used only while the engine still has this one.
+        rgb: ash::vk::Buffer,
+        ctx: Arc<Context>,
     }
 
     impl Renderer {
-        pub fn new(io: &Tensors<'_>, params: &DrawParams) -> Result<Renderer> {
+        /// The engine's `rgb` buffer (and its device) in `io`.
+        fn target(io: &Tensors<'_>) -> Result<(Arc<Context>, ash::vk::Buffer, u64)> {
             let engine = io.engine_device()?;
             let vulkan = engine.as_vulkan().ok_or_else(|| {
                 Error::InvalidSpec("pixels: the engine's rgb tensor is not in Vulkan memory".into())
@@ -364,9 +385,28 @@ mod renderer {
                     "pixels: rgb must be memory the library allocates (path a)".into(),
                 )
             })?;
-            let rgb = vulkan
-                .buffer(io.id("rgb")?.index())
-                .ok_or_else(|| Error::InvalidSpec("pixels: rgb has no buffer".into()))?;
+            let rgb = vulkan.buffer(io.id("rgb")?.index()).ok_or_else(|| {
+                Error::InvalidSpec("pixels: rgb has no buffer (the engine closed?)".into())
+            })?;
+            Ok((ctx, rgb.buffer(), rgb.table().alloc_size))
+        }
+
+        /// Whether this renderer writes the buffer `io`'s engine has now.
+        pub fn serves(&self, io: &Tensors<'_>) -> bool {
+            Self::target(io)
+                .is_ok_and(|(ctx, rgb, _)| Arc::ptr_eq(&ctx, &self.ctx) && rgb == self.rgb)
+        }
+
+        pub fn new(io: &Tensors<'_>, params: &DrawParams) -> Result<Renderer> {
+            let (ctx, rgb, rgb_bytes) = Self::target(io)?;
+            let (range, largest) = ctx.storage_limits();
+            if rgb_bytes > range || rgb_bytes > largest {
+                return Err(Error::InvalidSpec(format!(
+                    "pixels: the frames take {rgb_bytes} bytes; {} binds at most {range} bytes \
+                     to a shader and allocates at most {largest}: fewer envs or smaller frames",
+                    ctx.name()
+                )));
+            }
             let bytes = (params.words.len() * 4) as u64;
             let buffer = HostBuffer::allocate(&ctx, bytes)?;
             let words = ash::util::read_spv(&mut std::io::Cursor::new(SPIRV)).map_err(|e| {
@@ -379,11 +419,12 @@ mod renderer {
             let grid = dispatch_grid(n * h * w).ok_or_else(|| {
                 Error::InvalidSpec(format!("pixels: {n} frames of {h}x{w} exceed one dispatch"))
             })?;
-            let kernel = ComputeKernel::new(&ctx, &words, &[buffer.buffer(), rgb.buffer()], grid)?;
+            let kernel = ComputeKernel::new(&ctx, &words, &[buffer.buffer(), rgb], grid)?;
             Ok(Renderer {
                 kernel,
                 params: buffer,
-                _ctx: ctx,
+                rgb,
+                ctx,
             })
         }
 

@@ -4,6 +4,9 @@
 use bytemuck::Zeroable;
 
 use super::header::*;
+use super::shard::{
+    build_table, check_shardable, table_offset, ShardEntry, ShardInfo, ShardWords, SHARD_ENTRY_SIZE,
+};
 use super::tensor::{
     contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
     MIN_RING_CAPACITY,
@@ -47,6 +50,9 @@ pub struct HeaderBuilder {
     /// from. The engine's Vulkan backend allocates (path a) or takes over (path b) each,
     /// then calls [`HeaderBuilder::set_vulkan_export`].
     pub vulkan: Vec<(usize, VulkanSource)>,
+    /// 1.4: the shard table (empty for an unsharded region), written after the tensor
+    /// table at `header.shard_table_offset`.
+    pub shard_entries: Vec<ShardEntry>,
 }
 
 impl HeaderBuilder {
@@ -99,6 +105,19 @@ impl HeaderBuilder {
         specs: &[TensorSpec],
         ring_capacity: u64,
     ) -> Result<Self> {
+        Self::sharded(engine_kind, num_envs, specs, ring_capacity, 1)
+    }
+
+    /// As [`HeaderBuilder::new`], for a region served by `shards` engine processes
+    /// (1.4): the env axis split into that many contiguous slices, each shard with its
+    /// own table entry and rings. One shard is an ordinary (1.3) region.
+    pub fn sharded(
+        engine_kind: &str,
+        num_envs: u32,
+        specs: &[TensorSpec],
+        ring_capacity: u64,
+        shards: u32,
+    ) -> Result<Self> {
         check_name("engine kind", engine_kind)?;
         if num_envs == 0 {
             return Err(Error::InvalidSpec("num_envs must be at least 1".into()));
@@ -109,19 +128,32 @@ impl HeaderBuilder {
                 specs.len()
             )));
         }
-        let table_end = (CONTROL_SIZE + specs.len() * DESC_SIZE) as u64;
+        let shard_count = if shards <= 1 { 0 } else { shards };
+        let table_end = (table_offset(specs.len()) + shard_count as usize * SHARD_ENTRY_SIZE) as u64;
         let header_size = align_up(table_end, PAGE).expect("small");
         let mut cursor = header_size;
+        if ring_capacity != 0
+            && (!ring_capacity.is_power_of_two()
+                || !(MIN_RING_CAPACITY..=(1 << 40)).contains(&ring_capacity))
+        {
+            return Err(Error::InvalidSpec(format!(
+                "ring capacity {ring_capacity} must be a power of two between {MIN_RING_CAPACITY} and 2^40 (or 0: no command channel)"
+            )));
+        }
+        let mut shard_entries = Vec::new();
         let rings = if ring_capacity == 0 {
             None
+        } else if shard_count > 0 {
+            // Each shard has its own pair; the control block names shard 0's.
+            let (entries, end) = build_table(num_envs, shard_count, ring_capacity, cursor);
+            cursor = end;
+            let first = entries[0];
+            shard_entries = entries;
+            Some(Rings {
+                c2e: (first.c2e_ring_offset, ring_capacity),
+                e2c: (first.e2c_ring_offset, ring_capacity),
+            })
         } else {
-            if !ring_capacity.is_power_of_two()
-                || !(MIN_RING_CAPACITY..=(1 << 40)).contains(&ring_capacity)
-            {
-                return Err(Error::InvalidSpec(format!(
-                    "ring capacity {ring_capacity} must be a power of two between {MIN_RING_CAPACITY} and 2^40 (or 0: no command channel)"
-                )));
-            }
             let c2e = align_up(cursor, PAGE).expect("small");
             let e2c = align_up(c2e + ring_capacity, PAGE).expect("small");
             cursor = e2c + ring_capacity;
@@ -235,16 +267,30 @@ impl HeaderBuilder {
                 }
             }
         }
+        if shard_count > 0 {
+            check_shardable(num_envs, shard_count, &tensors)?;
+            if shard_entries.is_empty() {
+                shard_entries = build_table(num_envs, shard_count, 0, 0).0;
+            }
+        }
         let region_size = align_up(host.cursor, PAGE)
             .filter(|&n| n <= isize::MAX as u64)
             .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
         let mut h = Header::zeroed();
         // `magic` stays zero here: the region publishes it last.
         h.version_major = VERSION_MAJOR;
-        h.version_minor = VERSION_MINOR;
+        h.version_minor = if shard_count > 0 {
+            VERSION_MINOR
+        } else {
+            VERSION_MINOR_UNSHARDED
+        };
         h.header_size = header_size as u32;
         h.region_size = region_size;
-        h.layout_hash = LAYOUT_HASH;
+        h.layout_hash = layout_hash_for(shard_count);
+        h.shard_count = shard_count;
+        if shard_count > 0 {
+            h.shard_table_offset = table_offset(specs.len()) as u32;
+        }
         h.num_envs = num_envs;
         h.tensor_count = specs.len() as u32;
         h.table_offset = CONTROL_SIZE as u32;
@@ -263,7 +309,38 @@ impl HeaderBuilder {
             rings,
             cuda_alloc,
             vulkan,
+            shard_entries,
         })
+    }
+
+    /// The shards as a validated layout lists them (one in the control block when
+    /// unsharded).
+    pub fn shards(&self) -> Vec<ShardInfo> {
+        if self.shard_entries.is_empty() {
+            return vec![ShardInfo {
+                index: 0,
+                env_start: 0,
+                env_count: self.header.num_envs,
+                rings: self.rings,
+                words: ShardWords::CONTROL_BLOCK,
+            }];
+        }
+        let table = self.header.shard_table_offset as usize;
+        let cap = (self.header.c2e_ring_capacity, self.header.e2c_ring_capacity);
+        self.shard_entries
+            .iter()
+            .enumerate()
+            .map(|(k, e)| ShardInfo {
+                index: k as u32,
+                env_start: e.env_start,
+                env_count: e.env_count,
+                rings: self.rings.map(|_| Rings {
+                    c2e: (e.c2e_ring_offset, cap.0),
+                    e2c: (e.e2c_ring_offset, cap.1),
+                }),
+                words: ShardWords::entry(table, k),
+            })
+            .collect()
     }
 
     /// Header and table bytes, `header_size` long, magic still zero.
@@ -273,6 +350,11 @@ impl HeaderBuilder {
         for (i, d) in self.descs.iter().enumerate() {
             let at = CONTROL_SIZE + i * DESC_SIZE;
             out[at..at + DESC_SIZE].copy_from_slice(bytemuck::bytes_of(d));
+        }
+        let table = self.header.shard_table_offset as usize;
+        for (k, e) in self.shard_entries.iter().enumerate() {
+            let at = table + k * SHARD_ENTRY_SIZE;
+            out[at..at + SHARD_ENTRY_SIZE].copy_from_slice(bytemuck::bytes_of(e));
         }
         out
     }
@@ -309,6 +391,15 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
     else {
         return Ok((0, None));
     };
+    if let Some((_, crate::device::vulkan::export::SemaphoreKind::Binary)) = semaphore {
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{}': a binary semaphore cannot be shared (1.3 takes timeline semaphores: \
+             a binary one needs exactly one wait per signal from every client, which a client \
+             that maps the memory on the CPU cannot give; export a timeline semaphore, \
+             Vulkan 1.2)",
+            s.name
+        )));
+    }
     let end = export.offset.checked_add(nbytes);
     if export.offset % DATA_ALIGN != 0 || end.is_none_or(|e| e > export.alloc_size) {
         return Err(Error::InvalidSpec(format!(

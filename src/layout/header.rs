@@ -14,8 +14,13 @@ pub const VERSION_MAJOR: u16 = 1;
 /// engine doorbell. 1.2: CUDA tensors (`location = 1`): IPC handles in the tensor table,
 /// the two interprocess events and the client's CUDA state in the control block. 1.3:
 /// Vulkan tensors (`location = 2`): exported memory described in the tensor table, its
-/// fds passed over the region's Unix socket.
-pub const VERSION_MINOR: u16 = 3;
+/// fds passed over the region's Unix socket. 1.4: shards (`shard_count`,
+/// `shard_table_offset` and the shard table after the tensor table): K engine processes
+/// serve one region. An unsharded region uses nothing of 1.4 and is written as 1.3,
+/// byte for byte.
+pub const VERSION_MINOR: u16 = 4;
+/// What the builder writes for an unsharded region: the bytes of 1.3.
+pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 
 /// Size of the control block at offset 0; the tensor table follows it.
 pub const CONTROL_SIZE: usize = 1024;
@@ -56,7 +61,11 @@ pub struct Header {
     pub table_offset: u32,
     pub desc_size: u32,
     pub flags: u64,
-    pub _reserved0: u64,
+    /// 1.4: engine processes serving the region; 0 = unsharded (one engine, whose words
+    /// are the control block's own).
+    pub shard_count: u32,
+    /// 1.4: where the shard table starts (right after the tensor table); 0 unsharded.
+    pub shard_table_offset: u32,
     // Cache line 1: processes.
     pub engine_pid: u32,
     /// live
@@ -207,6 +216,8 @@ const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
 const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);
 const _: () = assert!(offset_of!(Header, client_event_handle) == 960);
 const _: () = assert!(offset_of!(TensorDesc, device_uuid) == 336);
+const _: () = assert!(offset_of!(Header, shard_count) == 56);
+const _: () = assert!(offset_of!(Header, shard_table_offset) == 60);
 const _: () = assert!(offset_of!(TensorDesc, driver_uuid) == 352);
 
 /// Byte offsets of the live fields, for atomic access in the mapping.
@@ -247,10 +258,27 @@ pub struct ClientEventHandle {
     pub handle: [u8; 64],
 }
 
+const fn fnv1a(h: u64, words: &[usize]) -> u64 {
+    let mut h = h;
+    let mut i = 0;
+    while i < words.len() {
+        let bytes = (words[i] as u64).to_le_bytes();
+        let mut j = 0;
+        while j < 8 {
+            h ^= bytes[j] as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            j += 1;
+        }
+        i += 1;
+    }
+    h
+}
+
 /// FNV-1a over the sizes and offsets of every field: two builds that agree on the
 /// version but not on the layout are caught at attach.
-pub const LAYOUT_HASH: u64 = {
-    let words: [usize; 24] = [
+pub const LAYOUT_HASH: u64 = fnv1a(
+    0xcbf2_9ce4_8422_2325,
+    &[
         size_of::<Header>(),
         offset_of!(Header, header_size),
         offset_of!(Header, region_size),
@@ -275,21 +303,39 @@ pub const LAYOUT_HASH: u64 = {
         offset_of!(TensorDesc, ipc_mem_handle),
         offset_of!(TensorDesc, export_size),
         MAX_NDIM,
-    ];
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < words.len() {
-        let bytes = (words[i] as u64).to_le_bytes();
-        let mut j = 0;
-        while j < 8 {
-            h ^= bytes[j] as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            j += 1;
-        }
-        i += 1;
-    }
-    h
+    ],
+);
+
+/// The layout hash of a sharded region (1.4): [`LAYOUT_HASH`] continued over the shard
+/// fields. A reader that does not know shards compares against [`LAYOUT_HASH`] and so
+/// refuses a sharded region (`LayoutMismatch`) instead of stepping one shard of it.
+pub const LAYOUT_HASH_SHARDED: u64 = {
+    use super::shard::ShardEntry;
+    fnv1a(
+        LAYOUT_HASH,
+        &[
+            offset_of!(Header, shard_count),
+            offset_of!(Header, shard_table_offset),
+            size_of::<ShardEntry>(),
+            offset_of!(ShardEntry, frame_seq),
+            offset_of!(ShardEntry, engine_waiting),
+            offset_of!(ShardEntry, state),
+            offset_of!(ShardEntry, env_start),
+            offset_of!(ShardEntry, c2e_ring_offset),
+            offset_of!(ShardEntry, client_waiting),
+            offset_of!(ShardEntry, c2e_head),
+        ],
+    )
 };
+
+/// The layout hash a header with `shard_count` shards carries.
+pub const fn layout_hash_for(shard_count: u32) -> u64 {
+    if shard_count == 0 {
+        LAYOUT_HASH
+    } else {
+        LAYOUT_HASH_SHARDED
+    }
+}
 
 /// Reads the control block from (a copy of) the first bytes of a region.
 pub fn read_header(bytes: &[u8]) -> Result<Header> {
@@ -318,9 +364,9 @@ pub fn check_identity(name: &str, h: &Header) -> Result<()> {
             theirs_minor: h.version_minor,
         });
     }
-    if h.layout_hash != LAYOUT_HASH {
+    if h.layout_hash != layout_hash_for(h.shard_count) {
         return Err(Error::LayoutMismatch {
-            ours: LAYOUT_HASH,
+            ours: layout_hash_for(h.shard_count),
             theirs: h.layout_hash,
         });
     }

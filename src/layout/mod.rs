@@ -11,11 +11,13 @@
 //! Files: `header.rs` (constants, the control block and table entry structs, the live
 //! fields' offsets, the layout hash, the identity checks), `dtype.rs` (element types),
 //! `tensor.rs` (tensor specs, validated entries, the validated layout), `builder.rs`
-//! (spec → header bytes), `validate.rs` (header bytes → [`Layout`]).
+//! (spec → header bytes), `validate.rs` (header bytes → [`Layout`]), `shard.rs` (1.4: the shard table, the env
+//! split, the table's checks).
 
 mod builder;
 mod dtype;
 mod header;
+mod shard;
 mod tensor;
 mod validate;
 
@@ -23,6 +25,9 @@ pub use crate::device::location::{Device, Location};
 pub use builder::HeaderBuilder;
 pub use dtype::{DType, DL_BFLOAT, DL_BOOL, DL_FLOAT, DL_INT, DL_UINT};
 pub use header::*;
+pub use shard::{
+    check_shardable, env_slice, ShardEntry, ShardInfo, ShardWords, MAX_SHARDS, SHARD_ENTRY_SIZE,
+};
 pub use tensor::{
     CudaExport, Direction, Layout, Rings, TensorId, TensorInfo, TensorKey, TensorSpec, VulkanTable,
     DEFAULT_RING_CAPACITY, MIN_RING_CAPACITY,

@@ -121,9 +121,42 @@ pub struct Layout {
     pub rings: Option<Rings>,
     /// 1.2: the engine's interprocess event handle, present iff a tensor is on CUDA.
     pub engine_event_handle: Option<[u8; 64]>,
+    /// 1.4: the engine processes serving the region, in env order; one (in the control
+    /// block) for an unsharded region.
+    pub shards: Vec<super::ShardInfo>,
 }
 
 impl Layout {
+    /// Whether more than one engine process serves the region (1.4).
+    pub fn is_sharded(&self) -> bool {
+        self.shards.len() > 1
+    }
+
+    /// The shard that serves env `env`.
+    pub fn shard_of(&self, env: u32) -> Option<&super::ShardInfo> {
+        self.shards.iter().find(|s| s.envs().contains(&env))
+    }
+
+    /// This layout as shard `shard` sees it: every tensor narrowed to the shard's envs
+    /// (its rows of the env axis, in place), `num_envs` the slice's, `rings` the shard's.
+    pub fn narrowed(&self, shard: &super::ShardInfo) -> Layout {
+        let mut out = self.clone();
+        if !self.is_sharded() {
+            return out;
+        }
+        for t in &mut out.tensors {
+            // Sharded layouts have the env axis first on every (host) tensor: checked by
+            // the builder and by validation.
+            let row = t.nbytes / u64::from(self.num_envs);
+            t.offset += row * u64::from(shard.env_start);
+            t.nbytes = row * u64::from(shard.env_count);
+            t.shape[0] = u64::from(shard.env_count);
+        }
+        out.num_envs = shard.env_count;
+        out.rings = shard.rings;
+        out.shards = vec![*shard];
+        out
+    }
     /// Whether any tensor lives on a CUDA device.
     pub fn has_cuda(&self) -> bool {
         self.tensors.iter().any(|t| t.location() == Location::Cuda)
@@ -279,10 +312,12 @@ impl TensorSpec {
         spec
     }
 
-    /// Adds the semaphore the renderer signals when a frame in this tensor's memory is
-    /// written (`vkGetSemaphoreFdKHR`, `OPAQUE_FD`): sent to the client after the memory
-    /// fd; a CUDA importer waits on it on the consumer's stream. No effect on a tensor
-    /// not made by [`TensorSpec::vulkan_import`].
+    /// Adds the timeline semaphore the renderer signals with value `frame` when frame
+    /// `frame` (≥ 1) in this tensor's memory is written (`vkGetSemaphoreFdKHR`,
+    /// `OPAQUE_FD`): sent to the client after the memory fd; a CUDA importer waits on it
+    /// on the consumer's stream. `SemaphoreKind::Binary` makes `Engine::create` fail with
+    /// `InvalidSpec` (1.3 shares timeline semaphores only). No effect on a tensor not made
+    /// by [`TensorSpec::vulkan_import`].
     pub fn with_semaphore(mut self, fd: OwnedFd, kind: SemaphoreKind) -> Self {
         if let Some(VulkanSource::Import { semaphore, .. }) = &mut self.vulkan {
             *semaphore = Some((SharedFd::new(fd), kind));

@@ -179,6 +179,22 @@ fn vulkan_tensors_round_trip_and_need_1_3() {
         validate("r", &old, b.header.region_size),
         Err(Error::InvalidTensor { .. })
     ));
+    // A binary semaphore: refused by the builder, and by validation when a header says
+    // so (flags bit 1 without bit 2).
+    let binary = [
+        TensorSpec::vulkan_import("rgb", DType::U8, &[2, 8, 8, 4], memfd("m"), export)
+            .with_semaphore(memfd("s"), SemaphoreKind::Binary),
+    ];
+    assert!(matches!(
+        HeaderBuilder::new("k", 2, &binary, 0),
+        Err(Error::InvalidSpec(m)) if m.contains("timeline")
+    ));
+    let mut b = b;
+    b.descs[1].flags = 0b011;
+    assert!(matches!(
+        validate("r", &published(&b), b.header.region_size),
+        Err(Error::InvalidTensor { reason, .. }) if reason.contains("binary semaphore")
+    ));
     // A span past the declared memory is refused by the builder.
     let too_far = VulkanExport {
         offset: 1 << 16,

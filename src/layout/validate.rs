@@ -4,6 +4,7 @@
 
 use super::dtype::DType;
 use super::header::*;
+use super::shard::{table_offset, validate_table};
 use super::tensor::{
     contiguous_strides, CudaExport, Direction, Layout, Rings, TensorInfo, VulkanTable,
     MIN_RING_CAPACITY,
@@ -57,7 +58,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
     if h.num_envs == 0 {
         return Err(bad("num_envs", "0".into()));
     }
-    let table_end = (CONTROL_SIZE + count * DESC_SIZE) as u64;
+    let table_end = table_offset(count) as u64;
     let header_size = h.header_size as u64;
     if header_size < table_end {
         return Err(bad(
@@ -106,6 +107,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         }
     }
     let rings = validate_rings(&h, header_size)?;
+    let shards = validate_table(&h, bytes, header_size, rings, &tensors)?;
     let has_cuda = tensors.iter().any(|t| t.location() == Location::Cuda);
     let engine_event_handle = if has_cuda {
         if h.engine_event_handle.iter().all(|&b| b == 0) {
@@ -125,7 +127,8 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         .filter(|t| t.location() == Location::Host)
         .map(|t| (t.offset, t.offset + t.nbytes, t.name.as_str()))
         .collect();
-    if let Some(r) = rings {
+    // Every shard's rings (an unsharded region's one shard has the control block's).
+    for r in shards.iter().filter_map(|s| s.rings) {
         spans.push((r.c2e.0, r.c2e.0 + r.c2e.1, "<c2e ring>"));
         spans.push((r.e2c.0, r.e2c.0 + r.e2c.1, "<e2c ring>"));
     }
@@ -149,6 +152,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         tensors,
         rings,
         engine_event_handle,
+        shards,
     })
 }
 
@@ -279,7 +283,13 @@ fn validate_desc(
             d.flags & VK_FLAG_TIMELINE != 0,
         ) {
             (true, true) => Some(SemaphoreKind::Timeline),
-            (true, false) => Some(SemaphoreKind::Binary),
+            (true, false) => {
+                return Err(invalid(
+                    "a binary semaphore (flags bit 1 without bit 2): 1.3 shares timeline \
+                     semaphores only"
+                        .into(),
+                ))
+            }
             (false, false) => None,
             (false, true) => return Err(invalid("timeline flag without a semaphore".into())),
         };

@@ -44,6 +44,8 @@ pub struct PyClient {
     num_envs: usize,
     engine_kind: String,
     engine_pid: u32,
+    /// `(start, end)` of each shard's envs.
+    shard_envs: Vec<(u32, u32)>,
     /// `"cpu"`, or `"cuda:N"` when the engine's tensors live on a CUDA device.
     device: String,
     /// The Vulkan importer's choice and reason, when the engine has Vulkan tensors.
@@ -240,6 +242,11 @@ impl PyClient {
             num_envs: layout.num_envs as usize,
             engine_kind: layout.engine_kind.clone(),
             engine_pid: layout.engine_pid,
+            shard_envs: layout
+                .shards
+                .iter()
+                .map(|s| (s.envs().start, s.envs().end))
+                .collect(),
             device,
             importer,
             streams: ConsumerStreams::new(cuda_ordinal),
@@ -359,16 +366,26 @@ impl PyClient {
 
     /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);
     /// `payload` as raw bytes. Returns the reply's arguments as a dict of str, with the
-    /// reply's payload under `"payload"` when it has one.
-    #[pyo3(signature = (method, *, payload=None, timeout=Seconds(10.0), **kwargs))]
+    /// reply's payload under `"payload"` when it has one. A sharded engine: shard 0
+    /// answers, or shard `shard` (an int); `shard="all"` calls every shard at once and
+    /// returns the list of their replies, in shard order.
+    #[pyo3(signature = (method, *, payload=None, timeout=Seconds(10.0), shard=None, **kwargs))]
     fn call<'py>(
         &self,
         py: Python<'py>,
         method: &str,
         payload: Option<Vec<u8>>,
         timeout: Seconds,
+        shard: Option<Bound<'py, PyAny>>,
         kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let target = match shard.filter(|s| !s.is_none()) {
+            None => Some(0u32),
+            Some(s) if s.extract::<String>().is_ok_and(|t| t == "all") => None,
+            Some(s) => Some(s.extract::<Count<u32>>().map(|c| c.0).map_err(|_| {
+                PyTypeError::new_err("shard must be None, a shard index, or \"all\"")
+            })?),
+        };
         let mut args: Vec<(String, String)> = Vec::new();
         if let Some(kw) = kwargs {
             for (k, v) in kw.iter() {
@@ -379,21 +396,48 @@ impl PyClient {
         let timeout = duration(timeout, "timeout")?;
         // CUDA: an engine-defined method may write device tensors; ordered like a reset.
         let cuda_stream = self.streams.consumer_stream(py, None)?;
-        let reply = self.command(py, timeout, |client| {
+        let replies = self.command(py, timeout, |client| {
             let args: Vec<(&str, &str)> =
                 args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            on_stream(client, cuda_stream, |c| {
-                c.call_method(method, &args, &payload, timeout)
+            on_stream(client, cuda_stream, |c| match target {
+                Some(k) => c
+                    .call_method_on(k, method, &args, &payload, timeout)
+                    .map(|r| vec![r]),
+                None => c.call_method_all(method, &args, &payload, timeout),
             })
         })?;
-        let out = PyDict::new(py);
-        for (k, v) in reply.args {
-            out.set_item(k, v)?;
+        let dicts = replies
+            .into_iter()
+            .map(|reply| {
+                let out = PyDict::new(py);
+                for (k, v) in reply.args {
+                    out.set_item(k, v)?;
+                }
+                if !reply.payload.is_empty() {
+                    out.set_item("payload", pyo3::types::PyBytes::new(py, &reply.payload))?;
+                }
+                Ok(out)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        match target {
+            Some(_) => Ok(dicts.into_iter().next().expect("one reply").into_any()),
+            None => Ok(pyo3::types::PyList::new(py, dicts)?.into_any()),
         }
-        if !reply.payload.is_empty() {
-            out.set_item("payload", pyo3::types::PyBytes::new(py, &reply.payload))?;
-        }
-        Ok(out)
+    }
+
+    /// The engine processes serving the region, as the `(start, end)` env range of each
+    /// (one range, every env, for an unsharded engine).
+    #[getter]
+    fn shards(&self) -> Vec<(u32, u32)> {
+        self.shard_envs.clone()
+    }
+
+    /// The pid of the process serving each shard, in shard order.
+    #[getter]
+    fn shard_pids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let core = self.lock()?;
+        let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+        client.shard_pids().py_err(py)
     }
 
     /// The engine's schema over the command channel: `num_envs`, `engine_kind`, the

@@ -27,7 +27,7 @@ use super::waits::{duration, next_slice, wait_policy};
 use crate::actions::array_dtype_name;
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::control::ClientState;
-use crate::engine::{Engine, EngineSpec};
+use crate::engine::{Engine, EngineSpec, JoinOptions};
 use crate::error::{Error, Peer};
 use crate::layout::{DType, Direction, TensorSpec};
 use crate::region::Region;
@@ -150,6 +150,14 @@ impl PyEngineSpec {
         slf.spec.metadata.retain(|(k, _)| k != key);
         slf.spec.metadata.push((key.to_string(), value));
         Ok(slf)
+    }
+
+    /// Splits the env axis over `count` engine processes (protocol 1.4): the engine made
+    /// from this spec creates the region and serves shard 0; the others `Engine.join` it.
+    /// Returns the spec.
+    fn shards<'py>(mut slf: PyRefMut<'py, Self>, count: u32) -> PyRefMut<'py, Self> {
+        slf.spec.shards = count;
+        slf
     }
 
     #[getter]
@@ -343,10 +351,32 @@ pub struct PyEngine {
     name: String,
     kind: String,
     num_envs: usize,
+    /// (index, first env, end): the shard served.
+    shard: (u32, u32, u32),
     tensors: Vec<Py<PyTensor>>,
 }
 
 impl PyEngine {
+    /// The Python handle of a created or joined engine: a second mapping for the tensor
+    /// views (they outlive the engine) and the views of what it serves.
+    fn serving(py: Python<'_>, engine: Engine) -> PyResult<Self> {
+        let region = Arc::new(engine.map_again().py_err(py)?);
+        let layout = engine.layout().clone();
+        // An engine written in Python serves host tensors (its EngineSpec has no device).
+        let tensors = PyTensor::all(py, &region, &layout, Peer::Engine, |_, _| Ok(Place::Host))?;
+        let s = *engine.shard();
+        Ok(PyEngine {
+            name: engine.name().to_string(),
+            kind: layout.engine_kind.clone(),
+            num_envs: layout.num_envs as usize,
+            shard: (s.index, s.env_start, s.env_start + s.env_count),
+            engine: Mutex::new(Some(engine)),
+            region,
+            closed: AtomicBool::new(false),
+            tensors,
+        })
+    }
+
     fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Option<Engine>>> {
         match self.engine.try_lock() {
             Ok(g) => Ok(g),
@@ -418,25 +448,45 @@ impl PyEngine {
         blocking: bool,
     ) -> PyResult<Self> {
         let spec = spec.spec.clone().policy(wait_policy(spin_us, blocking)?);
-        let (engine, region) = py
-            .detach(|| -> Result<_, Error> {
-                let engine = Engine::create(spec)?;
-                let region = Arc::new(engine.map_again()?);
-                Ok((engine, region))
-            })
-            .py_err(py)?;
-        let layout = engine.layout().clone();
-        // An engine written in Python serves host tensors (its EngineSpec has no device).
-        let tensors = PyTensor::all(py, &region, &layout, Peer::Engine, |_, _| Ok(Place::Host))?;
-        Ok(PyEngine {
-            name: engine.name().to_string(),
-            kind: layout.engine_kind.clone(),
-            num_envs: layout.num_envs as usize,
-            engine: Mutex::new(Some(engine)),
-            region,
-            closed: AtomicBool::new(false),
-            tensors,
-        })
+        let engine = py.detach(|| Engine::create(spec)).py_err(py)?;
+        PyEngine::serving(py, engine)
+    }
+
+    /// Joins the sharded region `name` as shard `shard` (protocol 1.4), waiting up to
+    /// `timeout` seconds for its creator to make it: validated as a client validates it,
+    /// then served like any engine, over this shard's envs only (`num_envs`, every
+    /// tensor and `shard_envs` are the slice's). `metadata`: key/values kept with the
+    /// engine (the schema is shard 0's). Raises `AlreadyAttachedError` when a live
+    /// process serves that shard.
+    #[staticmethod]
+    #[pyo3(signature = (name, shard, *, timeout=Seconds(10.0), spin_us=None, blocking=false))]
+    fn join(
+        py: Python<'_>,
+        name: &str,
+        shard: Count<u32>,
+        timeout: Seconds,
+        spin_us: Option<Seconds>,
+        blocking: bool,
+    ) -> PyResult<Self> {
+        let options = JoinOptions {
+            timeout: duration(timeout, "timeout")?,
+            policy: wait_policy(spin_us, blocking)?,
+            metadata: Vec::new(),
+        };
+        let engine = py.detach(|| Engine::join(name, shard.0, options)).py_err(py)?;
+        PyEngine::serving(py, engine)
+    }
+
+    /// Which shard this engine serves (0 for an unsharded one).
+    #[getter]
+    fn shard(&self) -> u32 {
+        self.shard.0
+    }
+
+    /// `(start, end)`: the envs of the region this engine steps (all of them unsharded).
+    #[getter]
+    fn shard_envs(&self) -> (u32, u32) {
+        (self.shard.1, self.shard.2)
     }
 
     /// Publishes the frame: the engine→client tensors must hold it. The first call

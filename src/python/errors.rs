@@ -79,6 +79,24 @@ pub(super) fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
             Error::PeerDied { pid, .. } | Error::AlreadyAttached { pid, .. } => {
                 exc.setattr("pid", *pid)?;
             }
+            Error::ShardDied {
+                shard,
+                pid,
+                env_start,
+                env_end,
+            } => {
+                exc.setattr("pid", *pid)?;
+                exc.setattr("shard", *shard)?;
+                exc.setattr("envs", (*env_start, *env_end))?;
+            }
+            Error::ShardClosed {
+                shard,
+                env_start,
+                env_end,
+            } => {
+                exc.setattr("shard", *shard)?;
+                exc.setattr("envs", (*env_start, *env_end))?;
+            }
             Error::Remote { method, code, .. } => {
                 exc.setattr("method", method.as_str())?;
                 exc.setattr("code", *code)?;

@@ -233,3 +233,25 @@ def test_vulkan_quick_measures_both_paths_zero_copy_or_skips(tmp_path):
 def test_vulkan_rejects_a_bad_size():
     proc = _run("vulkan", "--size", "84", status=2)
     assert "expected HxW" in proc.stderr
+
+
+def test_vector_quick(tmp_path):
+    pytest.importorskip("gymnasium")
+    out = tmp_path / "results"
+    proc = _run("vector", "--quick", "--workloads", "CartPole-v1", "--envs", "2",
+                "--steps", "5", "--rounds", "1", "--out", str(out))
+    doc = json.loads((out / "vector.json").read_text())
+    rows = doc["results"]["CartPole-v1 N=2"]
+    labels = [r["label"] for r in rows]
+    assert labels[:2] == ["shmbridge K=1", "shmbridge K=2"]
+    assert "AsyncVectorEnv" in labels and "SyncVectorEnv" in labels
+    if importlib.util.find_spec("envpool") is not None:
+        assert "EnvPool" in labels
+    for r in rows:
+        assert r["n"] == 5 and r["median_ns"] > 0 and r["env_steps_per_s"] > 0
+        assert "vs_AsyncVectorEnv" in r and "vs_SyncVectorEnv" in r
+    transport = doc["results"]["null transport N=4"]
+    assert [r["label"] for r in transport] == ["one engine", "2 shards"]
+    assert (out / "vector.png").stat().st_size > 0
+    assert "## CartPole-v1 N=2" in (out / "vector.md").read_text()
+    assert "| shmbridge K=2 |" in proc.stdout

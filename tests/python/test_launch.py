@@ -114,7 +114,7 @@ def test_any_engine_executable_launched_dies_with_its_learner():
     it gets SIGTERM when its learner dies."""
     code = (
         "import time, shmbridge._native as n\n"
-        "pid, out = n._spawn_engine(['sleep', '3600'], None, 2)\n"
+        "pid, out, _ = n._spawn_engine(['sleep', '3600'], None, 2)\n"
         "print(pid, flush=True)\n"
         "time.sleep(3600)\n"
     )

@@ -80,12 +80,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
     v.add_argument("--out", default=None, help="also write DIR/vulkan.md and DIR/vulkan.json")
 
+    w = sub.add_parser("vector", help="Gymnasium envs behind shards against AsyncVectorEnv, SyncVectorEnv, EnvPool",
+                       description="CartPole-v1 and HalfCheetah-v5 as Gymnasium vector envs: shmbridge "
+                                   "shards (K = 1, 2, 4) against AsyncVectorEnv(shared_memory=True), "
+                                   "SyncVectorEnv and EnvPool, interleaved; plus the null transport one "
+                                   "engine vs shards. Writes DIR/vector.md, .json, .png.")
+    w.add_argument("--quick", action="store_true", help="a short smoke run")
+    w.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    w.add_argument("--envs", default=None, help="comma-separated num_envs (default 16,64; quick 4)")
+    w.add_argument("--shards", default=None, help="comma-separated shard counts (default 1,2,4; quick 1,2)")
+    w.add_argument("--workloads", default=None, help="comma-separated Gymnasium ids (default CartPole-v1,HalfCheetah-v5)")
+    w.add_argument("--steps", type=int, default=None, help="steps per block (default 200 CartPole, 60 MuJoCo)")
+    w.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
         from . import step
 
         return step.main(args)
+    if args.command == "vector":
+        from . import vector
+
+        return vector.main(args)
     if args.command == "vulkan":
         from . import vulkan
 

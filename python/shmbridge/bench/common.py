@@ -201,7 +201,7 @@ def machine_description() -> Dict[str, Any]:
     except (ValueError, OSError):
         mem_gib = float("nan")
     pkgs = {}
-    for name in ("shmbridge", "numpy", "grpcio", "protobuf", "iceoryx2", "gymnasium"):
+    for name in ("shmbridge", "numpy", "grpcio", "protobuf", "iceoryx2", "gymnasium", "mujoco", "envpool"):
         v = _version(name)
         if v:
             pkgs[name] = v

@@ -25,6 +25,20 @@ Training stops when the mean return of the last 100 finished episodes reaches
 ``--total-steps`` environment steps. A learning curve (mean return of the last 100
 episodes vs environment steps) is written to ``--plot``.
 
+``--shards K`` serves the ``--num-envs`` envs from K engine processes (a sharded region,
+protocol 1.4); the learner sees one ``[num_envs, ...]`` tensor as before.
+
+**Several ranks** (``docs/scaling.md``): under ``torchrun`` (``WORLD_SIZE`` > 1) every
+rank launches its own engine (sharded with ``--shards``; on its own GPU, ``cuda:LOCAL_RANK``,
+where there are GPUs), steps its own envs (env seeds ``seed + rank * num_envs + e``: one
+big vector of distinct envs), and the gradients are averaged by
+``DistributedDataParallel`` (gloo on CPU, NCCL on GPU), so the parameters stay equal on
+every rank. The finished episodes of all ranks are gathered once per update, so every
+rank stops at the same update; rank 0 alone prints, shows the progress bar and writes the
+curve. ``--total-steps`` counts the steps of all ranks together.
+
+    torchrun --nproc_per_node=2 -m shmbridge.examples.ppo --shards 2
+
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 """
 
@@ -74,6 +88,9 @@ class Config:
     # torch.cuda.set_sync_debug_mode ("warn" or "error") during each rollout's steps on a
     # GPU: any host synchronisation torch makes there is then reported (tests use "error").
     sync_debug: Optional[str] = None
+    shards: int = 1  # engine processes serving each rank's envs (host memory)
+    # A JSON report of this rank's run: path, with {rank} replaced by the rank.
+    report: Optional[str] = None
 
 
 @dataclass
@@ -131,7 +148,50 @@ def _agent(obs_dim: int, num_actions: int):
         def value(self, x: "torch.Tensor") -> "torch.Tensor":
             return self.critic(x).squeeze(-1)
 
+        def forward(self, x: "torch.Tensor") -> "Tuple[torch.Tensor, torch.Tensor]":
+            """(logits, value): what the update evaluates (through DDP with ranks)."""
+            return self.actor(x), self.value(x)
+
     return Agent()
+
+
+class _Ranks:
+    """This process's place among the ranks ``torchrun`` started (one rank: no
+    torch.distributed at all): it joins the process group (gloo on CPU, NCCL on GPU) and
+    gathers what every rank needs to decide alike."""
+
+    def __init__(self, device) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.dist = None
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            self.dist = dist
+
+    def wrap(self, agent, device):
+        """``agent`` as the update calls it: DistributedDataParallel with ranks (its
+        backward averages the gradients over the ranks), else the module itself."""
+        if self.dist is None:
+            return agent
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(agent, device_ids=ids)
+
+    def gather(self, finished: List[float]) -> List[float]:
+        """Every rank's finished episode returns, in rank order, on every rank."""
+        if self.dist is None:
+            return finished
+        out: List[List[float]] = [[] for _ in range(self.world)]
+        self.dist.all_gather_object(out, finished)
+        return [r for rank in out for r in rank]
+
+    def close(self) -> None:
+        if self.dist is not None:
+            self.dist.destroy_process_group()
 
 
 def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value_fn, gamma: float) -> None:
@@ -289,7 +349,7 @@ class _Progress:
     """A run's episode returns (the last ``cfg.window`` of them), its learning curve and
     its progress bar. ``update`` after each rollout says whether the target is reached."""
 
-    def __init__(self, cfg: Config, total: int, desc: str) -> None:
+    def __init__(self, cfg: Config, total: int, desc: str, show: bool = True) -> None:
         from tqdm import tqdm
 
         self.cfg = cfg
@@ -299,7 +359,7 @@ class _Progress:
         self.reached = False
         self.curve_steps: List[int] = []
         self.curve_returns: List[float] = []
-        self.bar = tqdm(total=total, unit="step", unit_scale=True, disable=not cfg.progress,
+        self.bar = tqdm(total=total, unit="step", unit_scale=True, disable=not (cfg.progress and show),
                         dynamic_ncols=True, desc=desc)
 
     def mean(self) -> float:
@@ -349,6 +409,13 @@ def train(cfg: Config, log=print) -> Result:
 
     where, why = choose_device(cfg.device)
     device = torch.device(where)
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # One GPU per rank of a node.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    ranks = _Ranks(device)
+    if ranks.rank != 0:
+        log = lambda *_a, **_k: None  # noqa: E731 - rank 0 alone prints
     log(f"device: {device} for the learner and the engine's tensors ({why})")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -359,11 +426,18 @@ def train(cfg: Config, log=print) -> Result:
     if batch % cfg.num_minibatches:
         raise ValueError(f"num_envs * num_steps ({batch}) is not a multiple of num_minibatches")
     minibatch = batch // cfg.num_minibatches
-    num_updates = max(1, math.ceil(cfg.total_steps / batch))
+    num_updates = max(1, math.ceil(cfg.total_steps / (batch * ranks.world)))
     log(f"torch device: {device} ({torch.get_num_threads()} CPU threads); "
-        f"{n} envs x {t_len} steps = {batch} per update, up to {num_updates} updates")
+        f"{n} envs x {t_len} steps = {batch} per update"
+        + (f" on each of {ranks.world} ranks" if ranks.world > 1 else "")
+        + f", up to {num_updates} updates")
 
     agent = _agent(4, 2).to(device)
+    # Equal initial parameters on every rank (the seed; DDP also broadcasts rank 0's),
+    # then each rank samples its own actions and minibatches.
+    model = ranks.wrap(agent, device)
+    torch.manual_seed(cfg.seed + ranks.rank)
+    initial = _param_digest(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
 
     # Rollout buffers, on the learner's device.
@@ -383,8 +457,10 @@ def train(cfg: Config, log=print) -> Result:
     start = time.perf_counter()
     # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors
     # live on the learner's device: shared memory, or GPU memory shared through CUDA IPC.
-    with shmbridge.launch("cartpole", num_envs=n, device=str(device), seed=cfg.seed,
-                          blocking=cfg.blocking) as client:
+    # Each rank its own engine, its envs seeded after those of the ranks before it.
+    with shmbridge.launch("cartpole", num_envs=n, device=str(device),
+                          seed=cfg.seed + ranks.rank * n, blocking=cfg.blocking,
+                          shards=cfg.shards) as client:
         # Zero-copy views of the engine's tensors, created once and valid for the
         # client's life; the engine overwrites them in place at every step, so each step
         # copies what it needs into the rollout buffers before the next step. On a GPU,
@@ -402,7 +478,8 @@ def train(cfg: Config, log=print) -> Result:
         final_view = views.get("final_obs")
         engine_device, view_names = client.device, list(views)
 
-        progress = _Progress(cfg, num_updates * batch, "PPO cartpole")
+        progress = _Progress(cfg, num_updates * batch * ranks.world, "PPO cartpole",
+                             show=ranks.rank == 0)
         try:
             for update in range(num_updates):
                 if cfg.anneal_lr:
@@ -440,26 +517,57 @@ def train(cfg: Config, log=print) -> Result:
                         ep_return.masked_fill_(done, 0.0)
                 # The returns of the episodes that ended in this rollout, in the order
                 # they ended (step, then env): the one host read-back per update.
-                finished = ret_at_step[done_buf.bool()].tolist()
+                finished = ranks.gather(ret_at_step[done_buf.bool()].tolist())
 
                 with torch.no_grad():
                     adv, ret = gae(rew_buf, val_buf, done_buf, agent.value(obs_view),
                                    cfg.gamma, cfg.gae_lambda)
-                ppo_update(cfg, agent, optimizer,
-                           lambda x: (agent.actor(x), agent.value(x)),
+                ppo_update(cfg, agent, optimizer, model,
                            obs_buf.reshape(batch, 4), act_buf, logp_buf, adv, ret, minibatch)
-                if progress.update(batch, finished):
+                if progress.update(batch * ranks.world, finished):
                     break
+            if cfg.report:
+                _write_report(cfg, ranks, client, initial, agent, progress.env_steps)
         finally:
             progress.close()
+            ranks.close()
             # Drop the views before the client closes: on a GPU the client acknowledges
             # its close (and the engine frees its memory) once no view holds it open.
             views.clear()
             obs_view = act_view = rew_view = term_view = trunc_view = final_view = None
     result = progress.result(time.perf_counter() - start, str(device), engine_device, view_names)
-    if cfg.plot:
+    if cfg.plot and ranks.rank == 0:
         result.plot = _plot(cfg, result)
     return result
+
+
+def _param_digest(agent) -> str:
+    """SHA-256 of every parameter's bytes, in order: equal digests, equal parameters."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in agent.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_report(cfg: Config, ranks: "_Ranks", client, initial: str, agent, env_steps: int) -> None:
+    """This rank's run as JSON (what the multi-rank test compares across ranks)."""
+    import json
+
+    doc = {
+        "rank": ranks.rank,
+        "world": ranks.world,
+        "region": client.name,
+        "shards": client.shards,
+        "shard_pids": client.shard_pids,
+        "frames": client.frame,  # steps this rank's engine answered
+        "env_steps_all_ranks": env_steps,
+        "params_initial": initial,
+        "params_final": _param_digest(agent),
+    }
+    with open(cfg.report.format(rank=ranks.rank), "w") as f:
+        json.dump(doc, f)
 
 
 def _plot(cfg: Config, r: Result) -> str:
@@ -546,6 +654,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help=f"learning-curve PNG ('' for none) [cartpole: {d.plot}]")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
+    p.add_argument("--shards", type=int, default=d.shards,
+                   help="engine processes serving each rank's envs (cartpole, host memory)")
+    p.add_argument("--report", default=None,
+                   help="write this rank's run as JSON to this path ({rank}: the rank)")
     return p
 
 
@@ -566,6 +678,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.target_return = None
     if not cfg.plot:
         cfg.plot = None
+    if cfg.env == "pixels" and (cfg.shards > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        print("shmbridge-ppo: error: --shards and several ranks train cartpole (not pixels)",
+              file=sys.stderr)
+        return 2
     try:
         if cfg.env == "pixels":
             from .ppo_pixels import train as train_pixels
@@ -579,6 +695,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("shmbridge-ppo: interrupted", file=sys.stderr)
         return 130
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 reports the run (every rank saw the same episodes)
     if r.plot:
         print(f"learning curve: {r.plot}")
     if cfg.target_return is not None:

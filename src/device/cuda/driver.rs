@@ -934,12 +934,11 @@ impl Drop for ExternalMemory {
     }
 }
 
-/// A semaphore another API exported as an fd (a Vulkan timeline or binary semaphore),
-/// imported with `cuImportExternalSemaphore`; destroyed on drop.
+/// A timeline semaphore another API exported as an fd (Vulkan), imported with
+/// `cuImportExternalSemaphore`; destroyed on drop.
 #[derive(Debug)]
 pub struct ExternalSemaphore {
     handle: sys::CUexternalSemaphore,
-    timeline: bool,
     ctx: Arc<PrimaryContext>,
 }
 
@@ -949,23 +948,17 @@ unsafe impl Send for ExternalSemaphore {}
 unsafe impl Sync for ExternalSemaphore {}
 
 impl ExternalSemaphore {
-    /// Imports `fd`: a timeline semaphore (`TIMELINE_SEMAPHORE_FD`) or a binary one
-    /// (`OPAQUE_FD`). The driver owns `fd` once the import succeeded.
-    pub fn import_fd(
+    /// Imports `fd`, a timeline semaphore's `OPAQUE_FD` export
+    /// (`TIMELINE_SEMAPHORE_FD`). The driver owns `fd` once the import succeeded.
+    pub fn import_timeline(
         ctx: &Arc<PrimaryContext>,
         fd: std::os::fd::OwnedFd,
-        timeline: bool,
     ) -> Result<ExternalSemaphore> {
         use std::os::fd::{AsRawFd, IntoRawFd};
-        use sys::CUexternalSemaphoreHandleType as Kind;
         let _current = ctx.bind()?;
         // SAFETY: a plain C struct; all-zero is "no flags, reserved 0".
         let mut desc: sys::CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC = unsafe { std::mem::zeroed() };
-        desc.type_ = if timeline {
-            Kind::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
-        } else {
-            Kind::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
-        };
+        desc.type_ = sys::CUexternalSemaphoreHandleType::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD;
         desc.handle.fd = fd.as_raw_fd();
         let mut handle = std::ptr::null_mut();
         // SAFETY: valid out-pointer and descriptor; context current; the fd is open.
@@ -975,23 +968,16 @@ impl ExternalSemaphore {
         let _ = fd.into_raw_fd();
         Ok(ExternalSemaphore {
             handle,
-            timeline,
             ctx: ctx.clone(),
         })
     }
 
-    pub fn is_timeline(&self) -> bool {
-        self.timeline
-    }
-
-    /// Makes `stream` wait, on the device, until the semaphore is signalled: a timeline
-    /// one up to `value`, a binary one once (`value` unused; the wait consumes the
-    /// signal).
+    /// Makes `stream` wait, on the device, until the semaphore's value reaches `value`.
     pub fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
         let _current = self.ctx.bind()?;
         // SAFETY: a plain C struct; all-zero is "no flags".
         let mut params: sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = unsafe { std::mem::zeroed() };
-        params.params.fence.value = if self.timeline { value } else { 0 };
+        params.params.fence.value = value;
         // SAFETY: one live semaphore and its parameters; the stream is live (owned, or
         // borrowed under `Stream::borrowed`'s contract); context current.
         check("cuWaitExternalSemaphoresAsync", unsafe {

@@ -5,10 +5,11 @@
 //! The importers:
 //! - **CUDA** (the `cuda` feature, a CUDA device whose UUID is the engine's Vulkan device
 //!   UUID): `cuImportExternalMemory(OPAQUE_FD)` and a mapped buffer, handed out as device
-//!   pointers (kDLCUDA). An exported semaphore is imported too and waited on the
-//!   consumer's stream before a frame is read ([`ClientBackend::order_after_frame`]):
+//!   pointers (kDLCUDA). An exported timeline semaphore is imported too and waited on
+//!   the consumer's stream before a frame is read ([`ClientBackend::order_after_frame`]):
 //!   stream-ordered, no host sync. Without one the seq counters order frames (the engine
-//!   completed the frame's work before it published it).
+//!   completed the frame's work before it published it). Before an action is posted the
+//!   consumer's stream is drained, since the engine then overwrites the frame.
 //! - **Vulkan** (the `vulkan` feature): a Vulkan device of the client's own maps
 //!   host-visible memory and hands out host pointers (kDLCPU). Semaphores are closed:
 //!   the CPU reads after `frame_seq`, which the engine publishes once the frame is done.
@@ -126,27 +127,8 @@ enum Import {
 struct Imports {
     /// By tensor index.
     tensors: Vec<Option<Import>>,
-    /// The last frame that arrived (a timeline semaphore's value to wait for), or, for
-    /// binary semaphores, how many frames' signals this client has consumed.
-    #[cfg(feature = "cuda")]
-    frames: std::sync::Mutex<FrameWaits>,
-}
-
-/// Per-client bookkeeping of the semaphore waits.
-#[cfg(feature = "cuda")]
-#[derive(Debug, Default)]
-struct FrameWaits {
-    /// Whether the frame current at attach was seen (binary semaphores count from the
-    /// frame after it: the engine completed that one before the client attached).
-    started: bool,
-    /// The newest frame published to this client.
-    latest: u64,
-    /// Binary semaphores: the next frame whose signal no wait was queued for yet (one
-    /// wait per signal, as Vulkan requires).
-    consumed: u64,
-    /// Binary semaphores: the client's stream the waits go on, and an event recorded
-    /// after them that consumers wait for.
-    binary: Option<(driver::Stream, driver::IpcEvent)>,
+    /// The newest frame that arrived: the value a timeline semaphore is waited for.
+    latest_frame: std::sync::atomic::AtomicU64,
 }
 
 impl Imports {
@@ -176,80 +158,33 @@ impl Imports {
         }
     }
 
-    /// A frame arrived: binary semaphores are waited once for it (on the client's own
-    /// stream, then an event consumers wait for), timeline ones remember its number.
-    #[cfg_attr(not(feature = "cuda"), allow(clippy::unused_self))]
-    fn frame_arrived(&self, frame: u64) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        {
-            let mut waits = self.frames.lock().unwrap_or_else(|p| p.into_inner());
-            if !waits.started {
-                waits.started = true;
-                waits.consumed = frame.saturating_add(1);
-            }
-            waits.latest = waits.latest.max(frame);
-            let binary: Vec<&ExternalSemaphore> =
-                self.semaphores().filter(|s| !s.is_timeline()).collect();
-            if binary.is_empty() {
-                return Ok(());
-            }
-            // One signal per frame published since the last wait (frame 0 included).
-            while waits.consumed <= waits.latest {
-                let Some((stream, _)) = &waits.binary else {
-                    return Ok(());
-                };
-                for s in &binary {
-                    s.wait(stream, 0)?;
-                }
-                waits.consumed += 1;
-            }
-            if let Some((stream, event)) = &waits.binary {
-                event.record(stream)?;
-            }
-        }
-        #[cfg(not(feature = "cuda"))]
-        let _ = frame;
-        Ok(())
-    }
-
+    /// The CUDA imports' context and timeline semaphores (none for the CPU importer).
     #[cfg(feature = "cuda")]
-    fn semaphores(&self) -> impl Iterator<Item = &ExternalSemaphore> {
+    fn semaphores(&self) -> impl Iterator<Item = (&Arc<PrimaryContext>, &ExternalSemaphore)> {
         self.tensors.iter().filter_map(|i| match i.as_ref()? {
-            Import::Cuda { semaphore, .. } => semaphore.as_ref(),
-            #[cfg(feature = "vulkan")]
-            Import::Mapped(_) => None,
+            Import::Cuda {
+                memory,
+                semaphore: Some(s),
+            } => Some((memory.context(), s)),
+            _ => None,
         })
     }
 }
 
 impl DeviceLease for Imports {
-    /// CUDA imports with a semaphore: `stream` waits on the device for the last frame's
-    /// signal. Mapped on the CPU, or without a semaphore: the engine published the frame
-    /// once its work was complete, and the client reads after `frame_seq` moved, so
-    /// there is nothing to wait for.
+    /// CUDA imports with a timeline semaphore: `stream` waits on the device until the
+    /// semaphore reached the last frame that arrived. Mapped on the CPU, or without a
+    /// semaphore: the engine published the frame once its work was complete and the
+    /// client reads after `frame_seq` moved, so there is nothing to wait for.
     fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
         {
-            let Some(ctx) = self.tensors.iter().find_map(|i| match i.as_ref()? {
-                Import::Cuda {
-                    memory,
-                    semaphore: Some(_),
-                } => Some(memory.context().clone()),
-                _ => None,
-            }) else {
-                return Ok(());
-            };
-            // SAFETY: the caller of `order_after_frame` hands a stream of this device
-            // (the DLPack consumer's), live for the call.
-            let consumer = unsafe { driver::Stream::borrowed(&ctx, stream.raw()) };
-            let waits = self.frames.lock().unwrap_or_else(|p| p.into_inner());
-            for s in self.semaphores() {
-                if s.is_timeline() {
-                    s.wait(&consumer, waits.latest)?;
-                }
-            }
-            if let Some((_, event)) = &waits.binary {
-                consumer.wait(event)?;
+            let frame = self.latest_frame.load(std::sync::atomic::Ordering::Acquire);
+            for (ctx, s) in self.semaphores() {
+                // SAFETY: the caller of `order_after_frame` hands a stream of this
+                // device (the DLPack consumer's), live for the call.
+                let consumer = unsafe { driver::Stream::borrowed(ctx, stream.raw()) };
+                s.wait(&consumer, frame)?;
             }
         }
         #[cfg(not(feature = "cuda"))]
@@ -311,12 +246,18 @@ impl ClientVulkan {
         let (importer, reason) = match choice {
             #[cfg(feature = "cuda")]
             ImporterChoice::Cuda { ordinal } => {
-                let d = driver::Driver::get()?;
-                let ctx = PrimaryContext::retain(d, ordinal)?;
-                (
-                    Importer::Cuda(ctx),
-                    format!("CUDA importer on device {ordinal} (kDLCUDA): {why}"),
-                )
+                match driver::Driver::get().and_then(|d| PrimaryContext::retain(d, ordinal)) {
+                    Ok(ctx) => (
+                        Importer::Cuda(ctx),
+                        format!("CUDA importer on device {ordinal} (kDLCUDA): {why}"),
+                    ),
+                    Err(e) if importer == VulkanImporter::Auto => Self::vulkan_importer(
+                        layout,
+                        dev,
+                        &format!("CUDA device {ordinal} matches but is not usable: {e}"),
+                    )?,
+                    Err(e) => return Err(e),
+                }
             }
             // `choose_importer` picks CUDA only when `cuda_devices` listed a device,
             // which a build without the feature never does.
@@ -418,7 +359,7 @@ impl ClientVulkan {
         let mut fds = fds.into_iter();
         let mut imports = Imports {
             tensors: (0..layout.tensors.len()).map(|_| None).collect(),
-            ..Imports::default()
+            latest_frame: 0.into(),
         };
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
@@ -452,12 +393,9 @@ impl ClientVulkan {
                         tensor: t.name.clone(),
                         reason: format!("importing the engine's memory into CUDA: {e}"),
                     })?;
+                    // Validation let only timeline semaphores through.
                     let semaphore = match semaphore {
-                        Some((fd, kind)) => Some(ExternalSemaphore::import_fd(
-                            ctx,
-                            fd,
-                            kind == super::export::SemaphoreKind::Timeline,
-                        )?),
+                        Some((fd, _)) => Some(ExternalSemaphore::import_timeline(ctx, fd)?),
                         None => None,
                     };
                     Import::Cuda { memory, semaphore }
@@ -476,19 +414,6 @@ impl ClientVulkan {
                 peer: Peer::Engine,
                 detail: "more fds than the tensor table calls for".into(),
             });
-        }
-        #[cfg(feature = "cuda")]
-        #[allow(irrefutable_let_patterns)]
-        if let Importer::Cuda(ctx) = &self.importer {
-            if imports.semaphores().any(|s| !s.is_timeline()) {
-                let stream = driver::Stream::create(ctx)?;
-                let event = driver::IpcEvent::create(ctx)?;
-                imports
-                    .frames
-                    .get_mut()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .binary = Some((stream, event));
-            }
         }
         self.imports = Some(Arc::new(imports));
         Ok(())
@@ -509,15 +434,35 @@ impl ClientBackend for ClientVulkan {
         self.import_all(layout, fds)
     }
 
-    fn before_post(&self, _: Option<StreamRef<'_>>) -> Result<()> {
-        Ok(())
+    /// The CUDA importer: the engine's next frame overwrites the memory the consumer's
+    /// queued work may still read, and a Vulkan engine cannot wait on a CUDA event, so
+    /// the consumer's stream (the legacy default stream if `None`) is drained first.
+    /// Reads queued on other streams must be ordered before it by the caller, as for any
+    /// cross-stream use in torch. The CPU importer reads synchronously: nothing to do.
+    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+        match &self.importer {
+            #[cfg(feature = "cuda")]
+            Importer::Cuda(ctx) => {
+                let raw = stream.map_or(1, StreamRef::raw);
+                // SAFETY: 1 is the legacy default stream; otherwise the caller hands a
+                // live stream of this device for the call (`ClientBackend::before_post`).
+                unsafe { driver::Stream::borrowed(ctx, raw) }.synchronize()
+            }
+            #[cfg(feature = "vulkan")]
+            Importer::Vulkan(_) => {
+                let _ = stream;
+                Ok(())
+            }
+        }
     }
 
     fn after_frame(&self, frame: u64) -> Result<()> {
-        match &self.imports {
-            Some(imports) => imports.frame_arrived(frame),
-            None => Ok(()),
+        if let Some(imports) = &self.imports {
+            imports
+                .latest_frame
+                .fetch_max(frame, std::sync::atomic::Ordering::AcqRel);
         }
+        Ok(())
     }
 
     fn device_ptr(&self, index: usize, t: &TensorInfo) -> Result<u64> {

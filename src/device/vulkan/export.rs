@@ -36,13 +36,15 @@ impl std::fmt::Debug for SharedFd {
 }
 
 /// The kind of an exported semaphore (`VK_KHR_external_semaphore_fd`, `OPAQUE_FD`).
+/// Protocol 1.3 shares timeline semaphores only: a binary one needs exactly one wait per
+/// signal from whoever is attached, which a client mapping the memory on the CPU cannot
+/// give (`docs/protocol.md` §3.6); an engine spec with one is `InvalidSpec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SemaphoreKind {
     /// A timeline semaphore: the engine signals value `frame` (the `frame_seq` it then
     /// publishes); a consumer waits for that value.
     Timeline,
-    /// A binary semaphore: the engine signals it once per published frame; the consumer
-    /// waits on it once per frame it reads.
+    /// A binary semaphore: refused (see above).
     Binary,
 }
 

@@ -30,6 +30,18 @@ fn hex(b: &[u8; 16]) -> String {
 
 const OPAQUE_FD: vk::ExternalMemoryHandleTypeFlags = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;
 
+/// Preference among the devices that fit a request for any device: discrete GPU first,
+/// the CPU driver last.
+fn device_rank(t: vk::PhysicalDeviceType) -> u8 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 4,
+        _ => 3,
+    }
+}
+
 /// A Vulkan device of this process that can export and import `OPAQUE_FD` memory, with
 /// one queue.
 pub struct Context {
@@ -120,6 +132,10 @@ impl Context {
         let physicals = unsafe { instance.enumerate_physical_devices() }
             .map_err(call("vkEnumeratePhysicalDevices"))?;
         let mut seen = Vec::new();
+        // Any device that fits: a GPU before a CPU driver (a machine with an NVIDIA GPU
+        // may have lavapipe installed too, and an old loader does not sort them).
+        #[allow(clippy::type_complexity)]
+        let mut best: Option<(u8, (vk::PhysicalDevice, VulkanDevice, bool, String, u32))> = None;
         for pd in physicals {
             let mut id = vk::PhysicalDeviceIDProperties::default();
             let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
@@ -170,7 +186,13 @@ impl Context {
                 continue;
             };
             let cpu = p.device_type == vk::PhysicalDeviceType::CPU;
-            return Ok((pd, ids, cpu, name, family as u32));
+            let rank = device_rank(p.device_type);
+            if best.as_ref().is_none_or(|b: &(u8, _)| rank < b.0) {
+                best = Some((rank, (pd, ids, cpu, name, family as u32)));
+            }
+        }
+        if let Some((_, found)) = best {
+            return Ok(found);
         }
         let wanted = if want == VulkanDevice::ANY {
             "a device with VK_KHR_external_memory_fd".to_string()
@@ -185,6 +207,21 @@ impl Context {
             "no Vulkan device here has {wanted}; devices: [{}]",
             seen.join(", ")
         )))
+    }
+
+    /// The largest storage buffer a descriptor may cover and the largest allocation
+    /// (`maxStorageBufferRange`, `maxMemoryAllocationSize`).
+    pub fn storage_limits(&self) -> (u64, u64) {
+        let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
+        // SAFETY: `physical` belongs to `instance`; `props` chains `maintenance3` (core in
+        // 1.1) for the call.
+        unsafe {
+            self.instance
+                .get_physical_device_properties2(self.physical, &mut props)
+        };
+        let range = u64::from(props.properties.limits.max_storage_buffer_range);
+        (range, maintenance3.max_memory_allocation_size)
     }
 
     fn finish(
@@ -286,17 +323,21 @@ impl Context {
             .then(|| self.memory.memory_types[index as usize].property_flags)
     }
 
-    fn buffer(&self, size: u64) -> Result<vk::Buffer> {
-        let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(OPAQUE_FD);
-        let info = vk::BufferCreateInfo::default()
+    /// A buffer of `size` bytes, made for external `OPAQUE_FD` memory when `external`.
+    fn buffer(&self, size: u64, external: bool) -> Result<vk::Buffer> {
+        let mut external_info =
+            vk::ExternalMemoryBufferCreateInfo::default().handle_types(OPAQUE_FD);
+        let mut info = vk::BufferCreateInfo::default()
             .size(size)
             .usage(
                 vk::BufferUsageFlags::TRANSFER_SRC
                     | vk::BufferUsageFlags::TRANSFER_DST
                     | vk::BufferUsageFlags::STORAGE_BUFFER,
             )
-            .sharing_mode(vk::SharingMode::EXCLUSIVE)
-            .push_next(&mut external);
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        if external {
+            info = info.push_next(&mut external_info);
+        }
         // SAFETY: a live device; `info` and its chain live across the call.
         unsafe { self.device.create_buffer(&info, None) }.map_err(call("vkCreateBuffer"))
     }
@@ -352,8 +393,9 @@ struct BoundBuffer {
 
 impl BoundBuffer {
     /// At least `nbytes` in memory of the first type in `preference` the buffer can use,
-    /// exportable as `OPAQUE_FD` when `export`. The buffer's size is the allocation's, so
-    /// that an importer that must repeat a dedicated allocation's buffer can.
+    /// exportable as `OPAQUE_FD` (and dedicated) when `export`. The buffer's size is the
+    /// allocation's, so that an importer that must repeat a dedicated allocation's buffer
+    /// can; a driver whose requirement for that size grows again is refused.
     fn allocate(
         ctx: &Arc<Context>,
         nbytes: u64,
@@ -361,15 +403,24 @@ impl BoundBuffer {
         preference: &[vk::MemoryPropertyFlags],
     ) -> Result<BoundBuffer> {
         let d = &ctx.device;
-        let mut buffer = ctx.buffer(nbytes)?;
+        let mut buffer = ctx.buffer(nbytes, export)?;
         // SAFETY: a live buffer of this device.
         let mut req = unsafe { d.get_buffer_memory_requirements(buffer) };
         if req.size != nbytes {
             // SAFETY: unused, unbound buffer.
             unsafe { d.destroy_buffer(buffer, None) };
-            buffer = ctx.buffer(req.size)?;
+            let size = req.size;
+            buffer = ctx.buffer(size, export)?;
             // SAFETY: as above.
             req = unsafe { d.get_buffer_memory_requirements(buffer) };
+            if export && req.size != size {
+                // SAFETY: unused, unbound buffer.
+                unsafe { d.destroy_buffer(buffer, None) };
+                return Err(Error::Vulkan {
+                    call: "vkGetBufferMemoryRequirements",
+                    detail: "a buffer of the required size requires more again".into(),
+                });
+            }
         }
         let destroy = |buffer| {
             // SAFETY: an unbound buffer of this device, used by nothing.
@@ -391,14 +442,14 @@ impl BoundBuffer {
                 detail: format!("no memory type of {} fits the buffer", ctx.name),
             });
         };
+        // An export is a dedicated allocation, so that an importer can repeat it.
         let mut export_info = vk::ExportMemoryAllocateInfo::default().handle_types(OPAQUE_FD);
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default().buffer(buffer);
         let mut info = vk::MemoryAllocateInfo::default()
             .allocation_size(req.size)
-            .memory_type_index(type_index)
-            .push_next(&mut dedicated);
+            .memory_type_index(type_index);
         if export {
-            info = info.push_next(&mut export_info);
+            info = info.push_next(&mut dedicated).push_next(&mut export_info);
         }
         // SAFETY: `info` and its chain live across the call; the buffer is this device's.
         let memory = match unsafe { d.allocate_memory(&info, None) } {
@@ -723,23 +774,13 @@ impl ComputeKernel {
         let to_host = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::SHADER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
-        let from_host = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::HOST_WRITE)
-            .dst_access_mask(vk::AccessFlags::SHADER_READ)];
         // SAFETY: `c` is a fresh primary command buffer of a pool of this device, recorded
         // once here and only submitted afterwards; every handle recorded is live.
         unsafe {
+            // Host writes before a submission are visible to it (vkQueueSubmit's
+            // implicit host-write dependency): no barrier before the dispatch.
             d.begin_command_buffer(c, &vk::CommandBufferBeginInfo::default())
                 .map_err(call("vkBeginCommandBuffer"))?;
-            d.cmd_pipeline_barrier(
-                c,
-                vk::PipelineStageFlags::HOST,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::DependencyFlags::empty(),
-                &from_host,
-                &[],
-                &[],
-            );
             d.cmd_bind_pipeline(c, vk::PipelineBindPoint::COMPUTE, k.pipeline);
             d.cmd_bind_descriptor_sets(
                 c,
@@ -895,7 +936,7 @@ impl ImportedMemory {
         }
         let d = &ctx.device;
         let buffer = if table.dedicated {
-            Some(ctx.buffer(table.alloc_size)?)
+            Some(ctx.buffer(table.alloc_size, true)?)
         } else {
             None
         };

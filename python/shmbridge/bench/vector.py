@@ -1,0 +1,259 @@
+"""``python -m shmbridge.bench vector``: Gymnasium environments behind sharded shmbridge
+engines against Gymnasium's own vector envs and EnvPool, side by side in one run.
+
+Workloads: ``CartPole-v1`` (pure Python physics) and ``HalfCheetah-v5`` (MuJoCo), at
+``--envs`` (default 16 and 64) environments. Contenders, each a Gymnasium ``VectorEnv``
+stepped through ``envs.step(actions)`` with pre-drawn random actions, copies returned (the
+Gymnasium default everywhere):
+
+* ``shmbridge K=k``: ``ShmVectorEnv`` over ``shmbridge.launch_gym(env, N, shards=k)``
+  for each ``--shards`` k (default 1, 2, 4), with the default wait policy (which adapts
+  to the cores: it spins only while the shards and the learner fit them);
+* ``AsyncVectorEnv``: ``gymnasium.vector.AsyncVectorEnv(shared_memory=True)``, one worker
+  process per env (Gymnasium's default);
+* ``SyncVectorEnv``: every env in this process (the one-core baseline);
+* ``EnvPool``: ``envpool.make("CartPole-v1", env_type="gymnasium")`` (C++ threads in this
+  process; the ceiling), CartPole only, when envpool is installed.
+
+Every contender of a workload is started first, then the rounds interleave them (each
+runs a block of steps per round), so load on the machine falls on all of them alike.
+Per contender: median and p99 of one vector step, env-steps/s (from the mean), and its
+ratios to AsyncVectorEnv and SyncVectorEnv.
+
+Also the pure transport: the ``null`` engine (``--envs`` 64 by default for it too, 16 f32
+observations each) as one engine and as 2 and 4 shards, through ``client.step()``.
+
+Writes DIR/vector.md, DIR/vector.json and DIR/vector.png (``--out``, default
+bench-results). ``--quick``: a smoke run (few steps, 4 envs, K = 1 and 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .common import Stats, busy_warning, fmt_rate, fmt_ratio, fmt_us, machine_description, machine_lines, markdown_table
+
+ASYNC, SYNC, ENVPOOL = "AsyncVectorEnv", "SyncVectorEnv", "EnvPool"
+
+
+class Contender:
+    """One vector env under test: ``step_block(n, out)`` times ``n`` steps."""
+
+    def __init__(self, label: str, make: Callable[[], Any], num_envs: int, processes: int) -> None:
+        self.label = label
+        self.num_envs = num_envs
+        self.processes = processes  # processes that step envs (for the per-core view)
+        self.envs = make()
+        self.envs.reset(seed=0)
+        space = self.envs.action_space
+        space.seed(0)
+        self.bank = [space.sample() for _ in range(64)]
+        self.k = 0
+        self.times: List[int] = []
+
+    def step_block(self, n: int) -> None:
+        step, bank, pc, out = self.envs.step, self.bank, time.perf_counter_ns, self.times
+        for _ in range(n):
+            self.k += 1
+            a = bank[self.k % len(bank)]
+            t0 = pc()
+            o, r, te, tr, _ = step(a)
+            o[0]; r[-1]; te[-1]; tr[-1]  # noqa: B018 - touch what came back
+            out.append(pc() - t0)
+        if not np.isfinite(np.asarray(o, dtype=np.float64)).all():
+            raise RuntimeError(f"{self.label}: non-finite observations")
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class EnvPoolContender(Contender):
+    def __init__(self, num_envs: int) -> None:
+        import envpool
+
+        def make() -> Any:
+            return envpool.make("CartPole-v1", env_type="gymnasium", num_envs=num_envs, seed=0)
+
+        self.label = ENVPOOL
+        self.num_envs = num_envs
+        self.processes = 1
+        self.envs = make()
+        self.envs.reset()
+        rng = np.random.default_rng(0)
+        self.bank = [rng.integers(0, 2, size=num_envs) for _ in range(64)]
+        self.k = 0
+        self.times = []
+
+
+class NullContender:
+    """The transport alone: ``client.step()`` on the null engine, sharded or not."""
+
+    def __init__(self, num_envs: int, shards: int) -> None:
+        import shmbridge
+
+        self.label = "one engine" if shards == 1 else f"{shards} shards"
+        self.num_envs = num_envs
+        self.processes = shards
+        self.client = shmbridge.launch("null", num_envs=num_envs, obs_dim=16, shards=shards)
+        self.times: List[int] = []
+
+    def step_block(self, n: int) -> None:
+        step, pc, out = self.client.step, time.perf_counter_ns, self.times
+        for _ in range(n):
+            t0 = pc()
+            step()
+            out.append(pc() - t0)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _gym_contenders(env_id: str, n: int, shard_counts: List[int]) -> List[Any]:
+    import gymnasium
+
+    import shmbridge
+    from shmbridge.gym import ShmVectorEnv
+
+    out: List[Any] = []
+    for k in shard_counts:
+        if k > n:
+            continue
+        out.append(Contender(
+            f"shmbridge K={k}",
+            lambda k=k: ShmVectorEnv(client=shmbridge.launch_gym(env_id, n, k), close_client=True),
+            n, k,
+        ))
+    fns = [lambda: gymnasium.make(env_id) for _ in range(n)]
+    out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))
+    out.append(Contender(SYNC, lambda: gymnasium.vector.SyncVectorEnv(fns), n, 1))
+    if env_id == "CartPole-v1":
+        try:
+            out.append(EnvPoolContender(n))
+        except ImportError:
+            pass
+    return out
+
+
+def _measure(contenders: List[Any], rounds: int, steps: int) -> None:
+    for c in contenders:  # warm-up, not kept
+        c.step_block(max(1, steps // 5))
+        c.times.clear()
+    for _ in range(rounds):
+        for c in contenders:
+            c.step_block(steps)
+
+
+def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
+    stats = {c.label: Stats.of(c.times) for c in contenders}
+    rows = []
+    for c in contenders:
+        s = stats[c.label]
+        row = dict(label=c.label, num_envs=c.num_envs, processes=c.processes, **s.to_dict(),
+                   env_steps_per_s=c.num_envs * s.steps_per_s)
+        for ref in (ASYNC, SYNC):
+            if ref in stats:
+                row[f"vs_{ref}"] = stats[ref].mean_ns / s.mean_ns  # > 1: faster than ref
+        rows.append(row)
+    return rows
+
+
+def _table(rows: List[Dict[str, Any]], refs: bool = True) -> str:
+    header = ["contender", "median µs/step", "p99 µs/step", "env-steps/s"]
+    if refs:
+        header += [f"× {ASYNC}", f"× {SYNC}"]
+    body = []
+    for r in rows:
+        line = [r["label"], fmt_us(r["median_ns"]), fmt_us(r["p99_ns"]), fmt_rate(r["env_steps_per_s"])]
+        if refs:
+            line += [fmt_ratio(r[f"vs_{ref}"]) if f"vs_{ref}" in r else "" for ref in (ASYNC, SYNC)]
+        body.append(line)
+    return markdown_table(header, body, "lrrrrr" if refs else "lrrr")
+
+
+def _plot(results: Dict[str, List[Dict[str, Any]]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(results)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4.2), dpi=100, squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        rows = results[key]
+        labels = [r["label"].replace("shmbridge ", "") for r in rows]
+        values = [r["env_steps_per_s"] for r in rows]
+        colors = ["tab:blue" if r["label"].startswith(("shmbridge", "one engine")) or "shards" in r["label"]
+                  else "tab:gray" for r in rows]
+        ax.bar(range(len(rows)), values, color=colors)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(key, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("env-steps/s (log)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(args: Any) -> int:
+    quick = args.quick
+    envs_list = [int(x) for x in (args.envs or ("4" if quick else "16,64")).split(",")]
+    shard_counts = [int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")]
+    workloads = [w for w in (args.workloads or "CartPole-v1,HalfCheetah-v5").split(",") if w]
+    rounds = args.rounds or (2 if quick else 5)
+    machine = machine_description()
+    results: Dict[str, List[Dict[str, Any]]] = {}
+    for env_id in workloads:
+        for n in envs_list:
+            steps = args.steps or (20 if quick else (200 if env_id == "CartPole-v1" else 60))
+            print(f"vector: {env_id} x{n}: starting contenders", flush=True)
+            contenders = _gym_contenders(env_id, n, shard_counts)
+            try:
+                _measure(contenders, rounds, steps)
+            finally:
+                for c in contenders:
+                    c.close()
+            results[f"{env_id} N={n}"] = _rows(contenders)
+            print(_table(results[f"{env_id} N={n}"]), flush=True)
+    transport_envs = 4 if quick else 64
+    null = [NullContender(transport_envs, k) for k in [1, *[k for k in shard_counts if k > 1]]]
+    try:
+        _measure(null, rounds, args.steps or (200 if quick else 5000))
+    finally:
+        for c in null:
+            c.close()
+    transport = _rows(null)
+    results[f"null transport N={transport_envs}"] = transport
+    print(_table(transport, refs=False), flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    lines = ["# shmbridge vector benchmark", "", f"Command: `{args.command_line}`", ""]
+    lines += machine_lines(machine)
+    warn = busy_warning(machine)
+    if warn:
+        lines += ["", warn]
+    lines += ["", f"{rounds} interleaved rounds per workload; times are one vector step "
+                  "(`envs.step(actions)`, copies returned). `× X`: mean step time of X / ours "
+                  "(above 1: faster than X).", ""]
+    for key, rows in results.items():
+        lines += [f"## {key}", "", _table(rows, refs=not key.startswith("null")), ""]
+    one = {r["label"]: r for r in transport}
+    lines += ["Transport: `client.step()` on the `null` engine (16 f32 per env), one engine "
+              f"vs shards; median ratio K/1: " + ", ".join(
+                  f"{r['label']} {r['median_ns'] / one['one engine']['median_ns']:.2f}×"
+                  for r in transport if r["label"] != "one engine"), ""]
+    md = "\n".join(lines)
+    png = os.path.join(args.out, "vector.png")
+    _plot(results, png)
+    with open(os.path.join(args.out, "vector.md"), "w") as f:
+        f.write(md + "\n")
+    with open(os.path.join(args.out, "vector.json"), "w") as f:
+        json.dump(dict(machine=machine, rounds=rounds, results=results), f, indent=1)
+    print(f"vector: wrote {args.out}/vector.md, vector.json, vector.png", flush=True)
+    return 0
