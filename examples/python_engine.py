@@ -106,7 +106,7 @@ def make_spec(num_envs: int) -> shmbridge.EngineSpec:
     )
 
 
-def serve(num_envs: int, seed: int, idle_timeout: float) -> int:
+def serve(num_envs: int, seed: int, idle_timeout: float, keep_serving: bool = False) -> int:
     with shmbridge.Engine(make_spec(num_envs)) as engine:
         sim = Pendulum(engine, seed)
         engine.publish()  # frame 0: the reset observations
@@ -116,7 +116,14 @@ def serve(num_envs: int, seed: int, idle_timeout: float) -> int:
                 engine.wait_actions(timeout=idle_timeout, handler=sim)
             except (shmbridge.ClientClosedError, shmbridge.ClientDiedError) as e:
                 print(f"pendulum engine: {e}; served {engine.frame} steps", file=sys.stderr)
-                return 0
+                if not keep_serving:
+                    return 0
+                # Sleeps until the next learner attaches (no polling), then serves it.
+                try:
+                    engine.wait_for_client(timeout=idle_timeout)
+                except shmbridge.TimeoutError:
+                    return 0
+                continue
             sim.step()
             engine.publish()
 
@@ -144,12 +151,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--num-envs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--idle-timeout", type=float, default=60.0, help="seconds without an action before giving up")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="serve one client after another (until --idle-timeout passes without one)")
     p.add_argument("--demo", action="store_true", help="also run a random-policy client")
     p.add_argument("--steps", type=int, default=1000, help="--demo: steps to run")
     a = p.parse_args(argv)
     if a.demo:
         return demo(a.num_envs, a.steps)
-    return serve(a.num_envs, a.seed, a.idle_timeout)
+    return serve(a.num_envs, a.seed, a.idle_timeout, a.keep_serving)
 
 
 if __name__ == "__main__":

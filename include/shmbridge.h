@@ -118,6 +118,16 @@ typedef enum {
   SHMB_NOT_ON_HOST = 36,
   SHMB_IO = 37,
   /**
+   * The region does not fit the free space of /dev/shm (the message names both sizes and
+   * Docker's `--shm-size`); nothing was left behind.
+   */
+  SHMB_NO_SPACE = 38,
+  /**
+   * The command request ring stayed full for the whole call timeout: the engine is not
+   * reading commands. The session can go on stepping.
+   */
+  SHMB_COMMAND_BACKLOG = 39,
+  /**
    * A null pointer where one is required, a size or count that does not fit, a string
    * that is not UTF-8, an unknown enum value.
    */

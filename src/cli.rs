@@ -17,7 +17,7 @@ use crate::control::{ClientState, EngineState};
 use crate::device::DeviceRequest;
 use crate::envs::{self, EnvOptions};
 use crate::layout::{self, Header};
-use crate::region::{self, Region};
+use crate::region;
 use crate::{AttachOptions, Client, DType, Error, WaitPolicy};
 
 /// Exit status of a run stopped by its [`Invocation::interrupt`] (as for SIGINT).
@@ -169,7 +169,10 @@ impl WaitArgs {
         if self.blocking {
             WaitPolicy::BLOCKING
         } else {
-            WaitPolicy::spinning(Duration::from_secs_f64(self.spin_us / 1e6))
+            // `parse_micros` keeps it finite and non-negative; `spinning` caps it.
+            WaitPolicy::spinning(
+                Duration::try_from_secs_f64(self.spin_us / 1e6).unwrap_or(Duration::MAX),
+            )
         }
     }
 }
@@ -280,10 +283,10 @@ fn launch(
     if wait.blocking {
         cmd.arg("--blocking");
     }
-    let mut child = cmd.stdout(Stdio::piped()).spawn().map_err(|e| Error::Io {
-        context: "starting the engine".into(),
-        source: e,
-    })?;
+    cmd.stdout(Stdio::piped());
+    // The one spawning path: the engine gets SIGTERM if this client dies (or dies
+    // before it starts), so no engine outlives it.
+    let mut child = crate::launch::spawn_engine(cmd, false)?;
     let mut line = String::new();
     let stdout = child.stdout.take().expect("piped");
     BufReader::new(stdout)
@@ -315,8 +318,21 @@ fn run_client(a: ClientArgs, invocation: &Invocation) -> Result<(), Error> {
             ))
         }
     };
-    let mut client = Client::attach(&name, AttachOptions::default().policy(a.wait.policy()))?;
-    client.set_interrupt(invocation.interrupt.clone());
+    let options = AttachOptions::default()
+        .policy(a.wait.policy())
+        .interrupt(invocation.interrupt.clone());
+    let mut client = match Client::attach(&name, options) {
+        Ok(c) => c,
+        Err(e) => {
+            // A launched engine would otherwise serve no one until its idle timeout:
+            // SIGTERM (it closes and removes its region), then reap it.
+            if let Some(mut c) = child {
+                crate::os::terminate(c.id());
+                let _ = c.wait();
+            }
+            return Err(e);
+        }
+    };
     let result = drive(&mut client, &a, invocation.interrupt.as_ref());
     // Also after an error or an interrupt: a launched engine exits once the client
     // closes, and is waited for.
@@ -338,11 +354,21 @@ fn drive(
     a: &ClientArgs,
     interrupt: Option<&Interrupt>,
 ) -> Result<String, Error> {
+    // The header is the engine's word: every tensor this loop indexes per env must agree
+    // with its num_envs, and the per-env returns are allocated fallibly.
+    let layout = client.layout();
     let n = client.num_envs();
-    let kind = client.layout().engine_kind.clone();
-    let act = client.layout().tensor("actions")?.1.clone();
+    let kind = layout.engine_kind.clone();
+    let act = layout.per_env_tensor("actions", None)?.clone();
+    for name in ["rewards", "terminated", "truncated"] {
+        layout.per_env_tensor(name, Some(1))?;
+    }
+    let mut running: Vec<f64> = Vec::new();
+    running.try_reserve_exact(n).map_err(|_| {
+        Error::InvalidSpec(format!("no memory for the returns of {n} envs"))
+    })?;
+    running.resize(n, 0.0);
     let mut rng = Pcg32::new(a.seed ^ 0x5eed, 1);
-    let mut running = vec![0f64; n];
     let (mut episodes, mut return_sum) = (0u64, 0f64);
     let timeout = a.timeout;
     let t0 = Instant::now();
@@ -377,12 +403,13 @@ fn drive(
         let rewards = io.read::<f32>("rewards")?;
         let term = io.read::<u8>("terminated")?;
         let trunc = io.read::<u8>("truncated")?;
-        for i in 0..n {
-            running[i] += rewards[i] as f64;
-            if term[i] != 0 || trunc[i] != 0 {
+        let dones = term.iter().zip(trunc).map(|(&a, &b)| a != 0 || b != 0);
+        for ((ret, &r), done) in running.iter_mut().zip(rewards).zip(dones) {
+            *ret += f64::from(r);
+            if done {
                 episodes += 1;
-                return_sum += running[i];
-                running[i] = 0.0;
+                return_sum += *ret;
+                *ret = 0.0;
             }
         }
     }
@@ -391,7 +418,7 @@ fn drive(
         "{kind}: {} steps x {n} envs in {secs:.2} s: {:.0} steps/s, {:.0} env-steps/s\n",
         a.steps,
         a.steps as f64 / secs,
-        (a.steps * n as u64) as f64 / secs
+        a.steps as f64 * n as f64 / secs
     );
     if episodes > 0 {
         report += &format!(
@@ -402,11 +429,12 @@ fn drive(
     Ok(report)
 }
 
+/// A region's header as `ls` and `inspect` show it, read with `pread` (a file that
+/// shrinks meanwhile is a short read, never a SIGBUS), and its validation.
 fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error> {
-    let r = Region::open_read_only(name)?;
-    let snap = r.snapshot();
-    let h = layout::read_header(&snap)?;
-    let l = layout::validate(name, &snap, r.len() as u64);
+    let (bytes, size) = region::read_header_bytes(name)?;
+    let h = layout::read_header(&bytes)?;
+    let l = layout::validate(name, &bytes, size);
     Ok((h, l))
 }
 
@@ -418,6 +446,11 @@ fn run_ls() -> Result<(), Error> {
     for name in region::list_names()? {
         match describe(&name) {
             Ok((h, Ok(l))) => {
+                // `gc` removes a region whose engine no longer holds its lock.
+                let state = match region::engine_alive(&name) {
+                    Ok(false) => "dead",
+                    _ => EngineState::from_code(h.engine_state).name(),
+                };
                 let tensors: Vec<String> = l
                     .tensors
                     .iter()
@@ -428,7 +461,7 @@ fn run_ls() -> Result<(), Error> {
                     name,
                     h.engine_pid,
                     h.client_pid,
-                    EngineState::from_code(h.engine_state).name(),
+                    state,
                     ClientState::from_code(h.client_state).name(),
                     h.num_envs,
                     l.engine_kind,
@@ -581,10 +614,15 @@ fn device_line(t: &layout::TensorInfo) -> Option<String> {
 }
 
 fn run_gc() -> Result<(), Error> {
-    let removed = region::sweep()?;
-    for n in &removed {
-        println!("removed {n}");
+    let swept = region::sweep_report()?;
+    for s in &swept {
+        let what = if s.removed() { "removed" } else { "left" };
+        println!("{what:<8} {:<45} {}", s.name, s.verdict);
     }
-    println!("{} stale region(s) removed", removed.len());
+    let removed = swept.iter().filter(|s| s.removed()).count();
+    println!(
+        "{removed} stale region(s) removed, {} left",
+        swept.len() - removed
+    );
     Ok(())
 }

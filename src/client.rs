@@ -54,7 +54,7 @@ impl Request {
 }
 
 /// How to attach.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct AttachOptions {
     /// How long to wait for the engine to publish its header and frame 0.
     pub timeout: Duration,
@@ -64,6 +64,21 @@ pub struct AttachOptions {
     /// How to import Vulkan tensors (1.3): `Auto` (CUDA when a CUDA device has the
     /// engine's Vulkan device UUID, else a Vulkan device of the client's own).
     pub importer: device::VulkanImporter,
+    /// Consulted by every wait of the attach (for the header, for frame 0) on its slow
+    /// path, about every millisecond, and by the client's waits afterwards (see
+    /// [`Client::set_interrupt`]): its error ends the attach. `None`: only the timeout.
+    pub interrupt: Option<Interrupt>,
+}
+
+impl std::fmt::Debug for AttachOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachOptions")
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .field("importer", &self.importer)
+            .field("interrupt", &self.interrupt.is_some())
+            .finish()
+    }
 }
 
 impl Default for AttachOptions {
@@ -72,6 +87,7 @@ impl Default for AttachOptions {
             timeout: Duration::from_secs(10),
             policy: WaitPolicy::default(),
             importer: device::VulkanImporter::Auto,
+            interrupt: None,
         }
     }
 }
@@ -87,6 +103,11 @@ impl AttachOptions {
     }
     pub fn importer(mut self, importer: device::VulkanImporter) -> Self {
         self.importer = importer;
+        self
+    }
+    /// See [`AttachOptions::interrupt`].
+    pub fn interrupt(mut self, interrupt: Option<Interrupt>) -> Self {
+        self.interrupt = interrupt;
         self
     }
 }
@@ -136,9 +157,13 @@ impl Client {
     pub fn attach(name: &str, options: AttachOptions) -> Result<Client> {
         let start = Instant::now();
         let name = region::canonical_name(name)?;
-        let (region, layout) = Region::open(&name, options.timeout)?;
-        let engine_dead = |r: &Region| {
-            r.unlink_if_same();
+        let interrupted = || match &options.interrupt {
+            Some(interrupt) => interrupt(),
+            None => Ok(()),
+        };
+        let (region, layout) = Region::open(&name, options.timeout, interrupted)?;
+        // `engine_gone` removed the name it left.
+        let engine_dead = || {
             Error::PeerDied {
                 peer: Peer::Engine,
                 pid: layout.engine_pid,
@@ -148,8 +173,8 @@ impl Client {
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
         let device = device::client_backend(&layout, &name, options.importer, options.timeout)?;
-        if !os::process_alive(layout.engine_pid, layout.engine_start_time) {
-            return Err(engine_dead(&region));
+        if region.engine_gone()? {
+            return Err(engine_dead());
         }
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
@@ -158,7 +183,12 @@ impl Client {
         // of a device backend, then ATTACHED with Release: an engine that sees ATTACHED
         // also sees who it is.
         let control = region.control();
-        control.claim_client(&name, me, my_start)?;
+        // The lock that tells the engine this client lives (whatever PID namespace it is
+        // in), held until this client's descriptor closes.
+        region.hold_client_lock(me, my_start)?;
+        control.claim_client(&name, me, my_start, |pid, start| {
+            region.client_alive(pid, start)
+        })?;
         if let Some(handle) = device.event_handle() {
             control.publish_client_event(&handle)?;
         }
@@ -176,7 +206,7 @@ impl Client {
             next_id: (u64::from(me) << 32) | 1,
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
-            interrupt: None,
+            interrupt: options.interrupt.clone(),
             device_hooks: !device.as_any().is::<crate::device::host::HostClient>(),
             device,
             command_stream: 1,
@@ -377,22 +407,24 @@ impl Client {
         if let Some(interrupt) = &self.interrupt {
             interrupt()?;
         }
+        // Before each sleep: a region truncated under us is an error, not a SIGBUS at
+        // the next access (a truncation after this check still faults; see check_size).
+        self.region.check_size()?;
         if self.layout.is_sharded() {
             // A shard that died or closed ends the region for everyone: the creator's
-            // name goes too, so nothing is left in /dev/shm when the creator is gone.
+            // name goes too once the creator is gone (its lock free: `engine_gone`
+            // removes the name under it), so nothing is left in /dev/shm.
             if let Err(e) = shard::check_shards(&self.region, &self.layout, None) {
-                if !os::process_alive(self.layout.engine_pid, self.layout.engine_start_time) {
-                    self.region.unlink_if_same();
-                }
+                let _ = self.region.engine_gone();
                 return Err(e);
             }
         }
         if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
-        if !os::process_alive(self.layout.engine_pid, self.layout.engine_start_time) {
-            // The engine cannot unlink any more: do it for it, if the name is still ours.
-            self.region.unlink_if_same();
+        // Its lock, not its pid (which may be another PID namespace's): a dead engine
+        // cannot unlink any more, so `engine_gone` removes the name for it if still ours.
+        if self.region.engine_gone()? {
             return Err(Error::PeerDied {
                 peer: Peer::Engine,
                 pid: self.layout.engine_pid,
@@ -588,6 +620,19 @@ impl Client {
         // `set_command_stream` (live while it is set).
         let stream = unsafe { StreamRef::from_raw(self.command_stream) };
         self.device.before_post(Some(stream))?;
+        // Replies still in this shard's ring answer earlier calls that gave up (one call
+        // is in flight at a time): none is this call's, and each takes room its reply
+        // may need.
+        let mut rx = std::mem::take(&mut self.rx);
+        let drained = loop {
+            match channel.e2c.try_pop(&mut rx) {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.rx = rx;
+        drained?;
         // The builder is reused across calls; taken out while `self` is borrowed by the
         // liveness check.
         let mut tx = std::mem::take(&mut self.tx);
@@ -597,7 +642,16 @@ impl Client {
                 self.check_engine()
             });
         self.tx = tx;
-        pushed?;
+        match pushed {
+            // No room for the whole timeout: the engine has not read earlier requests.
+            Err(Error::Timeout { .. }) => {
+                return Err(Error::CommandBacklog {
+                    queued: channel.c2e.queued(),
+                    capacity: channel.c2e.capacity(),
+                })
+            }
+            other => other?,
+        }
         Ok((id, name))
     }
 
@@ -768,7 +822,8 @@ impl Client {
     }
 
     /// Marks the client closed and wakes a waiting engine (it gets `PeerClosed`). Also
-    /// done on drop.
+    /// done on drop. In a child forked from the process that attached, neither touches
+    /// the region: the session stays its parent's.
     pub fn close(mut self) {
         self.shut();
     }
@@ -778,6 +833,10 @@ impl Client {
             return;
         }
         self.closed = true;
+        // A child forked from the learner drops its copy: the session is its parent's.
+        if !self.region.made_here() {
+            return;
+        }
         // Close every import (once), then acknowledge with RELEASED, before CLOSED, so
         // an engine woken by CLOSED already sees the acknowledgement. The backend keeps
         // what must outlive the CLOSED store (the client's own CUDA event: an engine that

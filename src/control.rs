@@ -268,10 +268,17 @@ impl<'a> Control<'a> {
     }
 
     /// Claims the client slot for `(pid, start_time)`: moves `client_state` to
-    /// `CLAIMING` (a free slot: none, closed, invalidated, or attached by a dead
-    /// process), then writes who claims it. Publish it with [`Self::attach_client`].
-    /// `AlreadyAttached` when a live client holds it or another one is claiming it.
-    pub fn claim_client(&self, name: &str, pid: u32, start_time: u64) -> Result<()> {
+    /// `CLAIMING` (a free slot: none, closed, invalidated, or attached by a client that
+    /// `client_alive` says is dead: `Region::client_alive`), then writes who claims it.
+    /// Publish it with [`Self::attach_client`]. `AlreadyAttached` when a live client
+    /// holds it or another one is claiming it.
+    pub fn claim_client(
+        &self,
+        name: &str,
+        pid: u32,
+        start_time: u64,
+        client_alive: impl Fn(u32, u64) -> bool,
+    ) -> Result<()> {
         let slot = self.u32(offsets::CLIENT_STATE);
         loop {
             let code = slot.load(Ordering::Acquire);
@@ -279,7 +286,7 @@ impl<'a> Control<'a> {
                 ClientState::None | ClientState::Closed | ClientState::Invalidated => {}
                 ClientState::Attached => {
                     let (holder, start) = self.client_identity();
-                    if os::process_alive(holder, start) {
+                    if client_alive(holder, start) {
                         return Err(Error::AlreadyAttached {
                             name: name.to_string(),
                             pid: holder,
@@ -337,10 +344,12 @@ impl<'a> Control<'a> {
     }
 
     /// Ends the claim: `client_state = ATTACHED` (Release), so an engine that sees it
-    /// also sees the pid, start time and event handle written while claiming.
+    /// also sees the pid, start time and event handle written while claiming; then rings
+    /// the doorbell, waking an engine asleep on it waiting for a client.
     pub fn attach_client(&self) {
         self.u32(offsets::CLIENT_STATE)
             .store(ClientState::Attached.code(), Ordering::Release);
+        crate::sync::post(&self.doorbell(), 0);
     }
 
     /// The attached client's pid, start time and event handle, read seqlock-style: the
@@ -381,9 +390,10 @@ impl<'a> Control<'a> {
         None
     }
 
-    /// The engine's check of its client: `PeerClosed` or `PeerDied` when it is gone. A
-    /// client that died attached is marked `INVALIDATED`, so another may attach.
-    pub fn check_client(&self) -> Result<()> {
+    /// The engine's check of its client: `PeerClosed` or `PeerDied` when it is gone
+    /// (`client_alive` judges: `Region::client_alive`). A client that died attached is
+    /// marked `INVALIDATED`, so another may attach.
+    pub fn check_client(&self, client_alive: impl Fn(u32, u64) -> bool) -> Result<()> {
         match self.client_state() {
             ClientState::Closed => Err(Error::PeerClosed { peer: Peer::Client }),
             ClientState::Invalidated => Err(Error::PeerDied {
@@ -393,7 +403,7 @@ impl<'a> Control<'a> {
             }),
             ClientState::Attached => {
                 let (pid, start) = self.client_identity();
-                if os::process_alive(pid, start) {
+                if client_alive(pid, start) {
                     Ok(())
                 } else {
                     // Free the slot so another client may attach.
@@ -541,7 +551,7 @@ mod tests {
         c.publish_engine(42, 7);
         assert!(c.is_published());
         c.set_engine_ready();
-        c.claim_client("r", 43, 8).unwrap();
+        c.claim_client("r", 43, 8, |_, _| false).unwrap();
         c.publish_client_event(&[5; 64]).unwrap();
         assert_eq!(c.read_client_event(), None, "not attached yet");
         c.attach_client();
@@ -555,7 +565,8 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!((h.client_pid, h.client_start_time), (43, 8));
-        assert_eq!((h.action_seq, h.engine_doorbell), (3, 1));
+        // The doorbell rang twice: at attach, and with the action.
+        assert_eq!((h.action_seq, h.engine_doorbell), (3, 2));
         assert_eq!(h.client_event_handle, [5; 64]);
     }
 }

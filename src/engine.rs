@@ -1,6 +1,7 @@
 //! The engine's side: create a region, publish frame 0, then loop
 //! `wait_actions()` → step → `publish()`.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
@@ -174,6 +175,10 @@ pub struct Engine {
     rx: Vec<u8>,
     /// Replies dropped because the client left the reply ring full.
     dropped_replies: std::cell::Cell<u64>,
+    /// The end (close or death) of the last client was reported by a wait: later waits
+    /// wait for a new client instead of reporting it again at once (a loop serving one
+    /// client after another would otherwise spin). Cleared once a client is attached.
+    client_end_reported: std::cell::Cell<bool>,
     policy: WaitPolicy,
     /// Last action number received.
     action: u64,
@@ -257,6 +262,7 @@ impl Engine {
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
+            client_end_reported: std::cell::Cell::new(false),
             policy: spec.policy.adapted_to_shards(spec.shards as usize),
             action: 0,
             frame: 0,
@@ -276,13 +282,15 @@ impl Engine {
     /// 0, [`publish`](Engine::publish), then `wait_actions` → step → `publish`).
     pub fn join(name: &str, index: u32, options: JoinOptions) -> Result<Engine> {
         let name = region::canonical_name(name)?;
-        let deadline = Instant::now() + options.timeout;
+        // No deadline when it lies past what an Instant holds.
+        let deadline = Instant::now().checked_add(options.timeout);
+        let left = || deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
         let mut backoff = sync::Backoff::default();
         // The creator may not have made the region yet: wait for the name, then for it
         // to be published (Region::open waits for that).
         let (region, layout) = loop {
-            match Region::open(&name, deadline.saturating_duration_since(Instant::now())) {
-                Err(Error::NotFound { .. }) if Instant::now() < deadline => backoff.snooze(),
+            match Region::open(&name, left(), || Ok(())) {
+                Err(Error::NotFound { .. }) if !left().is_zero() => backoff.snooze(),
                 other => break other?,
             }
         };
@@ -319,6 +327,7 @@ impl Engine {
             tx: flatbuffers::FlatBufferBuilder::new(),
             rx: Vec::new(),
             dropped_replies: std::cell::Cell::new(0),
+            client_end_reported: std::cell::Cell::new(false),
             policy,
             action: 0,
             frame: 0,
@@ -432,15 +441,68 @@ impl Engine {
         self.control().client_state() == ClientState::Attached
     }
 
-    /// The client's state as an error, if it is gone. A shard also stops when another
-    /// shard died or closed: the region can no longer step (the client's next step fails
-    /// naming that shard), so no shard waits for actions that cannot come, and the
-    /// creator, stopping, removes the region.
+    /// The client's state as an error, if it is gone, once per client: after a wait
+    /// reported its end, waits go on (for a new client); a dead or closed sibling shard. `RegionTooSmall` if the region was
+    /// truncated under the engine (checked before each sleep, as the client does).
     fn check_client(&self) -> Result<()> {
-        self.control().check_client()?;
+        self.region.check_size()?;
+        let control = self.control();
+        let client = match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+            Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
+                if self.client_end_reported.get() =>
+            {
+                Ok(())
+            }
+            Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                self.client_end_reported.set(true);
+                Err(e)
+            }
+            Err(e) => Err(e),
+            Ok(()) => {
+                if control.client_state() == ClientState::Attached {
+                    self.client_end_reported.set(false);
+                }
+                Ok(())
+            }
+        };
+        client?;
+        // A shard also stops when another shard died or closed: the region can no longer
+        // step (the client's next step fails naming that shard), so no shard waits for
+        // actions that cannot come, and the creator, stopping, removes the region.
         if self.layout.is_sharded() {
             shard::check_shards(&self.region, &self.layout, Some(self.shard.index))?;
         }
+        Ok(())
+    }
+
+
+    /// Waits until a client is attached (a live one: a client that died attached frees
+    /// the slot meanwhile); `Ok` at once if one is. Sleeps on the doorbell, which an
+    /// attaching client rings (a client of an earlier version does not: then it is seen
+    /// within a sleep slice, 10 ms). The way to serve one client after another: after
+    /// `wait_actions` reported `PeerClosed` or `PeerDied`, call this, then wait for
+    /// actions again. `Timeout` after `timeout` (`Duration::MAX`: none).
+    pub fn wait_for_client(&mut self, timeout: Duration) -> Result<()> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Engine));
+        }
+        let control = self.control();
+        let attached = |_| {
+            let live = control.client_state() == ClientState::Attached
+                && control
+                    .check_client(|pid, start| self.region.client_alive(pid, start))
+                    .is_ok();
+            live.then_some(())
+        };
+        sync::wait_until(
+            &control.doorbell(),
+            attached,
+            WaitPolicy::BLOCKING,
+            timeout,
+            "a client to attach",
+            || self.region.check_size(),
+        )?;
+        self.client_end_reported.set(false);
         Ok(())
     }
 
@@ -562,6 +624,8 @@ impl Engine {
             self.device.before_actions(self.region.control())?;
         }
         self.action = seen;
+        // A client posts actions: the end of the next one is news again.
+        self.client_end_reported.set(false);
         Ok(seen)
     }
 
@@ -643,15 +707,34 @@ impl Engine {
             );
             bytes = too_big.encode_into(tx);
         }
-        match channel
+        // A client has one call in flight at a time and posts its next request, or its
+        // next action, only once the call returned (answered, timed out, interrupted):
+        // if either is already posted, nobody waits for this reply. Dropping it here, and
+        // giving up on room for it as soon as either appears, means a backlog of stale
+        // replies never fills the ring and never keeps the engine from stepping.
+        let superseded = || {
+            self.slot().request_pending(Ordering::Acquire)
+                || self.control().action_seq().counter.load(Ordering::Acquire) > self.action
+        };
+        if superseded() {
+            self.dropped_replies.set(self.dropped_replies.get() + 1);
+            return Ok(());
+        }
+        let pushed = channel
             .e2c
             .push(bytes, self.policy, command::REPLY_TIMEOUT, || {
-                self.check_client()
-            }) {
+                self.check_client()?;
+                if superseded() {
+                    // Our own stop: not an interrupt from anyone else.
+                    return Err(Error::Interrupted);
+                }
+                Ok(())
+            });
+        match pushed {
             Ok(()) => {}
-            // The client has not read its replies for REPLY_TIMEOUT: it gave up on
-            // them. Drop this one rather than stop serving.
-            Err(Error::Timeout { .. }) => {
+            // Superseded while it waited for room, or no room for REPLY_TIMEOUT (the
+            // client stopped reading): dropped rather than stop serving.
+            Err(Error::Interrupted | Error::Timeout { .. }) => {
                 self.dropped_replies.set(self.dropped_replies.get() + 1);
             }
             Err(e) => return Err(e),
@@ -659,8 +742,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Replies dropped because the client did not read them for
-    /// [`command::REPLY_TIMEOUT`] (its calls had timed out).
+    /// Replies dropped because nobody waited for them: the client had posted a newer
+    /// request or action (its call had returned), or did not read for
+    /// [`command::REPLY_TIMEOUT`].
     pub fn dropped_replies(&self) -> u64 {
         self.dropped_replies.get()
     }
@@ -676,7 +760,8 @@ impl Engine {
     }
 
     /// Marks the region closed, wakes a waiting client (it gets `PeerClosed`) and removes
-    /// the name. Also done on drop.
+    /// the name. Also done on drop. In a child forked from the engine's process, neither
+    /// touches the region.
     pub fn close(mut self) {
         self.shut();
     }
@@ -694,6 +779,11 @@ impl Engine {
             return;
         }
         self.closed = true;
+        // A child forked from the engine's process drops its copy: the region is its
+        // parent's (Region's drop does not unlink there either).
+        if !self.region.made_here() {
+            return;
+        }
         if self.layout.is_sharded() {
             self.slot().close();
         }

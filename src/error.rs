@@ -188,6 +188,21 @@ pub enum Error {
         location: &'static str,
     },
 
+    /// The engine has not taken earlier requests out of the command ring for the whole
+    /// call timeout: it is busy (a long step, a handler that blocks) or does not serve
+    /// commands. Nothing was sent; the session can keep stepping.
+    #[error("the engine's command ring is full: {queued} of its {capacity} bytes hold requests it has not read yet (it is busy, or does not serve commands while it steps); nothing was sent, the session can keep stepping: call again later")]
+    CommandBacklog { queued: u64, capacity: u64 },
+
+    /// The filesystem of shm objects (`/dev/shm`, a tmpfs) has no room for the region.
+    #[error("no room in /dev/shm for region '{name}': it needs {needed} bytes ({}), /dev/shm has {free} bytes free of {total} ({} of {}); free some (`shmbridge gc` removes regions of dead engines), serve fewer or smaller tensors, or give /dev/shm more room (Docker: `docker run --shm-size=2g`, Compose: `shm_size`; Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)", Mib(*needed), Mib(*free), Mib(*total))]
+    NoSpace {
+        name: String,
+        needed: u64,
+        free: u64,
+        total: u64,
+    },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -249,12 +264,14 @@ pub enum ErrorKind {
     VulkanUnavailable,
     Vulkan,
     NotOnHost,
+    NoSpace,
+    CommandBacklog,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 37] = [
+    pub const ALL: [ErrorKind; 39] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -291,6 +308,8 @@ impl ErrorKind {
         ErrorKind::VulkanUnavailable,
         ErrorKind::Vulkan,
         ErrorKind::NotOnHost,
+        ErrorKind::NoSpace,
+        ErrorKind::CommandBacklog,
         ErrorKind::Io,
     ];
 }
@@ -341,8 +360,19 @@ impl Error {
             Error::VulkanUnavailable { .. } => ErrorKind::VulkanUnavailable,
             Error::Vulkan { .. } => ErrorKind::Vulkan,
             Error::NotOnHost { .. } => ErrorKind::NotOnHost,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
+            Error::CommandBacklog { .. } => ErrorKind::CommandBacklog,
             Error::Io { .. } => ErrorKind::Io,
         }
+    }
+}
+
+/// A byte count for messages, in MiB with one decimal (`21.7 MiB`).
+struct Mib(u64);
+
+impl std::fmt::Display for Mib {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} MiB", self.0 as f64 / (1u64 << 20) as f64)
     }
 }
 

@@ -24,6 +24,7 @@ pub mod error;
 pub mod fdpass;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod launch;
 pub mod layout;
 #[cfg(all(test, loom))]
 mod loom_tests;

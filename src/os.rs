@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize};
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode};
@@ -95,8 +95,30 @@ pub fn file_identity(file: &File) -> Result<(u64, u64, u64)> {
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
 
-pub fn set_len(file: &File, len: u64) -> Result<()> {
-    rustix::fs::ftruncate(file, len).map_err(|e| Error::io("ftruncate", e))
+/// Sizes a new shm object to `len` bytes and reserves them: `posix_fallocate` charges
+/// every page to the tmpfs now, so a region that does not fit is `Err(ENOSPC)` here. After
+/// a bare `ftruncate` the file would be sparse, and the first write past the free space
+/// (`MAP_POPULATE` does not reserve either) would kill the process with SIGBUS.
+pub fn reserve(file: &File, len: u64) -> std::result::Result<(), Errno> {
+    loop {
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+            // A signal arrived while the kernel was allocating: what it allocated stays,
+            // so asking again finishes the job.
+            Err(Errno::INTR) => continue,
+            // A filesystem without fallocate (not tmpfs): size it the old way.
+            Err(Errno::OPNOTSUPP) => return rustix::fs::ftruncate(file, len),
+            other => return other,
+        }
+    }
+}
+
+/// `(free, total)` bytes of the filesystem holding shm objects (`/dev/shm`), for messages.
+pub fn shm_space() -> Option<(u64, u64)> {
+    let st = rustix::fs::statvfs(SHM_DIR).ok()?;
+    Some((
+        st.f_bavail.saturating_mul(st.f_frsize),
+        st.f_blocks.saturating_mul(st.f_frsize),
+    ))
 }
 
 /// Takes an exclusive `flock` without blocking; `Ok(false)` if someone else holds it.
@@ -115,11 +137,33 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
     rustix::fs::flock(file, FlockOperation::LockExclusive).map_err(|e| Error::io("flock", e))
 }
 
+/// Drops a `flock` this descriptor holds.
+pub fn unlock(file: &File) {
+    let _ = rustix::fs::flock(file, FlockOperation::Unlock);
+}
+
+/// `(device, inode)` of what `name` in /dev/shm is now (a link itself, not its target);
+/// `None` if the name does not exist.
+pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
+    let path = format!("{SHM_DIR}/{}", name.trim_start_matches('/'));
+    match rustix::fs::statat(
+        rustix::fs::CWD,
+        path.as_str(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) => Ok(Some((st.st_dev, st.st_ino))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::io(format!("stat('{name}')"), e)),
+    }
+}
+
 /// An open-file-description write lock on byte `index` of `file`, as `fcntl(F_OFD_*)`
 /// takes it: owned by the open file description (not the process), released by the
-/// kernel when its last descriptor closes, however the process ends, and independent
-/// of `flock` locks on the same file. A shard of a sharded region (1.4) holds the one on
-/// its index for its whole life: its liveness token, as the `flock` is the creator's.
+/// kernel when nothing refers to it any more (no descriptor, no mapping made through
+/// it), however the process ends, and independent of `flock` locks on the same file. A
+/// shard of a sharded region (1.4) holds the one on its index for its whole life: its
+/// liveness token, as the `flock` is the creator's; an attached client holds one at
+/// `region::client_lock_byte` (at or above 2^61, far from any shard index).
 fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
     use std::os::fd::AsRawFd;
     // SAFETY: `flock` is plain data; all-zero is a valid value of it.
@@ -172,6 +216,230 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 
 pub fn futex_wake_all(word: &AtomicU32) {
     let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+// Forked children. A region's liveness lock (the engine's flock, a client's byte lock)
+// belongs to the open file description of its descriptor, and the kernel drops it only
+// when nothing refers to that description any more: no descriptor, and no mapping made
+// from it. A child forked without exec (multiprocessing, a DataLoader worker) inherits
+// both, so it would keep its parent's lock, hence its parent "alive", after the parent
+// died. So each process registers its region descriptors and mappings here, and in every
+// child it forks (`pthread_atfork`, which Python's `os.fork` and `multiprocessing` run
+// too), before the child runs any code of its own: each mapping is replaced, at the same
+// address, by a mapping of the same object through a new description (opened via
+// /proc/self/fd: the child still sees the live shared bytes), and each descriptor is
+// pointed at /dev/null (its number stays valid, so the child's copies drop cleanly).
+
+/// Fixed arrays of atomics: the child handler may take no lock. Past 256 regions open at
+/// once the rest are not released in children (their locks then outlive a dead parent
+/// while a forked child lives).
+const FORK_SLOTS: usize = 256;
+
+/// Descriptors of region files open in this process (-1: free).
+static HELD_FDS: [AtomicI32; FORK_SLOTS] = [const { AtomicI32::new(-1) }; FORK_SLOTS];
+
+/// A mapping of a region made through a held descriptor.
+struct HeldMapping {
+    /// 0 free, 1 being filled or emptied, 2 in use.
+    state: AtomicU32,
+    /// The descriptor it was made through; -1 once that descriptor closed (the mapping
+    /// then stays as it is in a child: its description's lock went with the descriptor
+    /// owner's close, which is what matters).
+    fd: AtomicI32,
+    addr: AtomicUsize,
+    len: AtomicUsize,
+    writable: AtomicBool,
+}
+
+static HELD_MAPPINGS: [HeldMapping; FORK_SLOTS] = [const {
+    HeldMapping {
+        state: AtomicU32::new(0),
+        fd: AtomicI32::new(-1),
+        addr: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        writable: AtomicBool::new(false),
+    }
+}; FORK_SLOTS];
+
+/// `/proc/self/fd/<fd>` NUL-terminated, written into `buf` without allocating.
+fn proc_fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut k) = (fd.unsigned_abs(), 0);
+    loop {
+        digits[k] = b'0' + (n % 10) as u8;
+        k += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..k].iter().rev().enumerate() {
+        buf[PREFIX.len() + i] = *d;
+    }
+    buf[PREFIX.len() + k] = 0;
+    buf.as_ptr().cast()
+}
+
+/// Runs in the child after `fork`, its only thread: re-maps every held mapping through a
+/// new description, then points every held descriptor at /dev/null. Only system calls on
+/// stack buffers: nothing here allocates or locks.
+extern "C" fn after_fork_in_child() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let mut path = [0u8; 32];
+    for m in &HELD_MAPPINGS {
+        let fd = m.fd.load(Relaxed);
+        if m.state.load(Acquire) != 2 || fd < 0 {
+            continue;
+        }
+        let (addr, len) = (m.addr.load(Relaxed), m.len.load(Relaxed));
+        let (access, prot) = if m.writable.load(Relaxed) {
+            (libc::O_RDWR, libc::PROT_READ | libc::PROT_WRITE)
+        } else {
+            (libc::O_RDONLY, libc::PROT_READ)
+        };
+        // SAFETY: `open` of a NUL-terminated path on the stack; `mmap` with MAP_FIXED
+        // over exactly the range this process mapped from the same object (registered
+        // while the mapping exists, removed before it is unmapped), with the same access,
+        // so every pointer into it stays valid and sees the same shared bytes; `close` of
+        // the descriptor opened here. All async-signal-safe, as a fork handler needs.
+        unsafe {
+            let new = libc::open(proc_fd_path(fd, &mut path), access | libc::O_CLOEXEC);
+            if new < 0 {
+                continue;
+            }
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                new,
+                0,
+            );
+            libc::close(new);
+        }
+    }
+    // SAFETY: `open` of a constant path, `dup3` onto descriptor numbers this process
+    // holds (registered while open, removed before they close), `close` of the one
+    // opened here; all async-signal-safe.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null < 0 {
+            return;
+        }
+        for slot in &HELD_FDS {
+            let fd = slot.load(Relaxed);
+            if fd >= 0 && fd != null {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+            }
+        }
+        libc::close(null);
+    }
+}
+
+fn install_fork_handler() {
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| {
+        // SAFETY: registers a function with C linkage and no arguments, for the child
+        // side only; it is a static function, valid for the life of the process.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
+
+/// Registers a region descriptor, to be released in forked children.
+pub fn hold_in_parent_only(file: &File) {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    install_fork_handler();
+    let fd = file.as_raw_fd();
+    for slot in &HELD_FDS {
+        if slot
+            .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Unregisters a region descriptor before it closes; mappings made through it stay as
+/// they are in later children.
+pub fn release_held(file: &File) {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    let fd = file.as_raw_fd();
+    for m in &HELD_MAPPINGS {
+        let _ = m.fd.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    for slot in &HELD_FDS {
+        if slot
+            .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Registers a mapping of `len` bytes at `addr` made through the held descriptor `file`,
+/// to be re-made through a new description in forked children. Returns its slot, to
+/// unregister before unmapping; `None` when every slot is taken.
+pub fn hold_mapping(file: &File, addr: *mut u8, len: usize, writable: bool) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    install_fork_handler();
+    for (i, m) in HELD_MAPPINGS.iter().enumerate() {
+        if m.state
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            m.fd.store(file.as_raw_fd(), Ordering::Relaxed);
+            m.addr.store(addr as usize, Ordering::Relaxed);
+            m.len.store(len, Ordering::Relaxed);
+            m.writable.store(writable, Ordering::Relaxed);
+            m.state.store(2, Ordering::Release);
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Unregisters the mapping in `slot` before it is unmapped.
+pub fn release_mapping(slot: usize) {
+    use std::sync::atomic::Ordering;
+    if let Some(m) = HELD_MAPPINGS.get(slot) {
+        m.state.store(1, Ordering::Release);
+        m.fd.store(-1, Ordering::Relaxed);
+        m.state.store(0, Ordering::Release);
+    }
+}
+
+/// Sends SIGTERM to process `pid` (a launched engine: it closes and removes its region).
+pub fn terminate(pid: u32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+}
+
+/// In a child between `fork` and `exec` (async-signal-safe: system calls only): asks the
+/// kernel for SIGTERM when the parent dies (`PR_SET_PDEATHSIG`, kept across `exec`), then
+/// checks the parent is still `parent` (the launcher's pid, read before the fork): if it
+/// died before the request, the child was re-parented already and must not start.
+pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+    match rustix::process::getppid() {
+        Some(p) if p.as_raw_nonzero().get() as u32 == parent => Ok(()),
+        // ESRCH: the launcher is gone. No allocation here (a forked child).
+        _ => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    }
+}
+
+/// In a child between `fork` and `exec`: a session of its own, so the terminal's Ctrl-C
+/// reaches the launcher only (its engine stops when its client closes or dies).
+pub fn new_session() -> std::io::Result<()> {
+    rustix::process::setsid()?;
+    Ok(())
 }
 
 /// How often [`core_free`] reads the kernel's count again; in between it answers from

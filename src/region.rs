@@ -1,9 +1,25 @@
-//! A named shared-memory region: create (engine), open (client, tools), unlink, and the
-//! sweep of regions whose engine is dead.
+//! A named shared-memory region: create (engine), open (client, tools), unlink, the
+//! liveness of the parties serving it, and the sweep of regions whose engine is dead.
 //!
-//! The engine holds an exclusive `flock` on its region for as long as it lives. The kernel
-//! releases it when the engine exits in any way, so a sweep that can take the lock knows
-//! the engine is gone, with no pid-reuse race.
+//! # Liveness
+//!
+//! Every judgment of whether a peer lives goes through this module, and none rests on a
+//! pid alone: a pid means another process (or none) in another PID namespace (a client in
+//! a container), and pids are reused. Each party holds a lock on the region file that the
+//! kernel drops when the party ends, however it ends:
+//!
+//! - the engine, an exclusive `flock` on the whole file, from before it writes the header
+//!   until it exits (every version of the library takes it, so every sweep sees it). A
+//!   region whose `flock` can be taken has no engine: [`Region::engine_gone`];
+//! - an attached client (this version on), an OFD write lock on one byte of the file,
+//!   [`client_lock_byte`] of the pid and start time it recorded in the client slot, so the
+//!   engine reads where to look from the slot: [`Region::client_alive`]. A client of an
+//!   earlier version holds none; for it, a pid and start time naming a live process here
+//!   still count as alive.
+//!
+//! A name is removed only under the engine's lock (its owner, or whoever took the lock of
+//! a dead engine), and only if it still names the very object judged (same device and
+//! inode): a new engine may have taken the name meanwhile.
 
 use std::fs::File;
 use std::ptr::NonNull;
@@ -66,6 +82,11 @@ pub struct Region {
     /// (device, inode) of the object we mapped, to unlink only that one.
     identity: (u64, u64),
     owner: bool,
+    /// The process that made this mapping: a child forked from it inherits the value
+    /// and must not act for it (close, unlink) when it drops its copy.
+    pid: u32,
+    /// Where `os` keeps this mapping for forked children (`os::hold_mapping`).
+    fork_slot: Option<usize>,
 }
 
 impl std::fmt::Debug for Region {
@@ -82,13 +103,24 @@ impl Region {
     /// Creates, sizes, pre-faults and initialises a region, then publishes its magic.
     /// Nothing is left behind if any step fails.
     pub fn create(name: &str, builder: &HeaderBuilder) -> Result<Region> {
-        let file = os::shm_create(name)?;
+        let file = create_name(name)?;
         // From here on, a failure must remove the name again.
         let guard = UnlinkOnDrop(name);
         // A sweep may hold the lock for a moment while it looks at the new file: wait.
         os::lock_exclusive(&file)?;
         let len = builder.header.region_size;
-        os::set_len(&file, len)?;
+        os::reserve(&file, len).map_err(|e| match e {
+            rustix::io::Errno::NOSPC | rustix::io::Errno::FBIG => {
+                let (free, total) = os::shm_space().unwrap_or((0, 0));
+                Error::NoSpace {
+                    name: name.to_string(),
+                    needed: len,
+                    free,
+                    total,
+                }
+            }
+            e => Error::io(format!("reserving {len} bytes for '{name}'"), e),
+        })?;
         let map = MmapOptions::new()
             .len(len as usize)
             .populate()
@@ -101,7 +133,10 @@ impl Region {
             map,
             identity: (dev, ino),
             owner: true,
-        };
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(None, true);
         let bytes = builder.bytes();
         // SAFETY: the mapping is `len` bytes and `bytes.len() == header_size <= len`
         // (HeaderBuilder guarantees it). Nobody else can have mapped the object yet
@@ -120,27 +155,43 @@ impl Region {
 
     /// Opens an existing region and waits (up to `timeout`) until its engine has published
     /// the header. Returns the region and a validated snapshot of its layout.
-    pub fn open(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
-        let deadline = Instant::now() + timeout;
+    /// `interrupted` is consulted at each poll once the wait sleeps (about every
+    /// millisecond): its error ends the wait.
+    pub fn open(
+        name: &str,
+        timeout: Duration,
+        mut interrupted: impl FnMut() -> Result<()>,
+    ) -> Result<(Region, layout::Layout)> {
+        // No deadline when it lies past what an Instant holds (a timeout of "forever").
+        let deadline = Instant::now().checked_add(timeout);
+        let expired = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = Backoff::default();
         // The engine sizes the object right after creating it, before writing anything:
         // wait for the size, then map once and wait for the magic.
         let region = loop {
             match Region::map_existing(name, true) {
                 Ok(r) => break r,
-                Err(e @ Error::RegionTooSmall { .. }) if Instant::now() >= deadline => {
+                Err(e @ Error::RegionTooSmall { .. }) if expired() => {
                     return Err(e)
                 }
-                Err(Error::RegionTooSmall { .. }) => backoff.snooze(),
+                Err(Error::RegionTooSmall { .. }) => {
+                    if backoff.sleeps() {
+                        interrupted()?;
+                    }
+                    backoff.snooze()
+                }
                 Err(e) => return Err(e),
             }
         };
         while !region.control().is_published() {
-            if Instant::now() >= deadline {
+            if expired() {
                 return Err(Error::Timeout {
                     waited: timeout,
                     what: "the engine to publish the region header",
                 });
+            }
+            if backoff.sleeps() {
+                interrupted()?;
             }
             backoff.snooze();
         }
@@ -149,7 +200,9 @@ impl Region {
         Ok((region, layout))
     }
 
-    /// Maps a region read-only for inspection; nothing is validated beyond the size.
+    /// Maps a region read-only; nothing is validated beyond the size. A mapping of a file
+    /// that shrinks under it faults (SIGBUS) past the new end: tools that only look at
+    /// the header read it with [`read_header_bytes`] instead.
     pub fn open_read_only(name: &str) -> Result<Region> {
         Region::map_existing(name, false)
     }
@@ -178,7 +231,23 @@ impl Region {
             map,
             identity: (dev, ino),
             owner: false,
-        })
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(None, writable))
+    }
+
+    /// Registers this region's descriptor and mapping (made through `through`, or its
+    /// own descriptor) with `os`, which releases them in children forked from this
+    /// process: a child must not keep its parent's liveness lock.
+    fn held_in_parent_only(mut self, through: Option<&File>, writable: bool) -> Region {
+        if let Some(file) = &self.file {
+            os::hold_in_parent_only(file);
+        }
+        if let Some(file) = through.or(self.file.as_ref()) {
+            self.fork_slot = os::hold_mapping(file, self.ptr(), self.len(), writable);
+        }
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -218,7 +287,10 @@ impl Region {
             map,
             identity: self.identity,
             owner: false,
-        })
+            pid: os::current_pid(),
+            fork_slot: None,
+        }
+        .held_in_parent_only(Some(file), true))
     }
 
     pub fn len(&self) -> usize {
@@ -262,28 +334,149 @@ impl Region {
     }
 
     /// Removes the name from /dev/shm if it still refers to the object we mapped (a new
-    /// engine may have taken the name since).
+    /// engine may have taken the name since). Callers hold the engine's lock (the engine
+    /// itself, or [`Region::engine_gone`] for a dead one), so no sweep acts on this
+    /// object meanwhile: see [`unlink_if_same`].
     pub fn unlink_if_same(&self) {
-        if let Ok(f) = os::shm_open(&self.name, false) {
-            if let Ok((_, dev, ino)) = os::file_identity(&f) {
-                if (dev, ino) == self.identity {
-                    let _ = os::shm_unlink(&self.name);
-                }
-            }
+        let _ = unlink_if_same(&self.name, self.identity);
+    }
+
+    /// `(device, inode)` of the object mapped.
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
+    }
+
+    /// Whether this region's engine is gone: its `flock` is free (it exited, however it
+    /// exited, or it never took it). If so, the name is removed, under that lock, if it
+    /// still names this object, and the lock is let go. `false` while the engine lives,
+    /// and for a second mapping (no descriptor to ask with). A sweep holding the lock
+    /// for a moment reads as alive: the caller asks again at its next check.
+    pub fn engine_gone(&self) -> Result<bool> {
+        let Some(file) = &self.file else {
+            return Ok(false);
+        };
+        if !os::try_lock_exclusive(file)? {
+            return Ok(false);
+        }
+        self.unlink_if_same();
+        os::unlock(file);
+        Ok(true)
+    }
+
+    /// Whether the client recorded in the slot as `(pid, start_time)` lives: it holds its
+    /// lock on this region ([`client_lock_byte`]; seen from any PID namespace), or (a
+    /// client of an earlier version holds none) that pid and start time name a live
+    /// process here. A dead client of this version fails both: its lock went with it,
+    /// and its pid is dead here or belongs to another process (or is another namespace's).
+    pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
+        let locked = self.file.as_ref().is_some_and(|f| {
+            // An error asking is no evidence of death.
+            os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+        });
+        locked || os::process_alive(pid, start_time)
+    }
+
+    /// Takes the client lock of `(pid, start_time)` (the attaching client, before it
+    /// claims the slot). `false` if another descriptor holds it: a child forked from an
+    /// earlier client of this same process that kept the region open. The client then
+    /// goes on without (its pid still vouches for it, as for an earlier version's).
+    pub(crate) fn hold_client_lock(&self, pid: u32, start_time: u64) -> Result<bool> {
+        match &self.file {
+            Some(f) => os::try_lock_byte(f, client_lock_byte(pid, start_time)),
+            None => Ok(false),
         }
     }
 
     pub fn is_owner(&self) -> bool {
         self.owner
     }
+
+    /// `RegionTooSmall` if the file is now shorter than this mapping: someone with the
+    /// owner's rights truncated it, and touching the bytes past its end would SIGBUS.
+    /// Callers check before each blocking wait (the slow path, never per step). What
+    /// remains for a same-uid peer: a truncation between this check and an access of
+    /// the mapping (the next frame read, the next counter load) still faults; a tmpfs
+    /// file cannot be sealed against shrinking (only memfds can).
+    pub fn check_size(&self) -> Result<()> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let (size, _, _) = os::file_identity(file)?;
+        if size < self.len() as u64 {
+            return Err(Error::RegionTooSmall {
+                needed: self.len() as u64,
+                actual: size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The header bytes of region `name` (control block and the largest possible table, or
+/// the whole file if shorter) and the file's size, read with `pread`, never through a
+/// mapping: a file that shrinks while it is read gives a short read here (validation
+/// then says `RegionTooSmall`), where a mapping would kill the reader with SIGBUS.
+pub fn read_header_bytes(name: &str) -> Result<(Vec<u8>, u64)> {
+    read_header_from(name, &os::shm_open(name, false)?)
+}
+
+/// [`read_header_bytes`] of an open region file.
+fn read_header_from(name: &str, file: &File) -> Result<(Vec<u8>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let (size, _, _) = os::file_identity(file)?;
+    let mut out = vec![0u8; (size as usize).min(MAX_HEADER)];
+    let mut filled = 0;
+    while filled < out.len() {
+        match file.read_at(&mut out[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(format!("reading '{name}'"), e)),
+        }
+    }
+    out.truncate(filled);
+    Ok((out, size))
+}
+
+impl Region {
+    /// Whether this process made this mapping (false in a child forked after it was
+    /// made, which must leave the region to its parent).
+    pub fn made_here(&self) -> bool {
+        self.pid == os::current_pid()
+    }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.owner {
+        if self.owner && self.made_here() {
             self.unlink_if_same();
         }
+        if let Some(slot) = self.fork_slot {
+            os::release_mapping(slot);
+        }
+        if let Some(file) = &self.file {
+            os::release_held(file);
+        }
     }
+}
+
+/// `shm_create(name)`; a name left by a dead engine is removed first ([`remove_if_dead`]).
+/// A sweep may hold that engine's lock for a moment, so a name in use is asked about a
+/// few more times (about 16 ms in all) before it is `NameInUse`.
+fn create_name(name: &str) -> Result<File> {
+    let mut backoff = Backoff::default();
+    for _ in 0..80 {
+        match os::shm_create(name) {
+            Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name).verdict {
+                Verdict::Removed | Verdict::Changed => {}
+                // A live engine, or a sweep looking at a dead one for a moment.
+                Verdict::Alive => backoff.snooze(),
+                Verdict::Left(_) => return Err(e),
+            },
+            other => return other,
+        }
+    }
+    os::shm_create(name)
 }
 
 struct UnlinkOnDrop<'a>(&'a str);
@@ -293,26 +486,57 @@ impl Drop for UnlinkOnDrop<'_> {
     }
 }
 
-/// For an engine that is exiting without its `Engine` value (a signal handler): marks the
-/// region closed, wakes a waiting client (it sees `PeerClosed`) and removes the name.
-pub fn close_and_remove(name: &str) -> Result<()> {
-    let region = Region::map_existing(name, true)?;
-    region.control().close_engine();
-    region.unlink_if_same();
-    Ok(())
+/// The byte of a region file whose lock the client recorded as `(pid, start_time)` holds
+/// while attached. Derived from what the slot records, so the engine needs no other field
+/// to find it; a client forked from another, or one in another PID namespace, has another
+/// pid or start time, hence another byte. In `[2^61, 2^62)`: far above the bytes
+/// `0..shards` the shards of a sharded region lock (1.4), and below `i64::MAX` (`off_t`).
+pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
+    // splitmix64 of the pair: distinct clients land on distinct bytes.
+    let mut z = (u64::from(pid) << 32 ^ start_time).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 3) | (1 << 61)
 }
 
-/// For a shard process exiting without its `Engine` value (a signal handler): marks its
-/// shard closed and wakes a waiting client (it sees `ShardClosed`). The name stays: it
-/// is the creator's.
-pub fn close_shard(name: &str, shard: u32) -> Result<()> {
-    let region = Region::map_existing(name, true)?;
-    let layout = layout::validate(name, &region.snapshot(), region.len() as u64)?;
-    let info = layout.shards.get(shard as usize).ok_or_else(|| {
-        Error::InvalidSpec(format!("region '{name}' has no shard {shard}"))
-    })?;
-    crate::shard::ShardSlot::new(&region, info)?.close();
-    Ok(())
+/// Removes `name` if it names the object `identity`. Whoever calls this holds that
+/// object's engine lock (its owner, or the judge of a dead engine), so no other caller
+/// acts on the object at the same time. The window left: between the `stat` and the
+/// `unlink`, something that takes no lock (a user's `rm`, a sweep of an earlier version)
+/// could remove the name and a new engine create it again; the new one would then lose
+/// its name (not its mapping). Every path of this version unlinks under the lock.
+fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
+    if os::name_identity(name)? != Some(identity) {
+        return Ok(false);
+    }
+    os::shm_unlink(name)?;
+    Ok(true)
+}
+
+impl Region {
+    /// For an engine exiting without its `Engine` value (a signal handler), on a mapping
+    /// of its own region ([`Region::map_again`], made while serving): marks the region
+    /// closed, wakes a waiting client (it sees `PeerClosed`) and removes the name if it
+    /// still names this object. Never by name alone: the name may have been removed and
+    /// taken by another engine since, whose region must not be touched. The engine
+    /// process still holds its lock (§ liveness).
+    pub fn close_and_remove(&self) {
+        self.control().close_engine();
+        self.unlink_if_same();
+    }
+
+    /// For a shard process exiting without its `Engine` value (a signal handler), on a
+    /// mapping of the region it joined: marks its shard closed and wakes a waiting client
+    /// (it sees `ShardClosed`). The name stays: it is the creator's.
+    pub fn close_shard(&self, shard: u32) -> Result<()> {
+        let layout = layout::validate(&self.name, &self.snapshot(), self.len() as u64)?;
+        let info = layout.shards.get(shard as usize).ok_or_else(|| {
+            Error::InvalidSpec(format!("region '{}' has no shard {shard}", self.name))
+        })?;
+        crate::shard::ShardSlot::new(self, info)?.close();
+        Ok(())
+    }
 }
 
 /// Names of all shmbridge regions in /dev/shm, sorted.
@@ -327,43 +551,129 @@ pub fn list_names() -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Whether the engine of this region is gone: its lock is free and it had claimed it
-/// (magic or pid written), or it never claimed it and the file is older than the grace.
-fn engine_is_gone(name: &str) -> Result<bool> {
-    let file = os::shm_open(name, false)?;
-    if !os::try_lock_exclusive(&file)? {
-        return Ok(false);
-    }
-    let (size, _, _) = os::file_identity(&file)?;
-    let claimed = size >= CONTROL_SIZE as u64 && {
-        let r = Region::open_read_only(name)?;
-        let h = r.header();
-        h.magic != 0 || h.engine_pid != 0
-    };
-    if claimed {
-        return Ok(true);
-    }
-    let age = file
-        .metadata()
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .unwrap_or_default();
-    Ok(age > CREATE_GRACE)
+/// What a sweep did with one name in /dev/shm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub name: String,
+    pub verdict: Verdict,
 }
 
-/// Removes every region whose engine is gone. Returns the names removed. Regions of
-/// other users (permission denied) and live ones are left alone.
-pub fn sweep() -> Result<Vec<String>> {
-    let mut removed = Vec::new();
-    for name in list_names()? {
-        if let Ok(true) = engine_is_gone(&name) {
-            if os::shm_unlink(&name).is_ok() {
-                removed.push(name);
+/// Why a sweep removed a name, or left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A region of this library whose engine is gone: removed.
+    Removed,
+    /// Its engine holds the region's lock (or another sweep holds it for a moment).
+    Alive,
+    /// The name was removed, or taken by another object, while the sweep looked at it.
+    Changed,
+    /// Left: what could not be proven, in words.
+    Left(String),
+}
+
+impl Swept {
+    pub fn removed(&self) -> bool {
+        self.verdict == Verdict::Removed
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Removed => f.write_str("its engine is dead"),
+            Verdict::Alive => {
+                f.write_str("its engine is alive (it holds the region's lock; or another sweep does)")
             }
+            Verdict::Changed => f.write_str("removed or replaced meanwhile"),
+            Verdict::Left(why) => f.write_str(why),
         }
     }
-    Ok(removed)
+}
+
+/// Whether the engine of region `name` lives: it holds the region's `flock` (for `ls`; a
+/// dead engine's lock, taken to ask, is let go at once).
+pub fn engine_alive(name: &str) -> Result<bool> {
+    let file = os::shm_open(name, false)?;
+    Ok(!os::try_lock_exclusive(&file)?)
+}
+
+/// Whether the header bytes `bytes` of a file `age` old prove it is a region this library
+/// wrote: its magic, or (an engine that died before publishing it) the rest of a header
+/// of this layout, older than the creation grace. `Err(why not)` otherwise.
+fn identify(bytes: &[u8], age: Duration) -> std::result::Result<(), String> {
+    let h = layout::read_header(bytes)
+        .map_err(|_| format!("too short for a region header ({} bytes)", bytes.len()))?;
+    if h.magic == layout::MAGIC {
+        return Ok(());
+    }
+    let ours_unpublished = h.magic == 0
+        && h.layout_hash == layout::LAYOUT_HASH
+        && h.version_major == layout::VERSION_MAJOR;
+    match (ours_unpublished, age > CREATE_GRACE) {
+        (true, true) => Ok(()),
+        (true, false) => Err("being created (not published yet)".into()),
+        (false, _) => Err(format!(
+            "not a shmbridge region (magic {:#018x}): remove it yourself if nothing uses it",
+            h.magic
+        )),
+    }
+}
+
+/// Removes `name` if it can prove it is a region whose engine is gone: a regular file of
+/// the caller's ([`os::shm_open`]), the engine's `flock` free (never a pid), and a header
+/// this library wrote ([`identify`], read with `pread` from the same descriptor); the name
+/// is removed only if it still names that very object, while the lock is held
+/// ([`unlink_if_same`]). Anything it cannot prove is left, with the reason.
+fn remove_if_dead(name: &str) -> Swept {
+    let verdict = (|| -> Result<Verdict> {
+        let file = os::shm_open(name, false)?;
+        if !os::try_lock_exclusive(&file)? {
+            return Ok(Verdict::Alive);
+        }
+        // From here until `file` drops, the engine is known dead and no other sweep or
+        // client acts on this object.
+        let (_, dev, ino) = os::file_identity(&file)?;
+        let (bytes, _) = read_header_from(name, &file)?;
+        let age = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        if let Err(why) = identify(&bytes, age) {
+            return Ok(Verdict::Left(why));
+        }
+        Ok(match unlink_if_same(name, (dev, ino))? {
+            true => Verdict::Removed,
+            false => Verdict::Changed,
+        })
+    })();
+    let verdict = verdict.unwrap_or_else(|e| match e {
+        Error::NotFound { .. } => Verdict::Changed,
+        Error::PermissionDenied { .. } => Verdict::Left("belongs to another user".into()),
+        Error::NotARegionFile { what, .. } => Verdict::Left(format!("{what}, not a region file")),
+        e => Verdict::Left(e.to_string()),
+    });
+    Swept {
+        name: name.to_string(),
+        verdict,
+    }
+}
+
+/// Looks at every `shmbridge-*` name in /dev/shm: removes each region it can prove
+/// belongs to a dead engine, and says why it left every other one (a live engine, a file
+/// it cannot identify, another user's, a FIFO or link, one being created).
+pub fn sweep_report() -> Result<Vec<Swept>> {
+    Ok(list_names()?.iter().map(|n| remove_if_dead(n)).collect())
+}
+
+/// [`sweep_report`], returning the names removed.
+pub fn sweep() -> Result<Vec<String>> {
+    Ok(sweep_report()?
+        .into_iter()
+        .filter(Swept::removed)
+        .map(|s| s.name)
+        .collect())
 }
 
 #[cfg(test)]

@@ -197,6 +197,14 @@ impl<'a> Ring<'a> {
         (self.capacity - LEN_BYTES).min(u32::MAX as u64)
     }
 
+    /// Bytes published and not yet consumed (at most the capacity, whatever a peer wrote
+    /// into the counters).
+    pub fn queued(&self) -> u64 {
+        let head = primitive::load(self.ctrl.head, Ordering::Acquire);
+        let tail = primitive::load(self.ctrl.tail, Ordering::Acquire);
+        head.wrapping_sub(tail).min(self.capacity)
+    }
+
     /// Whether nothing is published and unconsumed.
     pub fn is_empty(&self) -> bool {
         primitive::load(self.ctrl.head, Ordering::Acquire)

@@ -30,10 +30,18 @@ pub struct WaitPolicy {
 }
 
 impl WaitPolicy {
-    /// Spin for `spin`, then 16 yields, then sleep.
+    /// Spin for `spin` (at most [`WaitPolicy::MAX_SPIN`]), then 16 yields, then sleep.
     pub const fn spinning(spin: Duration) -> Self {
+        let spin = if spin.as_nanos() > WaitPolicy::MAX_SPIN.as_nanos() {
+            WaitPolicy::MAX_SPIN
+        } else {
+            spin
+        };
         WaitPolicy { spin, yields: 16 }
     }
+    /// The longest spin budget: a spinning wait checks neither its deadline nor its peer,
+    /// so spinning longer than a sleep slice would only delay both.
+    pub const MAX_SPIN: Duration = SLICE;
     /// Sleep at once: lowest CPU use (laptops), a few microseconds more per wake-up.
     pub const BLOCKING: WaitPolicy = WaitPolicy {
         spin: Duration::ZERO,
@@ -84,6 +92,12 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
+    /// Whether the next snooze sleeps (the yields are over): a poller consults its
+    /// interrupt hook only then, at most once a millisecond.
+    pub(crate) fn sleeps(&self) -> bool {
+        self.polls >= 63
+    }
+
     pub(crate) fn snooze(&mut self) {
         self.polls = self.polls.saturating_add(1);
         if self.polls < 64 {

@@ -262,3 +262,93 @@ fn cuda_specs_are_declared_and_refused_without_a_driver() {
     let host = spec().place("nope", Device::cuda(0));
     assert!(host.tensors.iter().all(|t| t.device == Device::Host));
 }
+
+/// An interrupt hook ends every wait of an attach: for an engine that never publishes
+/// frame 0, and for a region whose header is never published (an engine stuck before
+/// its magic). Before the fix both waited for the whole timeout (30 s here).
+#[test]
+fn attach_waits_end_at_the_interrupt_hook() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    // The hook lets a few polls pass, then stops the wait, as a Ctrl-C would.
+    let hook = || {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&calls);
+        let hook: shmbridge::client::Interrupt = Arc::new(move || {
+            if seen.fetch_add(1, Ordering::Relaxed) >= 3 {
+                Err(Error::Interrupted)
+            } else {
+                Ok(())
+            }
+        });
+        (AttachOptions::default().timeout(T).interrupt(Some(hook)), calls)
+    };
+    let unpublished = Engine::create(spec()).unwrap();
+    let (options, calls) = hook();
+    assert!(matches!(
+        Client::attach(unpublished.name(), options),
+        Err(Error::Interrupted)
+    ));
+    assert!(calls.load(Ordering::Relaxed) > 3);
+    // A region file with no header yet: zeroed, its "engine" holding the lock.
+    let name = format!("shmbridge-api-unpublished-{}", std::process::id());
+    let path = std::path::Path::new("/dev/shm").join(&name);
+    let file = std::fs::File::create_new(&path).unwrap();
+    file.set_len(4096).unwrap();
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let (options, _) = hook();
+    let attached = Client::attach(&name, options);
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(attached, Err(Error::Interrupted)), "{attached:?}");
+}
+
+/// After a wait reported its client's end, the next wait waits for a new client (and its
+/// action) rather than reporting the end again at once; `wait_for_client` blocks until
+/// one attaches. Before the fix every later wait failed at once with `PeerClosed`.
+#[test]
+fn an_engine_serves_one_client_after_another_without_spinning() {
+    let mut engine = ready_engine();
+    let name = engine.name().to_string();
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    assert!(matches!(
+        engine.wait_actions(T),
+        Err(Error::PeerClosed { peer: Peer::Client })
+    ));
+    assert!(matches!(
+        engine.wait_actions(Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+            c.step(T).unwrap();
+        });
+        assert_eq!(engine.wait_actions(T).unwrap(), 1);
+        engine.publish().unwrap();
+    });
+    assert!(matches!(
+        engine.wait_actions(T),
+        Err(Error::PeerClosed { peer: Peer::Client })
+    ));
+    let (attached_tx, attached_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let name = &name;
+        s.spawn(move || {
+            let c = Client::attach(name, AttachOptions::default()).unwrap();
+            attached_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            c.close();
+        });
+        engine.wait_for_client(T).unwrap();
+        assert!(engine.client_attached());
+        attached_rx.recv().unwrap();
+        release_tx.send(()).unwrap();
+    });
+    assert!(matches!(
+        engine.wait_for_client(Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+}

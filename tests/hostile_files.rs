@@ -94,17 +94,7 @@ fn a_symlink_is_not_followed_by_the_sweep() {
     let planted = plant("link", "sweep");
     let target = std::env::temp_dir().join(format!("{}-target", planted.0));
     std::fs::write(&target, [0u8; 16]).unwrap();
-    let old = rustix::fs::Timestamps {
-        last_access: rustix::fs::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        },
-        last_modification: rustix::fs::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        },
-    };
-    rustix::fs::utimensat(rustix::fs::CWD, &target, &old, rustix::fs::AtFlags::empty()).unwrap();
+    common::make_old(&target);
     let removed = no_hang("sweep", region::sweep).unwrap();
     assert!(!removed.contains(&planted.0), "{removed:?}");
     assert!(path(&planted.0).symlink_metadata().is_ok());
@@ -161,22 +151,60 @@ fn another_users_file_is_refused_and_left_alone() {
     std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let nobody = rustix::process::Uid::from_raw(65534);
     rustix::fs::chown(&p, Some(nobody), None).unwrap();
-    let old = rustix::fs::Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        &p,
-        &rustix::fs::Timestamps {
-            last_access: old,
-            last_modification: old,
-        },
-        rustix::fs::AtFlags::empty(),
-    )
-    .unwrap();
+    common::make_old(&p);
     assert!(matches!(attach(&name), Error::PermissionDenied { name: n } if n == name));
     let removed = region::sweep().unwrap();
     assert!(!removed.contains(&name), "{removed:?}");
     assert_eq!(std::fs::metadata(&p).unwrap().uid(), 65534);
+}
+
+/// Root's `gc`, `ls` and `inspect` against a symbolic link that `nobody` planted, pointing
+/// at a file of root's that looks like an abandoned region (old, magic written, no lock):
+/// none follows the link (before the fix, root's `gc` took a lock on the target through
+/// it and removed the name), each says what the name is, and both files stay as they were.
+#[test]
+fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
+    if !common::private_shm("roots_gc_does_not_follow_a_link_planted_by_nobody", "8m") {
+        return;
+    }
+    let name = "shmbridge-planted-by-nobody";
+    let target = std::env::temp_dir().join(format!("shmbridge-link-target-{}", std::process::id()));
+    let mut region = vec![0u8; shmbridge::layout::CONTROL_SIZE];
+    region[..8].copy_from_slice(&shmbridge::layout::MAGIC.to_le_bytes());
+    std::fs::write(&target, &region).unwrap();
+    common::make_old(&target);
+    let link = path(name);
+    symlink(&target, &link).unwrap();
+    let nobody = rustix::process::Uid::from_raw(65534);
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &link,
+        Some(nobody),
+        None,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        no_hang("the CLI", move || {
+            Command::new(common::BIN).args(&args).output().unwrap()
+        })
+    };
+    let gc = run(&["gc"]);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    let ls = run(&["ls"]);
+    let ls = String::from_utf8_lossy(&ls.stdout).to_string();
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with(name) && l.contains("a symbolic link")),
+        "{ls}"
+    );
+    let inspect = run(&["inspect", name]);
+    assert!(!inspect.status.success());
+    assert!(String::from_utf8_lossy(&inspect.stderr).contains("a symbolic link"));
+    let meta = link.symlink_metadata().expect("gc removed the link");
+    assert!(meta.file_type().is_symlink() && meta.uid() == 65534);
+    assert_eq!(std::fs::read(&target).unwrap(), region, "the target was changed");
+    assert_eq!(target.metadata().unwrap().mtime(), 1);
+    std::fs::remove_file(&target).unwrap();
 }

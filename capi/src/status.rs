@@ -59,6 +59,12 @@ pub enum shmb_status {
     SHMB_VULKAN = 35,
     SHMB_NOT_ON_HOST = 36,
     SHMB_IO = 37,
+    /// The region does not fit the free space of /dev/shm (the message names both sizes and
+    /// Docker's `--shm-size`); nothing was left behind.
+    SHMB_NO_SPACE = 38,
+    /// The command request ring stayed full for the whole call timeout: the engine is not
+    /// reading commands. The session can go on stepping.
+    SHMB_COMMAND_BACKLOG = 39,
     /// A null pointer where one is required, a size or count that does not fit, a string
     /// that is not UTF-8, an unknown enum value.
     SHMB_INVALID_ARGUMENT = 1000,
@@ -116,11 +122,13 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
         ErrorKind::Vulkan => SHMB_VULKAN,
         ErrorKind::NotOnHost => SHMB_NOT_ON_HOST,
         ErrorKind::Io => SHMB_IO,
+        ErrorKind::NoSpace => SHMB_NO_SPACE,
+        ErrorKind::CommandBacklog => SHMB_COMMAND_BACKLOG,
     }
 }
 
 /// Every status, for `shmb_status_name` and the tests.
-pub(crate) const ALL: [shmb_status; 43] = {
+pub(crate) const ALL: [shmb_status; 45] = {
     use shmb_status::*;
     [
         SHMB_OK,
@@ -161,6 +169,8 @@ pub(crate) const ALL: [shmb_status; 43] = {
         SHMB_VULKAN,
         SHMB_NOT_ON_HOST,
         SHMB_IO,
+        SHMB_NO_SPACE,
+        SHMB_COMMAND_BACKLOG,
         SHMB_INVALID_ARGUMENT,
         SHMB_INVALID_HANDLE,
         SHMB_BUSY,
@@ -212,6 +222,8 @@ impl shmb_status {
             SHMB_VULKAN => c"VULKAN",
             SHMB_NOT_ON_HOST => c"NOT_ON_HOST",
             SHMB_IO => c"IO",
+            SHMB_NO_SPACE => c"NO_SPACE",
+            SHMB_COMMAND_BACKLOG => c"COMMAND_BACKLOG",
             SHMB_INVALID_ARGUMENT => c"INVALID_ARGUMENT",
             SHMB_INVALID_HANDLE => c"INVALID_HANDLE",
             SHMB_BUSY => c"BUSY",

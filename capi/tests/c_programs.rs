@@ -130,7 +130,7 @@ fn c_cartpole_engine_agrees_with_the_rust_one_bit_for_bit() {
     let exe = compile("examples/c/cartpole_engine.c", "cartpole_engine");
     let (mut c_engine, c_name) = start(&exe, &["--num-envs", "8", "--seed", "12345"]);
 
-    let mut env = CartPole::new(ENVS, SEED);
+    let mut env = CartPole::new(ENVS, SEED).unwrap();
     let mut engine = Engine::create(env.spec()).unwrap();
     let rust_name = engine.name().to_string();
     let server = std::thread::spawn(move || {

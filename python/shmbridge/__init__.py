@@ -34,6 +34,7 @@ from typing import Sequence as _Sequence
 from . import errors
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
+from ._process import EngineProcess as _EngineProcess
 from .errors import CudaUnavailableError, EngineStartError, ShmBridgeError
 
 __all__ = [
@@ -73,7 +74,7 @@ def attach(
     return Client.attach(name, timeout, spin_us, blocking, importer)
 
 
-def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
+def _read_line(proc: "_EngineProcess", timeout: float) -> _Optional[str]:
     """The first line the engine prints, or None on EOF or timeout."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -83,8 +84,11 @@ def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
         sel.register(fd, _selectors.EVENT_READ)
         while b"\n" not in buf:
             left = deadline - _time.monotonic()
-            if left <= 0 or not sel.select(left):
+            if left <= 0:
                 return None
+            # In slices: select() refuses a timeout past what a time_t holds.
+            if not sel.select(min(left, 60.0)):
+                continue
             chunk = _os.read(fd, 4096)
             if not chunk:
                 return None
@@ -92,7 +96,7 @@ def _read_line(proc: _subprocess.Popen, timeout: float) -> _Optional[str]:
     return buf.split(b"\n", 1)[0].decode(errors="replace").strip() or None
 
 
-def _stop(proc: _subprocess.Popen, grace: float) -> None:
+def _stop(proc: "_EngineProcess", grace: float) -> None:
     """Waits for the engine to exit; SIGTERM (it then removes its region), then SIGKILL."""
     try:
         proc.wait(grace)
@@ -109,28 +113,19 @@ def _stop(proc: _subprocess.Popen, grace: float) -> None:
 
 def _spawn_engine(
     args: list, env: _Optional[dict] = None, stdin: bytes = b""
-) -> "tuple[_subprocess.Popen, _Any]":
-    """Starts an engine process (``launch``'s and ``launch_gym``'s one way to do it):
+) -> "tuple[_EngineProcess, _Any]":
+    """Starts an engine process (``launch``'s and ``launch_gym``'s one way to do it)
+    through the library's one spawning path: it gets SIGTERM if this process dies (while
+    it waits for the engine too), in a session of its own so that Ctrl-C in the terminal
+    interrupts the learner, not its engine (which stops when the client closes or dies).
     stdout piped (the engine prints its region name there), stderr to a temporary file
     (returned, for error messages), ``stdin`` written to its standard input and closed."""
     stderr = _tempfile.TemporaryFile()
-    proc = _subprocess.Popen(
-        args,
-        stdin=_subprocess.PIPE if stdin else _subprocess.DEVNULL,
-        stdout=_subprocess.PIPE,
-        stderr=stderr,
-        bufsize=0,
-        env=env,
-        # Ctrl-C in the terminal interrupts the learner, not its engine: the engine stops
-        # when the client closes (or dies).
-        start_new_session=True,
-    )
-    if stdin:
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(stdin)
-        finally:
-            proc.stdin.close()
+    try:
+        proc = _EngineProcess(args, env, stderr.fileno(), stdin)
+    except BaseException:
+        stderr.close()
+        raise
     return proc, stderr
 
 
@@ -314,7 +309,9 @@ def launch(
     Vulkan memory the engine exports), ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
-    the client stops the engine and waits for it; nothing is left in /dev/shm.
+    the client stops the engine and waits for it; nothing is left in /dev/shm. The engine
+    gets SIGTERM if this process dies, even while ``launch()`` still waits for it, so it
+    never outlives the learner; ``client.engine_process`` is the process.
 
     ``command``: the program and arguments of an engine of your own (a C, C++, C# or
     Rust simulator built on the C ABI, e.g. ``["./cartpole_engine", "--seed", "3"]``)
@@ -340,6 +337,10 @@ def launch(
         raise TypeError(f"env must be a str such as 'cartpole', not {type(env).__name__}")
     num_envs = _check_int("num_envs", num_envs, 1)
     timeout = _check_number("timeout", timeout)
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be a bool, not {type(blocking).__name__} ({blocking!r})")
+    if not isinstance(importer, str):
+        raise TypeError(f"importer must be a str ('auto', 'cuda' or 'vulkan'), not {type(importer).__name__}")
     if spin_us is not None:
         _check_number("spin_us", spin_us, positive=False)
     _check_engine_args(engine_args)

@@ -49,6 +49,8 @@ __all__ = [
     "VulkanUnavailableError",
     "VulkanError",
     "NotOnHostError",
+    "NoSpaceError",
+    "CommandBacklogError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -227,6 +229,17 @@ class VulkanError(ShmBridgeError, RuntimeError):
 
 class NotOnHostError(ShmBridgeError, TypeError):
     """A host view was asked of a tensor whose bytes live on a device."""
+
+
+class CommandBacklogError(ShmBridgeError):
+    """The engine's command ring stayed full for the whole call timeout: it has not read
+    earlier requests (busy in a long step or handler). Nothing was sent; the session can
+    keep stepping, and a later call goes through once the engine serves commands again."""
+
+
+class NoSpaceError(ShmBridgeError, OSError):
+    """``/dev/shm`` has no room for the region (Docker gives containers 64 MB unless
+    started with ``--shm-size``); the message gives the sizes. Nothing was left behind."""
 
 
 class ShmBridgeOSError(ShmBridgeError, OSError):

@@ -21,7 +21,7 @@ use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg32;
 
 use crate::engine::EngineSpec;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
@@ -81,21 +81,25 @@ pub struct CartPole {
 }
 
 impl CartPole {
-    pub fn new(num_envs: u32, seed: u64) -> Self {
+    /// `num_envs` envs, env `i` seeded with `seed + i` (wrapping). Its state is as large
+    /// as its region: memory it cannot get is `InvalidSpec`, never an abort.
+    pub fn new(num_envs: u32, seed: u64) -> Result<Self> {
         let n = num_envs as usize;
         let mut env = CartPole {
             num_envs,
-            state: vec![[0.0; 4]; n],
-            steps: vec![0; n],
-            rngs: (0..n as u64)
-                .map(|i| Pcg32::seed_from_u64(seed.wrapping_add(i)))
-                .collect(),
+            state: allocate(n)?,
+            steps: allocate(n)?,
+            rngs: allocate(n)?,
             length: LENGTH,
         };
+        env.state.resize(n, [0.0; 4]);
+        env.steps.resize(n, 0);
+        env.rngs
+            .extend((0..n as u64).map(|i| Pcg32::seed_from_u64(seed.wrapping_add(i))));
         for i in 0..n {
             env.reset_one(i);
         }
-        env
+        Ok(env)
     }
 
     fn reset_one(&mut self, i: usize) {
@@ -114,6 +118,18 @@ impl CartPole {
             write_state(o, s);
         }
     }
+}
+
+/// An empty vector with room for `n` elements, or `InvalidSpec` if the memory is not there.
+fn allocate<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::InvalidSpec(format!(
+            "cartpole: no memory for the state of {n} envs ({} bytes)",
+            (n as u128) * std::mem::size_of::<T>() as u128
+        ))
+    })?;
+    Ok(v)
 }
 
 fn write_state(out: &mut [f32], state: &[f64; 4]) {
@@ -265,9 +281,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_starts_other_seed_other_starts() {
-        let a = CartPole::new(8, 7);
-        let b = CartPole::new(8, 7);
-        let c = CartPole::new(8, 8);
+        let a = CartPole::new(8, 7).unwrap();
+        let b = CartPole::new(8, 7).unwrap();
+        let c = CartPole::new(8, 8).unwrap();
         assert_eq!(a.states(), b.states());
         assert_ne!(a.states(), c.states());
         for s in a.states() {

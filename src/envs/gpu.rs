@@ -624,7 +624,7 @@ mod tests {
     #[test]
     fn the_kernels_reset_scheme_gives_the_cpu_states() {
         let (n, seed) = (9u32, u64::MAX - 3); // the seeds wrap
-        let mut cpu = cartpole::CartPole::new(n, seed);
+        let mut cpu = cartpole::CartPole::new(n, seed).unwrap();
         let mut states = vec![[0.0; 4]; n as usize];
         let mut rngs = vec![(0, 0); n as usize];
         let all: Vec<u32> = (0..n).collect();

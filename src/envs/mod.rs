@@ -96,12 +96,24 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
         "cartpole" => Ok(Box::new(cartpole::CartPole::new(
             num_envs,
             options.seed.wrapping_add(u64::from(options.first_env)),
-        ))),
+        )?)),
         "pixels" => Ok(Box::new(pixels::Pixels::new(
             num_envs,
             options.seed,
             options.image,
         )?)),
+        other => Err(unknown_env(other)),
+    }
+}
+
+/// The spec the host env `name` serves, without building the env: its state is about
+/// as large as its region, so [`run_reference`] reserves the region first, and a size
+/// that does not fit /dev/shm is `NoSpace` before any of that memory is touched.
+pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+    match name {
+        "null" => Ok(null_env(num_envs, options)?.spec()),
+        "cartpole" => Ok(cartpole::spec(num_envs)),
+        "pixels" => pixels::spec(num_envs, options.image),
         other => Err(unknown_env(other)),
     }
 }
@@ -217,16 +229,25 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     let mut choice = crate::device::resolve(r.device)?;
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
-    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
-        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
-        let mut spec = env.spec().policy(r.policy);
+    let serving = |spec: EngineSpec| {
+        let mut spec = spec.policy(r.policy);
         if let Some(d @ Device::Vulkan(_)) = r.options.image_device {
             spec = spec.place("rgb", d);
         }
         if let Some(n) = &r.name {
             spec = spec.name(n);
         }
-        let engine = Engine::create(spec)?;
+        spec
+    };
+    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
+        if device == Device::Host {
+            // The region (reserved in /dev/shm) before the env's state, which is as large.
+            let engine = Engine::create(serving(host_spec(&r.env, r.num_envs, &r.options)?))?;
+            let env = by_name(&r.env, r.num_envs, &r.options)?;
+            return Ok((env, engine));
+        }
+        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
+        let engine = Engine::create(serving(env.spec()))?;
         Ok((env, engine))
     };
     let (mut env, mut engine) = match build(choice.device) {
@@ -244,7 +265,7 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     if r.device != DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    close_on_signal(engine.name().to_string(), None);
+    close_on_signal(engine.map_again()?, None);
     serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
 }
 
@@ -290,7 +311,7 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             engine.num_envs()
         )));
     }
-    close_on_signal(engine.name().to_string(), (k > 0).then_some(k));
+    close_on_signal(engine.map_again()?, (k > 0).then_some(k));
     serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
 }
 
@@ -306,20 +327,23 @@ fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration
     Ok(steps)
 }
 
-/// On SIGINT/SIGTERM: close the region and remove its name (the creator), or mark a
-/// joined shard closed (the name is the creator's), so the client sees `PeerClosed` /
-/// `ShardClosed`; then exit.
-fn close_on_signal(name: String, joined_shard: Option<u32>) {
+/// On SIGINT/SIGTERM: close the region this engine serves (`own`, a second mapping of
+/// it, never re-opened by name: the name may be another engine's by now) and remove its
+/// name if still its own (the creator), or mark a joined shard closed (the name is the
+/// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit.
+fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            let _ = match joined_shard {
-                None => crate::region::close_and_remove(&name),
-                Some(k) => crate::region::close_shard(&name, k),
-            };
+            match joined_shard {
+                None => own.close_and_remove(),
+                Some(k) => {
+                    let _ = own.close_shard(k);
+                }
+            }
             std::process::exit(128 + sig);
         }
     });

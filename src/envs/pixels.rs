@@ -248,8 +248,7 @@ impl std::fmt::Debug for Pixels {
 impl Pixels {
     /// `image`: `[H, W, 4]` (default [`DEFAULT_SIZE`]).
     pub fn new(num_envs: u32, seed: u64, image: Option<[u64; 3]>) -> Result<Pixels> {
-        let shape = image.unwrap_or([u64::from(DEFAULT_SIZE[0]), u64::from(DEFAULT_SIZE[1]), 4]);
-        let size = check_size(num_envs, shape)?;
+        let size = check_size(num_envs, image_shape(image))?;
         #[cfg(not(feature = "vulkan"))]
         {
             let _ = (seed, size);
@@ -257,7 +256,7 @@ impl Pixels {
         }
         #[cfg(feature = "vulkan")]
         Ok(Pixels {
-            cartpole: CartPole::new(num_envs, seed),
+            cartpole: CartPole::new(num_envs, seed)?,
             num_envs,
             size,
             params: DrawParams::new(num_envs, size[0], size[1]),
@@ -298,14 +297,28 @@ impl Pixels {
     }
 }
 
+/// What `pixels` serves: `cartpole`'s tensors and an `rgb [N, H, W, 4]` frame in Vulkan
+/// memory (`image`: `[H, W, 4]`, default [`DEFAULT_SIZE`]).
+pub fn spec(num_envs: u32, image: Option<[u64; 3]>) -> Result<EngineSpec> {
+    Ok(spec_of_size(num_envs, check_size(num_envs, image_shape(image))?))
+}
+
+fn image_shape(image: Option<[u64; 3]>) -> [u64; 3] {
+    image.unwrap_or([u64::from(DEFAULT_SIZE[0]), u64::from(DEFAULT_SIZE[1]), 4])
+}
+
+fn spec_of_size(num_envs: u32, size: [u32; 2]) -> EngineSpec {
+    let n = u64::from(num_envs);
+    let [h, w] = size.map(u64::from);
+    cartpole::spec_of("pixels", num_envs)
+        .metadata("image", "rgb")
+        .tensor("rgb", DType::U8, &[n, h, w, 4], Direction::EngineToClient)
+        .place("rgb", Device::Vulkan(VulkanDevice::ANY))
+}
+
 impl VecEnv for Pixels {
     fn spec(&self) -> EngineSpec {
-        let n = u64::from(self.num_envs);
-        let [h, w] = self.size.map(u64::from);
-        cartpole::spec_of("pixels", self.num_envs)
-            .metadata("image", "rgb")
-            .tensor("rgb", DType::U8, &[n, h, w, 4], Direction::EngineToClient)
-            .place("rgb", Device::Vulkan(VulkanDevice::ANY))
+        spec_of_size(self.num_envs, self.size)
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {

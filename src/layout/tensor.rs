@@ -220,6 +220,29 @@ impl Layout {
         Ok(TensorId(self.tensor(name)?.0))
     }
 
+    /// The per-env tensor `name`: its first dimension must be the header's `num_envs`,
+    /// and, if `per_env` is given, each env must have that many elements (`Some(1)`:
+    /// shape `[num_envs]`). `InvalidTensor` otherwise: a header whose `num_envs`
+    /// disagrees with its tensors is not indexed by either.
+    pub fn per_env_tensor(&self, name: &str, per_env: Option<u64>) -> Result<&TensorInfo> {
+        let (_, t) = self.tensor(name)?;
+        let elements: u64 = t.shape.iter().product();
+        let n = u64::from(self.num_envs);
+        let fits = t.shape.first() == Some(&n)
+            && per_env.is_none_or(|k| elements == n.saturating_mul(k));
+        if !fits {
+            return Err(Error::InvalidTensor {
+                tensor: name.to_string(),
+                reason: format!(
+                    "shape {:?} does not hold {} per env for the header's num_envs {n}",
+                    t.shape,
+                    per_env.map_or("a row".to_string(), |k| format!("{k} element(s)"))
+                ),
+            });
+        }
+        Ok(t)
+    }
+
     pub fn tensor(&self, name: &str) -> Result<(usize, &TensorInfo)> {
         self.tensors
             .iter()

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::actions::copy_actions;
+use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
 use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
@@ -58,6 +59,9 @@ pub struct PyClient {
     on_close: Mutex<Option<Py<PyAny>>>,
     /// The engine process `launch()` started, if any.
     engine_process: Mutex<Option<Py<PyAny>>>,
+    /// The process that attached: in a child forked from it, `close()` and the drop
+    /// leave the session (and a launched engine) to the parent.
+    pid: u32,
 }
 
 impl PyClient {
@@ -166,30 +170,42 @@ pub(super) fn closed_err(py: Python<'_>) -> PyErr {
 impl PyClient {
     /// Attaches to the engine's region `name` (as printed by `shmbridge engine`).
     #[staticmethod]
-    #[pyo3(signature = (name, timeout=10.0, spin_us=None, blocking=false, importer="auto"))]
+    #[pyo3(signature = (name, timeout=Seconds(10.0), spin_us=None, blocking=false, importer="auto"))]
     fn attach(
         py: Python<'_>,
         name: &str,
-        timeout: f64,
-        spin_us: Option<f64>,
+        timeout: Seconds,
+        spin_us: Option<Seconds>,
         blocking: bool,
         importer: &str,
     ) -> PyResult<PyClient> {
         let timeout = duration(timeout, "timeout")?;
         let policy = wait_policy(spin_us, blocking)?;
         let importer = VulkanImporter::parse(importer).py_err(py)?;
+        // Ctrl-C while the engine has not published (its header, or frame 0) ends the
+        // attach with the KeyboardInterrupt, as it ends a step.
+        let signals = SignalCheck::default();
         let options = AttachOptions::default()
             .timeout(timeout)
             .policy(policy)
-            .importer(importer);
+            .importer(importer)
+            .interrupt(Some(signals.hook()));
         let name = name.to_string();
-        let (client, region) = py
-            .detach(|| -> Result<_, Error> {
-                let client = Client::attach(&name, options)?;
-                let region = Arc::new(client.map_again()?);
-                Ok((client, region))
-            })
-            .py_err(py)?;
+        let attached = py.detach(|| -> Result<_, Error> {
+            let mut client = Client::attach(&name, options)?;
+            // Later waits install their own hook (`command`) or check between slices.
+            client.set_interrupt(None);
+            let region = Arc::new(client.map_again()?);
+            Ok((client, region))
+        });
+        let (client, region) = match attached {
+            Err(Error::Interrupted) => {
+                return Err(signals
+                    .take()
+                    .unwrap_or_else(|| to_pyerr(py, Error::Interrupted)))
+            }
+            other => other.py_err(py)?,
+        };
         let layout = client.layout().clone();
         let importer = client.device().importer_reason().map(str::to_string);
         let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
@@ -239,6 +255,7 @@ impl PyClient {
             step_outputs,
             on_close: Mutex::new(None),
             engine_process: Mutex::new(None),
+            pid: crate::os::current_pid(),
         })
     }
 
@@ -255,7 +272,7 @@ impl PyClient {
         &self,
         py: Python<'py>,
         actions: Option<Bound<'py, PyAny>>,
-        timeout: Option<f64>,
+        timeout: Option<Seconds>,
         stream: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let limit = match timeout {
@@ -318,24 +335,25 @@ impl PyClient {
     /// reset does not change.
     /// CUDA engines: `stream` (default torch's current one) then waits on the engine's
     /// event, so work queued on it sees the reset observations.
-    #[pyo3(signature = (seed=None, env_ids=None, timeout=10.0, stream=None))]
+    #[pyo3(signature = (seed=None, env_ids=None, timeout=Seconds(10.0), stream=None))]
     fn reset(
         &self,
         py: Python<'_>,
         seed: Option<Bound<'_, PyAny>>,
-        env_ids: Option<Vec<u32>>,
-        timeout: f64,
+        env_ids: Option<Vec<Count<u32>>>,
+        timeout: Seconds,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
             None => Vec::new(),
-            Some(s) => match s.extract::<u64>() {
-                Ok(one) => vec![one],
-                Err(_) => s.extract::<Vec<u64>>().map_err(|_| {
+            Some(s) => match s.extract::<Count<u64>>() {
+                Ok(one) => vec![one.0],
+                Err(_) => s.extract::<Vec<Count<u64>>>().map(counts).map_err(|_| {
                     PyTypeError::new_err("seed must be None, a non-negative int, or a list of them")
                 })?,
             },
         };
+        let env_ids = env_ids.map(counts);
         let timeout = duration(timeout, "timeout")?;
         let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
         let frame = self.command(py, timeout, |client| {
@@ -351,20 +369,20 @@ impl PyClient {
     /// reply's payload under `"payload"` when it has one. A sharded engine: shard 0
     /// answers, or shard `shard` (an int); `shard="all"` calls every shard at once and
     /// returns the list of their replies, in shard order.
-    #[pyo3(signature = (method, *, payload=None, timeout=10.0, shard=None, **kwargs))]
+    #[pyo3(signature = (method, *, payload=None, timeout=Seconds(10.0), shard=None, **kwargs))]
     fn call<'py>(
         &self,
         py: Python<'py>,
         method: &str,
         payload: Option<Vec<u8>>,
-        timeout: f64,
+        timeout: Seconds,
         shard: Option<Bound<'py, PyAny>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let target = match shard.filter(|s| !s.is_none()) {
             None => Some(0u32),
             Some(s) if s.extract::<String>().is_ok_and(|t| t == "all") => None,
-            Some(s) => Some(s.extract::<u32>().map_err(|_| {
+            Some(s) => Some(s.extract::<Count<u32>>().map(|c| c.0).map_err(|_| {
                 PyTypeError::new_err("shard must be None, a shard index, or \"all\"")
             })?),
         };
@@ -425,8 +443,8 @@ impl PyClient {
     /// The engine's schema over the command channel: `num_envs`, `engine_kind`, the
     /// tensors (name, dtype, shape, direction, location) in table order, and the
     /// engine's metadata (observation bounds, action space, autoreset mode, ...).
-    #[pyo3(signature = (timeout=10.0))]
-    fn schema<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (timeout=Seconds(10.0)))]
+    fn schema<'py>(&self, py: Python<'py>, timeout: Seconds) -> PyResult<Bound<'py, PyDict>> {
         let timeout = duration(timeout, "timeout")?;
         let body = self.command(py, timeout, |client| client.schema(timeout))?;
         let crate::wire::Body::Schema {
@@ -463,12 +481,12 @@ impl PyClient {
     }
 
     /// Round trip of a `Ping` over the command channel; returns the echoed payload.
-    #[pyo3(signature = (payload=None, timeout=10.0))]
+    #[pyo3(signature = (payload=None, timeout=Seconds(10.0)))]
     fn ping<'py>(
         &self,
         py: Python<'py>,
         payload: Option<Vec<u8>>,
-        timeout: f64,
+        timeout: Seconds,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let payload = payload.unwrap_or_default();
         let timeout = duration(timeout, "timeout")?;
@@ -493,6 +511,10 @@ impl PyClient {
         }
         if let Some(c) = client {
             c.close();
+        }
+        if crate::os::current_pid() != self.pid {
+            // A forked child: the launched engine is its parent's to stop and wait for.
+            return Ok(());
         }
         self.run_on_close(py)
     }

@@ -20,6 +20,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyVal
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::tensor::{tensor_named, Place, PyTensor};
 use super::waits::{duration, next_slice, wait_policy};
@@ -83,10 +84,15 @@ impl PyEngineSpec {
     /// if None). `ring_capacity`: bytes of each command ring (0: no command channel).
     #[new]
     #[pyo3(signature = (kind, num_envs, *, name=None, ring_capacity=None))]
-    fn new(kind: &str, num_envs: u32, name: Option<String>, ring_capacity: Option<u64>) -> Self {
-        let mut spec = EngineSpec::new(kind, num_envs);
+    fn new(
+        kind: &str,
+        num_envs: Count<u32>,
+        name: Option<String>,
+        ring_capacity: Option<Count<u64>>,
+    ) -> Self {
+        let mut spec = EngineSpec::new(kind, num_envs.0);
         spec.name = name;
-        if let Some(bytes) = ring_capacity {
+        if let Some(Count(bytes)) = ring_capacity {
             spec.ring_capacity = bytes;
         }
         PyEngineSpec { spec }
@@ -99,9 +105,9 @@ impl PyEngineSpec {
     #[pyo3(signature = (kind, num_envs, obs_dim, act_dim, act_dtype=None, *, name=None))]
     fn standard(
         kind: &str,
-        num_envs: u32,
-        obs_dim: u64,
-        act_dim: u64,
+        num_envs: Count<u32>,
+        obs_dim: Count<u64>,
+        act_dim: Count<u64>,
         act_dtype: Option<&Bound<'_, PyAny>>,
         name: Option<String>,
     ) -> PyResult<Self> {
@@ -109,7 +115,7 @@ impl PyEngineSpec {
             Some(d) => parse_dtype(d)?,
             None => DType::F32,
         };
-        let mut spec = EngineSpec::standard(kind, num_envs, obs_dim, act_dim, act_dtype);
+        let mut spec = EngineSpec::standard(kind, num_envs.0, obs_dim.0, act_dim.0, act_dtype);
         spec.name = name;
         Ok(PyEngineSpec { spec })
     }
@@ -121,14 +127,14 @@ impl PyEngineSpec {
         mut slf: PyRefMut<'py, Self>,
         name: &str,
         dtype: &Bound<'py, PyAny>,
-        shape: Vec<u64>,
+        shape: Vec<Count<u64>>,
         direction: &str,
     ) -> PyResult<PyRefMut<'py, Self>> {
         let dtype = parse_dtype(dtype)?;
         let direction = parse_direction(direction)?;
         slf.spec
             .tensors
-            .push(TensorSpec::new(name, dtype, &shape, direction));
+            .push(TensorSpec::new(name, dtype, &counts(shape), direction));
         Ok(slf)
     }
 
@@ -381,6 +387,40 @@ impl PyEngine {
         }
     }
 
+    /// Runs `wait` (one native wait of at most `slice`, without the GIL) until it ends
+    /// otherwise than by that slice's timeout; between slices: the overall deadline
+    /// (`timeout`, None: none), `close()` from another thread, and signals (Ctrl-C).
+    fn sliced<T>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Seconds>,
+        what: &'static str,
+        mut wait: impl FnMut(Python<'_>, &mut Engine, Duration) -> PyResult<Result<T, Error>>,
+    ) -> PyResult<T> {
+        let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let mut guard = self.lock()?;
+        let engine = guard
+            .as_mut()
+            .ok_or_else(|| to_pyerr(py, Error::Closed(Peer::Engine)))?;
+        loop {
+            match wait(py, engine, next_slice(deadline))? {
+                Ok(v) => return Ok(v),
+                Err(Error::Timeout { .. }) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        let waited = limit.unwrap_or(Duration::MAX);
+                        return Err(to_pyerr(py, Error::Timeout { waited, what }));
+                    }
+                    if self.closed.load(Ordering::Acquire) {
+                        return Err(to_pyerr(py, Error::Closed(Peer::Engine)));
+                    }
+                    py.check_signals()?;
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
+    }
+
     fn with_engine<T>(
         &self,
         py: Python<'_>,
@@ -404,7 +444,7 @@ impl PyEngine {
     fn new(
         py: Python<'_>,
         spec: PyRef<'_, PyEngineSpec>,
-        spin_us: Option<f64>,
+        spin_us: Option<Seconds>,
         blocking: bool,
     ) -> PyResult<Self> {
         let spec = spec.spec.clone().policy(wait_policy(spin_us, blocking)?);
@@ -419,13 +459,13 @@ impl PyEngine {
     /// engine (the schema is shard 0's). Raises `AlreadyAttachedError` when a live
     /// process serves that shard.
     #[staticmethod]
-    #[pyo3(signature = (name, shard, *, timeout=10.0, spin_us=None, blocking=false))]
+    #[pyo3(signature = (name, shard, *, timeout=Seconds(10.0), spin_us=None, blocking=false))]
     fn join(
         py: Python<'_>,
         name: &str,
-        shard: u32,
-        timeout: f64,
-        spin_us: Option<f64>,
+        shard: Count<u32>,
+        timeout: Seconds,
+        spin_us: Option<Seconds>,
         blocking: bool,
     ) -> PyResult<Self> {
         let options = JoinOptions {
@@ -433,7 +473,7 @@ impl PyEngine {
             policy: wait_policy(spin_us, blocking)?,
             metadata: Vec::new(),
         };
-        let engine = py.detach(|| Engine::join(name, shard, options)).py_err(py)?;
+        let engine = py.detach(|| Engine::join(name, shard.0, options)).py_err(py)?;
         PyEngine::serving(py, engine)
     }
 
@@ -460,50 +500,38 @@ impl PyEngine {
     /// then hold it. Commands arriving meanwhile are answered (built-ins by the library,
     /// `reset` and custom methods by `handler`, see the module docs). `timeout` None: no
     /// limit. Raises `ClientClosedError` when the client closed, `ClientDiedError` when it
-    /// died, `TimeoutError` after `timeout`, `KeyboardInterrupt` on Ctrl-C.
+    /// died (once per client: a later call waits for a new client, and its first action),
+    /// `TimeoutError` after `timeout`, `KeyboardInterrupt` on Ctrl-C.
     #[pyo3(signature = (timeout=None, handler=None))]
     fn wait_actions(
         &self,
         py: Python<'_>,
-        timeout: Option<f64>,
+        timeout: Option<Seconds>,
         handler: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
-        let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;
-        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
-        let mut guard = self.lock()?;
-        let engine = guard
-            .as_mut()
-            .ok_or_else(|| to_pyerr(py, Error::Closed(Peer::Engine)))?;
         let mut adapter = PyHandler {
             handler: handler.as_ref(),
             raised: None,
         };
-        loop {
-            let slice = next_slice(deadline);
+        self.sliced(py, timeout, "the client's next action", |py, engine, slice| {
             let got = py.detach(|| engine.wait_actions_with(slice, &mut adapter));
-            if let Some(e) = adapter.raised.take() {
-                return Err(e);
+            match adapter.raised.take() {
+                Some(e) => Err(e),
+                None => Ok(got),
             }
-            match got {
-                Ok(seq) => return Ok(seq),
-                Err(Error::Timeout { .. }) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(to_pyerr(
-                            py,
-                            Error::Timeout {
-                                waited: limit.unwrap_or(Duration::MAX),
-                                what: "the client's next action",
-                            },
-                        ));
-                    }
-                    if self.closed.load(Ordering::Acquire) {
-                        return Err(to_pyerr(py, Error::Closed(Peer::Engine)));
-                    }
-                    py.check_signals()?;
-                }
-                Err(e) => return Err(to_pyerr(py, e)),
-            }
-        }
+        })
+    }
+
+    /// Waits until a client is attached (at once if one is), sleeping: the way to serve
+    /// one client after another. After `wait_actions` raised `ClientClosedError` or
+    /// `ClientDiedError`, call this, then `wait_actions` again (which, meanwhile, waits
+    /// for a new client rather than raising again). `timeout` None: no limit; raises
+    /// `TimeoutError` after it, `KeyboardInterrupt` on Ctrl-C.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_for_client(&self, py: Python<'_>, timeout: Option<Seconds>) -> PyResult<()> {
+        self.sliced(py, timeout, "a client to attach", |py, engine, slice| {
+            Ok(py.detach(|| engine.wait_for_client(slice)))
+        })
     }
 
     /// Answers the commands waiting now, without waiting for an action; returns how
@@ -580,7 +608,7 @@ impl PyEngine {
         self.region.control().client_state() == ClientState::Attached
     }
 
-    /// Replies dropped because the client stopped reading them (its calls timed out).
+    /// Replies dropped because nobody waited for them (their calls had timed out).
     #[getter]
     fn dropped_replies(&self, py: Python<'_>) -> PyResult<u64> {
         self.with_engine(py, |e| Ok(e.dropped_replies()))

@@ -49,6 +49,8 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::VulkanUnavailable => "VulkanUnavailableError",
         ErrorKind::Vulkan => "VulkanError",
         ErrorKind::NotOnHost => "NotOnHostError",
+        ErrorKind::NoSpace => "NoSpaceError",
+        ErrorKind::CommandBacklog => "CommandBacklogError",
         ErrorKind::Io => "ShmBridgeOSError",
     }
 }

@@ -12,10 +12,12 @@
 //! - [`engine`]: `Engine` and `EngineSpec`, a simulator written in Python.
 //! - [`errors`]: crate errors as the exceptions of `shmbridge.errors`.
 //! - [`waits`]: sliced waits (Ctrl-C) and the timeouts of the Python API.
+//! - [`args`]: counts and seconds taken strictly (a bool is neither).
 //! - [`tools`]: `cli` (the `shmbridge` command line), `list_regions`, `gc`,
 //!   `cuda_available`.
 
 mod actions;
+mod args;
 mod client;
 mod engine;
 mod errors;
@@ -36,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(tools::gc, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::_spawn_engine, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_raise_timeout, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use dlpark::ffi::DLManagedTensorVersioned;
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor};
 use dlpark::metadata::Dynamic;
-use dlpark::python::{DlpackExporter, ExportRequest};
+use dlpark::python::{DlpackExporter, ExportAbi, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -197,16 +197,21 @@ impl PyTensor {
         }
     }
 
-    fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+    fn managed<M: ManagedTensorBase>(&self, flags: DlpackFlags) -> PyResult<Managed<M>> {
         let layout = Dynamic::compact(self.shape.clone());
+        fn failed(e: impl std::fmt::Display) -> PyErr {
+            PyRuntimeError::new_err(format!("building a DLPack tensor: {e}"))
+        }
         let mut init = match &self.place {
             Place::Host => layout.initialize_as::<M>(Arc::clone(&self.region)),
             Place::Device { .. } => layout.initialize_as::<M>(Arc::new(self.lease()?)),
         }
-        .map_err(|e| PyRuntimeError::new_err(format!("building a DLPack tensor: {e}")))?;
+        .map_err(failed)?;
         init.set_data(self.data_address() as usize as *mut std::ffi::c_void)
             .set_dtype(dl_dtype(self.info.dtype))
             .set_device(self.dl_device());
+        // READ_ONLY (a no-op for the legacy struct, which has no flags).
+        init.set_flags(flags).map_err(failed)?;
         // SAFETY: host: `data` points at `nbytes` bytes inside the mapping (validated
         // bounds, 64-byte aligned), and the context is an `Arc` of that mapping, so the
         // bytes stay mapped until the consumer calls the deleter, even after the client
@@ -214,9 +219,59 @@ impl PyTensor {
         // size the driver reports for the allocation (`ImportedMemory::span`), and the
         // context is an `Arc` of the lease that keeps the handle open until the deleter
         // runs. Both are laid out C-contiguously with the shape and the compact strides
-        // dlpark wrote. No flags are set: the memory is writable, and concurrent writes
-        // by the peer follow the lock-step protocol, not Rust aliasing.
+        // dlpark wrote. Concurrent writes by the peer follow the lock-step protocol, not
+        // Rust aliasing; READ_ONLY, where set, only tells the consumer not to write.
         Ok(unsafe { init.finish() })
+    }
+
+    /// Whether a versioned export of this tensor says READ_ONLY: the tensors the other
+    /// side writes (`obs`, `rewards`... for a client; `actions` for an engine).
+    fn versioned_flags(&self) -> DlpackFlags {
+        if self.writable {
+            DlpackFlags::empty()
+        } else {
+            DlpackFlags::READ_ONLY
+        }
+    }
+}
+
+/// A [`PyTensor`] exported with its READ_ONLY flag: only for consumers that asked for a
+/// versioned capsule (DLPack 1.x). The legacy struct cannot carry flags (dlpark refuses
+/// flags there), so legacy consumers still get an unflagged view.
+struct Flagged<'t>(&'t PyTensor);
+
+impl DlpackExporter for Flagged<'_> {
+    fn device(&self) -> DLDevice {
+        self.0.dl_device()
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        self.0.versioned_flags()
+    }
+
+    fn prepare_export(&self, py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
+        self.0.prepare_export(py, request)
+    }
+
+    fn export_legacy(&self, py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.0.export_legacy(py)
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.0.managed(self.0.versioned_flags())
+    }
+}
+
+/// Exports `tensor` for `request`: flagged READ_ONLY if the consumer takes DLPack 1.x.
+fn export<'py>(
+    tensor: &PyTensor,
+    py: Python<'py>,
+    request: ExportRequest<'py>,
+) -> PyResult<Py<PyAny>> {
+    if request.abi() == ExportAbi::Versioned {
+        dlpark::python::export_dlpack(&Flagged(tensor), py, request)
+    } else {
+        dlpark::python::export_dlpack(tensor, py, request)
     }
 }
 
@@ -255,11 +310,11 @@ impl DlpackExporter for PyTensor {
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
-        self.managed()
+        self.managed(DlpackFlags::empty())
     }
 
     fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
-        self.managed()
+        self.managed(DlpackFlags::empty())
     }
 }
 
@@ -282,7 +337,7 @@ impl PyTensor {
             // (`prepare_export`); copy=True is refused (BufferError) by dlpark, as this
             // producer only exports the engine's memory itself.
             let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
-            return dlpark::python::export_dlpack(slf.get(), py, request);
+            return export(slf.get(), py, request);
         }
         // For kDLCPU the standard says `stream` must be None (a consumer may pass -1).
         if let Some(s) = &stream {
@@ -303,7 +358,7 @@ impl PyTensor {
             return Ok(owned.call_method("__dlpack__", (), Some(&kwargs))?.unbind());
         }
         let request = ExportRequest::parse(None, max_version, dl_device, copy)?;
-        dlpark::python::export_dlpack(slf.get(), py, request)
+        export(slf.get(), py, request)
     }
 
     fn __dlpack_device__(&self) -> (u32, i32) {
@@ -339,6 +394,10 @@ impl PyTensor {
             array = array.call_method("astype", (dtype,), Some(&kwargs))?;
         } else if copy == Some(true) {
             array = array.call_method0("copy")?;
+        } else if !slf.get().writable {
+            // The other side writes it: a view (NumPy that asks for a legacy capsule
+            // would get a writable one) is made read-only here.
+            array.getattr("flags")?.setattr("writeable", false)?;
         }
         Ok(array)
     }

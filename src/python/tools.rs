@@ -41,6 +41,53 @@ pub(super) fn gc(py: Python<'_>) -> PyResult<Vec<String>> {
     region::sweep().py_err(py)
 }
 
+/// Starts an engine process for `launch()` through the library's one spawning path
+/// ([`crate::launch::spawn_engine`]: it gets SIGTERM when this process dies, and does not
+/// start if this process died first; its own session): `argv` (program first), `env`
+/// (the whole environment, or None: this process's), stdin from /dev/null, stdout a pipe,
+/// stderr onto a duplicate of descriptor `stderr_fd`, stdin a pipe if `stdin` (else
+/// /dev/null). Returns `(pid, stdout_fd, stdin_fd)` (`stdin_fd` -1 without one): the
+/// caller owns the pipe ends and reaps the process (`os.waitpid`).
+#[pyfunction]
+#[pyo3(signature = (argv, env, stderr_fd, stdin=false))]
+pub(super) fn _spawn_engine(
+    py: Python<'_>,
+    argv: Vec<OsString>,
+    env: Option<Vec<(OsString, OsString)>>,
+    stderr_fd: i32,
+    stdin: bool,
+) -> PyResult<(u32, i32, i32)> {
+    use std::os::fd::{BorrowedFd, IntoRawFd};
+    use std::process::{Command, Stdio};
+    let Some((program, args)) = argv.split_first() else {
+        return Err(pyo3::exceptions::PyValueError::new_err("argv is empty"));
+    };
+    if stderr_fd < 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err("stderr_fd < 0"));
+    }
+    // SAFETY: the caller passes a descriptor it keeps open for this call; it is only
+    // duplicated here (the child gets the duplicate).
+    let stderr = unsafe { BorrowedFd::borrow_raw(stderr_fd) }
+        .try_clone_to_owned()
+        .map_err(pyo3::exceptions::PyOSError::new_err)?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr));
+    if let Some(env) = env {
+        command.env_clear().envs(env);
+    }
+    let mut child = py
+        .detach(|| crate::launch::spawn_engine(command, true))
+        .py_err(py)?;
+    let stdout = child.stdout.take().map(IntoRawFd::into_raw_fd).unwrap_or(-1);
+    let stdin = child.stdin.take().map(IntoRawFd::into_raw_fd).unwrap_or(-1);
+    // The caller reaps it by pid; dropping `child` neither waits nor kills.
+    Ok((child.id(), stdout, stdin))
+}
+
 /// Runs the `shmbridge` command line, the binary's own ([`crate::cli`]), on `argv` (the
 /// program name first); returns the exit status. Runs without the GIL. `client --launch`
 /// starts its engine as `python -m shmbridge engine`. Ctrl-C: `client` checks for

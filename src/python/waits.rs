@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::args::Seconds;
 use crate::client::Interrupt;
 use crate::error::Error;
 use crate::WaitPolicy;
@@ -26,17 +27,19 @@ pub(super) fn next_slice(deadline: Option<Instant>) -> Duration {
 }
 
 /// `blocking`: never spin; else spin `spin_us` microseconds (default budget if None).
-pub(super) fn wait_policy(spin_us: Option<f64>, blocking: bool) -> PyResult<WaitPolicy> {
+pub(super) fn wait_policy(spin_us: Option<Seconds>, blocking: bool) -> PyResult<WaitPolicy> {
     Ok(if blocking {
         WaitPolicy::BLOCKING
-    } else if let Some(us) = spin_us {
-        WaitPolicy::spinning(duration(us / 1e6, "spin_us")?)
+    } else if let Some(Seconds(us)) = spin_us {
+        WaitPolicy::spinning(duration(Seconds(us / 1e6), "spin_us")?)
     } else {
         WaitPolicy::default()
     })
 }
 
-pub(super) fn duration(seconds: f64, what: &str) -> PyResult<Duration> {
+/// `seconds` as a Duration: `ValueError` if negative or NaN; past what a Duration holds
+/// (inf), no limit.
+pub(super) fn duration(Seconds(seconds): Seconds, what: &str) -> PyResult<Duration> {
     if seconds.is_nan() || seconds < 0.0 {
         return Err(PyValueError::new_err(format!(
             "{what} must be a non-negative number of seconds, got {seconds}"

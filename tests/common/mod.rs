@@ -75,3 +75,62 @@ pub fn signal(pid: u32, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid as i32).expect("pid");
     rustix::process::kill_process(pid, sig).expect("kill");
 }
+
+/// Set in a test re-run by [`private_shm`]: this process has its own `/dev/shm`.
+const PRIVATE_SHM_ENV: &str = "SHMBRIDGE_TEST_PRIVATE_SHM";
+
+/// Whether this process runs as root (mount namespaces, other uids, other PID
+/// namespaces need it).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Runs the test `test` (this test binary's name for it) again in a private mount
+/// namespace with a fresh tmpfs of `size` (`mount -o size=`, e.g. "8m") on `/dev/shm`,
+/// so a test that fills, sweeps or `gc`s `/dev/shm` touches no one else's regions.
+/// Returns `true` in that re-run (run the body), `false` in the caller, which has
+/// asserted the re-run's success (or printed why it skipped: it needs root).
+pub fn private_shm(test: &str, size: &str) -> bool {
+    if std::env::var_os(PRIVATE_SHM_ENV).is_some() {
+        return true;
+    }
+    if !is_root() {
+        eprintln!("SKIPPED {test}: a private /dev/shm needs root (unshare -m, mount)");
+        return false;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size={size},mode=1777 shmbridge-test /dev/shm && exec \"$0\" \"$@\""
+        ))
+        .arg(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(PRIVATE_SHM_ENV, "1")
+        .output()
+        .expect("run unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} in a private /dev/shm ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    eprint!("{stderr}");
+    false
+}
+
+/// Sets `path`'s access and modification times to 1 s after the epoch: a file older than
+/// any grace period (the sweep leaves younger unpublished files alone).
+pub fn make_old(path: impl AsRef<Path>) {
+    let t = rustix::fs::Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path.as_ref(), &times, rustix::fs::AtFlags::empty())
+        .expect("utimensat");
+}

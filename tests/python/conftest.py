@@ -41,3 +41,23 @@ def pattern(seq: int, index):
 
     index = np.asarray(index, dtype=np.uint64)
     return ((np.uint64(seq) * np.uint64(2_654_435_761) + index) & np.uint64(0xFFFFFF)).astype(np.float32)
+
+
+def run_in_private_shm(code: str, size: str, memory_kib: int | None = None, timeout: float = 600):
+    """Runs ``python -c code`` in a private mount namespace with a fresh tmpfs of ``size``
+    on /dev/shm (``unshare -m``: needs root), under an address-space cap of
+    ``memory_kib`` if given, so a test that fills or sweeps /dev/shm, or asks for absurd
+    sizes, touches nothing of anyone else's. Returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    cap = f"ulimit -v {memory_kib} && " if memory_kib else ""
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f'mount -t tmpfs -o size={size},mode=1777 shmbridge-test /dev/shm && {cap}exec "$0" "$@"',
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (unshare -m, mount)")

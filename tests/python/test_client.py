@@ -444,3 +444,82 @@ def test_engine_defined_methods_and_ping() -> None:
     with shmbridge.launch("null", num_envs=1) as client:
         reply = client.call("echo", payload=b"\x00\x01", k=3)
         assert reply == {"k": "3", "payload": b"\x00\x01"}
+
+
+def _attach_then_ctrl_c(name: str) -> str:
+    """Runs `attach(name, timeout=3600)` in a child, sends it SIGINT once it has the region
+    open (so it is inside the native wait, not before it), and returns what the child
+    reports. A hang guard, not a timing check: before the fix Ctrl-C was ignored until
+    the attach timed out."""
+    code = (
+        "import shmbridge, sys\n"
+        "try:\n"
+        "    shmbridge.attach(sys.argv[1], timeout=3600)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('KeyboardInterrupt', flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE, text=True)
+    try:
+        region = f"/dev/shm/{name}"
+        fds = f"/proc/{child.pid}/fd"
+        while True:
+            try:
+                links = [os.readlink(os.path.join(fds, fd)) for fd in os.listdir(fds)]
+            except (FileNotFoundError, ProcessLookupError):
+                links = []
+            if region in links:
+                break
+            assert child.poll() is None, "the child exited before opening the region"
+            time.sleep(0.01)
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        pytest.fail("Ctrl-C was ignored while attach() waited for the engine")
+    return out.strip()
+
+
+def test_ctrl_c_during_attach_to_an_engine_that_never_publishes_frame_zero():
+    spec = shmbridge.EngineSpec.standard("silent", 2, 3, 1)
+    with shmbridge.Engine(spec) as engine:  # created, frame 0 never published
+        assert _attach_then_ctrl_c(engine.name) == "KeyboardInterrupt"
+
+
+def test_ctrl_c_during_attach_to_a_region_whose_header_is_never_published():
+    import fcntl
+
+    name = f"shmbridge-ctrlc-{os.getpid()}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # an engine stuck before writing its header
+        assert _attach_then_ctrl_c(name) == "KeyboardInterrupt"
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_views_of_what_the_other_side_writes_are_read_only(null_client):
+    """Engine→client tensors are read-only on the client: NumPy views (through
+    `__array__` or a DLPack 1.x capsule, which carries READ_ONLY) refuse writes; the
+    client→engine ones stay writable. torch takes the flagged capsule as the same memory
+    (before the fix `np.asarray(client.obs)` was writable)."""
+    obs = np.asarray(null_client.obs)
+    assert not obs.flags.writeable
+    with pytest.raises(ValueError):
+        obs[0, 0] = 1.0
+    assert not np.from_dlpack(null_client.rewards).flags.writeable
+    assert np.asarray(null_client.actions).flags.writeable
+    assert np.from_dlpack(null_client.actions).flags.writeable
+    torch = pytest.importorskip("torch")
+    assert torch.from_dlpack(null_client.obs).data_ptr() == null_client.obs.data_ptr
+    # A copy is the caller's own.
+    assert np.array(null_client.obs, copy=True).flags.writeable
+
+
+def test_an_engines_views_of_the_actions_are_read_only():
+    with shmbridge.Engine(shmbridge.EngineSpec.standard("ro", 2, 3, 1)) as engine:
+        assert not np.asarray(engine.actions).flags.writeable
+        assert np.asarray(engine.obs).flags.writeable

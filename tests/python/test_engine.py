@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import shmbridge
+from conftest import needs_root, run_in_private_shm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "python_engine.py"
@@ -327,3 +329,170 @@ def test_example_python_engine_serves_pendulum_dynamics():
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_engine_start_and_region_tools_do_not_block_on_a_fifo():
+    """A FIFO named like a region (any local user can make one in /dev/shm): `Engine()`
+    (whose start sweeps /dev/shm), `list_regions()` and `gc()` neither block on it nor
+    remove it. Run in a child process, so a hang fails the test instead of stalling it."""
+    fifo = f"/dev/shm/shmbridge-pyfifo-{os.getpid()}"
+    os.mkfifo(fifo, 0o666)
+    try:
+        code = (
+            "import shmbridge, sys\n"
+            "e = shmbridge.Engine(shmbridge.EngineSpec.standard('toy', 2, 3, 1))\n"
+            "assert sys.argv[1] in shmbridge.list_regions()\n"
+            "assert sys.argv[1] not in shmbridge.gc()\n"
+            "e.close()\n"
+            "print('served')\n"
+        )
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", code, os.path.basename(fifo)],
+                capture_output=True, text=True, timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("Engine(), list_regions() or gc() blocked on a FIFO in /dev/shm")
+        assert out.returncode == 0 and "served" in out.stdout, out.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    finally:
+        os.unlink(fifo)
+
+
+@needs_root
+def test_a_region_larger_than_dev_shm_raises_in_process_and_from_launch():
+    """In an 8 MB tmpfs (a small Docker /dev/shm): an in-process `Engine()` of 21.7 MB
+    raises `NoSpaceError` naming the sizes and `--shm-size` (before the fix it returned an
+    engine whose first write past 8 MB killed the interpreter with SIGBUS), `launch()`
+    raises `EngineStartError` carrying the same message, and nothing is left in /dev/shm."""
+    code = (
+        "import os, shmbridge\n"
+        "spec = shmbridge.EngineSpec('big', 1024).tensor('rgb', 'uint8', [1024, 84, 84, 3])\n"
+        "spec.tensor('actions', 'float32', [1024, 1], 'client->engine')\n"
+        "try:\n"
+        "    shmbridge.Engine(spec)\n"
+        "except shmbridge.NoSpaceError as e:\n"
+        "    assert isinstance(e, OSError) and '--shm-size' in str(e) and '21.7 MiB' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('Engine() did not raise')\n"
+        "assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')\n"
+        "try:\n"
+        "    shmbridge.launch('null', 1024, obs_dim=4, act_dim=1, image='84x84x3')\n"
+        "except shmbridge.EngineStartError as e:\n"
+        "    assert 'no room in /dev/shm' in str(e) and '--shm-size' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('launch() did not raise')\n"
+        "assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')\n"
+        "print('raised')\n"
+    )
+    out = run_in_private_shm(code, "8m")
+    assert out.returncode == 0 and "raised" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+def test_a_command_backlog_is_typed_and_the_session_keeps_stepping():
+    """Calls time out while the engine's handler is held, until the request ring is full
+    (`CommandBacklogError`, nothing sent); released, the engine drops every reply nobody
+    waits for instead of waiting for room, and the session steps on."""
+    spec = shmbridge.EngineSpec("backlog", 2, ring_capacity=4096)
+    spec.tensor("obs", "float32", [2, 3]).tensor("actions", "float32", [2, 1], "client->engine")
+    gate = threading.Event()
+
+    class Held:
+        def call(self, method, args, payload):
+            if method == "slow":
+                gate.wait()
+            return payload
+
+    with shmbridge.Engine(spec) as engine:
+        engine.publish()
+
+        def serve():
+            while True:
+                try:
+                    engine.wait_actions(timeout=30, handler=Held())
+                except shmbridge.ClientClosedError:
+                    return
+                engine.publish()
+
+        server = threading.Thread(target=serve)
+        server.start()
+        with shmbridge.attach(engine.name) as client:
+            sent = 0
+            with pytest.raises(shmbridge.CommandBacklogError):
+                while sent < 100:
+                    with pytest.raises(shmbridge.TimeoutError):
+                        client.call("slow", payload=b"x" * 1000, timeout=0.02)
+                    sent += 1
+            assert 3 <= sent < 100
+            gate.set()
+            for k in range(1, 6):
+                client.step(timeout=30)
+                assert client.frame == k
+            assert client.ping(b"fresh", timeout=30) == b"fresh"
+        server.join()
+        assert engine.dropped_replies in (sent - 1, sent)
+
+
+def test_an_engine_serves_one_client_after_another_and_waits_without_spinning():
+    """After reporting its client's end once, `wait_actions` waits for a new client (and
+    its action) instead of raising again at once, and `wait_for_client` blocks until one
+    attaches. Before the fix every later `wait_actions` raised `ClientClosedError` at
+    once: a loop waiting for the next client burnt a core."""
+    with shmbridge.Engine(toy_spec()) as engine:
+        engine.publish()
+        shmbridge.attach(engine.name).close()
+        with pytest.raises(shmbridge.ClientClosedError):
+            engine.wait_actions(timeout=30)
+        # Reported once: with no new client, the next wait times out.
+        with pytest.raises(shmbridge.TimeoutError):
+            engine.wait_actions(timeout=0.2)
+
+        def one_step():
+            with shmbridge.attach(engine.name) as client:
+                client.step(timeout=30)
+
+        second = threading.Thread(target=one_step)
+        second.start()
+        assert engine.wait_actions(timeout=60) == 1
+        engine.publish()
+        second.join()
+        with pytest.raises(shmbridge.ClientClosedError):
+            engine.wait_actions(timeout=30)
+
+        attached, release = threading.Event(), threading.Event()
+
+        def stay_attached():
+            with shmbridge.attach(engine.name):
+                attached.set()
+                release.wait(60)
+
+        third = threading.Thread(target=stay_attached)
+        third.start()
+        engine.wait_for_client(timeout=60)
+        assert engine.client_attached
+        release.set()
+        third.join()
+        with pytest.raises(shmbridge.TimeoutError):
+            engine.wait_for_client(timeout=0.2)
+
+
+def test_example_python_engine_keeps_serving_one_learner_after_another():
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--num-envs", "4", "--keep-serving", "--idle-timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith("shmbridge-"), proc.stderr.read()
+        for learner in range(3):
+            with shmbridge.attach(name) as client:
+                for _ in range(5):
+                    client.step(np.zeros((4, 1), np.float32))
+                assert client.frame == 5 * (learner + 1)
+        # No fourth learner within the idle timeout: the engine closes and exits.
+        assert proc.wait(60) == 0
+        assert name not in shmbridge.list_regions()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

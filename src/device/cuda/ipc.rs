@@ -275,7 +275,8 @@ impl Drop for CudaLease {
         }
         let ack = self.ack.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(region) = ack {
-            if all {
+            // Not from a forked child: the imports it drops are its parent's.
+            if all && region.made_here() {
                 // Release: the closes above happen-before an engine's load that sees it.
                 region.control().acknowledge_device_release();
             }
