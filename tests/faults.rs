@@ -526,13 +526,18 @@ fn cli_engine_case(phase: Phase, fault: Fault) -> Row {
             common::signal(engine.pid(), Signal::STOP);
             let probe = Region::open_read_only(&name).expect("probe");
             let rx = in_thread(move || {
-                let first = client.step(LONG).map(|_| ());
-                // A closing engine may answer the step in flight first: the next one
-                // must then see it closed.
-                match first {
-                    Ok(()) => client.step(LONG).map(|_| ()),
-                    e => e,
+                // A closing engine answers steps until its signal thread has run (it
+                // closes the region from there, asynchronously to the serving thread):
+                // a step after that must see it closed. Bounded: a run of successes
+                // that long is a failure of the case.
+                let mut got = client.step(LONG).map(|_| ());
+                for _ in 0..10_000 {
+                    if got.is_err() {
+                        break;
+                    }
+                    got = client.step(LONG).map(|_| ());
                 }
+                got
             });
             let deadline = Instant::now() + HANG;
             while probe.header().client_waiting == 0 {
