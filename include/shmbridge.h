@@ -633,6 +633,15 @@ shmb_status shmb_engine_poll_commands(shmb_engine *engine,
 shmb_status shmb_engine_client_attached(shmb_engine *engine, uint8_t *attached);
 
 /**
+ * Waits until a live client is attached; `SHMB_OK` at once if one is. The way to serve
+ * one client after another: after `shmb_engine_wait_actions` said `SHMB_CLIENT_CLOSED`
+ * or `SHMB_CLIENT_DIED`, call this, then wait for actions again. It sleeps (an
+ * attaching client wakes it), so a loop around it uses no CPU while no client comes.
+ * `SHMB_TIMEOUT` after `timeout_ms` (`SHMB_FOREVER`: no limit).
+ */
+shmb_status shmb_engine_wait_for_client(shmb_engine *engine, uint64_t timeout_ms);
+
+/**
  * Device address (in this process) of a tensor on CUDA, by name or index (`name`
  * NULL), for the engine's kernels. `SHMB_CUDA_UNAVAILABLE` in a build without the
  * `cuda` feature; an error for a host tensor.

@@ -203,6 +203,7 @@ namespace Shmbridge
         [DllImport(Lib)] internal static extern Status shmb_engine_tensor(EngineHandle engine, byte[] name, UIntPtr index, out IntPtr data, out UIntPtr nbytes);
         [DllImport(Lib)] internal static extern Status shmb_engine_publish(EngineHandle engine, out ulong frame);
         [DllImport(Lib)] internal static extern Status shmb_engine_wait_actions(EngineHandle engine, ulong timeoutMs, ref HandlersNative handlers, out ulong action);
+        [DllImport(Lib)] internal static extern Status shmb_engine_wait_for_client(EngineHandle engine, ulong timeoutMs);
         [DllImport(Lib)] internal static extern Status shmb_engine_close(IntPtr engine);
 
         [DllImport(Lib)] internal static extern Status shmb_reply_add_arg(IntPtr reply, byte[] key, byte[] value);
@@ -424,6 +425,14 @@ namespace Shmbridge
             if (status == Status.ClientClosed) return false;
             Native.Check(status);
             return true;
+        }
+
+        /// <summary>Waits (asleep) until a live client is attached: after WaitActions said
+        /// the client closed (false) or died (ShmbridgeException), the way to serve the
+        /// next one.</summary>
+        public void WaitForClient(ulong timeoutMs = Native.Forever)
+        {
+            Native.Check(Native.shmb_engine_wait_for_client(handle, timeoutMs));
         }
 
         static int Refuse(IntPtr reply, ReplyCode code, string message)

@@ -217,6 +217,19 @@ pub unsafe extern "C" fn shmb_engine_client_attached(
     })
 }
 
+/// Waits until a live client is attached; `SHMB_OK` at once if one is. The way to serve
+/// one client after another: after `shmb_engine_wait_actions` said `SHMB_CLIENT_CLOSED`
+/// or `SHMB_CLIENT_DIED`, call this, then wait for actions again. It sleeps (an
+/// attaching client wakes it), so a loop around it uses no CPU while no client comes.
+/// `SHMB_TIMEOUT` after `timeout_ms` (`SHMB_FOREVER`: no limit).
+#[no_mangle]
+pub unsafe extern "C" fn shmb_engine_wait_for_client(
+    engine: *mut shmb_engine,
+    timeout_ms: u64,
+) -> shmb_status {
+    guard(|| with(engine, |h| Ok(h.side.wait_for_client(timeout(timeout_ms))?)))
+}
+
 /// Device address (in this process) of a tensor on CUDA, by name or index (`name`
 /// NULL), for the engine's kernels. `SHMB_CUDA_UNAVAILABLE` in a build without the
 /// `cuda` feature; an error for a host tensor.
@@ -292,4 +305,62 @@ pub extern "C" fn shmb_engine_close(engine: *mut shmb_engine) -> shmb_status {
         h.side.close();
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{shmb_spec_add_standard, shmb_spec_free, shmb_spec_new};
+    use crate::status::shmb_status::*;
+    use crate::types::SHMB_FOREVER;
+    use shmbridge_core::client::{AttachOptions, Client};
+    use std::ffi::CStr;
+    use std::time::Duration;
+
+    /// A client in a thread that attaches to `name`, steps once and closes.
+    fn one_client(name: String) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+            c.step(Duration::from_secs(30)).unwrap();
+            c.close();
+        })
+    }
+
+    #[test]
+    fn an_engine_serves_one_client_after_another_by_waiting_for_the_next() {
+        let mut spec = std::ptr::null_mut();
+        let mut engine = std::ptr::null_mut();
+        let mut name = std::ptr::null();
+        // SAFETY: valid out-pointers; the spec and engine are this test's handles.
+        unsafe {
+            assert_eq!(shmb_spec_new(c"wait-test".as_ptr(), 2, &mut spec), SHMB_OK);
+            assert_eq!(shmb_spec_add_standard(spec, 3, 1, 2), SHMB_OK);
+            assert_eq!(shmb_engine_create(spec, &mut engine), SHMB_OK);
+            assert_eq!(shmb_engine_name(engine, &mut name), SHMB_OK);
+            assert_eq!(shmb_engine_publish(engine, std::ptr::null_mut()), SHMB_OK);
+        }
+        // SAFETY: the engine's NUL-terminated name, valid while it lives.
+        let name = unsafe { CStr::from_ptr(name) }.to_str().unwrap().to_string();
+        // SAFETY: a live engine handle.
+        assert_eq!(unsafe { shmb_engine_wait_for_client(engine, 20) }, SHMB_TIMEOUT);
+        for _ in 0..2 {
+            let client = one_client(name.clone());
+            // SAFETY: a live engine handle; NULL handlers and action are allowed.
+            unsafe {
+                assert_eq!(shmb_engine_wait_for_client(engine, SHMB_FOREVER), SHMB_OK);
+                let none = std::ptr::null();
+                let no_seq = std::ptr::null_mut();
+                assert_eq!(shmb_engine_wait_actions(engine, 30_000, none, no_seq), SHMB_OK);
+                assert_eq!(shmb_engine_publish(engine, std::ptr::null_mut()), SHMB_OK);
+                assert_eq!(
+                    shmb_engine_wait_actions(engine, 30_000, none, no_seq),
+                    SHMB_CLIENT_CLOSED
+                );
+            }
+            client.join().unwrap();
+        }
+        assert_eq!(shmb_engine_close(engine), SHMB_OK);
+        assert_eq!(shmb_spec_free(spec), SHMB_OK);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    }
 }
