@@ -364,9 +364,9 @@ fn drive(
         layout.per_env_tensor(name, Some(1))?;
     }
     let mut running: Vec<f64> = Vec::new();
-    running.try_reserve_exact(n).map_err(|_| {
-        Error::InvalidSpec(format!("no memory for the returns of {n} envs"))
-    })?;
+    running
+        .try_reserve_exact(n)
+        .map_err(|_| Error::InvalidSpec(format!("no memory for the returns of {n} envs")))?;
     running.resize(n, 0.0);
     let mut rng = Pcg32::new(a.seed ^ 0x5eed, 1);
     let (mut episodes, mut return_sum) = (0u64, 0f64);

@@ -6,8 +6,8 @@ use crate::command::{self, Reply};
 use crate::control::EngineState;
 use crate::device::{self, ClientBackend, StreamRef};
 use crate::error::{Error, Peer, Result};
-use crate::layout::{Layout, ShardInfo};
 use crate::layout::TensorKey;
+use crate::layout::{Layout, ShardInfo};
 use crate::os;
 use crate::region::{self, Region};
 use crate::shard::{self, ShardSlot};
@@ -163,12 +163,10 @@ impl Client {
         };
         let (region, layout) = Region::open(&name, options.timeout, interrupted)?;
         // `engine_gone` removed the name it left.
-        let engine_dead = || {
-            Error::PeerDied {
-                peer: Peer::Engine,
-                pid: layout.engine_pid,
-                hint: "the region it left was removed; start the engine again",
-            }
+        let engine_dead = || Error::PeerDied {
+            peer: Peer::Engine,
+            pid: layout.engine_pid,
+            hint: "the region it left was removed; start the engine again",
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
@@ -512,7 +510,10 @@ impl Client {
                 return Err(Error::Protocol {
                     peer: Peer::Engine,
                     detail: match self.layout.is_sharded() {
-                        true => format!("shard {} published frame {seen} for action {target}", s.index),
+                        true => format!(
+                            "shard {} published frame {seen} for action {target}",
+                            s.index
+                        ),
                         false => format!("published frame {seen} for action {target}"),
                     },
                 });
@@ -550,7 +551,12 @@ impl Client {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Envelope> {
-        let request = Request { method, body, args, payload };
+        let request = Request {
+            method,
+            body,
+            args,
+            payload,
+        };
         self.call_shards(vec![(shard, request)], timeout)?
             .pop()
             .expect("one reply per request")

@@ -284,7 +284,11 @@ impl Engine {
         let name = region::canonical_name(name)?;
         // No deadline when it lies past what an Instant holds.
         let deadline = Instant::now().checked_add(options.timeout);
-        let left = || deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        let left = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+        };
         let mut backoff = sync::Backoff::default();
         // The creator may not have made the region yet: wait for the name, then for it
         // to be published (Region::open waits for that).
@@ -474,7 +478,6 @@ impl Engine {
         }
         Ok(())
     }
-
 
     /// Waits until a client is attached (a live one: a client that died attached frees
     /// the slot meanwhile); `Ok` at once if one is. Sleeps on the doorbell, which an

@@ -333,7 +333,10 @@ fn check_shards(l: &Layout, h: &Header, spans: &mut Vec<(u64, u64)>) {
         assert_eq!(s.env_start, next, "shard {k} starts where the last ended");
         assert!(s.env_count >= 1);
         next = s.env_start + s.env_count;
-        assert!(s.words.end() as u64 <= l.header_size, "shard {k}'s words in the header");
+        assert!(
+            s.words.end() as u64 <= l.header_size,
+            "shard {k}'s words in the header"
+        );
         assert_eq!(s.rings.is_some(), l.rings.is_some());
         if let (Some(r), true) = (s.rings, k > 0) {
             push_ring_spans(l, r, &format!("shard {k}"), spans);
@@ -588,7 +591,8 @@ pub fn apply_edit(bytes: &mut Vec<u8>, actual: &mut u64, edit: &[u8; EDIT_SIZE])
         OP_SHARD_HEADER => SHARD_HEADER_FIELDS[element % SHARD_HEADER_FIELDS.len()],
         OP_SHARD_ENTRY => {
             // Entry `tensor` of the table the header points at (its count, at least 1).
-            let h = |field: (usize, usize)| bytes.get(field.0..field.0 + field.1).map_or(0, read_le);
+            let h =
+                |field: (usize, usize)| bytes.get(field.0..field.0 + field.1).map_or(0, read_le);
             let count = h(SHARD_HEADER_FIELDS[0]).max(1);
             let table = h(SHARD_HEADER_FIELDS[1]) as usize;
             let entry = table + (usize::from(edit[1]) % count as usize) * SHARD_ENTRY_SIZE;

@@ -370,7 +370,8 @@ pub fn release_held(file: &File) {
     use std::sync::atomic::Ordering;
     let fd = file.as_raw_fd();
     for m in &HELD_MAPPINGS {
-        let _ = m.fd.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+        let _ =
+            m.fd.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
     }
     for slot in &HELD_FDS {
         if slot

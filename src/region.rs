@@ -171,9 +171,7 @@ impl Region {
         let region = loop {
             match Region::map_existing(name, true) {
                 Ok(r) => break r,
-                Err(e @ Error::RegionTooSmall { .. }) if expired() => {
-                    return Err(e)
-                }
+                Err(e @ Error::RegionTooSmall { .. }) if expired() => return Err(e),
                 Err(Error::RegionTooSmall { .. }) => {
                     if backoff.sleeps() {
                         interrupted()?;
@@ -581,9 +579,9 @@ impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Verdict::Removed => f.write_str("its engine is dead"),
-            Verdict::Alive => {
-                f.write_str("its engine is alive (it holds the region's lock; or another sweep does)")
-            }
+            Verdict::Alive => f.write_str(
+                "its engine is alive (it holds the region's lock; or another sweep does)",
+            ),
             Verdict::Changed => f.write_str("removed or replaced meanwhile"),
             Verdict::Left(why) => f.write_str(why),
         }

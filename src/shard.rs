@@ -36,9 +36,16 @@ impl<'a> ShardSlot<'a> {
     /// again here, so a slot can never reach past it.
     pub fn new(region: &'a Region, shard: &ShardInfo) -> Result<ShardSlot<'a>> {
         let w = shard.words;
-        let aligned = [w.frame_seq, w.start_time, w.c2e_head, w.c2e_tail, w.e2c_head, w.e2c_tail]
-            .iter()
-            .all(|o| o % 8 == 0);
+        let aligned = [
+            w.frame_seq,
+            w.start_time,
+            w.c2e_head,
+            w.c2e_tail,
+            w.e2c_head,
+            w.e2c_tail,
+        ]
+        .iter()
+        .all(|o| o % 8 == 0);
         if !aligned || w.end() > region.len() {
             return Err(Error::InvalidHeader {
                 field: "shard table",
@@ -97,14 +104,24 @@ impl<'a> ShardSlot<'a> {
     #[inline]
     pub fn c2e_ring(&self) -> RingCtrl<'a> {
         let w = &self.words;
-        self.ring(w.c2e_head, w.c2e_tail, w.c2e_consumer_waiting, w.c2e_producer_waiting)
+        self.ring(
+            w.c2e_head,
+            w.c2e_tail,
+            w.c2e_consumer_waiting,
+            w.c2e_producer_waiting,
+        )
     }
 
     /// Control words of this shard's engine→client ring.
     #[inline]
     pub fn e2c_ring(&self) -> RingCtrl<'a> {
         let w = &self.words;
-        self.ring(w.e2c_head, w.e2c_tail, w.e2c_consumer_waiting, w.e2c_producer_waiting)
+        self.ring(
+            w.e2c_head,
+            w.e2c_tail,
+            w.e2c_consumer_waiting,
+            w.e2c_producer_waiting,
+        )
     }
 
     #[inline]
@@ -204,7 +221,10 @@ pub fn check_shards(region: &Region, layout: &Layout, me: Option<u32>) -> Result
         let envs = s.envs();
         let (pid, _) = slot.identity();
         let joined = state != EngineState::Starting || pid != 0;
-        if joined && !os::byte_locked(region.file()?, u64::from(s.index))? && state != EngineState::Closed {
+        if joined
+            && !os::byte_locked(region.file()?, u64::from(s.index))?
+            && state != EngineState::Closed
+        {
             return Err(Error::ShardDied {
                 shard: s.index,
                 pid,

@@ -231,7 +231,11 @@ pub fn post<S: SeqPost>(seq: &S, value: u64) {
 /// [`post`], once per flag: a shard that stored its flag before the fence is seen here;
 /// one that stores it after sees the new doorbell and does not sleep.
 #[inline]
-pub fn post_all<'a>(bell: &Doorbell<'a>, value: u64, flags: impl IntoIterator<Item = &'a AtomicU32>) {
+pub fn post_all<'a>(
+    bell: &Doorbell<'a>,
+    value: u64,
+    flags: impl IntoIterator<Item = &'a AtomicU32>,
+) {
     bell.store(value);
     fence(Ordering::SeqCst);
     if flags

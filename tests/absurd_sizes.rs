@@ -25,7 +25,12 @@ fn run(args: &[&str]) -> Output {
 /// What no run may print: a panic, an abort on a failed allocation, a backtrace.
 fn assert_no_crash(args: &[&str], out: &Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in ["panicked", "RUST_BACKTRACE", "memory allocation of", "stack backtrace"] {
+    for needle in [
+        "panicked",
+        "RUST_BACKTRACE",
+        "memory allocation of",
+        "stack backtrace",
+    ] {
         assert!(!stderr.contains(needle), "{args:?}: {needle}:\n{stderr}");
     }
     assert!(
@@ -37,7 +42,10 @@ fn assert_no_crash(args: &[&str], out: &Output) {
 
 #[test]
 fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
-    if !common::private_shm("absurd_sizes_at_the_cli_are_typed_errors_never_panics", "64m") {
+    if !common::private_shm(
+        "absurd_sizes_at_the_cli_are_typed_errors_never_panics",
+        "64m",
+    ) {
         return;
     }
     const U32_MAX: &str = "4294967295";
@@ -51,43 +59,136 @@ fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
     };
     // (arguments, expected exit status): 1 for a typed error, 2 for clap's refusal.
     let cases: Vec<(Vec<String>, i32)> = vec![
-        (engine(&["--env", "cartpole", "--num-envs", "1000000000"]), 1),
+        (
+            engine(&["--env", "cartpole", "--num-envs", "1000000000"]),
+            1,
+        ),
         (engine(&["--env", "cartpole", "--num-envs", U32_MAX]), 1),
-        (engine(&["--env", "cartpole", "--num-envs", "4294967296"]), 2),
+        (
+            engine(&["--env", "cartpole", "--num-envs", "4294967296"]),
+            2,
+        ),
         (engine(&["--env", "cartpole", "--num-envs", "0"]), 1),
         (engine(&["--env", "cartpole", "--num-envs", "-1"]), 2),
-        (engine(&["--env", "null", "--num-envs", "1", "--obs-dim", U64_MAX]), 1),
-        (engine(&["--env", "null", "--num-envs", U32_MAX, "--obs-dim", U32_MAX]), 1),
-        (engine(&["--env", "null", "--num-envs", "1000", "--act-dim", "1000000000000"]), 1),
-        (engine(&["--env", "null", "--num-envs", "1", "--obs-dim", "0"]), 1),
-        (engine(&["--env", "null", "--num-envs", "1", "--image", "4294967296x4294967296x4294967296"]), 1),
-        (engine(&["--env", "null", "--num-envs", "1000", "--image", "1000x1000x1000"]), 1),
-        (engine(&["--env", "null", "--num-envs", "1", "--image", "0x84x3"]), 2),
-        (engine(&["--env", "null", "--num-envs", "1", "--image", "99999999999999999999x1x1"]), 2),
+        (
+            engine(&["--env", "null", "--num-envs", "1", "--obs-dim", U64_MAX]),
+            1,
+        ),
+        (
+            engine(&["--env", "null", "--num-envs", U32_MAX, "--obs-dim", U32_MAX]),
+            1,
+        ),
+        (
+            engine(&[
+                "--env",
+                "null",
+                "--num-envs",
+                "1000",
+                "--act-dim",
+                "1000000000000",
+            ]),
+            1,
+        ),
+        (
+            engine(&["--env", "null", "--num-envs", "1", "--obs-dim", "0"]),
+            1,
+        ),
+        (
+            engine(&[
+                "--env",
+                "null",
+                "--num-envs",
+                "1",
+                "--image",
+                "4294967296x4294967296x4294967296",
+            ]),
+            1,
+        ),
+        (
+            engine(&[
+                "--env",
+                "null",
+                "--num-envs",
+                "1000",
+                "--image",
+                "1000x1000x1000",
+            ]),
+            1,
+        ),
+        (
+            engine(&["--env", "null", "--num-envs", "1", "--image", "0x84x3"]),
+            2,
+        ),
+        (
+            engine(&[
+                "--env",
+                "null",
+                "--num-envs",
+                "1",
+                "--image",
+                "99999999999999999999x1x1",
+            ]),
+            2,
+        ),
         (engine(&["--env", "null", "--spin-us", "nan"]), 2),
         (engine(&["--env", "null", "--spin-us", "-1"]), 2),
         (engine(&["--env", "null", "--spin-us", "inf"]), 2),
-        (engine(&["--env", "null", "--seed", "18446744073709551616"]), 2),
-        (engine(&["--env", "null", "--device", "cuda:99999999999999999999"]), 2),
+        (
+            engine(&["--env", "null", "--seed", "18446744073709551616"]),
+            2,
+        ),
+        (
+            engine(&["--env", "null", "--device", "cuda:99999999999999999999"]),
+            2,
+        ),
         (engine(&["--env", "null", "--name", &"x".repeat(5000)]), 1),
-        (vec!["engine".into(), "--idle-timeout".into(), "nan".into()], 2),
-        (vec!["engine".into(), "--idle-timeout".into(), "-5".into()], 2),
         (
-            ["client", "--launch", "cartpole", "--num-envs", "1000000000", "--steps", "1"]
-                .map(String::from)
-                .to_vec(),
+            vec!["engine".into(), "--idle-timeout".into(), "nan".into()],
+            2,
+        ),
+        (
+            vec!["engine".into(), "--idle-timeout".into(), "-5".into()],
+            2,
+        ),
+        (
+            [
+                "client",
+                "--launch",
+                "cartpole",
+                "--num-envs",
+                "1000000000",
+                "--steps",
+                "1",
+            ]
+            .map(String::from)
+            .to_vec(),
             1,
         ),
         (
-            ["client", "--launch", "null", "--num-envs", U32_MAX, "--steps", "1"]
-                .map(String::from)
-                .to_vec(),
+            [
+                "client",
+                "--launch",
+                "null",
+                "--num-envs",
+                U32_MAX,
+                "--steps",
+                "1",
+            ]
+            .map(String::from)
+            .to_vec(),
             1,
         ),
         (
-            ["client", "shmbridge-absent", "--steps", U64_MAX, "--timeout", "1e300"]
-                .map(String::from)
-                .to_vec(),
+            [
+                "client",
+                "shmbridge-absent",
+                "--steps",
+                U64_MAX,
+                "--timeout",
+                "1e300",
+            ]
+            .map(String::from)
+            .to_vec(),
             1,
         ),
         (vec!["inspect".into(), "y".repeat(5000)], 1),
@@ -113,13 +214,34 @@ fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
     // Absurd but valid: spin budgets and timeouts past what a Duration holds serve and
     // step normally.
     let out = run(&[
-        "client", "--launch", "null", "--num-envs", "2", "--steps", "3", "--spin-us", "1e300",
-        "--timeout", "1e300",
+        "client",
+        "--launch",
+        "null",
+        "--num-envs",
+        "2",
+        "--steps",
+        "3",
+        "--spin-us",
+        "1e300",
+        "--timeout",
+        "1e300",
     ]);
     assert_no_crash(&[], &out);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let engine = common::EngineProc::start(&[
-        "--env", "null", "--num-envs", "2", "--spin-us", "1e300", "--idle-timeout", "1e300",
+        "--env",
+        "null",
+        "--num-envs",
+        "2",
+        "--spin-us",
+        "1e300",
+        "--idle-timeout",
+        "1e300",
     ]);
     let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
     client.step(std::time::Duration::from_secs(60)).unwrap();

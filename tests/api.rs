@@ -281,7 +281,10 @@ fn attach_waits_end_at_the_interrupt_hook() {
                 Ok(())
             }
         });
-        (AttachOptions::default().timeout(T).interrupt(Some(hook)), calls)
+        (
+            AttachOptions::default().timeout(T).interrupt(Some(hook)),
+            calls,
+        )
     };
     let unpublished = Engine::create(spec()).unwrap();
     let (options, calls) = hook();

@@ -71,9 +71,7 @@ fn a_backlog_of_timed_out_calls_is_typed_and_the_pair_keeps_stepping() {
     let backlog = loop {
         match client.call_method("slow", &[], &payload, Duration::from_millis(20)) {
             // Sent: the reply did not come in time. The request ring holds at most four.
-            Err(Error::Timeout { what, .. }) if what == "a command-channel message" => {
-                sent += 1
-            }
+            Err(Error::Timeout { what, .. }) if what == "a command-channel message" => sent += 1,
             Err(e) => break e,
             Ok(r) => panic!("a reply while the engine is held: {r:?}"),
         }
@@ -100,5 +98,8 @@ fn a_backlog_of_timed_out_calls_is_typed_and_the_pair_keeps_stepping() {
     // Every held call was answered, and every reply but maybe the last dropped: the
     // last is dropped too if the client's first step was posted before it was pushed,
     // else it waited in the ring until the next call drained it.
-    assert!(dropped == sent || dropped == sent - 1, "{dropped} of {sent}");
+    assert!(
+        dropped == sent || dropped == sent - 1,
+        "{dropped} of {sent}"
+    );
 }

@@ -26,7 +26,12 @@ fn region(published: bool) -> Vec<u8> {
     let b = HeaderBuilder::new(
         "gc",
         1,
-        &[TensorSpec::new("obs", DType::F32, &[1, 4], Direction::EngineToClient)],
+        &[TensorSpec::new(
+            "obs",
+            DType::F32,
+            &[1, 4],
+            Direction::EngineToClient,
+        )],
         0,
     )
     .unwrap();
@@ -40,7 +45,11 @@ fn region(published: bool) -> Vec<u8> {
 
 fn run(args: &[&str]) -> String {
     let out = Command::new(common::BIN).args(args).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -53,7 +62,10 @@ fn line<'a>(output: &'a str, name: &str) -> &'a str {
 }
 
 fn exists(name: &str) -> bool {
-    std::path::Path::new("/dev/shm").join(name).symlink_metadata().is_ok()
+    std::path::Path::new("/dev/shm")
+        .join(name)
+        .symlink_metadata()
+        .is_ok()
 }
 
 /// Before the fix `gc` removed every old file with the prefix that was not locked: files
@@ -68,7 +80,9 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
     }
     // First: its start sweeps /dev/shm.
     let live = common::EngineProc::start(&["--env", "null", "--num-envs", "1"]);
-    let garbage: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1).collect();
+    let garbage: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1)
+        .collect();
     plant("shmbridge-dead", &region(true), true);
     plant("shmbridge-died-while-creating", &region(false), true);
     plant("shmbridge-being-created", &region(false), false);
@@ -95,7 +109,11 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
     let gc = run(&["gc"]);
     let expect = [
         ("shmbridge-dead", "removed", "its engine is dead"),
-        ("shmbridge-died-while-creating", "removed", "its engine is dead"),
+        (
+            "shmbridge-died-while-creating",
+            "removed",
+            "its engine is dead",
+        ),
         ("shmbridge-being-created", "left", "being created"),
         ("shmbridge-someones-file", "left", "not a shmbridge region"),
         ("shmbridge-empty", "left", "too short"),
@@ -128,6 +146,9 @@ fn gc_leaves_another_users_dead_region() {
     .unwrap();
     let gc = run(&["gc"]);
     let l = line(&gc, "shmbridge-nobodys");
-    assert!(l.starts_with("left") && l.contains("belongs to another user"), "{gc}");
+    assert!(
+        l.starts_with("left") && l.contains("belongs to another user"),
+        "{gc}"
+    );
     assert!(exists("shmbridge-nobodys"));
 }

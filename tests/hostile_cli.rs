@@ -16,7 +16,11 @@ fn assert_no_crash(out: &std::process::Output) {
     for needle in ["panicked", "memory allocation of", "stack backtrace"] {
         assert!(!stderr.contains(needle), "{needle}:\n{stderr}");
     }
-    assert!(out.status.code().is_some(), "died of a signal: {}", out.status);
+    assert!(
+        out.status.code().is_some(),
+        "died of a signal: {}",
+        out.status
+    );
 }
 
 /// A live engine of 4 envs whose header then claims 1000: before the fix the client
@@ -57,7 +61,10 @@ fn a_num_envs_that_disagrees_with_the_tensors_is_refused() {
 /// on the failed allocation). Private /dev/shm (root only).
 #[test]
 fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
-    if !common::private_shm("per_env_memory_the_client_cannot_get_is_a_typed_error", "64m") {
+    if !common::private_shm(
+        "per_env_memory_the_client_cannot_get_is_a_typed_error",
+        "64m",
+    ) {
         return;
     }
     let n = u32::MAX;
@@ -79,7 +86,11 @@ fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
     // Its "engine" lives: it holds the region's lock.
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
     let out = Command::new("sh")
-        .args(["-c", "ulimit -v 83886080 && exec \"$0\" \"$@\"", common::BIN])
+        .args([
+            "-c",
+            "ulimit -v 83886080 && exec \"$0\" \"$@\"",
+            common::BIN,
+        ])
         .args(["client", "shmbridge-huge", "--steps", "1", "--timeout", "1"])
         .output()
         .unwrap();

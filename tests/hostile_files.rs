@@ -191,7 +191,11 @@ fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
         })
     };
     let gc = run(&["gc"]);
-    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    assert!(
+        gc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
     let ls = run(&["ls"]);
     let ls = String::from_utf8_lossy(&ls.stdout).to_string();
     assert!(
@@ -204,7 +208,11 @@ fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
     assert!(String::from_utf8_lossy(&inspect.stderr).contains("a symbolic link"));
     let meta = link.symlink_metadata().expect("gc removed the link");
     assert!(meta.file_type().is_symlink() && meta.uid() == 65534);
-    assert_eq!(std::fs::read(&target).unwrap(), region, "the target was changed");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        region,
+        "the target was changed"
+    );
     assert_eq!(target.metadata().unwrap().mtime(), 1);
     std::fs::remove_file(&target).unwrap();
 }

@@ -47,7 +47,12 @@ fn a_gc_loop_loses_no_live_region_and_reused_names_are_never_in_use() {
     let b = HeaderBuilder::new(
         "dead",
         1,
-        &[TensorSpec::new("obs", DType::F32, &[1, 4], shmbridge::Direction::EngineToClient)],
+        &[TensorSpec::new(
+            "obs",
+            DType::F32,
+            &[1, 4],
+            shmbridge::Direction::EngineToClient,
+        )],
         4096,
     )
     .unwrap();

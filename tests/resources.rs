@@ -20,7 +20,10 @@ fn shm_entries() -> Vec<String> {
 /// died of SIGBUS writing its first frame.
 #[test]
 fn an_engine_larger_than_dev_shm_exits_with_a_typed_error() {
-    if !common::private_shm("an_engine_larger_than_dev_shm_exits_with_a_typed_error", "8m") {
+    if !common::private_shm(
+        "an_engine_larger_than_dev_shm_exits_with_a_typed_error",
+        "8m",
+    ) {
         return;
     }
     let out = Command::new(common::BIN)
@@ -58,7 +61,10 @@ fn spec(name: &str, bytes: u64) -> EngineSpec {
 /// is `NoSpace` with the sizes, its name is gone, and the first region is still served.
 #[test]
 fn a_region_that_does_not_fit_is_no_space_and_leaves_nothing() {
-    if !common::private_shm("a_region_that_does_not_fit_is_no_space_and_leaves_nothing", "8m") {
+    if !common::private_shm(
+        "a_region_that_does_not_fit_is_no_space_and_leaves_nothing",
+        "8m",
+    ) {
         return;
     }
     let mut first = Engine::create(spec("first", 5 << 20)).unwrap();

@@ -68,8 +68,18 @@ impl CommandHandler for Recorder {
 fn spec(n: u32, shards: u32, name: &str) -> EngineSpec {
     EngineSpec::new("sharded-test", n)
         .tensor("obs", DType::F32, &[n as u64, 2], Direction::EngineToClient)
-        .tensor("actions", DType::F32, &[n as u64], Direction::ClientToEngine)
-        .tensor("rewards", DType::F32, &[n as u64], Direction::EngineToClient)
+        .tensor(
+            "actions",
+            DType::F32,
+            &[n as u64],
+            Direction::ClientToEngine,
+        )
+        .tensor(
+            "rewards",
+            DType::F32,
+            &[n as u64],
+            Direction::EngineToClient,
+        )
         .name(name)
         .shards(shards)
 }
@@ -106,8 +116,11 @@ fn one_shard_region_is_byte_identical_to_protocol_1_3() {
     );
     let null = EngineSpec::standard("null", 64, 16, 1, DType::F32).ring_capacity(0);
     for (file, spec) in [("cartpole-4.bin", cartpole), ("null-64-norings.bin", null)] {
-        let golden = std::fs::read(format!("{}/tests/golden/{file}", env!("CARGO_MANIFEST_DIR")))
-            .unwrap();
+        let golden = std::fs::read(format!(
+            "{}/tests/golden/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
         for shards in [1, 0] {
             let b = HeaderBuilder::sharded(
                 &spec.kind,
@@ -134,7 +147,11 @@ fn a_1_3_reader_refuses_a_sharded_region() {
 #[test]
 fn the_env_axis_is_split_into_contiguous_slices() {
     let b = HeaderBuilder::sharded("t", 10, &spec(10, 4, "x").tensors, 4096, 4).unwrap();
-    let slices: Vec<_> = b.shards().iter().map(|s| (s.env_start, s.env_count)).collect();
+    let slices: Vec<_> = b
+        .shards()
+        .iter()
+        .map(|s| (s.env_start, s.env_count))
+        .collect();
     assert_eq!(slices, vec![(0, 3), (3, 3), (6, 2), (8, 2)]);
     let mut bytes = b.bytes();
     bytes[..8].copy_from_slice(&layout::MAGIC.to_le_bytes());
@@ -144,14 +161,21 @@ fn the_env_axis_is_split_into_contiguous_slices() {
     let third = l.narrowed(&l.shards[2]);
     assert_eq!(third.num_envs, 2);
     assert_eq!(third.tensors[0].shape, vec![2, 2]);
-    assert_eq!(third.tensors[0].offset, obs.offset + 6 * 2 * 4, "rows 6..8 of obs");
+    assert_eq!(
+        third.tensors[0].offset,
+        obs.offset + 6 * 2 * 4,
+        "rows 6..8 of obs"
+    );
     assert_eq!(third.tensors[0].nbytes, 2 * 2 * 4);
 }
 
 #[test]
 fn sharding_refuses_what_cannot_be_split() {
     let too_many = HeaderBuilder::sharded("t", 2, &spec(2, 3, "x").tensors, 0, 3);
-    assert!(matches!(too_many, Err(Error::InvalidSpec(_))), "{too_many:?}");
+    assert!(
+        matches!(too_many, Err(Error::InvalidSpec(_))),
+        "{too_many:?}"
+    );
     let scalar = EngineSpec::new("t", 4)
         .tensor("obs", DType::F32, &[4], Direction::EngineToClient)
         .tensor("global", DType::F32, &[1], Direction::EngineToClient);
@@ -186,7 +210,11 @@ fn three_shards_step_one_contiguous_region_in_lock_step() {
                 *a = (step * 100 + e as u64) as f32;
             }
         }
-        let frame = if step == 0 { 0 } else { client.step(T).unwrap() };
+        let frame = if step == 0 {
+            0
+        } else {
+            client.step(T).unwrap()
+        };
         assert_eq!(frame, step);
         let obs = client.tensor::<f32>("obs").unwrap();
         for e in 0..n as usize {
@@ -239,9 +267,15 @@ fn a_shard_index_is_served_by_one_process_only() {
         "{second:?}"
     );
     let zero = Engine::join(&region, 0, JoinOptions::default());
-    assert!(matches!(zero, Err(Error::ShardTaken { shard: 0, .. })), "{zero:?}");
+    assert!(
+        matches!(zero, Err(Error::ShardTaken { shard: 0, .. })),
+        "{zero:?}"
+    );
     let out_of_range = Engine::join(&region, 2, JoinOptions::default());
-    assert!(matches!(out_of_range, Err(Error::InvalidSpec(_))), "{out_of_range:?}");
+    assert!(
+        matches!(out_of_range, Err(Error::InvalidSpec(_))),
+        "{out_of_range:?}"
+    );
     drop(first);
     drop(creator);
     assert!(!shm_exists(&region));
@@ -273,7 +307,11 @@ fn a_dead_shard_is_a_clear_error_naming_it_and_its_envs() {
         assert_eq!(client.step(T).unwrap(), step);
         let obs = client.tensor::<f32>("obs").unwrap();
         for (i, v) in obs.iter().enumerate() {
-            assert_eq!(*v, shmbridge::envs::null::pattern(step, i as u64), "element {i}");
+            assert_eq!(
+                *v,
+                shmbridge::envs::null::pattern(step, i as u64),
+                "element {i}"
+            );
         }
     }
     signal(shard1.pid(), rustix::process::Signal::KILL);
@@ -299,9 +337,27 @@ fn a_dead_shard_is_a_clear_error_naming_it_and_its_envs() {
 #[test]
 fn shards_stop_when_the_creator_dies() {
     let name = unique("creator");
-    let a0 = ["--env", "null", "--num-envs", "4", "--name", &name, "--shard", "0/2"];
+    let a0 = [
+        "--env",
+        "null",
+        "--num-envs",
+        "4",
+        "--name",
+        &name,
+        "--shard",
+        "0/2",
+    ];
     let shard0 = EngineProc::start(&a0);
-    let a1 = ["--env", "null", "--num-envs", "4", "--name", &name, "--shard", "1/2"];
+    let a1 = [
+        "--env",
+        "null",
+        "--num-envs",
+        "4",
+        "--name",
+        &name,
+        "--shard",
+        "1/2",
+    ];
     let shard1 = EngineProc::start(&a1);
     let region = shard0.name.clone();
     let client = Client::attach(&region, AttachOptions::default()).unwrap();
@@ -323,28 +379,29 @@ fn a_second_client_attaches_after_the_first_closed() {
     // shard has published, not from the control block's (unused) frame counter.
     let name = unique("reattach");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let serve_clients = |mut engine: Engine, stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
-        write_frame(&mut engine, 0);
-        engine.publish().unwrap();
-        let mut rec = Recorder::default();
-        while !stop.load(std::sync::atomic::Ordering::Acquire) {
-            match engine.wait_actions_with(Duration::from_millis(20), &mut rec) {
-                Ok(n) => {
-                    write_frame(&mut engine, n);
-                    engine.publish().unwrap();
+    let serve_clients =
+        |mut engine: Engine, stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+            write_frame(&mut engine, 0);
+            engine.publish().unwrap();
+            let mut rec = Recorder::default();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                match engine.wait_actions_with(Duration::from_millis(20), &mut rec) {
+                    Ok(n) => {
+                        write_frame(&mut engine, n);
+                        engine.publish().unwrap();
+                    }
+                    Err(Error::PeerClosed { .. } | Error::Timeout { .. }) => {}
+                    // Between clients a shard keeps checking its siblings: once the test
+                    // stops, the one that stopped first has closed its shard.
+                    Err(Error::ShardClosed { .. })
+                        if stop.load(std::sync::atomic::Ordering::Acquire) =>
+                    {
+                        break
+                    }
+                    Err(e) => panic!("{e}"),
                 }
-                Err(Error::PeerClosed { .. } | Error::Timeout { .. }) => {}
-                // Between clients a shard keeps checking its siblings: once the test
-                // stops, the one that stopped first has closed its shard.
-                Err(Error::ShardClosed { .. })
-                    if stop.load(std::sync::atomic::Ordering::Acquire) =>
-                {
-                    break
-                }
-                Err(e) => panic!("{e}"),
             }
-        }
-    };
+        };
     let creator = Engine::create(spec(4, 2, &name)).unwrap();
     let region = creator.name().to_string();
     let joined = Engine::join(&region, 1, JoinOptions::default()).unwrap();
@@ -375,8 +432,26 @@ fn a_second_client_attaches_after_the_first_closed() {
 #[test]
 fn inspect_lists_every_shard() {
     let name = unique("inspect");
-    let a0 = ["--env", "cartpole", "--num-envs", "5", "--name", &name, "--shard", "0/2"];
-    let a1 = ["--env", "cartpole", "--num-envs", "5", "--name", &name, "--shard", "1/2"];
+    let a0 = [
+        "--env",
+        "cartpole",
+        "--num-envs",
+        "5",
+        "--name",
+        &name,
+        "--shard",
+        "0/2",
+    ];
+    let a1 = [
+        "--env",
+        "cartpole",
+        "--num-envs",
+        "5",
+        "--name",
+        &name,
+        "--shard",
+        "1/2",
+    ];
     let (shard0, shard1) = (EngineProc::start(&a0), EngineProc::start(&a1));
     let out = std::process::Command::new(common::BIN)
         .args(["inspect", &shard0.name])

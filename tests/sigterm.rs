@@ -18,7 +18,14 @@ fn sigterm_closes_the_engines_own_region_not_the_names_new_owner() {
     ) {
         return;
     }
-    let args = ["--env", "null", "--num-envs", "2", "--name", "shmbridge-reused"];
+    let args = [
+        "--env",
+        "null",
+        "--num-envs",
+        "2",
+        "--name",
+        "shmbridge-reused",
+    ];
     let old = common::EngineProc::start(&args);
     // Someone removes the old engine's name, and a new engine takes it.
     std::fs::remove_file("/dev/shm/shmbridge-reused").unwrap();
@@ -26,7 +33,10 @@ fn sigterm_closes_the_engines_own_region_not_the_names_new_owner() {
     common::signal(old.pid(), rustix::process::Signal::TERM);
     let (status, err) = old.finish();
     assert_eq!(status.code(), Some(128 + 15), "{err}");
-    assert!(common::shm_exists("shmbridge-reused"), "the new engine's name was removed");
+    assert!(
+        common::shm_exists("shmbridge-reused"),
+        "the new engine's name was removed"
+    );
     let mut client = Client::attach("shmbridge-reused", AttachOptions::default()).unwrap();
     assert_eq!(client.layout().engine_pid, new.pid());
     client.step(Duration::from_secs(30)).unwrap();

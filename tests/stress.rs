@@ -80,8 +80,16 @@ fn sharded_steps_every_step_checked() {
     let shard = |k: u32| {
         let spec = format!("{k}/3");
         EngineProc::start(&[
-            "--env", "null", "--num-envs", "7", "--obs-dim", "3", "--name", &name,
-            "--shard", &spec,
+            "--env",
+            "null",
+            "--num-envs",
+            "7",
+            "--obs-dim",
+            "3",
+            "--name",
+            &name,
+            "--shard",
+            &spec,
         ])
     };
     let engines = [shard(0), shard(1), shard(2)];
@@ -104,7 +112,11 @@ fn sharded_steps_every_step_checked() {
         }
         let rewards = io.read::<f32>("rewards").unwrap();
         for (i, &r) in rewards.iter().enumerate() {
-            assert_eq!(r, ((n * 8 + i as u64) & 0xFF_FFFF) as f32, "env {i} at step {n}");
+            assert_eq!(
+                r,
+                ((n * 8 + i as u64) & 0xFF_FFFF) as f32,
+                "env {i} at step {n}"
+            );
         }
     }
     let secs = t0.elapsed().as_secs_f64();

@@ -18,7 +18,14 @@ use shmbridge::{AttachOptions, Client, DType, Direction, Error, TensorSpec};
 /// several pages), the whole region's size.
 fn region_bytes() -> (Vec<u8>, u64) {
     let specs: Vec<TensorSpec> = (0..64)
-        .map(|i| TensorSpec::new(&format!("t{i}"), DType::F32, &[4, 64], Direction::EngineToClient))
+        .map(|i| {
+            TensorSpec::new(
+                &format!("t{i}"),
+                DType::F32,
+                &[4, 64],
+                Direction::EngineToClient,
+            )
+        })
         .collect();
     let b = HeaderBuilder::new("shrinking", 4, &specs, 4096).unwrap();
     let mut bytes = b.bytes();
@@ -31,7 +38,10 @@ fn region_bytes() -> (Vec<u8>, u64) {
 /// shrinking and growing back in a loop, that happened within a few runs.
 #[test]
 fn ls_and_inspect_survive_a_region_that_shrinks_while_they_read() {
-    if !common::private_shm("ls_and_inspect_survive_a_region_that_shrinks_while_they_read", "64m") {
+    if !common::private_shm(
+        "ls_and_inspect_survive_a_region_that_shrinks_while_they_read",
+        "64m",
+    ) {
         return;
     }
     let name = "shmbridge-shrinking";
@@ -74,7 +84,13 @@ fn a_client_reports_a_region_truncated_under_it() {
         return;
     }
     let engine = common::EngineProc::start(&[
-        "--env", "null", "--num-envs", "4", "--obs-dim", "1024", "--blocking",
+        "--env",
+        "null",
+        "--num-envs",
+        "4",
+        "--obs-dim",
+        "1024",
+        "--blocking",
     ]);
     let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
     client.step(Duration::from_secs(30)).unwrap();

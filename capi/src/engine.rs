@@ -227,7 +227,11 @@ pub unsafe extern "C" fn shmb_engine_wait_for_client(
     engine: *mut shmb_engine,
     timeout_ms: u64,
 ) -> shmb_status {
-    guard(|| with(engine, |h| Ok(h.side.wait_for_client(timeout(timeout_ms))?)))
+    guard(|| {
+        with(engine, |h| {
+            Ok(h.side.wait_for_client(timeout(timeout_ms))?)
+        })
+    })
 }
 
 /// Device address (in this process) of a tensor on CUDA, by name or index (`name`
@@ -340,9 +344,15 @@ mod tests {
             assert_eq!(shmb_engine_publish(engine, std::ptr::null_mut()), SHMB_OK);
         }
         // SAFETY: the engine's NUL-terminated name, valid while it lives.
-        let name = unsafe { CStr::from_ptr(name) }.to_str().unwrap().to_string();
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .unwrap()
+            .to_string();
         // SAFETY: a live engine handle.
-        assert_eq!(unsafe { shmb_engine_wait_for_client(engine, 20) }, SHMB_TIMEOUT);
+        assert_eq!(
+            unsafe { shmb_engine_wait_for_client(engine, 20) },
+            SHMB_TIMEOUT
+        );
         for _ in 0..2 {
             let client = one_client(name.clone());
             // SAFETY: a live engine handle; NULL handlers and action are allowed.
@@ -350,7 +360,10 @@ mod tests {
                 assert_eq!(shmb_engine_wait_for_client(engine, SHMB_FOREVER), SHMB_OK);
                 let none = std::ptr::null();
                 let no_seq = std::ptr::null_mut();
-                assert_eq!(shmb_engine_wait_actions(engine, 30_000, none, no_seq), SHMB_OK);
+                assert_eq!(
+                    shmb_engine_wait_actions(engine, 30_000, none, no_seq),
+                    SHMB_OK
+                );
                 assert_eq!(shmb_engine_publish(engine, std::ptr::null_mut()), SHMB_OK);
                 assert_eq!(
                     shmb_engine_wait_actions(engine, 30_000, none, no_seq),

@@ -280,7 +280,9 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         ));
     };
     if k >= count {
-        return Err(Error::InvalidSpec(format!("shard {k}/{count}: k must be below K")));
+        return Err(Error::InvalidSpec(format!(
+            "shard {k}/{count}: k must be below K"
+        )));
     }
     if r.device != DeviceRequest::Host || r.options.image_device.is_some() {
         return Err(Error::InvalidSpec(

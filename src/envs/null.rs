@@ -94,7 +94,9 @@ impl NullEnv {
         fill(self.sparse, io.write::<f32>(obs)?, |i| pattern(seq, at + i));
         if let (Some(rgb), Some([h, w, c])) = (self.rgb, self.image) {
             let at = self.first_env * h * w * c;
-            fill(self.sparse, io.write::<u8>(rgb)?, |i| pattern_u8(seq, at + i));
+            fill(self.sparse, io.write::<u8>(rgb)?, |i| {
+                pattern_u8(seq, at + i)
+            });
         }
         Ok(())
     }

@@ -300,7 +300,10 @@ impl Pixels {
 /// What `pixels` serves: `cartpole`'s tensors and an `rgb [N, H, W, 4]` frame in Vulkan
 /// memory (`image`: `[H, W, 4]`, default [`DEFAULT_SIZE`]).
 pub fn spec(num_envs: u32, image: Option<[u64; 3]>) -> Result<EngineSpec> {
-    Ok(spec_of_size(num_envs, check_size(num_envs, image_shape(image))?))
+    Ok(spec_of_size(
+        num_envs,
+        check_size(num_envs, image_shape(image))?,
+    ))
 }
 
 fn image_shape(image: Option<[u64; 3]>) -> [u64; 3] {

@@ -129,7 +129,8 @@ impl HeaderBuilder {
             )));
         }
         let shard_count = if shards <= 1 { 0 } else { shards };
-        let table_end = (table_offset(specs.len()) + shard_count as usize * SHARD_ENTRY_SIZE) as u64;
+        let table_end =
+            (table_offset(specs.len()) + shard_count as usize * SHARD_ENTRY_SIZE) as u64;
         let header_size = align_up(table_end, PAGE).expect("small");
         let mut cursor = header_size;
         if ring_capacity != 0

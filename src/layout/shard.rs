@@ -134,10 +134,15 @@ impl ShardWords {
 
     /// One past the last byte any word of this shard occupies.
     pub fn end(&self) -> usize {
-        [self.c2e_tail, self.e2c_tail, self.e2c_producer_waiting, self.frame_seq]
-            .into_iter()
-            .max()
-            .unwrap_or(0)
+        [
+            self.c2e_tail,
+            self.e2c_tail,
+            self.e2c_producer_waiting,
+            self.frame_seq,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
             + 8
     }
 }
@@ -372,10 +377,7 @@ pub(super) fn validate_table(
     if next_env != h.num_envs {
         return Err(bad(
             "shard table",
-            format!(
-                "the shards serve {next_env} of {} envs",
-                h.num_envs
-            ),
+            format!("the shards serve {next_env} of {} envs", h.num_envs),
         ));
     }
     Ok(shards)

@@ -228,8 +228,8 @@ impl Layout {
         let (_, t) = self.tensor(name)?;
         let elements: u64 = t.shape.iter().product();
         let n = u64::from(self.num_envs);
-        let fits = t.shape.first() == Some(&n)
-            && per_env.is_none_or(|k| elements == n.saturating_mul(k));
+        let fits =
+            t.shape.first() == Some(&n) && per_env.is_none_or(|k| elements == n.saturating_mul(k));
         if !fits {
             return Err(Error::InvalidTensor {
                 tensor: name.to_string(),

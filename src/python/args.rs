@@ -10,7 +10,9 @@ use pyo3::Borrowed;
 
 fn refuse_bool(obj: &Borrowed<'_, '_, PyAny>, expected: &str) -> PyResult<()> {
     if obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!("expected {expected}, not a bool")));
+        return Err(PyTypeError::new_err(format!(
+            "expected {expected}, not a bool"
+        )));
     }
     Ok(())
 }

@@ -473,7 +473,9 @@ impl PyEngine {
             policy: wait_policy(spin_us, blocking)?,
             metadata: Vec::new(),
         };
-        let engine = py.detach(|| Engine::join(name, shard.0, options)).py_err(py)?;
+        let engine = py
+            .detach(|| Engine::join(name, shard.0, options))
+            .py_err(py)?;
         PyEngine::serving(py, engine)
     }
 
@@ -513,13 +515,18 @@ impl PyEngine {
             handler: handler.as_ref(),
             raised: None,
         };
-        self.sliced(py, timeout, "the client's next action", |py, engine, slice| {
-            let got = py.detach(|| engine.wait_actions_with(slice, &mut adapter));
-            match adapter.raised.take() {
-                Some(e) => Err(e),
-                None => Ok(got),
-            }
-        })
+        self.sliced(
+            py,
+            timeout,
+            "the client's next action",
+            |py, engine, slice| {
+                let got = py.detach(|| engine.wait_actions_with(slice, &mut adapter));
+                match adapter.raised.take() {
+                    Some(e) => Err(e),
+                    None => Ok(got),
+                }
+            },
+        )
     }
 
     /// Waits until a client is attached (at once if one is), sleeping: the way to serve

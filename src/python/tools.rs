@@ -82,7 +82,11 @@ pub(super) fn _spawn_engine(
     let mut child = py
         .detach(|| crate::launch::spawn_engine(command, true))
         .py_err(py)?;
-    let stdout = child.stdout.take().map(IntoRawFd::into_raw_fd).unwrap_or(-1);
+    let stdout = child
+        .stdout
+        .take()
+        .map(IntoRawFd::into_raw_fd)
+        .unwrap_or(-1);
     let stdin = child.stdin.take().map(IntoRawFd::into_raw_fd).unwrap_or(-1);
     // The caller reaps it by pid; dropping `child` neither waits nor kills.
     Ok((child.id(), stdout, stdin))

@@ -131,6 +131,11 @@ pub fn make_old(path: impl AsRef<Path>) {
         last_access: t,
         last_modification: t,
     };
-    rustix::fs::utimensat(rustix::fs::CWD, path.as_ref(), &times, rustix::fs::AtFlags::empty())
-        .expect("utimensat");
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path.as_ref(),
+        &times,
+        rustix::fs::AtFlags::empty(),
+    )
+    .expect("utimensat");
 }
