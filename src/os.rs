@@ -589,6 +589,16 @@ pub fn process_alive(pid: u32, start_time: u64) -> bool {
     }
 }
 
+/// Whether the process `pid` that started at `start_time` is visible here and doomed: a
+/// zombie, exiting, or sent a fatal signal. Such a process may still hold its locks (the
+/// kernel drops them when it closes its files, after tearing down its memory, which takes
+/// a learner with torch loaded tens of milliseconds, more on a busy machine), but it runs
+/// no more user code. `false` for a pid not visible here or of another start time.
+pub fn process_doomed(pid: u32, start_time: u64) -> bool {
+    pid != 0
+        && ProcStat::read(pid).is_some_and(|s| s.start == start_time && s.dead_or_doomed())
+}
+
 /// 128 random bits as 32 lowercase hex digits.
 pub fn random_hex128() -> Result<String> {
     let mut buf = [0u8; 16];
@@ -657,13 +667,17 @@ mod tests {
             rustix::process::WaitIdOptions::STOPPED | rustix::process::WaitIdOptions::NOWAIT;
         rustix::process::waitid(rustix::process::WaitId::Pid(raw), stopped).expect("waitid");
         assert!(process_alive(pid, start), "a stopped process lives");
+        assert!(!process_doomed(pid, start));
         rustix::process::kill_process(raw, rustix::process::Signal::KILL).expect("kill");
         assert!(
             !process_alive(pid, start),
             "a killed process is dead at once"
         );
+        assert!(process_doomed(pid, start), "and doomed until reaped");
+        assert!(!process_doomed(pid, start + 1), "another start time is another process");
         let _ = child.wait();
         assert!(!process_alive(pid, start));
+        assert!(!process_doomed(pid, start), "a reaped pid is not visible");
     }
 
     #[test]

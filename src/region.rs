@@ -361,12 +361,16 @@ impl Region {
         Ok(true)
     }
 
-    /// Whether the client recorded in the slot as `(pid, start_time)` lives: it holds its
-    /// lock on this region ([`client_lock_byte`]; seen from any PID namespace), or (a
+    /// Whether the client recorded in the slot as `(pid, start_time)` lives: it is not
+    /// doomed here ([`os::process_doomed`]), and it holds its lock on this region ([`client_lock_byte`]; seen from any PID namespace), or (a
     /// client of an earlier version holds none) that pid and start time name a live
     /// process here. A dead client of this version fails both: its lock went with it,
     /// and its pid is dead here or belongs to another process (or is another namespace's).
     pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
+        // Doomed (killed, exiting) but not yet through closing its files: dead already.
+        if os::process_doomed(pid, start_time) {
+            return false;
+        }
         let locked = self.file.as_ref().is_some_and(|f| {
             // An error asking is no evidence of death.
             os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
