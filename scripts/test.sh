@@ -38,6 +38,8 @@ cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-thr
     | grep -E 'SKIPPED|^test result' || true
 
 echo "== the C ABI (capi/): unit tests, C programs, sanitizers; then with the cuda feature"
+# The C programs link the library itself: cargo test builds no cdylib for them.
+cargo build --locked -p shmbridge-capi
 cargo test --locked -p shmbridge-capi
 cargo check --locked -p shmbridge-capi --features cuda
 

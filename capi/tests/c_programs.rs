@@ -31,7 +31,8 @@ fn compile_with(source: &str, name: &str, flags: &[&str]) -> PathBuf {
     let lib = target_dir();
     assert!(
         lib.join("libshmbridge.so").exists(),
-        "{} has no libshmbridge.so",
+        "{} has no libshmbridge.so: `cargo build -p shmbridge-capi` first (cargo test does \
+         not build the C library the C programs link)",
         lib.display()
     );
     let out_dir = lib.join("c");
