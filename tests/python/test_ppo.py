@@ -85,6 +85,28 @@ def test_train_returns_the_result(tmp_path):
     assert not _regions() - before  # nothing new left (other processes may come and go)
 
 
+def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
+    """`--engine-command` with the C CartPole engine (examples/c, through the C ABI): the
+    same seeds give the same episodes and the same learning curve as the Rust engine."""
+    from native_engines import build_c_engine, build_capi
+
+    engine = build_c_engine(build_capi(), tmp_path)
+    before = _regions()
+    runs = {}
+    for name, command in [("rust", None), ("c", str(engine))]:
+        cfg = ppo.Config(total_steps=4096, num_steps=64, num_envs=16, seed=5, device="cpu",
+                         threads=1, plot=None, progress=False, engine_command=command)
+        runs[name] = ppo.train(cfg, log=lambda *a: None)
+    assert runs["c"].episodes > 50
+    assert runs["c"].episodes == runs["rust"].episodes
+    assert runs["c"].curve_returns == runs["rust"].curve_returns
+    assert not _regions() - before
+    # Refused before anything starts: such an engine serves host memory, one engine.
+    assert ppo.main(["--engine-command", str(engine), "--shards", "2"]) == 2
+    with pytest.raises(ValueError, match="host memory"):
+        ppo.train(ppo.Config(device="cuda", engine_command=str(engine)), log=lambda *a: None)
+
+
 def test_ppo_from_pixels_runs_and_plots(tmp_path, capsys):
     """`--env pixels`: a CNN on the frames the pixels engine renders, read through
     zero-copy views of the client's import (no return is asserted: it is an option)."""

@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import math
 import os
+import shlex
 import sys
 import time
 from collections import deque
@@ -91,6 +92,10 @@ class Config:
     shards: int = 1  # engine processes serving each rank's envs (host memory)
     # A JSON report of this rank's run: path, with {rank} replaced by the rank.
     report: Optional[str] = None
+    # An engine executable serving CartPole-v1 through the C ABI (or any engine that
+    # follows the CLI convention of docs/protocol.md §9), started with
+    # `--num-envs N --seed S` appended, instead of the reference engine. Host memory.
+    engine_command: Optional[str] = None
 
 
 @dataclass
@@ -407,7 +412,13 @@ def train(cfg: Config, log=print) -> Result:
     import torch
     from torch.distributions import Categorical
 
-    where, why = choose_device(cfg.device)
+    if cfg.engine_command:
+        if cfg.device == "cuda":
+            raise ValueError("--engine-command: such an engine's tensors are in host memory; "
+                             "train with --device cpu or auto")
+        where, why = "cpu", "--engine-command: the engine's tensors are in host memory"
+    else:
+        where, why = choose_device(cfg.device)
     device = torch.device(where)
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # One GPU per rank of a node.
@@ -458,9 +469,14 @@ def train(cfg: Config, log=print) -> Result:
     # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors
     # live on the learner's device: shared memory, or GPU memory shared through CUDA IPC.
     # Each rank its own engine, its envs seeded after those of the ranks before it.
-    with shmbridge.launch("cartpole", num_envs=n, device=str(device),
-                          seed=cfg.seed + ranks.rank * n, blocking=cfg.blocking,
-                          shards=cfg.shards) as client:
+    if cfg.engine_command:
+        command = shlex.split(cfg.engine_command) + ["--num-envs", str(n), "--seed", str(cfg.seed)]
+        launched = shmbridge.launch(command=command, blocking=cfg.blocking)
+    else:
+        launched = shmbridge.launch("cartpole", num_envs=n, device=str(device),
+                                    seed=cfg.seed + ranks.rank * n, blocking=cfg.blocking,
+                                    shards=cfg.shards)
+    with launched as client:
         # Zero-copy views of the engine's tensors, created once and valid for the
         # client's life; the engine overwrites them in place at every step, so each step
         # copies what it needs into the rollout buffers before the next step. On a GPU,
@@ -656,6 +672,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="no progress bar")
     p.add_argument("--shards", type=int, default=d.shards,
                    help="engine processes serving each rank's envs (cartpole, host memory)")
+    p.add_argument("--engine-command", default=None,
+                   help="train against this engine executable instead of the reference one "
+                        "(e.g. examples/c/cartpole_engine built against libshmbridge; "
+                        "'--num-envs N --seed S' is appended; host memory)")
     p.add_argument("--report", default=None,
                    help="write this rank's run as JSON to this path ({rank}: the rank)")
     return p
@@ -678,6 +698,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.target_return = None
     if not cfg.plot:
         cfg.plot = None
+    if cfg.engine_command and (cfg.env != "cartpole" or cfg.shards > 1
+                               or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        print("shmbridge-ppo: error: --engine-command trains cartpole on one engine "
+              "(no --env pixels, --shards or several ranks)", file=sys.stderr)
+        return 2
     if cfg.env == "pixels" and (cfg.shards > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         print("shmbridge-ppo: error: --shards and several ranks train cartpole (not pixels)",
               file=sys.stderr)
