@@ -35,6 +35,25 @@ pub struct Invocation {
     pub interrupt: Option<Interrupt>,
 }
 
+/// Parses `args` (the program name first) as [`run`] would, and runs nothing: `Err` with
+/// the parser's message (bounds of every number, the image shape, the spin budget). What
+/// a launcher checks before it starts a process.
+pub fn check_args<I, T>(args: I) -> std::result::Result<(), String>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(_) => Ok(()),
+        // The first line says what is wrong; the rest is usage and a pointer to --help.
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or_default();
+            Err(first.strip_prefix("error: ").unwrap_or(first).to_string())
+        }
+    }
+}
+
 /// Parses `args` (the program name first, as `std::env::args_os` gives them) and runs
 /// the command; returns the exit status. Errors are reported on stderr
 /// (`shmbridge: error: ...`); `--help` and `--version` print on stdout.

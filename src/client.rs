@@ -574,6 +574,9 @@ impl Client {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
+        // Commands are the slow path: a region truncated under us is an error here, not
+        // a SIGBUS at the ring (a step checks before it sleeps; see `Region::check_size`).
+        self.region.check_size()?;
         let start = Instant::now();
         let mut sent = Vec::with_capacity(requests.len());
         for (shard, r) in requests {
@@ -841,6 +844,11 @@ impl Client {
         self.closed = true;
         // A child forked from the learner drops its copy: the session is its parent's.
         if !self.region.made_here() {
+            return;
+        }
+        // Truncated under us (a same-user peer): the control block may be gone, and
+        // touching it would SIGBUS; there is no session left to close.
+        if self.region.check_size().is_err() {
             return;
         }
         // Close every import (once), then acknowledge with RELEASED, before CLOSED, so

@@ -17,28 +17,39 @@
 
 use std::process::{Child, Command};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::os;
 
 type Spawn = (Command, mpsc::Sender<std::io::Result<Child>>);
 
-/// The sender to the spawning thread, started at the first launch.
-fn spawner() -> &'static Mutex<mpsc::Sender<Spawn>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Spawn>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
+/// The spawning thread of this process and the pid that started it.
+static SPAWNER: Mutex<Option<(u32, mpsc::Sender<Spawn>)>> = Mutex::new(None);
+
+/// Hands `spawn` to this process's spawning thread, started at its first launch. A child
+/// forked after that inherited the sender but not the thread (fork copies only the
+/// calling thread), so a process whose pid is not the one that started it starts its own.
+fn send_to_spawner(spawn: Spawn) -> std::result::Result<(), mpsc::SendError<Spawn>> {
+    let pid = os::current_pid();
+    let mut slot = SPAWNER.lock().unwrap_or_else(|p| p.into_inner());
+    if !matches!(&*slot, Some((owner, _)) if *owner == pid) {
         let (tx, rx) = mpsc::channel::<Spawn>();
         // Never joined: it must outlive every engine it starts (see the module docs).
-        let _ = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("shmbridge-launch".into())
             .spawn(move || {
                 for (mut command, reply) in rx {
                     let _ = reply.send(command.spawn());
                 }
             });
-        Mutex::new(tx)
-    })
+        if started.is_err() {
+            return Err(mpsc::SendError(spawn));
+        }
+        *slot = Some((pid, tx));
+    }
+    let (_, tx) = slot.as_ref().expect("set above");
+    tx.send(spawn)
 }
 
 /// Starts `command` (program, arguments, environment and stdio already set) as an engine
@@ -61,10 +72,7 @@ pub fn spawn_engine(mut command: Command, new_session: bool) -> Result<Child> {
     }
     let program = command.get_program().to_string_lossy().into_owned();
     let (reply, result) = mpsc::channel();
-    let sent = spawner()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send((command, reply));
+    let sent = send_to_spawner((command, reply));
     let spawned = match sent {
         Ok(()) => result
             .recv()

@@ -595,8 +595,7 @@ pub fn process_alive(pid: u32, start_time: u64) -> bool {
 /// a learner with torch loaded tens of milliseconds, more on a busy machine), but it runs
 /// no more user code. `false` for a pid not visible here or of another start time.
 pub fn process_doomed(pid: u32, start_time: u64) -> bool {
-    pid != 0
-        && ProcStat::read(pid).is_some_and(|s| s.start == start_time && s.dead_or_doomed())
+    pid != 0 && ProcStat::read(pid).is_some_and(|s| s.start == start_time && s.dead_or_doomed())
 }
 
 /// 128 random bits as 32 lowercase hex digits.
@@ -674,7 +673,10 @@ mod tests {
             "a killed process is dead at once"
         );
         assert!(process_doomed(pid, start), "and doomed until reaped");
-        assert!(!process_doomed(pid, start + 1), "another start time is another process");
+        assert!(
+            !process_doomed(pid, start + 1),
+            "another start time is another process"
+        );
         let _ = child.wait();
         assert!(!process_alive(pid, start));
         assert!(!process_doomed(pid, start), "a reaped pid is not visible");

@@ -114,3 +114,35 @@ fn a_client_reports_a_region_truncated_under_it() {
     drop(client);
     let _ = std::fs::remove_file(&path);
 }
+
+/// Truncated to nothing, the control block and the rings are gone too: a command is
+/// `RegionTooSmall` before it touches a ring, and dropping the client touches nothing
+/// (before, both died of SIGBUS: the drop at a Python interpreter's exit too).
+#[test]
+fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
+    if !common::private_shm(
+        "a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly",
+        "64m",
+    ) {
+        return;
+    }
+    let engine = common::EngineProc::start(&["--env", "null", "--num-envs", "4"]);
+    let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
+    client.step(Duration::from_secs(30)).unwrap();
+    common::signal(engine.pid(), rustix::process::Signal::STOP);
+    let path = format!("/dev/shm/{}", engine.name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    match client.ping(b"x", Duration::from_secs(30)) {
+        Err(Error::RegionTooSmall { actual: 0, .. }) => {}
+        other => panic!("expected RegionTooSmall, got {other:?}"),
+    }
+    drop(client);
+    common::signal(engine.pid(), rustix::process::Signal::KILL);
+    let _ = engine.finish();
+    let _ = std::fs::remove_file(&path);
+}

@@ -32,6 +32,7 @@ from typing import Optional as _Optional
 from typing import Sequence as _Sequence
 
 from . import errors
+from . import _native
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
 from ._process import EngineProcess as _EngineProcess
@@ -472,8 +473,9 @@ def _engine_command(
         _sys.executable, "-m", "shmbridge", "engine",
         "--env", str(env), "--num-envs", str(num_envs), "--device", device,
     ]
+    # `--flag=value`: a negative value is a value, not another flag.
     if spin_us is not None:
-        args += ["--spin-us", str(spin_us)]
+        args.append(f"--spin-us={spin_us}")
     if blocking:
         args.append("--blocking")
     for key, value in engine_args.items():
@@ -481,7 +483,10 @@ def _engine_command(
         if value is True:
             args.append(flag)
         elif value is not False and value is not None:
-            args += [flag, str(value)]
+            args.append(f"{flag}={value}")
+    # The engine's own parser: every bound (u32 counts, u64 seeds, the image shape, the
+    # spin budget) as the engine would check it, but before a process starts.
+    _native._check_cli_args(args[3:])
     return args
 
 

@@ -284,5 +284,7 @@ def _spawn_engine(
 ) -> Tuple[int, int, int]:
     """Starts an engine through the library's one spawning path (SIGTERM when this
     process dies; its own session); returns ``(pid, stdout_fd, stdin_fd)``."""
+def _check_cli_args(argv: Sequence[str]) -> None:
+    """``ValueError`` with the parser's message unless ``shmbridge <argv>`` parses."""
 def _error_classes() -> List[str]: ...
 def _raise_timeout() -> BaseException: ...

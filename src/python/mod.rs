@@ -39,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(tools::gc, m)?)?;
     m.add_function(wrap_pyfunction!(tools::_spawn_engine, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::_check_cli_args, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_raise_timeout, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

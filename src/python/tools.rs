@@ -41,6 +41,15 @@ pub(super) fn gc(py: Python<'_>) -> PyResult<Vec<String>> {
     region::sweep().py_err(py)
 }
 
+/// `ValueError` with the parser's message unless `argv` (the arguments after the
+/// program) is a command line `shmbridge` accepts: `launch()` checks the engine's
+/// command with the same parser the engine uses, before it starts a process.
+#[pyfunction]
+pub(super) fn _check_cli_args(argv: Vec<String>) -> PyResult<()> {
+    let args = std::iter::once("shmbridge".to_string()).chain(argv);
+    crate::cli::check_args(args).map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
 /// Starts an engine process for `launch()` through the library's one spawning path
 /// ([`crate::launch::spawn_engine`]: it gets SIGTERM when this process dies, and does not
 /// start if this process died first; its own session): `argv` (program first), `env`

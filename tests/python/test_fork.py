@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -133,3 +134,36 @@ def test_a_forked_child_still_reads_the_live_frames():
         os.waitpid(pid, 0)
         c.step()
         assert c.frame == 2
+
+
+def test_a_forked_child_launches_its_own_engine():
+    """The parent launched before forking: the child inherited no spawning thread (fork
+    copies only the calling thread) and must start its own, not wait on the parent's."""
+    with shmbridge.launch("null", num_envs=2) as c:
+        c.step()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                with shmbridge.launch("null", num_envs=3, timeout=20) as mine:
+                    mine.step()
+                    code = 0 if mine.frame == 1 and mine.num_envs == 3 else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        try:
+            ready, _, _ = select.select([read], [], [], 60)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            word = os.read(read, 1) if ready else b""
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
+        assert ready, "the forked child's launch() hung"
+        assert word == b"\x00", word
+        c.step()
+        assert c.frame == 2
+    assert c.engine_process.returncode == 0
