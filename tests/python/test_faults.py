@@ -213,6 +213,9 @@ def print_the_table(request):
         return
     # Past pytest's capture, so the table shows in every run's output.
     capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is None or request.config.getoption("capture") == "no":  # pytest -s
+        print_rows()
+        return
     with capture.global_and_fixture_disabled():
         print_rows()
 
