@@ -17,40 +17,6 @@ use common::BIN;
 use rustix::process::Signal;
 use shmbridge::{AttachOptions, Client, DType, Engine, EngineSpec, Error};
 
-/// Set in the re-run inside a private mount namespace.
-const PRIVATE_SHM: &str = "SHMBRIDGE_ACCESS_PRIVATE_SHM";
-
-/// Runs `test` again in a private mount namespace with its own tmpfs on /dev/shm, and
-/// returns `false`; in that re-run returns `true` (run the body). `false` and a line on
-/// stderr when not root.
-fn in_private_shm(test: &str) -> bool {
-    if std::env::var_os(PRIVATE_SHM).is_some() {
-        return true;
-    }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED {test}: running a process as another user (setpriv) and a private /dev/shm need root");
-        return false;
-    }
-    let exe = std::env::current_exe().expect("test binary");
-    let out = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg("mount -t tmpfs -o size=64m,mode=1777 shmbridge-access /dev/shm && exec \"$0\" \"$@\"")
-        .arg(exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(PRIVATE_SHM, "1")
-        .output()
-        .expect("run unshare");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test} in a private /dev/shm ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    eprint!("{stderr}");
-    false
-}
-
 /// `shmbridge ARGS` as `nobody`.
 fn as_nobody(args: &[&str]) -> Command {
     let mut c = Command::new("setpriv");
@@ -86,7 +52,11 @@ fn path(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
-    if !in_private_shm("another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone") {
+    // Root runs processes as `nobody` (setpriv); the private /dev/shm needs root too.
+    if !common::private_shm(
+        "another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone",
+        "64m",
+    ) {
         return;
     }
 
