@@ -127,15 +127,41 @@ class Result:
         )
 
 
+def _orthogonal(module, std: float = math.sqrt(2)):
+    """``module`` with orthogonal weights of gain ``std`` and zero biases (CleanRL's init)."""
+    from torch import nn
+
+    nn.init.orthogonal_(module.weight, std)
+    nn.init.zeros_(module.bias)
+    return module
+
+
+def _rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> tuple:
+    """A rollout's buffers on the learner's device: observations ``(t_len, n, *obs_shape)``
+    of ``obs_dtype``, actions, log-probabilities, rewards, dones, values; then the episode
+    bookkeeping: each env's return so far and, at each step, that return as it stood
+    (kept where the episode ended: read back once per update)."""
+    import torch
+
+    steps = (t_len, n)
+    return (
+        torch.zeros(steps + tuple(obs_shape), dtype=obs_dtype, device=device),
+        torch.zeros(steps, dtype=torch.long, device=device),
+        torch.zeros(steps, device=device),
+        torch.zeros(steps, device=device),
+        torch.zeros(steps, device=device),
+        torch.zeros(steps, device=device),
+        torch.zeros(n, dtype=torch.float64, device=device),
+        torch.zeros(steps, dtype=torch.float64, device=device),
+    )
+
+
 def _agent(obs_dim: int, num_actions: int):
     import torch
     from torch import nn
 
     def layer(n_in: int, n_out: int, std: float = math.sqrt(2)) -> nn.Linear:
-        lin = nn.Linear(n_in, n_out)
-        nn.init.orthogonal_(lin.weight, std)
-        nn.init.zeros_(lin.bias)
-        return lin
+        return _orthogonal(nn.Linear(n_in, n_out), std)
 
     class Agent(nn.Module):
         """Separate actor and critic MLPs, 64x64 tanh, orthogonal init (as in CleanRL)."""
@@ -451,19 +477,8 @@ def train(cfg: Config, log=print) -> Result:
     initial = _param_digest(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
 
-    # Rollout buffers, on the learner's device.
-    obs_buf = torch.zeros((t_len, n, 4), device=device)
-    act_buf = torch.zeros((t_len, n), dtype=torch.long, device=device)
-    logp_buf = torch.zeros((t_len, n), device=device)
-    rew_buf = torch.zeros((t_len, n), device=device)
-    done_buf = torch.zeros((t_len, n), device=device)
-    val_buf = torch.zeros((t_len, n), device=device)
-
-    # Episode bookkeeping, on the same device: the return of each env's episode so far,
-    # and at each step of the rollout that return as it stood (kept where the episode
-    # ended: read back once per update).
-    ep_return = torch.zeros(n, dtype=torch.float64, device=device)
-    ret_at_step = torch.zeros((t_len, n), dtype=torch.float64, device=device)
+    (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf,
+     ep_return, ret_at_step) = _rollout_buffers(t_len, n, (4,), torch.float32, device)
 
     start = time.perf_counter()
     # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors

@@ -20,17 +20,12 @@ import time
 
 import shmbridge
 
-from .ppo import Config, Result, choose_device, gae, ppo_update
+from .ppo import Config, Result, _orthogonal, _rollout_buffers, choose_device, gae, ppo_update
 
 
 def _agent(channels: int, height: int, width: int, num_actions: int):
     import torch
     from torch import nn
-
-    def init(m: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
-        nn.init.orthogonal_(m.weight, std)
-        nn.init.zeros_(m.bias)
-        return m
 
     class Agent(nn.Module):
         """Conv 8x8/4 (16), conv 4x4/2 (32), dense 256, then actor and critic heads."""
@@ -38,15 +33,15 @@ def _agent(channels: int, height: int, width: int, num_actions: int):
         def __init__(self) -> None:
             super().__init__()
             self.trunk = nn.Sequential(
-                init(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
-                init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
+                _orthogonal(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
+                _orthogonal(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
                 nn.Flatten(),
             )
             with torch.no_grad():
                 flat = self.trunk(torch.zeros(1, channels, height, width)).shape[1]
-            self.hidden = nn.Sequential(init(nn.Linear(flat, 256)), nn.ReLU())
-            self.actor = init(nn.Linear(256, num_actions), 0.01)
-            self.critic = init(nn.Linear(256, 1), 1.0)
+            self.hidden = nn.Sequential(_orthogonal(nn.Linear(flat, 256)), nn.ReLU())
+            self.actor = _orthogonal(nn.Linear(256, num_actions), 0.01)
+            self.critic = _orthogonal(nn.Linear(256, 1), 1.0)
 
         def evaluate(self, x: "torch.Tensor"):
             """``x``: (B, C, H, W) uint8 frames; returns (logits, value)."""
@@ -113,14 +108,8 @@ def train(cfg: Config, log=print) -> Result:
 
         agent = _agent(6, height, width, 2).to(device)
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
-        obs_buf = torch.zeros((t_len, n, 6, height, width), dtype=torch.uint8, device=device)
-        act_buf = torch.zeros((t_len, n), dtype=torch.long, device=device)
-        logp_buf = torch.zeros((t_len, n), device=device)
-        rew_buf = torch.zeros((t_len, n), device=device)
-        done_buf = torch.zeros((t_len, n), device=device)
-        val_buf = torch.zeros((t_len, n), device=device)
-        ep_return = torch.zeros(n, dtype=torch.float64, device=device)
-        ret_at_step = torch.zeros((t_len, n), dtype=torch.float64, device=device)
+        (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf, ep_return,
+         ret_at_step) = _rollout_buffers(t_len, n, (6, height, width), torch.uint8, device)
 
         cur = frame()
         prev = cur.clone()  # a fresh episode: no motion yet
