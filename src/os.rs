@@ -580,22 +580,22 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// exited, has started to exit or was sent a fatal signal counts as dead; a live process
 /// with another start time is a reused pid, so the one we knew is dead too.
 pub fn process_alive(pid: u32, start_time: u64) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    match ProcStat::read(pid) {
-        Some(s) => s.start == start_time && !s.dead_or_doomed(),
-        None => false,
-    }
+    process_seen(pid, start_time) == Some(true)
 }
 
-/// Whether the process `pid` that started at `start_time` is visible here and doomed: a
-/// zombie, exiting, or sent a fatal signal. Such a process may still hold its locks (the
-/// kernel drops them when it closes its files, after tearing down its memory, which takes
-/// a learner with torch loaded tens of milliseconds, more on a busy machine), but it runs
-/// no more user code. `false` for a pid not visible here or of another start time.
-pub fn process_doomed(pid: u32, start_time: u64) -> bool {
-    pid != 0 && ProcStat::read(pid).is_some_and(|s| s.start == start_time && s.dead_or_doomed())
+/// What this PID namespace says of the process `pid` that started at `start_time`:
+/// `Some(true)` it runs, `Some(false)` it is doomed (a zombie, exiting, or sent a fatal
+/// signal: it may still hold its locks, which the kernel drops only after tearing down
+/// its memory, tens of milliseconds for a learner with torch loaded, but it runs no more
+/// user code), `None` no such process here (gone, a reused pid, or another namespace's).
+/// One read of `/proc/PID/stat`.
+pub fn process_seen(pid: u32, start_time: u64) -> Option<bool> {
+    if pid == 0 {
+        return None;
+    }
+    ProcStat::read(pid)
+        .filter(|s| s.start == start_time)
+        .map(|s| !s.dead_or_doomed())
 }
 
 /// 128 random bits as 32 lowercase hex digits.
@@ -666,20 +666,24 @@ mod tests {
             rustix::process::WaitIdOptions::STOPPED | rustix::process::WaitIdOptions::NOWAIT;
         rustix::process::waitid(rustix::process::WaitId::Pid(raw), stopped).expect("waitid");
         assert!(process_alive(pid, start), "a stopped process lives");
-        assert!(!process_doomed(pid, start));
+        assert_eq!(process_seen(pid, start), Some(true));
         rustix::process::kill_process(raw, rustix::process::Signal::KILL).expect("kill");
         assert!(
             !process_alive(pid, start),
             "a killed process is dead at once"
         );
-        assert!(process_doomed(pid, start), "and doomed until reaped");
+        assert_eq!(process_seen(pid, start), Some(false), "doomed until reaped");
         assert!(
-            !process_doomed(pid, start + 1),
+            process_seen(pid, start + 1).is_none(),
             "another start time is another process"
         );
         let _ = child.wait();
         assert!(!process_alive(pid, start));
-        assert!(!process_doomed(pid, start), "a reaped pid is not visible");
+        assert_eq!(
+            process_seen(pid, start),
+            None,
+            "a reaped pid is not visible"
+        );
     }
 
     #[test]

@@ -361,21 +361,19 @@ impl Region {
         Ok(true)
     }
 
-    /// Whether the client recorded in the slot as `(pid, start_time)` lives: it is not
-    /// doomed here ([`os::process_doomed`]), and it holds its lock on this region ([`client_lock_byte`]; seen from any PID namespace), or (a
-    /// client of an earlier version holds none) that pid and start time name a live
-    /// process here. A dead client of this version fails both: its lock went with it,
-    /// and its pid is dead here or belongs to another process (or is another namespace's).
+    /// Whether the client recorded in the slot as `(pid, start_time)` lives. Seen here
+    /// ([`os::process_seen`]), its state decides: running, or doomed (killed or exiting,
+    /// though maybe still holding its lock). Not seen here (another PID namespace's
+    /// client), its lock on this region decides ([`client_lock_byte`]), which it holds
+    /// until it is gone.
     pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
-        // Doomed (killed, exiting) but not yet through closing its files: dead already.
-        if os::process_doomed(pid, start_time) {
-            return false;
+        match os::process_seen(pid, start_time) {
+            Some(running) => running,
+            None => self.file.as_ref().is_some_and(|f| {
+                // An error asking is no evidence of death.
+                os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+            }),
         }
-        let locked = self.file.as_ref().is_some_and(|f| {
-            // An error asking is no evidence of death.
-            os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
-        });
-        locked || os::process_alive(pid, start_time)
     }
 
     /// Takes the client lock of `(pid, start_time)` (the attaching client, before it
