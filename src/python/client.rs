@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -348,9 +348,17 @@ impl PyClient {
             None => Vec::new(),
             Some(s) => match s.extract::<Count<u64>>() {
                 Ok(one) => vec![one.0],
-                Err(_) => s.extract::<Vec<Count<u64>>>().map(counts).map_err(|_| {
-                    PyTypeError::new_err("seed must be None, a non-negative int, or a list of them")
-                })?,
+                // An int out of range: its own message, not "must be a list".
+                Err(e) if e.is_instance_of::<PyValueError>(py) => return Err(e),
+                Err(_) => s
+                    .extract::<Vec<Count<u64>>>()
+                    .map(counts)
+                    .map_err(|e| match e.is_instance_of::<PyValueError>(py) {
+                        true => e,
+                        false => PyTypeError::new_err(
+                            "seed must be None, a non-negative int, or a list of them",
+                        ),
+                    })?,
             },
         };
         let env_ids = env_ids.map(counts);

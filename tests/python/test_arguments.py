@@ -75,7 +75,7 @@ _ABSURD = r'''
 import os, shmbridge
 from shmbridge import EngineSpec, Engine
 
-TYPED = (shmbridge.ShmBridgeError, TypeError, ValueError, OverflowError)
+TYPED = (shmbridge.ShmBridgeError, TypeError, ValueError)
 seen = []
 
 def expect(what, f, kind=TYPED):
@@ -95,14 +95,14 @@ expect("launch cartpole 10**9", lambda: shmbridge.launch("cartpole", num_envs=10
 expect("launch null 2**32", lambda: shmbridge.launch("null", num_envs=2**32), ValueError)
 expect("launch obs_dim 2**64", lambda: shmbridge.launch("null", 4, obs_dim=2**64), ValueError)
 expect("launch image", lambda: shmbridge.launch("null", 4, image="4294967296x4294967296x4294967296"), shmbridge.EngineStartError)
-expect("spec num_envs 2**32", lambda: EngineSpec("k", 2**32), OverflowError)
+expect("spec num_envs 2**32", lambda: EngineSpec("k", 2**32), ValueError)
 expect("spec num_envs 0", lambda: Engine(EngineSpec.standard("k", 0, 1, 1)), shmbridge.InvalidSpecError)
 expect("spec shape", lambda: Engine(EngineSpec("k", 4).tensor("obs", "float32", [2**62, 2**62])), shmbridge.InvalidSpecError)
 expect("spec huge", lambda: Engine(EngineSpec.standard("k", 10**9, 10**9, 10**9)), (shmbridge.InvalidSpecError, shmbridge.NoSpaceError))
 expect("spec big", lambda: Engine(EngineSpec.standard("k", 10**6, 10**3, 1)), shmbridge.NoSpaceError)
 expect("ring 3", lambda: Engine(EngineSpec("k", 4, ring_capacity=3).tensor("o", "float32", [4])), shmbridge.InvalidSpecError)
 expect("ring 2**40", lambda: Engine(EngineSpec("k", 4, ring_capacity=2**40).tensor("o", "float32", [4])), shmbridge.NoSpaceError)
-expect("ring 2**64", lambda: EngineSpec("k", 4, ring_capacity=2**64), OverflowError)
+expect("ring 2**64", lambda: EngineSpec("k", 4, ring_capacity=2**64), ValueError)
 expect("attach long name", lambda: shmbridge.attach("x" * 5000, timeout=1e300), shmbridge.InvalidNameError)
 expect("attach absent", lambda: shmbridge.attach("shmbridge-absent", timeout=1e300), shmbridge.NotFoundError)
 
@@ -110,8 +110,8 @@ with Engine(EngineSpec.standard("k", 4, 3, 1), spin_us=1e300) as e:
     e.publish()
 with shmbridge.launch("cartpole", 4, timeout=1e300, idle_timeout=1e300, spin_us=1e300) as c:
     c.step(timeout=1e300)
-    expect("reset seed 2**64", lambda: c.reset(seed=2**64), TypeError)
-    expect("reset env_ids 2**32", lambda: c.reset(env_ids=[2**32]), OverflowError)
+    expect("reset seed 2**64", lambda: c.reset(seed=2**64), ValueError)
+    expect("reset env_ids 2**32", lambda: c.reset(env_ids=[2**32]), ValueError)
     expect("reset env_ids 10**6", lambda: c.reset(env_ids=[10**6]), shmbridge.RemoteError)
     expect("call payload", lambda: c.call("set_pole_length", payload=b"x" * (64 << 20)), shmbridge.RecordTooLargeError)
     expect("step timeout nan", lambda: c.step(timeout=float("nan")), ValueError)
@@ -165,7 +165,7 @@ def _spec(**kw):
     (lambda: shmbridge.EngineSpec("k", True), TypeError),
     (lambda: shmbridge.EngineSpec("k", 2.0), TypeError),
     (lambda: shmbridge.EngineSpec("k", "2"), TypeError),
-    (lambda: shmbridge.EngineSpec("k", -2), OverflowError),
+    (lambda: shmbridge.EngineSpec("k", -2), ValueError),
     (lambda: shmbridge.EngineSpec("k", 2, ring_capacity=True), TypeError),
     (lambda: shmbridge.EngineSpec("k", 2, ring_capacity=4096.0), TypeError),
     (lambda: shmbridge.EngineSpec.standard("k", 2, True, 1), TypeError),
@@ -197,6 +197,18 @@ def test_bad_arguments_to_engines_and_attach_raise_before_anything_is_created(ca
     assert _own_regions() <= before
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: shmbridge.EngineSpec("k", 2**32), "4294967296 is too large: at most 4294967295"),
+    (lambda: shmbridge.EngineSpec("k", -2), "expected a non-negative int, got -2"),
+    (lambda: shmbridge.EngineSpec("k", 2, ring_capacity=2**64), "18446744073709551616 is too large: at most 18446744073709551615"),
+    (lambda: shmbridge.EngineSpec("k", 2).tensor("obs", "float32", [2, -3]), "expected a non-negative int, got -3"),
+])
+def test_an_int_out_of_range_is_a_value_error_naming_the_value_and_the_bound(call, message):
+    with pytest.raises(ValueError) as raised:
+        call()
+    assert str(raised.value) == message
+
+
 @pytest.mark.parametrize("method, kwargs, error", [
     ("step", dict(timeout=True), TypeError),
     ("step", dict(timeout="1"), TypeError),
@@ -205,6 +217,10 @@ def test_bad_arguments_to_engines_and_attach_raise_before_anything_is_created(ca
     ("reset", dict(seed=1.5), TypeError),
     ("reset", dict(seed=[1, True]), TypeError),
     ("reset", dict(seed="7"), TypeError),
+    ("reset", dict(seed=2**64), ValueError),
+    ("reset", dict(seed=[1, 2**64]), ValueError),
+    ("reset", dict(seed=-1), ValueError),
+    ("reset", dict(env_ids=[-1]), ValueError),
     ("reset", dict(env_ids=[True]), TypeError),
     ("reset", dict(env_ids=[0.0]), TypeError),
     ("reset", dict(timeout=False), TypeError),
