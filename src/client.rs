@@ -452,6 +452,7 @@ impl Client {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
+        self.region.known_shrunk()?;
         if self.action != self.frame {
             return Err(Error::OutOfOrder(
                 "the previous step's frame has not arrived; call wait_frame() first",
@@ -491,6 +492,7 @@ impl Client {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
+        self.region.known_shrunk()?;
         // Every shard's frame (an unsharded region's one shard is the control block's
         // `frame_seq`), each in turn: the total is the slowest shard's time, not the sum.
         // The clock is read only when there are several (the fast path reads none).

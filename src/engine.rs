@@ -516,6 +516,7 @@ impl Engine {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
         }
+        self.region.known_shrunk()?;
         if !self.ready {
             // Frame 0 on the device is complete once the event fires: record before READY.
             self.record_frame()?;

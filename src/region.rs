@@ -23,6 +23,7 @@
 
 use std::fs::File;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -87,7 +88,13 @@ pub struct Region {
     pid: u32,
     /// Where `os` keeps this mapping for forked children (`os::hold_mapping`).
     fork_slot: Option<usize>,
+    /// The file's size once `check_size` found it shorter than the mapping, else
+    /// `NOT_SHRUNK`. The bytes past the end are gone for good: every later check and
+    /// step gives the same `RegionTooSmall` without touching the mapping.
+    shrunk_to: AtomicU64,
 }
+
+const NOT_SHRUNK: u64 = u64::MAX;
 
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,6 +142,7 @@ impl Region {
             owner: true,
             pid: os::current_pid(),
             fork_slot: None,
+            shrunk_to: AtomicU64::new(NOT_SHRUNK),
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -231,6 +239,7 @@ impl Region {
             owner: false,
             pid: os::current_pid(),
             fork_slot: None,
+            shrunk_to: AtomicU64::new(NOT_SHRUNK),
         }
         .held_in_parent_only(None, writable))
     }
@@ -287,6 +296,7 @@ impl Region {
             owner: false,
             pid: os::current_pid(),
             fork_slot: None,
+            shrunk_to: AtomicU64::new(NOT_SHRUNK),
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -396,19 +406,36 @@ impl Region {
     /// Callers check before each blocking wait (the slow path, never per step). What
     /// remains for a same-uid peer: a truncation between this check and an access of
     /// the mapping (the next frame read, the next counter load) still faults; a tmpfs
-    /// file cannot be sealed against shrinking (only memfds can).
+    /// file cannot be sealed against shrinking (only memfds can). Once found, the
+    /// answer sticks (see [`Region::known_shrunk`]).
     pub fn check_size(&self) -> Result<()> {
+        self.known_shrunk()?;
         let Some(file) = &self.file else {
             return Ok(());
         };
         let (size, _, _) = os::file_identity(file)?;
         if size < self.len() as u64 {
-            return Err(Error::RegionTooSmall {
-                needed: self.len() as u64,
-                actual: size,
-            });
+            self.shrunk_to.store(size, Ordering::Relaxed);
+            return Err(self.too_small(size));
         }
         Ok(())
+    }
+
+    /// `RegionTooSmall` if an earlier [`Region::check_size`] found the file truncated:
+    /// one load, no system call, so the per-step paths can afford it and a second step
+    /// after the error neither faults nor reports something else.
+    pub fn known_shrunk(&self) -> Result<()> {
+        match self.shrunk_to.load(Ordering::Relaxed) {
+            NOT_SHRUNK => Ok(()),
+            size => Err(self.too_small(size)),
+        }
+    }
+
+    fn too_small(&self, actual: u64) -> Error {
+        Error::RegionTooSmall {
+            needed: self.len() as u64,
+            actual,
+        }
     }
 }
 

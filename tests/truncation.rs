@@ -109,6 +109,19 @@ fn a_client_reports_a_region_truncated_under_it() {
         }
         other => panic!("expected RegionTooSmall, got {other:?}"),
     }
+    // The answer sticks: the next step and a wait for the frame say the same (before,
+    // the step said "call wait_frame() first", which cannot help).
+    for (what, again) in [
+        ("step", client.step(Duration::from_secs(30))),
+        ("wait_frame", client.wait_frame(Duration::from_secs(30))),
+    ] {
+        match again {
+            Err(Error::RegionTooSmall { needed, actual }) => {
+                assert_eq!((needed, actual), (mapped, 4096), "{what}")
+            }
+            other => panic!("{what} after RegionTooSmall: {other:?}"),
+        }
+    }
     common::signal(engine.pid(), rustix::process::Signal::KILL);
     let _ = engine.finish();
     drop(client);
@@ -116,8 +129,9 @@ fn a_client_reports_a_region_truncated_under_it() {
 }
 
 /// Truncated to nothing, the control block and the rings are gone too: a command is
-/// `RegionTooSmall` before it touches a ring, and dropping the client touches nothing
-/// (before, both died of SIGBUS: the drop at a Python interpreter's exit too).
+/// `RegionTooSmall` before it touches a ring, a step after it says the same, and dropping
+/// the client touches nothing (before, all three died of SIGBUS: the drop at a Python
+/// interpreter's exit too).
 #[test]
 fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
     if !common::private_shm(
@@ -140,6 +154,12 @@ fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
     match client.ping(b"x", Duration::from_secs(30)) {
         Err(Error::RegionTooSmall { actual: 0, .. }) => {}
         other => panic!("expected RegionTooSmall, got {other:?}"),
+    }
+    // A step reads the control block before anything else: once a check has seen the
+    // file empty, it says so instead of dying of SIGBUS on that read.
+    match client.step(Duration::from_secs(30)) {
+        Err(Error::RegionTooSmall { actual: 0, .. }) => {}
+        other => panic!("step after RegionTooSmall: {other:?}"),
     }
     drop(client);
     common::signal(engine.pid(), rustix::process::Signal::KILL);
