@@ -315,9 +315,12 @@ fn launch(
             source: e,
         })?;
     if line.trim().is_empty() {
-        let status = child.wait().ok();
+        // Its stderr is this process's: the engine's own reason is printed just above.
+        let status = child
+            .wait()
+            .map_or_else(|e| format!("its status unknown: {e}"), |s| s.to_string());
         return Err(Error::InvalidSpec(format!(
-            "the engine exited before serving ({status:?})"
+            "the launched engine exited before serving ({status}); its message is above"
         )));
     }
     Ok((child, line.trim().to_string()))

@@ -95,6 +95,21 @@ def test_client_launches_its_engine_through_python_m_shmbridge():
     assert set(shmbridge.list_regions()) == before
 
 
+def test_client_launch_reports_an_engine_that_refused_to_start():
+    before = set(shmbridge.list_regions())
+    out = run([*MODULE, "client", "--launch", "cartpole", "--num-envs", "0", "--steps", "1"])
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    # The engine's own reason first (its stderr is the client's), then the client's
+    # summary with the engine's exit status as a person reads it.
+    assert lines[0] == "shmbridge: error: invalid engine spec: num_envs must be at least 1", lines
+    assert lines[-1] == (
+        "shmbridge: error: invalid engine spec: the launched engine exited before serving "
+        "(exit status: 1); its message is above"
+    ), lines
+    assert set(shmbridge.list_regions()) == before
+
+
 def frame_seq(name: str) -> int:
     out = run([*MODULE, "inspect", name])
     assert out.returncode == 0, out.stderr
