@@ -216,6 +216,10 @@ namespace Shmbridge
         [DllImport(Lib)] internal static extern Status shmb_client_tensor(ClientHandle client, byte[] name, UIntPtr index, out IntPtr data, out UIntPtr nbytes);
         [DllImport(Lib)] internal static extern Status shmb_client_step(ClientHandle client, ulong timeoutMs, out ulong frame);
         [DllImport(Lib)] internal static extern Status shmb_client_reset(ClientHandle client, uint[] envIds, UIntPtr numEnvIds, ulong[] seeds, UIntPtr numSeeds, ulong timeoutMs, out ulong frame);
+        [DllImport(Lib)] internal static extern Status shmb_client_call(ClientHandle client, byte[] method, Kv[] args, UIntPtr numArgs, byte[] payload, UIntPtr payloadLen, ulong timeoutMs);
+        [DllImport(Lib)] internal static extern Status shmb_client_reply_payload(ClientHandle client, out IntPtr data, out UIntPtr len);
+        [DllImport(Lib)] internal static extern Status shmb_client_reply_arg_count(ClientHandle client, out UIntPtr count);
+        [DllImport(Lib)] internal static extern Status shmb_client_reply_arg(ClientHandle client, UIntPtr index, out IntPtr key, out IntPtr value);
         [DllImport(Lib)] internal static extern Status shmb_client_close(IntPtr client);
 
         /// <summary>A NUL-terminated UTF-8 string owned by the library, as a string.</summary>
@@ -234,6 +238,16 @@ namespace Shmbridge
             var bytes = new byte[Encoding.UTF8.GetByteCount(s) + 1];
             Encoding.UTF8.GetBytes(s, 0, s.Length, bytes, 0);
             return bytes;
+        }
+
+        /// <summary>A copy of <paramref name="bytes"/> in unmanaged memory, recorded in
+        /// <paramref name="held"/> for the caller to free.</summary>
+        internal static IntPtr Unmanaged(byte[] bytes, List<IntPtr> held)
+        {
+            IntPtr p = Marshal.AllocHGlobal(bytes.Length);
+            held.Add(p);
+            Marshal.Copy(bytes, 0, p, bytes.Length);
+            return p;
         }
 
         /// <summary>Throws the exception of a failed status, with the thread's last error.</summary>
@@ -518,6 +532,58 @@ namespace Shmbridge
             return frame;
         }
 
+        /// <summary>Calls the engine-defined <paramref name="method"/> with
+        /// <paramref name="args"/> and <paramref name="payload"/> (either may be null) and
+        /// waits for its reply. Throws RemoteException when the engine refuses (its message),
+        /// TimeoutException, ...</summary>
+        public Reply Call(string method, IReadOnlyDictionary<string, string> args = null, byte[] payload = null,
+                          ulong timeoutMs = 10000)
+        {
+            // The C ABI copies the strings during the call: they live in unmanaged memory
+            // only that long.
+            var kvs = new Kv[args?.Count ?? 0];
+            var held = new List<IntPtr>();
+            try
+            {
+                int i = 0;
+                if (args != null)
+                    foreach (var kv in args)
+                    {
+                        if (kv.Value == null)
+                            throw new InvalidArgumentException(Status.InvalidArgument, $"argument '{kv.Key}' is null");
+                        kvs[i].Key = Native.Unmanaged(Native.Utf8(kv.Key), held);
+                        kvs[i].Value = Native.Unmanaged(Native.Utf8(kv.Value), held);
+                        i++;
+                    }
+                Native.Check(Native.shmb_client_call(handle, Native.Utf8(method), kvs, (UIntPtr)kvs.Length, payload,
+                    (UIntPtr)(payload?.Length ?? 0), timeoutMs));
+            }
+            finally
+            {
+                foreach (IntPtr p in held) Marshal.FreeHGlobal(p);
+            }
+            // The reply lives in the client until its next call: copied out here.
+            Native.Check(Native.shmb_client_reply_arg_count(handle, out UIntPtr count));
+            var replyArgs = new Dictionary<string, string>();
+            for (ulong k = 0; k < (ulong)count; k++)
+            {
+                Native.Check(Native.shmb_client_reply_arg(handle, (UIntPtr)k, out IntPtr key, out IntPtr value));
+                replyArgs[Native.FromUtf8(key)] = Native.FromUtf8(value);
+            }
+            Native.Check(Native.shmb_client_reply_payload(handle, out IntPtr data, out UIntPtr len));
+            var bytes = new byte[checked((int)(ulong)len)];
+            if (bytes.Length > 0) Marshal.Copy(data, bytes, 0, bytes.Length);
+            return new Reply(replyArgs, bytes);
+        }
+
         public void Dispose() => handle.Dispose();
+    }
+
+    /// <summary>An engine's answer to <see cref="Client.Call"/>: its key/values and payload.</summary>
+    public sealed class Reply
+    {
+        public IReadOnlyDictionary<string, string> Args { get; }
+        public byte[] Payload { get; }
+        internal Reply(IReadOnlyDictionary<string, string> args, byte[] payload) { Args = args; Payload = payload; }
     }
 }

@@ -39,17 +39,23 @@ def build_c_engine(lib: Path, out: Path) -> Path:
     return exe
 
 
-def build_csharp_engine(out: Path) -> Path:
-    """The C# binding and CartPole engine, compiled by Mono's mcs into ``out``."""
+def build_csharp(program: str, out: Path) -> Path:
+    """The C# binding and ``program`` (a path under the repository), compiled by Mono's
+    mcs into ``out``."""
     mcs = shutil.which("mcs")
     assert mcs, "mcs not found: scripts/test.sh installs mono-mcs and mono-runtime"
-    exe = out / "CartPoleEngine.exe"
+    exe = out / (Path(program).stem + ".exe")
     subprocess.run(
         [mcs, "-unsafe", "-langversion:7.2", "-warnaserror", f"-out:{exe}",
-         str(ROOT / "bindings/csharp/Shmbridge.cs"), str(ROOT / "examples/csharp/CartPoleEngine.cs")],
+         str(ROOT / "bindings/csharp/Shmbridge.cs"), str(ROOT / program)],
         check=True,
     )
     return exe
+
+
+def build_csharp_engine(out: Path) -> Path:
+    """The C# binding and CartPole engine, compiled by Mono's mcs into ``out``."""
+    return build_csharp("examples/csharp/CartPoleEngine.cs", out)
 
 
 def same_frames(engine: shmbridge.Client, reference: shmbridge.Client, step: int) -> None:

@@ -1,12 +1,15 @@
 """The CartPole engine written in C# over the C# binding (examples/csharp, bindings/csharp),
 run by Mono: stepped by a Python client for 10,000 steps next to the Rust reference
 engine, every tensor compared bit for bit after every step; its observation span is the
-shared memory itself (addresses compared)."""
+shared memory itself (addresses compared). And the binding's client
+(tests/csharp/ClientCheck.cs) driving the Rust engine, frame for frame with a Python
+client."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 
 import shmbridge
 
-from native_engines import build_capi, build_csharp_engine, step_side_by_side
+from native_engines import build_capi, build_csharp, build_csharp_engine, step_side_by_side
 
 
 def _status_count() -> int:
@@ -69,3 +72,51 @@ def test_csharp_spans_are_the_shared_memory(csharp_engine, capi_on_loader_path):
     assert ": same memory" in err, err
     assert f"status codes: {_status_count()} checked against the library" in err, err
     assert "client closed after 1 steps" in err, err
+
+
+def _python_lines(name_steps: int, num_envs: int, seed: int) -> list:
+    """What ClientCheck.exe must print after its zero-copy line, computed by a Python
+    client on an engine of the same seed with the same actions and commands."""
+    lines = []
+    hexes = lambda *ts: " ".join(np.asarray(t).tobytes().hex() for t in ts)
+    with shmbridge.launch("cartpole", num_envs, seed=seed) as c:
+        for k in range(2 * name_steps):
+            if k == name_steps:
+                at = c.reset(seed=42, env_ids=[1, 3])
+                lines.append(f"reset {at} {hexes(c.obs)}")
+                reply = c.call("set_pole_length", length="0.75")
+                lines.append(f"set_pole_length previous={reply['previous']} payload=0")
+                with pytest.raises(shmbridge.RemoteError) as refused:
+                    c.call("no_such_method", payload=bytes([1, 2, 3]))
+                lines.append(f"refused Remote: {refused.value}")
+            actions = np.array([[1 if (k * 7 + i * 3) % 5 < 2 else 0] for i in range(num_envs)], dtype=np.int64)
+            c.step(actions)
+            lines.append(f"frame {c.frame} {hexes(c.obs, c.rewards, c.terminated, c.truncated)}")
+    return lines
+
+
+def test_csharp_client_steps_resets_and_calls_frame_for_frame_with_a_python_client(tmp_path, capi_on_loader_path):
+    client = build_csharp("tests/csharp/ClientCheck.cs", tmp_path)
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "shmbridge", "engine", "--env", "cartpole", "--num-envs", "8", "--seed", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        name = engine.stdout.readline().strip()
+        assert name.startswith("shmbridge-"), engine.stderr.read() if engine.poll() is not None else name
+        out = subprocess.run(["mono", str(client), name, "60"], capture_output=True, text=True, timeout=120)
+    finally:
+        engine.terminate()
+        _, engine_err = engine.communicate(timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "zero-copy same memory", lines[0]
+    assert lines[-1] == "closed"
+    expected = _python_lines(60, 8, 5)
+    assert len(lines[1:-1]) == len(expected) == 123
+    for got, want in zip(lines[1:-1], expected):
+        assert got == want
+    # The episodes ended and restarted in those 120 frames: the check covers autoreset.
+    assert any(line.startswith("frame ") and line.split()[4].strip("0") for line in lines), "no episode ended"
+    assert "client closed after 120 steps" in engine_err, engine_err
+    assert name not in shmbridge.list_regions()
