@@ -247,6 +247,51 @@ def test_ppo_learns_on_cuda_end_to_end(tmp_path):
 
 
 @needs_cuda
+def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
+    """--host-staged with a CUDA learner: the engine's tensors stay in host memory, the
+    learner reads copies on its GPU (the run bench and docs compare with CUDA IPC)."""
+    before = _regions()
+    lines = []
+    cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=None, progress=False,
+                     host_staged=True)
+    r = ppo.train(cfg, log=lines.append)
+    assert r.device.startswith("cuda:") and r.engine_device == "cpu", (r.device, r.engine_device)
+    assert lines[0].endswith("copied to it every step (--host-staged)"), lines[0]
+    assert r.mean_return >= THRESHOLD, r.summary()
+    assert not _regions() - before
+
+
+def test_host_staged_on_a_cpu_learner_is_the_zero_copy_run():
+    """On a CPU learner there is nothing to stage: the same views, the same curve."""
+    runs = [ppo.train(ppo.Config(total_steps=2048, num_steps=32, seed=4, device="cpu", plot=None,
+                                 progress=False, host_staged=staged), log=lambda *a: None)
+            for staged in (False, True)]
+    assert runs[1].zero_copy_views == runs[0].zero_copy_views
+    assert runs[1].engine_device == runs[0].engine_device == "cpu"
+    assert (runs[1].curve_steps, runs[1].curve_returns) == (runs[0].curve_steps, runs[0].curve_returns)
+    assert runs[1].episodes == runs[0].episodes > 0
+
+
+def test_staging_copies_engine_views_to_another_device_and_leaves_actions_in_place():
+    """_Staging with the learner on another device ('meta' stands for a GPU here): each
+    engine→client view gets a copy there, refreshed in place; actions stay the engine's."""
+    import torch
+
+    views = {"obs": torch.zeros(4, 3), "actions": torch.zeros(4, 1, dtype=torch.int64),
+             "rewards": torch.zeros(4)}
+    staging = ppo._Staging(dict(views), torch.device("meta"))
+    learner = staging.learner_views
+    assert learner["actions"] is views["actions"]
+    for name in ("obs", "rewards"):
+        assert learner[name].device.type == "meta" and learner[name].shape == views[name].shape
+    copies = {name: learner[name] for name in ("obs", "rewards")}
+    staging.refresh()
+    assert all(learner[name] is copies[name] for name in copies), "refreshed in place"
+    same = ppo._Staging(dict(views), torch.device("cpu"))
+    assert all(same.learner_views[n] is views[n] for n in views), "no copies on the same device"
+
+
+@needs_cuda
 def test_cuda_views_are_the_engines_memory():
     """What train() relies on, seen from outside: torch.from_dlpack of a CUDA cartpole
     engine's tensors gives CUDA tensors at the engine's device pointers, and actions

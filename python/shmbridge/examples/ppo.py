@@ -96,6 +96,10 @@ class Config:
     # follows the CLI convention of docs/protocol.md §9), started with
     # `--num-envs N --seed S` appended, instead of the reference engine. Host memory.
     engine_command: Optional[str] = None
+    # The engine's tensors in host memory while the learner is on a GPU: every step copies
+    # the frame to the GPU and the actions back (what a transport without CUDA IPC must
+    # do). For comparing with the zero-copy run; the same as without it on a CPU learner.
+    host_staged: bool = False
 
 
 @dataclass
@@ -376,6 +380,30 @@ def _engine_views(client: "shmbridge.Client", device) -> dict:
     return views
 
 
+class _Staging:
+    """The tensors the learner reads. The engine's own views when they are on the
+    learner's device (zero copy: ``refresh`` does nothing); otherwise a copy of each
+    engine→client view on the learner's device, which ``refresh`` rewrites from the host
+    after each step, and the engine's host ``actions`` view itself (``copy_`` into it
+    moves the actions back)."""
+
+    def __init__(self, views: dict, device) -> None:
+        self.engine_views = views
+        self.staged = [name for name, v in views.items()
+                       if v.device != device and name != "actions"]
+        self.learner_views = dict(views)
+        for name in self.staged:
+            self.learner_views[name] = views[name].to(device)
+
+    def refresh(self) -> None:
+        for name in self.staged:
+            self.learner_views[name].copy_(self.engine_views[name])
+
+    def close(self) -> None:
+        self.engine_views.clear()
+        self.learner_views.clear()
+
+
 class _Progress:
     """A run's episode returns (the last ``cfg.window`` of them), its learning curve and
     its progress bar. ``update`` after each rollout says whether the target is reached."""
@@ -453,7 +481,11 @@ def train(cfg: Config, log=print) -> Result:
     ranks = _Ranks(device)
     if ranks.rank != 0:
         log = lambda *_a, **_k: None  # noqa: E731 - rank 0 alone prints
-    log(f"device: {device} for the learner and the engine's tensors ({why})")
+    if cfg.host_staged and device.type != "cpu":
+        log(f"device: {device} for the learner ({why}); the engine's tensors in host memory, "
+            "copied to it every step (--host-staged)")
+    else:
+        log(f"device: {device} for the learner and the engine's tensors ({why})")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -488,7 +520,8 @@ def train(cfg: Config, log=print) -> Result:
         command = shlex.split(cfg.engine_command) + ["--num-envs", str(n), "--seed", str(cfg.seed)]
         launched = shmbridge.launch(command=command, blocking=cfg.blocking)
     else:
-        launched = shmbridge.launch("cartpole", num_envs=n, device=str(device),
+        engine_on = "cpu" if cfg.host_staged else str(device)
+        launched = shmbridge.launch("cartpole", num_envs=n, device=engine_on,
                                     seed=cfg.seed + ranks.rank * n, blocking=cfg.blocking,
                                     shards=cfg.shards)
     with launched as client:
@@ -498,7 +531,12 @@ def train(cfg: Config, log=print) -> Result:
         # client.step() orders everything on torch's current stream: the engine's
         # kernels wait for the work queued before it (the actions written into act_view,
         # the reads of the previous frame), and work queued after it sees the new frame.
-        views = _engine_views(client, device)
+        views = _engine_views(client, torch.device(client.device))
+        # Host-staged on a GPU learner: the learner reads copies of the engine→client
+        # tensors on its device, refreshed after every step; actions are copied to the
+        # host view (a synchronous device-to-host copy).
+        staging = _Staging(views, device)
+        views = staging.learner_views
         obs_view = views["obs"]  # (n, 4) float32
         act_view = views["actions"]  # (n, 1) int64, written by us
         rew_view = views["rewards"]  # (n,) float32
@@ -530,6 +568,7 @@ def train(cfg: Config, log=print) -> Result:
 
                         act_view.copy_(action.unsqueeze(1))  # into the engine's tensor, in place
                         client.step()  # the views now hold the next frame
+                        staging.refresh()
 
                         rew_buf[t].copy_(rew_view)
                         done = term_view | trunc_view  # a new tensor, not a view
@@ -565,6 +604,7 @@ def train(cfg: Config, log=print) -> Result:
             # Drop the views before the client closes: on a GPU the client acknowledges
             # its close (and the engine frees its memory) once no view holds it open.
             views.clear()
+            staging.close()
             obs_view = act_view = rew_view = term_view = trunc_view = final_view = None
     result = progress.result(time.perf_counter() - start, str(device), engine_device, view_names)
     if cfg.plot and ranks.rank == 0:
@@ -659,6 +699,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the learner and the engine's tensors live (cuda: GPU memory "
                         "shared through CUDA IPC, no host round trip); auto: cuda when torch "
                         "sees a GPU and shmbridge.cuda_available() says it can use it, else cpu")
+    p.add_argument("--host-staged", action="store_true",
+                   help="cartpole on a GPU learner: the engine's tensors in host memory, each "
+                        "step copied to the GPU and the actions back (for comparing with CUDA IPC)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch CPU threads (the engine process takes a core too); 0: torch's default")
     p.add_argument("--lr", type=float, default=None, help=f"Adam learning rate [cartpole: {d.lr:g}]")
@@ -718,9 +761,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("shmbridge-ppo: error: --engine-command trains cartpole on one engine "
               "(no --env pixels, --shards or several ranks)", file=sys.stderr)
         return 2
-    if cfg.env == "pixels" and (cfg.shards > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-        print("shmbridge-ppo: error: --shards and several ranks train cartpole (not pixels)",
-              file=sys.stderr)
+    if cfg.env == "pixels" and (cfg.shards > 1 or cfg.host_staged
+                                or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        print("shmbridge-ppo: error: --shards, --host-staged and several ranks train cartpole "
+              "(not pixels)", file=sys.stderr)
         return 2
     try:
         if cfg.env == "pixels":
