@@ -2,54 +2,119 @@
 # Every check that needs a GPU, in one command, for a machine with an NVIDIA GPU and
 # driver: the Rust GPU tests (tests/cuda.rs), the Python GPU tests (test_gpu, and the GPU
 # tests of test_ppo and test_bench), the Vulkan tests with the CUDA importer and `bench
-# vulkan`, `python -m shmbridge.bench gpu` (written to
-# bench-results/gpu.{md,json}) and the PPO main job on CUDA end to end. Unlike
-# scripts/test.sh, a GPU test that skips here is a failure: on a GPU machine they must run.
-# Uses .venv when it exists (as scripts/test.sh leaves it), else installs like test.sh.
+# vulkan`, `python -m shmbridge.bench gpu`, the GPU tests again under compute-sanitizer
+# where the machine has it, and PPO at 4096 envs on CUDA: zero copy (--device cuda) and
+# host-staged (--host-staged), each to the 475 target. Unlike scripts/test.sh, a GPU
+# test that skips here is a failure: on a GPU machine they must run.
+#
+#   bash scripts/gpu-check.sh [--bundle DIR] [--only STEP,...] [OUT]
+#   --bundle DIR  on a machine with a driver, python3 with torch and pytest, and nothing
+#                 else (no Rust, no network): uses what `bash scripts/gpu-bundle.sh DIR`
+#                 built elsewhere. Without it: builds, and uses .venv as scripts/test.sh
+#                 leaves it.
+#   --only        these steps alone (to split the work over several shorter commands):
+#                 rust-cuda, python-gpu, rust-vulkan, bench-vulkan, bench-gpu,
+#                 sanitizer-rust-cuda, ppo-cuda, ppo-host-staged
+#
+# Logs, benchmark tables and plots go to OUT (default bench-results/gpu-check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-ensure_rust
-[ -x .venv/bin/python ] || ensure_venv ".[test,bench]"
+
+bundle=""
+only=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bundle) bundle="${2:?--bundle needs the folder scripts/gpu-bundle.sh wrote}"; shift 2 ;;
+        --only) only=",${2:?--only needs step names, comma-separated},"; shift 2 ;;
+        *) break ;;
+    esac
+done
+out=${1:-bench-results/gpu-check}
+mkdir -p "$out"
+out=$(realpath "$out")
 
 nvidia-smi || { echo "gpu-check: nvidia-smi failed: no usable NVIDIA driver here" >&2; exit 3; }
-nvrtc_lib=$(.venv/bin/python -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
+
+if [ -n "$bundle" ]; then
+    bundle=$(realpath "$bundle")
+    # Vulkan and EGL loaders, where the machine has none (the NVIDIA ICD is the driver's).
+    if ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+        for f in "$bundle"/debs/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+    fi
+    if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    fi
+    site=/tmp/shmbridge-site
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "$bundle"/wheels/*.whl
+    # The NVRTC wheel's `nvidia/__init__.py` would hide the machine's own `nvidia`
+    # namespace (torch's CUDA libraries) from imports: a namespace portion merges with it.
+    rm -f "$site/nvidia/__init__.py"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    # tests/common's BIN: the CLI where the Rust tests were compiled to look for it.
+    install -D -m 755 "$bundle/bin/shmbridge" "$(cat "$bundle/bin/cli-path")"
+    py=python3
+    rust_cuda=("$bundle/bin/cuda")
+    rust_vulkan=("$bundle/bin/vulkan")
+    # Needs a toolchain (cargo builds the C library): CI runs it on every commit.
+    pytest_skip=(--deselect tests/python/test_ppo.py::test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one)
+else
+    ensure_rust
+    [ -x .venv/bin/python ] || ensure_venv ".[test,bench]"
+    py=.venv/bin/python
+    rust_cuda=(cargo test --locked --features cuda --test cuda --)
+    rust_vulkan=(cargo test --locked --features cuda,vulkan --test vulkan --)
+    pytest_skip=()
+fi
+
+nvrtc_lib=$($py -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
 if [ -n "$nvrtc_lib" ]; then
     export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-.venv/bin/python -c 'import shmbridge; print("shmbridge.cuda_available():", shmbridge.cuda_available())'
+$py -c 'import shmbridge, torch; print("shmbridge", shmbridge.__version__, "cuda_available():", shmbridge.cuda_available(), "| torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU for torch")'
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+failed=()
+# Runs one step, its output also in $out/NAME.log; a GPU skip in it is a failure.
+step() {
+    local name=$1 skip_pattern=$2
+    shift 2
+    if [ -n "$only" ] && [[ "$only" != *",$name,"* ]]; then
+        return 0
+    fi
+    echo "== $name"
+    set +e +o pipefail
+    "$@" 2>&1 | tee "$out/$name.log"
+    local status=${PIPESTATUS[0]}
+    set -e -o pipefail
+    if [ "$status" -ne 0 ]; then
+        failed+=("$name (exit $status)")
+    elif [ -n "$skip_pattern" ] && grep -E "$skip_pattern" "$out/$name.log" | grep -v 'checks the fallback'; then
+        failed+=("$name (a GPU test skipped)")
+    fi
+}
 
-echo "== Rust GPU tests"
-cargo test --locked --features cuda --test cuda -- --nocapture --test-threads=1 2>&1 | tee "$log"
-if grep -q SKIPPED "$log"; then
-    echo "gpu-check: Rust GPU tests skipped on a GPU machine (above)" >&2
+step rust-cuda 'SKIPPED' "${rust_cuda[@]}" --nocapture --test-threads=1
+step python-gpu '^SKIPPED .*(CUDA|GPU|cuda|gpu)' $py -m pytest -rs -v "${pytest_skip[@]}" \
+    tests/python/test_gpu.py tests/python/test_ppo.py tests/python/test_bench.py
+step rust-vulkan 'SKIPPED' "${rust_vulkan[@]}" --nocapture --test-threads=1
+step bench-vulkan '' $py -m shmbridge.bench vulkan --out "$out"
+step bench-gpu '' $py -m shmbridge.bench gpu --out "$out"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    # The exporting and importing processes are both children of the test binary.
+    step sanitizer-rust-cuda '' compute-sanitizer --tool memcheck --target-processes all \
+        --error-exitcode 9 "${rust_cuda[@]}" --test-threads=1
+else
+    echo "== compute-sanitizer: not on this machine"
+fi
+ppo=($py -m shmbridge.examples.ppo --num-envs 4096 --num-steps 16 --total-steps 20000000 --threads 0)
+step ppo-cuda '' "${ppo[@]}" --device cuda --plot "$out/ppo_cuda.png"
+step ppo-host-staged '' "${ppo[@]}" --device cuda --host-staged --plot "$out/ppo_host_staged.png"
+
+echo "== results in $out"
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'gpu-check: FAILED: %s\n' "${failed[@]}" >&2
     exit 1
 fi
-
-echo "== Python GPU tests"
-.venv/bin/python -m pytest -rs -v tests/python/test_gpu.py tests/python/test_ppo.py \
-    tests/python/test_bench.py 2>&1 | tee "$log"
-if grep -E '^SKIPPED .*(CUDA|GPU|cuda|gpu)' "$log" | grep -v 'checks the fallback'; then
-    echo "gpu-check: Python GPU tests skipped on a GPU machine (above)" >&2
-    exit 1
-fi
-
-echo "== Vulkan tests with the CUDA importer (needs the NVIDIA Vulkan driver and a loader)"
-cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 | tee "$log"
-if grep -q SKIPPED "$log"; then
-    echo "gpu-check: Vulkan tests skipped on a GPU machine (above): is libvulkan.so.1 there," >&2
-    echo "and does VK_DRIVER_FILES name the NVIDIA ICD?" >&2
-    exit 1
-fi
-
-echo "== bench vulkan (the GPU half: Vulkan->CUDA import against host shm + .cuda())"
-.venv/bin/python -m shmbridge.bench vulkan --out bench-results
-
-echo "== bench gpu"
-.venv/bin/python -m shmbridge.bench gpu --out bench-results
-
-echo "== PPO main job on CUDA"
-.venv/bin/python -m shmbridge.examples.ppo --device cuda --plot bench-results/ppo_cuda.png
+echo "gpu-check: every GPU check passed"
