@@ -1,6 +1,6 @@
 // `cartpole` engine on the GPU: the dynamics, termination, truncation, same-step autoreset
 // and final_obs of src/envs/cartpole.rs (Gymnasium CartPole-v1), one thread per env, state
-// in f64, written as f32. Compiled at run time with NVRTC (src/cuda/kernels.rs).
+// in f64, written as f32. Compiled at run time with NVRTC (src/envs/kernels.rs).
 //
 // Random numbers: each env owns a PCG32 (XSH-RR, 64-bit state, odd increment), as
 // rand_pcg::Pcg32 on the CPU. The host computes every env's initial (state, increment)
@@ -8,8 +8,11 @@
 // which also serves `Reset` commands with seeds); a reset draws 4 uniforms in [-0.05, 0.05) the way rand's `random_range(-0.05..0.05)`
 // does for f64 (one u64 = two u32 outputs, low word first; 52 mantissa bits -> [1, 2)
 // -> minus 1 -> scale + low, one draw as rand 0.10 does). The scheme is mirrored in Rust
-// and checked bit for bit against rand_pcg on CPU (src/cuda/kernels.rs); that the GPU
-// computes the same (no FMA contraction: --fmad=false) is to be verified on a GPU.
+// and checked bit for bit against rand_pcg on CPU (src/envs/kernels.rs). This file,
+// compiled for the host with -ffp-contract=off, agrees bit for bit with the CPU engine
+// (tests/cartpole_kernel.rs). On the GPU, with --fmad=false (NVRTC then emits fma only
+// inside libdevice's sincos), what can still differ is sincos itself (CUDA's is within
+// 2 ulp, glibc's is what the CPU engine uses): to be measured on a GPU (tests/cuda.rs).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -36,7 +39,7 @@ __device__ u32 pcg32_next(u64 *state, u64 inc) {
 }
 
 // rand 0.10's UniformFloat::sample_single: one draw, no rejection (the result may round
-// to `high`). Mirrored in Rust by src/cuda/kernels.rs (tested against rand_pcg on CPU).
+// to `high`). Mirrored in Rust by src/envs/kernels.rs (tested against rand_pcg on CPU).
 // Compiled with --fmad=false so the multiply and add round separately, as on the CPU.
 __device__ double uniform(u64 *state, u64 inc, double low, double high) {
     double scale = high - low;
@@ -59,7 +62,7 @@ __device__ void write_obs(float *out, const double *s, u64 e) {
 }
 
 // Resets (frame 0's seeding and draws, `Reset` commands), one thread per listed env: env
-// ids[k] (each env listed once; the host folded repeated listings, src/cuda/kernels.rs
+// ids[k] (each env listed once; the host folded repeated listings, src/envs/kernels.rs
 // ResetUpload) gets generator (seed_state[k], seed_inc[k]) when has_seeds, then is reset
 // counts[k] times in a row: what the CPU engine's loop over the listing does for it.
 extern "C" __global__ void cartpole_reset_listed(double *state, u32 *steps, u64 *rng_state,

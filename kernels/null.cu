@@ -2,10 +2,10 @@
 //   obs[i] of frame s = (float)(((s * 2654435761) mod 2^64 + i) & 0xFFFFFF)   (exact in f32)
 //   rgb[i] of frame s = the same value's low byte
 //   rewards[e] = actions[e, 0]  (frames s >= 1)
-// Compiled at run time with NVRTC (src/cuda/kernels.rs). No headers: NVRTC has none.
+// Compiled at run time with NVRTC (src/envs/kernels.rs). No headers: NVRTC has none.
 //
 // Every kernel loops grid-stride over a 64-bit element count, so any grid size covers any
-// tensor (the host caps the grid: src/cuda/kernels.rs, launch_threads).
+// tensor (the host caps the grid: src/envs/kernels.rs, launch_threads).
 
 typedef unsigned long long u64;
 

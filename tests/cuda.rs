@@ -614,6 +614,50 @@ fn kernels_compile_and_take_the_launched_parameters() {
     assert_eq!(seen, expected.len(), "every kernel checked");
 }
 
+/// NVRTC honours `--fmad=false` ([`COMPILE_OPTIONS`]) in kernels/cartpole.cu, so the GPU
+/// rounds each multiply and add on its own as the CPU engine does: every f64 multiply,
+/// add and subtract of its PTX carries `.rn` (which ptxas never fuses), and the only fused
+/// multiply-adds are those of libdevice's `sincos` (called once, in `cartpole_step`): as
+/// many as in a module that only calls it. Without the option NVRTC contracts the
+/// dynamics and the reset draws, and this fails. Needs libnvrtc only, no GPU.
+///
+/// [`COMPILE_OPTIONS`]: shmbridge::envs::kernels::COMPILE_OPTIONS
+#[test]
+fn cartpole_kernels_compile_without_contracted_multiply_adds() {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("SKIPPED cartpole_kernels_compile_without_contracted_multiply_adds: no libnvrtc");
+        return;
+    }
+    use shmbridge::envs::kernels::{CARTPOLE_CU, COMPILE_OPTIONS};
+    let ptx = |name: &str, src: &str| {
+        let opts = cudarc::nvrtc::CompileOptions {
+            name: Some(name.to_string()),
+            options: COMPILE_OPTIONS.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"))
+            .to_src()
+    };
+    let fmas = |ptx: &str| ptx.matches("fma.rn.f64").count();
+    let sincos_only = ptx(
+        "sincos.cu",
+        "extern \"C\" __global__ void only_sincos(double *p) {\n\
+         double s, c; sincos(p[0], &s, &c); p[1] = s; p[2] = c; }\n",
+    );
+    assert!(
+        fmas(&sincos_only) > 0,
+        "libdevice's sincos is a polynomial of fmas"
+    );
+    let cart = ptx("cartpole.cu", CARTPOLE_CU);
+    assert_eq!(CARTPOLE_CU.matches("sincos(").count(), 1, "one sincos call");
+    for op in ["mul.f64", "add.f64", "sub.f64"] {
+        assert!(!cart.contains(op), "a contractable {op} (no .rn)");
+    }
+    assert_eq!(fmas(&cart), fmas(&sincos_only), "fmas beyond sincos'");
+}
+
 /// The kernels compile to machine code (a cubin, what a GPU engine loads first) for the
 /// architectures of the GPUs this is meant for; an architecture NVRTC does not know is a
 /// typed error (the engine then falls back to PTX). Needs libnvrtc only, no GPU.

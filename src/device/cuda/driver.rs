@@ -225,9 +225,12 @@ impl PrimaryContext {
 
     /// Makes this context current on the calling thread (driver calls that take no
     /// context use the current one) until the returned guard drops, which restores the
-    /// thread's previous context: a caller's own current device (torch's, on another
-    /// GPU) is left as it was. A thread with no current context keeps this one. Costs
-    /// one `cuCtxGetCurrent` when already current.
+    /// thread's previous context, none included: a caller's own current device is left
+    /// as it was. The CUDA runtime takes a thread's current context as its current
+    /// device, so a context left current on a thread that had none would move torch's
+    /// `current_device()` (and its `"cuda"` tensors, and the device check of its
+    /// `__dlpack__`) to the engine's GPU. Costs one `cuCtxGetCurrent` when already
+    /// current.
     pub fn bind(&self) -> Result<Current> {
         let mut previous = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -242,11 +245,9 @@ impl PrimaryContext {
         }
         // SAFETY: `ctx` is a primary context we retained and have not released.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
-        // A thread that had no context (an engine's, a fresh one) keeps ours: nothing of
-        // the caller's to restore, and its next call finds it current (one call, not three).
         Ok(Current {
             previous,
-            changed: !previous.is_null(),
+            changed: true,
         })
     }
 
@@ -1299,11 +1300,15 @@ pub fn build(
         Ok(module) => Ok(module),
         Err(e @ Error::CudaUnavailable { .. }) => Err(e),
         Err(first) => {
-            let ptx = compile(driver, file, source, options)?;
-            Module::load(ctx, &ptx).map_err(|e| Error::Cuda {
-                call: "cuModuleLoadData",
+            // Both failures in the error: the cubin's is usually the telling one (an
+            // architecture NVRTC does not know, a driver older than NVRTC).
+            let both = |call, e: Error| Error::Cuda {
+                call,
                 detail: format!("{file}: cubin: {first}; PTX: {e}"),
-            })
+            };
+            let ptx = compile(driver, file, source, options)
+                .map_err(|e| both("nvrtcCompileProgram", e))?;
+            Module::load(ctx, &ptx).map_err(|e| both("cuModuleLoadData", e))
         }
     }
 }
