@@ -17,10 +17,11 @@ ensure_rust() {
         echo "error: rustc $v is older than 1.82; install a newer toolchain (rustup)" >&2
         exit 1
     fi
-    # C compiler for build scripts.
-    if ! command -v cc >/dev/null 2>&1; then
+    # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
+    # compiled for the host (tests/cartpole_kernel.rs).
+    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
         as_root apt-get update -q
-        as_root apt-get install -y -q gcc
+        as_root apt-get install -y -q gcc g++
     fi
 }
 
