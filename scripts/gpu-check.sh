@@ -38,6 +38,7 @@ nvidia-smi || { echo "gpu-check: nvidia-smi failed: no usable NVIDIA driver here
 
 if [ -n "$bundle" ]; then
     bundle=$(realpath "$bundle")
+    export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"  # ldconfig
     # Vulkan and EGL loaders, where the machine has none (the NVIDIA ICD is the driver's).
     if ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
         for f in "$bundle"/debs/*.deb; do dpkg -x "$f" /; done

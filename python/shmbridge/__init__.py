@@ -190,19 +190,14 @@ _ENGINE_ARGS = frozenset(
 def nvrtc_library_dirs() -> list:
     """Folders holding the NVRTC library of the ``nvidia-cuda-nvrtc-cu12`` wheel (the
     ``cuda`` extra), if installed: ``launch()`` puts them on a CUDA engine's loader path,
-    so the engine compiles its kernels without a CUDA toolkit."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
-    except (ImportError, ValueError):
-        return []
-    if spec is None:
-        return []
+    so the engine compiles its kernels without a CUDA toolkit. Found by path in each
+    ``sys.path`` entry (as torch finds its CUDA libraries), not by import: another
+    ``nvidia`` package earlier on the path (CUDA 13's wheels, a ``pip --target`` folder)
+    would hide it from ``import nvidia.cuda_nvrtc``."""
     dirs = []
-    for root in spec.submodule_search_locations or []:
-        lib = _os.path.join(root, "lib")
-        if _os.path.isdir(lib):
+    for entry in _sys.path:
+        lib = _os.path.join(entry or _os.getcwd(), "nvidia", "cuda_nvrtc", "lib")
+        if _os.path.isfile(_os.path.join(lib, "libnvrtc.so.12")) and lib not in dirs:
             dirs.append(lib)
     return dirs
 

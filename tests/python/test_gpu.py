@@ -116,15 +116,28 @@ def test_engine_cli_device_cuda_fails_cleanly_without_cuda():
 
 
 def test_cuda_engines_get_the_nvrtc_wheel_on_their_loader_path():
-    import importlib.util
-
     dirs = shmbridge.nvrtc_library_dirs()
-    if importlib.util.find_spec("nvidia") is None or not dirs:
+    if not dirs:
         pytest.skip("the nvidia-cuda-nvrtc-cu12 wheel (the cuda extra) is not installed")
     assert any(os.path.exists(os.path.join(d, "libnvrtc.so.12")) for d in dirs), dirs
     env = shmbridge._engine_env("cuda")
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[: len(dirs)] == dirs
     assert shmbridge._engine_env("cpu") is None, "host engines run in the plain environment"
+
+
+def test_the_nvrtc_wheel_is_found_behind_another_nvidia_package(tmp_path, monkeypatch):
+    """A regular ``nvidia`` package earlier on sys.path (CUDA 13's wheels, a ``pip
+    --target`` folder) hides the wheel's ``nvidia.cuda_nvrtc`` from imports; the folder
+    is found by path all the same, once, and a folder without libnvrtc.so.12 is not."""
+    earlier, wheel, empty = tmp_path / "earlier", tmp_path / "wheel", tmp_path / "empty"
+    (earlier / "nvidia").mkdir(parents=True)
+    (earlier / "nvidia" / "__init__.py").write_text("")
+    lib = wheel / "nvidia" / "cuda_nvrtc" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.12").write_bytes(b"")
+    (empty / "nvidia" / "cuda_nvrtc" / "lib").mkdir(parents=True)
+    monkeypatch.setattr("sys.path", [str(earlier), str(empty), str(wheel), str(wheel)])
+    assert shmbridge.nvrtc_library_dirs() == [str(lib)]
 
 
 # ---------------------------------------------------------------------------------------
