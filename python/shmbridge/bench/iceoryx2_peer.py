@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, List, Tuple
 
@@ -63,12 +65,30 @@ def payload_types(wl: Workload) -> Tuple[type, type]:
     return BenchActions, BenchFrame
 
 
-def _node():
+def _node(prefix: str, root: str):
+    """A node of the default config (what the examples use) but for its file-name
+    `prefix` in /dev/shm and its `root` folder: iceoryx2 keeps a global management
+    segment there after its last node is gone, which the bench removes at the end."""
     import iceoryx2 as iox2
 
-    # The default config is what the examples use; its "no config file" notice is noise.
+    # Its "no config file" notice is noise.
     iox2.set_log_level(iox2.LogLevel.Error)
-    return iox2, iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    config = iox2.config.default()
+    config.global_cfg.prefix = iox2.FileName.new(prefix)
+    config.global_cfg.root_path = iox2.Path.new(root)
+    return iox2, iox2.NodeBuilder.new().config(config).create(iox2.ServiceType.Ipc)
+
+
+def _remove_iceoryx2_files(prefix: str, root: str) -> None:
+    """What iceoryx2 leaves once every node of `prefix` is gone: its files in /dev/shm
+    and its root folder. The prefix is this peer's own: nothing else uses it."""
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _fill(wl: Workload, f: Any, req: Any) -> None:
@@ -109,9 +129,9 @@ def _serve_polling(ctl: Any, receive: Any, answer: Any) -> None:
     busy_server_loop(ctl, active)
 
 
-def serve_rr(ctl: Any, wl_dict: dict, service: str) -> None:
+def serve_rr(ctl: Any, wl_dict: dict, service: str, prefix: str, root: str) -> None:
     wl = Workload.from_dict(wl_dict)
-    iox2, node = _node()
+    iox2, node = _node(prefix, root)
     Req, Frame = payload_types(wl)
     svc = node.service_builder(iox2.ServiceName.new(service)).request_response(Req, Frame).open_or_create()
     server = svc.server_builder().create()
@@ -127,9 +147,9 @@ def serve_rr(ctl: Any, wl_dict: dict, service: str) -> None:
     server.delete()
 
 
-def serve_ps(ctl: Any, wl_dict: dict, service: str) -> None:
+def serve_ps(ctl: Any, wl_dict: dict, service: str, prefix: str, root: str) -> None:
     wl = Workload.from_dict(wl_dict)
-    iox2, node = _node()
+    iox2, node = _node(prefix, root)
     Req, Frame = payload_types(wl)
     actions = node.service_builder(iox2.ServiceName.new(service + "/actions")).publish_subscribe(Req).open_or_create()
     frames = node.service_builder(iox2.ServiceName.new(service + "/frames")).publish_subscribe(Frame).open_or_create()
@@ -155,12 +175,29 @@ class _IoxPeer(PollingPeer):
     def __init__(self, wl: Workload):
         super().__init__(wl)
         self.service = f"shmbridge-bench/{os.getpid()}/{id(self):x}/{wl.key}"
+        # This peer's own iceoryx2 instance: removed, files and folder, at close.
+        self.prefix = f"shmbridge-bench-{os.getpid()}-{id(self):x}_"
+        self.root = tempfile.mkdtemp(prefix="shmbridge-bench-iceoryx2-") + "/"
+        self.node = None
         self.last_seq = None
         self.last_reward = None
 
     def launch(self) -> None:
-        self.server = ServerProcess(self.serve, self.wl.to_dict(), self.service,
-                                    name=f"{self.key}-{self.wl.key}")
+        self.server = ServerProcess(self.serve, self.wl.to_dict(), self.service, self.prefix,
+                                    self.root, name=f"{self.key}-{self.wl.key}")
+
+    def _node(self):
+        iox2, self.node = _node(self.prefix, self.root)
+        return iox2
+
+    def close_ports(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        super().close()  # the server process and its node first
+        self.close_ports()
+        self.node = None
+        _remove_iceoryx2_files(self.prefix, self.root)
 
     def check(self) -> None:
         if self.last_seq != self.k or self.last_reward != action_value(self.k):
@@ -175,7 +212,7 @@ class Iceoryx2RequestResponse(_IoxPeer):
 
     def start(self) -> None:
         self.server.wait_ready()
-        iox2, self.node = _node()
+        iox2 = self._node()
         Req, Frame = payload_types(self.wl)
         svc = self.node.service_builder(iox2.ServiceName.new(self.service)).request_response(Req, Frame).open_or_create()
         self.client = svc.client_builder().create()
@@ -214,8 +251,7 @@ class Iceoryx2RequestResponse(_IoxPeer):
         if n:
             self.last_seq, self.last_reward = seq, r0
 
-    def close(self) -> None:
-        super().close()
+    def close_ports(self) -> None:
         client = getattr(self, "client", None)
         if client is not None:
             client.delete()
@@ -229,7 +265,7 @@ class Iceoryx2PubSub(_IoxPeer):
 
     def start(self) -> None:
         self.server.wait_ready()
-        iox2, self.node = _node()
+        iox2 = self._node()
         Req, Frame = payload_types(self.wl)
         b = self.node.service_builder
         actions = b(iox2.ServiceName.new(self.service + "/actions")).publish_subscribe(Req).open_or_create()
@@ -271,8 +307,7 @@ class Iceoryx2PubSub(_IoxPeer):
         if n:
             self.last_seq, self.last_reward = seq, r0
 
-    def close(self) -> None:
-        super().close()
+    def close_ports(self) -> None:
         for port in ("publisher", "subscriber"):
             p = getattr(self, port, None)
             if p is not None:
