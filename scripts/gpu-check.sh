@@ -100,7 +100,7 @@ step rust-cuda 'SKIPPED' "${rust_cuda[@]}" --nocapture --test-threads=1
 step python-gpu '^SKIPPED .*(CUDA|GPU|cuda|gpu)' $py -m pytest -rs -v "${pytest_skip[@]}" \
     tests/python/test_gpu.py tests/python/test_ppo.py tests/python/test_bench.py
 step rust-vulkan 'SKIPPED' "${rust_vulkan[@]}" --nocapture --test-threads=1
-step bench-vulkan '' $py -m shmbridge.bench vulkan --out "$out"
+step bench-vulkan 'GPU half: not run|bench vulkan: skipped' $py -m shmbridge.bench vulkan --out "$out"
 step bench-gpu '' $py -m shmbridge.bench gpu --out "$out"
 if command -v compute-sanitizer >/dev/null 2>&1; then
     # The exporting and importing processes are both children of the test binary.
