@@ -513,7 +513,7 @@ fn run_inspect(name: &str) -> Result<(), Error> {
     println!(
         "layout_hash   {:#018x} ({})",
         h.layout_hash,
-        if h.layout_hash == layout::LAYOUT_HASH {
+        if h.layout_hash == layout::layout_hash_for(h.shard_count, h.version_minor) {
             "ok"
         } else {
             "differs"

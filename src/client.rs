@@ -170,7 +170,7 @@ impl Client {
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
         // before touching the region (a failure here leaves no trace in it).
-        let device = device::client_backend(&layout, &name, options.importer, options.timeout)?;
+        let mut device = device::client_backend(&layout, &name, options.importer, options.timeout)?;
         if region.engine_gone()? {
             return Err(engine_dead());
         }
@@ -184,11 +184,14 @@ impl Client {
         // The lock that tells the engine this client lives (whatever PID namespace it is
         // in), held until this client's descriptor closes.
         region.hold_client_lock(me, my_start)?;
-        control.claim_client(&name, me, my_start, |pid, start| {
+        let claim = control.claim_client(&name, me, my_start, |pid, start| {
             region.client_alive(pid, start)
         })?;
         if let Some(handle) = device.event_handle() {
-            control.publish_client_event(&handle)?;
+            // A 1.5 engine reads the session tag; an earlier one the bare state.
+            let tagged = layout.version.1 >= crate::layout::VERSION_MINOR_CUDA_SESSIONS;
+            let ack = control.publish_client_event(&handle, &claim, tagged)?;
+            device.set_release_ack(ack);
         }
         control.attach_client();
         let policy = options.policy.adapted_to_shards(layout.shards.len());

@@ -634,7 +634,10 @@ fn identify(bytes: &[u8], age: Duration) -> std::result::Result<(), String> {
         return Ok(());
     }
     let ours_unpublished = h.magic == 0
-        && h.layout_hash == layout::LAYOUT_HASH
+        && matches!(
+            h.layout_hash,
+            layout::LAYOUT_HASH | layout::LAYOUT_HASH_CUDA_SESSIONS
+        )
         && h.version_major == layout::VERSION_MAJOR;
     match (ours_unpublished, age > CREATE_GRACE) {
         (true, true) => Ok(()),

@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::Device;
-use crate::control::Control;
+use crate::control::{Control, ReleaseAck};
 use crate::error::Result;
 use crate::layout::{Layout, TensorInfo};
 use crate::region::Region;
@@ -62,6 +62,10 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// The handle to publish in the control block while claiming the slot
     /// ([`Control::publish_client_event`]); `None`: nothing to publish.
     fn event_handle(&self) -> Option<[u8; 64]>;
+
+    /// How this client's session acknowledges releasing the engine's memory (what
+    /// publishing the event returned). Nothing to do for a backend that imports none.
+    fn set_release_ack(&mut self, _ack: ReleaseAck) {}
 
     /// After the slot is claimed (and the event published): imports the engine's memory.
     fn open(&mut self, layout: &Layout) -> Result<()>;

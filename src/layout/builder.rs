@@ -281,13 +281,15 @@ impl HeaderBuilder {
         // `magic` stays zero here: the region publishes it last.
         h.version_major = VERSION_MAJOR;
         h.version_minor = if shard_count > 0 {
-            VERSION_MINOR
+            VERSION_MINOR_SHARDED
+        } else if cuda_alloc.is_some() {
+            VERSION_MINOR_CUDA_SESSIONS
         } else {
             VERSION_MINOR_UNSHARDED
         };
         h.header_size = header_size as u32;
         h.region_size = region_size;
-        h.layout_hash = layout_hash_for(shard_count);
+        h.layout_hash = layout_hash_for(shard_count, h.version_minor);
         h.shard_count = shard_count;
         if shard_count > 0 {
             h.shard_table_offset = table_offset(specs.len()) as u32;

@@ -17,10 +17,20 @@ pub const VERSION_MAJOR: u16 = 1;
 /// fds passed over the region's Unix socket. 1.4: shards (`shard_count`,
 /// `shard_table_offset` and the shard table after the tensor table): K engine processes
 /// serve one region. An unsharded region uses nothing of 1.4 and is written as 1.3,
-/// byte for byte.
-pub const VERSION_MINOR: u16 = 4;
-/// What the builder writes for an unsharded region: the bytes of 1.3.
+/// byte for byte. 1.5: per-session close acknowledgement of CUDA imports: a session tag
+/// in `client_cuda_state`, and the sessions that ended holding imports
+/// (`client_cuda_ended`, `client_cuda_overflow`); only a region with CUDA tensors is
+/// written as 1.5 (with [`LAYOUT_HASH_CUDA_SESSIONS`], which earlier clients refuse).
+pub const VERSION_MINOR: u16 = 5;
+/// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
+/// What the builder writes for a sharded region (1.4).
+pub const VERSION_MINOR_SHARDED: u16 = 4;
+/// What the builder writes for a region with CUDA tensors (1.5), and the lowest minor
+/// whose clients tag their close acknowledgement.
+pub const VERSION_MINOR_CUDA_SESSIONS: u16 = 5;
+/// Entries of `client_cuda_ended` (1.5): 2 in bytes 160..192, 2 in 224..256.
+pub const CUDA_ENDED_SLOTS: usize = 4;
 
 /// Size of the control block at offset 0; the tensor table follows it.
 pub const CONTROL_SIZE: usize = 1024;
@@ -80,19 +90,30 @@ pub struct Header {
     /// live
     pub client_start_time: u64,
     /// live (1.2), client: whether the attached client holds CUDA IPC handles of this
-    /// engine ([`crate::control::DeviceImport`], which types this and the states); the engine frees exported memory only when it is not
-    /// `OPEN` (or the client died).
+    /// engine ([`crate::control::DeviceImport`], which types this and the states); the
+    /// engine frees exported memory only when it is not `OPEN` (or the client died).
+    /// 1.5: bits 0..8 the state, bits 8..32 the session tag the client took at attach
+    /// ([`crate::control::CudaWord`]).
     pub client_cuda_state: u32,
-    pub _reserved1: [u8; 28],
+    /// live (1.5), clients: nonzero once a session that ended holding imports could not
+    /// be recorded in `client_cuda_ended` (all in use by live processes): the engine then
+    /// never frees its exported memory.
+    pub client_cuda_overflow: u32,
+    pub _reserved1: [u8; 24],
     // Cache line 2: where the command rings' data lie (1.1; zero in 1.0 or without rings).
     pub c2e_ring_offset: u64,
     pub c2e_ring_capacity: u64,
     pub e2c_ring_offset: u64,
     pub e2c_ring_capacity: u64,
-    pub _reserved2: [u8; 32],
+    /// live (1.5), clients: entries 0 and 1 of `client_cuda_ended`, each two words:
+    /// `pid << 32 | tag` (0 = free) and the process's start time. A claiming client
+    /// records there the session it follows when that one is still `OPEN` and its
+    /// process lives; that process clears the entry once it closed its last import.
+    pub client_cuda_ended_a: [u64; 4],
     // Cache line 3: what the engine is, NUL-padded UTF-8 ("cartpole", "null", ...).
     pub engine_kind: [u8; NAME_LEN],
-    pub _reserved3: [u8; 32],
+    /// live (1.5), clients: entries 2 and 3 of `client_cuda_ended`.
+    pub client_cuda_ended_b: [u64; 4],
     // Cache lines 4..8: the sequence counters and waiter flags, one line each.
     /// live: last action number the client posted.
     pub action_seq: u64,
@@ -213,6 +234,9 @@ const _: () = assert!(offset_of!(Header, e2c_tail) == 704);
 const _: () = assert!(offset_of!(Header, c2e_consumer_waiting) == 768);
 const _: () = assert!(offset_of!(Header, e2c_consumer_waiting) == 832);
 const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
+const _: () = assert!(offset_of!(Header, client_cuda_overflow) == 100);
+const _: () = assert!(offset_of!(Header, client_cuda_ended_a) == 160);
+const _: () = assert!(offset_of!(Header, client_cuda_ended_b) == 224);
 const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);
 const _: () = assert!(offset_of!(Header, client_event_handle) == 960);
 const _: () = assert!(offset_of!(TensorDesc, device_uuid) == 336);
@@ -246,6 +270,15 @@ pub mod offsets {
     pub const E2C_PRODUCER_WAITING: usize = offset_of!(Header, e2c_producer_waiting);
     pub const CLIENT_CUDA_STATE: usize = offset_of!(Header, client_cuda_state);
     pub const CLIENT_EVENT_HANDLE: usize = offset_of!(Header, client_event_handle);
+    pub const CLIENT_CUDA_OVERFLOW: usize = offset_of!(Header, client_cuda_overflow);
+    /// Entry `i` of `client_cuda_ended` (1.5): its `pid << 32 | tag` word; the start
+    /// time follows it.
+    pub const CLIENT_CUDA_ENDED: [usize; super::CUDA_ENDED_SLOTS] = [
+        offset_of!(Header, client_cuda_ended_a),
+        offset_of!(Header, client_cuda_ended_a) + 16,
+        offset_of!(Header, client_cuda_ended_b),
+        offset_of!(Header, client_cuda_ended_b) + 16,
+    ];
 }
 
 /// The attached client's identity and CUDA event handle (1.2), as the engine reads them
@@ -328,12 +361,30 @@ pub const LAYOUT_HASH_SHARDED: u64 = {
     )
 };
 
-/// The layout hash a header with `shard_count` shards carries.
-pub const fn layout_hash_for(shard_count: u32) -> u64 {
-    if shard_count == 0 {
-        LAYOUT_HASH
-    } else {
+/// The layout hash of an unsharded region of minor 5 or more (1.5: a region with CUDA
+/// tensors): [`LAYOUT_HASH`] continued over the session fields. A 1.2-1.4 client, which
+/// would acknowledge without a session tag (and could so mark a later client's session
+/// released), compares against [`LAYOUT_HASH`] and refuses it (`LayoutMismatch`).
+pub const LAYOUT_HASH_CUDA_SESSIONS: u64 = fnv1a(
+    LAYOUT_HASH,
+    &[
+        offset_of!(Header, client_cuda_state),
+        offset_of!(Header, client_cuda_overflow),
+        offset_of!(Header, client_cuda_ended_a),
+        offset_of!(Header, client_cuda_ended_b),
+        16,
+        CUDA_ENDED_SLOTS,
+    ],
+);
+
+/// The layout hash a header with `shard_count` shards and `version_minor` carries.
+pub const fn layout_hash_for(shard_count: u32, version_minor: u16) -> u64 {
+    if shard_count != 0 {
         LAYOUT_HASH_SHARDED
+    } else if version_minor >= VERSION_MINOR_CUDA_SESSIONS {
+        LAYOUT_HASH_CUDA_SESSIONS
+    } else {
+        LAYOUT_HASH
     }
 }
 
@@ -364,9 +415,10 @@ pub fn check_identity(name: &str, h: &Header) -> Result<()> {
             theirs_minor: h.version_minor,
         });
     }
-    if h.layout_hash != layout_hash_for(h.shard_count) {
+    let ours = layout_hash_for(h.shard_count, h.version_minor);
+    if h.layout_hash != ours {
         return Err(Error::LayoutMismatch {
-            ours: layout_hash_for(h.shard_count),
+            ours,
             theirs: h.layout_hash,
         });
     }

@@ -101,7 +101,21 @@ fn cuda_tensors_share_one_allocation() {
     b.set_cuda_export([1; 64], [2; 16], [3; 64]);
     let l = validate("r", &published(&b), b.header.region_size).unwrap();
     assert_eq!(l.tensors, b.tensors);
-    assert_eq!(l.version, (1, 3));
+    // 1.5: a CUDA region tags its close acknowledgements; its hash keeps 1.2-1.4
+    // clients (which would acknowledge untagged) out.
+    assert_eq!(l.version, (1, 5));
+    assert_eq!(b.header.layout_hash, LAYOUT_HASH_CUDA_SESSIONS);
+    assert_eq!(
+        LAYOUT_HASH_CUDA_SESSIONS, 0x1899_948B_5E67_EEF5,
+        "docs/protocol.md §3.3"
+    );
+    let mut as_1_4_reads_it = b.header;
+    as_1_4_reads_it.magic = MAGIC;
+    as_1_4_reads_it.version_minor = 4; // a 1.4 reader expects LAYOUT_HASH whatever the minor
+    assert!(matches!(
+        check_identity("r", &as_1_4_reads_it),
+        Err(Error::LayoutMismatch { .. })
+    ));
     assert!(l.has_cuda());
     assert_eq!(l.engine_event_handle, Some([3; 64]));
     let c = l.tensors[1].cuda.unwrap();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
-use crate::control::Control;
+use crate::control::{Control, ReleaseAck};
 use crate::device::backend::{
     ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
 };
@@ -227,6 +227,9 @@ pub struct CudaLease {
     /// Where to acknowledge at drop (set when the client closed); `None` while the
     /// client is open (it acknowledges itself) or when no mapping could be made.
     ack: Mutex<Option<Region>>,
+    /// How: the session of the client that opened the handles (1.5: its tag, so a late
+    /// acknowledgement cannot mark a later client's session released).
+    release_ack: ReleaseAck,
     ctx: Arc<PrimaryContext>,
 }
 
@@ -277,8 +280,8 @@ impl Drop for CudaLease {
         if let Some(region) = ack {
             // Not from a forked child: the imports it drops are its parent's.
             if all && region.made_here() {
-                // Release: the closes above happen-before an engine's load that sees it.
-                region.control().acknowledge_device_release();
+                // SeqCst: the closes above happen-before an engine's load that sees it.
+                region.control().acknowledge(self.release_ack);
             }
         }
     }
@@ -292,6 +295,9 @@ pub struct ClientCuda {
     event: Option<IpcEvent>,
     handle: [u8; 64],
     lease: Option<Arc<CudaLease>>,
+    /// How this client's session acknowledges its release (set once the event is
+    /// published, before [`open`](Self::open)).
+    release_ack: ReleaseAck,
     /// Device address of each tensor of the layout (by index); `None` for host ones.
     ptrs: Vec<Option<u64>>,
     /// The legacy default stream of `ctx` (what `step()` records on).
@@ -358,6 +364,7 @@ impl ClientCuda {
             event: Some(event),
             handle,
             lease: None,
+            release_ack: ReleaseAck::Untagged,
             ptrs: vec![None; layout.tensors.len()],
             default_stream,
             ctx,
@@ -406,6 +413,7 @@ impl ClientCuda {
             engine_event: Some(engine_event),
             memory: Mutex::new(memory),
             ack: Mutex::new(None),
+            release_ack: self.release_ack,
             ctx: self.ctx.clone(),
         }));
         Ok(())
@@ -610,8 +618,12 @@ impl ClientBackend for ClientCuda {
             }
         });
         if released {
-            region.control().acknowledge_device_release();
+            region.control().acknowledge(self.release_ack);
         }
+    }
+
+    fn set_release_ack(&mut self, ack: ReleaseAck) {
+        self.release_ack = ack;
     }
 
     fn as_any(&self) -> &dyn Any {
