@@ -446,12 +446,33 @@ impl Engine {
     }
 
     /// The client's state as an error, if it is gone, once per client: after a wait
-    /// reported its end, waits go on (for a new client); a dead or closed sibling shard. `RegionTooSmall` if the region was
-    /// truncated under the engine (checked before each sleep, as the client does).
+    /// reported its end, waits go on (for a new client); a dead or closed sibling shard.
+    /// `RegionTooSmall` if the region was truncated under the engine (checked before each
+    /// sleep, as the client does).
     fn check_client(&self) -> Result<()> {
         self.region.check_size()?;
+        self.check_client_end()?;
+        // A shard also stops when another shard died or closed: the region can no longer
+        // step (the client's next step fails naming that shard), so no shard waits for
+        // actions that cannot come, and the creator, stopping, removes the region.
+        if self.layout.is_sharded() {
+            if let Err(sibling) =
+                shard::check_shards(&self.region, &self.layout, Some(self.shard.index))
+            {
+                // A sibling that closed because the client closed after our look at it:
+                // the client's end is what happened (the sibling stopped on it), so it
+                // is what every shard reports, not the sibling's closure.
+                self.check_client_end()?;
+                return Err(sibling);
+            }
+        }
+        Ok(())
+    }
+
+    /// `PeerClosed` / `PeerDied` once per client (see [`Engine::check_client`]).
+    fn check_client_end(&self) -> Result<()> {
         let control = self.control();
-        let client = match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+        match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
             Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
                 if self.client_end_reported.get() =>
             {
@@ -468,15 +489,7 @@ impl Engine {
                 }
                 Ok(())
             }
-        };
-        client?;
-        // A shard also stops when another shard died or closed: the region can no longer
-        // step (the client's next step fails naming that shard), so no shard waits for
-        // actions that cannot come, and the creator, stopping, removes the region.
-        if self.layout.is_sharded() {
-            shard::check_shards(&self.region, &self.layout, Some(self.shard.index))?;
         }
-        Ok(())
     }
 
     /// Waits until a client is attached (a live one: a client that died attached frees
