@@ -502,6 +502,7 @@ impl Engine {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
         }
+        self.region.known_shrunk()?;
         let control = self.control();
         let attached = |_| {
             let live = control.client_state() == ClientState::Attached
@@ -575,6 +576,7 @@ impl Engine {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
         }
+        self.region.known_shrunk()?;
         if !self.ready {
             return Err(Error::OutOfOrder(
                 "publish() frame 0 before waiting for actions",
@@ -650,6 +652,7 @@ impl Engine {
     /// between steps (`wait_actions_with` does). A request that does not decode gets an
     /// error reply with id 0; a corrupt ring is a `Protocol` error.
     pub fn poll_commands(&mut self, handler: &mut dyn CommandHandler) -> Result<usize> {
+        self.region.known_shrunk()?;
         let Some(channel) = command::channel(&self.region, &self.shard)? else {
             return Ok(0);
         };
@@ -799,6 +802,15 @@ impl Engine {
         // A child forked from the engine's process drops its copy: the region is its
         // parent's (Region's drop does not unlink there either).
         if !self.region.made_here() {
+            return;
+        }
+        // Truncated under us (a same-user peer): the control block may be gone, and
+        // touching it would SIGBUS. The name is still removed (Region's drop). Whether a
+        // client still maps exported device memory cannot be read any more: it is leaked
+        // (freed with the process), never freed under a client.
+        if self.region.check_size().is_err() {
+            let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
+            std::mem::forget(device);
             return;
         }
         if self.layout.is_sharded() {

@@ -361,11 +361,27 @@ pub fn wait_until<S: SeqWord, R>(
             Some(d) => d - now,
             None => SLICE,
         };
-        seq.park(word as u32, remaining.min(SLICE));
+        let slice = remaining.min(SLICE);
+        seq.park(word as u32, slice);
+        // The slice ran out with no post: look at the peer before touching the mapping
+        // again, so that a region truncated while we slept (even below its first page)
+        // is `RegionTooSmall` here, not a SIGBUS at the flag store below. A post's wake
+        // goes straight on, for the price of one clock read.
+        let slept_out = now.elapsed() >= slice;
+        if slept_out {
+            if let Err(e) = check_peer() {
+                if !matches!(e, Error::RegionTooSmall { .. }) {
+                    seq.set_waiting(false);
+                }
+                return Err(e);
+            }
+        }
         seq.set_waiting(false);
         if let Some(r) = ready(Ordering::Acquire) {
             return Ok(r);
         }
-        check_peer()?;
+        if !slept_out {
+            check_peer()?;
+        }
     }
 }

@@ -166,3 +166,139 @@ fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
     let _ = engine.finish();
     let _ = std::fs::remove_file(&path);
 }
+
+/// Returns once thread `tid` of this process is asleep in a futex wait (its `wchan`): the
+/// waiter has set its flag, checked, and parked, so a truncation now happens while it
+/// sleeps, not between its last check and its next access.
+fn until_asleep(tid: i32) {
+    let wchan = format!("/proc/self/task/{tid}/wchan");
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&wchan)
+        .unwrap_or_default()
+        .contains("futex")
+    {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "thread {tid} never slept"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn truncate_to(path: &str, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// A client asleep in `step` (blocking policy, the engine stopped) while the file is
+/// truncated to nothing: the step ends with `RegionTooSmall` when its sleep slice runs
+/// out, and so does the next one; dropping the client touches nothing. Before, the
+/// waiter cleared its flag in the vanished control block on waking: SIGBUS.
+#[test]
+fn a_client_asleep_in_step_survives_truncation_to_nothing() {
+    if !common::private_shm(
+        "a_client_asleep_in_step_survives_truncation_to_nothing",
+        "64m",
+    ) {
+        return;
+    }
+    let engine = common::EngineProc::start(&["--env", "null", "--num-envs", "4", "--blocking"]);
+    let options = AttachOptions::default().policy(shmbridge::WaitPolicy::BLOCKING);
+    let mut client = Client::attach(&engine.name, options).unwrap();
+    client.step(Duration::from_secs(30)).unwrap();
+    common::signal(engine.pid(), rustix::process::Signal::STOP);
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let stepping = std::thread::spawn(move || {
+        tid_tx
+            .send(rustix::thread::gettid().as_raw_nonzero().get())
+            .unwrap();
+        let result = client.step(Duration::from_secs(60));
+        (client, result)
+    });
+    until_asleep(tid_rx.recv().unwrap());
+    let path = format!("/dev/shm/{}", engine.name);
+    truncate_to(&path, 0);
+    let (mut client, result) = stepping.join().unwrap();
+    assert!(
+        matches!(result, Err(Error::RegionTooSmall { actual: 0, .. })),
+        "{result:?}"
+    );
+    let again = client.step(Duration::from_secs(30));
+    assert!(
+        matches!(again, Err(Error::RegionTooSmall { actual: 0, .. })),
+        "{again:?}"
+    );
+    drop(client);
+    common::signal(engine.pid(), rustix::process::Signal::KILL);
+    let _ = engine.finish();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// An engine asleep in `wait_actions` (blocking policy, its client idle) while the file
+/// is truncated to nothing: `RegionTooSmall`, and again from every later wait and
+/// command poll; dropping the engine touches nothing and removes the name. Before, the
+/// wake-up faulted, and so did a later wait or the drop.
+#[test]
+fn an_engine_asleep_in_wait_actions_survives_truncation_to_nothing() {
+    if !common::private_shm(
+        "an_engine_asleep_in_wait_actions_survives_truncation_to_nothing",
+        "64m",
+    ) {
+        return;
+    }
+    let mut spec = shmbridge::EngineSpec::standard("shrinking", 4, 3, 1, DType::F32);
+    spec.policy = shmbridge::WaitPolicy::BLOCKING;
+    let mut engine = shmbridge::Engine::create(spec).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = format!("/dev/shm/{name}");
+    let client = Client::attach(&name, AttachOptions::default()).unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let waiting = std::thread::spawn(move || {
+        tid_tx
+            .send(rustix::thread::gettid().as_raw_nonzero().get())
+            .unwrap();
+        let result = engine.wait_actions(Duration::from_secs(60));
+        (engine, result)
+    });
+    until_asleep(tid_rx.recv().unwrap());
+    truncate_to(&path, 0);
+    let (mut engine, result) = waiting.join().unwrap();
+    assert!(
+        matches!(result, Err(Error::RegionTooSmall { actual: 0, .. })),
+        "{result:?}"
+    );
+    let again = [
+        (
+            "wait_actions",
+            engine.wait_actions(Duration::from_secs(30)).map(|_| ()),
+        ),
+        (
+            "poll_commands",
+            engine
+                .poll_commands(&mut shmbridge::command::BuiltinsOnly)
+                .map(|_| ()),
+        ),
+        (
+            "wait_for_client",
+            engine.wait_for_client(Duration::from_secs(30)),
+        ),
+        ("publish", engine.publish().map(|_| ())),
+    ];
+    for (what, r) in again {
+        assert!(
+            matches!(r, Err(Error::RegionTooSmall { actual: 0, .. })),
+            "{what}: {r:?}"
+        );
+    }
+    drop(client);
+    drop(engine);
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the engine removes its name"
+    );
+}
