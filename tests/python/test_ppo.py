@@ -257,6 +257,7 @@ def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
     r = ppo.train(cfg, log=lines.append)
     assert r.device.startswith("cuda:") and r.engine_device == "cpu", (r.device, r.engine_device)
     assert lines[0].endswith("copied to it every step (--host-staged)"), lines[0]
+    assert r.zero_copy_views == [], "no engine memory on the GPU: every view is a copy"
     assert r.mean_return >= THRESHOLD, r.summary()
     assert not _regions() - before
 
@@ -273,22 +274,29 @@ def test_host_staged_on_a_cpu_learner_is_the_zero_copy_run():
 
 
 def test_staging_copies_engine_views_to_another_device_and_leaves_actions_in_place():
-    """_Staging with the learner on another device ('meta' stands for a GPU here): each
-    engine→client view gets a copy there, refreshed in place; actions stay the engine's."""
+    """_Staging with the learner on another device: each engine→client view gets a copy
+    there (other memory), which refresh() rewrites in place from the engine's view;
+    actions stay the engine's own view. torch takes "cpu:0" for a device other than
+    "cpu" (and .to() copies), which stands for a GPU here."""
     import torch
 
     views = {"obs": torch.zeros(4, 3), "actions": torch.zeros(4, 1, dtype=torch.int64),
              "rewards": torch.zeros(4)}
-    staging = ppo._Staging(dict(views), torch.device("meta"))
+    staging = ppo._Staging(dict(views), torch.device("cpu", 0))
     learner = staging.learner_views
+    assert sorted(staging.staged) == ["obs", "rewards"]
     assert learner["actions"] is views["actions"]
-    for name in ("obs", "rewards"):
-        assert learner[name].device.type == "meta" and learner[name].shape == views[name].shape
-    copies = {name: learner[name] for name in ("obs", "rewards")}
+    copies = {name: learner[name] for name in staging.staged}
+    for name, copy in copies.items():
+        assert copy.data_ptr() != views[name].data_ptr(), name
+    views["obs"].copy_(torch.arange(12.0).reshape(4, 3))
+    views["rewards"].fill_(7.0)
+    assert not torch.equal(learner["obs"], views["obs"]), "a copy, not a view"
     staging.refresh()
     assert all(learner[name] is copies[name] for name in copies), "refreshed in place"
+    assert torch.equal(learner["obs"], views["obs"]) and torch.equal(learner["rewards"], views["rewards"])
     same = ppo._Staging(dict(views), torch.device("cpu"))
-    assert all(same.learner_views[n] is views[n] for n in views), "no copies on the same device"
+    assert same.staged == [] and all(same.learner_views[n] is views[n] for n in views)
 
 
 @needs_cuda

@@ -474,6 +474,9 @@ def train(cfg: Config, log=print) -> Result:
     else:
         where, why = choose_device(cfg.device)
     device = torch.device(where)
+    if cfg.host_staged and cfg.sync_debug and device.type == "cuda":
+        raise ValueError("--host-staged copies the actions to the host every step (a "
+                         "synchronisation): it cannot run under sync_debug")
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # One GPU per rank of a node.
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -536,6 +539,10 @@ def train(cfg: Config, log=print) -> Result:
         # tensors on its device, refreshed after every step; actions are copied to the
         # host view (a synchronous device-to-host copy).
         staging = _Staging(views, device)
+        if staging.staged and not cfg.host_staged:
+            raise RuntimeError(
+                f"the engine's tensors are on {client.device}, not on the learner's {device}: "
+                "zero copy needs them on the same device (or pass --host-staged)")
         views = staging.learner_views
         obs_view = views["obs"]  # (n, 4) float32
         act_view = views["actions"]  # (n, 1) int64, written by us
@@ -545,7 +552,11 @@ def train(cfg: Config, log=print) -> Result:
         # (n, 4) float32: each env's state before the engine's autoreset, i.e. the last
         # observation of an episode that ended this step. None: an engine without it.
         final_view = views.get("final_obs")
-        engine_device, view_names = client.device, list(views)
+        # The engine's memory the learner uses in place on its device: every view but
+        # the staged copies (and, host-staged, the host actions view).
+        engine_device = client.device
+        view_names = [name for name, v in views.items()
+                      if name not in staging.staged and v.device == device]
 
         progress = _Progress(cfg, num_updates * batch * ranks.world, "PPO cartpole",
                              show=ranks.rank == 0)
