@@ -23,15 +23,22 @@ dir=${1:-.gpu}
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 case "$dir" in /*) ;; *) grep -qxF "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >>"$exclude" ;; esac
+# Only ever a folder this script made (it leaves a marker) is replaced.
+if [ -e "$dir" ] && [ ! -e "$dir/.gpu-bundle" ]; then
+    echo "gpu-bundle: $dir exists and is not a bundle this script wrote: give another folder" >&2
+    exit 2
+fi
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/wheels" "$dir/debs"
+touch "$dir/.gpu-bundle"
 
 echo "== the Rust GPU tests and the CLI (no debug info: they travel)"
 target=target/gpu-bundle
 export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
 CARGO_TARGET_DIR=$target cargo build --locked --features cuda,vulkan --bin shmbridge
+# Compiler errors go to stderr as usual (json-render-diagnostics); jq reads artifacts.
 CARGO_TARGET_DIR=$target cargo test --locked --features cuda,vulkan --no-run \
-    --test cuda --test vulkan --message-format=json 2>/dev/null \
+    --test cuda --test vulkan --message-format=json-render-diagnostics \
     | jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
              | "\(.target.name) \(.executable)"' \
     | while read -r name exe; do cp "$exe" "$dir/bin/$name"; done
@@ -53,12 +60,12 @@ echo "== wheels: shmbridge, and what the GPU tests import that the GPU machine l
 
 echo "== the Vulkan and EGL loaders (unpacked on the GPU machine when it has none)"
 lists=$(mktemp -d)
+trap 'rm -rf "$lists"' EXIT
 mkdir -p "$lists/partial"
 apt=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists="$lists"
      -oAPT::Sandbox::User=root)
 as_root apt-get "${apt[@]}" update -q >/dev/null
 (cd "$dir/debs" && apt-get "${apt[@]}" download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 >/dev/null)
-rm -rf "$lists"
 
 ls -l "$dir"/bin "$dir"/wheels "$dir"/debs
 echo "gpu-bundle: $(du -sh "$dir" | cut -f1) in $dir (with the working tree: 64 MiB at most)"
