@@ -308,22 +308,33 @@ fn launch(
     let mut child = crate::launch::spawn_engine(cmd, false)?;
     let mut line = String::new();
     let stdout = child.stdout.take().expect("piped");
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| Error::Io {
-            context: "reading the engine's region name".into(),
-            source: e,
-        })?;
-    if line.trim().is_empty() {
-        // Its stderr is this process's: the engine's own reason is printed just above.
-        let status = child
-            .wait()
-            .map_or_else(|e| format!("its status unknown: {e}"), |s| s.to_string());
-        return Err(Error::InvalidSpec(format!(
-            "the launched engine exited before serving ({status}); its message is above"
-        )));
+    let read = BufReader::new(stdout).read_line(&mut line);
+    let name = line.trim();
+    let failure = match read {
+        // End of its output: it exited (or closed stdout) without serving. Its stderr is
+        // this process's, so its own reason is printed just above.
+        Ok(0) => {
+            let how = match child.wait() {
+                Ok(status) if status.code().is_some() => {
+                    format!("exited before serving ({status}); its error is above")
+                }
+                Ok(status) => format!("was killed before serving ({status})"),
+                Err(e) => format!("ended before serving (its status unknown: {e})"),
+            };
+            std::io::Error::other(how)
+        }
+        Ok(_) if name.is_empty() => {
+            std::io::Error::other("printed an empty line where its region name belongs")
+        }
+        Ok(_) => return Ok((child, name.to_string())),
+        Err(e) => e,
+    };
+    // Still running (an empty line, a read error): stopped and reaped, not left behind.
+    if child.try_wait().map_or(true, |s| s.is_none()) {
+        crate::os::terminate(child.id());
+        let _ = child.wait();
     }
-    Ok((child, line.trim().to_string()))
+    Err(Error::io("the launched engine", failure))
 }
 
 fn run_client(a: ClientArgs, invocation: &Invocation) -> Result<(), Error> {

@@ -104,8 +104,8 @@ def test_client_launch_reports_an_engine_that_refused_to_start():
     # summary with the engine's exit status as a person reads it.
     assert lines[0] == "shmbridge: error: invalid engine spec: num_envs must be at least 1", lines
     assert lines[-1] == (
-        "shmbridge: error: invalid engine spec: the launched engine exited before serving "
-        "(exit status: 1); its message is above"
+        "shmbridge: error: the launched engine: exited before serving (exit status: 1); "
+        "its error is above"
     ), lines
     assert set(shmbridge.list_regions()) == before
 
