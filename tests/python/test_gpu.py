@@ -119,7 +119,6 @@ def test_cuda_engines_get_the_nvrtc_wheel_on_their_loader_path():
     dirs = shmbridge.nvrtc_library_dirs()
     if not dirs:
         pytest.skip("the nvidia-cuda-nvrtc-cu12 wheel (the cuda extra) is not installed")
-    assert any(os.path.exists(os.path.join(d, "libnvrtc.so.12")) for d in dirs), dirs
     env = shmbridge._engine_env("cuda")
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[: len(dirs)] == dirs
     assert shmbridge._engine_env("cpu") is None, "host engines run in the plain environment"
