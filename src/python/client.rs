@@ -390,7 +390,11 @@ impl PyClient {
         let target = match shard.filter(|s| !s.is_none()) {
             None => Some(0u32),
             Some(s) if s.extract::<String>().is_ok_and(|t| t == "all") => None,
-            Some(s) => Some(s.extract::<Count<u32>>().map(|c| c.0).map_err(|_| {
+            Some(s) => Some(s.extract::<Count<u32>>().map(|c| c.0).map_err(|e| {
+                // An int out of range keeps its own message.
+                if e.is_instance_of::<PyValueError>(py) {
+                    return e;
+                }
                 PyTypeError::new_err("shard must be None, a shard index, or \"all\"")
             })?),
         };

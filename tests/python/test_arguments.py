@@ -221,6 +221,8 @@ def test_an_int_out_of_range_is_a_value_error_naming_the_value_and_the_bound(cal
     ("reset", dict(seed=[1, 2**64]), ValueError),
     ("reset", dict(seed=-1), ValueError),
     ("reset", dict(env_ids=[-1]), ValueError),
+    ("call", dict(method="ping", shard=2**40), ValueError),
+    ("call", dict(method="ping", shard=1.0), TypeError),
     ("reset", dict(env_ids=[True]), TypeError),
     ("reset", dict(env_ids=[0.0]), TypeError),
     ("reset", dict(timeout=False), TypeError),
