@@ -451,11 +451,17 @@ impl Client {
         self.post_and_wait(timeout)
     }
 
-    fn check_can_step(&self) -> Result<()> {
+    /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
+    /// truncated (it sticks: nothing touches the mapping again). A field and a load.
+    fn check_usable(&self) -> Result<()> {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
         }
-        self.region.known_shrunk()?;
+        self.region.known_shrunk()
+    }
+
+    fn check_can_step(&self) -> Result<()> {
+        self.check_usable()?;
         if self.action != self.frame {
             return Err(Error::OutOfOrder(
                 "the previous step's frame has not arrived; call wait_frame() first",
@@ -487,15 +493,17 @@ impl Client {
         } else {
             sync::post(&self.region.control().action_seq(), self.action);
         }
-        self.wait_frame(timeout)
+        self.await_frame(timeout)
     }
 
     /// Waits for the frame of the last action posted (after a `step` that timed out).
     pub fn wait_frame(&mut self, timeout: Duration) -> Result<u64> {
-        if self.closed {
-            return Err(Error::Closed(Peer::Client));
-        }
-        self.region.known_shrunk()?;
+        self.check_usable()?;
+        self.await_frame(timeout)
+    }
+
+    /// [`Client::wait_frame`] past its checks (`step` made them already).
+    fn await_frame(&mut self, timeout: Duration) -> Result<u64> {
         // Every shard's frame (an unsharded region's one shard is the control block's
         // `frame_seq`), each in turn: the total is the slowest shard's time, not the sum.
         // The clock is read only when there are several (the fast path reads none).

@@ -445,6 +445,16 @@ impl Engine {
         self.control().client_state() == ClientState::Attached
     }
 
+    /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
+    /// truncated (it sticks: nothing touches the mapping again). Every public call that
+    /// touches the region starts here: a field and a load, no system call.
+    fn check_usable(&self) -> Result<()> {
+        if self.closed {
+            return Err(Error::Closed(Peer::Engine));
+        }
+        self.region.known_shrunk()
+    }
+
     /// The client's state as an error, if it is gone, once per client: after a wait
     /// reported its end, waits go on (for a new client); a dead or closed sibling shard.
     /// `RegionTooSmall` if the region was truncated under the engine (checked before each
@@ -499,10 +509,7 @@ impl Engine {
     /// `wait_actions` reported `PeerClosed` or `PeerDied`, call this, then wait for
     /// actions again. `Timeout` after `timeout` (`Duration::MAX`: none).
     pub fn wait_for_client(&mut self, timeout: Duration) -> Result<()> {
-        if self.closed {
-            return Err(Error::Closed(Peer::Engine));
-        }
-        self.region.known_shrunk()?;
+        self.check_usable()?;
         let control = self.control();
         let attached = |_| {
             let live = control.client_state() == ClientState::Attached
@@ -527,10 +534,7 @@ impl Engine {
     /// engine→client tensors must be written before this call. The first call, before
     /// any action, publishes frame 0 (the reset observations) and marks the engine ready.
     pub fn publish(&mut self) -> Result<u64> {
-        if self.closed {
-            return Err(Error::Closed(Peer::Engine));
-        }
-        self.region.known_shrunk()?;
+        self.check_usable()?;
         if !self.ready {
             // Frame 0 on the device is complete once the event fires: record before READY.
             self.record_frame()?;
@@ -573,10 +577,7 @@ impl Engine {
         timeout: Duration,
         handler: &mut dyn CommandHandler,
     ) -> Result<u64> {
-        if self.closed {
-            return Err(Error::Closed(Peer::Engine));
-        }
-        self.region.known_shrunk()?;
+        self.check_usable()?;
         if !self.ready {
             return Err(Error::OutOfOrder(
                 "publish() frame 0 before waiting for actions",
@@ -652,7 +653,7 @@ impl Engine {
     /// between steps (`wait_actions_with` does). A request that does not decode gets an
     /// error reply with id 0; a corrupt ring is a `Protocol` error.
     pub fn poll_commands(&mut self, handler: &mut dyn CommandHandler) -> Result<usize> {
-        self.region.known_shrunk()?;
+        self.check_usable()?;
         let Some(channel) = command::channel(&self.region, &self.shard)? else {
             return Ok(0);
         };
