@@ -97,12 +97,7 @@ fn a_client_reports_a_region_truncated_under_it() {
     common::signal(engine.pid(), rustix::process::Signal::STOP);
     let path = format!("/dev/shm/{}", engine.name);
     let mapped = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(4096)
-        .unwrap();
+    truncate_to(&path, 4096);
     match client.step(Duration::from_secs(30)) {
         Err(Error::RegionTooSmall { needed, actual }) => {
             assert_eq!((needed, actual), (mapped, 4096))
@@ -145,12 +140,7 @@ fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
     client.step(Duration::from_secs(30)).unwrap();
     common::signal(engine.pid(), rustix::process::Signal::STOP);
     let path = format!("/dev/shm/{}", engine.name);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    truncate_to(&path, 0);
     match client.ping(b"x", Duration::from_secs(30)) {
         Err(Error::RegionTooSmall { actual: 0, .. }) => {}
         other => panic!("expected RegionTooSmall, got {other:?}"),
