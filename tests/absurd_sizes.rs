@@ -22,24 +22,6 @@ fn run(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// What no run may print: a panic, an abort on a failed allocation, a backtrace.
-fn assert_no_crash(args: &[&str], out: &Output) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in [
-        "panicked",
-        "RUST_BACKTRACE",
-        "memory allocation of",
-        "stack backtrace",
-    ] {
-        assert!(!stderr.contains(needle), "{args:?}: {needle}:\n{stderr}");
-    }
-    assert!(
-        out.status.code().is_some(),
-        "{args:?} died of a signal ({}):\n{stderr}",
-        out.status
-    );
-}
-
 #[test]
 fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
     if !common::private_shm(
@@ -197,7 +179,7 @@ fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
     for (args, status) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = run(&args);
-        assert_no_crash(&args, &out);
+        common::assert_no_crash(&format!("{args:?}"), &out);
         assert_eq!(
             out.status.code(),
             Some(*status),
@@ -226,7 +208,7 @@ fn absurd_sizes_at_the_cli_are_typed_errors_never_panics() {
         "--timeout",
         "1e300",
     ]);
-    assert_no_crash(&[], &out);
+    common::assert_no_crash("[]", &out);
     assert_eq!(
         out.status.code(),
         Some(0),

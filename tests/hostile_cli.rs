@@ -10,19 +10,6 @@ use std::time::Duration;
 use shmbridge::layout::{Header, HeaderBuilder, MAGIC};
 use shmbridge::{DType, Engine, EngineSpec, Error, Peer};
 
-/// What no run may print.
-fn assert_no_crash(out: &std::process::Output) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in ["panicked", "memory allocation of", "stack backtrace"] {
-        assert!(!stderr.contains(needle), "{needle}:\n{stderr}");
-    }
-    assert!(
-        out.status.code().is_some(),
-        "died of a signal: {}",
-        out.status
-    );
-}
-
 /// A live engine of 4 envs whose header then claims 1000: before the fix the client
 /// stepped it and indexed `rewards` past its 4 elements (a panic).
 #[test]
@@ -48,7 +35,7 @@ fn a_num_envs_that_disagrees_with_the_tensors_is_refused() {
         .args(["client", &name, "--steps", "3"])
         .output()
         .unwrap();
-    assert_no_crash(&out);
+    common::assert_no_crash("shmbridge client", &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("num_envs 1000"), "{stderr}");
@@ -94,7 +81,7 @@ fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
         .args(["client", "shmbridge-huge", "--steps", "1", "--timeout", "1"])
         .output()
         .unwrap();
-    assert_no_crash(&out);
+    common::assert_no_crash("shmbridge client", &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no memory for the returns"), "{stderr}");

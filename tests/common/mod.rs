@@ -139,3 +139,23 @@ pub fn make_old(path: impl AsRef<Path>) {
     )
     .expect("utimensat");
 }
+
+/// What no run of the CLI may end with: a panic, an abort on a failed allocation, a
+/// backtrace, or death by a signal. `what` names the run in the failure message.
+#[allow(dead_code)]
+pub fn assert_no_crash(what: &str, out: &std::process::Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "panicked",
+        "RUST_BACKTRACE",
+        "memory allocation of",
+        "stack backtrace",
+    ] {
+        assert!(!stderr.contains(needle), "{what}: {needle}:\n{stderr}");
+    }
+    assert!(
+        out.status.code().is_some(),
+        "{what} died of a signal ({}):\n{stderr}",
+        out.status
+    );
+}
