@@ -80,10 +80,7 @@ else
     pytest_skip=()
 fi
 
-nvrtc_lib=$($py -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
-if [ -n "$nvrtc_lib" ]; then
-    export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+use_nvrtc_wheel $py
 $py -c 'import shmbridge, torch; print("shmbridge", shmbridge.__version__, "cuda_available():", shmbridge.cuda_available(), "| torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU for torch")'
 
 failed=()

@@ -65,3 +65,13 @@ as_root() {
 shm_regions() {
     ls /dev/shm 2>/dev/null | grep '^shmbridge' || true
 }
+
+# Puts the NVRTC wheel's folder (found by `python`'s shmbridge) on LD_LIBRARY_PATH, so
+# the Rust tests and CLI engines compile their kernels without a CUDA toolkit.
+use_nvrtc_wheel() {
+    local dirs
+    dirs=$("$1" -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
+    if [ -n "$dirs" ]; then
+        export LD_LIBRARY_PATH="${dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+}

@@ -23,10 +23,7 @@ before=$(shm_regions)
 
 echo "== Python environment (also provides NVRTC: the kernels compile here without a GPU)"
 ensure_venv ".[test,bench]"
-nvrtc_lib=$(.venv/bin/python -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
-if [ -n "$nvrtc_lib" ]; then
-    export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+use_nvrtc_wheel .venv/bin/python
 
 echo "== cargo test (with the cuda and vulkan features)"
 cargo test --locked --features cuda,vulkan
