@@ -119,9 +119,9 @@ def test_cuda_engines_get_the_nvrtc_wheel_on_their_loader_path():
     dirs = shmbridge.nvrtc_library_dirs()
     if not dirs:
         pytest.skip("the nvidia-cuda-nvrtc-cu12 wheel (the cuda extra) is not installed")
-    env = shmbridge._engine_env("cuda")
+    env = shmbridge._launch._engine_env("cuda")
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[: len(dirs)] == dirs
-    assert shmbridge._engine_env("cpu") is None, "host engines run in the plain environment"
+    assert shmbridge._launch._engine_env("cpu") is None, "host engines run in the plain environment"
 
 
 def test_the_nvrtc_wheel_is_found_behind_another_nvidia_package(tmp_path, monkeypatch):

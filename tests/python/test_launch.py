@@ -65,13 +65,13 @@ def _learner(code: str) -> subprocess.Popen:
 
 # launch() whose attach never returns: the learner is "inside launch()" when killed.
 _STUCK_IN_LAUNCH = """
-import time, shmbridge
+import time, shmbridge._launch
 class Stuck:
     @staticmethod
     def attach(*args, **kwargs):
         print("attaching", flush=True)
         time.sleep(3600)
-shmbridge.Client = Stuck
+shmbridge._launch.Client = Stuck  # the Client that launch() attaches with
 shmbridge.launch("null", num_envs=2)
 """
 

@@ -276,8 +276,8 @@ ORPHANING_LAUNCHER = textwrap.dedent(
     name = "shmbridge-gym-orphan-" + os.urandom(8).hex()
     base = [sys.executable, "-m", "shmbridge.gym_shards", "--name", name, "--shards", "2",
             "--num-envs", "2"]
-    procs = shmbridge._start_shards([base + ["--shard", str(k)] for k in (0, 1)], 60.0, "test",
-                                    stdin=cloudpickle.dumps(("CartPole-v1", {})))
+    procs = shmbridge._launch._start_shards([base + ["--shard", str(k)] for k in (0, 1)], 60.0, "test",
+                                            stdin=cloudpickle.dumps(("CartPole-v1", {})))
     print(name, *(p.pid for p, _ in procs), flush=True)
     os._exit(0)  # dies without attaching a client and without stopping its shards
     """
