@@ -22,8 +22,7 @@ import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
-from . import _native
-from ._native import Client
+from ._native import Client, _check_cli_args
 from ._process import EngineProcess
 from .errors import CudaUnavailableError, EngineStartError, ShmBridgeError
 
@@ -456,7 +455,7 @@ def _engine_command(
             args.append(f"{flag}={value}")
     # The engine's own parser: every bound (u32 counts, u64 seeds, the image shape, the
     # spin budget) as the engine would check it, but before a process starts.
-    _native._check_cli_args(args[3:])
+    _check_cli_args(args[3:])
     return args
 
 
