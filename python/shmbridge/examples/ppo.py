@@ -59,17 +59,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import shmbridge
 
-from .ppo_core import (
-    Config,
-    Progress,
-    Result,
-    choose_device,
-    gae,
-    orthogonal_init,
-    plot_curve,
-    ppo_update,
-    rollout_buffers,
-)
+from .ppo_core import (Config, Progress, Result, choose_device, gae, orthogonal_init, plot_curve,
+                       ppo_update, rollout_buffers)
 from .ppo_pixels import train as train_pixels
 
 

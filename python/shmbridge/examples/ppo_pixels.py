@@ -20,17 +20,8 @@ import time
 
 import shmbridge
 
-from .ppo_core import (
-    Config,
-    Progress,
-    Result,
-    choose_device,
-    gae,
-    orthogonal_init,
-    plot_curve,
-    ppo_update,
-    rollout_buffers,
-)
+from .ppo_core import (Config, Progress, Result, choose_device, gae, orthogonal_init, plot_curve,
+                       ppo_update, rollout_buffers)
 
 
 def _agent(channels: int, height: int, width: int, num_actions: int):
