@@ -18,9 +18,14 @@
 pub mod backend;
 pub mod cuda;
 pub mod host;
-pub mod location;
 pub mod request;
 pub mod vulkan;
+
+/// Where a tensor lives: layout vocabulary ([`crate::layout::location`]), re-exported
+/// here, where the backends that serve each place are.
+pub mod location {
+    pub use crate::layout::location::*;
+}
 
 pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
 pub use cuda::CudaInfo;

@@ -16,8 +16,8 @@ use crate::control::{Control, ReleaseAck};
 use crate::device::backend::{
     ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
 };
-use crate::device::location::Device;
 use crate::error::{Error, Peer, Result};
+use crate::layout::location::Device;
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
 use crate::region::Region;
 

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use super::VulkanImporter;
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
-use crate::device::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::error::{Error, Peer, Result};
+use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::layout::{Layout, TensorInfo};
 use crate::region::Region;
 
@@ -495,7 +495,7 @@ impl ClientBackend for ClientVulkan {
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => Device::Host,
             #[cfg(feature = "cuda")]
-            Importer::Cuda(ctx) => Device::Cuda(crate::device::location::CudaDevice {
+            Importer::Cuda(ctx) => Device::Cuda(crate::layout::location::CudaDevice {
                 ordinal: ctx.ordinal(),
                 uuid: ctx.uuid()?,
             }),
@@ -526,9 +526,9 @@ impl ClientBackend for ClientVulkan {
             self.imports.as_ref().and_then(|i| i.get(index)),
         ) {
             #[cfg(feature = "cuda")]
-            (Importer::Cuda(ctx), Some(_)) => (crate::device::location::DL_CUDA, ctx.ordinal()),
+            (Importer::Cuda(ctx), Some(_)) => (crate::layout::location::DL_CUDA, ctx.ordinal()),
             #[cfg(feature = "vulkan")]
-            (Importer::Vulkan(_), Some(_)) => (crate::device::location::DL_CPU, 0),
+            (Importer::Vulkan(_), Some(_)) => (crate::layout::location::DL_CPU, 0),
             _ => t.device.dlpack(),
         }
     }

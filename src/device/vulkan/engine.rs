@@ -5,14 +5,14 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::export::{SharedFd, VulkanSource};
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
 use crate::control::Control;
 use crate::device::backend::{CudaRelease, EngineBackend};
-use crate::device::location::Device;
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
+use crate::layout::location::Device;
+use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
 use crate::region::Region;
 

@@ -11,10 +11,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::export::SharedFd;
 use crate::control::{ClientState, EngineState};
 use crate::error::Result;
 use crate::fdpass::{self, Listener, ReplyStatus};
+use crate::layout::vulkan::SharedFd;
 use crate::region::Region;
 
 #[derive(Debug)]

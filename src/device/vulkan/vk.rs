@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use super::export::SharedFd;
-use crate::device::location::VulkanDevice;
 use crate::error::{Error, Result};
+use crate::layout::location::VulkanDevice;
+use crate::layout::vulkan::SharedFd;
 use crate::layout::VulkanTable;
 
 fn call(call: &'static str) -> impl Fn(vk::Result) -> Error {
