@@ -552,18 +552,6 @@ impl Region {
         self.control().close_engine();
         self.unlink_if_same();
     }
-
-    /// For a shard process exiting without its `Engine` value (a signal handler), on a
-    /// mapping of the region it joined: marks its shard closed and wakes a waiting client
-    /// (it sees `ShardClosed`). The name stays: it is the creator's.
-    pub fn close_shard(&self, shard: u32) -> Result<()> {
-        let layout = layout::validate(&self.name, &self.snapshot(), self.len() as u64)?;
-        let info = layout.shards.get(shard as usize).ok_or_else(|| {
-            Error::InvalidSpec(format!("region '{}' has no shard {shard}", self.name))
-        })?;
-        crate::shard::ShardSlot::new(self, info)?.close();
-        Ok(())
-    }
 }
 
 /// Names of all shmbridge regions in /dev/shm, sorted.

@@ -343,7 +343,7 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
             match joined_shard {
                 None => own.close_and_remove(),
                 Some(k) => {
-                    let _ = own.close_shard(k);
+                    let _ = crate::shard::close_shard(&own, k);
                 }
             }
             std::process::exit(128 + sig);
