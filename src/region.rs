@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::control::Control;
+use crate::control::{Control, ControlMapping};
 use crate::error::{Error, Result};
 use crate::layout::{
     self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
@@ -470,6 +470,22 @@ impl Region {
     /// made, which must leave the region to its parent).
     pub fn made_here(&self) -> bool {
         self.pid == os::current_pid()
+    }
+}
+
+/// What a device backend sees of the region: its control words, a second mapping, and
+/// whether this process made it (each the inherent method of the same name).
+impl ControlMapping for Region {
+    fn control(&self) -> Control<'_> {
+        Region::control(self)
+    }
+
+    fn made_here(&self) -> bool {
+        Region::made_here(self)
+    }
+
+    fn map_again(&self) -> Result<Box<dyn ControlMapping>> {
+        Ok(Box::new(Region::map_again(self)?))
     }
 }
 

@@ -12,10 +12,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::Device;
-use crate::control::{Control, ReleaseAck};
+use crate::control::{Control, ControlMapping, ReleaseAck};
 use crate::error::Result;
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 /// The engine's side of a backend.
 pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
@@ -39,7 +38,7 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
 
     /// Once the region exists (before frame 0): start serving what the client fetches
     /// outside the region (Vulkan: the fd socket). Host and CUDA: nothing.
-    fn start(&mut self, _region: &Region) -> Result<()> {
+    fn start(&mut self, _region: &dyn ControlMapping) -> Result<()> {
         Ok(())
     }
 
@@ -135,7 +134,7 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// acknowledges it in `region`'s control block (or, while views still hold them,
     /// leaves that to the last view). What must outlive the CLOSED store (the client's
     /// own event) is dropped with the backend.
-    fn release(&mut self, region: &Region);
+    fn release(&mut self, region: &dyn ControlMapping);
 
     fn as_any(&self) -> &dyn Any;
 }

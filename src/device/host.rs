@@ -4,10 +4,9 @@
 use std::any::Any;
 
 use super::backend::{ClientBackend, CudaRelease, DevicePlace, EngineBackend, StreamRef};
-use crate::control::Control;
+use crate::control::{Control, ControlMapping};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 /// The engine's host backend.
 #[derive(Debug, Default)]
@@ -74,7 +73,7 @@ impl ClientBackend for HostClient {
             "a device copy into a host client's tensors: they live in the region",
         ))
     }
-    fn release(&mut self, _: &Region) {}
+    fn release(&mut self, _: &dyn ControlMapping) {}
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -12,14 +12,13 @@ use std::time::{Duration, Instant};
 use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
-use crate::control::{Control, ReleaseAck};
+use crate::control::{Control, ControlMapping, ReleaseAck};
 use crate::device::backend::{
     ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
 };
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::Device;
 use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
-use crate::region::Region;
 
 /// How long an engine that closes waits for its client's close acknowledgement before
 /// it leaks the exported memory instead of freeing it.
@@ -226,7 +225,7 @@ pub struct CudaLease {
     memory: Mutex<Vec<Arc<ImportedMemory>>>,
     /// Where to acknowledge at drop (set when the client closed); `None` while the
     /// client is open (it acknowledges itself) or when no mapping could be made.
-    ack: Mutex<Option<Region>>,
+    ack: Mutex<Option<Box<dyn ControlMapping>>>,
     /// How: the session of the client that opened the handles (1.5: its tag, so a late
     /// acknowledgement cannot mark a later client's session released).
     release_ack: ReleaseAck,
@@ -259,7 +258,7 @@ impl CudaLease {
 
     /// Stores `RELEASED` into `region` when the last reference drops (after every handle
     /// is closed), if this lease was the last holder of each.
-    pub fn acknowledge_into(&self, region: Region) {
+    pub fn acknowledge_into(&self, region: Box<dyn ControlMapping>) {
         *self.ack.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
     }
 }
@@ -472,7 +471,7 @@ impl ClientCuda {
     /// The client's own event is kept, not destroyed: the engine may still wait on it
     /// until it sees `client_state = CLOSED`, so it goes when this value is dropped,
     /// after that store.
-    pub fn release_with(&mut self, ack: impl FnOnce() -> Option<Region>) -> bool {
+    pub fn release_with(&mut self, ack: impl FnOnce() -> Option<Box<dyn ControlMapping>>) -> bool {
         if let Some(ev) = &self.event {
             if ev.record(&self.default_stream).is_ok() {
                 let _ = ev.synchronize();
@@ -605,7 +604,7 @@ impl ClientBackend for ClientCuda {
         unsafe { s.copy_dtod(dst, src, nbytes) }
     }
 
-    fn release(&mut self, region: &Region) {
+    fn release(&mut self, region: &dyn ControlMapping) {
         let released = self.release_with(|| match region.map_again() {
             Ok(r) => Some(r),
             Err(e) => {

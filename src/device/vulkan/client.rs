@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
+use crate::control::ControlMapping;
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 #[cfg(feature = "vulkan")]
 use super::vk::{Context, ImportedMemory};
@@ -533,7 +533,7 @@ impl ClientBackend for ClientVulkan {
         }
     }
 
-    fn release(&mut self, _: &Region) {
+    fn release(&mut self, _: &dyn ControlMapping) {
         // The engine needs no acknowledgement: an import holds its own reference to the
         // memory, so each mapping goes when its last holder (this client or a view) does.
         self.imports = None;

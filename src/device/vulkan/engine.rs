@@ -7,14 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
-use crate::control::Control;
+use crate::control::{Control, ControlMapping};
 use crate::device::backend::{CudaRelease, EngineBackend};
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
 use crate::layout::location::Device;
 use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
-use crate::region::Region;
 
 /// Called before every frame is published: a renderer with its own queue (path b)
 /// waits for its frame's work here.
@@ -155,7 +154,7 @@ impl EngineBackend for EngineVulkan {
         })
     }
 
-    fn start(&mut self, region: &Region) -> Result<()> {
+    fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
         if let Some(listener) = self.listener.take() {
             self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
         }
