@@ -223,7 +223,7 @@ fn client_event_handle_is_read_from_the_header() {
     assert_eq!(engine.client_event(), None, "closed");
     assert_eq!(
         engine.close_reporting(),
-        shmbridge::device::CudaRelease::NoCuda
+        shmbridge::device::DeviceRelease::NothingHeld
     );
 }
 

@@ -298,6 +298,8 @@ mod tests {
     use super::*;
     use crate::control::ReleaseAck;
 
+    /// The typed view over a plain, aligned buffer: what the methods store lands at the
+    /// offsets `layout` documents.
     #[test]
     fn methods_touch_the_documented_fields() {
         #[repr(C, align(4096))]

@@ -431,9 +431,6 @@ mod tests {
         assert!(CudaWord::from_word(u32::MAX).may_hold());
     }
 
-    /// The typed view over a plain, aligned buffer: what the methods store lands at the
-    /// offsets `layout` documents.
-
     /// Per-session acknowledgement (1.5) on a real region, with real processes for the
     /// liveness the engine checks: live and reaped children.
     mod sessions {

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use super::backend::{ClientBackend, CudaRelease, DevicePlace, EngineBackend, StreamRef};
+use super::backend::{ClientBackend, DevicePlace, DeviceRelease, EngineBackend, StreamRef};
 use crate::control::{Control, ControlMapping};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
@@ -24,6 +24,9 @@ fn no_device(t: &TensorInfo) -> Error {
 }
 
 impl EngineBackend for HostEngine {
+    fn needs_hooks(&self) -> bool {
+        false
+    }
     #[inline]
     fn before_publish(&self) -> Result<()> {
         Ok(())
@@ -40,8 +43,8 @@ impl EngineBackend for HostEngine {
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
         Err(no_device(t))
     }
-    fn release(self: Box<Self>, _: Control<'_>) -> CudaRelease {
-        CudaRelease::NoCuda
+    fn release(self: Box<Self>, _: Control<'_>) -> DeviceRelease {
+        DeviceRelease::NothingHeld
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -49,8 +52,8 @@ impl EngineBackend for HostEngine {
 }
 
 impl ClientBackend for HostClient {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        None
+    fn needs_hooks(&self) -> bool {
+        false
     }
     fn open(&mut self, _: &Layout) -> Result<()> {
         Ok(())

@@ -16,6 +16,7 @@
 //! one arm in each.
 
 pub mod backend;
+pub mod compute;
 pub mod cuda;
 pub mod host;
 pub mod request;
@@ -27,7 +28,11 @@ pub mod location {
     pub use crate::layout::location::*;
 }
 
-pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
+#[allow(deprecated)]
+pub use backend::CudaRelease;
+pub use backend::{
+    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
+};
 pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest};
@@ -48,6 +53,32 @@ pub fn probe() -> Result<CudaInfo> {
     {
         Err(cuda::unavailable_without_feature())
     }
+}
+
+/// `Ok` where this build serves memory at `location`: host memory always, CUDA with the
+/// `cuda` feature, Vulkan with `vulkan`; else the `CudaUnavailable` or
+/// `VulkanUnavailable` every path of such a build gives. Whether this machine can is
+/// another question ([`probe`]).
+pub fn built_for(location: Location) -> Result<()> {
+    match location {
+        Location::Host => Ok(()),
+        Location::Cuda if cfg!(feature = "cuda") => Ok(()),
+        Location::Cuda => Err(cuda::unavailable_without_feature()),
+        Location::Vulkan if cfg!(feature = "vulkan") => Ok(()),
+        Location::Vulkan => Err(vulkan::unavailable_without_feature()),
+    }
+}
+
+/// The CUDA stream an engine's kernels go on (its backend `engine`; `name` for the
+/// message): `CudaUnavailable` in a build without the `cuda` feature, or for an engine
+/// with no tensor on CUDA.
+pub fn cuda_stream<'a>(engine: &'a dyn EngineBackend, name: &str) -> Result<StreamRef<'a>> {
+    built_for(Location::Cuda)?;
+    engine
+        .stream()
+        .ok_or_else(|| crate::error::Error::CudaUnavailable {
+            reason: format!("engine '{name}' has no tensor on CUDA"),
+        })
 }
 
 /// Resolves a request against this machine: `Host` always works; `Cuda` needs a usable

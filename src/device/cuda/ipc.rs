@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
-use crate::control::{Control, ControlMapping, ReleaseAck};
+use crate::control::{Claim, Control, ControlMapping, ReleaseAck};
 use crate::device::backend::{
-    ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
+    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
 };
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::Device;
-use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
+use crate::layout::{
+    ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo,
+    VERSION_MINOR_CUDA_SESSIONS,
+};
 
 /// How long an engine that closes waits for its client's close acknowledgement before
 /// it leaks the exported memory instead of freeing it.
@@ -158,7 +161,7 @@ impl EngineCuda {
         mut self,
         mut may_free: impl FnMut() -> bool,
         wait: Duration,
-    ) -> CudaRelease {
+    ) -> DeviceRelease {
         if let Some(s) = &self.stream {
             let _ = s.synchronize();
         }
@@ -177,7 +180,7 @@ impl EngineCuda {
             self.event = None;
             self.stream = None;
             self.alloc = None;
-            CudaRelease::Freed
+            DeviceRelease::Freed
         } else {
             let size = self.alloc.as_ref().map_or(0, |a| a.size());
             eprintln!(
@@ -192,7 +195,7 @@ impl EngineCuda {
                 e.leak();
             }
             self.stream = None;
-            CudaRelease::Leaked
+            DeviceRelease::Leaked
         }
     }
 }
@@ -525,7 +528,11 @@ impl EngineBackend for EngineCuda {
         self.ptr(t)
     }
 
-    fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease {
+    fn stream(&self) -> Option<StreamRef<'_>> {
+        self.stream.as_ref().map(StreamRef::from)
+    }
+
+    fn release(self: Box<Self>, control: Control<'_>) -> DeviceRelease {
         // The SeqCst store of CLOSED (before this call) and the SeqCst load of
         // `client_cuda_state` here pair with the client's SeqCst store of OPEN and load
         // of `engine_state` at attach: either it sees CLOSED and opens nothing, or we
@@ -539,8 +546,16 @@ impl EngineBackend for EngineCuda {
 }
 
 impl ClientBackend for ClientCuda {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        Some(self.handle())
+    fn publish_session(
+        &mut self,
+        control: Control<'_>,
+        claim: &Claim,
+        layout: &Layout,
+    ) -> Result<()> {
+        // A 1.5 engine reads the session tag; an earlier one the bare state.
+        let tagged = layout.version.1 >= VERSION_MINOR_CUDA_SESSIONS;
+        self.release_ack = control.publish_client_event(&self.handle, claim, tagged)?;
+        Ok(())
     }
 
     fn open(&mut self, layout: &Layout) -> Result<()> {
@@ -619,10 +634,6 @@ impl ClientBackend for ClientCuda {
         if released {
             region.control().acknowledge(self.release_ack);
         }
-    }
-
-    fn set_release_ack(&mut self, ack: ReleaseAck) {
-        self.release_ack = ack;
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -421,10 +421,6 @@ impl ClientVulkan {
 }
 
 impl ClientBackend for ClientVulkan {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        None
-    }
-
     fn importer_reason(&self) -> Option<&str> {
         Some(&self.reason)
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
 use crate::control::{Control, ControlMapping};
-use crate::device::backend::{CudaRelease, EngineBackend};
+use crate::device::backend::{DeviceRelease, EngineBackend};
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
 use crate::layout::location::Device;
@@ -165,7 +165,7 @@ impl EngineBackend for EngineVulkan {
         self.buffers.get(index)?.as_ref()?.mapped()
     }
 
-    fn release(mut self: Box<Self>, _: Control<'_>) -> CudaRelease {
+    fn release(mut self: Box<Self>, _: Control<'_>) -> DeviceRelease {
         // No more fds go out; then the memory goes. A client's import holds its own
         // reference to the payload, so freeing ours never pulls it from under the client.
         if let Some(mut s) = self.server.take() {
@@ -175,7 +175,7 @@ impl EngineBackend for EngineVulkan {
             let _ = c.queue_wait_idle();
         }
         self.buffers.clear();
-        CudaRelease::NoCuda
+        DeviceRelease::NothingHeld
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -17,6 +17,8 @@ use crate::layout::{Layout, Location};
 #[cfg(any(feature = "cuda", feature = "vulkan"))]
 pub mod client;
 #[cfg(feature = "vulkan")]
+pub mod compute;
+#[cfg(feature = "vulkan")]
 pub mod engine;
 /// What a spec hands over for a Vulkan tensor: layout vocabulary
 /// ([`crate::layout::vulkan`]), re-exported here beside the backend that serves it.
