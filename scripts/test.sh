@@ -50,6 +50,7 @@ LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 echo "== Python package: pytest"
 .venv/bin/python -m pytest -q -rs tests/python
 
+echo "== src/ has no import cycle and follows the layer order in src/lib.rs" && python3 scripts/layers.py
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
