@@ -1,4 +1,5 @@
-//! The wire format's tests: round trips, the limits, and hostile envelopes.
+//! The wire format's tests: round trips, envelopes refused as invalid or out of range,
+//! and garbage, truncations and mutations that must never panic.
 
 use super::*;
 use proptest::prelude::*;
