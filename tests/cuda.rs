@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::{f32s, next_random};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -746,12 +747,6 @@ fn fetch(client: &Client, name: &str) -> Vec<u8> {
     out
 }
 
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 /// Writes client→engine CUDA tensors from host bytes and steps: staged in a device
 /// buffer, copied on a stream the client records its event on (`step_on`).
 struct DeviceWriter {
@@ -1001,15 +996,6 @@ impl CartPair {
         let (status, stderr) = c.finish();
         assert!(status.success(), "{stderr}");
     }
-}
-
-/// splitmix64: the test's action and mask source (the same for both engines).
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Observations equal up to f32 rounding of f64 states that differ in the last bits
