@@ -177,7 +177,7 @@ pub struct TensorDesc {
     pub ndim: u8,
     /// [`Direction`](super::Direction) as u8.
     pub direction: u8,
-    /// [`Location`](crate::device::Location) as u8.
+    /// [`Location`](super::Location) as u8.
     pub location: u8,
     /// Vulkan (1.3): [`VK_FLAG_DEDICATED`], [`VK_FLAG_SEMAPHORE`], [`VK_FLAG_TIMELINE`].
     /// Zero for host and CUDA tensors.

@@ -530,7 +530,7 @@ fn encode_body(
                         dtype_bits,
                         shape,
                         direction: t.direction as u8,
-                        location: t.location as u8,
+                        location: t.location.code(),
                     };
                     fb::TensorSchema::create(fbb, &args)
                 })
@@ -658,12 +658,12 @@ fn decode_tensor(t: fb::TensorSchema<'_>) -> Result<TensorSchema> {
             t.direction()
         ))
     })?;
-    let location = match t.location() {
-        0 => Location::Host,
-        1 => Location::Cuda,
-        2 => Location::Vulkan,
-        other => return Err(bad(format!("tensor '{name}': unknown location {other}"))),
-    };
+    let location = Location::from_code(t.location()).ok_or_else(|| {
+        bad(format!(
+            "tensor '{name}': unknown location {}",
+            t.location()
+        ))
+    })?;
     Ok(TensorSchema {
         name,
         dtype,
