@@ -1,19 +1,24 @@
 //! Where bytes live: the one location type, device requests, and the backends behind
 //! one seam.
 //!
-//! - [`location`]: [`Device`], the plain data type `layout` encodes;
+//! - [`location`]: [`Device`], the plain data type `layout` encodes (defined there,
+//!   re-exported here);
 //! - [`request`]: `cpu | cuda | cuda:N | auto`, and what it resolves to here;
 //! - [`backend`]: the engine's and the client's hooks ([`EngineBackend`],
 //!   [`ClientBackend`]);
 //! - [`host`]: host memory (every hook a no-op); [`cuda`]: CUDA IPC (driver layer,
 //!   exports and imports, events), compiled in every build, served with the `cuda`
 //!   feature; [`vulkan`]: Vulkan external memory passed as fds (1.3), served with the
-//!   `vulkan` feature (and imported into CUDA with the `cuda` feature).
+//!   `vulkan` feature (and imported into CUDA with the `cuda` feature);
+//! - [`compute`]: device code an env runs on its engine's device (CUDA kernels, a Vulkan
+//!   compute shader), through types that name no backend's own.
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and the only place outside this folder that knows the `cuda` and `vulkan`
-//! features. A new kind of memory is one more folder here, one [`Device`] variant and
-//! one arm in each.
+//! a layout, and, with [`built_for`] and [`cuda_stream`], the only code outside the
+//! backends' folders that knows the `cuda` and `vulkan` features; [`compute`] is how the
+//! envs run device code without them. A new kind of memory is one more folder here, one
+//! [`Device`] variant and one arm in each: `docs/backends.md` lists every file it
+//! touches, and why.
 
 pub mod backend;
 pub mod compute;
