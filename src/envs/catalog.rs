@@ -27,7 +27,7 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
 }
 
 /// The spec the host env `name` serves, without building the env: its state is about
-/// as large as its region, so [`run_reference`] reserves the region first, and a size
+/// as large as its region, so [`run_reference`](super::run_reference) reserves the region first, and a size
 /// that does not fit /dev/shm is `NoSpace` before any of that memory is touched.
 pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
     match name {
