@@ -786,9 +786,10 @@ impl Engine {
         self.shut();
     }
 
-    /// [`close`](Engine::close), reporting what happened to the exported CUDA memory:
-    /// freed once the client acknowledged closing its handles (or died, or never opened
-    /// them), else leaked after a bounded wait.
+    /// [`close`](Engine::close), reporting what happened to exported device memory a
+    /// client could hold open (CUDA's): freed once the client acknowledged closing its
+    /// handles (or died, or never opened them), else leaked after a bounded wait;
+    /// [`DeviceRelease::NothingHeld`] for host and Vulkan memory.
     pub fn close_reporting(mut self) -> DeviceRelease {
         self.shut();
         self.release
