@@ -54,6 +54,9 @@ echo "== Python package: pytest"
 echo "== the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
 .venv/bin/python -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
 
+echo "== src/ has no import cycle and follows the layer order in src/lib.rs"
+python3 scripts/layers.py
+
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
