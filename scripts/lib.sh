@@ -25,16 +25,38 @@ ensure_rust() {
     fi
 }
 
-# A virtual environment in .venv with the package built from this checkout and what
-# its tests need. Prints nothing on success but pip's errors.
-ensure_venv() {
+# python3 with venv and pip.
+ensure_python() {
     if ! python3 -m venv --help >/dev/null 2>&1; then
         as_root apt-get update -q
         as_root apt-get install -y -q python3 python3-venv python3-pip
     fi
+}
+
+# A virtual environment in .venv with the package built from this checkout and what
+# its tests need. Prints nothing on success but pip's errors.
+ensure_venv() {
+    ensure_python
     [ -x .venv/bin/python ] || python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "$@"
+}
+
+# The tools that build the distributed wheel (scripts/build-wheel.sh), pinned, in their own
+# virtual environment target/build-tools (apart from .venv, which holds what the tests
+# import): maturin, zig as its linker (ziglang 0.14 broke maturin --zig builds: 0.13 is
+# the pin) and auditwheel, which checks the wheel's manylinux tag.
+BUILD_TOOLS="maturin==1.16.0 ziglang==0.13.0.post1 auditwheel==6.8.2"
+ensure_build_tools() {
+    local venv=target/build-tools
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/pins" 2>/dev/null)" != "$BUILD_TOOLS" ]; then
+        ensure_python
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        # shellcheck disable=SC2086
+        "$venv/bin/python" -m pip install -q $BUILD_TOOLS
+        echo "$BUILD_TOOLS" > "$venv/pins"
+    fi
 }
 
 # A Vulkan loader and Mesa's CPU driver lavapipe, so the Vulkan tests (tests/vulkan.rs)
@@ -44,6 +66,15 @@ ensure_vulkan() {
        [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then
         as_root apt-get update -q
         as_root apt-get install -y -q mesa-vulkan-drivers libvulkan1
+    fi
+}
+
+# CMake and pkg-config: what C and C++ projects build with, for installing the C library
+# (scripts/install-c.sh) and building the examples against it (examples/cpp, examples/c).
+ensure_cmake() {
+    if ! command -v cmake >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q cmake pkg-config
     fi
 }
 
