@@ -46,8 +46,10 @@ echo "build-wheel: abi3 wheel from the sdist (maturin --zig, manylinux2014, $arc
 # zig as the linker needs its own folder for its caches; `python -m ziglang` is how
 # maturin finds the pinned zig (PATH gives it the venv's).
 export ZIG_GLOBAL_CACHE_DIR=$target/zig-cache ZIG_LOCAL_CACHE_DIR=$target/zig-cache
+# Not --locked: the sdist's Cargo.lock is the workspace's, and cargo drops the entries of
+# the other members (capi, its header tool); the versions of what the wheel uses stay.
 (cd "$src/shmbridge-$version" &&
-    PATH="$tools:$PATH" maturin build --locked --zig --compatibility manylinux2014 \
+    PATH="$tools:$PATH" maturin build --zig --compatibility manylinux2014 \
         --target "$arch-unknown-linux-gnu" --target-dir "$target" --out "$out")
 wheel=$(ls "$out"/shmbridge-"$version"-cp39-abi3-*.whl)
 
