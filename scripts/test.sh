@@ -45,7 +45,8 @@ echo "== the build without the cuda and vulkan features"
 cargo check --locked --all-targets
 
 echo "== loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
-LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+# Its own target folder (--cfg loom rebuilds every crate), so no debug info there.
+LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom CARGO_PROFILE_RELEASE_DEBUG=false \
     cargo test --locked --release --lib loom_tests -- --nocapture
 
 echo "== the C library installed with CMake into target/c-prefix (scripts/install-c.sh)"
