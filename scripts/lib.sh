@@ -7,8 +7,7 @@ ensure_rust() {
     fi
     if ! command -v cargo >/dev/null 2>&1; then
         echo "cargo not found: installing Debian's Rust toolchain" >&2
-        as_root apt-get update -q
-        as_root apt-get install -y -q cargo rustc
+        apt_install cargo rustc
     fi
     # The crate needs Rust >= 1.82 (see rust-version in Cargo.toml).
     local v
@@ -20,21 +19,78 @@ ensure_rust() {
     # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
     # compiled for the host (tests/cartpole_kernel.rs).
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
-        as_root apt-get update -q
-        as_root apt-get install -y -q gcc g++
+        apt_install gcc g++
+    fi
+}
+
+# python3 with venv and pip.
+ensure_python() {
+    if ! python3 -m venv --help >/dev/null 2>&1; then
+        apt_install python3 python3-venv python3-pip
     fi
 }
 
 # A virtual environment in .venv with the package built from this checkout and what
 # its tests need. Prints nothing on success but pip's errors.
 ensure_venv() {
-    if ! python3 -m venv --help >/dev/null 2>&1; then
-        as_root apt-get update -q
-        as_root apt-get install -y -q python3 python3-venv python3-pip
-    fi
+    ensure_python
     [ -x .venv/bin/python ] || python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "$@"
+}
+
+# The requirements of pyproject.toml: [project] dependencies and those of the extras
+# named, one a line, so they can be installed while the extension compiles.
+project_requirements() {
+    python3 - "$@" <<'PY'
+import sys, tomllib
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+extras = project.get("optional-dependencies", {})
+unknown = [e for e in sys.argv[1:] if e not in extras]
+if unknown:
+    sys.exit(f"pyproject.toml has no extra {unknown}")
+print("\n".join([*project["dependencies"], *(r for e in sys.argv[1:] for r in extras[e])]))
+PY
+}
+
+# Starts installing the requirements of the extras named into .venv in the background
+# (pip's output in target/deps.log); `wait_deps` waits for it and fails with that output.
+start_deps() {
+    ensure_python
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    mkdir -p target
+    local reqs
+    reqs=$(project_requirements "$@")
+    # shellcheck disable=SC2086
+    (echo "$reqs" | xargs .venv/bin/python -m pip install -q) > target/deps.log 2>&1 &
+    DEPS_PID=$!
+}
+wait_deps() {
+    if ! wait "$DEPS_PID"; then
+        cat target/deps.log >&2
+        echo "error: installing the Python dependencies failed (above)" >&2
+        exit 1
+    fi
+    grep -v "Running pip as the 'root' user" target/deps.log || true
+}
+
+# The tools that build the distributed wheel (scripts/build-wheel.sh), pinned, in their own
+# virtual environment target/build-tools (apart from .venv, which holds what the tests
+# import): maturin, zig as its linker (ziglang 0.14 broke maturin --zig builds: 0.13 is
+# the pin) and auditwheel, which checks the wheel's manylinux tag.
+BUILD_TOOLS="maturin==1.16.0 ziglang==0.13.0.post1 auditwheel==6.8.2"
+ensure_build_tools() {
+    local venv=target/build-tools
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/pins" 2>/dev/null)" != "$BUILD_TOOLS" ]; then
+        ensure_python
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        # shellcheck disable=SC2086
+        "$venv/bin/python" -m pip install -q $BUILD_TOOLS
+        echo "$BUILD_TOOLS" > "$venv/pins"
+    fi
 }
 
 # A Vulkan loader and Mesa's CPU driver lavapipe, so the Vulkan tests (tests/vulkan.rs)
@@ -42,8 +98,15 @@ ensure_venv() {
 ensure_vulkan() {
     if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && \
        [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then
-        as_root apt-get update -q
-        as_root apt-get install -y -q mesa-vulkan-drivers libvulkan1
+        apt_install mesa-vulkan-drivers libvulkan1
+    fi
+}
+
+# CMake and pkg-config: what C and C++ projects build with, for installing the C library
+# (scripts/install-c.sh) and building the examples against it (examples/cpp, examples/c).
+ensure_cmake() {
+    if ! command -v cmake >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1; then
+        apt_install cmake pkg-config
     fi
 }
 
@@ -52,9 +115,17 @@ ensure_vulkan() {
 # Span<T>: nothing from another registry is needed.
 ensure_mono() {
     if ! command -v mcs >/dev/null 2>&1 || ! command -v mono >/dev/null 2>&1; then
-        as_root apt-get update -q
-        as_root apt-get install -y -q mono-mcs mono-runtime
+        apt_install mono-mcs mono-runtime
     fi
+}
+
+# apt-get install, with one apt-get update per script run (a fresh machine needs one).
+apt_install() {
+    if [ -z "${APT_UPDATED:-}" ]; then
+        as_root apt-get update -q
+        APT_UPDATED=1
+    fi
+    as_root apt-get install -y -q "$@"
 }
 
 as_root() {
@@ -73,5 +144,59 @@ use_nvrtc_wheel() {
     dirs=$("$1" -c 'import shmbridge; print(":".join(shmbridge.nvrtc_library_dirs()))')
     if [ -n "$dirs" ]; then
         export LD_LIBRARY_PATH="${dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+}
+
+# A new virtual environment in $1 (removed first) with the wheel $2 installed as users
+# install it (no source tree, no editable install). Its third-party packages are those in
+# .venv (start_deps), reached through a .pth line after its own site-packages, so a run
+# does not copy several GB again.
+fresh_venv_with_wheel() {
+    local venv=$1 wheel=$2 own deps
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    deps=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    echo "$deps" > "$own/zz_deps_from_dot_venv.pth"
+    "$venv/bin/python" -m pip install -q --no-deps --no-index "$wheel" 2>&1 \
+        | { grep -v "Running pip as the 'root' user" || true; }
+    "$venv/bin/python" - "$venv" <<'PY'
+import pathlib, sys
+import shmbridge
+where = pathlib.Path(shmbridge.__file__).resolve()
+venv = pathlib.Path(sys.argv[1]).resolve()
+assert venv in where.parents, f"shmbridge comes from {where}, not the wheel installed in {venv}"
+print(f"shmbridge {shmbridge.__version__} from {where.parent}")
+PY
+}
+
+# Runs a command where no cargo or rustc can be found: PATH without the folders that hold
+# them (rustup's ~/.cargo/bin). Where one is a folder the command needs as well (Debian's
+# cargo package installs into /usr/bin), the command runs in a private mount namespace in
+# which they are hidden (root only).
+without_rust() {
+    local dir keep=() hide=() parts
+    IFS=: read -ra parts <<< "$PATH"
+    for dir in "${parts[@]}"; do
+        if [ -e "$dir/cargo" ] || [ -e "$dir/rustc" ]; then
+            case "$dir" in
+                /usr/bin | /bin | /usr/sbin | /sbin | /usr/local/bin)
+                    keep+=("$dir")
+                    hide+=("$dir/cargo" "$dir/rustc" "$dir/rustup" "$dir/rustdoc")
+                    ;;
+            esac
+        else
+            keep+=("$dir")
+        fi
+    done
+    local path
+    path=$(IFS=:; echo "${keep[*]}")
+    if [ ${#hide[@]} -eq 0 ]; then
+        env -u CARGO -u RUSTC -u RUSTUP_TOOLCHAIN PATH="$path" "$@"
+    else
+        env -u CARGO -u RUSTC -u RUSTUP_TOOLCHAIN PATH="$path" \
+            unshare -m --propagation private sh -c \
+            'for f in '"${hide[*]}"'; do if [ -e "$f" ]; then mount --bind /dev/null "$f"; fi; done; exec "$@"' \
+            sh "$@"
     fi
 }

@@ -13,27 +13,28 @@
 # nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
+# The Python tests run against the package as users install it: the abi3 manylinux wheel
+# (scripts/build-wheel.sh) in a fresh virtual environment, with no cargo or rustc on PATH,
+# and the C and C# tests against the C library installed with CMake into a prefix
+# (scripts/install-c.sh), as are a C engine built with pkg-config and a C++ one built with
+# find_package(shmbridge). The Python API reference (scripts/api-docs.sh) is built with
+# warnings as errors. The Python dependencies (several GB on a fresh machine) download
+# in the background while the Rust steps compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
 ensure_vulkan
 ensure_mono
+ensure_cmake
 
 before=$(shm_regions)
 
-echo "== Python environment (also provides NVRTC: the kernels compile here without a GPU)"
-ensure_venv ".[test,bench]"
-use_nvrtc_wheel .venv/bin/python
+echo "== Python dependencies (pyproject.toml: test, bench, docs) into .venv, in the background"
+start_deps test bench docs
 
-echo "== cargo test (with the cuda and vulkan features)"
-cargo test --locked --features cuda,vulkan
-echo "-- the Vulkan tests (tests/vulkan.rs, on lavapipe) again, with what each skipped and why"
-cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
-echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
-cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
+echo "== the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
+bash scripts/build-wheel.sh --out target/dist
 
 echo "== the C ABI (capi/): unit tests, C programs, sanitizers; then with the cuda feature"
 # The C programs link the library itself: cargo test builds no cdylib for them.
@@ -45,23 +46,55 @@ echo "== the build without the cuda and vulkan features"
 cargo check --locked --all-targets
 
 echo "== loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
-LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+# Its own target folder (--cfg loom rebuilds every crate), so no debug info there.
+LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom CARGO_PROFILE_RELEASE_DEBUG=false \
     cargo test --locked --release --lib loom_tests -- --nocapture
-
-echo "== Python package: pytest"
-.venv/bin/python -m pytest -q -rs tests/python
-
-echo "== the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
-.venv/bin/python -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
 
 echo "== src/ has no import cycle and follows the layer order in src/lib.rs"
 python3 scripts/layers.py
 
-echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
-bash scripts/gen-flatbuffers.sh --check
+echo "== the C library installed with CMake into target/c-prefix (scripts/install-c.sh)"
+rm -rf target/c-prefix
+bash scripts/install-c.sh target/c-prefix
 
 echo "== include/shmbridge.h is what cbindgen generates from capi/src"
 cargo run --locked -q -p shmbridge-header -- --check
+
+echo "== Python environment: the wheel in a fresh venv, with the dependencies (also NVRTC: the kernels compile here without a GPU)"
+wait_deps
+fresh_venv_with_wheel target/test-venv target/dist/shmbridge-*.whl
+py=target/test-venv/bin/python
+use_nvrtc_wheel "$py"
+
+echo "== cargo test (with the cuda and vulkan features)"
+cargo test --locked --features cuda,vulkan
+echo "-- the Vulkan tests (tests/vulkan.rs, on lavapipe) again, with what each skipped and why"
+cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 \
+    | grep -E 'SKIPPED|^test result' || true
+echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
+cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
+    | grep -E 'SKIPPED|^test result' || true
+
+echo "== Python package: pytest, against the installed wheel, with no cargo or rustc on PATH"
+without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
+    || { echo "error: cargo or rustc is still on PATH" >&2; exit 1; }
+without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
+without_rust target/test-venv/bin/shmbridge-ppo --help | sed -n 1p
+SHMBRIDGE_C_PREFIX=$PWD/target/c-prefix SHMBRIDGE_EXPECT_WHEEL=1 \
+    without_rust "$py" -m pytest -q -rs tests/python 2>&1 | tee target/pytest.log
+if grep -q "no Vulkan driver here" target/pytest.log; then
+    echo "error: the Vulkan tests skipped: lavapipe (scripts/lib.sh ensure_vulkan) should run them" >&2
+    exit 1
+fi
+
+echo "== the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
+without_rust "$py" -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
+
+echo "== the Python API reference (scripts/api-docs.sh: a broken docstring reference fails)"
+bash scripts/api-docs.sh "$py"
+
+echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
+bash scripts/gen-flatbuffers.sh --check
 
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases

@@ -3,9 +3,13 @@
 // using them), every status code becomes an exception, tensors are Span<T> over the
 // shared memory itself (no copies), and Engine, Client and EngineSpec are IDisposable.
 //
-// Builds with Debian's Mono (mcs -unsafe -langversion:7.2): Span<T> is in Mono 6.8's
-// mscorlib, so nothing beyond mono-mcs and mono-runtime is needed. Walk-through:
-// docs/c-api.md.
+// Builds with Debian's Mono into the library assembly Shmbridge.dll, which programs
+// reference (Span<T> is in Mono 6.8's mscorlib, so nothing beyond mono-mcs and
+// mono-runtime is needed):
+//   mcs -target:library -unsafe -langversion:7.2 -out:Shmbridge.dll bindings/csharp/Shmbridge.cs
+//   mcs -r:Shmbridge.dll ... YourEngine.cs
+// [DllImport("shmbridge")] finds libshmbridge.so by the loader's search: installed in
+// /usr/local/lib (ldconfig), or LD_LIBRARY_PATH=<prefix>/lib. Walk-through: docs/c-api.md.
 using System;
 using System.Collections.Generic;
 using System.Runtime.InteropServices;

@@ -10,8 +10,11 @@
 // (docs/protocol.md §9): prints the region name once frame 0 is published, serves until
 // the client closes.
 //
-//   mcs -unsafe -langversion:7.2 -out:CartPoleEngine.exe bindings/csharp/Shmbridge.cs examples/csharp/CartPoleEngine.cs
-//   LD_LIBRARY_PATH=target/debug mono CartPoleEngine.exe [--num-envs N] [--seed S] [--name NAME] [--self-check]
+//   mcs -target:library -unsafe -langversion:7.2 -out:Shmbridge.dll bindings/csharp/Shmbridge.cs
+//   mcs -unsafe -langversion:7.2 -r:Shmbridge.dll -out:CartPoleEngine.exe examples/csharp/CartPoleEngine.cs
+//   mono CartPoleEngine.exe [--num-envs N] [--seed S] [--name NAME] [--self-check]
+// Shmbridge.dll beside the .exe; libshmbridge.so where the loader finds it (installed in
+// /usr/local/lib, or LD_LIBRARY_PATH=<prefix>/lib): docs/c-api.md, "C#".
 using System;
 using System.Collections.Generic;
 using System.Globalization;

@@ -143,7 +143,7 @@ class ShmVectorEnv(VectorEnv):
             start the engine; ``None``: a seed from the OS).
         copy: return fresh arrays (default) or read-only views of the shared memory that
             the next ``step``/``reset`` overwrites.
-        close_client: whether :meth:`close` closes the client. Default: ``True`` for an
+        close_client: whether ``close()`` closes the client. Default: ``True`` for an
             engine this env launched (closing it stops the engine and removes its region),
             ``False`` for a ``client`` passed in (its owner closes it).
         timeout: seconds ``step`` waits for a frame (``None``: no limit; a dead engine is
@@ -154,7 +154,7 @@ class ShmVectorEnv(VectorEnv):
         **launch_args: passed to :func:`shmbridge.launch` (``spin_us``, ``blocking``,
             ``obs_dim``, ``act_dim``, ...).
 
-    Attributes beyond Gymnasium's: :attr:`client`, :attr:`schema` (the engine's schema).
+    Attributes beyond Gymnasium's: :attr:`client`, ``schema`` (the engine's schema).
     """
 
     metadata: Dict[str, Any] = {"render_modes": []}

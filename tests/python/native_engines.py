@@ -1,15 +1,23 @@
-"""Engines written against the C ABI, for the tests: builds ``libshmbridge.so`` with cargo
-(the `capi` member), compiles ``examples/c/cartpole_engine.c`` with ``cc`` and the C#
-binding and engine with Mono's ``mcs``, and steps any of them next to the Rust reference
-CartPole, comparing every tensor bit for bit."""
+"""Engines written against the C ABI, for the tests: the C library (``libshmbridge.so``),
+``examples/c/cartpole_engine.c`` compiled with ``cc``, and the C# binding
+(``Shmbridge.dll``) and programs compiled with Mono's ``mcs``; and a check that steps any
+of them next to the Rust reference CartPole, comparing every tensor bit for bit.
+
+The C library is the one installed in ``$SHMBRIDGE_C_PREFIX`` where that is set
+(scripts/test.sh installs it there with scripts/install-c.sh, so these tests run without
+cargo, as a user's machine would), found and linked through its ``shmbridge.pc`` as users
+do; elsewhere ``cargo build -p shmbridge-capi`` builds it in the checkout."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import List
 
 import numpy as np
 
@@ -19,42 +27,98 @@ ROOT = Path(__file__).resolve().parents[2]
 TENSORS = ("obs", "rewards", "terminated", "truncated", "final_obs")
 
 
-def build_capi() -> Path:
-    """``cargo build -p shmbridge-capi``; returns the folder holding libshmbridge.so."""
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug"
-    subprocess.run(["cargo", "build", "--locked", "-q", "-p", "shmbridge-capi"], cwd=ROOT, check=True)
-    lib = ctypes.CDLL(str(target / "libshmbridge.so"))
+@dataclass(frozen=True)
+class CLibrary:
+    """Where the C library is and how a C program compiles and links against it."""
+
+    libdir: Path
+    cflags: List[str]
+    libs: List[str]
+
+
+def installed_prefix() -> "Path | None":
+    """The prefix the C library was installed into for these tests, if any."""
+    prefix = os.environ.get("SHMBRIDGE_C_PREFIX")
+    return Path(prefix) if prefix else None
+
+
+def pkg_config(prefix: Path, *args: str) -> List[str]:
+    """``pkg-config ARGS shmbridge`` with the prefix's .pc file first on the search path."""
+    env = dict(os.environ, PKG_CONFIG_PATH=os.pathsep.join(
+        [str(p) for p in prefix.glob("lib*/**/pkgconfig")] + [os.environ.get("PKG_CONFIG_PATH", "")]))
+    out = subprocess.run(["pkg-config", *args, "shmbridge"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"pkg-config {' '.join(args)} shmbridge: {out.stderr}"
+    return out.stdout.split()
+
+
+@functools.lru_cache(maxsize=None)
+def c_library() -> CLibrary:
+    """The C library: installed in ``$SHMBRIDGE_C_PREFIX``, or built by cargo here."""
+    prefix = installed_prefix()
+    if prefix is not None:
+        libdir = Path(pkg_config(prefix, "--variable=libdir")[0]).resolve()
+        library = CLibrary(libdir, pkg_config(prefix, "--cflags"), pkg_config(prefix, "--libs"))
+    else:
+        target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug"
+        subprocess.run(["cargo", "build", "--locked", "-q", "-p", "shmbridge-capi"], cwd=ROOT, check=True)
+        library = CLibrary(target, ["-I", str(ROOT / "include")], ["-L", str(target), "-lshmbridge"])
+    lib = ctypes.CDLL(str(library.libdir / "libshmbridge.so"))
     assert lib.shmb_abi_version() == 1, "not the C library (another build wrote libshmbridge.so?)"
-    return target
+    return library
+
+
+def build_capi() -> Path:
+    """The folder holding libshmbridge.so (see :func:`c_library`)."""
+    return c_library().libdir
 
 
 def build_c_engine(lib: Path, out: Path) -> Path:
+    """examples/c/cartpole_engine.c compiled against :func:`c_library` (``lib``, its
+    folder, is the run-time path)."""
+    library = c_library()
     exe = out / "cartpole_engine"
     subprocess.run(
         ["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
-         "-I", str(ROOT / "include"), str(ROOT / "examples/c/cartpole_engine.c"),
-         "-L", str(lib), f"-Wl,-rpath,{lib}", "-lshmbridge", "-lm", "-o", str(exe)],
+         *library.cflags, str(ROOT / "examples/c/cartpole_engine.c"),
+         *library.libs, f"-Wl,-rpath,{lib}", "-lm", "-o", str(exe)],
         check=True,
     )
     return exe
+
+
+def build_csharp_binding(out: Path) -> Path:
+    """The C# binding as the library assembly ``out/Shmbridge.dll`` (Mono's mcs)."""
+    dll = out / "Shmbridge.dll"
+    if not dll.exists():
+        subprocess.run(
+            [_mcs(), "-target:library", "-unsafe", "-langversion:7.2", "-warnaserror", f"-out:{dll}",
+             str(ROOT / "bindings/csharp/Shmbridge.cs")],
+            check=True,
+        )
+    return dll
 
 
 def build_csharp(program: str, out: Path) -> Path:
-    """The C# binding and ``program`` (a path under the repository), compiled by Mono's
-    mcs into ``out``."""
-    mcs = shutil.which("mcs")
-    assert mcs, "mcs not found: scripts/test.sh installs mono-mcs and mono-runtime"
+    """``program`` (a path under the repository) compiled by Mono's mcs into ``out``,
+    referencing the binding's assembly ``out/Shmbridge.dll`` (built there first): Mono
+    loads a referenced assembly from the program's folder."""
+    dll = build_csharp_binding(out)
     exe = out / (Path(program).stem + ".exe")
     subprocess.run(
-        [mcs, "-unsafe", "-langversion:7.2", "-warnaserror", f"-out:{exe}",
-         str(ROOT / "bindings/csharp/Shmbridge.cs"), str(ROOT / program)],
+        [_mcs(), "-unsafe", "-langversion:7.2", "-warnaserror", f"-r:{dll}", f"-out:{exe}", str(ROOT / program)],
         check=True,
     )
     return exe
 
 
+def _mcs() -> str:
+    mcs = shutil.which("mcs")
+    assert mcs, "mcs not found: scripts/test.sh installs mono-mcs and mono-runtime"
+    return mcs
+
+
 def build_csharp_engine(out: Path) -> Path:
-    """The C# binding and CartPole engine, compiled by Mono's mcs into ``out``."""
+    """The C# CartPole engine (examples/csharp), compiled by Mono's mcs into ``out``."""
     return build_csharp("examples/csharp/CartPoleEngine.cs", out)
 
 

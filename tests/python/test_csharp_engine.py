@@ -8,6 +8,7 @@ client."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,26 @@ def test_csharp_client_steps_resets_and_calls_frame_for_frame_with_a_python_clie
     assert any(line.startswith("frame ") and line.split()[4].strip("0") for line in lines), "no episode ended"
     assert "client closed after 120 steps" in engine_err, engine_err
     assert name not in shmbridge.list_regions()
+
+
+def test_the_engine_references_the_binding_assembly_and_finds_the_library_by_the_loader_rules(tmp_path, monkeypatch):
+    """The engine is built against Shmbridge.dll (mcs -r:), not the binding's source;
+    DllImport("shmbridge") finds libshmbridge.so where docs/c-api.md says: through
+    LD_LIBRARY_PATH (capi_on_loader_path, the other tests), or beside the assembly, and
+    fails with DllNotFoundException where it is neither."""
+    exe = build_csharp_engine(tmp_path)
+    dll = tmp_path / "Shmbridge.dll"
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    command = ["mono", str(exe), "--num-envs", "4", "--seed", "1"]
+    dll.rename(tmp_path / "elsewhere.dll")
+    no_assembly = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert no_assembly.returncode != 0 and "Could not load file or assembly 'Shmbridge" in no_assembly.stderr, \
+        no_assembly.stderr
+    (tmp_path / "elsewhere.dll").rename(dll)
+    no_library = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert no_library.returncode != 0 and "DllNotFoundException" in no_library.stderr, no_library.stderr
+    shutil.copy(build_capi() / "libshmbridge.so", tmp_path / "libshmbridge.so")
+    with shmbridge.launch(command=command) as cs:
+        assert cs.engine_kind == "cartpole-cs"
+        cs.step(np.zeros((4, 1), dtype=np.int64))
+        assert cs.frame == 1
