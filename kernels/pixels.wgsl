@@ -1,18 +1,27 @@
-// `pixels` engine: renders each env's CartPole state into its RGBA8 frame, one invocation
-// per pixel. Translated to SPIR-V by build.rs (naga); run by src/envs/pixels.rs through
+// `pixels` engine: advances each env's stack of frames by one frame and draws the new
+// one from the env's CartPole state, one invocation per 32-bit word of a frame.
+// Translated to SPIR-V by build.rs (naga); run by src/envs/pixels.rs through
 // src/device/vulkan/vk.rs (`ComputeKernel`).
 //
 // Integer arithmetic only, so that any device computes the same bytes as the CPU
 // reference (src/envs/pixels.rs `render_reference`, the same steps line for line): the
 // host turns each env's f32 observation into fixed-point draw parameters (positions in
 // 1/256 px, the pole's sine and cosine in 1/4096), and the picture is composed from
-// exact area coverage (cart, track) and clamped distances (pole), each in 0..=256.
+// exact area coverage (cart, track, axle) and clamped distances (pole), each in
+// 0..=256, blended with rounding. Signed overflow wraps on both sides, `>>` of an i32
+// is arithmetic on both sides; nothing is divided but unsigned indices.
 //
 // `params` (i32): a header of HEADER words, then PER_ENV words per env.
-//   header: [num_envs, height, width, PER_ENV, track_y, track_half, cart_half_w,
-//            cart_half_h, pole_len, pole_half_w, 0...]   (lengths in 1/256 px)
-//   env e:  [cart_x, axle_y, sin_q12, cos_q12]
-// `frame` (u32): pixel (e, y, x) at e*height*width + y*width + x, RGBA little-endian.
+//   header: [num_envs, height, width, channels, stack, PER_ENV, track_y, track_half,
+//            cart_half_w, cart_half_h, pole_len, pole_half_w, 0...] (lengths in 1/256 px)
+//   env e:  [cart_x, axle_y, sin_q12, cos_q12, update]
+// `frame` (u32): the bytes of [num_envs, stack, height, width, channels] u8, four to a
+// word, little-endian; height * width * channels is a multiple of 4, so a word never
+// straddles two frames. channels: 4 RGBA (alpha 255), 3 RGB, 1 grey (the luma of RGB).
+// `update` says what the new frame does to the env's stack: 0 (a step) every slot takes
+// the next slot's word (the oldest frame goes) and the last slot gets the new frame; 1
+// (its episode starts here) every slot gets the new frame; 2 (a reset of other envs)
+// nothing. Each invocation reads and writes only its own word of each slot.
 
 const HEADER: u32 = 16u;
 
@@ -24,39 +33,23 @@ fn overlap(a0: i32, a1: i32, b0: i32, b1: i32) -> i32 {
     return clamp(min(a1, b1) - max(a0, b0), 0, 256);
 }
 
-// `c` blended toward `fg` by `cov`/256, per channel (rgb packed in the low 24 bits).
+// `c` blended toward `fg` by `cov`/256, per channel.
 fn blend(c: vec3<i32>, fg: vec3<i32>, cov: i32) -> vec3<i32> {
     return (c * (256 - cov) + fg * cov + vec3<i32>(128)) >> vec3<u32>(8u);
 }
 
-// Dispatched as a grid of (x, y) workgroups (a dimension holds at most 65535): pixel
-// index i = gid.y * (groups.x * 64) + gid.x.
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>,
-        @builtin(num_workgroups) groups: vec3<u32>) {
-    let n = u32(params[0]);
-    let h = u32(params[1]);
-    let w = u32(params[2]);
-    let per_env = u32(params[3]);
-    let i = gid.y * groups.x * 64u + gid.x;
-    if (i >= n * h * w) {
-        return;
-    }
-    let env = i / (h * w);
-    let y = i32((i / w) % h);
-    let x = i32(i % w);
-    let track_y = params[4];
-    let track_half = params[5];
-    let cart_half_w = params[6];
-    let cart_half_h = params[7];
-    let pole_len = params[8];
-    let pole_half_w = params[9];
-    let base = HEADER + env * per_env;
+// The colour of pixel (x, y) of the env whose parameters start at `base`.
+fn shade(x: i32, y: i32, base: u32) -> vec3<i32> {
+    let track_y = params[6];
+    let track_half = params[7];
+    let cart_half_w = params[8];
+    let cart_half_h = params[9];
+    let pole_len = params[10];
+    let pole_half_w = params[11];
     let cart_x = params[base];
     let axle_y = params[base + 1u];
     let s = params[base + 2u];
     let c = params[base + 3u];
-
     // The pixel's square, in 1/256 px.
     let px0 = x * 256;
     let py0 = y * 256;
@@ -81,7 +74,66 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>,
     // Axle: a square at the pole's base.
     let axle_x_cov = overlap(px0, px0 + 256, cart_x - pole_half_w, cart_x + pole_half_w);
     let axle_y_cov = overlap(py0, py0 + 256, axle_y - pole_half_w, axle_y + pole_half_w);
-    color = blend(color, vec3<i32>(129, 132, 203), (axle_x_cov * axle_y_cov) >> 8u);
+    return blend(color, vec3<i32>(129, 132, 203), (axle_x_cov * axle_y_cov) >> 8u);
+}
 
-    frame[i] = u32(color.x) | (u32(color.y) << 8u) | (u32(color.z) << 16u) | (255u << 24u);
+// Byte `ch` of a pixel of colour `color` with `channels` channels.
+fn channel(color: vec3<i32>, ch: u32, channels: u32) -> u32 {
+    if (channels == 1u) {
+        return u32((77 * color.x + 150 * color.y + 29 * color.z + 128) >> 8u);
+    }
+    if (ch == 3u) {
+        return 255u;
+    }
+    return u32(color[ch]);
+}
+
+// Dispatched as a grid of (x, y) workgroups (a dimension holds at most 65535): word
+// index i = gid.y * (groups.x * 64) + gid.x, over num_envs * (words of one frame).
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>,
+        @builtin(num_workgroups) groups: vec3<u32>) {
+    let n = u32(params[0]);
+    let h = u32(params[1]);
+    let w = u32(params[2]);
+    let channels = u32(params[3]);
+    let stack = u32(params[4]);
+    let per_env = u32(params[5]);
+    let words = h * w * channels / 4u;
+    let i = gid.y * groups.x * 64u + gid.x;
+    if (i >= n * words) {
+        return;
+    }
+    let env = i / words;
+    let q = i % words;
+    let base = HEADER + env * per_env;
+    let update = params[base + 4u];
+    if (update == 2) {
+        return;
+    }
+
+    // The four bytes of word q: pixel byte / channels, channel byte % channels.
+    var word = 0u;
+    var last = 0xffffffffu;
+    var color = vec3<i32>(0);
+    for (var b = 0u; b < 4u; b++) {
+        let byte = q * 4u + b;
+        let pixel = byte / channels;
+        if (pixel != last) {
+            color = shade(i32(pixel % w), i32(pixel / w), base);
+            last = pixel;
+        }
+        word = word | (channel(color, byte % channels, channels) << (8u * b));
+    }
+
+    let first = env * stack * words + q;
+    for (var j = 0u; j + 1u < stack; j++) {
+        let at = first + j * words;
+        if (update == 1) {
+            frame[at] = word;
+        } else {
+            frame[at] = frame[at + words];
+        }
+    }
+    frame[first + (stack - 1u) * words] = word;
 }

@@ -101,6 +101,8 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
             num_envs,
             options.seed,
             options.image,
+            options.frame_stack,
+            pixels_device(options),
         )?)),
         other => Err(unknown_env(other)),
     }
@@ -113,7 +115,12 @@ pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Engi
     match name {
         "null" => Ok(null_env(num_envs, options)?.spec()),
         "cartpole" => Ok(cartpole::spec(num_envs)),
-        "pixels" => pixels::spec(num_envs, options.image),
+        "pixels" => pixels::spec(
+            num_envs,
+            options.image,
+            options.frame_stack,
+            pixels_device(options),
+        ),
         other => Err(unknown_env(other)),
     }
 }
@@ -137,6 +144,14 @@ pub fn by_name_on(
              (--image-device vulkan)"
                 .into(),
         )),
+    }
+}
+
+/// Where `pixels` draws its frames: Vulkan memory unless `image_device` says host.
+fn pixels_device(options: &EnvOptions) -> Device {
+    match options.image_device {
+        Some(Device::Host) => Device::Host,
+        _ => Device::Vulkan(crate::device::VulkanDevice::ANY),
     }
 }
 
@@ -170,9 +185,11 @@ pub struct EnvOptions {
     pub seed: u64,
     /// `null`: also serve an `rgb` u8 tensor of shape `(num_envs, h, w, c)`.
     pub image: Option<[u64; 3]>,
-    /// Where `rgb` lives: `Host` (default: with the env's other tensors) or
+    /// `pixels`: the frames per env in `rgb` (default `pixels::DEFAULT_STACK`).
+    pub frame_stack: Option<u32>,
+    /// Where `rgb` lives: `Host` (with the env's other tensors; `null`'s default) or
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
-    /// exports, mapped on the engine's CPU, path a).
+    /// exports, mapped on the engine's CPU, path a; `pixels`' default).
     pub image_device: Option<Device>,
     /// The envs built are the region's `first_env..` (a shard's slice, 1.4): `cartpole`
     /// seeds env `e` of the slice with `seed + first_env + e`, `null` writes the pattern
@@ -284,9 +301,13 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             "shard {k}/{count}: k must be below K"
         )));
     }
-    if r.device != DeviceRequest::Host || r.options.image_device.is_some() {
+    if r.device != DeviceRequest::Host
+        || matches!(r.options.image_device, Some(Device::Vulkan(_)))
+        || (r.env == "pixels" && r.options.image_device.is_none())
+    {
         return Err(Error::InvalidSpec(
-            "sharded engines serve host memory only (--device cpu, no --image-device)".into(),
+            "sharded engines serve host memory only (--device cpu, no --image-device vulkan;              pixels: --image-device host)"
+                .into(),
         ));
     }
     let (first_env, envs) = crate::layout::env_slice(r.num_envs, count.min(r.num_envs), k);

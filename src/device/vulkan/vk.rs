@@ -771,6 +771,9 @@ impl ComputeKernel {
         // SAFETY: as above.
         k.fence = unsafe { d.create_fence(&info, None) }.map_err(call("vkCreateFence"))?;
         let c = k.command;
+        let after_previous = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
         let to_host = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::SHADER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
@@ -778,9 +781,20 @@ impl ComputeKernel {
         // once here and only submitted afterwards; every handle recorded is live.
         unsafe {
             // Host writes before a submission are visible to it (vkQueueSubmit's
-            // implicit host-write dependency): no barrier before the dispatch.
+            // implicit host-write dependency). A kernel that reads what its previous
+            // submission wrote (the `pixels` stack shifting its frames) needs that
+            // write made visible: submission order alone does not do it.
             d.begin_command_buffer(c, &vk::CommandBufferBeginInfo::default())
                 .map_err(call("vkBeginCommandBuffer"))?;
+            d.cmd_pipeline_barrier(
+                c,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &after_previous,
+                &[],
+                &[],
+            );
             d.cmd_bind_pipeline(c, vk::PipelineBindPoint::COMPUTE, k.pipeline);
             d.cmd_bind_descriptor_sets(
                 c,
