@@ -38,8 +38,27 @@ fn blend(c: vec3<i32>, fg: vec3<i32>, cov: i32) -> vec3<i32> {
     return (c * (256 - cov) + fg * cov + vec3<i32>(128)) >> vec3<u32>(8u);
 }
 
-// The colour of pixel (x, y) of the env whose parameters start at `base`.
-fn shade(x: i32, y: i32, base: u32) -> vec3<i32> {
+// floor(pixel / w), exactly, without an integer division (which a CPU driver such as
+// lavapipe runs one lane at a time): a float estimate, off by at most one on any device
+// (pixel < 2^20 is exact in f32, and Vulkan's division is within 2.5 ulp), corrected in
+// integers.
+fn row_of(pixel: u32, w: u32) -> u32 {
+    var y = u32(f32(pixel) / f32(w));
+    if (y * w > pixel) {
+        y -= 1u;
+    }
+    if ((y + 1u) * w <= pixel) {
+        y += 1u;
+    }
+    return y;
+}
+
+// The colour of pixel `pixel` (row-major in a frame `w` wide) of the env whose
+// parameters start at `base`.
+fn shade(pixel: u32, w: u32, base: u32) -> vec3<i32> {
+    let row = row_of(pixel, w);
+    let x = i32(pixel - row * w);
+    let y = i32(row);
     let track_y = params[6];
     let track_half = params[7];
     let cart_half_w = params[8];
@@ -88,8 +107,9 @@ fn channel(color: vec3<i32>, ch: u32, channels: u32) -> u32 {
     return u32(color[ch]);
 }
 
-// Dispatched as a grid of (x, y) workgroups (a dimension holds at most 65535): word
-// index i = gid.y * (groups.x * 64) + gid.x, over num_envs * (words of one frame).
+// Dispatched as a grid of (x, y, z) workgroups (a dimension holds at most 65535): x
+// covers the words of one frame, y and z the envs (env = gid.z * groups.y + gid.y), so
+// no index needs a division.
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>,
         @builtin(num_workgroups) groups: vec3<u32>) {
@@ -100,30 +120,36 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>,
     let stack = u32(params[4]);
     let per_env = u32(params[5]);
     let words = h * w * channels / 4u;
-    let i = gid.y * groups.x * 64u + gid.x;
-    if (i >= n * words) {
+    let q = gid.x;
+    let env = gid.z * groups.y + gid.y;
+    if (q >= words || env >= n) {
         return;
     }
-    let env = i / words;
-    let q = i % words;
     let base = HEADER + env * per_env;
     let update = params[base + 4u];
     if (update == 2) {
         return;
     }
 
-    // The four bytes of word q: pixel byte / channels, channel byte % channels.
+    // The four bytes of word q: byte 4q + b is channel ch of pixel `pixel`.
     var word = 0u;
     var last = 0xffffffffu;
     var color = vec3<i32>(0);
     for (var b = 0u; b < 4u; b++) {
-        let byte = q * 4u + b;
-        let pixel = byte / channels;
+        var pixel = q;
+        var ch = b;
+        if (channels == 1u) {
+            pixel = 4u * q + b;
+            ch = 0u;
+        } else if (channels == 3u) {
+            pixel = (4u * q + b) / 3u;
+            ch = 4u * q + b - 3u * pixel;
+        }
         if (pixel != last) {
-            color = shade(i32(pixel % w), i32(pixel / w), base);
+            color = shade(pixel, w, base);
             last = pixel;
         }
-        word = word | (channel(color, byte % channels, channels) << (8u * b));
+        word = word | (channel(color, ch, channels) << (8u * b));
     }
 
     let first = env * stack * words + q;

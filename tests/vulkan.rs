@@ -580,13 +580,15 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
 }
 
 #[test]
-fn pixels_grey_stacks_equal_the_cpu_reference() {
+fn pixels_grey_and_rgb_stacks_equal_the_cpu_reference() {
     let _serial = serial();
     if vulkan().is_none() {
         return;
     }
     pixels_stacks_equal_the_cpu_reference("30x46x1", "4", "vulkan");
     pixels_stacks_equal_the_cpu_reference("20x28x3", "1", "vulkan");
+    // Large enough that the shader's float estimate of a pixel's row is corrected.
+    pixels_stacks_equal_the_cpu_reference("84x84x3", "2", "vulkan");
 }
 
 /// The host path draws the same stacks into the region's shared memory (no Vulkan

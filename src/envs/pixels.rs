@@ -196,74 +196,85 @@ fn blend(c: [i32; 3], fg: [i32; 3], cov: i32) -> [i32; 3] {
     })
 }
 
-/// The shader's `shade`: the colour of pixel `(x, y)` of the env whose parameters are
-/// `env` (`[cart_x, axle_y, sin_q12, cos_q12, ..]`).
-fn shade(p: &[i32], x: i32, y: i32, env: &[i32]) -> [i32; 3] {
+/// Draws one env's frame (`env`: its parameters `[cart_x, axle_y, sin_q12, cos_q12, ..]`)
+/// into `out`, `w * c` bytes a row: the shader's `shade` and `channel` for every pixel,
+/// with the terms that depend on the row alone computed once per row. Integer
+/// arithmetic wraps alike in either order, so the bytes are the shader's.
+fn draw_frame(p: &[i32], env: &[i32], w: usize, c: usize, out: &mut [u8]) {
     let [track_y, track_half, cart_half_w, cart_half_h, pole_len, pole_half_w] =
         [p[6], p[7], p[8], p[9], p[10], p[11]];
-    let [cart_x, axle_y, s, c] = [env[0], env[1], env[2], env[3]];
-    let px0 = x.wrapping_mul(256);
-    let py0 = y.wrapping_mul(256);
-
-    let mut color = [255, 255, 255];
-    let track = overlap(
-        py0,
-        py0.wrapping_add(256),
-        track_y.wrapping_sub(track_half),
-        track_y.wrapping_add(track_half),
-    );
-    color = blend(color, [0, 0, 0], track);
-    let cart_x_cov = overlap(
-        px0,
-        px0.wrapping_add(256),
-        cart_x.wrapping_sub(cart_half_w),
-        cart_x.wrapping_add(cart_half_w),
-    );
-    let cart_y_cov = overlap(
-        py0,
-        py0.wrapping_add(256),
-        track_y.wrapping_sub(cart_half_h),
-        track_y.wrapping_add(cart_half_h),
-    );
-    color = blend(
-        color,
-        [40, 40, 40],
-        cart_x_cov.wrapping_mul(cart_y_cov) >> 8,
-    );
-    let rx = px0.wrapping_add(128).wrapping_sub(cart_x);
-    let ry = py0.wrapping_add(128).wrapping_sub(axle_y);
-    let along = rx.wrapping_mul(s).wrapping_sub(ry.wrapping_mul(c)) >> 12;
-    let across = rx
-        .wrapping_mul(c)
-        .wrapping_add(ry.wrapping_mul(s))
-        .wrapping_abs()
-        >> 12;
-    let side = pole_half_w
-        .wrapping_add(128)
-        .wrapping_sub(across)
-        .clamp(0, 256);
-    let ends = along
-        .min(pole_len.wrapping_sub(along))
-        .wrapping_add(128)
-        .clamp(0, 256);
-    color = blend(color, [202, 152, 101], side.wrapping_mul(ends) >> 8);
-    let axle_x_cov = overlap(
-        px0,
-        px0.wrapping_add(256),
-        cart_x.wrapping_sub(pole_half_w),
-        cart_x.wrapping_add(pole_half_w),
-    );
-    let axle_y_cov = overlap(
-        py0,
-        py0.wrapping_add(256),
-        axle_y.wrapping_sub(pole_half_w),
-        axle_y.wrapping_add(pole_half_w),
-    );
-    blend(
-        color,
-        [129, 132, 203],
-        axle_x_cov.wrapping_mul(axle_y_cov) >> 8,
-    )
+    let [cart_x, axle_y, sin, cos] = [env[0], env[1], env[2], env[3]];
+    for (y, row) in out.chunks_exact_mut(w * c).enumerate() {
+        // The pixel's square, in 1/256 px.
+        let py0 = (y as i32).wrapping_mul(256);
+        let py1 = py0.wrapping_add(256);
+        // Track: a horizontal band across the frame.
+        let track = overlap(
+            py0,
+            py1,
+            track_y.wrapping_sub(track_half),
+            track_y.wrapping_add(track_half),
+        );
+        let background = blend([255, 255, 255], [0, 0, 0], track);
+        let cart_y_cov = overlap(
+            py0,
+            py1,
+            track_y.wrapping_sub(cart_half_h),
+            track_y.wrapping_add(cart_half_h),
+        );
+        let ry = py0.wrapping_add(128).wrapping_sub(axle_y);
+        let (ry_cos, ry_sin) = (ry.wrapping_mul(cos), ry.wrapping_mul(sin));
+        let axle_y_cov = overlap(
+            py0,
+            py1,
+            axle_y.wrapping_sub(pole_half_w),
+            axle_y.wrapping_add(pole_half_w),
+        );
+        for (x, px) in row.chunks_exact_mut(c).enumerate() {
+            let px0 = (x as i32).wrapping_mul(256);
+            let px1 = px0.wrapping_add(256);
+            // Cart: an axis-aligned rectangle centred on (cart_x, track_y).
+            let cart_x_cov = overlap(
+                px0,
+                px1,
+                cart_x.wrapping_sub(cart_half_w),
+                cart_x.wrapping_add(cart_half_w),
+            );
+            let color = blend(
+                background,
+                [40, 40, 40],
+                cart_x_cov.wrapping_mul(cart_y_cov) >> 8,
+            );
+            // Pole: clamped distances of the pixel centre from its axis and its ends.
+            let rx = px0.wrapping_add(128).wrapping_sub(cart_x);
+            let along = rx.wrapping_mul(sin).wrapping_sub(ry_cos) >> 12;
+            let across = rx.wrapping_mul(cos).wrapping_add(ry_sin).wrapping_abs() >> 12;
+            let side = pole_half_w
+                .wrapping_add(128)
+                .wrapping_sub(across)
+                .clamp(0, 256);
+            let ends = along
+                .min(pole_len.wrapping_sub(along))
+                .wrapping_add(128)
+                .clamp(0, 256);
+            let color = blend(color, [202, 152, 101], side.wrapping_mul(ends) >> 8);
+            // Axle: a square at the pole's base.
+            let axle_x_cov = overlap(
+                px0,
+                px1,
+                cart_x.wrapping_sub(pole_half_w),
+                cart_x.wrapping_add(pole_half_w),
+            );
+            let color = blend(
+                color,
+                [129, 132, 203],
+                axle_x_cov.wrapping_mul(axle_y_cov) >> 8,
+            );
+            for (ch, b) in px.iter_mut().enumerate() {
+                *b = channel(color, ch, c);
+            }
+        }
+    }
 }
 
 /// The shader's `channel`: byte `ch` of a pixel of `color` with `channels` channels.
@@ -277,8 +288,8 @@ fn channel(color: [i32; 3], ch: usize, channels: usize) -> u8 {
 
 /// The CPU reference of `kernels/pixels.wgsl`, and the host path's renderer: advances
 /// every env's stack in `out` (`[num_envs, stack, height, width, channels]` u8, exactly
-/// that many bytes) by one frame, drawn from `params`, with the same integer steps in
-/// the same order and the shader's wrapping `i32` arithmetic. `out` holds the stacks
+/// that many bytes) by one frame, drawn from `params` with the shader's integer steps and
+/// its wrapping `i32` arithmetic. `out` holds the stacks
 /// before this frame, as the engine's memory does: each env's [`StackUpdate`] says
 /// what becomes of them.
 pub fn render_reference(params: &DrawParams, out: &mut [u8]) -> Result<()> {
@@ -322,14 +333,7 @@ pub fn render_reference(params: &DrawParams, out: &mut [u8]) -> Result<()> {
         if env[4] == StackUpdate::Keep as i32 {
             continue;
         }
-        // The new frame, pixel by pixel (the shader's words hold whole pixels' bytes in
-        // order, so the bytes are the same).
-        for (i, px) in new.chunks_exact_mut(c).enumerate() {
-            let color = shade(p, (i % w) as i32, (i / w) as i32, env);
-            for (ch, b) in px.iter_mut().enumerate() {
-                *b = channel(color, ch, c);
-            }
-        }
+        draw_frame(p, env, w, c, &mut new);
         if env[4] == StackUpdate::Restart as i32 {
             for slot in stack_bytes.chunks_exact_mut(frame) {
                 slot.copy_from_slice(&new);
@@ -374,9 +378,9 @@ pub fn check_shape(num_envs: u32, shape: FrameShape) -> Result<()> {
             "pixels: --frame-stack is 1 to {MAX_STACK}, not {k}"
         )));
     }
-    let words = u64::from(num_envs) * shape.frame_bytes() / 4;
-    let bytes = words * 4 * u64::from(k);
-    if bytes > u64::from(u32::MAX) || dispatch_grid(words).is_none() {
+    let words = shape.frame_bytes() / 4;
+    let bytes = u64::from(num_envs) * words * 4 * u64::from(k);
+    if bytes > u64::from(u32::MAX) || dispatch_grid(words, u64::from(num_envs)).is_none() {
         return Err(Error::InvalidSpec(format!(
             "pixels: {num_envs} stacks of {k} frames of {h}x{w}x{c} are {bytes} bytes; one \
              dispatch writes at most {} (fewer envs, frames or pixels)",
@@ -405,17 +409,16 @@ pub fn frame_shape(
     Ok(shape)
 }
 
-/// The shader's dispatch grid `(x, y)` of workgroups covering `invocations`, with `x` at
-/// most 65535 (the smallest limit Vulkan guarantees per dimension): the shader's word
-/// index is `gid.y * x * 64 + gid.x`.
-pub fn dispatch_grid(invocations: u64) -> Option<[u32; 2]> {
-    let groups = invocations.div_ceil(u64::from(GROUP)).max(1);
-    let x = groups.min(65_535);
-    let y = groups.div_ceil(x);
-    Some([
-        u32::try_from(x).ok()?,
-        u32::try_from(y).ok().filter(|&y| y <= 65_535)?,
-    ])
+/// The shader's dispatch grid `(x, y, z)` of workgroups for `num_envs` frames of `words`
+/// 32-bit words: `x` covers a frame's words (64 a workgroup), `y * z` the envs (the
+/// shader's env is `gid.z * y + gid.y`); each dimension at most 65535, the smallest
+/// limit Vulkan guarantees.
+pub fn dispatch_grid(words: u64, num_envs: u64) -> Option<[u32; 3]> {
+    let x = words.div_ceil(u64::from(GROUP)).max(1);
+    let y = num_envs.clamp(1, 65_535);
+    let z = num_envs.div_ceil(y).max(1);
+    let dim = |v: u64| u32::try_from(v).ok().filter(|&v| v <= 65_535);
+    Some([dim(x)?, dim(y)?, dim(z)?])
 }
 
 /// The `pixels` engine: a [`CartPole`] and the renderer of its frames.
@@ -672,7 +675,7 @@ mod renderer {
             })?;
             // One invocation per word of each env's newest frame.
             let [n, h, w, c] = [0, 1, 2, 3].map(|i| params.words[i] as u64);
-            let grid = dispatch_grid(n * h * w * c / 4).ok_or_else(|| {
+            let grid = dispatch_grid(h * w * c / 4, n).ok_or_else(|| {
                 Error::InvalidSpec(format!(
                     "pixels: {n} frames of {h}x{w}x{c} exceed one dispatch"
                 ))

@@ -671,7 +671,7 @@ impl ComputeKernel {
         ctx: &Arc<Context>,
         spirv: &[u32],
         buffers: &[vk::Buffer],
-        groups: [u32; 2],
+        groups: [u32; 3],
     ) -> Result<ComputeKernel> {
         let d = &ctx.device;
         let mut k = ComputeKernel {
@@ -804,7 +804,7 @@ impl ComputeKernel {
                 &[set],
                 &[],
             );
-            d.cmd_dispatch(c, groups[0], groups[1], 1);
+            d.cmd_dispatch(c, groups[0], groups[1], groups[2]);
             d.cmd_pipeline_barrier(
                 c,
                 vk::PipelineStageFlags::COMPUTE_SHADER,
