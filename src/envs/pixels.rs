@@ -54,6 +54,8 @@ pub const MAX_STACK: u32 = 16;
 pub const MAX_SIDE: u32 = 1024;
 /// Workgroup size of the shader (`@workgroup_size(64)`).
 const GROUP: u32 = 64;
+/// Words each invocation of the shader draws (its `WORDS_PER_INVOCATION`).
+const WORDS_PER_INVOCATION: u32 = 8;
 
 /// Half the width the camera shows, in metres: the track's end (2.4 m) and a margin
 /// that keeps a cart at the end whole.
@@ -410,11 +412,14 @@ pub fn frame_shape(
 }
 
 /// The shader's dispatch grid `(x, y, z)` of workgroups for `num_envs` frames of `words`
-/// 32-bit words: `x` covers a frame's words (64 a workgroup), `y * z` the envs (the
+/// 32-bit words: `x` covers a frame's words (64 invocations a workgroup, each
+/// `WORDS_PER_INVOCATION` words), `y * z` the envs (the
 /// shader's env is `gid.z * y + gid.y`); each dimension at most 65535, the smallest
 /// limit Vulkan guarantees.
 pub fn dispatch_grid(words: u64, num_envs: u64) -> Option<[u32; 3]> {
-    let x = words.div_ceil(u64::from(GROUP)).max(1);
+    let x = words
+        .div_ceil(u64::from(GROUP) * u64::from(WORDS_PER_INVOCATION))
+        .max(1);
     let y = num_envs.clamp(1, 65_535);
     let z = num_envs.div_ceil(y).max(1);
     let dim = |v: u64| u32::try_from(v).ok().filter(|&v| v <= 65_535);
