@@ -17,6 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 pytest.importorskip("matplotlib")
 
+import torch  # noqa: E402
+
 from shmbridge.examples import ppo  # noqa: E402
 
 # A random policy averages about 22 on CartPole-v1. With the defaults and 24,576 env
@@ -107,23 +109,55 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
         ppo.train(ppo.Config(device="cuda", engine_command=str(engine)), log=lambda *a: None)
 
 
-def test_ppo_from_pixels_runs_and_plots(tmp_path, capsys):
-    """`--env pixels`: a CNN on the frames the pixels engine renders, read through
-    zero-copy views of the client's import (no return is asserted: it is an option)."""
+@pytest.mark.parametrize("image_device", ["vulkan", "host"])
+def test_ppo_from_pixels_runs_plots_and_saves(tmp_path, capsys, image_device):
+    """`--env pixels`: a CNN on the stacked frames the pixels engine draws, read through
+    zero-copy views of the client's import (Vulkan) or of the region (host); the agent
+    saved loads back."""
+    from shmbridge.examples import ppo_pixels
+
     before = _regions()
-    plot = tmp_path / "pixels.png"
+    plot, saved = tmp_path / "pixels.png", tmp_path / "agent.pt"
     rc = ppo.main([
-        "--env", "pixels", "--image", "32x32x4", "--num-envs", "4", "--num-steps", "32",
-        "--num-minibatches", "2", "--total-steps", "256", "--seed", "1", "--device", "cpu",
-        "--plot", str(plot), "--no-progress",
+        "--env", "pixels", "--image", "32x32x4", "--frame-stack", "3", "--num-envs", "4",
+        "--num-steps", "32", "--num-minibatches", "2", "--total-steps", "256", "--seed", "1",
+        "--device", "cpu", "--image-device", image_device, "--plot", str(plot),
+        "--save", str(saved), "--no-progress",
     ])
     out, err = capsys.readouterr()
     if rc == 2 and "Vulkan is unavailable" in err:
         pytest.skip(f"no Vulkan driver here: {err.strip()}")
     assert rc == 0, out + err
-    assert "frames: (4, 32, 32, 4) u8 on cpu" in out, out
+    assert "frames: (4, 3, 32, 32, 4) u8 on cpu" in out, out
+    assert "9 input channels of 32x32" in out, out
     assert re.search(r"^final mean return over the last \d+ episodes: ", out, re.M), out
     assert plot.read_bytes()[:8] == PNG_MAGIC
+    agent, image, stack = ppo_pixels.load_agent(str(saved))
+    assert (image, stack) == ("32x32x4", 3)
+    assert agent.evaluate(torch.zeros(2, 9, 32, 32, dtype=torch.uint8))[0].shape == (2, 2)
+    assert not _regions() - before
+
+
+# PPO from pixels on a short budget: 32x32 grey frames, two to a stack, 16 envs x 64
+# steps an update, 64 updates (65,536 env steps). CALIBRATION
+PIXELS_ARGS = ["--env", "pixels", "--image", "32x32x1", "--frame-stack", "2", "--num-envs", "16",
+               "--num-steps", "64", "--lr", "1e-3", "--total-steps", "65536", "--device", "cpu",
+               "--threads", "1", "--no-progress", "--plot", "", "--save", ""]
+PIXELS_THRESHOLD = 2 * RANDOM_RETURN
+
+
+def test_ppo_learns_from_pixels_on_a_short_budget(capsys):
+    """From the frames alone (the learner never reads the state), the mean return of the
+    last 100 episodes ends at least twice a random policy's."""
+    before = _regions()
+    rc = ppo.main(PIXELS_ARGS + ["--seed", "1"])
+    out, err = capsys.readouterr()
+    if rc == 2 and "Vulkan is unavailable" in err:
+        pytest.skip(f"no Vulkan driver here: {err.strip()}")
+    assert rc == 0, out + err
+    m = re.search(r"^final mean return over the last (\d+) episodes: ([0-9.]+) ", out, re.M)
+    assert m and int(m.group(1)) == 100, out
+    assert float(m.group(2)) >= PIXELS_THRESHOLD, out
     assert not _regions() - before
 
 

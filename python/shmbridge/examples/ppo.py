@@ -63,7 +63,10 @@ class Config:
     """Hyperparameters and run options; the defaults are the command line's defaults."""
 
     env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
-    image: str = "64x64x4"  # pixels: the frame size the engine renders (HxWx4)
+    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey)
+    frame_stack: int = 2  # pixels: frames per env in the engine's stack
+    image_device: str = "vulkan"  # pixels: where the engine draws (vulkan, or host: the region)
+    save: Optional[str] = None  # pixels: write the trained agent here (examples/pixels_viewer.py)
     num_envs: int = 16
     total_steps: int = 500_000  # env steps (all envs together); an upper bound
     num_steps: int = 128  # rollout length per env: a batch is num_envs * num_steps
@@ -666,7 +669,7 @@ def _plot(cfg: Config, r: Result) -> str:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
     ax.set_ylim(0, 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}, CNN"
+    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}×{cfg.frame_stack}, CNN"
     ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
                  f"{r.wall_s:.0f} s, {r.device})")
     ax.grid(alpha=0.3)
@@ -697,11 +700,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--env", choices=["cartpole", "pixels"], default=d.env,
                    help="cartpole: an MLP on the state; pixels: a small CNN on the frames the "
-                        "pixels engine renders with Vulkan (no target; defaults then: --lr "
+                        "pixels engine draws (defaults then: --lr "
                         f"{PIXELS['lr']:g}, --total-steps {PIXELS['total_steps']:,}, --ent-coef "
                         f"{PIXELS['ent_coef']:g}, --update-epochs {PIXELS['update_epochs']}, "
-                        f"--plot {PIXELS['plot']})")
-    p.add_argument("--image", default=d.image, help="pixels: the frame size, HxWx4")
+                        f"--target-return {PIXELS['target_return']:g}, --plot {PIXELS['plot']})")
+    p.add_argument("--image", default=d.image, help="pixels: the frame shape, HxWxC (C: 4 RGBA, "
+                                                    "3 RGB or 1 grey)")
+    p.add_argument("--frame-stack", type=int, default=d.frame_stack,
+                   help="pixels: the last frames of each env the engine serves (the network's input)")
+    p.add_argument("--image-device", choices=["vulkan", "host"], default=d.image_device,
+                   help="pixels: where the engine draws its frames (Vulkan memory it exports, or "
+                        "the region's shared memory)")
+    p.add_argument("--save", default=None,
+                   help="pixels: write the trained agent (torch state_dict and frame shape) here, "
+                        "for examples/pixels_viewer.py ('' for none) [pixels: ppo_pixels.pt]")
     p.add_argument("--num-envs", type=int, default=d.num_envs, help="parallel environments")
     p.add_argument("--total-steps", type=int, default=None,
                    help=f"most environment steps (all envs together) [cartpole: {d.total_steps:,}]")
@@ -751,9 +763,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # `--env pixels`: the defaults that differ from CartPole's (a CNN learns slower and wants
-# a smaller step; no return is targeted).
-PIXELS = dict(lr=2.5e-4, total_steps=100_000, ent_coef=0.01, update_epochs=4,
-              target_return=None, plot="ppo_pixels.png")
+# a smaller step; the target is a mean return of 400 within 2M steps).
+PIXELS = dict(lr=7e-4, total_steps=2_000_000, ent_coef=0.01, update_epochs=4,
+              target_return=400.0, plot="ppo_pixels.png", save="ppo_pixels.pt")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -767,6 +779,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.target_return = None
     if not cfg.plot:
         cfg.plot = None
+    if not cfg.save:
+        cfg.save = None
     if cfg.engine_command and (cfg.env != "cartpole" or cfg.shards > 1
                                or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         print("shmbridge-ppo: error: --engine-command trains cartpole on one engine "
@@ -794,6 +808,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0  # rank 0 reports the run (every rank saw the same episodes)
     if r.plot:
         print(f"learning curve: {r.plot}")
+    if cfg.env == "pixels" and cfg.save:
+        print(f"agent: {os.path.abspath(cfg.save)}")
     if cfg.target_return is not None:
         how = "reached" if r.reached_target else "not reached"
         print(f"target {cfg.target_return:g} {how} after {r.env_steps:,} env steps")
