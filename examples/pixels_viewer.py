@@ -73,7 +73,7 @@ def snapshot(a: argparse.Namespace) -> int:
     """The PNG grid after `a.steps` random steps."""
     rng = np.random.default_rng(a.seed)
     with shmbridge.launch("pixels", num_envs=a.num_envs, seed=a.seed, image=a.image,
-                          frame_stack=1) as client:
+                          frame_stack=1, image_device=a.image_device) as client:
         rgb = np.from_dlpack(client["rgb"])  # the import of the engine's frames: no copy
         assert rgb.ctypes.data == client["rgb"].data_ptr
         print(f"rgb {rgb.shape} {rgb.dtype}: {client.importer}")
@@ -101,16 +101,16 @@ def video(a: argparse.Namespace) -> int:
     agent, image, stack = load_agent(a.policy)
     n = a.num_envs
     frames, returns, ret = [], [], np.zeros(n)
-    with shmbridge.launch("pixels", num_envs=n, seed=a.seed, image=image,
-                          frame_stack=stack) as seen, \
-            shmbridge.launch("pixels", num_envs=n, seed=a.seed, image=a.image,
-                             frame_stack=1) as shown:
+    with shmbridge.launch("pixels", num_envs=n, seed=a.seed, image=image, frame_stack=stack,
+                          image_device=a.image_device) as seen, \
+            shmbridge.launch("pixels", num_envs=n, seed=a.seed, image=a.image, frame_stack=1,
+                             image_device=a.image_device) as shown:
         policy_in = stack_channels(torch.from_dlpack(seen["rgb"]))  # the agent's input, in place
         _, k, c, h, w = policy_in.shape
         colour = np.from_dlpack(shown["rgb"])  # (n, 1, H, W, 4): the video's frames, in place
         acts = [torch.from_dlpack(x.actions) for x in (seen, shown)]
         obs = [np.from_dlpack(x.obs) for x in (seen, shown)]
-        done = [np.from_dlpack(seen[name]) for name in ("terminated", "truncated")]
+        terminated, truncated = (np.from_dlpack(seen[name]) for name in ("terminated", "truncated"))
         print(f"policy {a.policy}: {image} frames, stack {stack}; video {a.image} ({shown.importer})")
         for step in range(a.steps):
             frames.append(grid(colour[:, 0], cols=a.cols, scale=a.scale))
@@ -124,7 +124,7 @@ def video(a: argparse.Namespace) -> int:
             if not np.array_equal(obs[0], obs[1]):
                 raise RuntimeError(f"step {step}: the two engines' envs are not in step")
             ret += 1
-            ended = done[0].astype(bool) | done[1].astype(bool)
+            ended = terminated.astype(bool) | truncated.astype(bool)
             returns += ret[ended].tolist()
             ret[ended] = 0
     out = os.path.normpath(a.video)
@@ -147,6 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--image", default="84x84x4", help="frame shape HxWxC of the picture shown")
     p.add_argument("--scale", type=int, default=2, help="pixel scale")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--image-device", choices=["vulkan", "host"], default="vulkan",
+                   help="where the engines draw: Vulkan memory they export, or shared memory")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs",
                                                  "pixels_grid.png"), help="the PNG")
     p.add_argument("--policy", default=None, help="an agent shmbridge-ppo --env pixels saved: "

@@ -377,3 +377,33 @@ def test_bootstrap_truncated_on_cuda_matches_the_host_version():
         ppo.bootstrap_truncated(dev, values.cuda(), terminated.cuda(), truncated.cuda(),
                                 None if fo is None else fo.cuda(), lambda x: x.sum(-1), gamma)
         assert torch.allclose(dev.cpu(), host), (fo is None, dev, host)
+
+
+VIEWER = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "pixels_viewer.py")
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_the_viewer_writes_a_video_of_a_saved_agent(tmp_path, suffix):
+    """examples/pixels_viewer.py --policy: the frames of an agent that ppo_pixels saved,
+    as a GIF (Pillow) or an MP4 (imageio-ffmpeg), one video frame per step; the host
+    path, so no Vulkan driver is needed."""
+    iio = pytest.importorskip("imageio.v3")
+    if suffix == ".mp4":
+        pytest.importorskip("imageio_ffmpeg")
+    from shmbridge.examples import ppo_pixels
+
+    cfg = ppo.Config(env="pixels", image="32x32x1", frame_stack=2)
+    agent = ppo_pixels._agent(2, 32, 32, 2)
+    ppo_pixels.save_agent(str(tmp_path / "agent.pt"), agent, cfg)
+    before = _regions()
+    video = tmp_path / f"out{suffix}"
+    proc = subprocess.run([sys.executable, VIEWER, "--policy", str(tmp_path / "agent.pt"),
+                           "--video", str(video), "--steps", "12", "--num-envs", "2",
+                           "--image", "32x48x4", "--image-device", "host"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"wrote {video} (12 frames of " in proc.stdout, proc.stdout
+    frames = iio.imread(video, index=None, **({"plugin": "FFMPEG"} if suffix == ".mp4" else {}))
+    assert len(frames) == 12 and frames.shape[-1] >= 3
+    assert frames.min() < 64 and frames.max() > 200  # a drawn picture, not a blank one
+    assert not _regions() - before
