@@ -7,7 +7,7 @@ memory it exports (or, ``--image-device host``, in the region). The learner read
 stack through a zero-copy ``torch.from_dlpack`` view of the client's import (kDLCPU
 through a Vulkan device of its own; kDLCUDA where the CUDA importer serves it), never the
 state, and feeds it to a small CNN (two convolutions, one hidden layer, actor and critic
-heads) as ``K * C`` uint8 channels (RGB without alpha, or grey): the stack shows the
+heads) as ``K * C'`` uint8 channels (RGB without alpha, or grey): the stack shows the
 velocities one frame cannot. The one copy per step is the uint8 stack into the rollout
 buffer (the engine overwrites its memory at the next step); the network converts to
 float on use. Episodes cut by the time limit are bootstrapped from the value of the
@@ -176,8 +176,8 @@ def train(cfg: Config, log=print) -> Result:
                     ep_return.masked_fill_(done, 0.0)
                 finished = ret_at_step[done_buf.bool()].tolist()
                 with torch.no_grad():
-                    adv, ret = gae(rew_buf, val_buf, done_buf, agent.value(frames.reshape(n, channels, height, width).to(device)),
-                                   cfg.gamma, cfg.gae_lambda)
+                    next_value = agent.value(frames.reshape(n, channels, height, width).to(device))
+                    adv, ret = gae(rew_buf, val_buf, done_buf, next_value, cfg.gamma, cfg.gae_lambda)
                 ppo_update(cfg, agent, optimizer, agent.evaluate,
                            obs_buf.reshape(batch, channels, height, width), act_buf, logp_buf,
                            adv, ret, minibatch)
