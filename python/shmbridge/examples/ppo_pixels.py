@@ -139,7 +139,8 @@ def train(cfg: Config, log=print) -> Result:
         frames = stack_channels(rgb_view)  # (n, K, C', H, W): a view of the same memory
         _, k, per_frame, height, width = frames.shape
         channels = k * per_frame
-        log(f"frames: {tuple(rgb_view.shape)} u8 on {rgb_view.device} ({client.importer}): "
+        where = client.importer or "the region's shared memory"
+        log(f"frames: {tuple(rgb_view.shape)} u8 on {rgb_view.device} ({where}): "
             f"{channels} input channels of {height}x{width}; {n} envs x {t_len} steps = "
             f"{batch} per update, up to {num_updates} updates")
 
