@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::control::Control;
+use crate::control::{Control, ControlMapping};
 use crate::error::{Error, Result};
 use crate::layout::{
     self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
@@ -473,6 +473,22 @@ impl Region {
     }
 }
 
+/// What a device backend sees of the region: its control words, a second mapping, and
+/// whether this process made it (each the inherent method of the same name).
+impl ControlMapping for Region {
+    fn control(&self) -> Control<'_> {
+        Region::control(self)
+    }
+
+    fn made_here(&self) -> bool {
+        Region::made_here(self)
+    }
+
+    fn map_again(&self) -> Result<Box<dyn ControlMapping>> {
+        Ok(Box::new(Region::map_again(self)?))
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         if self.owner && self.made_here() {
@@ -551,18 +567,6 @@ impl Region {
     pub fn close_and_remove(&self) {
         self.control().close_engine();
         self.unlink_if_same();
-    }
-
-    /// For a shard process exiting without its `Engine` value (a signal handler), on a
-    /// mapping of the region it joined: marks its shard closed and wakes a waiting client
-    /// (it sees `ShardClosed`). The name stays: it is the creator's.
-    pub fn close_shard(&self, shard: u32) -> Result<()> {
-        let layout = layout::validate(&self.name, &self.snapshot(), self.len() as u64)?;
-        let info = layout.shards.get(shard as usize).ok_or_else(|| {
-            Error::InvalidSpec(format!("region '{}' has no shard {shard}", self.name))
-        })?;
-        crate::shard::ShardSlot::new(self, info)?.close();
-        Ok(())
     }
 }
 

@@ -26,6 +26,7 @@ import time
 import pytest
 
 import shmbridge
+from conftest import region_exists
 
 # A hang guard, not a timing check.
 HANG = 60.0
@@ -232,10 +233,6 @@ def print_rows() -> None:
         print(f"detection over {len(times)} cases: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
 
 
-def gone(name: str) -> bool:
-    return not os.path.exists(os.path.join("/dev/shm", name))
-
-
 def engine_case(phase: str, fault: str, simulator: str) -> None:
     """The Python engine (``simulator``: "plain", or "torch" for one with torch loaded)
     is killed by ``fault`` in ``phase``; the client gets EngineDiedError."""
@@ -272,7 +269,7 @@ def engine_case(phase: str, fault: str, simulator: str) -> None:
             client.close()
         record(f"{label} {fault} in {phase}", error, detect, killed and peer.exit_ms(killed))
         assert isinstance(error, shmbridge.EngineDiedError), repr(error)
-        assert gone(name), f"{name} left in /dev/shm"
+        assert not region_exists(name), f"{name} left in /dev/shm"
     finally:
         peer.close()
 
@@ -404,7 +401,7 @@ def client_case(phase: str, fault: str, learner: str) -> None:
     finally:
         peer.close()
         engine.close()
-    assert gone(name), f"{name} left in /dev/shm"
+    assert not region_exists(name), f"{name} left in /dev/shm"
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

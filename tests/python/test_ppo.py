@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import shmbridge
+from conftest import regions
 
 pytest.importorskip("torch")
 pytest.importorskip("tqdm")
@@ -31,10 +32,6 @@ THRESHOLD = 3 * RANDOM_RETURN
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _regions() -> set:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
-
-
 def _no_cuda() -> str:
     """Why PPO cannot run on CUDA here ('' where it can)."""
     import torch
@@ -50,7 +47,7 @@ needs_cuda = pytest.mark.skipif(bool(NO_CUDA), reason=f"PPO on CUDA needs a usab
 
 
 def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
-    before = _regions()
+    before = regions()
     plot = tmp_path / "curve.png"
     rc = ppo.main([
         "--total-steps", "24576", "--seed", "1", "--device", "cpu",
@@ -70,11 +67,11 @@ def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
 
     assert plot.read_bytes()[:8] == PNG_MAGIC
     assert f"learning curve: {plot}" in out
-    assert not _regions() - before  # nothing new left (other processes may come and go)
+    assert not regions() - before  # nothing new left (other processes may come and go)
 
 
 def test_train_returns_the_result(tmp_path):
-    before = _regions()
+    before = regions()
     cfg = ppo.Config(total_steps=2048, num_steps=64, num_envs=8, seed=3, device="cpu",
                      plot=str(tmp_path / "c.png"), progress=False)
     r = ppo.train(cfg, log=lambda *a: None)
@@ -84,7 +81,7 @@ def test_train_returns_the_result(tmp_path):
     assert r.curve_steps[-1] == 2048
     assert r.plot == str(tmp_path / "c.png") and (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
     assert r.summary().startswith(f"final mean return over the last {r.window_episodes} episodes: ")
-    assert not _regions() - before  # nothing new left (other processes may come and go)
+    assert not regions() - before  # nothing new left (other processes may come and go)
 
 
 def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
@@ -93,7 +90,7 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
     from native_engines import build_c_engine, build_capi
 
     engine = build_c_engine(build_capi(), tmp_path)
-    before = _regions()
+    before = regions()
     runs = {}
     for name, command in [("rust", None), ("c", str(engine))]:
         cfg = ppo.Config(total_steps=4096, num_steps=64, num_envs=16, seed=5, device="cpu",
@@ -102,7 +99,7 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
     assert runs["c"].episodes > 50
     assert runs["c"].episodes == runs["rust"].episodes
     assert runs["c"].curve_returns == runs["rust"].curve_returns
-    assert not _regions() - before
+    assert not regions() - before
     # Refused before anything starts: such an engine serves host memory, one engine.
     assert ppo.main(["--engine-command", str(engine), "--shards", "2"]) == 2
     with pytest.raises(ValueError, match="host memory"):
@@ -116,7 +113,7 @@ def test_ppo_from_pixels_runs_plots_and_saves(tmp_path, capsys, image_device):
     saved loads back."""
     from shmbridge.examples import ppo_pixels
 
-    before = _regions()
+    before = regions()
     plot, saved = tmp_path / "pixels.png", tmp_path / "agent.pt"
     rc = ppo.main([
         "--env", "pixels", "--image", "32x32x4", "--frame-stack", "3", "--num-envs", "4",
@@ -135,7 +132,7 @@ def test_ppo_from_pixels_runs_plots_and_saves(tmp_path, capsys, image_device):
     agent, image, stack = ppo_pixels.load_agent(str(saved))
     assert (image, stack) == ("32x32x4", 3)
     assert agent.evaluate(torch.zeros(2, 9, 32, 32, dtype=torch.uint8))[0].shape == (2, 2)
-    assert not _regions() - before
+    assert not regions() - before
 
 
 # PPO from pixels on a short budget: 32x32 grey frames, two to a stack, 16 envs x 64
@@ -154,7 +151,7 @@ PIXELS_THRESHOLD = 2 * RANDOM_RETURN
 def test_ppo_learns_from_pixels_on_a_short_budget(capsys):
     """From the frames alone (the learner never reads the state), the mean return of the
     last 100 episodes ends at least twice a random policy's."""
-    before = _regions()
+    before = regions()
     rc = ppo.main(PIXELS_ARGS + ["--seed", "1"])
     out, err = capsys.readouterr()
     if rc == 2 and "Vulkan is unavailable" in err:
@@ -163,7 +160,7 @@ def test_ppo_learns_from_pixels_on_a_short_budget(capsys):
     m = re.search(r"^final mean return over the last (\d+) episodes: ([0-9.]+) ", out, re.M)
     assert m and int(m.group(1)) == 100, out
     assert float(m.group(2)) >= PIXELS_THRESHOLD, out
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_module_help_and_bad_device():
@@ -175,9 +172,9 @@ def test_module_help_and_bad_device():
         assert opt in p.stdout
 
     if NO_CUDA:  # --device cuda where CUDA is unusable: a clear error, nothing started
-        before = _regions()
+        before = regions()
         assert ppo.main(["--device", "cuda", "--plot", "", "--no-progress"]) == 2
-        assert not _regions() - before
+        assert not regions() - before
 
 
 def test_device_choice_says_what_and_why():
@@ -269,7 +266,7 @@ def test_ppo_learns_on_cuda_end_to_end(tmp_path):
     """--device cuda: the engine's tensors in GPU memory, the learner's views of them
     CUDA tensors on the same memory, no host synchronisation in the rollout loop (torch's
     sync debug mode raises on any), and it learns as on the CPU."""
-    before = _regions()
+    before = regions()
     lines = []
     cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=str(tmp_path / "curve.png"),
                      progress=False, sync_debug="error")
@@ -282,14 +279,14 @@ def test_ppo_learns_on_cuda_end_to_end(tmp_path):
     assert r.window_episodes == 100 and r.episodes >= 100, r
     assert r.mean_return >= THRESHOLD, r.summary()
     assert (tmp_path / "curve.png").read_bytes()[:8] == PNG_MAGIC
-    assert not _regions() - before
+    assert not regions() - before
 
 
 @needs_cuda
 def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
     """--host-staged with a CUDA learner: the engine's tensors stay in host memory, the
     learner reads copies on its GPU (the run bench and docs compare with CUDA IPC)."""
-    before = _regions()
+    before = regions()
     lines = []
     cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=None, progress=False,
                      host_staged=True)
@@ -298,7 +295,7 @@ def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
     assert lines[0].endswith("copied to it every step (--host-staged)"), lines[0]
     assert r.zero_copy_views == [], "no engine memory on the GPU: every view is a copy"
     assert r.mean_return >= THRESHOLD, r.summary()
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_host_staged_on_a_cpu_learner_is_the_zero_copy_run():
@@ -395,7 +392,7 @@ def test_the_viewer_writes_a_video_of_a_saved_agent(tmp_path, suffix):
     cfg = ppo.Config(env="pixels", image="32x32x1", frame_stack=2)
     agent = ppo_pixels._agent(2, 32, 32, 2)
     ppo_pixels.save_agent(str(tmp_path / "agent.pt"), agent, cfg)
-    before = _regions()
+    before = regions()
     video = tmp_path / f"out{suffix}"
     proc = subprocess.run([sys.executable, VIEWER, "--policy", str(tmp_path / "agent.pt"),
                            "--video", str(video), "--steps", "12", "--num-envs", "2",
@@ -406,4 +403,4 @@ def test_the_viewer_writes_a_video_of_a_saved_agent(tmp_path, suffix):
     frames = iio.imread(video, index=None, **({"plugin": "FFMPEG"} if suffix == ".mp4" else {}))
     assert len(frames) == 12 and frames.shape[-1] >= 3
     assert frames.min() < 64 and frames.max() > 200  # a drawn picture, not a blank one
-    assert not _regions() - before
+    assert not regions() - before

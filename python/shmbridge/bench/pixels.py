@@ -34,10 +34,7 @@ the Vulkan paths are skipped; without either the command prints `bench pixels: s
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -46,18 +43,19 @@ import numpy as np
 
 import shmbridge
 
-from .common import (
-    Stats,
-    busy_warning,
+from .common import Stats
+from .report import (
     fmt_rate,
     fmt_ratio,
     fmt_us,
+    log,
     machine_description,
-    machine_lines,
+    machine_header,
     markdown_table,
+    publish,
+    run_mode,
+    skip,
 )
-
-SKIPPED = 3
 
 PATHS: Tuple[Tuple[str, str], ...] = (
     ("pixels-vulkan", "shmbridge pixels, Vulkan export (lavapipe: kDLCPU)"),
@@ -286,11 +284,10 @@ def report(cases: List[Case], skipped: Dict[str, str], plan: Plan, header: List[
                             "frames/s ÷ AsyncVectorEnv"], rows, "lrrrrr")
     failures = [f for c in cases for f in c.failures]
     not_zero = [c.key for c in cases if c.zero_copy is False]
-    mode = "QUICK (smoke test: too few steps to quote)" if quick else "full"
     lines = [
         "## Pixels: rendered frames to torch, against Gymnasium's rgb_array",
         "",
-        f"Command: `{command}` ({mode}; {plan.num_envs} envs, {plan.height}×{plan.width}×3 u8 frames; "
+        f"Command: `{command}` ({run_mode(quick)}; {plan.num_envs} envs, {plan.height}×{plan.width}×3 u8 frames; "
         f"{plan.rounds} interleaved rounds of {plan.per_block:,} timed steps per path after "
         f"{plan.warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
@@ -327,37 +324,22 @@ def main(args: Any) -> int:
         if h <= 0 or w <= 0 or args.num_envs <= 0:
             raise ValueError
     except ValueError:
-        print(f"bench pixels: --size {args.size} --num-envs {args.num_envs}: expected HxW and "
-              "positive integers", file=sys.stderr)
+        log(f"bench pixels: --size {args.size} --num-envs {args.num_envs}: expected HxW and "
+            "positive integers")
         return 2
     plan = Plan(rounds=rounds, per_block=max(1, math.ceil(steps / rounds)),
                 warmup=args.warmup if args.warmup is not None else (2 if quick else 20),
                 num_envs=args.num_envs, height=h, width=w)
-
-    def log(s: str) -> None:
-        print(s, file=sys.stderr, flush=True)
 
     log(f"pixels: {plan.num_envs} envs, {h}x{w}x3 frames")
     machine = machine_description()
     t0 = time.monotonic()
     cases, skipped = measure(plan, blocking=args.blocking, log=log)
     if not cases:
-        print(f"bench pixels: skipped: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}",
-              file=sys.stderr)
-        return SKIPPED
+        return skip("pixels", "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     elapsed = time.monotonic() - t0
-    header = machine_lines(machine)
-    warning = busy_warning(machine)
-    if warning:
-        header += ["", warning]
-    text, doc = report(cases, skipped, plan, header, quick, elapsed, args.command_line)
+    text, doc = report(cases, skipped, plan, machine_header(machine), quick, elapsed,
+                       args.command_line)
     doc["machine"] = machine
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "pixels.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "pixels.json"), "w") as f:
-            json.dump(doc, f, indent=1, ensure_ascii=False)
-        log(f"pixels: wrote {os.path.join(args.out, 'pixels.md')}, {os.path.join(args.out, 'pixels.json')}")
+    publish("pixels", text, args.out, doc)
     return 1 if any(c.zero_copy is False or c.failures for c in cases) else 0

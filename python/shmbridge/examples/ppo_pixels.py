@@ -25,8 +25,8 @@ import time
 
 import shmbridge
 
-from .ppo import (Config, Result, _orthogonal, _rollout_buffers, bootstrap_truncated, choose_device,
-                  gae, ppo_update)
+from .ppo_core import (Config, Progress, Result, bootstrap_truncated, choose_device, gae,
+                       orthogonal_init, plot_curve, ppo_update, rollout_buffers)
 
 
 def _agent(channels: int, height: int, width: int, num_actions: int):
@@ -39,15 +39,15 @@ def _agent(channels: int, height: int, width: int, num_actions: int):
         def __init__(self) -> None:
             super().__init__()
             self.trunk = nn.Sequential(
-                _orthogonal(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
-                _orthogonal(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
+                orthogonal_init(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
+                orthogonal_init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
                 nn.Flatten(),
             )
             with torch.no_grad():
                 flat = self.trunk(torch.zeros(1, channels, height, width)).shape[1]
-            self.hidden = nn.Sequential(_orthogonal(nn.Linear(flat, 256)), nn.ReLU())
-            self.actor = _orthogonal(nn.Linear(256, num_actions), 0.01)
-            self.critic = _orthogonal(nn.Linear(256, 1), 1.0)
+            self.hidden = nn.Sequential(orthogonal_init(nn.Linear(flat, 256)), nn.ReLU())
+            self.actor = orthogonal_init(nn.Linear(256, num_actions), 0.01)
+            self.critic = orthogonal_init(nn.Linear(256, 1), 1.0)
 
         def evaluate(self, x: "torch.Tensor"):
             """``x``: (B, C, H, W) uint8 frames; returns (logits, value). The input is
@@ -111,8 +111,6 @@ def train(cfg: Config, log=print) -> Result:
     import torch
     from torch.distributions import Categorical
 
-    from .ppo import _plot, _Progress
-
     where, why = choose_device(cfg.device)
     device = torch.device(where)
     log(f"device: {device} for the learner ({why}); the engine steps on the host and "
@@ -147,9 +145,9 @@ def train(cfg: Config, log=print) -> Result:
         agent = _agent(channels, height, width, 2).to(device)
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
         (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf, ep_return,
-         ret_at_step) = _rollout_buffers(t_len, n, (channels, height, width), torch.uint8, device)
+         ret_at_step) = rollout_buffers(t_len, n, (channels, height, width), torch.uint8, device)
 
-        progress = _Progress(cfg, num_updates * batch, "PPO pixels")
+        progress = Progress(cfg, num_updates * batch, "PPO pixels")
         try:
             for update in range(num_updates):
                 if cfg.anneal_lr:
@@ -193,5 +191,5 @@ def train(cfg: Config, log=print) -> Result:
     if cfg.save:
         save_agent(cfg.save, agent, cfg)
     if cfg.plot:
-        result.plot = _plot(cfg, result)
+        result.plot = plot_curve(cfg, result)
     return result

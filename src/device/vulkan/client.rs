@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
+use crate::control::ControlMapping;
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
-use crate::device::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::error::{Error, Peer, Result};
+use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 #[cfg(feature = "vulkan")]
 use super::vk::{Context, ImportedMemory};
@@ -421,10 +421,6 @@ impl ClientVulkan {
 }
 
 impl ClientBackend for ClientVulkan {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        None
-    }
-
     fn importer_reason(&self) -> Option<&str> {
         Some(&self.reason)
     }
@@ -495,7 +491,7 @@ impl ClientBackend for ClientVulkan {
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => Device::Host,
             #[cfg(feature = "cuda")]
-            Importer::Cuda(ctx) => Device::Cuda(crate::device::location::CudaDevice {
+            Importer::Cuda(ctx) => Device::Cuda(crate::layout::location::CudaDevice {
                 ordinal: ctx.ordinal(),
                 uuid: ctx.uuid()?,
             }),
@@ -526,14 +522,14 @@ impl ClientBackend for ClientVulkan {
             self.imports.as_ref().and_then(|i| i.get(index)),
         ) {
             #[cfg(feature = "cuda")]
-            (Importer::Cuda(ctx), Some(_)) => (crate::device::location::DL_CUDA, ctx.ordinal()),
+            (Importer::Cuda(ctx), Some(_)) => (crate::layout::location::DL_CUDA, ctx.ordinal()),
             #[cfg(feature = "vulkan")]
-            (Importer::Vulkan(_), Some(_)) => (crate::device::location::DL_CPU, 0),
+            (Importer::Vulkan(_), Some(_)) => (crate::layout::location::DL_CPU, 0),
             _ => t.device.dlpack(),
         }
     }
 
-    fn release(&mut self, _: &Region) {
+    fn release(&mut self, _: &dyn ControlMapping) {
         // The engine needs no acknowledgement: an import holds its own reference to the
         // memory, so each mapping goes when its last holder (this client or a view) does.
         self.imports = None;

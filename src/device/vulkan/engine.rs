@@ -5,16 +5,15 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::export::{SharedFd, VulkanSource};
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
-use crate::control::Control;
-use crate::device::backend::{CudaRelease, EngineBackend};
-use crate::device::location::Device;
+use crate::control::{Control, ControlMapping};
+use crate::device::backend::{DeviceRelease, EngineBackend};
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
+use crate::layout::location::Device;
+use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
-use crate::region::Region;
 
 /// Called before every frame is published: a renderer with its own queue (path b)
 /// waits for its frame's work here.
@@ -155,7 +154,7 @@ impl EngineBackend for EngineVulkan {
         })
     }
 
-    fn start(&mut self, region: &Region) -> Result<()> {
+    fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
         if let Some(listener) = self.listener.take() {
             self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
         }
@@ -166,7 +165,7 @@ impl EngineBackend for EngineVulkan {
         self.buffers.get(index)?.as_ref()?.mapped()
     }
 
-    fn release(mut self: Box<Self>, _: Control<'_>) -> CudaRelease {
+    fn release(mut self: Box<Self>, _: Control<'_>) -> DeviceRelease {
         // No more fds go out; then the memory goes. A client's import holds its own
         // reference to the payload, so freeing ours never pulls it from under the client.
         if let Some(mut s) = self.server.take() {
@@ -176,7 +175,7 @@ impl EngineBackend for EngineVulkan {
             let _ = c.queue_wait_idle();
         }
         self.buffers.clear();
-        CudaRelease::NoCuda
+        DeviceRelease::NothingHeld
     }
 
     fn as_any(&self) -> &dyn Any {

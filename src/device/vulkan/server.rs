@@ -11,11 +11,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::export::SharedFd;
-use crate::control::{ClientState, EngineState};
+use crate::control::{ClientState, ControlMapping, EngineState};
 use crate::error::Result;
 use crate::fdpass::{self, Listener, ReplyStatus};
-use crate::region::Region;
+use crate::layout::vulkan::SharedFd;
 
 #[derive(Debug)]
 pub struct FdServer {
@@ -26,14 +25,20 @@ pub struct FdServer {
 impl FdServer {
     /// Serves `fds` (in protocol order) on `listener` to the region's attached client:
     /// the peer must run as this process's user (`SO_PEERCRED` uid) and be the process
-    /// in the control block's client slot (its pid, `client_state = ATTACHED`).
-    pub fn start(listener: Listener, region: &Region, fds: Vec<SharedFd>) -> Result<FdServer> {
+    /// in the control block's client slot (its pid, `client_state = ATTACHED`). The
+    /// thread reads those words through a second mapping of its own, valid for as long
+    /// as it runs, whatever becomes of the engine's.
+    pub fn start(
+        listener: Listener,
+        region: &dyn ControlMapping,
+        fds: Vec<SharedFd>,
+    ) -> Result<FdServer> {
         let listener = Arc::new(listener);
-        let region = region.map_again()?;
+        let control = region.map_again()?;
         let l = listener.clone();
         let thread = std::thread::Builder::new()
             .name("shmbridge-fds".into())
-            .spawn(move || serve(&l, &region, &fds))
+            .spawn(move || serve(&l, &*control, &fds))
             .map_err(|e| crate::error::Error::io("starting the fd server thread", e))?;
         Ok(FdServer {
             listener,
@@ -56,7 +61,7 @@ impl Drop for FdServer {
     }
 }
 
-fn serve(listener: &Listener, region: &Region, fds: &[SharedFd]) {
+fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
     let me = fdpass::euid();
     while let Ok(Some(conn)) = listener.accept() {
         let control = region.control();
