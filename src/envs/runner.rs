@@ -103,7 +103,8 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         || (r.env == "pixels" && r.options.image_device.is_none())
     {
         return Err(Error::InvalidSpec(
-            "sharded engines serve host memory only (--device cpu, no --image-device vulkan;              pixels: --image-device host)"
+            "sharded engines serve host memory only (--device cpu, no --image-device vulkan; \
+             pixels: --image-device host)"
                 .into(),
         ));
     }
