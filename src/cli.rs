@@ -115,8 +115,9 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Reference env: null, cartpole, or pixels (cartpole with each env's frame rendered
-    /// by a Vulkan compute shader into exported memory: `rgb`, u8 (num_envs, H, W, 4)).
+    /// Reference env: null, cartpole, or pixels (cartpole with each env's last frames
+    /// drawn by a Vulkan compute shader into exported memory, or on the host: `rgb`, u8
+    /// (num_envs, K, H, W, C)).
     #[arg(long, default_value = "cartpole")]
     env: String,
     #[arg(long, default_value_t = 256)]
