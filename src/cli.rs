@@ -115,8 +115,9 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Reference env: null, cartpole, or pixels (cartpole with each env's frame rendered
-    /// by a Vulkan compute shader into exported memory: `rgb`, u8 (num_envs, H, W, 4)).
+    /// Reference env: null, cartpole, or pixels (cartpole with each env's last frames
+    /// drawn by a Vulkan compute shader into exported memory, or on the host: `rgb`, u8
+    /// (num_envs, K, H, W, C)).
     #[arg(long, default_value = "cartpole")]
     env: String,
     #[arg(long, default_value_t = 256)]
@@ -134,13 +135,18 @@ struct EngineArgs {
     #[arg(long)]
     sparse: bool,
     /// null: also serve `rgb`, u8 of shape (num_envs, H, W, C), e.g. 84x84x3. pixels: the
-    /// frame size, HxWx4 (default 84x84x4).
+    /// frame shape, HxWxC with C 4 (RGBA), 3 (RGB) or 1 (grey) (default 84x84x4).
     #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
     image: Option<[u64; 3]>,
-    /// null: where `rgb` lives: host (with the other tensors) or vulkan (exported Vulkan
-    /// memory the client imports; needs the `vulkan` feature and a Vulkan driver).
-    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
-    image_device: String,
+    /// pixels: frames per env in `rgb` (num_envs, K, H, W, C), oldest first; a new
+    /// episode's stack holds only its own frames (default 2).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=16))]
+    frame_stack: Option<u32>,
+    /// Where `rgb` lives: host (in the region, with the other tensors; null's default)
+    /// or vulkan (exported Vulkan memory the client imports; needs the `vulkan` feature
+    /// and a Vulkan driver; pixels' default, drawn by its compute shader).
+    #[arg(long, value_parser = ["host", "vulkan"])]
+    image_device: Option<String>,
     /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -255,9 +261,11 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             sparse: a.sparse,
             seed: a.seed,
             image: a.image,
-            image_device: (a.image_device == "vulkan").then_some(crate::device::Device::Vulkan(
-                crate::device::VulkanDevice::ANY,
-            )),
+            frame_stack: a.frame_stack,
+            image_device: a.image_device.as_deref().map(|d| match d {
+                "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),
+                _ => crate::device::Device::Host,
+            }),
             first_env: 0,
         },
         policy: a.wait.policy(),

@@ -14,7 +14,7 @@ use shmbridge::device::vulkan::export::VulkanExport;
 use shmbridge::device::vulkan::vk::{Context, ExportedBuffer};
 use shmbridge::device::{VulkanDevice, DL_CPU};
 use shmbridge::envs::null::pattern_u8;
-use shmbridge::envs::pixels::{render_reference, DrawParams};
+use shmbridge::envs::pixels::{render_reference, DrawParams, FrameShape, StackUpdate};
 use shmbridge::fdpass;
 use shmbridge::layout::TensorSpec;
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error};
@@ -357,43 +357,114 @@ fn a_peer_of_another_user_gets_no_fd() {
     assert!(gone(&name));
 }
 
-/// The frames the `pixels` engine's shader rendered, read through the client's import,
-/// against the CPU reference of the observations the client read in the same frame.
-fn pixels_frame_matches_reference(c: &mut Client, ptr: u64, what: &str) -> Vec<u8> {
-    let n = c.num_envs();
+/// The client's CPU copy of a `pixels` engine's stacks, advanced frame by frame by the
+/// reference renderer from the observations the client reads and the stack updates it
+/// can tell from its own flags (what it reset, what ended).
+struct ReferenceStacks {
+    num_envs: u32,
+    shape: FrameShape,
+    stacks: Vec<u8>,
+}
+
+impl ReferenceStacks {
+    fn new(c: &Client) -> ReferenceStacks {
+        let rgb = c.layout().id("rgb").unwrap();
+        let s = &c.layout().tensors[rgb.index()].shape;
+        assert_eq!(s.len(), 5, "rgb is [N, K, H, W, C]: {s:?}");
+        let shape = FrameShape {
+            height: s[2] as u32,
+            width: s[3] as u32,
+            channels: s[4] as u32,
+            stack: s[1] as u32,
+        };
+        let bytes = (s[0] * s[1] * s[2] * s[3] * s[4]) as usize;
+        ReferenceStacks {
+            num_envs: s[0] as u32,
+            shape,
+            stacks: vec![0; bytes],
+        }
+    }
+
+    /// Draws `obs` into the stacks as `updates` say; returns them.
+    fn advance(&mut self, obs: &[f32], updates: &[StackUpdate]) -> &[u8] {
+        let mut params = DrawParams::new(self.num_envs, self.shape);
+        params.set_states(obs, updates);
+        render_reference(&params, &mut self.stacks).unwrap();
+        &self.stacks
+    }
+
+    /// The updates of a step: an env reset by the mask or done this step restarts.
+    fn after_step(c: &mut Client) -> Vec<StackUpdate> {
+        let mut io = c.io();
+        let mask = io.read::<u8>("reset_mask").unwrap();
+        let term = io.read::<u8>("terminated").unwrap();
+        let trunc = io.read::<u8>("truncated").unwrap();
+        (0..mask.len())
+            .map(|i| {
+                if mask[i] != 0 || term[i] != 0 || trunc[i] != 0 {
+                    StackUpdate::Restart
+                } else {
+                    StackUpdate::Push
+                }
+            })
+            .collect()
+    }
+}
+
+/// The stacks the `pixels` engine drew (its shader, or the host renderer), read through
+/// the client's view, against the CPU reference advanced with the observations the
+/// client read in the same frame. Every env that restarted holds one frame in all slots.
+fn pixels_frame_matches_reference(
+    c: &mut Client,
+    ptr: u64,
+    reference: &mut ReferenceStacks,
+    updates: &[StackUpdate],
+    what: &str,
+) -> Vec<u8> {
     let mut io = c.io();
     let obs = io.read::<f32>("obs").unwrap().to_vec();
     let rgb = io.read::<u8>("rgb").unwrap();
     // No client-side copy.
     assert_eq!(rgb.as_ptr() as u64, ptr, "{what}");
-    let info = io.info("rgb").unwrap();
-    let (h, w) = (info.shape[1] as u32, info.shape[2] as u32);
-    let mut params = DrawParams::new(n as u32, h, w);
-    params.set_states(&obs);
-    let mut want = vec![0u8; rgb.len()];
-    render_reference(&params, &mut want).unwrap();
-    if rgb != &want[..] {
-        let i = rgb.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-        let px = i / 4;
+    let s = reference.shape;
+    let want = reference.advance(&obs, updates);
+    let (h, w, ch, k) = (
+        s.height as usize,
+        s.width as usize,
+        s.channels as usize,
+        s.stack as usize,
+    );
+    if rgb != want {
+        let i = rgb.iter().zip(want).position(|(a, b)| a != b).unwrap();
+        let px = i / ch;
         panic!(
-            "{what}: byte {i} (env {}, y {}, x {}, channel {}) is {}, the CPU reference {}",
-            px / (h * w) as usize,
-            (px / w as usize) % h as usize,
-            px % w as usize,
-            i % 4,
+            "{what}: byte {i} (env {}, slot {}, y {}, x {}, channel {}) is {}, the CPU \
+             reference {}",
+            px / (k * h * w),
+            (px / (h * w)) % k,
+            (px / w) % h,
+            px % w,
+            i % ch,
             rgb[i],
             want[i]
         );
     }
+    let frame = h * w * ch;
+    for (e, u) in updates.iter().enumerate() {
+        if *u == StackUpdate::Restart {
+            let stack = &rgb[e * k * frame..(e + 1) * k * frame];
+            assert!(
+                stack.chunks_exact(frame).all(|f| f == &stack[..frame]),
+                "{what}: env {e} restarted, its stack holds other frames"
+            );
+        }
+    }
     rgb.to_vec()
 }
 
-#[test]
-fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
-    let _serial = serial();
-    if vulkan().is_none() {
-        return;
-    }
+/// 200 steps of a `pixels` engine with resets through the mask, autoresets and `Reset`
+/// commands: every stack equals the CPU reference's, byte for byte.
+fn pixels_stacks_equal_the_cpu_reference(image: &str, stack: &str, image_device: &str) {
     // An odd size, so that rows and envs do not line up with workgroups.
     let engine = EngineProc::start(&[
         "--env",
@@ -401,7 +472,11 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
         "--num-envs",
         "6",
         "--image",
-        "37x53x4",
+        image,
+        "--frame-stack",
+        stack,
+        "--image-device",
+        image_device,
         "--seed",
         "11",
         "--blocking",
@@ -409,16 +484,27 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
     let name = engine.name.clone();
     let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
     let rgb = c.layout().id("rgb").unwrap();
-    assert_eq!(c.layout().tensors[rgb.index()].shape, vec![6, 37, 53, 4]);
+    let shape = c.layout().tensors[rgb.index()].shape.clone();
+    let dims: Vec<u64> = image.split('x').map(|d| d.parse().unwrap()).collect();
+    let want = [6, stack.parse().unwrap(), dims[0], dims[1], dims[2]];
+    assert_eq!(shape, want);
     assert_eq!(c.dlpack_device(rgb).unwrap(), (DL_CPU, 0));
-    let ptr = c.device_ptr(rgb).unwrap();
-    let mut previous = pixels_frame_matches_reference(&mut c, ptr, "frame 0");
-    let mut resets = 0;
+    let ptr = c.io().address("rgb").unwrap() as u64;
+    let mut reference = ReferenceStacks::new(&c);
+    let all = |u| vec![u; 6];
+    let mut previous = pixels_frame_matches_reference(
+        &mut c,
+        ptr,
+        &mut reference,
+        &all(StackUpdate::Restart),
+        "frame 0",
+    );
+    let (mut resets, mut ended) = (0, 0);
     for step in 1..=200u64 {
         {
             let mut io = c.io();
             // Push every env the same way for 6 steps, then the other way: the poles
-            // swing and the carts travel.
+            // swing and the carts travel (and episodes end).
             let push = (step / 6) % 2;
             io.write::<i64>("actions")
                 .unwrap()
@@ -434,17 +520,38 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
             }
         }
         assert_eq!(c.step(T).unwrap(), step);
-        let frame = pixels_frame_matches_reference(&mut c, ptr, &format!("step {step}"));
+        let updates = ReferenceStacks::after_step(&mut c);
+        ended += updates
+            .iter()
+            .filter(|&&u| u == StackUpdate::Restart)
+            .count();
+        let frame = pixels_frame_matches_reference(
+            &mut c,
+            ptr,
+            &mut reference,
+            &updates,
+            &format!("step {step}"),
+        );
         assert_ne!(
             frame, previous,
             "step {step}: the frame did not change with the state"
         );
         previous = frame;
-        // Every 40 steps a reset command with seeds re-renders the listed envs.
+        // Every 40 steps a reset command with seeds re-renders the listed envs; the
+        // others' stacks stay.
         if step % 40 == 0 {
             c.reset(Some(&[0, 5]), &[step, step + 1], T).unwrap();
             resets += 2;
-            let frame = pixels_frame_matches_reference(&mut c, ptr, &format!("reset after {step}"));
+            let mut updates = all(StackUpdate::Keep);
+            updates[0] = StackUpdate::Restart;
+            updates[5] = StackUpdate::Restart;
+            let frame = pixels_frame_matches_reference(
+                &mut c,
+                ptr,
+                &mut reference,
+                &updates,
+                &format!("reset after {step}"),
+            );
             assert_ne!(
                 frame, previous,
                 "reset after {step}: the frame did not change"
@@ -453,10 +560,44 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
         }
     }
     assert_eq!(resets, 8 + 2 * 5);
+    assert!(
+        ended > resets / 2 + 6,
+        "episodes ended by themselves too: {ended}"
+    );
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
     assert!(gone(&name));
+}
+
+#[test]
+fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    pixels_stacks_equal_the_cpu_reference("37x53x4", "3", "vulkan");
+}
+
+#[test]
+fn pixels_grey_and_rgb_stacks_equal_the_cpu_reference() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    pixels_stacks_equal_the_cpu_reference("30x46x1", "4", "vulkan");
+    pixels_stacks_equal_the_cpu_reference("20x28x3", "1", "vulkan");
+    // Large enough that the shader's float estimate of a pixel's row is corrected.
+    pixels_stacks_equal_the_cpu_reference("84x84x3", "2", "vulkan");
+}
+
+/// The host path draws the same stacks into the region's shared memory (no Vulkan
+/// needed).
+#[test]
+fn pixels_on_the_host_equal_the_cpu_reference() {
+    let _serial = serial();
+    pixels_stacks_equal_the_cpu_reference("37x53x4", "3", "host");
+    pixels_stacks_equal_the_cpu_reference("30x46x1", "2", "host");
 }
 
 /// On a machine whose Vulkan device is a CUDA device (an NVIDIA GPU and its Vulkan
@@ -502,13 +643,17 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
     assert_eq!(c.dlpack_device(rgb).unwrap().0, DL_CUDA);
     let ptr = c.device_ptr(rgb).unwrap();
     let mut frame = vec![0u8; info.nbytes as usize];
+    let mut reference = ReferenceStacks::new(&c);
     for step in 0..=60u64 {
-        if step > 0 {
+        let updates = if step > 0 {
             c.tensor_mut::<i64>("actions")
                 .unwrap()
                 .fill((step / 5 % 2) as i64);
             c.step(T).unwrap();
-        }
+            ReferenceStacks::after_step(&mut c)
+        } else {
+            vec![StackUpdate::Restart; 4]
+        };
         assert_eq!(c.device_ptr(rgb).unwrap(), ptr, "the import is not re-made");
         let obs = c.tensor::<f32>("obs").unwrap().to_vec();
         c.device()
@@ -516,10 +661,7 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
             .unwrap()
             .read_tensor(rgb.index(), &info, &mut frame)
             .unwrap();
-        let mut params = DrawParams::new(4, 21, 30);
-        params.set_states(&obs);
-        let mut want = vec![0u8; frame.len()];
-        render_reference(&params, &mut want).unwrap();
+        let want = reference.advance(&obs, &updates);
         assert!(
             frame == want,
             "step {step}: the CUDA import differs from the reference"

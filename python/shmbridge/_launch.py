@@ -157,7 +157,8 @@ def _attach_shards(
 
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
-    {"seed", "obs_dim", "act_dim", "sparse", "image", "image_device", "name", "idle_timeout"}
+    {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
+     "idle_timeout"}
 )
 
 
@@ -202,7 +203,7 @@ def _check_device(device: str) -> str:
 # The type each engine option of `launch()` takes: ints and floats are checked (and a
 # bool is not an int here), strings passed as they are.
 _ENGINE_ARG_TYPES = {
-    "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str,
+    "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str, "frame_stack": int,
     "image_device": str, "name": str, "idle_timeout": float,
 }
 
@@ -275,8 +276,11 @@ def launch(
 
     ``engine_args`` are the options of ``shmbridge engine`` (``seed``, ``obs_dim``,
     ``act_dim``, ``sparse``, ``image`` (null: an ``rgb`` uint8 tensor, e.g. ``"84x84x3"``;
-    pixels: the frame size, ``"HxWx4"``), ``image_device`` (``"vulkan"``: ``rgb`` in
-    Vulkan memory the engine exports), ``name``, ``idle_timeout``). ``importer``: as for
+    pixels: the frame shape, ``"HxWxC"`` with C 4, 3 or 1 (grey)), ``frame_stack``
+    (pixels: ``rgb`` is ``[num_envs, frame_stack, H, W, C]``, the last frames of each
+    env, oldest first; default 2), ``image_device`` (``"vulkan"``: ``rgb`` in Vulkan
+    memory the engine exports, pixels' default; ``"host"``: in the region, null's
+    default), ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm. The engine

@@ -128,19 +128,21 @@ impl ShaderTarget {
 
 /// A compute shader (SPIR-V, entry point `main`) whose binding 0 is a parameter buffer
 /// of its own, which the CPU fills before each dispatch, and binding 1 a
-/// [`ShaderTarget`]; its dispatch over a grid of workgroups is recorded once.
+/// [`ShaderTarget`]; its dispatch over a 3-D grid of workgroups is recorded once. Each
+/// dispatch sees what the previous one wrote to the target (a compute-to-compute
+/// barrier precedes it), so a shader may read its last output, as a frame stack does.
 #[derive(Debug)]
 pub struct ComputeShader(shader::Shader);
 
 impl ComputeShader {
     /// Builds the shader of `spirv` over a parameter buffer of at least `params_len`
-    /// bytes and `target`, dispatched over `grid` workgroups. `VulkanUnavailable`
+    /// bytes and `target`, dispatched over `grid` workgroups (`[x, y, z]`). `VulkanUnavailable`
     /// without the `vulkan` feature; `Vulkan` where the device refuses.
     pub fn new(
         target: &ShaderTarget,
         spirv: &[u8],
         params_len: u64,
-        grid: [u32; 2],
+        grid: [u32; 3],
     ) -> Result<ComputeShader> {
         shader::Shader::new(&target.0, spirv, params_len, grid).map(ComputeShader)
     }
@@ -319,7 +321,7 @@ mod shader {
     }
 
     impl Shader {
-        pub fn new(target: &Target, spirv: &[u8], params_len: u64, grid: [u32; 2]) -> Result<Self> {
+        pub fn new(target: &Target, spirv: &[u8], params_len: u64, grid: [u32; 3]) -> Result<Self> {
             let params = HostBuffer::allocate(&target.ctx, params_len)?;
             let words = ash::util::read_spv(&mut std::io::Cursor::new(spirv)).map_err(|e| {
                 Error::Vulkan {
@@ -385,7 +387,7 @@ mod shader {
     }
 
     impl Shader {
-        pub fn new(target: &Target, _: &[u8], _: u64, _: [u32; 2]) -> Result<Self> {
+        pub fn new(target: &Target, _: &[u8], _: u64, _: [u32; 3]) -> Result<Self> {
             match *target {}
         }
 

@@ -113,6 +113,12 @@ impl CartPole {
         &self.state
     }
 
+    /// The steps each env's episode has taken: 0 for an env whose episode starts with
+    /// its current observation (reset, or autoreset by the last step).
+    pub fn episode_steps(&self) -> &[u32] {
+        &self.steps
+    }
+
     fn write_obs(&self, obs: &mut [f32]) {
         for (o, s) in obs.chunks_exact_mut(4).zip(&self.state) {
             write_state(o, s);

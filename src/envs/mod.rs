@@ -1,7 +1,8 @@
 //! Reference engines: `null` (the transport floor and the integrity check), `cartpole`
-//! (Gymnasium CartPole-v1 dynamics, vectorised) and `pixels` (cartpole rendered into RGB
-//! frames by a Vulkan compute shader, 1.3); `gpu` has `null` and `cartpole` on a CUDA
-//! device (`--device cuda`), stepped by the kernels of [`kernels`].
+//! (Gymnasium CartPole-v1 dynamics, vectorised) and `pixels` (cartpole drawn into a stack
+//! of frames per env by a Vulkan compute shader, 1.3, or on the host); `gpu` has `null`
+//! and `cartpole` on a CUDA device (`--device cuda`), stepped by the kernels of
+//! [`kernels`].
 //!
 //! Files: `vec_env.rs` (what an env is, its options, the loop that serves one),
 //! `catalog.rs` (the envs by name), `runner.rs` (the process that serves one: signals,

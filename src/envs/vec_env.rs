@@ -89,9 +89,11 @@ pub struct EnvOptions {
     pub seed: u64,
     /// `null`: also serve an `rgb` u8 tensor of shape `(num_envs, h, w, c)`.
     pub image: Option<[u64; 3]>,
-    /// Where `rgb` lives: `Host` (default: with the env's other tensors) or
+    /// `pixels`: the frames per env in `rgb` (default `pixels::DEFAULT_STACK`).
+    pub frame_stack: Option<u32>,
+    /// Where `rgb` lives: `Host` (with the env's other tensors; `null`'s default) or
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
-    /// exports, mapped on the engine's CPU, path a).
+    /// exports, mapped on the engine's CPU, path a; `pixels`' default).
     pub image_device: Option<Device>,
     /// The envs built are the region's `first_env..` (a shard's slice, 1.4): `cartpole`
     /// seeds env `e` of the slice with `seed + first_env + e`, `null` writes the pattern

@@ -264,3 +264,43 @@ def test_vector_quick(tmp_path):
     assert (out / "vector.png").stat().st_size > 0
     assert "## CartPole-v1 N=2" in (out / "vector.md").read_text()
     assert "| shmbridge K=2 |" in proc.stdout
+
+
+# bench pixels: rendered frames to torch against Gymnasium's rgb_array.
+
+
+def test_pixels_quick_measures_every_path_it_can(tmp_path):
+    """A tiny run: every path measured or skipped with its reason (Vulkan driver,
+    pygame); the shmbridge views are the engine's memory and hold drawn frames."""
+    before = regions()
+    out_dir = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", "pixels", "--quick",
+                           "--num-envs", "3", "--size", "24x32", "--steps", "6", "--out", str(out_dir)],
+                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    sys.stderr.write(proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out_dir / "pixels.json").read_text())
+    assert doc["plan"]["num_envs"] == 3 and (doc["plan"]["height"], doc["plan"]["width"]) == (24, 32)
+    paths, skipped = doc["paths"], doc["skipped"]
+    assert set(paths) | set(skipped) == {"pixels-vulkan", "pixels-host", "pixels-vulkan-stack4",
+                                         "gym-sync", "gym-async"}
+    assert "pixels-host" in paths  # needs neither Vulkan nor pygame
+    for key, why in skipped.items():
+        if key.startswith("gym"):
+            assert importlib.util.find_spec("pygame") is None, f"{key} skipped: {why}"
+        else:
+            assert "Vulkan" in why, (key, why)
+    for key, path in paths.items():
+        assert not path["failures"], (key, path["failures"])
+        assert path["stats"]["n"] == 6 and path["frames_per_s"] > 0, key
+        if key.startswith("pixels"):
+            assert path["zero_copy"] is True, key
+    if "gym-async" in paths:
+        assert paths["gym-async"]["ratio_to_async"] == 1.0
+    assert (out_dir / "pixels.md").read_text().strip() == proc.stdout.strip()
+    assert not regions() - before
+
+
+def test_pixels_rejects_a_bad_size():
+    proc = _run("pixels", "--size", "84", status=2)
+    assert "expected HxW" in proc.stderr

@@ -102,30 +102,37 @@ def launch_pixels(**kwargs):
 
 
 def test_pixels_frames_reach_torch_without_a_copy_and_follow_the_state():
-    """The frames the `pixels` engine's shader rendered, seen by torch at the import's
-    address; each step the cart is drawn where the observation puts it."""
+    """The stacks the `pixels` engine's shader drew, seen by torch at the import's
+    address; each step the newest frame draws the cart where the observation puts it,
+    and the one before it is the previous step's newest frame."""
     before = regions()
     h, w = 64, 96
-    with launch_pixels(num_envs=3, seed=5, image=f"{h}x{w}x4") as client:
+    with launch_pixels(num_envs=3, seed=5, image=f"{h}x{w}x4", frame_stack=2) as client:
         rgb = client["rgb"]
-        assert (rgb.shape, rgb.dtype) == ((3, h, w, 4), "uint8")
+        assert (rgb.shape, rgb.dtype) == ((3, 2, h, w, 4), "uint8")
         frames = torch.from_dlpack(rgb)
         assert frames.data_ptr() == rgb.data_ptr
         obs = torch.from_dlpack(client.obs)
         actions = torch.from_dlpack(client.actions)
+        done = [torch.from_dlpack(client[n]) for n in ("terminated", "truncated")]
+        assert torch.equal(frames[:, 0], frames[:, 1]), "frame 0: a stack of one frame"
         previous = frames.clone()
-        cart_row = int(h * 0.75) - 2  # above the track, inside the cart
+        cart_row = int(h * 0.86) + 2  # below the track, inside the cart
         for step in range(1, 41):
             actions.fill_((step // 4) % 2)
             client.step()
             assert not torch.equal(frames, previous), f"step {step}: the frame did not change"
-            previous = frames.clone()
             for env in range(3):
-                # The cart: the dark pixels of its row, centred where x puts it
-                # (Gymnasium's picture: 4.8 m across the frame).
-                dark = (frames[env, cart_row, :, 0] < 128).nonzero().flatten().float()
+                if bool(done[0][env] | done[1][env]):
+                    assert torch.equal(frames[env, 0], frames[env, 1]), (step, env)
+                else:
+                    assert torch.equal(frames[env, 0], previous[env, 1]), (step, env)
+                # The cart: the dark pixels of its row, centred where x puts it (the
+                # camera spans 5.5 m).
+                dark = (frames[env, 1, cart_row, :, 0] < 128).nonzero().flatten().float()
                 assert len(dark) > 0, f"step {step} env {env}: no cart"
-                want = w / 2 + float(obs[env, 0]) * w / 4.8
+                want = w / 2 + float(obs[env, 0]) * w / 5.5
                 assert abs(float(dark.mean()) + 0.5 - want) < 1.0, (step, env, dark, want)
+            previous = frames.clone()
         assert torch.from_dlpack(client["rgb"]).data_ptr() == frames.data_ptr()
     assert regions() <= before

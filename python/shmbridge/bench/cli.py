@@ -80,6 +80,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
     v.add_argument("--out", default=None, help="also write DIR/vulkan.md and DIR/vulkan.json")
 
+    x = sub.add_parser("pixels", help="rendered CartPole frames to torch: the pixels engine against "
+                                      "Gymnasium's rgb_array under SyncVectorEnv and AsyncVectorEnv",
+                       description="Frames per second delivered to a torch consumer: the pixels engine "
+                                   "(Vulkan export; host shared memory; a 4-frame stack) against "
+                                   "Gymnasium CartPole-v1 with render_mode='rgb_array' under SyncVectorEnv "
+                                   "and AsyncVectorEnv, resized to the same HxW; median, p99, ratios.",
+                       epilog="Exit status: 0 measured; 1 a check failed (not zero copy, or not a drawn "
+                              "frame); 2 bad usage; 3 skipped: neither a Vulkan driver nor Gymnasium "
+                              "with pygame here, with 'bench pixels: skipped: <reason>' on stderr.")
+    x.add_argument("--quick", action="store_true", help="a short smoke run")
+    x.add_argument("--steps", type=int, default=None, help="timed steps per path (default 1000; quick 20)")
+    x.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+    x.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps before each block, 5x in the first round (default 20; quick 2)")
+    x.add_argument("--num-envs", type=int, default=16, help="envs, each one frame per step (default 16)")
+    x.add_argument("--size", default="84x84", help="frame HxW (default 84x84; 3 channels)")
+    x.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
+    x.add_argument("--out", default=None, help="also write DIR/pixels.md and DIR/pixels.json")
+
     w = sub.add_parser("vector", help="Gymnasium envs behind shards against AsyncVectorEnv, SyncVectorEnv, EnvPool",
                        description="CartPole-v1 and HalfCheetah-v5 as Gymnasium vector envs: shmbridge "
                                    "shards (K = 1, 2, 4) against AsyncVectorEnv(shared_memory=True), "
@@ -103,6 +122,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import vector
 
         return vector.main(args)
+    if args.command == "pixels":
+        from . import pixels
+
+        return pixels.main(args)
     if args.command == "vulkan":
         from . import vulkan
 

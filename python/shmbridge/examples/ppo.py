@@ -40,8 +40,9 @@ curve. ``--total-steps`` counts the steps of all ranks together.
     torchrun --nproc_per_node=2 -m shmbridge.examples.ppo --shards 2
 
 ``--env pixels`` trains from rendered frames instead (:mod:`.ppo_pixels`). What the two
-trainers share (the configuration, GAE, the update, the episode bookkeeping, the plot) is
-in :mod:`.ppo_core`; this module is the state trainer and the command line.
+trainers share (the configuration, GAE, the truncation bootstrap, the update, the episode
+bookkeeping, the plot) is in :mod:`.ppo_core`; this module is the state trainer and the
+command line.
 
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 """
@@ -59,8 +60,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import shmbridge
 
-from .ppo_core import (Config, Progress, Result, choose_device, gae, orthogonal_init, plot_curve,
-                       ppo_update, rollout_buffers)
+from .ppo_core import (Config, Progress, Result, bootstrap_truncated, choose_device, gae,
+                       orthogonal_init, plot_curve, ppo_update, rollout_buffers)
 from .ppo_pixels import train as train_pixels
 
 
@@ -131,47 +132,6 @@ class _Ranks:
     def close(self) -> None:
         if self.dist is not None:
             self.dist.destroy_process_group()
-
-
-def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value_fn, gamma: float) -> None:
-    """Bootstraps the episodes cut by the time limit this step, in place: for each env
-    ``e`` with ``truncated[e]`` and not ``terminated[e]``, ``rewards[e] += gamma *
-    V(final_obs[e])``, its episode's last observation. Such an episode did not end in the
-    MDP, its return goes on; the step is still marked done, so GAE stops there.
-
-    ``rewards`` (n,) and ``values`` (n,: V of the observations this step's actions were
-    chosen on) are on the learner's device; ``terminated``, ``truncated`` (n,) bool and
-    ``final_obs`` (n, obs_dim) are the engine's tensors, read before the next step.
-    ``final_obs`` is ``None`` for an engine without it: ``values[e]`` then stands in for
-    V(final observation), the observation one step before it (the pole is upright near a
-    500-step truncation, so the two are close): an approximation.
-
-    Host tensors: nothing happens unless an episode was cut, and ``value_fn`` sees the
-    rows concerned only (the boolean index copies them out of ``final_obs``). CUDA
-    tensors: no host synchronisation (``cut.any()`` or a boolean index would make the
-    host wait for the GPU at every step): ``value_fn`` sees every env's final
-    observation, and the bootstrap is added where ``cut``.
-    """
-    import torch
-
-    cut = truncated & ~terminated
-    if cut.device.type == "cuda":
-        cut_dev = cut.to(rewards.device)
-        if final_obs is not None:
-            with torch.no_grad():
-                v = value_fn(final_obs.to(rewards.device))
-        else:
-            v = values
-        rewards.add_(torch.where(cut_dev, gamma * v, 0.0))
-        return
-    if not cut.any():
-        return
-    cut_dev = cut.to(rewards.device)
-    if final_obs is not None:
-        with torch.no_grad():
-            rewards[cut_dev] += gamma * value_fn(final_obs[cut].to(rewards.device))
-    else:
-        rewards += gamma * values * cut_dev
 
 
 @contextlib.contextmanager
@@ -445,11 +405,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--env", choices=["cartpole", "pixels"], default=d.env,
                    help="cartpole: an MLP on the state; pixels: a small CNN on the frames the "
-                        "pixels engine renders with Vulkan (no target; defaults then: --lr "
+                        "pixels engine draws (defaults then: --lr "
                         f"{PIXELS['lr']:g}, --total-steps {PIXELS['total_steps']:,}, --ent-coef "
                         f"{PIXELS['ent_coef']:g}, --update-epochs {PIXELS['update_epochs']}, "
-                        f"--plot {PIXELS['plot']})")
-    p.add_argument("--image", default=d.image, help="pixels: the frame size, HxWx4")
+                        f"--target-return {PIXELS['target_return']:g}, --plot {PIXELS['plot']})")
+    p.add_argument("--image", default=d.image, help="pixels: the frame shape, HxWxC (C: 4 RGBA, "
+                                                    "3 RGB or 1 grey)")
+    p.add_argument("--frame-stack", type=int, default=d.frame_stack,
+                   help="pixels: the last frames of each env the engine serves (the network's input)")
+    p.add_argument("--image-device", choices=["vulkan", "host"], default=d.image_device,
+                   help="pixels: where the engine draws its frames (Vulkan memory it exports, or "
+                        "the region's shared memory)")
+    p.add_argument("--save", default=None,
+                   help="pixels: write the trained agent (torch state_dict and frame shape) here, "
+                        "for examples/pixels_viewer.py ('' for none) [pixels: ppo_pixels.pt]")
     p.add_argument("--num-envs", type=int, default=d.num_envs, help="parallel environments")
     p.add_argument("--total-steps", type=int, default=None,
                    help=f"most environment steps (all envs together) [cartpole: {d.total_steps:,}]")
@@ -499,9 +468,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # `--env pixels`: the defaults that differ from CartPole's (a CNN learns slower and wants
-# a smaller step; no return is targeted).
-PIXELS = dict(lr=2.5e-4, total_steps=100_000, ent_coef=0.01, update_epochs=4,
-              target_return=None, plot="ppo_pixels.png")
+# a smaller step; the target is a mean return of 400 within 2M steps).
+PIXELS = dict(lr=7e-4, total_steps=2_000_000, ent_coef=0.01, update_epochs=4,
+              target_return=400.0, plot="ppo_pixels.png", save="ppo_pixels.pt")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -515,6 +484,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.target_return = None
     if not cfg.plot:
         cfg.plot = None
+    if not cfg.save:
+        cfg.save = None
     if cfg.engine_command and (cfg.env != "cartpole" or cfg.shards > 1
                                or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         print("shmbridge-ppo: error: --engine-command trains cartpole on one engine "
@@ -540,6 +511,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0  # rank 0 reports the run (every rank saw the same episodes)
     if r.plot:
         print(f"learning curve: {r.plot}")
+    if cfg.env == "pixels" and cfg.save:
+        print(f"agent: {os.path.abspath(cfg.save)}")
     if cfg.target_return is not None:
         how = "reached" if r.reached_target else "not reached"
         print(f"target {cfg.target_return:g} {how} after {r.env_steps:,} env steps")

@@ -3,8 +3,8 @@
 (:mod:`.ppo_pixels`, a CNN on the ``pixels`` engine's frames). Each trainer owns its
 agent, its views of the engine's tensors and its rollout loop; what is here knows
 nothing of either: the run's configuration and outcome, the device choice, the rollout
-buffers, GAE, the clipped-surrogate update, the episode bookkeeping with its progress
-bar, and the learning-curve plot.
+buffers, GAE, the bootstrap of episodes cut by the time limit, the clipped-surrogate
+update, the episode bookkeeping with its progress bar, and the learning-curve plot.
 
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib`` (each imported where used).
 """
@@ -25,7 +25,10 @@ class Config:
     """Hyperparameters and run options; the defaults are the command line's defaults."""
 
     env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
-    image: str = "64x64x4"  # pixels: the frame size the engine renders (HxWx4)
+    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey)
+    frame_stack: int = 2  # pixels: frames per env in the engine's stack
+    image_device: str = "vulkan"  # pixels: where the engine draws (vulkan, or host: the region)
+    save: Optional[str] = None  # pixels: write the trained agent here (examples/pixels_viewer.py)
     num_envs: int = 16
     total_steps: int = 500_000  # env steps (all envs together); an upper bound
     num_steps: int = 128  # rollout length per env: a batch is num_envs * num_steps
@@ -108,6 +111,47 @@ def gae(rewards, values, dones, next_value, gamma: float, lam: float):
         last = delta + gamma * lam * live * last
         adv[t] = last
     return adv, adv + values
+
+
+def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value_fn, gamma: float) -> None:
+    """Bootstraps the episodes cut by the time limit this step, in place: for each env
+    ``e`` with ``truncated[e]`` and not ``terminated[e]``, ``rewards[e] += gamma *
+    V(final_obs[e])``, its episode's last observation. Such an episode did not end in the
+    MDP, its return goes on; the step is still marked done, so GAE stops there.
+
+    ``rewards`` (n,) and ``values`` (n,: V of the observations this step's actions were
+    chosen on) are on the learner's device; ``terminated``, ``truncated`` (n,) bool and
+    ``final_obs`` (n, obs_dim) are the engine's tensors, read before the next step.
+    ``final_obs`` is ``None`` for an engine without it: ``values[e]`` then stands in for
+    V(final observation), the observation one step before it (the pole is upright near a
+    500-step truncation, so the two are close): an approximation.
+
+    Host tensors: nothing happens unless an episode was cut, and ``value_fn`` sees the
+    rows concerned only (the boolean index copies them out of ``final_obs``). CUDA
+    tensors: no host synchronisation (``cut.any()`` or a boolean index would make the
+    host wait for the GPU at every step): ``value_fn`` sees every env's final
+    observation, and the bootstrap is added where ``cut``.
+    """
+    import torch
+
+    cut = truncated & ~terminated
+    if cut.device.type == "cuda":
+        cut_dev = cut.to(rewards.device)
+        if final_obs is not None:
+            with torch.no_grad():
+                v = value_fn(final_obs.to(rewards.device))
+        else:
+            v = values
+        rewards.add_(torch.where(cut_dev, gamma * v, 0.0))
+        return
+    if not cut.any():
+        return
+    cut_dev = cut.to(rewards.device)
+    if final_obs is not None:
+        with torch.no_grad():
+            rewards[cut_dev] += gamma * value_fn(final_obs[cut].to(rewards.device))
+    else:
+        rewards += gamma * values * cut_dev
 
 
 def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
@@ -266,7 +310,7 @@ def plot_curve(cfg: Config, r: Result) -> str:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
     ax.set_ylim(0, 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}, CNN"
+    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}×{cfg.frame_stack}, CNN"
     ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
                  f"{r.wall_s:.0f} s, {r.device})")
     ax.grid(alpha=0.3)

@@ -64,8 +64,10 @@ impl HostBuffer {
 /// A compute shader bound to its storage buffers, with one command buffer that records
 /// its dispatch once and is submitted again for every frame.
 ///
-/// Binding `i` of descriptor set 0 is `buffers[i]`. The recording ends with a barrier
-/// that makes the shader's writes visible to the host (the client maps the memory), and
+/// Binding `i` of descriptor set 0 is `buffers[i]`. The recording begins with a barrier
+/// that makes the previous submission's shader writes visible to this one's dispatch and
+/// ends with one that makes the shader's writes visible to the host (the client maps the
+/// memory), and
 /// each submission signals a fence the next one waits for, so the command buffer is
 /// never resubmitted while pending. The engine waits for the queue before it publishes
 /// ([`Context::queue_wait_idle`]).
@@ -100,7 +102,7 @@ impl ComputeKernel {
         ctx: &Arc<Context>,
         spirv: &[u32],
         buffers: &[vk::Buffer],
-        groups: [u32; 2],
+        groups: [u32; 3],
     ) -> Result<ComputeKernel> {
         let d = ctx.device();
         let mut k = ComputeKernel {
@@ -200,6 +202,9 @@ impl ComputeKernel {
         // SAFETY: as above.
         k.fence = unsafe { d.create_fence(&info, None) }.map_err(call("vkCreateFence"))?;
         let c = k.command;
+        let after_previous = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
         let to_host = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::SHADER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
@@ -207,9 +212,20 @@ impl ComputeKernel {
         // once here and only submitted afterwards; every handle recorded is live.
         unsafe {
             // Host writes before a submission are visible to it (vkQueueSubmit's
-            // implicit host-write dependency): no barrier before the dispatch.
+            // implicit host-write dependency). A kernel that reads what its previous
+            // submission wrote (the `pixels` stack shifting its frames) needs that
+            // write made visible: submission order alone does not do it.
             d.begin_command_buffer(c, &vk::CommandBufferBeginInfo::default())
                 .map_err(call("vkBeginCommandBuffer"))?;
+            d.cmd_pipeline_barrier(
+                c,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &after_previous,
+                &[],
+                &[],
+            );
             d.cmd_bind_pipeline(c, vk::PipelineBindPoint::COMPUTE, k.pipeline);
             d.cmd_bind_descriptor_sets(
                 c,
@@ -219,7 +235,7 @@ impl ComputeKernel {
                 &[set],
                 &[],
             );
-            d.cmd_dispatch(c, groups[0], groups[1], 1);
+            d.cmd_dispatch(c, groups[0], groups[1], groups[2]);
             d.cmd_pipeline_barrier(
                 c,
                 vk::PipelineStageFlags::COMPUTE_SHADER,
