@@ -19,7 +19,7 @@ pub struct shmb_engine {
 
 static ENGINES: Registry<Named<Engine>> = Registry::new("engine");
 
-fn with<R>(
+pub(crate) fn with<R>(
     engine: *mut shmb_engine,
     f: impl FnOnce(&mut Named<Engine>) -> CResult<R>,
 ) -> CResult<R> {
@@ -120,6 +120,8 @@ pub unsafe extern "C" fn shmb_engine_tensor(
 /// Publishes the frame: the engine→client tensors must hold it. The first call publishes
 /// frame 0 (the reset observations); each later one answers the action
 /// `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
+/// An engine whose Vulkan tensors have a timeline semaphore publishes with
+/// `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
 #[no_mangle]
 pub unsafe extern "C" fn shmb_engine_publish(
     engine: *mut shmb_engine,
