@@ -5,7 +5,9 @@
 # 100,000 checked steps, the C CartPole engine against the Rust one bit for bit, the C
 # programs under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's
 # tests (sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C and C#
-# CartPole engines trained against from Python), the type stubs of the native module
+# CartPole engines trained against from Python, the C and C# engines that render with
+# Vulkan themselves and hand over their own memory, checked byte for byte on lavapipe,
+# and their faults under the sanitizers), the type stubs of the native module
 # against the module (mypy's stubtest), property, the loom models of the wait
 # handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
 # C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
 ensure_vulkan
+ensure_vulkan_dev
 ensure_mono
 
 before=$(shm_regions)
