@@ -166,6 +166,23 @@ def build_vulkan_frames_library(out: Path) -> Path:
     return out
 
 
+def build_csharp_vulkan_engine(out: Path) -> Path:
+    """examples/csharp/VulkanCartPoleEngine.cs (with the binding and CartPoleEngine.cs's
+    environment) compiled by Mono's mcs into ``out``, beside the ``libvulkan_frames.so`` it
+    calls: run it with ``out`` and the C library's folder on LD_LIBRARY_PATH."""
+    build_vulkan_frames_library(out)
+    mcs = shutil.which("mcs")
+    assert mcs, "mcs not found: scripts/test.sh installs mono-mcs and mono-runtime"
+    exe = out / "VulkanCartPoleEngine.exe"
+    subprocess.run(
+        [mcs, "-unsafe", "-langversion:7.2", "-warnaserror", "-main:VulkanCartPoleProgram", f"-out:{exe}",
+         str(ROOT / "bindings/csharp/Shmbridge.cs"), str(ROOT / "examples/csharp/CartPoleEngine.cs"),
+         str(ROOT / "examples/csharp/VulkanCartPoleEngine.cs")],
+        check=True,
+    )
+    return exe
+
+
 def sanitizer_env() -> dict:
     """The environment a sanitized engine runs in: any report fails it (exit status 99),
     leaks included. Mesa's lavapipe keeps a buffer it allocates once in a global; the

@@ -1,8 +1,10 @@
 """Engines that render with Vulkan themselves and hand their own render target to the
 learner through the C ABI (``shmb_spec_add_vulkan_export``): ``examples/c/vulkan_engine.c``
 (CartPole whose frames a compute shader draws on the engine's own Vulkan device, into
-memory the engine exported), and the faults of such an engine (``capi/tests/vulkan_faults.c``,
-under AddressSanitizer and UndefinedBehaviorSanitizer).
+memory the engine exported), the same from C# (``examples/csharp/VulkanCartPoleEngine.cs``
+over ``bindings/csharp``, its renderer called through P/Invoke, run by Mono), and the
+faults of such an engine (``capi/tests/vulkan_faults.c``, under AddressSanitizer and
+UndefinedBehaviorSanitizer).
 
 What is checked: the frames a Python client reads are the engine's memory (a torch view made
 once, at an address inside the client's mapping of the imported memory, which the engine maps
@@ -25,6 +27,7 @@ import shmbridge
 from conftest import regions
 from native_engines import (
     build_capi,
+    build_csharp_vulkan_engine,
     build_vulkan_c,
     lavapipe,
     sanitizer_env,
@@ -87,13 +90,28 @@ def same_memory_as_the_engine(client: shmbridge.Client, view: torch.Tensor) -> s
     return found
 
 
-def test_c_engine_frames_are_its_own_export_byte_for_byte_over_1000_steps(vulkan_engine):
+@pytest.fixture(scope="module")
+def csharp_vulkan_engine(capi, tmp_path_factory):
+    return build_csharp_vulkan_engine(tmp_path_factory.mktemp("csharp-vulkan"))
+
+
+@pytest.fixture
+def csharp_loader_path(capi, csharp_vulkan_engine, monkeypatch):
+    """Mono finds libshmbridge.so and libvulkan_frames.so through LD_LIBRARY_PATH."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{capi}:{csharp_vulkan_engine.parent}")
+
+
+def check_render_target_engine(command, kind: str) -> None:
+    """Steps the engine of ``command`` 1,000 times next to the Rust CartPole of the same
+    seed (resets by mask and by command, a pole-length change): every tensor the same bit
+    for bit, and its ``frames``, read through one torch view of the engine's own memory,
+    byte for byte the reference drawing of the observations."""
     h, w, n = 48, 64, 8
     before = regions()
-    command = [vulkan_engine, "--num-envs", n, "--seed", 21, "--size", f"{h}x{w}"]
+    command = [*command, "--num-envs", n, "--seed", 21, "--size", f"{h}x{w}"]
     with launch_or_skip(command, importer="vulkan") as c, \
             shmbridge.launch("cartpole", num_envs=n, seed=21) as rust:
-        assert c.engine_kind == "cartpole-vulkan-c"
+        assert c.engine_kind == kind
         frames = c["frames"]
         assert (frames.shape, frames.dtype) == ((n, h, w, 4), "uint8")
         assert "Vulkan importer" in c.importer
@@ -116,6 +134,41 @@ def test_c_engine_frames_are_its_own_export_byte_for_byte_over_1000_steps(vulkan
     # A frame one step late would have failed the check in most steps: the picture moves.
     assert seen["changed"] > 500, seen
     assert regions() <= before
+
+
+def test_c_engine_frames_are_its_own_export_byte_for_byte_over_1000_steps(vulkan_engine):
+    check_render_target_engine([vulkan_engine], "cartpole-vulkan-c")
+
+
+def test_csharp_engine_frames_are_its_own_export_byte_for_byte_over_1000_steps(csharp_vulkan_engine,
+                                                                                csharp_loader_path):
+    check_render_target_engine(["mono", csharp_vulkan_engine], "cartpole-vulkan-cs")
+
+
+def test_csharp_binding_refuses_what_the_c_abi_refuses(csharp_vulkan_engine, csharp_loader_path):
+    """--self-check: a binary semaphore and a semaphore value without a semaphore are
+    Status.InvalidSpec through the binding; then the engine serves as usual."""
+    proc = subprocess.Popen(["mono", str(csharp_vulkan_engine), "--num-envs", "2", "--size", "16x16", "--self-check"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        name = proc.stdout.readline().strip()
+        if not name:
+            err = proc.communicate(timeout=HANG)[1]
+            if "Vulkan is unavailable" in err:
+                pytest.skip(f"no Vulkan driver here: {err}")
+            raise AssertionError(err)
+        with shmbridge.attach(name, importer="vulkan") as c:
+            c.step()
+            assert_frames(np.from_dlpack(c["frames"]), np.asarray(c.obs), "step 1")
+        err = proc.communicate(timeout=HANG)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "self-check: binary semaphore refused: InvalidSpec" in err, err
+    assert "self-check: semaphore value refused: InvalidSpec" in err, err
+    assert "client closed after 1 steps" in err, err
 
 
 def test_host_frames_of_the_same_engine_are_the_same_bytes_in_the_region(vulkan_engine):
