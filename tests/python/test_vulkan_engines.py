@@ -15,9 +15,11 @@ nothing behind. Every test skips, with the reason, where there is no Vulkan driv
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -343,3 +345,22 @@ def test_an_engine_dying_between_render_and_publish_is_engine_died(faults_asan, 
     assert status == -signal.SIGKILL, err
     assert not sanitizer_reports(err), err
     nothing_left(engine.name, engine.memory)
+
+
+def test_bench_measures_the_c_engines_export_against_its_copy(vulkan_engine, tmp_path):
+    """`bench vulkan --c-engine` (a smoke run): both paths measured in one run, zero copy,
+    every block's frames the reference drawing."""
+    proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", "vulkan", "--quick", "--c-engine",
+                           str(vulkan_engine), "--num-envs", "4", "--size", "24x32", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode == 3:
+        assert "Vulkan" in proc.stderr, proc.stderr
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "vulkan.json").read_text())
+    assert set(doc["paths"]) == {"c-export", "c-host-shm"}
+    for key, path in doc["paths"].items():
+        assert path["zero_copy"] and not path["failures"], (key, path)
+        assert path["stats"]["n"] == 100, (key, path)
+    assert doc["paths"]["c-export"]["ratio"]["median"] == 1.0
+    assert "copied into host shared memory" in proc.stdout
