@@ -95,7 +95,8 @@ pub unsafe extern "C" fn shmb_engine_tensor_info(
 /// is NULL. The engine writes the engine→client tensors there (frame 0 before the first
 /// publish, then each frame between `shmb_engine_wait_actions` and `shmb_engine_publish`)
 /// and reads the client→engine ones after `shmb_engine_wait_actions`. A tensor on CUDA:
-/// `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`).
+/// `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`); in Vulkan memory the engine
+/// exported: `SHMB_NOT_ON_HOST` too (its renderer writes it).
 ///
 /// Ownership: the memory is the shared region itself (no copy), owned by the engine;
 /// the pointer is valid until `shmb_engine_close`. Keep it: it does not change.

@@ -413,6 +413,13 @@ mod tests {
         assert_eq!(status, SHMB_OK, "{text}");
         assert_eq!(shmb_spec_free(spec), SHMB_OK);
         assert_eq!((copies(memory), copies(semaphore)), (1, 1), "the engine's");
+        // The renderer writes the tensor, not the engine through the library.
+        let (mut data, mut nbytes) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: a live engine, a valid name and out-pointers.
+        let found = unsafe {
+            crate::shmb_engine_tensor(engine, c"frame".as_ptr(), 0, &mut data, &mut nbytes)
+        };
+        assert_eq!(found, SHMB_NOT_ON_HOST, "{}", message());
         let mut name = std::ptr::null();
         // SAFETY: a live engine and a valid out-pointer.
         assert_eq!(
