@@ -210,7 +210,7 @@ pub unsafe extern "C" fn shmb_engine_publish_signaled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{shmb_engine_close, shmb_engine_create, shmb_engine_publish};
+    use crate::engine::shmb_engine_create;
     use crate::spec::{shmb_spec_free, shmb_spec_new};
     use crate::status::shmb_status::*;
     use std::ffi::CStr;
@@ -395,6 +395,20 @@ mod tests {
         );
     }
 
+    #[cfg(not(feature = "vulkan"))]
+    #[test]
+    fn a_build_without_vulkan_says_so_at_creation() {
+        let fd = memfd("capi-vk-unavailable");
+        let spec = new_spec();
+        assert_eq!(add(spec, fd.as_raw_fd(), &export(), SHMB_NO_FD, 0), SHMB_OK);
+        let (status, text, engine) = create(spec);
+        assert_eq!(status, SHMB_VULKAN_UNAVAILABLE, "{text}");
+        assert!(text.contains("without the `vulkan` feature"), "{text}");
+        assert!(engine.is_null());
+        assert_eq!(shmb_spec_free(spec), SHMB_OK);
+    }
+
+    #[cfg(feature = "vulkan")]
     #[test]
     fn the_library_keeps_its_own_copy_until_the_engine_and_spec_are_gone() {
         let (memory, semaphore) = ("capi-vk-own-memory", "capi-vk-own-semaphore");
@@ -430,11 +444,12 @@ mod tests {
         let region = unsafe { CStr::from_ptr(name) }
             .to_string_lossy()
             .into_owned();
-        assert_eq!(shmb_engine_close(engine), SHMB_OK);
+        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
         assert_eq!((copies(memory), copies(semaphore)), (0, 0));
         assert!(!std::path::Path::new(&format!("/dev/shm/{region}")).exists());
     }
 
+    #[cfg(feature = "vulkan")]
     #[test]
     fn a_semaphore_value_is_checked_against_the_frames_number() {
         let spec = new_spec();
@@ -454,10 +469,13 @@ mod tests {
                 SHMB_INVALID_ARGUMENT
             );
             // Without the value, or with another: refused, nothing published.
-            assert_eq!(shmb_engine_publish(engine, std::ptr::null_mut()), SHMB_OK);
+            assert_eq!(
+                crate::shmb_engine_publish(engine, std::ptr::null_mut()),
+                SHMB_OK
+            );
         }
         // (Plain publish is not checked; a new engine for the checked path.)
-        assert_eq!(shmb_engine_close(engine), SHMB_OK);
+        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
         let (status, text, engine) = create(spec);
         assert_eq!(status, SHMB_OK, "{text}");
         let mut frame = u64::MAX;
@@ -472,7 +490,7 @@ mod tests {
             assert_eq!(shmb_engine_publish_signaled(engine, 0, &mut frame), SHMB_OK);
             assert_eq!(frame, 0);
         }
-        assert_eq!(shmb_engine_close(engine), SHMB_OK);
+        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
         assert_eq!(shmb_spec_free(spec), SHMB_OK);
 
         // An engine without a semaphore says nothing.
@@ -487,9 +505,9 @@ mod tests {
                 SHMB_INVALID_SPEC
             );
             assert!(message().contains("have no semaphore"), "{}", message());
-            assert_eq!(shmb_engine_publish(engine, &mut frame), SHMB_OK);
+            assert_eq!(crate::shmb_engine_publish(engine, &mut frame), SHMB_OK);
         }
-        assert_eq!(shmb_engine_close(engine), SHMB_OK);
+        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
         assert_eq!(shmb_spec_free(spec), SHMB_OK);
         assert_eq!(
             // SAFETY: a closed handle: refused, never dereferenced.
