@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -71,6 +72,16 @@ def launch_or_skip(command, **kwargs) -> shmbridge.Client:
         if "Vulkan is unavailable" in str(e):
             pytest.skip(f"no Vulkan driver here: {e}")
         raise
+
+
+def first_line(proc: subprocess.Popen) -> str:
+    """The first line ``proc`` prints on stdout ('' if it exits first); fails rather than
+    hangs if nothing comes within HANG seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], HANG)
+    if not ready:
+        proc.kill()
+        raise AssertionError(f"no line from {proc.args} in {HANG} s")
+    return proc.stdout.readline().strip()
 
 
 def same_memory_as_the_engine(client: shmbridge.Client, view: torch.Tensor) -> str:
@@ -153,7 +164,7 @@ def test_csharp_binding_refuses_what_the_c_abi_refuses(csharp_vulkan_engine, csh
     proc = subprocess.Popen(["mono", str(csharp_vulkan_engine), "--num-envs", "2", "--size", "16x16", "--self-check"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        name = proc.stdout.readline().strip()
+        name = first_line(proc)
         if not name:
             err = proc.communicate(timeout=HANG)[1]
             if "Vulkan is unavailable" in err:
@@ -195,7 +206,7 @@ def run_sanitized(command, steps: int, **kwargs) -> str:
     proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=sanitizer_env())
     try:
-        name = proc.stdout.readline().strip()
+        name = first_line(proc)
         if not name:
             err = proc.communicate(timeout=HANG)[1]
             if "Vulkan is unavailable" in err:
@@ -246,7 +257,7 @@ class FaultyEngine:
             pytest.skip("the sanitized runs pin Mesa's lavapipe, which is not installed here")
         self.proc = subprocess.Popen([str(exe), fault], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=sanitizer_env())
-        self.name = self.proc.stdout.readline().strip() or None
+        self.name = first_line(self.proc) or None
         self.memory = memory_inodes(self.proc.pid) if self.name else set()
 
     def finish(self, stop: bool) -> tuple:
