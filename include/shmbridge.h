@@ -55,6 +55,11 @@
 #define SHMB_SPIN_DEFAULT -1
 
 /**
+ * "No fd": the `semaphore_fd` of a tensor without a semaphore.
+ */
+#define SHMB_NO_FD -1
+
+/**
  * What a call did. `SHMB_OK` (0) is success; the codes from 1 to 999 mirror the core's
  * error kinds one to one; 1000 and up are errors of the C boundary itself. Every failed
  * call also sets the thread-local message `shmb_last_error_message()` returns. Values are
@@ -202,8 +207,9 @@ typedef enum {
    */
   SHMB_LOCATION_CUDA = 1,
   /**
-   * In Vulkan memory the engine exports (not served by this ABI's engines; a client
-   * sees such tensors in the table).
+   * In Vulkan memory the engine exports: memory its own renderer exported
+   * (`shmb_spec_add_vulkan_export`). A client's pointer is its own mapping of that
+   * memory (a host pointer where the memory is host-visible).
    */
   SHMB_LOCATION_VULKAN = 2,
 } shmb_location;
@@ -218,6 +224,23 @@ typedef enum {
   SHMB_REPLY_ENGINE_ERROR = 3,
   SHMB_REPLY_UNSUPPORTED = 4,
 } shmb_reply_code;
+
+/**
+ * The kind of an exported semaphore (`VkSemaphoreTypeCreateInfo::semaphoreType`).
+ */
+typedef enum {
+  /**
+   * A timeline semaphore (Vulkan 1.2): the renderer signals value `n` once frame `n`
+   * is written.
+   */
+  SHMB_SEMAPHORE_TIMELINE = 0,
+  /**
+   * A binary semaphore: refused by `shmb_engine_create` (`SHMB_INVALID_SPEC`), since
+   * each signal needs exactly one wait from whoever is attached, which a client that
+   * maps the memory on the CPU, or none at all, cannot give.
+   */
+  SHMB_SEMAPHORE_BINARY = 1,
+} shmb_semaphore_kind;
 
 /**
  * A client attached to an engine (opaque; a handle, never dereferenced).
@@ -330,6 +353,41 @@ typedef struct {
   shmb_reset_fn reset;
   shmb_call_fn call;
 } shmb_handlers;
+
+/**
+ * What an engine's renderer exported for one tensor (`vkGetMemoryFdKHR`,
+ * `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`), and what an importer must repeat:
+ * the values the renderer passed to `vkAllocateMemory`, and its device's IDs.
+ */
+typedef struct {
+  /**
+   * `VkMemoryAllocateInfo::allocationSize` of the exported memory.
+   */
+  uint64_t alloc_size;
+  /**
+   * Byte offset of the tensor in that memory: a multiple of 64, and the tensor's
+   * bytes must end inside `alloc_size`.
+   */
+  uint64_t offset;
+  /**
+   * `VkMemoryAllocateInfo::memoryTypeIndex` on the exporting device.
+   */
+  uint32_t memory_type_index;
+  /**
+   * 1 if the memory is a dedicated allocation (`VkMemoryDedicatedAllocateInfo`, which
+   * an importer must then repeat), else 0.
+   */
+  uint32_t dedicated;
+  /**
+   * `VkPhysicalDeviceIDProperties::deviceUUID` of the exporting device (not all 0:
+   * a client opens the device with this UUID).
+   */
+  uint8_t device_uuid[16];
+  /**
+   * `VkPhysicalDeviceIDProperties::driverUUID` of the exporting device.
+   */
+  uint8_t driver_uuid[16];
+} shmb_vulkan_export;
 
 #ifdef __cplusplus
 extern "C" {
@@ -581,7 +639,8 @@ shmb_status shmb_engine_tensor_info(shmb_engine *engine, size_t index, shmb_tens
  * is NULL. The engine writes the engine→client tensors there (frame 0 before the first
  * publish, then each frame between `shmb_engine_wait_actions` and `shmb_engine_publish`)
  * and reads the client→engine ones after `shmb_engine_wait_actions`. A tensor on CUDA:
- * `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`).
+ * `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`); in Vulkan memory the engine
+ * exported: `SHMB_NOT_ON_HOST` too (its renderer writes it).
  *
  * Ownership: the memory is the shared region itself (no copy), owned by the engine;
  * the pointer is valid until `shmb_engine_close`. Keep it: it does not change.
@@ -596,6 +655,8 @@ shmb_status shmb_engine_tensor(shmb_engine *engine,
  * Publishes the frame: the engine→client tensors must hold it. The first call publishes
  * frame 0 (the reset observations); each later one answers the action
  * `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
+ * An engine whose Vulkan tensors have a timeline semaphore publishes with
+ * `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
  */
 shmb_status shmb_engine_publish(shmb_engine *engine, uint64_t *frame);
 
@@ -686,7 +747,8 @@ shmb_status shmb_spec_new(const char *kind, uint32_t num_envs, shmb_spec **out);
  * Adds a tensor: `name` (1..31 bytes, unique), `dtype` (a `shmb_dtype`), `shape`
  * (`ndim` dimensions, 1..=SHMB_MAX_NDIM, each ≥ 1), `direction` (a `shmb_direction`),
  * `location` (`SHMB_LOCATION_HOST`, or `SHMB_LOCATION_CUDA` on CUDA device `device_ordinal`; every CUDA
- * tensor of an engine on one device). Checked fully when the engine is created.
+ * tensor of an engine on one device; a tensor in Vulkan memory the engine exported:
+ * `shmb_spec_add_vulkan_export`). Checked fully when the engine is created.
  *
  * Ownership: everything is copied; the caller keeps its strings and arrays.
  */
@@ -738,6 +800,66 @@ shmb_status shmb_spec_set_ring_capacity(shmb_spec *spec, uint64_t bytes);
  * Frees a spec. The handle is invalid afterwards (a second free: `SHMB_CLOSED`).
  */
 shmb_status shmb_spec_free(shmb_spec *spec);
+
+/**
+ * Adds an engine→client tensor whose bytes lie in memory the engine's renderer
+ * exported: `name`, `dtype` and `shape` as `shmb_spec_add_tensor`; `memory_fd` the fd
+ * `vkGetMemoryFdKHR` (`OPAQUE_FD`) returned; `*exported` where the tensor lies in that
+ * memory and on which device; `semaphore_fd` a timeline semaphore the renderer signals
+ * (`vkGetSemaphoreFdKHR`, `OPAQUE_FD`), or `SHMB_NO_FD`, with its `semaphore_kind` (a
+ * `shmb_semaphore_kind`; ignored without one). A client receives the fds over the
+ * region's socket when it attaches and imports the memory into a device of its own.
+ *
+ * Checked here: the pointers, `ndim`, `dtype`, that `dedicated` is 0 or 1, the kind,
+ * and that each fd is open (else `SHMB_INVALID_ARGUMENT`). Checked by
+ * `shmb_engine_create` (`SHMB_INVALID_SPEC`, nothing created): the tensor's bytes at
+ * `offset` (a multiple of 64) end inside `alloc_size`, the device UUID is not all 0,
+ * the semaphore is not binary; a build without Vulkan support answers
+ * `SHMB_VULKAN_UNAVAILABLE` there. What only the memory's importer can tell (that the fd
+ * holds `alloc_size` bytes of that memory type on that device) is checked by each client
+ * as it attaches: a client refuses a lie with a typed error (`SHMB_INVALID_TENSOR`).
+ *
+ * Ownership: `memory_fd` and `semaphore_fd` stay the caller's. The library duplicates
+ * each during this call (`F_DUPFD_CLOEXEC`) and closes its copies once the spec and
+ * every engine created from it are closed; the caller closes its own whenever it likes,
+ * at once if it has no other use for it. The memory must stay allocated (and be
+ * rendered into) while an engine serves it: the copies keep the payload alive for
+ * importers, not the renderer's `VkDeviceMemory`. `*exported` and the strings are copied.
+ */
+shmb_status shmb_spec_add_vulkan_export(shmb_spec *spec,
+                                        const char *name,
+                                        uint32_t dtype,
+                                        const uint64_t *shape,
+                                        size_t ndim,
+                                        int32_t memory_fd,
+                                        const shmb_vulkan_export *exported,
+                                        int32_t semaphore_fd,
+                                        uint32_t semaphore_kind);
+
+/**
+ * The number the next publish gives its frame (`*frame`): 0 before frame 0, then the
+ * action `shmb_engine_wait_actions` last returned (frame `n` answers action `n`). The
+ * value a renderer with a timeline semaphore signals for that frame.
+ */
+shmb_status shmb_engine_next_frame(shmb_engine *engine, uint64_t *frame);
+
+/**
+ * Publishes a frame the engine's renderer wrote into memory it exported
+ * (`shmb_spec_add_vulkan_export`) with a timeline semaphore: `signaled` is the value the
+ * renderer's queue signals once the frame is written, which must be the frame's number
+ * (`shmb_engine_next_frame`; frame 0 is the semaphore's initial value 0, signalled by
+ * nothing). A client's CUDA importer waits for that value on its own stream before it
+ * reads the frame. Otherwise as `shmb_engine_publish`, which an engine whose tensors
+ * have no semaphore calls instead (its frames are ordered by the seq counters alone).
+ *
+ * Either way, the device work that wrote the frame must be complete before the call
+ * (wait for the submission's fence): a client that maps the memory on the CPU reads as
+ * soon as the frame is published.
+ *
+ * `SHMB_INVALID_SPEC`, and nothing published: `signaled` is not the frame's number, or
+ * the engine's tensors have no semaphore.
+ */
+shmb_status shmb_engine_publish_signaled(shmb_engine *engine, uint64_t signaled, uint64_t *frame);
 
 #ifdef __cplusplus
 }  // extern "C"

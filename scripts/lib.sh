@@ -110,6 +110,16 @@ ensure_cmake() {
     fi
 }
 
+# What a C engine that renders with Vulkan itself is built with (examples/c/vulkan_engine.c,
+# examples/c/vulkan_frames.c): the Vulkan headers and the loader to link (libvulkan-dev),
+# and glslangValidator (glslang-tools), which compiles its compute shader to SPIR-V.
+ensure_vulkan_dev() {
+    if [ ! -e /usr/include/vulkan/vulkan.h ] || ! command -v glslangValidator >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q libvulkan-dev glslang-tools
+    fi
+}
+
 # Debian's Mono C# compiler and runtime, so the C# binding and engine
 # (bindings/csharp, examples/csharp) build and run in the tests. Mono 6.8's mscorlib has
 # Span<T>: nothing from another registry is needed.

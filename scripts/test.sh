@@ -5,7 +5,9 @@
 # 100,000 checked steps, the C CartPole engine against the Rust one bit for bit, the C
 # programs under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's
 # tests (sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C and C#
-# CartPole engines trained against from Python), the type stubs of the native module
+# CartPole engines trained against from Python, the C and C# engines that render with
+# Vulkan themselves and hand over their own memory, checked byte for byte on lavapipe,
+# and their faults under the sanitizers), the type stubs of the native module
 # against the module (mypy's stubtest), property, the loom models of the wait
 # handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
 # C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
@@ -25,6 +27,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
 ensure_vulkan
+ensure_vulkan_dev
 ensure_mono
 ensure_cmake
 
@@ -98,6 +101,7 @@ bash scripts/gen-flatbuffers.sh --check
 
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
+SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c-vulkan.sh   # the C engine's own Vulkan memory against a copy
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 

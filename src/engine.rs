@@ -558,6 +558,62 @@ impl Engine {
         Ok(self.frame)
     }
 
+    /// The number the next [`Engine::publish`] gives its frame: 0 before frame 0, then
+    /// the action last received (frame `n` answers action `n`). A renderer that signals a
+    /// timeline semaphore for its Vulkan tensors (path b) signals this value.
+    pub fn next_frame(&self) -> u64 {
+        if self.ready {
+            self.action
+        } else {
+            0
+        }
+    }
+
+    /// [`Engine::publish`] for an engine whose renderer exported its Vulkan tensors'
+    /// memory itself (path b), saying what it signalled: `Some(v)` when those tensors
+    /// have a timeline semaphore ([`TensorSpec::with_semaphore`]) and the renderer's
+    /// queue signals it with `v` once the frame is written, which must be the frame's
+    /// number ([`Engine::next_frame`]; frame 0 is the semaphore's initial value 0);
+    /// `None` for an engine without one, whose frames the seq counters alone order. As
+    /// with `publish`, the device work that wrote the frame must be complete before the
+    /// call, semaphore or not (`docs/protocol.md` §3.6). Anything else is `InvalidSpec`
+    /// and nothing is published.
+    ///
+    /// [`TensorSpec::with_semaphore`]: crate::layout::TensorSpec::with_semaphore
+    pub fn publish_signaled(&mut self, signaled: Option<u64>) -> Result<u64> {
+        self.check_usable()?;
+        let with_semaphore = self
+            .layout
+            .tensors
+            .iter()
+            .find(|t| t.vulkan.is_some_and(|v| v.semaphore.is_some()));
+        let frame = self.next_frame();
+        match (with_semaphore, signaled) {
+            (Some(_), Some(v)) if v == frame => {}
+            (Some(_), Some(v)) => {
+                return Err(Error::InvalidSpec(format!(
+                    "the renderer signalled its timeline semaphore with {v} for frame {frame}: \
+                     signal each frame's number (next_frame), the value a client waits for"
+                )))
+            }
+            (Some(t), None) => {
+                return Err(Error::InvalidSpec(format!(
+                    "tensor '{}' has a timeline semaphore: publish with the value the renderer \
+                     signalled for this frame (its number, {frame})",
+                    t.name
+                )))
+            }
+            (None, Some(v)) => {
+                return Err(Error::InvalidSpec(format!(
+                    "a semaphore value ({v}) for an engine whose tensors have no semaphore: \
+                     publish without one"
+                )))
+            }
+            (None, None) => {}
+        }
+        self.publish()
+    }
+
     /// Waits for the client's next action; returns its number. Then read the actions,
     /// apply `reset_mask`, step, write the frame and [`publish`](Engine::publish) it.
     /// Commands that arrive meanwhile get the built-in answers; `Reset` and

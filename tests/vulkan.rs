@@ -711,3 +711,53 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
     drop(buffer);
     assert!(gone(&name));
 }
+
+/// Path (b) with a timeline semaphore, served with `publish_signaled`: each frame's value
+/// must be its number (`next_frame`); a wrong value, or none, publishes nothing (the right
+/// value then still publishes that frame, which a second publish of one action could
+/// not). An empty memfd stands in for the semaphore (lavapipe cannot export one).
+#[test]
+fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
+    use shmbridge::device::vulkan::export::SemaphoreKind;
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let (buffer, fd, export) = renderer_export(&ctx, 4096);
+    let semaphore = rustix::fs::memfd_create("semaphore", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let tensor = TensorSpec::vulkan_import("frame", DType::U8, &[64, 64], fd, export)
+        .with_semaphore(semaphore, SemaphoreKind::Timeline);
+    let mut engine = Engine::create(spec_with(tensor)).unwrap();
+    let name = engine.name().to_string();
+    let refused = |r: Result<u64, Error>, words: &str| match r {
+        Err(Error::InvalidSpec(m)) => assert!(m.contains(words), "{m}"),
+        r => panic!("expected InvalidSpec, got {r:?}"),
+    };
+    assert_eq!(engine.next_frame(), 0);
+    refused(engine.publish_signaled(None), "has a timeline semaphore");
+    refused(engine.publish_signaled(Some(1)), "with 1 for frame 0");
+    assert_eq!(engine.publish_signaled(Some(0)).unwrap(), 0);
+    let client = std::thread::spawn(move || {
+        let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+        let frames: Vec<u64> = (0..3).map(|_| c.step(T).unwrap()).collect();
+        c.close();
+        frames
+    });
+    for n in 1..=3u64 {
+        assert_eq!(engine.wait_actions(T).unwrap(), n);
+        assert_eq!(engine.next_frame(), n);
+        refused(
+            engine.publish_signaled(Some(n + 1)),
+            "signal each frame's number",
+        );
+        refused(
+            engine.publish_signaled(Some(n - 1)),
+            "signal each frame's number",
+        );
+        refused(engine.publish_signaled(None), "has a timeline semaphore");
+        assert_eq!(engine.publish_signaled(Some(n)).unwrap(), n);
+    }
+    assert_eq!(client.join().unwrap(), vec![1, 2, 3]);
+    let name = engine.name().to_string();
+    engine.close();
+    drop(buffer);
+    assert!(gone(&name));
+}

@@ -125,6 +125,27 @@ namespace Shmbridge
         public unsafe Span<T> Span => new Span<T>((void*)Address, Length);
     }
 
+    /// <summary>The kind of a semaphore an engine's renderer exported (shmb_semaphore_kind).
+    /// Binary semaphores are refused when the engine is created.</summary>
+    public enum SemaphoreKind { Timeline = 0, Binary = 1 }
+
+    /// <summary>What an engine's renderer exported for one tensor (shmb_vulkan_export):
+    /// the values it passed to vkAllocateMemory, where the tensor lies in that memory,
+    /// and its device's IDs (VkPhysicalDeviceIDProperties).</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct VulkanExport
+    {
+        /// <summary>VkMemoryAllocateInfo::allocationSize.</summary>
+        public ulong AllocSize;
+        /// <summary>The tensor's byte offset in the memory (a multiple of 64).</summary>
+        public ulong Offset;
+        public uint MemoryTypeIndex;
+        /// <summary>1 for a dedicated allocation, else 0.</summary>
+        public uint Dedicated;
+        public fixed byte DeviceUuid[16];
+        public fixed byte DriverUuid[16];
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     internal struct Kv
     {
@@ -198,6 +219,7 @@ namespace Shmbridge
         [DllImport(Lib)] internal static extern Status shmb_spec_set_name(SpecHandle spec, byte[] name);
         [DllImport(Lib)] internal static extern Status shmb_spec_set_spin(SpecHandle spec, long spinUs);
         [DllImport(Lib)] internal static extern Status shmb_spec_free(IntPtr spec);
+        [DllImport(Lib)] internal static extern Status shmb_spec_add_vulkan_export(SpecHandle spec, byte[] name, uint dtype, ulong[] shape, UIntPtr ndim, int memoryFd, ref VulkanExport exported, int semaphoreFd, uint semaphoreKind);
 
         [DllImport(Lib)] internal static extern Status shmb_engine_create(SpecHandle spec, out EngineHandle engine);
         [DllImport(Lib)] internal static extern Status shmb_engine_name(EngineHandle engine, out IntPtr name);
@@ -206,6 +228,8 @@ namespace Shmbridge
         [DllImport(Lib)] internal static extern Status shmb_engine_tensor_info(EngineHandle engine, UIntPtr index, out TensorInfoNative info);
         [DllImport(Lib)] internal static extern Status shmb_engine_tensor(EngineHandle engine, byte[] name, UIntPtr index, out IntPtr data, out UIntPtr nbytes);
         [DllImport(Lib)] internal static extern Status shmb_engine_publish(EngineHandle engine, out ulong frame);
+        [DllImport(Lib)] internal static extern Status shmb_engine_publish_signaled(EngineHandle engine, ulong signaled, out ulong frame);
+        [DllImport(Lib)] internal static extern Status shmb_engine_next_frame(EngineHandle engine, out ulong frame);
         [DllImport(Lib)] internal static extern Status shmb_engine_wait_actions(EngineHandle engine, ulong timeoutMs, ref HandlersNative handlers, out ulong action);
         [DllImport(Lib)] internal static extern Status shmb_engine_wait_for_client(EngineHandle engine, ulong timeoutMs);
         [DllImport(Lib)] internal static extern Status shmb_engine_close(IntPtr engine);
@@ -327,6 +351,21 @@ namespace Shmbridge
             return this;
         }
 
+        /// <summary>An engine→client tensor in memory the engine's own renderer exported
+        /// (vkGetMemoryFdKHR, OPAQUE_FD): <paramref name="memoryFd"/> that fd,
+        /// <paramref name="exported"/> where the tensor lies in it and on which device;
+        /// <paramref name="semaphoreFd"/> a timeline semaphore the renderer signals with
+        /// each frame's number (-1: none). The fds stay the caller's: the library keeps
+        /// copies of its own, so close yours whenever you like (shmb_spec_add_vulkan_export).</summary>
+        public EngineSpec VulkanTensor(string name, DType dtype, ulong[] shape, int memoryFd, VulkanExport exported,
+                                       int semaphoreFd = -1, SemaphoreKind semaphoreKind = SemaphoreKind.Timeline)
+        {
+            // By reference: Mono passes an `in` struct of a DllImport by value.
+            Native.Check(Native.shmb_spec_add_vulkan_export(Handle, Native.Utf8(name), (uint)dtype, shape,
+                (UIntPtr)(shape?.Length ?? 0), memoryFd, ref exported, semaphoreFd, (uint)semaphoreKind));
+            return this;
+        }
+
         /// <summary>obs, actions, rewards, terminated, truncated, reset_mask (docs/protocol.md §7).</summary>
         public EngineSpec Standard(ulong obsDim, ulong actDim, DType actDtype)
         {
@@ -416,6 +455,28 @@ namespace Shmbridge
         {
             Native.Check(Native.shmb_engine_publish(handle, out ulong frame));
             return frame;
+        }
+
+        /// <summary>Publishes a frame the engine's renderer wrote into memory it exported
+        /// with a timeline semaphore: <paramref name="signaled"/>, the value its queue
+        /// signals once the frame is written, must be the frame's number
+        /// (<see cref="NextFrame"/>). An engine whose tensors have no semaphore calls
+        /// Publish. Either way the device work must be complete before the call.</summary>
+        public ulong PublishSignaled(ulong signaled)
+        {
+            Native.Check(Native.shmb_engine_publish_signaled(handle, signaled, out ulong frame));
+            return frame;
+        }
+
+        /// <summary>The number the next publish gives its frame (0 before frame 0, then the
+        /// action last received): the value a renderer's timeline semaphore signals.</summary>
+        public ulong NextFrame
+        {
+            get
+            {
+                Native.Check(Native.shmb_engine_next_frame(handle, out ulong frame));
+                return frame;
+            }
         }
 
         /// <summary>Waits up to <paramref name="timeoutMs"/> for the client's next action,

@@ -19,7 +19,7 @@ pub struct shmb_engine {
 
 static ENGINES: Registry<Named<Engine>> = Registry::new("engine");
 
-fn with<R>(
+pub(crate) fn with<R>(
     engine: *mut shmb_engine,
     f: impl FnOnce(&mut Named<Engine>) -> CResult<R>,
 ) -> CResult<R> {
@@ -95,7 +95,8 @@ pub unsafe extern "C" fn shmb_engine_tensor_info(
 /// is NULL. The engine writes the engine→client tensors there (frame 0 before the first
 /// publish, then each frame between `shmb_engine_wait_actions` and `shmb_engine_publish`)
 /// and reads the client→engine ones after `shmb_engine_wait_actions`. A tensor on CUDA:
-/// `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`).
+/// `SHMB_NOT_ON_HOST` (use `shmb_engine_device_ptr`); in Vulkan memory the engine
+/// exported: `SHMB_NOT_ON_HOST` too (its renderer writes it).
 ///
 /// Ownership: the memory is the shared region itself (no copy), owned by the engine;
 /// the pointer is valid until `shmb_engine_close`. Keep it: it does not change.
@@ -120,6 +121,8 @@ pub unsafe extern "C" fn shmb_engine_tensor(
 /// Publishes the frame: the engine→client tensors must hold it. The first call publishes
 /// frame 0 (the reset observations); each later one answers the action
 /// `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
+/// An engine whose Vulkan tensors have a timeline semaphore publishes with
+/// `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
 #[no_mangle]
 pub unsafe extern "C" fn shmb_engine_publish(
     engine: *mut shmb_engine,

@@ -23,6 +23,7 @@ mod side;
 mod spec;
 mod status;
 mod types;
+mod vulkan;
 
 use std::ffi::c_char;
 
@@ -32,6 +33,7 @@ pub use engine::*;
 pub use spec::*;
 pub use status::shmb_status;
 pub use types::*;
+pub use vulkan::*;
 
 /// Version of this C ABI: bumped when a function's signature or meaning, a struct, or an
 /// enum value changes incompatibly. Compare `SHMB_ABI_VERSION` (what the caller was

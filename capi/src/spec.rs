@@ -2,7 +2,7 @@
 
 use std::ffi::c_char;
 
-use shmbridge_core::layout::TensorSpec;
+use shmbridge_core::layout::{DType, TensorSpec};
 use shmbridge_core::EngineSpec;
 
 use crate::registry::Registry;
@@ -49,7 +49,8 @@ pub unsafe extern "C" fn shmb_spec_new(
 /// Adds a tensor: `name` (1..31 bytes, unique), `dtype` (a `shmb_dtype`), `shape`
 /// (`ndim` dimensions, 1..=SHMB_MAX_NDIM, each ≥ 1), `direction` (a `shmb_direction`),
 /// `location` (`SHMB_LOCATION_HOST`, or `SHMB_LOCATION_CUDA` on CUDA device `device_ordinal`; every CUDA
-/// tensor of an engine on one device). Checked fully when the engine is created.
+/// tensor of an engine on one device; a tensor in Vulkan memory the engine exported:
+/// `shmb_spec_add_vulkan_export`). Checked fully when the engine is created.
 ///
 /// Ownership: everything is copied; the caller keeps its strings and arrays.
 #[no_mangle]
@@ -64,21 +65,41 @@ pub unsafe extern "C" fn shmb_spec_add_tensor(
     device_ordinal: i32,
 ) -> shmb_status {
     guard(|| {
-        // SAFETY: the caller passes a NUL-terminated string or NULL.
-        let name = unsafe { str_arg(name, "name")? };
-        if ndim == 0 || ndim > SHMB_MAX_NDIM {
-            return Err(Fail::invalid(format!(
-                "tensor '{name}': ndim {ndim}, expected 1..={SHMB_MAX_NDIM}"
-            )));
-        }
-        // SAFETY: the caller passes `ndim` u64s at `shape`.
-        let shape = unsafe { slice_arg(shape, ndim, "shape")? };
-        let t = TensorSpec::new(name, dtype_from(dtype)?, shape, direction_from(direction)?)
+        // SAFETY: forwarded caller contract.
+        let (name, dtype, shape) = unsafe { tensor_args(name, dtype, shape, ndim)? };
+        let t = TensorSpec::new(name, dtype, shape, direction_from(direction)?)
             .on(device_from(location, device_ordinal)?);
-        SPECS.with(id(spec), |s| {
-            s.tensors.push(t);
-            Ok(())
-        })
+        push(spec, t)
+    })
+}
+
+/// A tensor's name, dtype and shape from C, checked.
+///
+/// # Safety
+/// `name` is NULL or NUL-terminated; `shape` is NULL or holds `ndim` u64s.
+pub(crate) unsafe fn tensor_args<'a>(
+    name: *const c_char,
+    dtype: u32,
+    shape: *const u64,
+    ndim: usize,
+) -> Result<(&'a str, DType, &'a [u64]), Fail> {
+    // SAFETY: the caller passes a NUL-terminated string or NULL.
+    let name = unsafe { str_arg(name, "name")? };
+    if ndim == 0 || ndim > SHMB_MAX_NDIM {
+        return Err(Fail::invalid(format!(
+            "tensor '{name}': ndim {ndim}, expected 1..={SHMB_MAX_NDIM}"
+        )));
+    }
+    // SAFETY: the caller passes `ndim` u64s at `shape`.
+    let shape = unsafe { slice_arg(shape, ndim, "shape")? };
+    Ok((name, dtype_from(dtype)?, shape))
+}
+
+/// Adds tensor `t` to the spec of handle `spec`.
+pub(crate) fn push(spec: *mut shmb_spec, t: TensorSpec) -> Result<(), Fail> {
+    SPECS.with(id(spec), |s| {
+        s.tensors.push(t);
+        Ok(())
     })
 }
 

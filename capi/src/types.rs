@@ -51,8 +51,9 @@ pub enum shmb_location {
     /// In CUDA device memory the engine exports (the `cuda` build feature): a device
     /// pointer on both sides.
     SHMB_LOCATION_CUDA = 1,
-    /// In Vulkan memory the engine exports (not served by this ABI's engines; a client
-    /// sees such tensors in the table).
+    /// In Vulkan memory the engine exports: memory its own renderer exported
+    /// (`shmb_spec_add_vulkan_export`). A client's pointer is its own mapping of that
+    /// memory (a host pointer where the memory is host-visible).
     SHMB_LOCATION_VULKAN = 2,
 }
 
@@ -122,7 +123,7 @@ pub(crate) fn device_from(location: u32, ordinal: i32) -> CResult<Device> {
             "CUDA device ordinal {ordinal} is negative"
         ))),
         other => Err(Fail::invalid(format!(
-            "location {other}: an engine of this ABI puts tensors on SHMB_LOCATION_HOST (0) or SHMB_LOCATION_CUDA (1)"
+            "location {other}: shmb_spec_add_tensor puts tensors on SHMB_LOCATION_HOST (0) or SHMB_LOCATION_CUDA (1); a tensor in Vulkan memory the engine exported is added with shmb_spec_add_vulkan_export"
         ))),
     }
 }

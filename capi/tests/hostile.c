@@ -68,6 +68,9 @@ int main(void) {
     EXPECT(shmb_client_step(foreign_client, 0, NULL), SHMB_INVALID_HANDLE);
     EXPECT(shmb_client_close(foreign_client), SHMB_INVALID_HANDLE);
     EXPECT(shmb_spec_free(NULL), SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_engine_publish_signaled(NULL, 0, &u64), SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_engine_publish_signaled(foreign_engine, 0, &u64), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_engine_next_frame(foreign_engine, &u64), SHMB_INVALID_HANDLE);
     EXPECT(shmb_reply_add_arg(NULL, "k", "v"), SHMB_INVALID_ARGUMENT);
     EXPECT(shmb_reply_set_error(NULL, SHMB_REPLY_BAD_REQUEST, "x"), SHMB_INVALID_ARGUMENT);
 
@@ -93,6 +96,18 @@ int main(void) {
     EXPECT(shmb_spec_add_tensor(spec, "obs", SHMB_F32, shape, 2, SHMB_ENGINE_TO_CLIENT, SHMB_LOCATION_CUDA, -1),
            SHMB_INVALID_ARGUMENT);
     EXPECT(shmb_spec_add_metadata(spec, "key", NULL), SHMB_INVALID_ARGUMENT);
+    /* Vulkan memory the engine exported: a NULL description, fds that are not fds. */
+    shmb_vulkan_export exported = {.alloc_size = 4096, .dedicated = 1, .device_uuid = {1}};
+    EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, shape, 2, 0, NULL, SHMB_NO_FD, 0),
+           SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, shape, 2, -3, &exported, SHMB_NO_FD, 0),
+           SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, shape, 2, 1 << 30, &exported, SHMB_NO_FD, 0),
+           SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, shape, 2, 0, &exported, 0, 9),
+           SHMB_INVALID_ARGUMENT);
+    EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, NULL, 2, 0, &exported, SHMB_NO_FD, 0),
+           SHMB_INVALID_ARGUMENT);
     shmb_engine *engine = NULL;
     /* No tensors: the core refuses the spec. */
     EXPECT(shmb_engine_create(spec, &engine), SHMB_INVALID_SPEC);
@@ -142,6 +157,9 @@ int main(void) {
         failures++;
     }
     EXPECT(shmb_engine_name(engine, &text), SHMB_OK);
+    EXPECT(shmb_engine_next_frame(engine, NULL), SHMB_INVALID_ARGUMENT);
+    /* A semaphore value from an engine without a semaphore: refused, nothing published. */
+    EXPECT(shmb_engine_publish_signaled(engine, 0, &u64), SHMB_INVALID_SPEC);
     EXPECT(shmb_engine_publish(engine, &u64), SHMB_OK);
     EXPECT(shmb_engine_publish(engine, &u64), SHMB_OUT_OF_ORDER);
 
@@ -192,6 +210,8 @@ int main(void) {
     EXPECT(shmb_engine_close(engine), SHMB_OK);
     EXPECT(shmb_engine_close(engine), SHMB_CLOSED);
     EXPECT(shmb_engine_publish(engine, NULL), SHMB_CLOSED);
+    EXPECT(shmb_engine_publish_signaled(engine, 1, NULL), SHMB_CLOSED);
+    EXPECT(shmb_engine_next_frame(engine, &u64), SHMB_CLOSED);
     EXPECT(shmb_engine_tensor(engine, "obs", 0, &data, &size), SHMB_CLOSED);
 
     if (failures) {

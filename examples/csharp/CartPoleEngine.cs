@@ -78,6 +78,19 @@ sealed class CartPole : ICommandHandler
     readonly Tensor<long> actions;
     readonly Tensor<byte> terminated, truncated, resetMask;
 
+    /// <summary>The Rust cartpole's tensors and schema metadata, in its order: the
+    /// standard six and final_obs.</summary>
+    public static EngineSpec Spec(string kind, uint numEnvs) => new EngineSpec(kind, numEnvs)
+        .Standard(4, 1, DType.I64)
+        .Tensor("final_obs", DType.F32, new ulong[] { numEnvs, 4 }, Direction.EngineToClient)
+        .Metadata("env_id", "CartPole-v1")
+        .Metadata("autoreset_mode", "same-step")
+        .Metadata("observation_low", "-4.8,-inf,-0.41887902047863906,-inf")
+        .Metadata("observation_high", "4.8,inf,0.41887902047863906,inf")
+        .Metadata("action_space", "discrete:2")
+        .Metadata("max_episode_steps", "500")
+        .Metadata("final_obs", "final_obs");
+
     public CartPole(Engine engine, ulong seed)
     {
         numEnvs = engine.NumEnvs;
@@ -225,17 +238,7 @@ static class Program
         }
         try
         {
-            using (var spec = new EngineSpec("cartpole-cs", numEnvs)
-                .Standard(4, 1, DType.I64)
-                .Tensor("final_obs", DType.F32, new ulong[] { numEnvs, 4 }, Direction.EngineToClient)
-                .Metadata("env_id", "CartPole-v1")
-                .Metadata("autoreset_mode", "same-step")
-                .Metadata("observation_low", "-4.8,-inf,-0.41887902047863906,-inf")
-                .Metadata("observation_high", "4.8,inf,0.41887902047863906,inf")
-                .Metadata("action_space", "discrete:2")
-                .Metadata("max_episode_steps", "500")
-                .Metadata("final_obs", "final_obs")
-                .Name(name))
+            using (var spec = CartPole.Spec("cartpole-cs", numEnvs).Name(name))
             using (var engine = new Engine(spec))
             {
                 var env = new CartPole(engine, seed);

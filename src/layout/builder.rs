@@ -404,6 +404,14 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
             s.name
         )));
     }
+    if export.device_uuid == [0; 16] {
+        // A client refuses a table entry without one (and could not pick its device).
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{}': the device UUID is all zero: pass the exporting device's \
+             VkPhysicalDeviceIDProperties::deviceUUID",
+            s.name
+        )));
+    }
     let end = export.offset.checked_add(nbytes);
     if export.offset % DATA_ALIGN != 0 || end.is_none_or(|e| e > export.alloc_size) {
         return Err(Error::InvalidSpec(format!(

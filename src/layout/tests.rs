@@ -225,4 +225,20 @@ fn vulkan_tensors_round_trip_and_need_1_3() {
         HeaderBuilder::new("k", 1, &spec, 0),
         Err(Error::InvalidSpec(_))
     ));
+    // An all-zero device UUID, which a client refuses, is refused by the builder.
+    let anonymous = VulkanExport {
+        device_uuid: [0; 16],
+        ..export
+    };
+    let spec = [TensorSpec::vulkan_import(
+        "rgb",
+        DType::U8,
+        &[64],
+        memfd("z"),
+        anonymous,
+    )];
+    assert!(matches!(
+        HeaderBuilder::new("k", 1, &spec, 0),
+        Err(Error::InvalidSpec(m)) if m.contains("device UUID is all zero")
+    ));
 }

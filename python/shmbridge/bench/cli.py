@@ -79,6 +79,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--size", default="84x84", help="frame HxW (default 84x84; 4 channels)")
     v.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
     v.add_argument("--out", default=None, help="also write DIR/vulkan.md and DIR/vulkan.json")
+    v.add_argument("--c-engine", default=None, metavar="PATH",
+                   help="instead, the C engine that renders with Vulkan itself (examples/c/vulkan_engine.c, "
+                        "built): its own render target exported against copied into host shared memory")
 
     x = sub.add_parser("pixels", help="rendered CartPole frames to torch: the pixels engine against "
                                       "Gymnasium's rgb_array under SyncVectorEnv and AsyncVectorEnv",

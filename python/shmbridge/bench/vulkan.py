@@ -26,6 +26,20 @@ in interleaved rounds (each round a warm-up and a block of each, the order rotat
 After each block the whole frame the client holds is compared with the engine's pattern
 for its `frame` (the data is the new frame, not a stale one).
 
+With `--c-engine PATH` (an engine built from `examples/c/vulkan_engine.c`, which renders
+CartPole frames with its own Vulkan device: `scripts/bench-c.sh vulkan` builds it and runs
+this) it measures that engine's two ways of serving its frames instead, the question an
+engine with a renderer of its own asks:
+
+- `c-export`: the engine hands the memory its renderer drew into to shmbridge
+  (`--frames export`, `shmb_spec_add_vulkan_export`); the client imports and maps it;
+- `c-host-shm`: the same engine copies each drawn frame into the region's shared memory
+  (`--frames host`), the copy the export removes.
+
+The engine's step is the same either way (CartPole physics, the draw, a wait for the
+device); their frames are checked after each block against :func:`cartpole_frames`, the
+drawing of the observations the client holds.
+
 Without a Vulkan driver it prints `bench vulkan: skipped: <reason>` on stderr and exits
 with status 3, having written nothing.
 """
@@ -33,9 +47,10 @@ with status 3, having written nothing.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,8 +78,12 @@ GPU_PATHS: Tuple[Tuple[str, str], ...] = (
     ("vulkan-cuda", "Vulkan export imported into CUDA (kDLCUDA)"),
     ("host-shm-cuda", "host shared memory → .cuda()"),
 )
+C_PATHS: Tuple[Tuple[str, str], ...] = (
+    ("c-export", "C engine: its renderer's own memory, exported (mapped by the client's Vulkan device)"),
+    ("c-host-shm", "C engine: the same frames copied into host shared memory"),
+)
 # The path each half's ratios divide by.
-REFERENCE = {"cpu": "vulkan-export", "gpu": "vulkan-cuda"}
+REFERENCE = {"cpu": "vulkan-export", "gpu": "vulkan-cuda", "c": "c-export"}
 
 
 @dataclass
@@ -75,6 +94,7 @@ class Plan:
     num_envs: int
     height: int
     width: int
+    c_engine: Optional[str] = None
 
     @property
     def image(self) -> str:
@@ -83,6 +103,38 @@ class Plan:
     @property
     def label(self) -> str:
         return f"{self.num_envs}×{self.height}×{self.width}×4 u8"
+
+
+def cartpole_frames(obs: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The frames `examples/c/vulkan_frames.comp` draws for CartPole observations ``obs``
+    (f32 ``[N, 4]``), byte for byte: u8 ``[N, height, width, 4]``. The host computes two
+    integers per env from the observation in float64 (`vf_draw`: the cart's centre column
+    and the pole tip's offset, floored and clamped), the shader draws with integer
+    arithmetic only; so the same steps here give the same bytes."""
+    obs = np.asarray(obs, dtype=np.float32)
+    n, h, w = obs.shape[0], height, width
+
+    def clamp_floor(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        f = np.floor(v)
+        return np.clip(np.where(np.isnan(f), 0.0, f), lo, hi).astype(np.int64)
+
+    pole_length = max(h * 2 // 5, 4)
+    cx = w // 2 + clamp_floor(obs[:, 0].astype(np.float64) * (w / 4.8), -w, w)
+    dx = clamp_floor(obs[:, 2].astype(np.float64) * float(pole_length), -2 * pole_length, 2 * pole_length)
+    ground = h * 3 // 4
+    pivot = ground - max(h // 10, 3)
+    ys, xs = np.arange(h)[None, :, None], np.arange(w)[None, None, :]
+    cx, dx = cx[:, None, None], dx[:, None, None]
+    frames = np.empty((n, h, w, 4), dtype=np.uint8)
+    frames[:] = (255, 255, 255, 255)  # sky
+    frames[:, ground] = (0, 0, 0, 255)  # track
+    above = pivot - ys
+    centre = cx + (dx * above) // pole_length  # floor division, as the shader's floor_div
+    pole = (above >= 1) & (above <= pole_length) & (np.abs(xs - centre) <= max(w // 64, 1))
+    frames[pole] = (204, 153, 102, 255)
+    cart = (ys >= pivot) & (ys < ground) & (np.abs(xs - cx) <= max(w // 16, 2))
+    frames[cart] = (60, 60, 200, 255)
+    return frames
 
 
 def frame_bytes(seq: int, n: int) -> np.ndarray:
@@ -98,7 +150,7 @@ class Case:
         import torch
 
         self.key, self.half, self.client = key, half, client
-        self.tensor = client["rgb"]
+        self.tensor = client["frames" if half == "c" else "rgb"]
         self.view = torch.from_dlpack(self.tensor)  # once: the engine's memory or the region
         self.view_ptr = self.view.data_ptr()
         self.tensor_ptr = self.tensor.data_ptr
@@ -140,8 +192,13 @@ class Case:
 
     def check(self) -> None:
         seq = self.client.frame
-        got = self.dev.cpu().numpy().ravel()
-        want = frame_bytes(seq, got.size)
+        if self.half == "c":
+            got = self.dev.cpu().numpy()
+            want = cartpole_frames(np.asarray(self.client.obs), got.shape[1], got.shape[2])
+            got, want = got.ravel(), want.ravel()
+        else:
+            got = self.dev.cpu().numpy().ravel()
+            want = frame_bytes(seq, got.size)
         if not np.array_equal(got, want):
             bad = int(np.flatnonzero(got != want)[0])
             self.failures.append(
@@ -167,6 +224,14 @@ def measure(plan: Plan, blocking: bool = False,
     cases: List[Case] = []
     gpu_skip = ""
     try:
+        if plan.c_engine:
+            for key, frames in (("c-export", "export"), ("c-host-shm", "host")):
+                command = [plan.c_engine, "--frames", frames, "--num-envs", str(plan.num_envs),
+                           "--size", f"{plan.height}x{plan.width}"]
+                c = shmbridge.launch(command=command, blocking=blocking, importer="vulkan")
+                clients.append(c)
+                cases.append(Case(key, "c", c, None))
+            return _rounds(plan, cases, log), "--c-engine measures the C engine's two paths"
         vk = _launch(plan, blocking, image_device="vulkan", importer="vulkan")
         clients.append(vk)
         cases.append(Case("vulkan-export", "cpu", vk, None))
@@ -189,30 +254,36 @@ def measure(plan: Plan, blocking: bool = False,
                 hc = _launch(plan, blocking)
                 clients.append(hc)
                 cases.append(Case("host-shm-cuda", "gpu", hc, device))
-        for c in cases:
-            log(f"  {c.key}: view data_ptr {c.view_ptr:#x}, client['rgb'].data_ptr "
-                f"{c.tensor_ptr:#x} ({'equal' if c.zero_copy else 'NOT equal'}), on {c.view_device}")
-        for rnd in range(plan.rounds):
-            shift = rnd % len(cases)
-            for case in cases[shift:] + cases[:shift]:
-                warm: List[int] = []
-                case.run(plan.warmup * (5 if rnd == 0 else 1), warm)
-                case.run(plan.per_block, case.samples)
-                case.check()
-            log(f"  round {rnd + 1}/{plan.rounds} done")
+        return _rounds(plan, cases, log), gpu_skip
     finally:
         for case in cases:
             case.release()
         for c in clients:
             c.close()
-    return cases, gpu_skip
+
+
+def _rounds(plan: Plan, cases: List[Case], log: Callable[[str], None]) -> List[Case]:
+    """Times ``cases`` in interleaved rounds (the order rotating), checking each after its
+    block."""
+    for c in cases:
+        log(f"  {c.key}: view data_ptr {c.view_ptr:#x}, tensor data_ptr "
+            f"{c.tensor_ptr:#x} ({'equal' if c.zero_copy else 'NOT equal'}), on {c.view_device}")
+    for rnd in range(plan.rounds):
+        shift = rnd % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            warm: List[int] = []
+            case.run(plan.warmup * (5 if rnd == 0 else 1), warm)
+            case.run(plan.per_block, case.samples)
+            case.check()
+        log(f"  round {rnd + 1}/{plan.rounds} done")
+    return cases
 
 
 def report(cases: List[Case], gpu_skip: str, plan: Plan, header: List[str], quick: bool,
            elapsed: float, command: str) -> Tuple[str, Dict[str, Any]]:
     """The markdown text and the JSON document of a run."""
     stats = {c.key: Stats.of(c.samples) for c in cases if c.samples}
-    labels = dict(CPU_PATHS + GPU_PATHS)
+    labels = dict(CPU_PATHS + GPU_PATHS + C_PATHS)
     rows, ratios = [], {}
     for c in cases:
         s, ref = stats.get(c.key), stats.get(REFERENCE[c.half])
@@ -225,12 +296,28 @@ def report(cases: List[Case], gpu_skip: str, plan: Plan, header: List[str], quic
                      fmt_rate(s.steps_per_s), fmt_ratio(rm), fmt_ratio(rp)])
     table = markdown_table(["path", "steps", "median µs", "p99 µs", "steps/s", "median ÷ export",
                             "p99 ÷ export"], rows, "lrrrrrr")
-    zero = [f"- {c.key}: `torch.from_dlpack(client['rgb']).data_ptr()` {c.view_ptr:#x} "
-            f"{'==' if c.zero_copy else '!='} `client['rgb'].data_ptr` {c.tensor_ptr:#x}, on "
+    c_run = bool(plan.c_engine)
+    tensor = "frames" if c_run else "rgb"
+    zero = [f"- {c.key}: `torch.from_dlpack(client['{tensor}']).data_ptr()` {c.view_ptr:#x} "
+            f"{'==' if c.zero_copy else '!='} `client['{tensor}'].data_ptr` {c.tensor_ptr:#x}, on "
             f"{c.view_device}" for c in cases]
     failures = [f for c in cases for f in c.failures]
+    if c_run:
+        title = "## Vulkan: a C engine's own render target exported against copied into host shared memory"
+        step_text = (f"A step: `client.step()`: the engine (`{plan.c_engine}`) steps CartPole, draws every "
+                     "env's frame with its compute shader on its own Vulkan device and waits for it, then "
+                     "publishes it as the memory it drew into (c-export) or after copying it into shared "
+                     "memory (c-host-shm); one consumer op reads the frame through a persistent torch view. "
+                     "Ratios divide by c-export. steps/s = 1e9 / mean.")
+    else:
+        title = "## Vulkan: exported frames against host shared memory"
+        step_text = ("A step: `client.step()` (the engine writes every byte of the frame, into its Vulkan "
+                     "export or into shared memory), one consumer op reading the frame through a persistent "
+                     "torch view (GPU: after `.cuda()` for host-shm-cuda, then a stream synchronisation). "
+                     "Ratios divide by the export path of the same half (CPU: vulkan-export; GPU: "
+                     "vulkan-cuda). steps/s = 1e9 / mean.")
     lines = [
-        "## Vulkan: exported frames against host shared memory",
+        title,
         "",
         f"Command: `{command}` ({run_mode(quick)}; frames {plan.label}; {plan.rounds} interleaved rounds of "
         f"{plan.per_block:,} timed steps per path after {plan.warmup:,} warm-up steps; {elapsed:.1f} s)",
@@ -239,11 +326,7 @@ def report(cases: List[Case], gpu_skip: str, plan: Plan, header: List[str], quic
         "",
         table,
         "",
-        "A step: `client.step()` (the engine writes every byte of the frame, into its Vulkan "
-        "export or into shared memory), one consumer op reading the frame through a persistent "
-        "torch view (GPU: after `.cuda()` for host-shm-cuda, then a stream synchronisation). "
-        "Ratios divide by the export path of the same half (CPU: vulkan-export; GPU: "
-        "vulkan-cuda). steps/s = 1e9 / mean.",
+        step_text,
         "",
         "Zero copy (pointer equality of the view and the tensor):",
         "",
@@ -277,7 +360,7 @@ def main(args: Any) -> int:
         return 2
     plan = Plan(rounds=rounds, per_block=max(1, math.ceil(steps / rounds)),
                 warmup=args.warmup if args.warmup is not None else (5 if quick else 50),
-                num_envs=args.num_envs, height=h, width=w)
+                num_envs=args.num_envs, height=h, width=w, c_engine=args.c_engine)
 
     log(f"vulkan: frames {plan.label}")
     machine = machine_description()
@@ -289,7 +372,8 @@ def main(args: Any) -> int:
             return skip("vulkan", " ".join(str(e).split()))
         raise
     elapsed = time.monotonic() - t0
-    text, doc = report(cases, gpu_skip, plan, machine_header(machine), quick, elapsed, args.command_line)
+    end = f"- Load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    text, doc = report(cases, gpu_skip, plan, machine_header(machine, [end]), quick, elapsed, args.command_line)
     doc["machine"] = machine
     publish("vulkan", text, args.out, doc)
     return 1 if any(not c.zero_copy or c.failures for c in cases) else 0
