@@ -471,6 +471,29 @@ fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error
     Ok((h, l))
 }
 
+/// `text` as a terminal shows it safely: control characters (a newline, an escape
+/// sequence's ESC), Unicode's bidirectional overrides and backslashes escaped
+/// (`\n`, `\u{1b}`, `\\`). Names in /dev/shm are anyone's to choose: one with a newline
+/// would forge a line of `gc`'s report, one with escape sequences would drive the
+/// terminal of whoever runs `ls`.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| match c {
+            c if unsafe_char(c) => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect::<String>()
+        .into()
+}
+
 fn run_ls() -> Result<(), Error> {
     println!(
         "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} tensors",
@@ -489,7 +512,7 @@ fn run_ls() -> Result<(), Error> {
                     .iter()
                     .map(|t| format!("{}{:?}:{}", t.name, t.shape, t.dtype))
                     .collect();
-                println!(
+                let line = format!(
                     "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} {}",
                     name,
                     h.engine_pid,
@@ -500,8 +523,11 @@ fn run_ls() -> Result<(), Error> {
                     l.engine_kind,
                     tensors.join(" ")
                 );
+                println!("{}", shown(&line));
             }
-            Ok((_, Err(e))) | Err(e) => println!("{name:<45} (unreadable: {e})"),
+            Ok((_, Err(e))) | Err(e) => {
+                println!("{}", shown(&format!("{name:<45} (unreadable: {e})")))
+            }
         }
     }
     Ok(())
@@ -650,7 +676,10 @@ fn run_gc() -> Result<(), Error> {
     let swept = region::sweep_report()?;
     for s in &swept {
         let what = if s.removed() { "removed" } else { "left" };
-        println!("{what:<8} {:<45} {}", s.name, s.verdict);
+        println!(
+            "{}",
+            shown(&format!("{what:<8} {:<45} {}", s.name, s.verdict))
+        );
     }
     let removed = swept.iter().filter(|s| s.removed()).count();
     println!(

@@ -152,3 +152,37 @@ fn gc_leaves_another_users_dead_region() {
     );
     assert!(exists("shmbridge-nobodys"));
 }
+
+/// A name planted in /dev/shm with a newline and terminal escape sequences (anyone can
+/// create one) must not forge lines in `ls` or root's `gc` output, nor reach the terminal
+/// as control characters: both print it escaped. Before the fix they printed it raw.
+#[test]
+fn ls_and_gc_print_planted_names_escaped() {
+    if !common::private_shm("ls_and_gc_print_planted_names_escaped", "64m") {
+        return;
+    }
+    let forged = "shmbridge-x\nremoved  shmbridge-victim                         its engine is dead\x1b[2K\x1b]0;pwned\x07\u{202e}";
+    plant(forged, b"not a region", true);
+    plant("shmbridge-dead", &region(true), true);
+    for args in [&["ls"][..], &["gc"][..]] {
+        let out = run(args);
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n') && !out.contains('\u{202e}'),
+            "{args:?} printed control characters: {out:?}"
+        );
+        assert!(
+            !out.lines()
+                .any(|l| l.contains("shmbridge-victim") && !l.contains("\\n")),
+            "{args:?} printed a forged line: {out}"
+        );
+        assert!(
+            out.contains(r"shmbridge-x\nremoved") && out.contains(r"\u{1b}[2K"),
+            "{args:?}: the name, escaped: {out}"
+        );
+    }
+    let lines = run(&["gc"]);
+    assert!(
+        lines.contains("0 stale region(s) removed, 1 left"),
+        "{lines}"
+    );
+}

@@ -31,7 +31,10 @@ const KIND_SHIFT: u32 = SLOT_BITS + GENERATION_BITS;
 const LAST_GENERATION: u64 = (1 << GENERATION_BITS) - 1;
 
 // Handles are pointer-sized numbers with the kind in bits 60..64.
-const _: () = assert!(usize::BITS == 64, "the C ABI's handles need 64-bit pointers");
+const _: () = assert!(
+    usize::BITS == 64,
+    "the C ABI's handles need 64-bit pointers"
+);
 const _: () = assert!(CHUNK * CHUNKS < 1 << SLOT_BITS);
 
 /// The kinds of handle, each in its own registry.
