@@ -214,7 +214,7 @@ impl Client {
         };
         // Open the engine's event and memory once (a failure drops `client`, which
         // closes whatever was opened and acknowledges).
-        client.device.open(&client.layout)?;
+        client.device.open(&client.layout, &client.region)?;
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
         loop {

@@ -223,12 +223,14 @@ impl Engine {
         };
         // CUDA tensors: one allocation, exported (IPC handles and the engine's event
         // written into the builder) before the region, hence `magic`, exists. Vulkan
-        // tensors: allocated or taken over, their table entries filled in, and the fd
-        // socket bound (so a client that sees the region can connect at once).
+        // tensors: allocated or taken over, their table entries filled in; the fd socket
+        // is bound by `start`, once the region's name is this engine's and before it is
+        // published (so a client that sees the region can connect at once).
         let mut device = device::engine_backend(&mut builder, &name)?;
         let _ = region::sweep();
-        let region = Region::create(&name, &builder)?;
+        let region = Region::create_unpublished(&name, &builder)?;
         device.start(&region)?;
+        region.publish()?;
         let pid = os::current_pid();
         let start = region.control().engine_start_time();
         let shards = builder.shards();

@@ -22,8 +22,10 @@
 //! inode): a new engine may have taken the name meanwhile.
 
 use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -38,6 +40,16 @@ use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
+/// The fd socket of region `<name>` (protocol 1.6, §3.6) is the file `<name>.fd` beside
+/// it in /dev/shm; no region name ends so.
+pub const SOCKET_SUFFIX: &str = ".fd";
+/// The longest path a Unix socket address holds (`sun_path`, less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// The byte of a region file whose OFD write lock the engine that created it holds for
+/// its whole life, on a descriptor of its own (1.6): handing that descriptor over proves
+/// that one is the engine ([`Region::proves`]). Above every client's bytes
+/// ([`client_lock_byte`]) and below every client's proof byte ([`client_proof_byte`]).
+pub const ENGINE_PROOF_BYTE: u64 = 1 << 62;
 /// The most header bytes a snapshot copies: control block, a full tensor table and a
 /// full shard table (1.4).
 const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
@@ -65,7 +77,28 @@ pub fn canonical_name(name: &str) -> Result<String> {
             reason: "use 1..190 characters from [A-Za-z0-9._-]",
         });
     }
+    if full.ends_with(SOCKET_SUFFIX) {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+            reason: "names ending in .fd are the fd sockets' (`<region>.fd`)",
+        });
+    }
     Ok(full)
+}
+
+/// The path of region `name`'s fd socket (1.6): `/dev/shm/<name>.fd`, beside the region,
+/// so that it reaches wherever /dev/shm is shared (an abstract socket lives in one
+/// network namespace). `InvalidName` when the path does not fit a socket address:
+/// engines with Vulkan tensors take names of at most 95 characters.
+pub fn socket_path(name: &str) -> Result<String> {
+    let path = format!("{}/{name}{SOCKET_SUFFIX}", os::SHM_DIR);
+    if path.len() > MAX_SOCKET_PATH {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+            reason: "too long for the fd socket's path: engines with Vulkan tensors take names of at most 95 characters",
+        });
+    }
+    Ok(path)
 }
 
 /// A fresh random name: 128 bits, so two engines never collide.
@@ -92,6 +125,11 @@ pub struct Region {
     /// `NOT_SHRUNK`. The bytes past the end are gone for good: every later check and
     /// step gives the same `RegionTooSmall` without touching the mapping.
     shrunk_to: AtomicU64,
+    /// The engine's own descriptor of the region holding [`ENGINE_PROOF_BYTE`] (the
+    /// creator's mapping and its second mappings; `None` for everyone else). It is what
+    /// the fd socket hands the attached client as proof, and what a second mapping,
+    /// which has no `file`, checks the size with.
+    proof: Option<Arc<os::HeldFd>>,
 }
 
 const NOT_SHRUNK: u64 = u64::MAX;
@@ -110,6 +148,16 @@ impl Region {
     /// Creates, sizes, pre-faults and initialises a region, then publishes its magic.
     /// Nothing is left behind if any step fails.
     pub fn create(name: &str, builder: &HeaderBuilder) -> Result<Region> {
+        let region = Region::create_unpublished(name, builder)?;
+        region.publish()?;
+        Ok(region)
+    }
+
+    /// [`Region::create`] up to its publication: the name is this engine's (its lock
+    /// held, its proof byte too), the header written with `magic` still 0, so no client
+    /// trusts it yet. What must exist before a client can attach (the fd socket) is made
+    /// now; then [`Region::publish`]. Dropping it removes the name.
+    pub fn create_unpublished(name: &str, builder: &HeaderBuilder) -> Result<Region> {
         let file = create_name(name)?;
         // From here on, a failure must remove the name again.
         let guard = UnlinkOnDrop(name);
@@ -134,6 +182,16 @@ impl Region {
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         let (_, dev, ino) = os::file_identity(&file)?;
+        // The proof of ownership: a descriptor of its own (not a dup: locks belong to
+        // the open file description) holding the engine's byte, before anyone can trust
+        // the region. Someone of this user who opened the new file first and took the
+        // byte makes the name unusable: refused, and removed by the guard.
+        let proof = os::reopen(&file)?;
+        if !os::try_lock_byte(&proof, ENGINE_PROOF_BYTE)? {
+            return Err(Error::NameInUse {
+                name: name.to_string(),
+            });
+        }
         let region = Region {
             name: name.to_string(),
             file: Some(file),
@@ -143,6 +201,7 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: Some(Arc::new(os::HeldFd::new(proof))),
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -152,13 +211,20 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), region.ptr(), bytes.len());
         }
+        // From here on the region's drop removes the name (it is the owner).
+        std::mem::forget(guard);
+        Ok(region)
+    }
+
+    /// Publishes a region made by [`Region::create_unpublished`]: the engine's pid and
+    /// start time, then `magic` (Release: everything written before happens-before any
+    /// Acquire load that sees it).
+    pub fn publish(&self) -> Result<()> {
         let pid = os::current_pid();
         let start = os::process_start_time(pid)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        // Publish: everything above happens-before any Acquire load that sees the magic.
-        region.control().publish_engine(pid, start);
-        std::mem::forget(guard);
-        Ok(region)
+        self.control().publish_engine(pid, start);
+        Ok(())
     }
 
     /// Opens an existing region and waits (up to `timeout`) until its engine has published
@@ -240,6 +306,7 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: None,
         }
         .held_in_parent_only(None, writable))
     }
@@ -297,6 +364,7 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: self.proof.clone(),
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -410,10 +478,11 @@ impl Region {
     /// answer sticks (see [`Region::known_shrunk`]).
     pub fn check_size(&self) -> Result<()> {
         self.known_shrunk()?;
-        let Some(file) = &self.file else {
-            return Ok(());
+        let size = match (&self.file, &self.proof) {
+            (Some(file), _) => os::file_identity(file)?.0,
+            (None, Some(proof)) => os::file_identity(proof.as_fd())?.0,
+            (None, None) => return Ok(()),
         };
-        let (size, _, _) = os::file_identity(file)?;
         if size < self.len() as u64 {
             self.shrunk_to.store(size, Ordering::Relaxed);
             return Err(self.too_small(size));
@@ -436,6 +505,73 @@ impl Region {
             needed: self.len() as u64,
             actual,
         }
+    }
+
+    /// The engine's proof of ownership ([`ENGINE_PROOF_BYTE`]): what its fd socket hands
+    /// the attached client. `None` but in the creator's own mappings.
+    pub fn engine_proof(&self) -> Option<BorrowedFd<'_>> {
+        self.proof.as_deref().map(AsFd::as_fd)
+    }
+
+    /// A client's proof for one exchange on the fd socket (1.6): a new descriptor of
+    /// this region holding the lock on [`client_proof_byte`] of `(pid, start_time)`,
+    /// what the client recorded in the slot. Drop it once the exchange is over. `Err`
+    /// when another descriptor holds that byte.
+    pub fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
+        let proof = os::reopen(self.file()?)?;
+        if !os::try_lock_byte(&proof, client_proof_byte(pid, start_time))? {
+            return Err(Error::Protocol {
+                peer: crate::error::Peer::Client,
+                detail: format!(
+                    "another descriptor holds the proof byte of this client (pid {pid}) of region '{}'",
+                    self.name
+                ),
+            });
+        }
+        Ok(os::HeldFd::new(proof))
+    }
+
+    /// Whether `fd`, handed over by a peer, proves that its sender holds the lock on
+    /// `byte` of this very region: `fd` is this region's file (same device and inode),
+    /// someone holds `byte` (seen from this mapping's own descriptor, before and after),
+    /// and that holder is `fd`'s open file description (a lock never conflicts with its
+    /// own holder). Only the process that took the lock has that description, unless it
+    /// handed it on. `Ok(Err(why not))` when it does not prove it.
+    pub fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {
+        let own = match (&self.file, &self.proof) {
+            (Some(file), _) => file.as_fd(),
+            (None, Some(proof)) => proof.as_fd(),
+            (None, None) => {
+                return Err(Error::io(
+                    format!("checking a proof for '{}'", self.name),
+                    std::io::Error::other("this mapping has no descriptor"),
+                ))
+            }
+        };
+        let (_, dev, ino) = os::file_identity(fd)?;
+        if (dev, ino) != self.identity {
+            return Ok(Err(format!(
+                "it handed over another file than region '{}'",
+                self.name
+            )));
+        }
+        if !os::byte_locked(own, byte)? {
+            return Ok(Err(
+                "nobody holds the lock it would prove (its owner is gone)".into(),
+            ));
+        }
+        if os::byte_locked(fd, byte)? {
+            return Ok(Err("the lock is another process's".into()));
+        }
+        // Held before and after the look from `fd`, which saw no conflict: `fd` holds it
+        // (unless the holder died and someone took the lock in between, who then owns
+        // it).
+        if !os::byte_locked(own, byte)? {
+            return Ok(Err(
+                "nobody holds the lock it would prove (its owner is gone)".into(),
+            ));
+        }
+        Ok(Ok(()))
     }
 }
 
@@ -527,6 +663,15 @@ pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
     (z >> 3) | (1 << 61)
 }
 
+/// The byte whose lock a client holds on a descriptor of its own while it asks the fd
+/// socket for the engine's fds (1.6): handing that descriptor over proves to the engine
+/// that the asker is the client recorded as `(pid, start_time)`, in whatever PID
+/// namespace it lives. Derived from [`client_lock_byte`]: in `(2^62, 2^62 + 2^61]`,
+/// above [`ENGINE_PROOF_BYTE`].
+pub fn client_proof_byte(pid: u32, start_time: u64) -> u64 {
+    client_lock_byte(pid, start_time) + (1 << 61) + 1
+}
+
 /// Removes `name` if it names the object `identity`. Whoever calls this holds that
 /// object's engine lock (its owner, or the judge of a dead engine), so no other caller
 /// acts on the object at the same time. The window left: between the `stat` and the
@@ -536,6 +681,11 @@ pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
 fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
     if os::name_identity(name)? != Some(identity) {
         return Ok(false);
+    }
+    // The region's fd socket first (1.6): whoever may remove the region owns its socket
+    // path, and no new engine can bind there before the region's name is free again.
+    if let Ok(path) = socket_path(name) {
+        let _ = os::remove_socket_file(&path);
     }
     os::shm_unlink(name)?;
     Ok(true)
@@ -572,7 +722,7 @@ pub fn list_names() -> Result<Vec<String>> {
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(PREFIX))
+        .filter(|n| n.starts_with(PREFIX) && !n.ends_with(SOCKET_SUFFIX))
         .collect();
     names.sort();
     Ok(names)

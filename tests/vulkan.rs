@@ -17,6 +17,7 @@ use shmbridge::envs::null::pattern_u8;
 use shmbridge::envs::pixels::{render_reference, DrawParams};
 use shmbridge::fdpass;
 use shmbridge::layout::TensorSpec;
+use shmbridge::region;
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error};
 
 const T: Duration = Duration::from_secs(30);
@@ -45,8 +46,9 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Neither the region nor its fd socket is left.
 fn gone(name: &str) -> bool {
-    !shm_exists(name) && !fdpass::socket_bound(name)
+    !shm_exists(name) && !fdpass::socket_file_exists(&region::socket_path(name).unwrap())
 }
 
 #[test]
@@ -69,7 +71,9 @@ fn engine_frames_reach_the_client_through_its_mapping() {
         "--blocking",
     ]);
     let name = engine.name.clone();
-    assert!(fdpass::socket_bound(&name));
+    assert!(fdpass::socket_file_exists(
+        &region::socket_path(&name).unwrap()
+    ));
     // `inspect` prints the table's Vulkan fields.
     let inspect = std::process::Command::new(common::BIN)
         .args(["inspect", &name])
@@ -293,10 +297,12 @@ fn a_device_uuid_nobody_has_is_a_typed_error() {
 /// Run as `nobody` by the next test: connects to the region's socket as another user.
 #[test]
 fn child_connect_as_other_user() {
-    let Ok(region) = std::env::var("SHMBRIDGE_TEST_FD_SOCKET") else {
+    let Ok(name) = std::env::var("SHMBRIDGE_TEST_FD_SOCKET") else {
         return;
     };
-    match fdpass::receive(&region, 1, T) {
+    let path = region::socket_path(&name).unwrap();
+    let proof = rustix::fs::memfd_create("proof", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    match fdpass::request(&name, &path, proof.as_fd(), 1, T) {
         Err(Error::PermissionDenied { .. }) => println!("REFUSED: PermissionDenied"),
         other => println!("NOT REFUSED: {other:?}"),
     }
@@ -567,5 +573,254 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
     assert_eq!(open_fds(), before, "fds leaked over 50 attach/close cycles");
     engine.close();
     drop(buffer);
+    assert!(gone(&name));
+}
+
+/// A spec whose `rgb` the library allocates on the Vulkan device (path a).
+fn allocated_spec() -> EngineSpec {
+    EngineSpec::new("render", 1)
+        .tensor("obs", DType::F32, &[1, 4], Direction::EngineToClient)
+        .tensor_on(
+            "rgb",
+            DType::U8,
+            &[1, 8, 8, 4],
+            Direction::EngineToClient,
+            shmbridge::device::Device::Vulkan(VulkanDevice::ANY),
+        )
+}
+
+/// A same-user impostor takes the socket file's path from a live engine and answers
+/// with fds of its own (real exported memory, which the client's driver would import)
+/// and a descriptor of the region as its "proof". The client refuses before it imports
+/// anything: a typed error naming who answered; no fd of the impostor's stays open.
+/// Before the fix (an abstract socket, no proof) a squatter on the socket's name was
+/// answered: its memory was imported.
+#[test]
+fn an_impostor_on_the_socket_is_refused_and_nothing_is_imported() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    // Warm up (the loader and driver open what they keep for the process).
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let theirs = ExportedBuffer::allocate(&ctx, 4096).unwrap();
+    let own_region = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    let before = open_fds();
+    std::fs::remove_file(&path).unwrap();
+    let impostor = fdpass::Listener::bind(&path).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let conn = impostor.accept().unwrap();
+            let _their_proof = conn.read_request().unwrap();
+            let fd = theirs.fd();
+            conn.reply(fdpass::ReplyStatus::Ok, &[own_region.as_fd(), fd.as_fd()])
+                .unwrap();
+        });
+        match Client::attach(&name, AttachOptions::default()) {
+            Err(Error::Protocol { detail, .. }) => {
+                assert!(detail.contains("is not the engine of region"), "{detail}");
+                assert!(
+                    detail.contains("none of the fds it sent were imported"),
+                    "{detail}"
+                );
+            }
+            Err(e) => panic!("expected Protocol, got {e}"),
+            Ok(_) => panic!("the client took the impostor's fds"),
+        }
+    });
+    drop(impostor);
+    // The listener's fd went with it; everything the client received was closed.
+    assert_eq!(open_fds(), before, "an fd of the impostor's stayed open");
+    // The engine's close removes what is at its socket's path (this user's socket).
+    engine.close();
+    drop(theirs);
+    assert!(gone(&name));
+}
+
+/// A socket left at the path of a name the engine takes (this user's: an engine of that
+/// name that died) is replaced; another user's file there is left, and the engine refused
+/// with a typed error, leaving nothing behind.
+#[test]
+fn a_squatter_on_the_socket_path_is_replaced_or_refuses_the_engine() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let name = format!("shmbridge-squat-{}", std::process::id());
+    let path = region::socket_path(&name).unwrap();
+    let squatter = fdpass::Listener::bind(&path).unwrap();
+    let mut engine = Engine::create(allocated_spec().name(&name)).unwrap();
+    engine.publish().unwrap();
+    let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+    assert_eq!(c.tensor::<u8>("rgb").unwrap().len(), 256);
+    c.close();
+    engine.close();
+    drop(squatter);
+    assert!(gone(&name));
+    if fdpass::euid() != 0 {
+        eprintln!("SKIPPED (second half): another user's file needs root");
+        return;
+    }
+    std::fs::write(&path, b"someone else's").unwrap();
+    rustix::fs::chown(
+        path.as_str(),
+        Some(rustix::process::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    let e = Engine::create(allocated_spec().name(&name)).unwrap_err();
+    assert!(e.to_string().contains(&path), "{e}");
+    assert!(!shm_exists(&name), "the region was left");
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// Any local process of the engine's user can connect to its socket: one refused
+/// connection after another must not fill the engine's log (a learner often keeps it in
+/// a file). Before the fix each refusal was a line: 300 connections, 300 lines.
+#[test]
+fn refused_connections_are_summarised_not_logged_one_by_one() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&[
+        "--env",
+        "null",
+        "--num-envs",
+        "1",
+        "--obs-dim",
+        "4",
+        "--image",
+        "8x8x4",
+        "--image-device",
+        "vulkan",
+        "--blocking",
+    ]);
+    let name = engine.name.clone();
+    let path = region::socket_path(&name).unwrap();
+    let not_a_proof = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    for _ in 0..300 {
+        match fdpass::request(&name, &path, not_a_proof.as_fd(), 1, T) {
+            Err(Error::Protocol { detail, .. }) => assert!(detail.contains("refused"), "{detail}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    let refusals: Vec<&str> = err.lines().filter(|l| l.contains("refused")).collect();
+    assert!(
+        (1..=3).contains(&refusals.len()),
+        "{} lines about 300 refusals:\n{err}",
+        refusals.len()
+    );
+    assert!(err.contains("299 more time(s)"), "{err}");
+    assert!(gone(&name));
+}
+
+/// The engine's fd server thread of a CLI engine, if it runs, and where it waits
+/// (`/proc/PID/task/TID/wchan`).
+fn fd_server_thread(pid: u32) -> Option<String> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let task = task.ok()?.path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "shmbridge-fds" {
+            return Some(std::fs::read_to_string(task.join("wchan")).unwrap_or_default());
+        }
+    }
+    None
+}
+
+/// The engine runs out of fds while a client connects: its server waits it out (the
+/// connection stays queued) and serves again once an fd is free. Before the fix the
+/// thread ended at the first EMFILE while the socket went on listening, and every later
+/// attach waited for a reply until its timeout.
+#[test]
+fn an_engine_out_of_fds_serves_again_once_it_has_some() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&[
+        "--env",
+        "null",
+        "--num-envs",
+        "1",
+        "--obs-dim",
+        "4",
+        "--image",
+        "8x8x4",
+        "--image-device",
+        "vulkan",
+        "--blocking",
+    ]);
+    let name = engine.name.clone();
+    let pid = engine.pid();
+    // Its fd limit at its lowest free fd: every lower one is taken, so the next fd it
+    // opens is EMFILE. (It may still be closing an fd of its start-up: looked at again
+    // until the lowest free fd is the same before and after the limit is set.)
+    let lowest_free = || {
+        let used: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        (0..).find(|n| !used.contains(n)).unwrap()
+    };
+    let target = rustix::process::Pid::from_raw(pid as i32);
+    let nofile = rustix::process::Resource::Nofile;
+    let max = rustix::process::getrlimit(nofile).maximum;
+    let old = rustix::process::getrlimit(nofile);
+    loop {
+        let free = lowest_free();
+        let limited = rustix::process::Rlimit {
+            current: Some(free),
+            maximum: max,
+        };
+        rustix::process::prlimit(target, nofile, limited).unwrap();
+        if lowest_free() == free {
+            break;
+        }
+    }
+    // A connection at the limit. A thread blocked in `accept` took its fd number before
+    // the limit came down, so this one is accepted, but the fd of its request cannot be
+    // received: refused as unreadable. The next `accept` fails (EMFILE).
+    let path = region::socket_path(&name).unwrap();
+    let proof = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, Duration::from_millis(200));
+    assert!(
+        matches!(&got, Err(Error::Protocol { detail, .. }) if detail.contains("request unreadable"))
+            || matches!(got, Err(Error::Timeout { .. })),
+        "{got:?}"
+    );
+    // The thread failed to accept and waits it out (asleep between tries), alive.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match fd_server_thread(pid) {
+            None => panic!("the fd server thread ended"),
+            Some(wchan) if wchan.contains("nanosleep") => break,
+            Some(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never backed off"
+        );
+        std::thread::yield_now();
+    }
+    rustix::process::prlimit(target, nofile, old).unwrap();
+    let c = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+    c.close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
     assert!(gone(&name));
 }

@@ -68,7 +68,9 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     fn set_release_ack(&mut self, _ack: ReleaseAck) {}
 
     /// After the slot is claimed (and the event published): imports the engine's memory.
-    fn open(&mut self, layout: &Layout) -> Result<()>;
+    /// `region`: the client's mapping (a backend that asks the engine for fds proves with
+    /// it that it is the attached client, and checks the engine's proof against it).
+    fn open(&mut self, layout: &Layout, region: &Region) -> Result<()>;
 
     /// Before an action or a request is posted: orders the client's device writes (on
     /// `stream`, the default stream if `None`) before the engine's reads.

@@ -53,7 +53,7 @@ impl ClientBackend for HostClient {
     fn event_handle(&self) -> Option<[u8; 64]> {
         None
     }
-    fn open(&mut self, _: &Layout) -> Result<()> {
+    fn open(&mut self, _: &Layout, _: &Region) -> Result<()> {
         Ok(())
     }
     #[inline]

@@ -544,7 +544,7 @@ impl ClientBackend for ClientCuda {
         Some(self.handle())
     }
 
-    fn open(&mut self, layout: &Layout) -> Result<()> {
+    fn open(&mut self, layout: &Layout, _: &Region) -> Result<()> {
         ClientCuda::open(self, layout)
     }
 

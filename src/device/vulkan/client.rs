@@ -19,7 +19,7 @@
 //! ([`ClientVulkan::importer_reason`]).
 
 use std::any::Any;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -242,6 +242,22 @@ impl ClientVulkan {
         timeout: Duration,
     ) -> Result<ClientVulkan> {
         let dev = engine_device(layout)?;
+        if layout.version.1 < crate::layout::VERSION_MINOR_FD_SOCKET {
+            let first = layout
+                .tensors
+                .iter()
+                .find(|t| t.location() == Location::Vulkan)
+                .map_or("?", |t| t.name.as_str());
+            return Err(Error::InvalidTensor {
+                tensor: first.to_string(),
+                reason: format!(
+                    "an engine of protocol 1.{} serves Vulkan fds on an abstract socket, which \
+                     proves nothing about who answers (and does not cross network namespaces); \
+                     this client takes them only from a 1.6 engine: update the engine's shmbridge",
+                    layout.version.1
+                ),
+            });
+        }
         let (choice, why) = choose_importer(importer, dev, cuda_devices())?;
         let (importer, reason) = match choice {
             #[cfg(feature = "cuda")]
@@ -351,6 +367,55 @@ impl ClientVulkan {
         }
     }
 
+    /// The tensors' fds, from the engine and nobody else (protocol 1.6, §3.6): asks the
+    /// region's fd socket with this client's proof (a descriptor holding its proof byte:
+    /// the engine sends fds only to its attached client), then checks the answer before
+    /// any fd is used: the server runs as this user (`SO_PEERCRED`), is the engine's
+    /// process where this PID namespace shows the engine, and proves it owns the region
+    /// (the descriptor it sends first holds the engine's proof byte). Anything else is a
+    /// `Protocol` error naming who answered; every fd it sent is closed unused.
+    fn receive_from_the_engine(&self, layout: &Layout, region: &Region) -> Result<Vec<OwnedFd>> {
+        let me = crate::os::current_pid();
+        let start = crate::os::process_start_time(me)
+            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
+        let path = crate::region::socket_path(&self.name)?;
+        let answer = {
+            let proof = region.client_proof(me, start)?;
+            crate::fdpass::request(
+                &self.name,
+                &path,
+                proof.as_fd(),
+                super::fd_count(layout),
+                self.timeout,
+            )?
+        };
+        let not_the_engine = |why: String| Error::Protocol {
+            peer: Peer::Engine,
+            detail: format!(
+                "the process answering on the fd socket '{path}' ({}) is not the engine of \
+                 region '{}': {why}; none of the fds it sent were imported",
+                answer.server, self.name
+            ),
+        };
+        let euid = crate::fdpass::euid();
+        if answer.server.uid != euid {
+            return Err(not_the_engine(format!(
+                "it runs as uid {}, this process as uid {euid}",
+                answer.server.uid
+            )));
+        }
+        let (pid, start) = (layout.engine_pid, layout.engine_start_time);
+        if crate::os::process_seen(pid, start).is_some() && answer.server.pid != Some(pid) {
+            return Err(not_the_engine(format!("the engine is pid {pid}")));
+        }
+        match region.proves(answer.proof.as_fd(), crate::region::ENGINE_PROOF_BYTE)? {
+            Ok(()) => Ok(answer.fds),
+            Err(why) => Err(not_the_engine(format!(
+                "its proof of owning the region fails: {why}"
+            ))),
+        }
+    }
+
     /// Imports each tensor's memory from the fds received (after the slot is claimed:
     /// the engine sends them only to its attached client). Every fd received is owned
     /// here at once, so each is closed exactly once (by the driver after an import,
@@ -429,8 +494,8 @@ impl ClientBackend for ClientVulkan {
         Some(&self.reason)
     }
 
-    fn open(&mut self, layout: &Layout) -> Result<()> {
-        let fds = crate::fdpass::receive(&self.name, super::fd_count(layout), self.timeout)?;
+    fn open(&mut self, layout: &Layout, region: &Region) -> Result<()> {
+        let fds = self.receive_from_the_engine(layout, region)?;
         self.import_all(layout, fds)
     }
 

@@ -14,7 +14,7 @@ use crate::device::location::Device;
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
 use crate::layout::{HeaderBuilder, TensorInfo};
-use crate::region::Region;
+use crate::region::{self, Region};
 
 /// Called before every frame is published: a renderer with its own queue (path b)
 /// waits for its frame's work here.
@@ -23,7 +23,6 @@ pub type BeforePublish = Box<dyn Fn() -> Result<()> + Send + Sync>;
 pub struct EngineVulkan {
     // Drop order: the server (no more sends), then the buffers, then the context.
     server: Option<FdServer>,
-    listener: Option<Listener>,
     /// The fds to send, in protocol order.
     fds: Vec<SharedFd>,
     /// Path (a) buffers, by tensor index.
@@ -43,16 +42,16 @@ impl std::fmt::Debug for EngineVulkan {
 }
 
 impl EngineVulkan {
-    /// Allocates (path a) or takes over (path b) every Vulkan tensor's memory, fills in
-    /// the table, and binds the region's socket (before the region exists, so a client
-    /// that sees it can connect at once; a second engine of the same name gets
-    /// `NameInUse` here).
+    /// Allocates (path a) or takes over (path b) every Vulkan tensor's memory and fills
+    /// in the table. The region's socket is bound by [`EngineBackend::start`], once the
+    /// region's name is this engine's and before it is published; a name too long for
+    /// the socket's path is refused here, before anything is allocated.
     pub fn create(builder: &mut HeaderBuilder, name: &str) -> Result<EngineVulkan> {
+        region::socket_path(name)?;
         let mut buffers: Vec<Option<ExportedBuffer>> = Vec::new();
         buffers.resize_with(builder.tensors.len(), || None);
         let mut fds = Vec::new();
         let mut ctx: Option<Arc<Context>> = None;
-        let listener = Listener::bind(name)?;
         for (index, source) in std::mem::take(&mut builder.vulkan) {
             let t = &builder.tensors[index];
             match source {
@@ -87,9 +86,12 @@ impl EngineVulkan {
                 VulkanSource::Import {
                     memory, semaphore, ..
                 } => {
-                    // The table was filled from the spec's export by the builder.
+                    // The table was filled from the spec's export by the builder. The fds
+                    // are the engine's now: not inherited by programs it runs.
+                    close_on_exec(&memory)?;
                     fds.push(memory);
                     if let Some((fd, _)) = semaphore {
+                        close_on_exec(&fd)?;
                         fds.push(fd);
                     }
                 }
@@ -97,7 +99,6 @@ impl EngineVulkan {
         }
         Ok(EngineVulkan {
             server: None,
-            listener: Some(listener),
             fds,
             buffers,
             hook: Mutex::new(None),
@@ -155,8 +156,12 @@ impl EngineBackend for EngineVulkan {
         })
     }
 
+    /// Binds the region's socket (1.6: `<name>.fd` beside it in /dev/shm) and starts
+    /// serving it. Called once the region's name is this engine's and before it is
+    /// published, so a client that sees the region finds the socket.
     fn start(&mut self, region: &Region) -> Result<()> {
-        if let Some(listener) = self.listener.take() {
+        if self.server.is_none() {
+            let listener = Listener::bind(&region::socket_path(region.name())?)?;
             self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
         }
         Ok(())
@@ -182,6 +187,13 @@ impl EngineBackend for EngineVulkan {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// Sets `FD_CLOEXEC` on an fd the engine keeps: drivers and renderers hand out exported
+/// memory fds without it, and a program the engine runs must not inherit them.
+fn close_on_exec(fd: &SharedFd) -> Result<()> {
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))
 }
 
 impl dyn EngineBackend {

@@ -2,7 +2,7 @@
 //! exportable buffers of path (a), and the imports of the client's Vulkan importer.
 //! All Vulkan FFI and its `unsafe` live here.
 
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -540,7 +540,12 @@ impl ExportedBuffer {
         let fd = match unsafe { ctx.memory_fd.get_memory_fd(&get) } {
             // SAFETY: a new fd the driver hands over; we own it from here.
             Ok(fd) if fd >= 0 => {
-                SharedFd::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                // Drivers do not set it (lavapipe does not): a program this process runs
+                // must not inherit the memory.
+                rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+                    .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))?;
+                SharedFd::new(fd)
             }
             Ok(_) | Err(_) => {
                 return Err(Error::Vulkan {
@@ -946,9 +951,17 @@ impl ImportedMemory {
                 unsafe { d.destroy_buffer(b, None) }
             }
         };
+        // The driver gets a copy of its own. It owns that copy once the import succeeded
+        // (it closes it when the memory is freed); after a failed import it should have
+        // left it to us, but lavapipe closes it then too, so a failed import leaves the
+        // copy to the driver either way: at most one fd leaked per failed import, never
+        // a second close of an fd number another thread may have reused meanwhile.
+        let copy = rustix::io::fcntl_dupfd_cloexec(&fd, 0)
+            .map_err(|e| Error::io("fcntl(F_DUPFD_CLOEXEC)", e))?;
+        let copy = copy.into_raw_fd();
         let mut import = vk::ImportMemoryFdInfoKHR::default()
             .handle_type(OPAQUE_FD)
-            .fd(fd.as_raw_fd());
+            .fd(copy);
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default();
         if let Some(b) = buffer {
             dedicated = dedicated.buffer(b);
@@ -960,8 +973,8 @@ impl ImportedMemory {
         if buffer.is_some() {
             info = info.push_next(&mut dedicated);
         }
-        // SAFETY: `info` and its chain live across the call; the fd stays open (owned by
-        // `fd`) until the driver took it over.
+        // SAFETY: `info` and its chain live across the call; `copy` is an open fd the
+        // driver takes over (see above).
         let memory = match unsafe { d.allocate_memory(&info, None) } {
             Ok(m) => m,
             Err(e) => {
@@ -971,9 +984,7 @@ impl ImportedMemory {
                 )));
             }
         };
-        // The import succeeded: the driver owns the fd now (it closes it when the memory
-        // is freed). Give up ours without closing it.
-        let _ = fd.into_raw_fd();
+        drop(fd);
         let free = |m| {
             // SAFETY: an allocation of this device that nothing uses any more.
             unsafe { d.free_memory(m, None) }
