@@ -855,8 +855,14 @@ impl Client {
             return;
         }
         self.closed = true;
-        // A child forked from the learner drops its copy: the session is its parent's.
+        // A child forked from the learner drops its copy: the session is its parent's, and
+        // so are the imports of the device backend, left undropped (dropping them would
+        // call the device driver, whose threads and device files are the parent's).
         if !self.region.made_here() {
+            std::mem::forget(std::mem::replace(
+                &mut self.device,
+                Box::new(device::host::HostClient),
+            ));
             return;
         }
         // Truncated under us (a same-user peer): the control block may be gone, and

@@ -802,9 +802,16 @@ impl Engine {
             return;
         }
         self.closed = true;
-        // A child forked from the engine's process drops its copy: the region is its
-        // parent's (Region's drop does not unlink there either).
+        // A child forked from the engine's process drops its copy: the region and the
+        // device backend are its parent's (Region's drop does not unlink there either).
+        // The backend is left as it is, undropped: its drop would call the device driver
+        // (whose threads and device files the child does not own) and stop the fd
+        // socket the child shares with its parent.
         if !self.region.made_here() {
+            std::mem::forget(std::mem::replace(
+                &mut self.device,
+                Box::new(device::host::HostEngine),
+            ));
             return;
         }
         // Truncated under us (a same-user peer): the control block may be gone, and

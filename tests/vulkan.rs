@@ -824,3 +824,54 @@ fn an_engine_out_of_fds_serves_again_once_it_has_some() {
     assert!(status.success(), "{err}");
     assert!(gone(&name));
 }
+
+/// A child forked from a process with a Vulkan engine and client drops both: nothing
+/// happens to the parent's session (its socket still serves, its client still reads),
+/// and the child exits at once. Before the fix the child's drops called the driver (it
+/// hung in lavapipe) and shut the listening socket it shares with its parent.
+#[test]
+fn a_forked_child_dropping_a_vulkan_engine_and_client_leaves_them_to_the_parent() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.io().write::<u8>("rgb").unwrap().fill(5);
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let mut client = Client::attach(&name, AttachOptions::default()).unwrap();
+    // SAFETY: the child only drops the two values and exits (system calls and frees;
+    // glibc keeps malloc usable after fork); the other tests of this binary wait on
+    // SERIAL, which this one holds.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(client);
+        drop(engine);
+        // SAFETY: ends the child without unwinding into the test harness.
+        unsafe { libc::_exit(0) };
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut status = 0;
+    // SAFETY: polls the child forked above without blocking.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            // SAFETY: the child forked above; reaped right after.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the child hung dropping its copies");
+        }
+        std::thread::yield_now();
+    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert!(client.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 5));
+    client.close();
+    // The socket still serves: a new client gets the fds.
+    let mut again = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+    assert!(again.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 5));
+    again.close();
+    engine.close();
+    assert!(gone(&name));
+}

@@ -24,6 +24,10 @@ use crate::region::{self, Region};
 pub struct FdServer {
     listener: Arc<Listener>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started it: a child forked from it has a copy of this value but
+    /// not the thread, and must neither shut the socket it shares with its parent nor
+    /// join a thread that does not exist in it.
+    pid: u32,
 }
 
 impl FdServer {
@@ -44,11 +48,18 @@ impl FdServer {
         Ok(FdServer {
             listener,
             thread: Some(thread),
+            pid: os::current_pid(),
         })
     }
 
-    /// Stops accepting and joins the thread.
+    /// Stops accepting and joins the thread. In a child forked from the process that
+    /// started it: nothing (the socket and the thread are its parent's).
     pub fn stop(&mut self) {
+        if self.pid != os::current_pid() {
+            // What the child copied is left as it is (the child's exit frees it).
+            std::mem::forget(self.thread.take());
+            return;
+        }
         self.listener.shutdown();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

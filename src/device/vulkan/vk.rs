@@ -56,6 +56,10 @@ pub struct Context {
     memory: vk::PhysicalDeviceMemoryProperties,
     cpu: bool,
     name: String,
+    /// The process that made it: in a child forked from it the driver's state (its
+    /// threads, its device files) is the parent's, so nothing made on this device is
+    /// destroyed there (see [`Context::made_here`]).
+    pid: u32,
     _entry: ash::Entry,
 }
 
@@ -267,8 +271,18 @@ impl Context {
             memory,
             cpu,
             name,
+            pid: crate::os::current_pid(),
             _entry: entry,
         }))
+    }
+
+    /// Whether this process made the device: `false` in a child forked after, where
+    /// every object of it is left as it is when dropped (the child's exit frees its copy
+    /// of the memory). Destroying them there would call the driver, whose threads the
+    /// child does not have (lavapipe's queue thread: the child hung), and whose device
+    /// files it shares with its parent (a GPU driver would free the parent's objects).
+    pub fn made_here(&self) -> bool {
+        self.pid == crate::os::current_pid()
     }
 
     /// The device's UUIDs.
@@ -368,6 +382,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.made_here() {
+            return;
+        }
         // SAFETY: every buffer and allocation holds an `Arc` of this context and was
         // destroyed before the last one dropped; nothing else uses the handles.
         unsafe {
@@ -484,6 +501,9 @@ impl BoundBuffer {
 
 impl Drop for BoundBuffer {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
         let d = &self.ctx.device;
         // SAFETY: the queue is idle (waited for here), so no submitted work uses the
         // buffer; the buffer and memory are ours, used by nothing else in this process.
@@ -842,6 +862,9 @@ impl ComputeKernel {
 
 impl Drop for ComputeKernel {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
         let d = &self.ctx.device;
         // SAFETY: every non-null handle was made by this kernel on this device; the
         // fence wait (when a fence exists) ends the last submission that used them;
@@ -1027,6 +1050,9 @@ impl ImportedMemory {
 
 impl Drop for ImportedMemory {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
         let d = &self.ctx.device;
         // SAFETY: ours; nothing in this process uses the mapping any more: the Rust
         // client's views borrow the client, and every other view (a DLPack capsule)
