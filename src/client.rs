@@ -409,8 +409,10 @@ impl Client {
             interrupt()?;
         }
         // Before each sleep: a region truncated under us is an error, not a SIGBUS at
-        // the next access (a truncation after this check still faults; see check_size).
+        // the next access (a truncation after this check still faults; see check_size),
+        // and so is exported device memory that shrank under its import.
         self.region.check_size()?;
+        self.device.check_imports()?;
         if self.layout.is_sharded() {
             // A shard that died or closed ends the region for everyone: the creator's
             // name goes too once the creator is gone (its lock free: `engine_gone`
@@ -590,6 +592,7 @@ impl Client {
         // Commands are the slow path: a region truncated under us is an error here, not
         // a SIGBUS at the ring (a step checks before it sleeps; see `Region::check_size`).
         self.region.check_size()?;
+        self.device.check_imports()?;
         let start = Instant::now();
         let mut sent = Vec::with_capacity(requests.len());
         for (shard, r) in requests {

@@ -875,3 +875,103 @@ fn a_forked_child_dropping_a_vulkan_engine_and_client_leaves_them_to_the_parent(
     engine.close();
     assert!(gone(&name));
 }
+
+/// Runs `scenario` (a test of this binary, ignored when run by hand) in a process of its
+/// own and returns how it ended and what it printed: for scenarios that may end in a
+/// signal (SIGBUS) before their fix.
+fn in_own_process(scenario: &str) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            scenario,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SHMBRIDGE_TEST_SCENARIO", scenario)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+fn scenario(name: &str) -> bool {
+    std::env::var("SHMBRIDGE_TEST_SCENARIO").is_ok_and(|s| s == name)
+}
+
+/// Memory the engine's renderer exported as a file that can shrink (a memfd without
+/// `F_SEAL_SHRINK`, holding what the driver needs to import it) is truncated by a
+/// process of the same user after the client imported it. The client's next wait checks
+/// it as it checks the region: a typed error that sticks, and no view of the tensor
+/// touches the mapping again. Before the fix the client read past the file's end:
+/// SIGBUS. (lavapipe's own exports are sealed against shrinking: they cannot be
+/// truncated at all.)
+#[test]
+#[ignore = "a scenario, run in a process of its own by imported_memory_that_shrinks_is_a_typed_error"]
+fn scenario_imported_memory_shrinks() {
+    if !scenario("scenario_imported_memory_shrinks") {
+        return;
+    }
+    let ctx = vulkan().unwrap();
+    let real = ExportedBuffer::allocate(&ctx, 1 << 16).unwrap();
+    let sealed = real.fd();
+    assert!(
+        rustix::fs::ftruncate(&sealed, 0).is_err(),
+        "lavapipe's export is sealed"
+    );
+    let table = real.table();
+    let size = fdpass::fd_size(sealed.as_fd()).unwrap();
+    let mut bytes = vec![0u8; size as usize];
+    rustix::io::pread(&sealed, &mut bytes, 0).unwrap();
+    // The same bytes in a memfd that is not sealed: the driver imports it.
+    let memfd = rustix::fs::memfd_create("frame", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, size).unwrap();
+    rustix::io::pwrite(&memfd, &bytes, 0).unwrap();
+    let truncator = memfd.try_clone().unwrap();
+    let ids = ctx.ids();
+    let export = VulkanExport {
+        alloc_size: table.alloc_size,
+        offset: 0,
+        memory_type_index: table.memory_type_index,
+        dedicated: table.dedicated,
+        device_uuid: ids.device_uuid,
+        driver_uuid: ids.driver_uuid,
+    };
+    let tensor = TensorSpec::vulkan_import("frame", DType::U8, &[1 << 16], memfd, export);
+    let mut engine = Engine::create(spec_with(tensor)).unwrap();
+    engine.publish().unwrap();
+    let mut c = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    assert_eq!(c.tensor::<u8>("frame").unwrap()[60_000], 0);
+    rustix::fs::ftruncate(&truncator, 0).unwrap();
+    // The engine does not answer: the step waits, and checks before it sleeps.
+    let shrank = |e: &Error| matches!(e, Error::InvalidTensor { tensor, reason } if tensor == "frame" && reason.contains("shrank to 0 bytes"));
+    let e = c.step(Duration::from_millis(50)).unwrap_err();
+    assert!(shrank(&e), "{e}");
+    let e = c.tensor::<u8>("frame").unwrap_err();
+    assert!(shrank(&e), "{e}");
+    assert!(c.device_ptr("frame").is_err());
+    let e = c.wait_frame(Duration::from_millis(50)).unwrap_err();
+    assert!(shrank(&e), "{e}");
+    c.close();
+    let name = engine.name().to_string();
+    engine.close();
+    assert!(gone(&name));
+    println!("SCENARIO DONE");
+}
+
+#[test]
+fn imported_memory_that_shrinks_is_a_typed_error() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let (status, text) = in_own_process("scenario_imported_memory_shrinks");
+    assert!(
+        status.success() && text.contains("SCENARIO DONE"),
+        "{status}:\n{text}"
+    );
+}

@@ -72,6 +72,20 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// it that it is the attached client, and checks the engine's proof against it).
     fn open(&mut self, layout: &Layout, region: &Region) -> Result<()>;
 
+    /// At the points where the client checks its region (before each sleep of a wait,
+    /// before a command): an error when an import can no longer be used (memory the
+    /// engine exported that shrank under the mapping); it sticks. Nothing for host
+    /// memory.
+    fn check_imports(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Why tensor `index` has no host view when [`ClientBackend::host_ptr`] gave none
+    /// and the reason is not the placement (an import found unusable); `None` otherwise.
+    fn import_error(&self, _index: usize, _t: &TensorInfo) -> Option<crate::error::Error> {
+        None
+    }
+
     /// Before an action or a request is posted: orders the client's device writes (on
     /// `stream`, the default stream if `None`) before the engine's reads.
     fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()>;

@@ -129,11 +129,50 @@ struct Imports {
     tensors: Vec<Option<Import>>,
     /// The newest frame that arrived: the value a timeline semaphore is waited for.
     latest_frame: std::sync::atomic::AtomicU64,
+    /// Once a check found a tensor's memory shorter than its mapping: which, how large
+    /// now, how large mapped. From then on no view of any of them is handed out (the
+    /// bytes past the end are gone; touching them is a SIGBUS).
+    shrunk: std::sync::OnceLock<(String, u64, u64)>,
 }
 
 impl Imports {
+    /// The import of tensor `index`, unless the imports were found shrunk.
     fn get(&self, index: usize) -> Option<&Import> {
+        if self.shrunk.get().is_some() {
+            return None;
+        }
         self.tensors.get(index)?.as_ref()
+    }
+
+    /// The sticky error of memory found shrunk, if it was.
+    fn shrunk_error(&self) -> Option<Error> {
+        let (tensor, now, size) = self.shrunk.get()?;
+        Some(Error::InvalidTensor {
+            tensor: tensor.clone(),
+            reason: format!(
+                "the engine's exported memory of it shrank to {now} bytes of the {size} mapped (a \
+                 process of this user truncated it): no view of the Vulkan tensors is used any \
+                 more; close and attach again"
+            ),
+        })
+    }
+
+    /// Looks at the size of every import that may shrink (`ImportedMemory::check_size`).
+    fn check_sizes(&self, layout_names: impl Fn(usize) -> String) -> Result<()> {
+        if let Some(e) = self.shrunk_error() {
+            return Err(e);
+        }
+        for (i, import) in self.tensors.iter().enumerate() {
+            #[cfg(feature = "vulkan")]
+            if let Some(Import::Mapped(m)) = import {
+                if let Err(now) = m.check_size() {
+                    let _ = self.shrunk.set((layout_names(i), now, m.size()));
+                    return Err(self.shrunk_error().expect("set above"));
+                }
+            }
+            let _ = (i, import, &layout_names);
+        }
+        Ok(())
     }
 
     fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
@@ -203,6 +242,8 @@ pub struct ClientVulkan {
     /// keeps its mapping after the client closed. `None` before open and after release.
     imports: Option<Arc<Imports>>,
     importer: Importer,
+    /// The layout's tensor names, by index (for messages).
+    names: Vec<String>,
 }
 
 impl std::fmt::Debug for ClientVulkan {
@@ -289,6 +330,7 @@ impl ClientVulkan {
             reason,
             imports: None,
             importer,
+            names: layout.tensors.iter().map(|t| t.name.clone()).collect(),
         })
     }
 
@@ -416,6 +458,14 @@ impl ClientVulkan {
         }
     }
 
+    /// The name of tensor `index` of the layout this client imported, for messages.
+    fn tensor_name(&self, index: usize) -> String {
+        self.names
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("#{index}"))
+    }
+
     /// Imports each tensor's memory from the fds received (after the slot is claimed:
     /// the engine sends them only to its attached client). Every fd received is owned
     /// here at once, so each is closed exactly once (by the driver after an import,
@@ -425,6 +475,7 @@ impl ClientVulkan {
         let mut imports = Imports {
             tensors: (0..layout.tensors.len()).map(|_| None).collect(),
             latest_frame: 0.into(),
+            shrunk: Default::default(),
         };
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
@@ -497,6 +548,17 @@ impl ClientBackend for ClientVulkan {
     fn open(&mut self, layout: &Layout, region: &Region) -> Result<()> {
         let fds = self.receive_from_the_engine(layout, region)?;
         self.import_all(layout, fds)
+    }
+
+    fn check_imports(&self) -> Result<()> {
+        match &self.imports {
+            Some(imports) => imports.check_sizes(|i| self.tensor_name(i)),
+            None => Ok(()),
+        }
+    }
+
+    fn import_error(&self, _index: usize, _t: &TensorInfo) -> Option<Error> {
+        self.imports.as_ref()?.shrunk_error()
     }
 
     /// The CUDA importer: the engine's next frame overwrites the memory the consumer's

@@ -903,6 +903,11 @@ pub struct ImportedMemory {
     memory: vk::DeviceMemory,
     mapped: NonNull<u8>,
     size: u64,
+    /// The engine's fd, kept when it is a file that may still shrink (a memfd without
+    /// `F_SEAL_SHRINK`): its size is checked where the region's is
+    /// ([`ImportedMemory::check_size`]). `None` for sealed memory and driver fds whose
+    /// size the kernel does not know.
+    size_guard: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for ImportedMemory {
@@ -1007,7 +1012,7 @@ impl ImportedMemory {
                 )));
             }
         };
-        drop(fd);
+        let size_guard = may_shrink(fd.as_fd()).then_some(fd);
         let free = |m| {
             // SAFETY: an allocation of this device that nothing uses any more.
             unsafe { d.free_memory(m, None) }
@@ -1034,7 +1039,28 @@ impl ImportedMemory {
             memory,
             mapped,
             size: table.alloc_size,
+            size_guard,
         })
+    }
+
+    /// `Err(size)` when the engine's memory is a file that is now shorter than the
+    /// mapping (a same-user process truncated it): touching the mapping past its end
+    /// would be a SIGBUS. Sealed memory (`F_SEAL_SHRINK`: lavapipe's) cannot shrink and
+    /// is not looked at.
+    pub fn check_size(&self) -> std::result::Result<(), u64> {
+        match self
+            .size_guard
+            .as_ref()
+            .and_then(|f| crate::fdpass::fd_size(f.as_fd()))
+        {
+            Some(now) if now < self.size => Err(now),
+            _ => Ok(()),
+        }
+    }
+
+    /// The size the import maps (the table's `alloc_size`).
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// The host address of `offset` in the mapping, if `offset + len` lies inside it.
@@ -1048,9 +1074,25 @@ impl ImportedMemory {
     }
 }
 
+/// Whether the file behind `fd` may shrink under a mapping: a regular file (a memfd)
+/// not sealed against it.
+fn may_shrink(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    crate::fdpass::fd_size(fd).is_some()
+        && !rustix::fs::fcntl_get_seals(fd)
+            .is_ok_and(|seals| seals.contains(rustix::fs::SealFlags::SHRINK))
+}
+
 impl Drop for ImportedMemory {
     fn drop(&mut self) {
         if !self.ctx.made_here() {
+            return;
+        }
+        // The file shrank under the import: the driver reads the memory it frees
+        // (lavapipe reads its header) and would die of SIGBUS. The allocation is leaked,
+        // and the device with it (destroying a device frees what is left on it): the
+        // process's exit frees both.
+        if self.check_size().is_err() {
+            std::mem::forget(self.ctx.clone());
             return;
         }
         let d = &self.ctx.device;
