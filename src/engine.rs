@@ -815,12 +815,13 @@ impl Engine {
             return;
         }
         // Truncated under us (a same-user peer): the control block may be gone, and
-        // touching it would SIGBUS. The name is still removed (Region's drop). Whether a
-        // client still maps exported device memory cannot be read any more: it is leaked
-        // (freed with the process), never freed under a client.
+        // touching it would SIGBUS. The name is still removed (Region's drop). The backend
+        // lets go of what it can without reading the control block
+        // (`EngineBackend::release_truncated`): the fd server stops, exported CUDA memory
+        // a client may still map is leaked (freed with the process), never freed under it.
         if self.region.check_size().is_err() {
             let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
-            std::mem::forget(device);
+            device.release_truncated();
             return;
         }
         if self.layout.is_sharded() {

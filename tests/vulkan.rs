@@ -975,3 +975,74 @@ fn imported_memory_that_shrinks_is_a_typed_error() {
         "{status}:\n{text}"
     );
 }
+
+/// The region of a Vulkan engine is truncated while the engine waits: `RegionTooSmall`.
+/// The fd server then refuses connections without reading the control block, the
+/// engine's drop stops it and removes the socket file and the name, and the name can be
+/// taken again in the same process. Before the fix the server was leaked, running, with
+/// its mapping: a connection killed the process with SIGBUS, and the name stayed bound.
+#[test]
+#[ignore = "a scenario, run in a process of its own by a_truncated_vulkan_engine_closes_its_socket"]
+fn scenario_truncated_vulkan_engine() {
+    if !scenario("scenario_truncated_vulkan_engine") {
+        return;
+    }
+    vulkan().unwrap();
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = std::thread::spawn(move || {
+        tx.send(rustix::thread::gettid().as_raw_nonzero().get())
+            .unwrap();
+        let got = engine.wait_actions(T);
+        (engine, got)
+    });
+    let tid = rx.recv().unwrap();
+    // Asleep in its futex: the truncation happens while it sleeps.
+    let wchan = format!("/proc/self/task/{tid}/wchan");
+    while !std::fs::read_to_string(&wchan)
+        .unwrap_or_default()
+        .contains("futex")
+    {
+        std::thread::yield_now();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let (engine, got) = waiting.join().unwrap();
+    assert!(matches!(got, Err(Error::RegionTooSmall { .. })), "{got:?}");
+    let proof = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    // The server still runs: it refuses (closing) without touching the mapping.
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, T);
+    assert!(matches!(got, Err(Error::PeerClosed { .. })), "{got:?}");
+    drop(engine);
+    assert!(gone(&name));
+    assert!(
+        fd_server_thread(std::process::id()).is_none(),
+        "the fd server was left running"
+    );
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, T);
+    assert!(matches!(got, Err(Error::Protocol { .. })), "{got:?}");
+    let again = Engine::create(allocated_spec().name(&name)).unwrap();
+    again.close();
+    assert!(gone(&name));
+    println!("SCENARIO DONE");
+}
+
+#[test]
+fn a_truncated_vulkan_engine_closes_its_socket() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let (status, text) = in_own_process("scenario_truncated_vulkan_engine");
+    assert!(
+        status.success() && text.contains("SCENARIO DONE"),
+        "{status}:\n{text}"
+    );
+}

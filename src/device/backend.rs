@@ -54,6 +54,15 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
     /// died, or never imported it).
     fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease;
 
+    /// Instead of [`EngineBackend::release`] when the region was truncated under the
+    /// engine: the control block cannot be read, so nothing may wait on a client's
+    /// acknowledgement. The default leaks the backend whole (exported CUDA memory a
+    /// client may still map is freed with the process, never under the client); a
+    /// backend that needs no acknowledgement lets go of everything.
+    fn release_truncated(self: Box<Self>) {
+        std::mem::forget(self);
+    }
+
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -184,6 +184,18 @@ impl EngineBackend for EngineVulkan {
         CudaRelease::NoCuda
     }
 
+    /// A truncated region: the fd server stops (it reads the control block, which it
+    /// checks the size of first, but nobody must connect to a closed engine), the
+    /// memory goes as at any release: an import holds its own reference.
+    fn release_truncated(mut self: Box<Self>) {
+        if let Some(mut s) = self.server.take() {
+            s.stop();
+        }
+        if let Some(c) = &self.ctx {
+            let _ = c.queue_wait_idle();
+        }
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
