@@ -1046,3 +1046,46 @@ fn a_truncated_vulkan_engine_closes_its_socket() {
         "{status}:\n{text}"
     );
 }
+
+/// SIGINT to a CLI engine with Vulkan tensors while its client steps: the signal's
+/// thread closes the region, the client sees `PeerClosed` and closes, and the engine
+/// ends with 128 + 2, every time. Before the fix the signal's thread ran the process's
+/// exit handlers while the main thread, seeing its client close, returned from `main`
+/// and destroyed its Vulkan device: the engine died of SIGSEGV about one run in five.
+#[test]
+fn a_vulkan_engine_stopped_by_sigint_never_crashes() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    for round in 0..100 {
+        let mut engine = EngineProc::start(&[
+            "--env",
+            "null",
+            "--num-envs",
+            "2",
+            "--obs-dim",
+            "4",
+            "--image",
+            "4x4x4",
+            "--image-device",
+            "vulkan",
+            "--blocking",
+        ]);
+        let name = engine.name.clone();
+        let mut c = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+        c.step(T).unwrap();
+        common::signal(engine.pid(), rustix::process::Signal::INT);
+        let e = loop {
+            if let Err(e) = c.step(T) {
+                break e;
+            }
+        };
+        assert!(matches!(e, Error::PeerClosed { .. }), "round {round}: {e}");
+        c.close();
+        let status = engine.child.wait().unwrap();
+        let (_, err) = engine.finish();
+        assert_eq!(status.code(), Some(130), "round {round}: {status}: {err}");
+        assert!(gone(&name), "round {round}");
+    }
+}
