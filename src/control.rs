@@ -357,6 +357,7 @@ impl<'a> Control<'a> {
                         return Err(Error::AlreadyAttached {
                             name: name.to_string(),
                             pid: holder,
+                            pid_ns: Default::default(),
                         });
                     }
                 }
@@ -364,6 +365,7 @@ impl<'a> Control<'a> {
                     return Err(Error::AlreadyAttached {
                         name: name.to_string(),
                         pid: self.client_identity().0,
+                        pid_ns: Default::default(),
                     });
                 }
             }
@@ -563,6 +565,7 @@ impl<'a> Control<'a> {
             ClientState::Invalidated => Err(Error::PeerDied {
                 peer: Peer::Client,
                 pid: self.client_identity().0,
+                pid_ns: Default::default(),
                 hint: "it was declared dead earlier",
             }),
             ClientState::Attached => {
@@ -576,6 +579,7 @@ impl<'a> Control<'a> {
                     Err(Error::PeerDied {
                         peer: Peer::Client,
                         pid,
+                        pid_ns: Default::default(),
                         hint: "the learner process exited without closing; restart it",
                     })
                 }

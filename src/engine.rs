@@ -484,7 +484,27 @@ impl Engine {
     /// `PeerClosed` / `PeerDied` once per client (see [`Engine::check_client`]).
     fn check_client_end(&self) -> Result<()> {
         let control = self.control();
-        match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+        let checked = control
+            .check_client(|pid, start| self.region.client_alive(pid, start))
+            .map_err(|e| match e {
+                // Name the client's pid in terms the reader can use.
+                Error::PeerDied {
+                    peer: Peer::Client,
+                    pid,
+                    hint,
+                    ..
+                } => {
+                    let (_, start) = control.client_identity();
+                    Error::PeerDied {
+                        peer: Peer::Client,
+                        pid,
+                        pid_ns: self.region.client_pid_namespace(pid, start),
+                        hint,
+                    }
+                }
+                e => e,
+            });
+        match checked {
             Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
                 if self.client_end_reported.get() =>
             {

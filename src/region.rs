@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::control::Control;
-use crate::error::{Error, Result};
+use crate::error::{Error, PidNamespace, Result};
 use crate::layout::{
     self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
 };
@@ -130,6 +130,10 @@ pub struct Region {
     /// the fd socket hands the attached client as proof, and what a second mapping,
     /// which has no `file`, checks the size with.
     proof: Option<Arc<os::HeldFd>>,
+    /// The last client [`Region::client_alive`] found alive by its lock while this PID
+    /// namespace did not show its process (another namespace's): its pid names nothing
+    /// here, which errors about it say.
+    client_elsewhere: std::sync::Mutex<Option<(u32, u64)>>,
 }
 
 const NOT_SHRUNK: u64 = u64::MAX;
@@ -202,6 +206,7 @@ impl Region {
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: Some(Arc::new(os::HeldFd::new(proof))),
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -307,6 +312,7 @@ impl Region {
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: None,
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(None, writable))
     }
@@ -365,6 +371,7 @@ impl Region {
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: self.proof.clone(),
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -447,10 +454,34 @@ impl Region {
     pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
         match os::process_seen(pid, start_time) {
             Some(running) => running,
-            None => self.file.as_ref().is_some_and(|f| {
-                // An error asking is no evidence of death.
-                os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
-            }),
+            None => {
+                let alive = self.file.as_ref().is_some_and(|f| {
+                    // An error asking is no evidence of death.
+                    os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+                });
+                if alive {
+                    *self
+                        .client_elsewhere
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some((pid, start_time));
+                }
+                alive
+            }
+        }
+    }
+
+    /// Which PID namespace the client recorded as `(pid, start_time)` lives in, as far
+    /// as [`Region::client_alive`] saw it: another one if it was found alive while this
+    /// namespace did not show it (a learner in another container), else this one.
+    pub fn client_pid_namespace(&self, pid: u32, start_time: u64) -> PidNamespace {
+        let elsewhere = *self
+            .client_elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if elsewhere == Some((pid, start_time)) {
+            PidNamespace::Other
+        } else {
+            PidNamespace::This
         }
     }
 

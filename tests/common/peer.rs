@@ -172,6 +172,8 @@ pub struct PeerProc {
     _stdin: ChildStdin,
     pub lines: mpsc::Receiver<String>,
     stderr: Arc<Mutex<String>>,
+    /// Sends once the peer's stderr reached its end (every writer closed it).
+    stderr_end: mpsc::Receiver<()>,
     /// When the peer became a zombie (its exit, as its parent sees it).
     exited: Option<mpsc::Receiver<Instant>>,
 }
@@ -224,10 +226,12 @@ impl PeerProc {
         });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&stderr);
+        let (end_tx, stderr_end) = mpsc::channel();
         std::thread::spawn(move || {
             let mut text = String::new();
             let _ = err.read_to_string(&mut text);
             *sink.lock().unwrap_or_else(|p| p.into_inner()) = text;
+            let _ = end_tx.send(());
         });
         PeerProc {
             child,
@@ -235,6 +239,7 @@ impl PeerProc {
             _stdin: stdin,
             lines,
             stderr,
+            stderr_end,
             exited: None,
         }
     }
@@ -275,8 +280,17 @@ impl PeerProc {
         let pid = Pid::from_raw(self.pid() as i32).expect("pid");
         let (tx, rx) = mpsc::channel();
         if self.inner.is_some() {
-            let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-                .expect("pidfd_open");
+            let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            {
+                Ok(fd) => fd,
+                // Gone (and reaped by its shell) already.
+                Err(rustix::io::Errno::SRCH) => {
+                    let _ = tx.send(Instant::now());
+                    self.exited = Some(rx);
+                    return;
+                }
+                Err(e) => panic!("pidfd_open: {e}"),
+            };
             std::thread::spawn(move || {
                 use std::os::fd::AsRawFd;
                 let mut fds = [libc::pollfd {
@@ -343,6 +357,13 @@ impl PeerProc {
         }
         self.exited.as_ref()?.recv_timeout(HANG).ok()?;
         self.child.wait().ok()
+    }
+
+    /// Everything the peer wrote on stderr, once it ended: waits (at most [`HANG`]) for
+    /// the end of its output.
+    pub fn stderr_at_end(&self) -> String {
+        let _ = self.stderr_end.recv_timeout(HANG);
+        self.stderr()
     }
 
     /// What the peer wrote on stderr (complete once it has ended).
