@@ -363,6 +363,15 @@ fn engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died() {
         eprintln!("SKIPPED: {why}");
         return;
     }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died",
+        "256m",
+    ) {
+        return;
+    }
     let rows = matrix(|p, f| engine_case(Isolation::Namespaces, p, f));
     report(
         "engine killed in namespaces of its own (a Rust engine), the client survives",
@@ -516,6 +525,15 @@ fn client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died() {
         eprintln!("SKIPPED: {why}");
         return;
     }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died",
+        "256m",
+    ) {
+        return;
+    }
     let rows = matrix(|p, f| client_case(Isolation::Namespaces, p, f));
     report(
         "client killed in namespaces of its own (a Rust client), the engine survives and serves a new client",
@@ -659,6 +677,15 @@ fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
 fn cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which() {
     if let Some(why) = peer::namespaces_unavailable() {
         eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which",
+        "256m",
+    ) {
         return;
     }
     report(
