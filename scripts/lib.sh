@@ -57,6 +57,16 @@ ensure_mono() {
     fi
 }
 
+# unshare (util-linux) and ip (iproute2), for the tests that run engine and learner in
+# namespaces of their own (tests/containers.rs, tests/python/test_containers.py) and two
+# "nodes" joined by a veth pair (tests/python/test_multinode.py).
+ensure_namespace_tools() {
+    if ! command -v unshare >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q util-linux iproute2
+    fi
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
