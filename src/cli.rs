@@ -701,8 +701,17 @@ fn run_gc() -> Result<(), Error> {
         );
     }
     let removed = swept.iter().filter(|s| s.removed()).count();
+    let sockets = swept
+        .iter()
+        .filter(|s| s.verdict == region::Verdict::OrphanSocket)
+        .count();
+    let and_sockets = match sockets {
+        0 => String::new(),
+        n => format!(" (and {n} fd socket(s) whose region was gone)"),
+    };
     println!(
-        "{removed} stale region(s) removed, {} left",
+        "{} stale region(s) removed{and_sockets}, {} left",
+        removed - sockets,
         swept.len() - removed
     );
     Ok(())

@@ -452,6 +452,26 @@ pub fn socket_file(
     }
 }
 
+/// Whether something listens on the Unix socket file at `path`: a non-blocking
+/// `connect` that is accepted or finds the queue full (`EAGAIN`) says yes; refused (a
+/// socket file nobody listens on any more) or gone, no.
+pub fn socket_listening(path: &str) -> Result<bool> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path).map_err(|e| Error::io(format!("'{path}'"), e))?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| Error::io("socket(AF_UNIX)", e))?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(Errno::AGAIN) => Ok(true),
+        Err(Errno::CONNREFUSED) | Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(Error::io(format!("connect('{path}')"), e)),
+    }
+}
+
 /// Removes the socket file at `path` if it is a socket owned by this process's user
 /// (`true`); leaves anything else (another user's, not a socket) and says what it is.
 /// Never follows a link.

@@ -662,7 +662,7 @@ fn create_name(name: &str) -> Result<File> {
     for _ in 0..80 {
         match os::shm_create(name) {
             Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name).verdict {
-                Verdict::Removed | Verdict::Changed => {}
+                Verdict::Removed | Verdict::Changed | Verdict::OrphanSocket => {}
                 // A live engine, or a sweep looking at a dead one for a moment.
                 Verdict::Alive => backoff.snooze(),
                 Verdict::Left(_) => return Err(e),
@@ -749,11 +749,19 @@ impl Region {
 
 /// Names of all shmbridge regions in /dev/shm, sorted.
 pub fn list_names() -> Result<Vec<String>> {
+    Ok(shm_names()?
+        .into_iter()
+        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
+        .collect())
+}
+
+/// Every `shmbridge-*` name in /dev/shm (regions and fd sockets), sorted.
+fn shm_names() -> Result<Vec<String>> {
     let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(PREFIX) && !n.ends_with(SOCKET_SUFFIX))
+        .filter(|n| n.starts_with(PREFIX))
         .collect();
     names.sort();
     Ok(names)
@@ -777,11 +785,15 @@ pub enum Verdict {
     Changed,
     /// Left: what could not be proven, in words.
     Left(String),
+    /// An fd socket file (`<region>.fd`) of this user whose region is gone and on which
+    /// nobody listens (its region was removed by something that did not know of it):
+    /// removed.
+    OrphanSocket,
 }
 
 impl Swept {
     pub fn removed(&self) -> bool {
-        self.verdict == Verdict::Removed
+        matches!(self.verdict, Verdict::Removed | Verdict::OrphanSocket)
     }
 }
 
@@ -794,6 +806,9 @@ impl std::fmt::Display for Verdict {
             ),
             Verdict::Changed => f.write_str("removed or replaced meanwhile"),
             Verdict::Left(why) => f.write_str(why),
+            Verdict::OrphanSocket => {
+                f.write_str("an fd socket whose region is gone, nobody listens on it")
+            }
         }
     }
 }
@@ -875,7 +890,61 @@ fn remove_if_dead(name: &str) -> Swept {
 /// belongs to a dead engine, and says why it left every other one (a live engine, a file
 /// it cannot identify, another user's, a FIFO or link, one being created).
 pub fn sweep_report() -> Result<Vec<Swept>> {
-    Ok(list_names()?.iter().map(|n| remove_if_dead(n)).collect())
+    let names = shm_names()?;
+    let mut report: Vec<Swept> = names
+        .iter()
+        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
+        .map(|n| remove_if_dead(n))
+        .collect();
+    // Then the fd sockets whose region is gone (removed above, or long before by
+    // something that did not know of them). A socket of a live region is its engine's.
+    report.extend(names.iter().filter_map(|n| remove_orphan_socket(n)));
+    Ok(report)
+}
+
+/// Removes `name` (`<region>.fd`) if it is a socket file of this user whose region does
+/// not exist and on which nobody listens; says why it left it otherwise. `None` when it
+/// is no socket's name or its region exists (the region's engine owns the path). The
+/// window left: an engine that takes the region's name and replaces this stale socket
+/// between the last look and the `unlink` (the looks before compare the socket's inode
+/// and the region's absence).
+fn remove_orphan_socket(name: &str) -> Option<Swept> {
+    let region = name.strip_suffix(SOCKET_SUFFIX)?;
+    if !matches!(os::name_identity(region), Ok(None)) {
+        return None;
+    }
+    let path = format!("{}/{name}", os::SHM_DIR);
+    // Gone already (removed with its region by this sweep): nothing to say.
+    let found = os::socket_file(&path).ok()??;
+    let verdict = (|| -> Result<Verdict> {
+        let me = rustix::process::geteuid().as_raw();
+        let (uid, dev, ino) = match found {
+            Err(what) => return Ok(Verdict::Left(format!("{what}, not a socket"))),
+            Ok(id) => id,
+        };
+        if uid != me {
+            return Ok(Verdict::Left("belongs to another user".into()));
+        }
+        if os::socket_listening(&path)? {
+            return Ok(Verdict::Left(
+                "a socket something listens on, with no region".into(),
+            ));
+        }
+        let same = matches!(os::socket_file(&path)?, Some(Ok((_, d, i))) if (d, i) == (dev, ino));
+        if !same || os::name_identity(region)?.is_some() {
+            return Ok(Verdict::Changed);
+        }
+        match rustix::fs::unlink(path.as_str()) {
+            Ok(()) => Ok(Verdict::OrphanSocket),
+            Err(rustix::io::Errno::NOENT) => Ok(Verdict::Changed),
+            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
+        }
+    })()
+    .unwrap_or_else(|e| Verdict::Left(e.to_string()));
+    Some(Swept {
+        name: name.to_string(),
+        verdict,
+    })
 }
 
 /// [`sweep_report`], returning the names removed.

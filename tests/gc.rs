@@ -186,3 +186,54 @@ fn ls_and_gc_print_planted_names_escaped() {
         "{lines}"
     );
 }
+
+/// An fd socket file left in /dev/shm without its region (removed by something that did
+/// not know of it) is removed by `gc` when nobody listens on it; one something listens
+/// on, another user's, or a socket of a region that exists is left.
+#[test]
+fn gc_removes_fd_sockets_whose_region_is_gone() {
+    if !common::private_shm("gc_removes_fd_sockets_whose_region_is_gone", "64m") {
+        return;
+    }
+    let bound =
+        |name: &str| shmbridge::fdpass::Listener::bind(&format!("/dev/shm/{name}")).unwrap();
+    drop(bound("shmbridge-gone.fd"));
+    let _listening = bound("shmbridge-someone-listens.fd");
+    drop(bound("shmbridge-nobodys.fd"));
+    rustix::fs::chown(
+        "/dev/shm/shmbridge-nobodys.fd",
+        Some(rustix::process::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    plant("shmbridge-dead", &region(true), true);
+    drop(bound("shmbridge-dead.fd"));
+    let gc = run(&["gc"]);
+    let l = line(&gc, "shmbridge-gone.fd");
+    assert!(
+        l.starts_with("removed") && l.contains("region is gone"),
+        "{gc}"
+    );
+    let l = line(&gc, "shmbridge-someone-listens.fd");
+    assert!(l.starts_with("left") && l.contains("listens"), "{gc}");
+    let l = line(&gc, "shmbridge-nobodys.fd");
+    assert!(l.starts_with("left") && l.contains("another user"), "{gc}");
+    // The dead region goes with its socket (removed with it, not listed on its own).
+    assert!(line(&gc, "shmbridge-dead").starts_with("removed"), "{gc}");
+    assert!(!gc.contains("shmbridge-dead.fd"), "{gc}");
+    assert!(
+        gc.contains("1 stale region(s) removed (and 1 fd socket(s) whose region was gone), 2 left"),
+        "{gc}"
+    );
+    for (name, left) in [
+        ("shmbridge-gone.fd", false),
+        ("shmbridge-someone-listens.fd", true),
+        ("shmbridge-nobodys.fd", true),
+        ("shmbridge-dead", false),
+        ("shmbridge-dead.fd", false),
+    ] {
+        assert_eq!(exists(name), left, "{name}");
+    }
+    // `ls` lists regions only.
+    assert!(!run(&["ls"]).contains(".fd"));
+}
