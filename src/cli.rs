@@ -469,10 +469,11 @@ fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error
     Ok((h, l))
 }
 
+/// A header, its validation, and the bytes they were read from.
+type Described = (Header, Result<layout::Layout, Error>, Vec<u8>);
+
 /// [`describe`], with the header bytes it read.
-fn describe_with_bytes(
-    name: &str,
-) -> Result<(Header, Result<layout::Layout, Error>, Vec<u8>), Error> {
+fn describe_with_bytes(name: &str) -> Result<Described, Error> {
     let (bytes, size) = region::read_header_bytes(name)?;
     let h = layout::read_header(&bytes)?;
     let l = layout::validate(name, &bytes, size);

@@ -525,7 +525,7 @@ fn connect(region: &str, path: &str, timeout: Duration) -> Result<OwnedFd> {
 
 /// Whether a socket file is at `path` now, for checks that nothing was left behind.
 pub fn socket_file_exists(path: &str) -> bool {
-    matches!(os::socket_file(path), Ok(Some(Ok(_))))
+    matches!(os::socket_file(path), Ok(os::AtPath::Socket { .. }))
 }
 
 /// Size of the file behind `fd` when the kernel knows it: `st_size` of a regular file

@@ -433,21 +433,36 @@ pub fn reopen(file: impl AsFd) -> Result<File> {
     }
 }
 
-/// `(uid, device, inode)` of the socket file at `path` (not following a link); `None` if
-/// nothing is there, `Some(Err(what))` if something that is not a socket is.
-pub fn socket_file(
-    path: &str,
-) -> Result<Option<std::result::Result<(u32, u64, u64), &'static str>>> {
+/// What is at a path where a socket file belongs (not following a link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtPath {
+    Nothing,
+    /// A socket file: its owner, device and inode.
+    Socket {
+        uid: u32,
+        dev: u64,
+        ino: u64,
+    },
+    /// Something else, in words.
+    Other(&'static str),
+}
+
+/// What is at `path` (`lstat`: a link is not followed).
+pub fn socket_file(path: &str) -> Result<AtPath> {
     use rustix::fs::FileType;
     match rustix::fs::statat(rustix::fs::CWD, path, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(Some(match FileType::from_raw_mode(st.st_mode) {
-            FileType::Socket => Ok((st.st_uid, st.st_dev, st.st_ino)),
-            FileType::Symlink => Err("a symbolic link"),
-            FileType::Directory => Err("a directory"),
-            FileType::Fifo => Err("a FIFO"),
-            _ => Err("not a socket"),
-        })),
-        Err(Errno::NOENT) => Ok(None),
+        Ok(st) => Ok(match FileType::from_raw_mode(st.st_mode) {
+            FileType::Socket => AtPath::Socket {
+                uid: st.st_uid,
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+            FileType::Symlink => AtPath::Other("a symbolic link"),
+            FileType::Directory => AtPath::Other("a directory"),
+            FileType::Fifo => AtPath::Other("a FIFO"),
+            _ => AtPath::Other("not a socket"),
+        }),
+        Err(Errno::NOENT) => Ok(AtPath::Nothing),
         Err(e) => Err(Error::io(format!("stat('{path}')"), e)),
     }
 }
@@ -478,13 +493,13 @@ pub fn socket_listening(path: &str) -> Result<bool> {
 pub fn remove_socket_file(path: &str) -> Result<std::result::Result<bool, String>> {
     let me = rustix::process::geteuid().as_raw();
     match socket_file(path)? {
-        None => Ok(Ok(false)),
-        Some(Ok((uid, _, _))) if uid == me => match rustix::fs::unlink(path) {
+        AtPath::Nothing => Ok(Ok(false)),
+        AtPath::Socket { uid, .. } if uid == me => match rustix::fs::unlink(path) {
             Ok(()) | Err(Errno::NOENT) => Ok(Ok(true)),
             Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
         },
-        Some(Ok((uid, _, _))) => Ok(Err(format!("a socket of uid {uid}"))),
-        Some(Err(what)) => Ok(Err(what.to_string())),
+        AtPath::Socket { uid, .. } => Ok(Err(format!("a socket of uid {uid}"))),
+        AtPath::Other(what) => Ok(Err(what.to_string())),
     }
 }
 

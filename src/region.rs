@@ -914,13 +914,19 @@ fn remove_orphan_socket(name: &str) -> Option<Swept> {
         return None;
     }
     let path = format!("{}/{name}", os::SHM_DIR);
-    // Gone already (removed with its region by this sweep): nothing to say.
-    let found = os::socket_file(&path).ok()??;
+    let found = match os::socket_file(&path) {
+        // Gone already (removed with its region by this sweep): nothing to say.
+        Ok(os::AtPath::Nothing) => return None,
+        found => found,
+    };
     let verdict = (|| -> Result<Verdict> {
         let me = rustix::process::geteuid().as_raw();
-        let (uid, dev, ino) = match found {
-            Err(what) => return Ok(Verdict::Left(format!("{what}, not a socket"))),
-            Ok(id) => id,
+        let (uid, dev, ino) = match found? {
+            os::AtPath::Socket { uid, dev, ino } => (uid, dev, ino),
+            os::AtPath::Other(what) => {
+                return Ok(Verdict::Left(format!("{what}, not a socket")))
+            }
+            os::AtPath::Nothing => return Ok(Verdict::Changed),
         };
         if uid != me {
             return Ok(Verdict::Left("belongs to another user".into()));
@@ -930,7 +936,7 @@ fn remove_orphan_socket(name: &str) -> Option<Swept> {
                 "a socket something listens on, with no region".into(),
             ));
         }
-        let same = matches!(os::socket_file(&path)?, Some(Ok((_, d, i))) if (d, i) == (dev, ino));
+        let same = matches!(os::socket_file(&path)?, os::AtPath::Socket { dev: d, ino: i, .. } if (d, i) == (dev, ino));
         if !same || os::name_identity(region)?.is_some() {
             return Ok(Verdict::Changed);
         }

@@ -122,6 +122,19 @@ enum Import {
     },
 }
 
+impl Import {
+    /// `(size now, size mapped)` when the file behind a CPU mapping shrank under it
+    /// ([`ImportedMemory::check_size`]). A CUDA import maps no file on the CPU.
+    fn shrunk(&self) -> Option<(u64, u64)> {
+        match self {
+            #[cfg(feature = "vulkan")]
+            Import::Mapped(m) => m.check_size().err().map(|now| (now, m.size())),
+            #[cfg(feature = "cuda")]
+            Import::Cuda { .. } => None,
+        }
+    }
+}
+
 /// The imports of a client's Vulkan tensors: the lease its views hold.
 #[derive(Debug, Default)]
 struct Imports {
@@ -163,14 +176,10 @@ impl Imports {
             return Err(e);
         }
         for (i, import) in self.tensors.iter().enumerate() {
-            #[cfg(feature = "vulkan")]
-            if let Some(Import::Mapped(m)) = import {
-                if let Err(now) = m.check_size() {
-                    let _ = self.shrunk.set((layout_names(i), now, m.size()));
-                    return Err(self.shrunk_error().expect("set above"));
-                }
+            if let Some((now, size)) = import.as_ref().and_then(Import::shrunk) {
+                let _ = self.shrunk.set((layout_names(i), now, size));
+                return Err(self.shrunk_error().expect("set above"));
             }
-            let _ = (i, import, &layout_names);
         }
         Ok(())
     }
