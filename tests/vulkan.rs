@@ -576,6 +576,22 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
     assert!(gone(&name));
 }
 
+/// `shmbridge engine` arguments of a one-env `null` engine whose 8x8x4 `rgb` is
+/// exported Vulkan memory.
+const SMALL_VULKAN_ENGINE: [&str; 11] = [
+    "--env",
+    "null",
+    "--num-envs",
+    "1",
+    "--obs-dim",
+    "4",
+    "--image",
+    "8x8x4",
+    "--image-device",
+    "vulkan",
+    "--blocking",
+];
+
 /// A spec whose `rgb` the library allocates on the Vulkan device (path a).
 fn allocated_spec() -> EngineSpec {
     EngineSpec::new("render", 1)
@@ -692,19 +708,7 @@ fn refused_connections_are_summarised_not_logged_one_by_one() {
     if vulkan().is_none() {
         return;
     }
-    let engine = EngineProc::start(&[
-        "--env",
-        "null",
-        "--num-envs",
-        "1",
-        "--obs-dim",
-        "4",
-        "--image",
-        "8x8x4",
-        "--image-device",
-        "vulkan",
-        "--blocking",
-    ]);
+    let engine = EngineProc::start(&SMALL_VULKAN_ENGINE);
     let name = engine.name.clone();
     let path = region::socket_path(&name).unwrap();
     let not_a_proof = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
@@ -752,19 +756,7 @@ fn an_engine_out_of_fds_serves_again_once_it_has_some() {
     if vulkan().is_none() {
         return;
     }
-    let engine = EngineProc::start(&[
-        "--env",
-        "null",
-        "--num-envs",
-        "1",
-        "--obs-dim",
-        "4",
-        "--image",
-        "8x8x4",
-        "--image-device",
-        "vulkan",
-        "--blocking",
-    ]);
+    let engine = EngineProc::start(&SMALL_VULKAN_ENGINE);
     let name = engine.name.clone();
     let pid = engine.pid();
     // Its fd limit at its lowest free fd: every lower one is taken, so the next fd it
@@ -899,6 +891,20 @@ fn in_own_process(scenario: &str) -> (std::process::ExitStatus, String) {
     (out.status, text)
 }
 
+/// Runs `scenario` in a process of its own (where Vulkan is here) and asserts it ended
+/// well, all done.
+fn passes_in_own_process(scenario: &str) {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let (status, text) = in_own_process(scenario);
+    assert!(
+        status.success() && text.contains("SCENARIO DONE"),
+        "{status}:\n{text}"
+    );
+}
+
 fn scenario(name: &str) -> bool {
     std::env::var("SHMBRIDGE_TEST_SCENARIO").is_ok_and(|s| s == name)
 }
@@ -965,15 +971,7 @@ fn scenario_imported_memory_shrinks() {
 
 #[test]
 fn imported_memory_that_shrinks_is_a_typed_error() {
-    let _serial = serial();
-    if vulkan().is_none() {
-        return;
-    }
-    let (status, text) = in_own_process("scenario_imported_memory_shrinks");
-    assert!(
-        status.success() && text.contains("SCENARIO DONE"),
-        "{status}:\n{text}"
-    );
+    passes_in_own_process("scenario_imported_memory_shrinks");
 }
 
 /// The region of a Vulkan engine is truncated while the engine waits: `RegionTooSmall`.
@@ -1036,15 +1034,7 @@ fn scenario_truncated_vulkan_engine() {
 
 #[test]
 fn a_truncated_vulkan_engine_closes_its_socket() {
-    let _serial = serial();
-    if vulkan().is_none() {
-        return;
-    }
-    let (status, text) = in_own_process("scenario_truncated_vulkan_engine");
-    assert!(
-        status.success() && text.contains("SCENARIO DONE"),
-        "{status}:\n{text}"
-    );
+    passes_in_own_process("scenario_truncated_vulkan_engine");
 }
 
 /// SIGINT to a CLI engine with Vulkan tensors while its client steps: the signal's

@@ -19,54 +19,16 @@ import numpy as np
 import pytest
 
 import shmbridge
-from conftest import pattern
+from conftest import ISOLATED, descendant_running, namespaces_unavailable, pattern
 
-ISOLATED = ["unshare", "--pid", "--fork", "--net", "--mount-proc", "--kill-child", "--",
-            "sh", "-c", '"$@"; exit $?', "sh"]
 HANG = 60.0
 
-
-def _unavailable():
-    if os.geteuid() != 0:
-        return "PID, network and mount namespaces need root (unshare)"
-    try:
-        done = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount-proc", "true"],
-                              capture_output=True, text=True, timeout=60)
-    except OSError as e:
-        return f"unshare (util-linux) cannot run: {e}"
-    return None if done.returncode == 0 else f"unshare failed: {done.stderr.strip()}"
-
-
-pytestmark = pytest.mark.skipif(bool(_unavailable()), reason=str(_unavailable()))
+pytestmark = pytest.mark.skipif(bool(namespaces_unavailable()), reason=str(namespaces_unavailable()))
 
 
 def cli(*args: str) -> list:
     """The ``shmbridge`` command line of this package (``python -m shmbridge``)."""
     return [sys.executable, "-m", "shmbridge", *args]
-
-
-def descendant(root: int, exe: str) -> int:
-    """The pid here of the descendant of ``root`` running ``exe``; waits for it."""
-    exe = os.path.realpath(exe)
-    deadline = time.monotonic() + HANG
-    while time.monotonic() < deadline:
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            try:
-                with open(f"/proc/{pid}/task/{pid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                children = []
-            for c in children:
-                try:
-                    if os.readlink(f"/proc/{c}/exe") == exe:
-                        return c
-                except OSError:
-                    pass
-                todo.append(c)
-        os.sched_yield()
-    raise AssertionError(f"no {exe} under {root}")
 
 
 class IsolatedEngine:
@@ -135,7 +97,7 @@ def test_an_engine_dying_in_other_namespaces_is_named_as_such():
     try:
         client = shmbridge.attach(engine.name, timeout=30)
         client.step(timeout=30)
-        os.kill(descendant(engine.proc.pid, sys.executable), signal.SIGKILL)
+        os.kill(descendant_running(engine.proc.pid, sys.executable), signal.SIGKILL)
         with pytest.raises(shmbridge.EngineDiedError) as info:
             client.step(timeout=30)
         assert info.value.pid_in_other_namespace is True
@@ -167,7 +129,7 @@ def test_ctrl_c_stops_a_learner_in_other_namespaces_which_closes_first():
         learner = subprocess.Popen(
             ISOLATED + cli("client", name, "--steps", "1000000000", "--blocking"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        inner = descendant(learner.pid, sys.executable)
+        inner = descendant_running(learner.pid, sys.executable)
         deadline = time.monotonic() + HANG
         while frame_seq(name) < 10:  # it steps
             assert time.monotonic() < deadline, "the learner never stepped"

@@ -31,6 +31,7 @@ import time
 import pytest
 
 import shmbridge
+from conftest import ISOLATED, descendant_running, namespaces_unavailable
 
 # A hang guard, not a timing check.
 HANG = 60.0
@@ -42,55 +43,7 @@ BOUND_MS = 100.0
 PHASES = ["before-attach", "attach", "step", "reset", "call"]
 FAULTS = ["SIGKILL", "SIGTERM", "SIGSTOP+KILL"]
 ISOLATIONS = ["shared", "namespaces"]
-
-
-def _namespaces_unavailable():
-    """Why PID, network and mount namespaces cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "PID, network and mount namespaces need root (unshare)"
-    try:
-        done = subprocess.run(
-            ["unshare", "--pid", "--fork", "--net", "--mount-proc", "true"],
-            capture_output=True, text=True, timeout=60,
-        )
-    except OSError as e:
-        return f"unshare (util-linux) cannot run: {e}"
-    if done.returncode != 0:
-        return f"unshare --pid --fork --net --mount-proc failed: {done.stderr.strip()}"
-    return None
-
-
-NAMESPACES_UNAVAILABLE = _namespaces_unavailable()
-
-# A program in new PID, network and mount namespaces (a copy of this mount namespace, so
-# /dev/shm is shared; /proc of the new PID namespace), run by `sh` as its child: the first
-# process of a PID namespace ignores the signals it has no handler for (SIGTERM).
-ISOLATED = ["unshare", "--pid", "--fork", "--net", "--mount-proc", "--kill-child", "--",
-            "sh", "-c", '"$@"; exit $?', "sh"]
-
-
-def _descendant_running(root: int, exe: str) -> int:
-    """The pid here of the descendant of ``root`` that runs ``exe``; waits for it."""
-    exe = os.path.realpath(exe)
-    deadline = time.monotonic() + HANG
-    while True:
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            try:
-                with open(f"/proc/{pid}/task/{pid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                children = []
-            for c in children:
-                try:
-                    if os.readlink(f"/proc/{c}/exe") == exe:
-                        return c
-                except OSError:
-                    pass
-                todo.append(c)
-        assert time.monotonic() < deadline, f"no process of {exe} under pid {root}"
-        os.sched_yield()
+NAMESPACES_UNAVAILABLE = namespaces_unavailable()
 
 
 def _until_stopped(pid: int) -> None:
@@ -194,7 +147,7 @@ class Peer:
             stderr=subprocess.DEVNULL,
         )
         self.isolated = isolated
-        self.pid = _descendant_running(self.proc.pid, sys.executable) if isolated else self.proc.pid
+        self.pid = descendant_running(self.proc.pid, sys.executable) if isolated else self.proc.pid
         self.exited_at = None
         self._watch = None
         self._lines: queue.Queue = queue.Queue()
