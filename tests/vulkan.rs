@@ -1079,3 +1079,71 @@ fn a_vulkan_engine_stopped_by_sigint_never_crashes() {
         assert!(gone(&name), "round {round}");
     }
 }
+
+/// Memory the driver cannot import (a memfd it did not make, as an impostor or a broken
+/// engine may send): a typed error, and the process goes on. lavapipe closes the fd of
+/// a failed import (against the Vulkan rule): before the fix the client closed it again
+/// and Rust aborted the process ("owned file descriptor already closed").
+#[test]
+fn memory_the_driver_refuses_is_a_typed_error_not_an_abort() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let real = ExportedBuffer::allocate(&ctx, 4096).unwrap();
+    let table = real.table();
+    let foreign = rustix::fs::memfd_create("foreign", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&foreign, table.alloc_size).unwrap();
+    match shmbridge::device::vulkan::vk::ImportedMemory::import(&ctx, foreign, &table, "frame") {
+        Err(Error::InvalidTensor { tensor, reason }) => {
+            assert_eq!(tensor, "frame");
+            assert!(
+                reason.contains("importing the engine's memory fd failed"),
+                "{reason}"
+            );
+        }
+        Err(e) => panic!("expected InvalidTensor, got {e}"),
+        Ok(_) => panic!("the driver imported a memfd it did not make"),
+    }
+}
+
+/// A child forked from a Vulkan engine's process, still running when the engine closes,
+/// does not keep the engine's listening socket: it is released in children, as the
+/// region's descriptors are. Before the fix the child held it (the socket stayed open,
+/// bound to the region's path, for as long as the child lived).
+#[test]
+fn a_forked_child_does_not_keep_the_engine_socket() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let bound = || {
+        std::fs::read_to_string("/proc/net/unix")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(path.as_str()))
+    };
+    assert!(bound());
+    let (read_end, write_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    // SAFETY: the child only waits for the pipe to close and exits (system calls).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(write_end);
+        let mut byte = [0u8; 1];
+        let _ = std::io::Read::read(&mut &read_end, &mut byte);
+        // SAFETY: ends the child without unwinding into the test harness.
+        unsafe { libc::_exit(0) };
+    }
+    drop(read_end);
+    engine.close();
+    let kept = bound();
+    drop(write_end);
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(!kept, "the forked child kept the engine's socket");
+    assert!(gone(&name));
+}
