@@ -1,12 +1,19 @@
 //! With the `vulkan` feature: translates the `pixels` engine's compute shader
 //! (kernels/pixels.wgsl) into SPIR-V with naga, validated, into `$OUT_DIR/pixels.spv`
-//! (src/envs/pixels.rs includes it). Nothing outside Cargo is run or downloaded.
+//! (src/envs/pixels.rs includes it). Without it the file is empty: that build refuses
+//! the `pixels` engine (`VulkanUnavailable`) before any shader is made, and the env's
+//! source needs no feature of its own. Nothing outside Cargo is run or downloaded.
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels/pixels.wgsl");
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "vulkan")]
     pixels_spirv();
+    #[cfg(not(feature = "vulkan"))]
+    {
+        let out = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("pixels.spv");
+        std::fs::write(&out, []).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+    }
 }
 
 #[cfg(feature = "vulkan")]

@@ -3,7 +3,8 @@
 
 Reads every non-test source file under `src/` (comments, `#[cfg(test)]` items and test
 files left out), resolves each `crate::`, `super::`, `self::` and child-module path to the
-file that defines the name (following `pub use` re-exports), and prints
+file that defines the name (following `pub use` re-exports; an inline `mod x { ... }` is
+a module of its own, in its file, so its `super::` is the module around it), and prints
 
 - the file-level graph's cycles,
 - the graph with each top-level module (a folder taken whole) as one node, and its cycles,
@@ -29,6 +30,7 @@ ITEM_RE = re.compile(
 MACRO_RE = re.compile(r"macro_rules!\s*([A-Za-z_][A-Za-z0-9_]*)")
 USE_RE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);")
 PATH_RE = re.compile(r"\b((?:crate|super|self)(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)")
+INLINE_MOD_RE = re.compile(r"\b(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_]\w*)\s*\{")
 
 
 def strip_comments_and_strings(src: str) -> str:
@@ -168,6 +170,28 @@ class Module:
         self.test_mods: set[str] = set()
 
 
+def split_inline(mods, m: Module) -> None:
+    """Makes each inline module (`mod name { ... }`) of `m`'s code a module of its own,
+    in the same file: its `self`, `super` and `pub use` are relative to it. Its body is
+    blanked in `m.code` (`mod name;` stays, an item of `m`). Two of one name (under
+    different `cfg`s) are one module."""
+    while True:
+        found = INLINE_MOD_RE.search(m.code)
+        if not found:
+            return
+        name, open_at = found.group(1), found.end() - 1
+        close_at = skip_item(m.code, open_at)
+        body = m.code[open_at + 1: close_at - 1]
+        m.code = m.code[:open_at] + ";" + " " * (close_at - open_at - 1) + m.code[close_at:]
+        m.children.add(name)
+        path = m.path + (name,)
+        inner = mods.get(path)
+        if inner is None:
+            inner = mods[path] = Module(path, m.file)
+        inner.code += "\n" + body
+        split_inline(mods, inner)
+
+
 def load(src_root: Path) -> dict[tuple[str, ...], Module]:
     mods: dict[tuple[str, ...], Module] = {}
 
@@ -177,7 +201,8 @@ def load(src_root: Path) -> dict[tuple[str, ...], Module]:
         m = Module(path, file)
         m.code, m.test_mods = code, test_mods
         mods[path] = m
-        # Inline modules (`mod shmbridge { ... }`) stay part of the file.
+        # Inline modules (`mod imp { ... }`) are modules of their own, in this file.
+        split_inline(mods, m)
         for decl in re.finditer(r"\b(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_]\w*)\s*;", code):
             name = decl.group(1)
             if name in test_mods:
@@ -344,7 +369,7 @@ def main() -> int:
         file_edges.setdefault(a, set())
         for ref in m.refs:
             t = resolve(ref, mods)
-            if t is None or t is m or not t.path:
+            if t is None or t.file == m.file or not t.path:
                 continue
             # `mod x;` plus `use x::...` in the parent is the parent reaching into its
             # child; an item of a parent used by a child is the child depending on it.

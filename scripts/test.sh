@@ -5,7 +5,8 @@
 # 100,000 checked steps, the C CartPole engine against the Rust one bit for bit, the C
 # programs under AddressSanitizer and UndefinedBehaviorSanitizer), the Python package's
 # tests (sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C and C#
-# CartPole engines trained against from Python), property, the loom models of the wait
+# CartPole engines trained against from Python), the type stubs of the native module
+# against the module (mypy's stubtest), property, the loom models of the wait
 # handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
 # C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
 # the header validation, smoke runs of the benchmarks, a 1-minute soak, and a check that
@@ -50,6 +51,12 @@ LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 
 echo "== Python package: pytest"
 .venv/bin/python -m pytest -q -rs tests/python
+
+echo "== the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
+.venv/bin/python -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
+
+echo "== src/ has no import cycle and follows the layer order in src/lib.rs"
+python3 scripts/layers.py
 
 echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check

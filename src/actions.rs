@@ -3,8 +3,11 @@
 //!
 //! The caller describes the array with plain values (what DLPack, NumPy's array
 //! interface or a C caller already has: element type, shape, byte strides, data pointer,
-//! device), so the Python binding and a C ABI share one check and one copy. The checks
-//! never copy; the copy checks first, so nothing is written on error.
+//! device), so that no binding needs a check of its own: the Python binding's
+//! `step(actions)` uses this one. The C ABI has no such call (a C client writes
+//! the action tensor in place, through `shmb_client_tensor`), so nothing there checks
+//! offered arrays. The checks never copy; the copy checks first, so nothing is written on
+//! error.
 
 use crate::layout::DType;
 

@@ -663,7 +663,7 @@ fn run_inspect(name: &str) -> Result<(), Error> {
 
 /// The table's device fields of a tensor outside the region (`inspect`), or `None`.
 fn device_line(t: &layout::TensorInfo) -> Option<String> {
-    use crate::device::{location::uuid_hex, Device};
+    use crate::layout::{location::uuid_hex, Device};
     match t.device {
         Device::Host => None,
         Device::Cuda(c) => Some(format!(
@@ -676,8 +676,8 @@ fn device_line(t: &layout::TensorInfo) -> Option<String> {
             let table = t.vulkan?;
             let semaphore = match table.semaphore {
                 None => "none",
-                Some(crate::device::vulkan::export::SemaphoreKind::Timeline) => "timeline",
-                Some(crate::device::vulkan::export::SemaphoreKind::Binary) => "binary",
+                Some(crate::layout::vulkan::SemaphoreKind::Timeline) => "timeline",
+                Some(crate::layout::vulkan::SemaphoreKind::Binary) => "binary",
             };
             Some(format!(
                 "vulkan device_uuid {} driver_uuid {} alloc_size {} memory_type {} dedicated {} \

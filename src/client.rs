@@ -211,12 +211,7 @@ impl Client {
                 },
                 e => e,
             })?;
-        if let Some(handle) = device.event_handle() {
-            // A 1.5 engine reads the session tag; an earlier one the bare state.
-            let tagged = layout.version.1 >= crate::layout::VERSION_MINOR_CUDA_SESSIONS;
-            let ack = control.publish_client_event(&handle, &claim, tagged)?;
-            device.set_release_ack(ack);
-        }
+        device.publish_session(control, &claim, &layout)?;
         control.attach_client();
         let policy = options.policy.adapted_to_shards(layout.shards.len());
         let mut client = Client {
@@ -232,7 +227,7 @@ impl Client {
             rx: Vec::new(),
             tx: flatbuffers::FlatBufferBuilder::new(),
             interrupt: options.interrupt.clone(),
-            device_hooks: !device.as_any().is::<crate::device::host::HostClient>(),
+            device_hooks: device.needs_hooks(),
             device,
             command_stream: 1,
             engine_pid_ns,
@@ -339,10 +334,9 @@ impl Client {
         self.io().write(key)
     }
 
-    /// The device backend of this client's tensors: with the `cuda` feature,
-    /// `device().as_cuda()` is the CUDA side (`None` for a host layout or once closed):
-    /// the primary context, the engine's event (a consumer stream waits on it before
-    /// reading a frame: `ClientCuda::wait_frame_on`) and the client's own event.
+    /// The device backend of this client's tensors: where each lives in this process
+    /// ([`ClientBackend::place`]), and the ordering of a consumer's stream after the
+    /// engine's last publication ([`ClientBackend::order_after_frame`]).
     pub fn device(&self) -> &dyn ClientBackend {
         &*self.device
     }

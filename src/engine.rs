@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
 use crate::control::{ClientState, Control, EngineState};
-use crate::device::{self, CudaRelease, Device, EngineBackend};
+use crate::device::{self, Device, DeviceRelease, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
 use crate::layout::{DType, Direction, HeaderBuilder, Layout, ShardInfo, TensorSpec};
@@ -192,7 +192,7 @@ pub struct Engine {
     /// memory, whose hooks do nothing): the step path skips the calls entirely.
     device_hooks: bool,
     /// What became of exported device memory at close.
-    release: CudaRelease,
+    release: DeviceRelease,
 }
 
 impl std::fmt::Debug for Engine {
@@ -270,9 +270,9 @@ impl Engine {
             frame: 0,
             ready: false,
             closed: false,
-            device_hooks: !device.as_any().is::<crate::device::host::HostEngine>(),
+            device_hooks: device.needs_hooks(),
             device,
-            release: CudaRelease::NoCuda,
+            release: DeviceRelease::NothingHeld,
         })
     }
 
@@ -341,7 +341,7 @@ impl Engine {
             closed: false,
             device_hooks: false,
             device: Box::new(device::host::HostEngine),
-            release: CudaRelease::NoCuda,
+            release: DeviceRelease::NothingHeld,
         })
     }
 
@@ -406,9 +406,8 @@ impl Engine {
         self.io().read(key)
     }
 
-    /// The device backend of this engine's tensors: with the `cuda` feature,
-    /// `device().as_cuda()` is the CUDA side (its context, and the stream to launch a
-    /// frame's kernels on), `None` for a host-only engine.
+    /// The device backend of this engine's tensors: the stream a frame's kernels go on
+    /// ([`EngineBackend::stream`]; CUDA), the device addresses of its tensors.
     pub fn device(&self) -> &dyn EngineBackend {
         &*self.device
     }
@@ -809,10 +808,11 @@ impl Engine {
         self.shut();
     }
 
-    /// [`close`](Engine::close), reporting what happened to the exported CUDA memory:
-    /// freed once the client acknowledged closing its handles (or died, or never opened
-    /// them), else leaked after a bounded wait.
-    pub fn close_reporting(mut self) -> CudaRelease {
+    /// [`close`](Engine::close), reporting what happened to exported device memory a
+    /// client could hold open (CUDA's): freed once the client acknowledged closing its
+    /// handles (or died, or never opened them), else leaked after a bounded wait;
+    /// [`DeviceRelease::NothingHeld`] for host and Vulkan memory.
+    pub fn close_reporting(mut self) -> DeviceRelease {
         self.shut();
         self.release
     }

@@ -3,7 +3,7 @@
 //! the client's request (12 bytes, with its proof fd) and the engine's reply (12 bytes,
 //! with the engine's proof fd and the tensors' fds). All passed with `SCM_RIGHTS`.
 //!
-//! The socket is a file beside the region in /dev/shm (`region::socket_path`): it reaches
+//! The socket is a file beside the region in /dev/shm (`control::socket_path`): it reaches
 //! every process that shares /dev/shm, whatever its network namespace (an abstract
 //! socket lives in one network namespace: a learner in another container never saw it,
 //! and anyone in the learner's could bind the name). Who is at the other end is decided

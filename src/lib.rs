@@ -2,12 +2,33 @@
 //! ("client") on the same machine, through a POSIX shared-memory region with sequence
 //! counters driving a lock-step loop.
 //!
-//! Modules follow the data path: [`layout`] (the header, data only) → [`region`] (the shm
-//! object) → [`control`] (the live control block, typed) → [`sync`] (counters and
-//! waiting) → [`tensor`] (typed views) and [`device`] (where bytes live: host or CUDA,
-//! behind one backend seam) → [`engine`] and [`client`] (the two public faces) →
-//! [`envs`] (reference engines). All system calls are in `os`. The wire format is
-//! documented in `docs/protocol.md`.
+//! Modules follow the data path: [`layout`] (the header, data only) → [`control`] (the
+//! live control block, typed) and [`sync`] (counters and waiting) → [`device`] (where
+//! bytes live: host memory, CUDA IPC or Vulkan external memory, behind one backend seam)
+//! → [`region`] (the shm object) → [`tensor`] (typed views) → [`engine`] and [`client`]
+//! (the two public faces) → [`envs`] (reference engines). All system calls are in `os`.
+//! The wire format is documented in `docs/protocol.md`; how to add a device backend in
+//! `docs/backends.md`.
+//!
+//! # Layers
+//!
+//! Each module imports only modules of its own layer or below (layer 1 is the bottom),
+//! and no two files import each other in a circle: `scripts/layers.py` checks both.
+//!
+//! - layer 1: error
+//! - layer 2: os, process, fdpass
+//! - layer 3: primitive, launch
+//! - layer 4: sync
+//! - layer 5: layout
+//! - layer 6: control, ring, wire
+//! - layer 7: device
+//! - layer 8: region
+//! - layer 9: shard, tensor
+//! - layer 10: command, actions
+//! - layer 11: client, engine
+//! - layer 12: envs
+//! - layer 13: cli
+//! - layer 14: python, fuzzing
 
 #[cfg(not(all(target_os = "linux", target_endian = "little")))]
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");

@@ -163,7 +163,7 @@ pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
 /// it), however the process ends, and independent of `flock` locks on the same file. A
 /// shard of a sharded region (1.4) holds the one on its index for its whole life: its
 /// liveness token, as the `flock` is the creator's; an attached client holds one at
-/// `region::client_lock_byte` (at or above 2^61, far from any shard index).
+/// `control::client_lock_byte` (at or above 2^61, far from any shard index).
 fn ofd_lock(file: impl AsFd, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
     use std::os::fd::AsRawFd;
     let file = file.as_fd();

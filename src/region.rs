@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::control::Control;
+use crate::control::{Control, ControlMapping};
 use crate::error::{Error, PidNamespace, Result};
 use crate::layout::{
     self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
@@ -40,16 +40,11 @@ use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
-/// The fd socket of region `<name>` (protocol 1.6, §3.6) is the file `<name>.fd` beside
-/// it in /dev/shm; no region name ends so.
-pub const SOCKET_SUFFIX: &str = ".fd";
-/// The longest path a Unix socket address holds (`sun_path`, less its NUL).
-const MAX_SOCKET_PATH: usize = 107;
-/// The byte of a region file whose OFD write lock the engine that created it holds for
-/// its whole life, on a descriptor of its own (1.6): handing that descriptor over proves
-/// that one is the engine ([`Region::proves`]). Above every client's bytes
-/// ([`client_lock_byte`]) and below every client's proof byte ([`client_proof_byte`]).
-pub const ENGINE_PROOF_BYTE: u64 = 1 << 62;
+// The fd socket's path and the bytes of the ownership proofs (1.6) live in the control
+// layer, where the device backends that use them see them too.
+pub use crate::control::{
+    client_lock_byte, client_proof_byte, socket_path, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
+};
 /// The most header bytes a snapshot copies: control block, a full tensor table and a
 /// full shard table (1.4).
 const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
@@ -84,21 +79,6 @@ pub fn canonical_name(name: &str) -> Result<String> {
         });
     }
     Ok(full)
-}
-
-/// The path of region `name`'s fd socket (1.6): `/dev/shm/<name>.fd`, beside the region,
-/// so that it reaches wherever /dev/shm is shared (an abstract socket lives in one
-/// network namespace). `InvalidName` when the path does not fit a socket address:
-/// engines with Vulkan tensors take names of at most 95 characters.
-pub fn socket_path(name: &str) -> Result<String> {
-    let path = format!("{}/{name}{SOCKET_SUFFIX}", os::SHM_DIR);
-    if path.len() > MAX_SOCKET_PATH {
-        return Err(Error::InvalidName {
-            name: name.to_string(),
-            reason: "too long for the fd socket's path: engines with Vulkan tensors take names of at most 95 characters",
-        });
-    }
-    Ok(path)
 }
 
 /// A fresh random name: 128 bits, so two engines never collide.
@@ -640,6 +620,42 @@ impl Region {
     }
 }
 
+/// What a device backend sees of the region: its control words, a second mapping, and
+/// whether this process made it (each the inherent method of the same name).
+impl ControlMapping for Region {
+    fn control(&self) -> Control<'_> {
+        Region::control(self)
+    }
+
+    fn made_here(&self) -> bool {
+        Region::made_here(self)
+    }
+
+    fn map_again(&self) -> Result<Box<dyn ControlMapping>> {
+        Ok(Box::new(Region::map_again(self)?))
+    }
+
+    fn name(&self) -> &str {
+        Region::name(self)
+    }
+
+    fn check_size(&self) -> Result<()> {
+        Region::check_size(self)
+    }
+
+    fn engine_proof(&self) -> Option<BorrowedFd<'_>> {
+        Region::engine_proof(self)
+    }
+
+    fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
+        Region::client_proof(self, pid, start_time)
+    }
+
+    fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {
+        Region::proves(self, fd, byte)
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         if self.owner && self.made_here() {
@@ -680,29 +696,6 @@ impl Drop for UnlinkOnDrop<'_> {
     }
 }
 
-/// The byte of a region file whose lock the client recorded as `(pid, start_time)` holds
-/// while attached. Derived from what the slot records, so the engine needs no other field
-/// to find it; a client forked from another, or one in another PID namespace, has another
-/// pid or start time, hence another byte. In `[2^61, 2^62)`: far above the bytes
-/// `0..shards` the shards of a sharded region lock (1.4), and below `i64::MAX` (`off_t`).
-pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
-    // splitmix64 of the pair: distinct clients land on distinct bytes.
-    let mut z = (u64::from(pid) << 32 ^ start_time).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 3) | (1 << 61)
-}
-
-/// The byte whose lock a client holds on a descriptor of its own while it asks the fd
-/// socket for the engine's fds (1.6): handing that descriptor over proves to the engine
-/// that the asker is the client recorded as `(pid, start_time)`, in whatever PID
-/// namespace it lives. Derived from [`client_lock_byte`]: in `(2^62, 2^62 + 2^61]`,
-/// above [`ENGINE_PROOF_BYTE`].
-pub fn client_proof_byte(pid: u32, start_time: u64) -> u64 {
-    client_lock_byte(pid, start_time) + (1 << 61) + 1
-}
-
 /// Removes `name` if it names the object `identity`. Whoever calls this holds that
 /// object's engine lock (its owner, or the judge of a dead engine), so no other caller
 /// acts on the object at the same time. The window left: between the `stat` and the
@@ -732,18 +725,6 @@ impl Region {
     pub fn close_and_remove(&self) {
         self.control().close_engine();
         self.unlink_if_same();
-    }
-
-    /// For a shard process exiting without its `Engine` value (a signal handler), on a
-    /// mapping of the region it joined: marks its shard closed and wakes a waiting client
-    /// (it sees `ShardClosed`). The name stays: it is the creator's.
-    pub fn close_shard(&self, shard: u32) -> Result<()> {
-        let layout = layout::validate(&self.name, &self.snapshot(), self.len() as u64)?;
-        let info = layout.shards.get(shard as usize).ok_or_else(|| {
-            Error::InvalidSpec(format!("region '{}' has no shard {shard}", self.name))
-        })?;
-        crate::shard::ShardSlot::new(self, info)?.close();
-        Ok(())
     }
 }
 

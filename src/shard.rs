@@ -206,6 +206,18 @@ pub fn lock_shard(region: &Region, index: u32) -> Result<()> {
     }
 }
 
+/// For a shard process exiting without its `Engine` value (a signal handler), on a
+/// mapping of the region it joined: marks shard `shard` closed and wakes a waiting
+/// client (it sees `ShardClosed`). The name stays: it is the creator's.
+pub fn close_shard(region: &Region, shard: u32) -> Result<()> {
+    let layout = crate::layout::validate(region.name(), &region.snapshot(), region.len() as u64)?;
+    let info = layout.shards.get(shard as usize).ok_or_else(|| {
+        Error::InvalidSpec(format!("region '{}' has no shard {shard}", region.name()))
+    })?;
+    ShardSlot::new(region, info)?.close();
+    Ok(())
+}
+
 /// The client's check of every shard of a sharded region: `ShardClosed` for a shard that
 /// closed, `ShardDied` for one whose lock is free after it had joined (it published
 /// frame 0, or wrote who it is). Shards that have not joined yet are not errors. A shard

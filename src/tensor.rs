@@ -55,8 +55,8 @@ fn not_on_host(t: &TensorInfo) -> Error {
 /// Borrowed access to the tensors of one region, for one side.
 ///
 /// An engine's views also hand out the engine's device backend ([`Tensors::engine_device`]:
-/// for CUDA tensors, `as_cuda()` gives its context and the stream a frame's kernels go
-/// on) and device addresses ([`Tensors::device_ptr`]), so that an env steps on the GPU
+/// for CUDA tensors, its `stream()` is the one a frame's kernels go on) and device
+/// addresses ([`Tensors::device_ptr`]), so that an env steps on the GPU
 /// through the same `&mut Tensors` its steps and commands get.
 pub struct Tensors<'a> {
     region: &'a Region,
@@ -128,7 +128,7 @@ impl<'a> Tensors<'a> {
     }
 
     /// The engine's device backend: launch the kernels that write a frame (or a
-    /// command's reset) on its CUDA stream (`engine_device()?.as_cuda()`), so that the
+    /// command's reset) on its stream (`engine_device()?.stream()`), so that the
     /// engine's event, recorded before `frame_seq` or the reply is published, follows
     /// them. An error for a client's views.
     pub fn engine_device(&self) -> Result<&'a dyn EngineBackend> {

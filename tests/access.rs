@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::peer::PeerProc;
-use common::BIN;
+use common::{shm_path, BIN};
 use rustix::process::Signal;
 use shmbridge::{AttachOptions, Client, DType, Engine, EngineSpec, Error};
 
@@ -46,10 +46,6 @@ fn listed_unreadable(ls: Output, name: &str) {
     );
 }
 
-fn path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new("/dev/shm").join(name)
-}
-
 #[test]
 fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
     // Root runs processes as `nobody` (setpriv); the private /dev/shm needs root too.
@@ -74,7 +70,7 @@ fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
     listed_unreadable(as_nobody(&["ls"]).output().expect("ls"), &name);
     let gc = as_nobody(&["gc"]).output().expect("gc");
     assert!(
-        gc.status.success() && path(&name).exists(),
+        gc.status.success() && shm_path(&name).exists(),
         "{:?}",
         text(&gc)
     );
@@ -94,7 +90,7 @@ fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
     });
     served.expect("root's client");
     drop(engine);
-    assert!(!path(&name).exists());
+    assert!(!shm_path(&name).exists());
 
     // Nobody's engine, seen by root: root could open the file, the library refuses to.
     let mut engine = PeerProc::spawn(
@@ -107,7 +103,7 @@ fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
         &[],
     );
     let name = engine.line();
-    let theirs = std::fs::metadata(path(&name)).expect("region file");
+    let theirs = std::fs::metadata(shm_path(&name)).expect("region file");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&theirs), 65534);
     let refused = |what: &str| match Client::attach(&name, AttachOptions::default()) {
         Err(Error::PermissionDenied { name: n }) => assert_eq!(n, name),
@@ -122,6 +118,9 @@ fn another_users_client_is_refused_and_ls_and_gc_leave_the_region_alone() {
     refused("dead");
     let gc = Command::new(BIN).arg("gc").output().expect("gc");
     assert!(gc.status.success(), "{:?}", text(&gc));
-    assert!(path(&name).exists(), "root's gc removed nobody's region");
-    std::fs::remove_file(path(&name)).expect("remove nobody's region");
+    assert!(
+        shm_path(&name).exists(),
+        "root's gc removed nobody's region"
+    );
+    std::fs::remove_file(shm_path(&name)).expect("remove nobody's region");
 }

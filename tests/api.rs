@@ -1,6 +1,8 @@
 //! The Rust API with engine and client in one process (two threads): states, errors,
 //! misuse, cleanup.
 
+mod common;
+
 use std::time::Duration;
 
 use shmbridge::region;
@@ -22,10 +24,6 @@ fn ready_engine() -> Engine {
     e.tensor_mut::<f32>("obs").unwrap().fill(7.0);
     assert_eq!(e.publish().unwrap(), 0);
     e
-}
-
-fn exists(name: &str) -> bool {
-    std::path::Path::new("/dev/shm").join(name).exists()
 }
 
 #[test]
@@ -59,7 +57,7 @@ fn frame_zero_then_lock_step_in_two_threads() {
     }
     client.close();
     assert_eq!(server.join().unwrap(), 1000);
-    assert!(!exists(&name));
+    assert!(!common::shm_exists(&name));
 }
 
 #[test]
@@ -176,7 +174,7 @@ fn names_and_specs_are_checked_before_anything_is_created() {
     let e = Engine::create(spec().name(&name)).unwrap_err();
     assert!(matches!(e, Error::NameInUse { .. }), "{e}");
     drop(a);
-    assert!(!exists(&format!("shmbridge-{name}")));
+    assert!(!common::shm_exists(&format!("shmbridge-{name}")));
     assert!(matches!(
         Engine::create(spec().name("bad/name")).unwrap_err(),
         Error::InvalidName { .. }
@@ -223,7 +221,7 @@ fn client_event_handle_is_read_from_the_header() {
     assert_eq!(engine.client_event(), None, "closed");
     assert_eq!(
         engine.close_reporting(),
-        shmbridge::device::CudaRelease::NoCuda
+        shmbridge::device::DeviceRelease::NothingHeld
     );
 }
 
@@ -257,7 +255,7 @@ fn cuda_specs_are_declared_and_refused_without_a_driver() {
         matches!(&e, Error::CudaUnavailable { reason } if !reason.is_empty()),
         "{e}"
     );
-    assert!(!exists("shmbridge-api-cuda-refused"));
+    assert!(!common::shm_exists("shmbridge-api-cuda-refused"));
     // Host-only specs are untouched by `place` of an unknown name.
     let host = spec().place("nope", Device::cuda(0));
     assert!(host.tensors.iter().all(|t| t.device == Device::Host));
@@ -295,7 +293,7 @@ fn attach_waits_end_at_the_interrupt_hook() {
     assert!(calls.load(Ordering::Relaxed) > 3);
     // A region file with no header yet: zeroed, its "engine" holding the lock.
     let name = format!("shmbridge-api-unpublished-{}", std::process::id());
-    let path = std::path::Path::new("/dev/shm").join(&name);
+    let path = common::shm_path(&name);
     let file = std::fs::File::create_new(&path).unwrap();
     file.set_len(4096).unwrap();
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();

@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::{f32s, next_random};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -63,12 +64,6 @@ struct Frame {
     rewards: Vec<f32>,
     terminated: Vec<u8>,
     truncated: Vec<u8>,
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 /// What the GPU engine would run for one operation, as the runner's input encodes it.
@@ -140,15 +135,6 @@ fn cpu_frame(client: &mut Client) -> Frame {
         terminated: io.read::<u8>("terminated").unwrap().to_vec(),
         truncated: io.read::<u8>("truncated").unwrap().to_vec(),
     }
-}
-
-/// splitmix64: the actions' and masks' source.
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The first difference between two frames, bit for bit, naming the env.

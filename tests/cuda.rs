@@ -10,12 +10,14 @@
 
 mod common;
 
+use common::{f32s, next_random};
 use std::process::Command;
 use std::sync::Arc;
 
 use shmbridge::device::cuda::driver::{
     self, DeviceAllocation, Driver, IpcEvent, PrimaryContext, Stream,
 };
+use shmbridge::device::cuda::kernel::{self, Arg, Module};
 
 /// The driver and device 0's primary context, or `None` (after printing why).
 fn gpu(test: &str) -> Option<(&'static Driver, Arc<PrimaryContext>)> {
@@ -161,7 +163,17 @@ fn kernels_compile_with_nvrtc_and_null_matches_the_cpu_pattern() {
     let Some((d, ctx)) = gpu("kernels_compile_with_nvrtc") else {
         return;
     };
-    let modules = match shmbridge::envs::gpu::load_all(d, &ctx) {
+    // Every embedded kernel file, compiled and loaded as a GPU engine does at start.
+    let load_all = || -> Result<Vec<(&str, Module)>, Error> {
+        shmbridge::envs::kernels::SOURCES
+            .iter()
+            .map(|(file, src, _)| {
+                let options = shmbridge::envs::kernels::COMPILE_OPTIONS;
+                Ok((*file, kernel::build(d, &ctx, file, src, options)?))
+            })
+            .collect()
+    };
+    let modules = match load_all() {
         Ok(m) => m,
         Err(e @ shmbridge::Error::CudaUnavailable { .. }) => {
             eprintln!("SKIPPED kernels: {e}");
@@ -173,7 +185,6 @@ fn kernels_compile_with_nvrtc_and_null_matches_the_cpu_pattern() {
     let n = 1000u64;
     let obs = DeviceAllocation::new(&ctx, n as usize * 4).unwrap();
     let s = Stream::create(&ctx).unwrap();
-    use driver::Arg;
     // SAFETY: null_fill(float*, u64, u64); `obs` holds n floats.
     unsafe {
         null.launch(
@@ -206,7 +217,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use shmbridge::device::{CudaRelease, Device};
+use shmbridge::device::{Device, DeviceRelease};
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Peer};
 
 const ENVS: u64 = 64;
@@ -215,7 +226,7 @@ const T: Duration = Duration::from_secs(30);
 
 /// Child: serves a CUDA `null` engine named `$NAME` until a client closes and `$STOP`
 /// exists (or it is killed). Prints `READY <name>` once frame 0 is published and
-/// `RELEASE <Freed|Leaked|NoCuda>` after closing.
+/// `RELEASE <Freed|Leaked|NothingHeld>` after closing.
 #[test]
 fn child_cuda_engine() {
     if std::env::var("ROLE").ok().as_deref() != Some("engine") {
@@ -251,11 +262,12 @@ fn child_cuda_engine() {
     let mut engine = Engine::create(spec).unwrap();
     let cuda = engine.device().as_cuda().unwrap();
     // A cubin for this device first, as the GPU engines load their kernels.
-    let module = shmbridge::envs::gpu::build(
+    let module = kernel::build(
         d,
         cuda.context(),
         "null.cu",
         shmbridge::envs::kernels::NULL_CU,
+        shmbridge::envs::kernels::COMPILE_OPTIONS,
     )
     .unwrap();
     let (obs, actions, rewards) = (
@@ -264,7 +276,6 @@ fn child_cuda_engine() {
         engine.device_ptr("rewards").unwrap(),
     );
     let n = ENVS * OBS_DIM;
-    use driver::Arg;
     let frame = |engine: &Engine, seq: u64| {
         let s = engine.device().as_cuda().unwrap().stream().unwrap();
         // SAFETY: null_step(float*, u64, u64, const float*, u64, float*, u64); the
@@ -488,7 +499,7 @@ fn cuda_engine_and_client_lock_step() {
         "closed exactly once"
     );
     let release = engine.finish();
-    assert_eq!(release, format!("RELEASE {:?}", CudaRelease::Freed));
+    assert_eq!(release, format!("RELEASE {:?}", DeviceRelease::Freed));
 }
 
 /// (d) 100 attach/step/close cycles leave device memory unchanged within one
@@ -671,7 +682,7 @@ fn kernels_compile_to_cubins() {
     use shmbridge::envs::kernels::{COMPILE_OPTIONS, SOURCES};
     for arch in [(8, 0), (8, 6), (9, 0)] {
         for (file, src, kernels) in SOURCES {
-            let cubin = driver::compile_cubin(file, src, COMPILE_OPTIONS, arch)
+            let cubin = kernel::compile_cubin(file, src, COMPILE_OPTIONS, arch)
                 .unwrap_or_else(|e| panic!("{file} sm_{}{}: {e}", arch.0, arch.1));
             assert_eq!(&cubin[..4], b"\x7fELF", "{file}: a cubin is an ELF image");
             for k in *kernels {
@@ -683,7 +694,7 @@ fn kernels_compile_to_cubins() {
             }
         }
     }
-    match driver::compile_cubin("null.cu", shmbridge::envs::kernels::NULL_CU, &[], (1, 0)) {
+    match kernel::compile_cubin("null.cu", shmbridge::envs::kernels::NULL_CU, &[], (1, 0)) {
         Err(Error::Cuda { call, detail }) => {
             assert_eq!(call, "nvrtcCompileProgram");
             assert!(detail.contains("sm_10"), "{detail}");
@@ -703,7 +714,7 @@ fn gpu_engines(test: &str) -> bool {
     let Some((d, _ctx)) = parent_gpu(test) else {
         return false;
     };
-    match driver::compile(d, "empty.cu", "extern \"C\" __global__ void k() {}", &[]) {
+    match kernel::compile(d, "empty.cu", "extern \"C\" __global__ void k() {}", &[]) {
         Ok(_) => true,
         Err(e @ Error::CudaUnavailable { .. }) => {
             eprintln!("SKIPPED {test}: {e}");
@@ -734,12 +745,6 @@ fn fetch(client: &Client, name: &str) -> Vec<u8> {
     let mut out = vec![0u8; t.nbytes as usize];
     m.read(t.offset, &mut out).unwrap();
     out
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 /// Writes client→engine CUDA tensors from host bytes and steps: staged in a device
@@ -991,15 +996,6 @@ impl CartPair {
         let (status, stderr) = c.finish();
         assert!(status.success(), "{stderr}");
     }
-}
-
-/// splitmix64: the test's action and mask source (the same for both engines).
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Observations equal up to f32 rounding of f64 states that differ in the last bits

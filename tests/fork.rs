@@ -2,6 +2,8 @@
 //! nothing happens to the parent's session (before the fix, the child's drops closed the
 //! region and removed its name).
 
+mod common;
+
 use std::time::Duration;
 
 use shmbridge::{AttachOptions, Client, DType, Engine, EngineSpec};
@@ -26,7 +28,7 @@ fn a_forked_child_dropping_engine_and_client_leaves_the_session() {
     // SAFETY: waits for the child forked above.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-    assert!(std::path::Path::new("/dev/shm").join(&name).exists());
+    assert!(common::shm_exists(&name));
     std::thread::scope(|s| {
         s.spawn(|| {
             let seq = engine.wait_actions(Duration::from_secs(30)).unwrap();
@@ -37,5 +39,5 @@ fn a_forked_child_dropping_engine_and_client_leaves_the_session() {
     });
     client.close();
     engine.close();
-    assert!(!std::path::Path::new("/dev/shm").join(&name).exists());
+    assert!(!common::shm_exists(&name));
 }

@@ -61,13 +61,6 @@ fn line<'a>(output: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line for {name}:\n{output}"))
 }
 
-fn exists(name: &str) -> bool {
-    std::path::Path::new("/dev/shm")
-        .join(name)
-        .symlink_metadata()
-        .is_ok()
-}
-
 /// Before the fix `gc` removed every old file with the prefix that was not locked: files
 /// of other programs, empty or zero-filled ones, garbage with a nonzero first word.
 #[test]
@@ -125,7 +118,7 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
     for (name, what, why) in expect {
         let l = line(&gc, name);
         assert!(l.starts_with(what) && l.contains(why), "{name}: {l}\n{gc}");
-        assert_eq!(exists(name), what == "left", "{name}");
+        assert_eq!(common::shm_exists(name), what == "left", "{name}");
     }
     assert!(gc.contains("2 stale region(s) removed, 7 left"), "{gc}");
     drop(live);
@@ -150,7 +143,7 @@ fn gc_leaves_another_users_dead_region() {
         l.starts_with("left") && l.contains("belongs to another user"),
         "{gc}"
     );
-    assert!(exists("shmbridge-nobodys"));
+    assert!(common::shm_exists("shmbridge-nobodys"));
 }
 
 /// A name planted in /dev/shm with a newline and terminal escape sequences (anyone can
@@ -232,7 +225,7 @@ fn gc_removes_fd_sockets_whose_region_is_gone() {
         ("shmbridge-dead", false),
         ("shmbridge-dead.fd", false),
     ] {
-        assert_eq!(exists(name), left, "{name}");
+        assert_eq!(common::shm_exists(name), left, "{name}");
     }
     // `ls` lists regions only.
     assert!(!run(&["ls"]).contains(".fd"));

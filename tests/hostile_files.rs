@@ -6,8 +6,8 @@
 
 mod common;
 
+use common::shm_path;
 use std::os::unix::fs::{symlink, MetadataExt};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -16,10 +16,6 @@ use shmbridge::{region, AttachOptions, Client, Error};
 
 /// A hang guard, not a timing check: before the fix, opening a FIFO blocked forever.
 const HANG: Duration = Duration::from_secs(60);
-
-fn path(name: &str) -> PathBuf {
-    PathBuf::from("/dev/shm").join(name)
-}
 
 /// Runs `f` on a thread; fails the test if it has not returned within `HANG`.
 fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -36,7 +32,7 @@ struct Planted(String);
 
 impl Drop for Planted {
     fn drop(&mut self) {
-        let p = path(&self.0);
+        let p = shm_path(&self.0);
         let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir(&p));
     }
 }
@@ -44,7 +40,7 @@ impl Drop for Planted {
 /// Plants a `kind` (fifo, link, dir) named after `test` (the tests run in parallel).
 fn plant(kind: &str, test: &str) -> Planted {
     let name = format!("shmbridge-hostile-{test}-{kind}-{}", std::process::id());
-    let p = path(&name);
+    let p = shm_path(&name);
     match kind {
         "fifo" => rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -97,7 +93,7 @@ fn a_symlink_is_not_followed_by_the_sweep() {
     common::make_old(&target);
     let removed = no_hang("sweep", region::sweep).unwrap();
     assert!(!removed.contains(&planted.0), "{removed:?}");
-    assert!(path(&planted.0).symlink_metadata().is_ok());
+    assert!(shm_path(&planted.0).symlink_metadata().is_ok());
     assert!(target.exists());
     std::fs::remove_file(&target).unwrap();
 }
@@ -122,7 +118,7 @@ fn ls_inspect_gc_and_an_engine_start_do_not_block_on_a_fifo() {
     assert!(String::from_utf8_lossy(&inspect.stderr).contains("a FIFO"));
     let gc = run(vec!["gc".into()]);
     assert!(gc.status.success());
-    assert!(path(&fifo.0).exists(), "gc removed a FIFO");
+    assert!(shm_path(&fifo.0).exists(), "gc removed a FIFO");
     // An engine's start sweeps /dev/shm first.
     let engine = no_hang("an engine start", || {
         common::EngineProc::start(&["--env", "null", "--num-envs", "1"])
@@ -133,7 +129,7 @@ fn ls_inspect_gc_and_an_engine_start_do_not_block_on_a_fifo() {
         .close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(path(&fifo.0).exists());
+    assert!(shm_path(&fifo.0).exists());
 }
 
 /// Root only: a file another user planted with a region's name (mode 0666, old) is
@@ -145,7 +141,7 @@ fn another_users_file_is_refused_and_left_alone() {
         return;
     }
     let name = format!("shmbridge-hostile-other-{}", std::process::id());
-    let p = path(&name);
+    let p = shm_path(&name);
     std::fs::write(&p, [0u8; 64]).unwrap();
     let _planted = Planted(name.clone());
     std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
@@ -173,7 +169,7 @@ fn roots_gc_does_not_follow_a_link_planted_by_nobody() {
     region[..8].copy_from_slice(&shmbridge::layout::MAGIC.to_le_bytes());
     std::fs::write(&target, &region).unwrap();
     common::make_old(&target);
-    let link = path(name);
+    let link = shm_path(name);
     symlink(&target, &link).unwrap();
     let nobody = rustix::process::Uid::from_raw(65534);
     rustix::fs::chownat(

@@ -2,6 +2,8 @@
 //! (`shmbridge::fuzzing::header`): every input in `tests/hostile_headers/` (what the
 //! fuzzer found, once fixed, and hand-made attacks) and the seeds of its corpus.
 
+mod common;
+
 use std::path::Path;
 
 use shmbridge::fuzzing;
@@ -10,22 +12,12 @@ use shmbridge::fuzzing;
 /// findings) may be accepted, but only as a layout that passes `check_layout`.
 #[test]
 fn replay_hostile_headers() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_headers");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("tests/hostile_headers") {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "md") {
-            continue;
-        }
-        let data = std::fs::read(&path).unwrap();
+    for (name, data) in common::stored_inputs("tests/hostile_headers") {
         let result = fuzzing::header(&data);
-        let name = path.file_name().unwrap().to_string_lossy();
         if let (true, Ok(layout)) = (name.starts_with("reject-"), result) {
             panic!("{name} was accepted: {layout:?}");
         }
-        n += 1;
     }
-    assert!(n > 0, "no inputs in {}", dir.display());
 }
 
 /// The corpus seeds are valid headers (raw snapshots and unedited builder output) and
@@ -52,15 +44,12 @@ fn corpus_seeds_are_valid_headers() {
 /// hash or the snapshot's size.
 #[test]
 fn shard_table_attacks_are_refused_for_what_they_break() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_headers");
     let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("tests/hostile_headers") {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
+    for (name, data) in common::stored_inputs("tests/hostile_headers") {
         if !(name.starts_with("reject-shard") || name.starts_with("reject-sharded")) {
             continue;
         }
-        let err = fuzzing::header(&std::fs::read(&path).unwrap()).unwrap_err();
+        let err = fuzzing::header(&data).unwrap_err();
         let text = err.to_string();
         let why = [
             "shard",

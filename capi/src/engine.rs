@@ -269,33 +269,12 @@ pub unsafe extern "C" fn shmb_engine_cuda_stream(
 ) -> shmb_status {
     guard(|| {
         need(stream, "stream")?;
-        let s = with(engine, |h| cuda_stream(&h.side))?;
+        let s = with(engine, |h| {
+            Ok(shmbridge_core::device::cuda_stream(h.side.device(), h.side.name())?.raw())
+        })?;
         // SAFETY: checked non-null; writable per the caller's contract.
         unsafe { put(stream, s, "stream") }
     })
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_stream(engine: &Engine) -> CResult<u64> {
-    engine
-        .device()
-        .as_cuda()
-        .and_then(|c| c.stream())
-        .map(|s| s.raw())
-        .ok_or_else(|| no_cuda_tensor(engine))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_stream(_engine: &Engine) -> CResult<u64> {
-    Err(shmbridge_core::device::cuda::unavailable_without_feature().into())
-}
-
-#[cfg(feature = "cuda")]
-fn no_cuda_tensor(engine: &Engine) -> crate::status::Fail {
-    shmbridge_core::Error::CudaUnavailable {
-        reason: format!("engine '{}' has no tensor on CUDA", engine.name()),
-    }
-    .into()
 }
 
 /// Closes the engine: the region is marked closed (a waiting client gets

@@ -18,6 +18,8 @@ __all__ = [
     "cuda_available",
     "list_regions",
     "gc",
+    "_spawn_engine",
+    "_check_cli_args",
     "_error_classes",
     "_raise_timeout",
     "__version__",
@@ -174,12 +176,13 @@ class _CommandHandler(Protocol):
         self, method: str, args: Dict[str, str], payload: bytes
     ) -> Union[None, Dict[str, Any], bytes, Tuple[Dict[str, Any], bytes]]: ...
 
+@final
 class EngineSpec:
     """What an engine serves: kind, number of envs, tensors and metadata."""
 
-    def __init__(
-        self, kind: str, num_envs: int, *, name: Optional[str] = None, ring_capacity: Optional[int] = None
-    ) -> None: ...
+    def __new__(
+        cls, kind: str, num_envs: int, *, name: Optional[str] = None, ring_capacity: Optional[int] = None
+    ) -> EngineSpec: ...
     @staticmethod
     def standard(
         kind: str,
@@ -216,7 +219,7 @@ class Engine:
     """Serves a region from Python: write engine->client views, ``publish()``,
     ``wait_actions()``, repeat."""
 
-    def __init__(self, spec: EngineSpec, *, spin_us: Optional[float] = None, blocking: bool = False) -> None: ...
+    def __new__(cls, spec: EngineSpec, *, spin_us: Optional[float] = None, blocking: bool = False) -> Engine: ...
     @staticmethod
     def join(
         name: str, shard: int, *, timeout: float = 10.0, spin_us: Optional[float] = None, blocking: bool = False

@@ -44,18 +44,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _attach_shards, _check_int, _check_number, _start_shards
-from ._native import Client, Engine, EngineSpec
+# The launcher side lives with the other launchers (it starts this module's shards by
+# name); re-exported here, where the region it makes is described.
+from ._launch import EnvTarget, default_shards, launch_gym
+from ._native import Engine, EngineSpec
 
 __all__ = ["launch_gym", "env_slice", "make_vec", "default_shards"]
-
-EnvTarget = Union[str, Callable[[], Any]]
 
 #: Bounds of larger spaces are not put into the schema (they would crowd the reply ring).
 MAX_BOUNDS = 4096
@@ -66,69 +65,6 @@ def env_slice(num_envs: int, shards: int, k: int) -> Tuple[int, int]:
     one (the first ``num_envs % shards`` shards get one more), as the Rust core splits."""
     q, r = divmod(num_envs, shards)
     return k * q + min(k, r), q + (1 if k < r else 0)
-
-
-def default_shards(num_envs: int) -> int:
-    """One shard per core this process may run on (at most one per env), keeping one core
-    for the learner when there are more than two."""
-    cores = len(os.sched_getaffinity(0))
-    return max(1, min(num_envs, cores - 1 if cores > 2 else cores))
-
-
-def launch_gym(
-    env: EnvTarget,
-    num_envs: int = 16,
-    shards: Optional[int] = None,
-    *,
-    seed: Optional[int] = None,
-    autoreset_mode: str = "next-step",
-    timeout: float = 60.0,
-    spin_us: Optional[float] = None,
-    blocking: bool = False,
-    **env_kwargs: Any,
-) -> Client:
-    """Starts ``shards`` processes (default :func:`default_shards`) serving ``num_envs``
-    envs of ``env`` (a Gymnasium id, or a function returning an env) and attaches to
-    them. ``env_kwargs`` go to ``gymnasium.make``. ``seed``: frame 0's seeds (env ``i``
-    gets ``seed + i``). ``spin_us``/``blocking``: how every side waits; by default the
-    shards and the client spin only while the shards and the learner fit the cores
-    (``shards + 1 <= cores``), else they sleep on the futex at once (the core's adaptive
-    default), so busy shards never take turns with spinning waiters on an
-    oversubscribed machine. ``timeout`` bounds
-    the start (a MuJoCo env takes a second to import). Closing the client stops the
-    shards; nothing is left in /dev/shm.
-    """
-    num_envs = _check_int("num_envs", num_envs, 1)
-    shards = default_shards(num_envs) if shards is None else _check_int("shards", shards, 1)
-    if shards > num_envs:
-        raise ValueError(f"shards={shards} > num_envs={num_envs}: each shard needs an env")
-    if seed is not None:
-        seed = _check_int("seed", seed, 0)
-    if autoreset_mode not in ("next-step", "same-step"):
-        raise ValueError(f"autoreset_mode={autoreset_mode!r}: 'next-step' or 'same-step'")
-    timeout = _check_number("timeout", timeout)
-    if not isinstance(env, str) and not callable(env):
-        raise TypeError(f"env must be a Gymnasium id or a function making an env, not {type(env).__name__}")
-    import cloudpickle
-
-    blob = cloudpickle.dumps((env, env_kwargs))
-    name = "shmbridge-gym-" + secrets.token_hex(16)
-    base = [
-        sys.executable, "-m", "shmbridge.gym_shards", "--name", name,
-        "--shards", str(shards), "--num-envs", str(num_envs), "--autoreset", autoreset_mode,
-        "--timeout", str(timeout),
-    ]
-    if seed is not None:
-        base += ["--seed", str(seed)]
-    if blocking:
-        base.append("--blocking")
-    elif spin_us is not None:
-        base += ["--spin-us", str(spin_us)]
-    procs = _start_shards([base + ["--shard", str(k)] for k in range(shards)], timeout,
-                          f"launch_gym({env!r})", stdin=blob)
-    # Closing the client stops every shard (each sees the client close; shard 0 removes
-    # the region); one that does not is stopped.
-    return _attach_shards(name, procs, timeout, spin_us, blocking)
 
 
 def make_vec(

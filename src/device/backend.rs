@@ -12,13 +12,19 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::Device;
-use crate::control::{Control, ReleaseAck};
+use crate::control::{Claim, Control, ControlMapping};
 use crate::error::Result;
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 /// The engine's side of a backend.
 pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
+    /// Whether the hooks of the step path (`before_publish`, `before_actions`) do
+    /// anything: the engine asks once and skips the calls when they do not (host
+    /// memory), so a host step pays no call for them.
+    fn needs_hooks(&self) -> bool {
+        true
+    }
+
     /// Before a frame or a command's reply is published (`READY`, `frame_seq`, the reply
     /// push): makes the device work that wrote it complete before the peer reads it.
     fn before_publish(&self) -> Result<()>;
@@ -37,9 +43,16 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
     /// Device address (in this process) of a tensor in the backend's memory.
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64>;
 
+    /// The stream the device work that writes a frame (or a command's reset) goes on,
+    /// so that the engine's publication follows it (CUDA: the engine's `CUstream`);
+    /// `None` for a backend without one.
+    fn stream(&self) -> Option<StreamRef<'_>> {
+        None
+    }
+
     /// Once the region exists (before frame 0): start serving what the client fetches
     /// outside the region (Vulkan: the fd socket). Host and CUDA: nothing.
-    fn start(&mut self, _region: &Region) -> Result<()> {
+    fn start(&mut self, _region: &dyn ControlMapping) -> Result<()> {
         Ok(())
     }
 
@@ -52,7 +65,7 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
     /// At close, after `engine_state = CLOSED` is stored: finishes the device's queued
     /// work and frees exported memory once the client acknowledged releasing it (or
     /// died, or never imported it).
-    fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease;
+    fn release(self: Box<Self>, control: Control<'_>) -> DeviceRelease;
 
     /// Instead of [`EngineBackend::release`] when the region was truncated under the
     /// engine: the control block cannot be read, so nothing may wait on a client's
@@ -68,18 +81,31 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
 
 /// The client's side of a backend.
 pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
-    /// The handle to publish in the control block while claiming the slot
-    /// ([`Control::publish_client_event`]); `None`: nothing to publish.
-    fn event_handle(&self) -> Option<[u8; 64]>;
+    /// Whether the hooks of the step path (`before_post`, `after_frame`) do anything:
+    /// the client asks once and skips the calls when they do not (host memory).
+    fn needs_hooks(&self) -> bool {
+        true
+    }
 
-    /// How this client's session acknowledges releasing the engine's memory (what
-    /// publishing the event returned). Nothing to do for a backend that imports none.
-    fn set_release_ack(&mut self, _ack: ReleaseAck) {}
+    /// While the client claims the slot (before it is `ATTACHED`): publishes in the
+    /// control block what the engine needs of this client's device session, and keeps
+    /// how the session will acknowledge releasing the engine's memory (CUDA: the
+    /// client's event handle, and the session tag of 1.5, for a `layout` of that
+    /// version). `PeerClosed` if the engine closed meanwhile. Nothing for a backend that
+    /// publishes nothing.
+    fn publish_session(
+        &mut self,
+        _control: Control<'_>,
+        _claim: &Claim,
+        _layout: &Layout,
+    ) -> Result<()> {
+        Ok(())
+    }
 
     /// After the slot is claimed (and the event published): imports the engine's memory.
     /// `region`: the client's mapping (a backend that asks the engine for fds proves with
     /// it that it is the attached client, and checks the engine's proof against it).
-    fn open(&mut self, layout: &Layout, region: &Region) -> Result<()>;
+    fn open(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()>;
 
     /// At the points where the client checks its region (before each sleep of a wait,
     /// before a command): an error when an import can no longer be used (memory the
@@ -160,7 +186,7 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// acknowledges it in `region`'s control block (or, while views still hold them,
     /// leaves that to the last view). What must outlive the CLOSED store (the client's
     /// own event) is dropped with the backend.
-    fn release(&mut self, region: &Region);
+    fn release(&mut self, region: &dyn ControlMapping);
 
     fn as_any(&self) -> &dyn Any;
 }
@@ -210,13 +236,26 @@ impl StreamRef<'_> {
 
 /// What an engine did with its exported device memory when it closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaRelease {
-    /// No CUDA tensors (or not closed yet).
-    NoCuda,
+pub enum DeviceRelease {
+    /// No exported memory a client could still hold open: host memory, Vulkan memory
+    /// (an importer holds its own reference to it), or not closed yet.
+    NothingHeld,
     /// Freed: the client acknowledged closing its handles, died, or never opened them.
     Freed,
     /// Deliberately not freed: a live client still had the memory open (`client_cuda_state
     /// = OPEN`) when the bounded wait ran out. Freeing memory a peer has mapped is
     /// undefined behaviour in the driver; the driver reclaims it when this process exits.
     Leaked,
+}
+
+/// The name [`DeviceRelease`] had while only CUDA memory was exported.
+#[deprecated(note = "renamed `DeviceRelease` (`NoCuda` is `DeviceRelease::NothingHeld`)")]
+pub type CudaRelease = DeviceRelease;
+
+impl DeviceRelease {
+    /// [`DeviceRelease::NothingHeld`] under its old name, for code that names
+    /// `CudaRelease::NoCuda`.
+    #[deprecated(note = "renamed `DeviceRelease::NothingHeld`")]
+    #[allow(non_upper_case_globals)]
+    pub const NoCuda: DeviceRelease = DeviceRelease::NothingHeld;
 }

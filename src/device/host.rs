@@ -3,11 +3,10 @@
 
 use std::any::Any;
 
-use super::backend::{ClientBackend, CudaRelease, DevicePlace, EngineBackend, StreamRef};
-use crate::control::Control;
+use super::backend::{ClientBackend, DevicePlace, DeviceRelease, EngineBackend, StreamRef};
+use crate::control::{Control, ControlMapping};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 /// The engine's host backend.
 #[derive(Debug, Default)]
@@ -25,6 +24,9 @@ fn no_device(t: &TensorInfo) -> Error {
 }
 
 impl EngineBackend for HostEngine {
+    fn needs_hooks(&self) -> bool {
+        false
+    }
     #[inline]
     fn before_publish(&self) -> Result<()> {
         Ok(())
@@ -41,8 +43,8 @@ impl EngineBackend for HostEngine {
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
         Err(no_device(t))
     }
-    fn release(self: Box<Self>, _: Control<'_>) -> CudaRelease {
-        CudaRelease::NoCuda
+    fn release(self: Box<Self>, _: Control<'_>) -> DeviceRelease {
+        DeviceRelease::NothingHeld
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -50,10 +52,10 @@ impl EngineBackend for HostEngine {
 }
 
 impl ClientBackend for HostClient {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        None
+    fn needs_hooks(&self) -> bool {
+        false
     }
-    fn open(&mut self, _: &Layout, _: &Region) -> Result<()> {
+    fn open(&mut self, _: &Layout, _: &dyn ControlMapping) -> Result<()> {
         Ok(())
     }
     #[inline]
@@ -74,7 +76,7 @@ impl ClientBackend for HostClient {
             "a device copy into a host client's tensors: they live in the region",
         ))
     }
-    fn release(&mut self, _: &Region) {}
+    fn release(&mut self, _: &dyn ControlMapping) {}
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -1,28 +1,43 @@
 //! Where bytes live: the one location type, device requests, and the backends behind
 //! one seam.
 //!
-//! - [`location`]: [`Device`], the plain data type `layout` encodes;
+//! - [`location`]: [`Device`], the plain data type `layout` encodes (defined there,
+//!   re-exported here);
 //! - [`request`]: `cpu | cuda | cuda:N | auto`, and what it resolves to here;
 //! - [`backend`]: the engine's and the client's hooks ([`EngineBackend`],
 //!   [`ClientBackend`]);
 //! - [`host`]: host memory (every hook a no-op); [`cuda`]: CUDA IPC (driver layer,
 //!   exports and imports, events), compiled in every build, served with the `cuda`
 //!   feature; [`vulkan`]: Vulkan external memory passed as fds (1.3), served with the
-//!   `vulkan` feature (and imported into CUDA with the `cuda` feature).
+//!   `vulkan` feature (and imported into CUDA with the `cuda` feature);
+//! - [`compute`]: device code an env runs on its engine's device (CUDA kernels, a Vulkan
+//!   compute shader), through types that name no backend's own.
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and the only place outside this folder that knows the `cuda` and `vulkan`
-//! features. A new kind of memory is one more folder here, one [`Device`] variant and
-//! one arm in each.
+//! a layout, and, with [`built_for`] and [`cuda_stream`], the only code outside the
+//! backends' folders that knows the `cuda` and `vulkan` features; [`compute`] is how the
+//! envs run device code without them. A new kind of memory is one more folder here, one
+//! [`Device`] variant and one arm in each: `docs/backends.md` lists every file it
+//! touches, and why.
 
 pub mod backend;
+pub mod compute;
 pub mod cuda;
 pub mod host;
-pub mod location;
 pub mod request;
 pub mod vulkan;
 
-pub use backend::{ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef};
+/// Where a tensor lives: layout vocabulary ([`crate::layout::location`]), re-exported
+/// here, where the backends that serve each place are.
+pub mod location {
+    pub use crate::layout::location::*;
+}
+
+#[allow(deprecated)]
+pub use backend::CudaRelease;
+pub use backend::{
+    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
+};
 pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest};
@@ -43,6 +58,32 @@ pub fn probe() -> Result<CudaInfo> {
     {
         Err(cuda::unavailable_without_feature())
     }
+}
+
+/// `Ok` where this build serves memory at `location`: host memory always, CUDA with the
+/// `cuda` feature, Vulkan with `vulkan`; else the `CudaUnavailable` or
+/// `VulkanUnavailable` every path of such a build gives. Whether this machine can is
+/// another question ([`probe`]).
+pub fn built_for(location: Location) -> Result<()> {
+    match location {
+        Location::Host => Ok(()),
+        Location::Cuda if cfg!(feature = "cuda") => Ok(()),
+        Location::Cuda => Err(cuda::unavailable_without_feature()),
+        Location::Vulkan if cfg!(feature = "vulkan") => Ok(()),
+        Location::Vulkan => Err(vulkan::unavailable_without_feature()),
+    }
+}
+
+/// The CUDA stream an engine's kernels go on (its backend `engine`; `name` for the
+/// message): `CudaUnavailable` in a build without the `cuda` feature, or for an engine
+/// with no tensor on CUDA.
+pub fn cuda_stream<'a>(engine: &'a dyn EngineBackend, name: &str) -> Result<StreamRef<'a>> {
+    built_for(Location::Cuda)?;
+    engine
+        .stream()
+        .ok_or_else(|| crate::error::Error::CudaUnavailable {
+            reason: format!("engine '{name}' has no tensor on CUDA"),
+        })
 }
 
 /// Resolves a request against this machine: `Host` always works; `Cuda` needs a usable

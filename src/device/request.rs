@@ -1,8 +1,8 @@
 //! What a user asks for (`--device`, `device=`), and what it resolves to.
 
 use super::cuda::CudaInfo;
-use super::location::Device;
 use crate::error::{Error, Result};
+use crate::layout::Device;
 
 /// What a user asked for (`--device`, `device=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

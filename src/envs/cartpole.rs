@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
-use super::VecEnv;
+use super::vec_env::VecEnv;
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 
 fn join(values: [f64; 4]) -> String {

@@ -1,14 +1,17 @@
-//! The reference engines on a CUDA device (`shmbridge engine --device cuda`, `cuda`
-//! feature): `null` and `cartpole` with every tensor in the engine's exported device
+//! The reference engines on a CUDA device (`shmbridge engine --device cuda`; without the
+//! `cuda` feature they are `CudaUnavailable`): `null` and `cartpole` with every tensor in
+//! the engine's exported device
 //! allocation, stepped entirely on the GPU by the kernels of `kernels/` (compiled by NVRTC
 //! when the env is built, before the engine's region exists).
 //!
 //! They are [`VecEnv`]s like the CPU engines, serve the same tensors (names, dtypes,
 //! shapes, metadata: the CPU engines' specs, placed on the device) and are served by the
 //! same [`serve`](super::serve) loop. What they need from the engine comes through the
-//! `&mut Tensors` every step and command gets: [`Tensors::engine_device`] (the engine's
-//! CUDA side and its stream) and [`Tensors::device_ptr`]. Their own state (cartpole's f64 states, step
-//! counts and generators) lives in a device allocation the env owns; it is not exported.
+//! `&mut Tensors` every step and command gets: the stream of [`Tensors::engine_device`]
+//! ([`EngineBackend::stream`](crate::device::EngineBackend::stream)) and
+//! [`Tensors::device_ptr`]. Their kernels and their own state (cartpole's f64 states, step
+//! counts and generators, in device memory the env owns; it is not exported) come from
+//! [`crate::device::compute`].
 //!
 //! Ordering is by the engine's one stream: `wait_actions` queues the wait on the client's
 //! event, then [`VecEnv::step`] queues the kernels, then `publish` records the engine's
@@ -20,24 +23,21 @@
 //! kernel uses an env's memory after it is freed; `run_reference` creates the env first,
 //! hence drops it last.
 
-use std::sync::Arc;
-
-use super::kernels::{self, ResetUpload, BLOCK, SOURCES};
-use super::{cartpole, null, EnvOptions, VecEnv};
+use super::kernels::{self, ResetUpload, BLOCK};
+use super::vec_env::{unknown_env, EnvOptions, VecEnv};
+use super::{cartpole, null};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
-use crate::device::cuda::driver::{
-    self, Arg, DeviceAllocation, Driver, Module, PrimaryContext, Stream,
-};
-use crate::device::cuda::ipc::EngineCuda;
-use crate::device::Device;
+use crate::device::compute::{Arg, CudaKernels, DeviceMemory};
+use crate::device::{Device, StreamRef};
 use crate::engine::EngineSpec;
-use crate::error::{Error, Peer, Result};
+use crate::error::{Error, Result};
 use crate::layout::TensorId;
 use crate::tensor::Tensors;
 
 /// Builds reference env `name` on CUDA device `ordinal`, with the options
 /// [`super::by_name`] takes. `CudaUnavailable` where the driver, the device or NVRTC is
-/// missing; `Cuda` where compiling or loading the kernels fails.
+/// missing (or without the `cuda` feature); `Cuda` where compiling or loading the
+/// kernels fails.
 pub fn by_name(
     name: &str,
     num_envs: u32,
@@ -46,40 +46,18 @@ pub fn by_name(
 ) -> Result<Box<dyn VecEnv>> {
     match name {
         "null" => Ok(Box::new(GpuNull::new(
-            super::null_env(num_envs, options)?,
+            null::NullEnv::configured(num_envs, options)?,
             ordinal,
         )?)),
         "cartpole" => Ok(Box::new(GpuCartPole::new(num_envs, options.seed, ordinal)?)),
-        other => Err(super::unknown_env(other)),
+        other => Err(unknown_env(other)),
     }
 }
 
-/// Compiles one of the kernel files with NVRTC ([`kernels::COMPILE_OPTIONS`]) and loads
-/// it into `ctx` ([`driver::build`]).
-pub fn build(
-    driver: &Driver,
-    ctx: &Arc<PrimaryContext>,
-    file: &str,
-    source: &str,
-) -> Result<Module> {
-    driver::build(driver, ctx, file, source, kernels::COMPILE_OPTIONS)
-}
-
-/// Compiles every embedded kernel file with NVRTC and loads it into `ctx`: what a GPU
-/// engine does at start. `CudaUnavailable` where NVRTC is missing.
-pub fn load_all(driver: &Driver, ctx: &Arc<PrimaryContext>) -> Result<Vec<(&'static str, Module)>> {
-    SOURCES
-        .iter()
-        .map(|(file, src, _)| Ok((*file, build(driver, ctx, file, src)?)))
-        .collect()
-}
-
-/// Compiles `source` with NVRTC and loads it into device `ordinal`'s primary context.
-fn load(ordinal: i32, file: &str, source: &str) -> Result<(Arc<PrimaryContext>, Module)> {
-    let d = Driver::get()?;
-    let ctx = PrimaryContext::retain(d, ordinal)?;
-    let module = build(d, &ctx, file, source)?;
-    Ok((ctx, module))
+/// Compiles one of the kernel files with NVRTC ([`kernels::COMPILE_OPTIONS`]) for device
+/// `ordinal` and loads it there.
+fn load(ordinal: i32, file: &str, source: &str) -> Result<CudaKernels> {
+    CudaKernels::build(ordinal, file, source, kernels::COMPILE_OPTIONS)
 }
 
 /// `spec` with every tensor on CUDA device `ordinal`.
@@ -90,15 +68,11 @@ fn on_device(mut spec: EngineSpec, ordinal: i32) -> EngineSpec {
     spec
 }
 
-/// The engine's stream, where a frame's (or a command's) kernels go.
-fn stream<'a>(io: &Tensors<'a>) -> Result<&'a Stream> {
-    engine_cuda(io)?.stream().ok_or(Error::Closed(Peer::Engine))
-}
-
-/// The engine's CUDA side, through its views.
-fn engine_cuda<'a>(io: &Tensors<'a>) -> Result<&'a EngineCuda> {
+/// The engine's stream, where a frame's (or a command's) kernels go: a stream of the
+/// env's device, whose tensors the engine placed there.
+fn stream<'a>(io: &Tensors<'a>) -> Result<StreamRef<'a>> {
     io.engine_device()?
-        .as_cuda()
+        .stream()
         .ok_or_else(|| Error::CudaUnavailable {
             reason: "these engine views have no CUDA side: the engine has no CUDA tensors".into(),
         })
@@ -119,7 +93,7 @@ fn device_tensor(io: &Tensors<'_>, id: TensorId) -> Result<(u64, u64)> {
 pub struct GpuNull {
     cfg: null::NullEnv,
     ordinal: i32,
-    module: Module,
+    module: CudaKernels,
     /// Resolved by `reset_all`.
     ids: Option<NullIds>,
 }
@@ -135,7 +109,7 @@ struct NullIds {
 impl GpuNull {
     /// The GPU version of `cfg` (its sizes, sparse mode and image) on device `ordinal`.
     pub fn new(cfg: null::NullEnv, ordinal: i32) -> Result<GpuNull> {
-        let (_ctx, module) = load(ordinal, "null.cu", kernels::NULL_CU)?;
+        let module = load(ordinal, "null.cu", kernels::NULL_CU)?;
         Ok(GpuNull {
             cfg,
             ordinal,
@@ -165,7 +139,8 @@ impl GpuNull {
         let num_envs = u64::from(self.cfg.num_envs);
         let act_dim = self.cfg.act_dim;
         if self.cfg.sparse {
-            // SAFETY: null_sparse(float*, u64, u8*, u64, u64, const float*, u64, float*,
+            // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+            // null_sparse(float*, u64, u8*, u64, u64, const float*, u64, float*,
             // u64). `obs` holds n ≥ 1 f32, `rgb` rgb_n ≥ 1 bytes or is 0 (skipped),
             // `actions` is [num_envs, act_dim] f32 and `rewards` [num_envs] f32 or 0
             // (skipped): the engine's tensors, alive while it is.
@@ -191,7 +166,8 @@ impl GpuNull {
         }
         let threads = kernels::launch_threads(n);
         if rewards {
-            // SAFETY: null_step(float*, u64, u64, const float*, u64, float*, u64); `obs`
+            // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+            // null_step(float*, u64, u64, const float*, u64, float*, u64); `obs`
             // holds n f32, `actions` num_envs × act_dim f32, `rewards` num_envs f32 (the
             // engine's tensors); grid-stride loops stay below n and num_envs.
             unsafe {
@@ -212,7 +188,8 @@ impl GpuNull {
                 )
             }?;
         } else {
-            // SAFETY: null_fill(float*, u64, u64); `obs` holds n f32.
+            // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+            // null_fill(float*, u64, u64); `obs` holds n f32.
             unsafe {
                 self.module.launch(
                     "null_fill",
@@ -224,7 +201,8 @@ impl GpuNull {
             }?;
         }
         if ids.rgb.is_some() {
-            // SAFETY: null_fill_u8(u8*, u64, u64); `rgb` holds rgb_n bytes.
+            // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+            // null_fill_u8(u8*, u64, u64); `rgb` holds rgb_n bytes.
             unsafe {
                 self.module.launch(
                     "null_fill_u8",
@@ -320,13 +298,12 @@ pub struct GpuCartPole {
     /// Whether frame 0 seeded the generators yet.
     seeded: bool,
     ids: Option<CartIds>,
-    // Drop order: the module, the uploads and the state, then the context.
-    module: Module,
+    // Drop order: the module, then the uploads and the state.
+    module: CudaKernels,
     /// Host arrays of the last seeding or reset (grown as needed).
-    upload: Option<DeviceAllocation>,
-    state: DeviceAllocation,
+    upload: Option<DeviceMemory>,
+    state: DeviceMemory,
     layout: StateLayout,
-    ctx: Arc<PrimaryContext>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -348,12 +325,12 @@ impl GpuCartPole {
         if num_envs == 0 {
             return Err(Error::InvalidSpec("cartpole: num_envs must be ≥ 1".into()));
         }
-        let (ctx, module) = load(ordinal, "cartpole.cu", kernels::CARTPOLE_CU)?;
+        let module = load(ordinal, "cartpole.cu", kernels::CARTPOLE_CU)?;
         let layout = StateLayout::new(num_envs);
         let size = usize::try_from(layout.size).map_err(|_| {
             Error::InvalidSpec(format!("cartpole: {num_envs} envs do not fit in memory"))
         })?;
-        let state = DeviceAllocation::new(&ctx, size)?;
+        let state = module.alloc(size)?;
         Ok(GpuCartPole {
             num_envs,
             seed,
@@ -365,7 +342,6 @@ impl GpuCartPole {
             upload: None,
             state,
             layout,
-            ctx,
         })
     }
 
@@ -383,14 +359,14 @@ impl GpuCartPole {
     /// Uploads `bytes` for the kernels queued next on `stream`; returns their device
     /// address (0 for none). Waits for `stream` first: no kernel queued earlier still
     /// reads the previous upload when it is overwritten or freed.
-    fn upload(&mut self, stream: &Stream, bytes: &[u8]) -> Result<u64> {
+    fn upload(&mut self, stream: StreamRef<'_>, bytes: &[u8]) -> Result<u64> {
         if bytes.is_empty() {
             return Ok(0);
         }
-        stream.synchronize()?;
+        self.module.synchronize(stream)?;
         let upload = match self.upload.take() {
             Some(u) if u.size() >= bytes.len() => u,
-            _ => DeviceAllocation::new(&self.ctx, bytes.len())?,
+            _ => self.module.alloc(bytes.len())?,
         };
         // Synchronous (complete on the device on return), after the stream drained.
         upload.write(0, bytes)?;
@@ -416,7 +392,8 @@ impl GpuCartPole {
             let n = u32::try_from(up.n)
                 .map_err(|_| Error::InvalidSpec(format!("{} envs to reset", up.n)))?;
             let at = |offset: usize| Arg::Ptr(base + offset as u64);
-            // SAFETY: cartpole_reset_listed(double*, u32*, u64*, u64*, const u32*, const
+            // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+            // cartpole_reset_listed(double*, u32*, u64*, u64*, const u32*, const
             // u64*, u64, const u64*, const u64*, u32): the state arrays hold num_envs
             // entries each (StateLayout); the upload holds n distinct ids < num_envs, n
             // counts and, when seeded, n generator states and increments (ResetUpload).
@@ -442,7 +419,8 @@ impl GpuCartPole {
                 )
             }?;
         }
-        // SAFETY: cartpole_write_obs(const double*, float*, float*, u64): num_envs states;
+        // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+        // cartpole_write_obs(const double*, float*, float*, u64): num_envs states;
         // obs and final_obs are the engine's [num_envs, 4] f32 tensors. Queued after the
         // resets on the same stream.
         unsafe {
@@ -501,7 +479,8 @@ impl VecEnv for GpuCartPole {
         let s = stream(io)?;
         let [state, steps, rng_state, rng_inc] = self.state_ptrs();
         let p = |id| io.device_ptr(id).map(Arg::Ptr);
-        // SAFETY: cartpole_step(double*, u32*, u64*, const u64*, const i64*, const u8*,
+        // SAFETY: `s` is the engine's stream, on this env's device (`stream`).
+        // cartpole_step(double*, u32*, u64*, const u64*, const i64*, const u8*,
         // float*, float*, u8*, u8*, float*, double, u64): num_envs entries in each state
         // array; actions [num_envs, 1] i64, reset_mask/terminated/truncated [num_envs]
         // bool, rewards [num_envs] f32, obs/final_obs [num_envs, 4] f32: the engine's

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction, TensorId};
 use crate::tensor::Tensors;
 
-use super::VecEnv;
+use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 
 /// The value of flat element `index` of `obs` in frame `seq`: exact in f32 (< 2^24).
@@ -70,6 +70,21 @@ impl NullEnv {
             ids: None,
             rgb: None,
         })
+    }
+
+    /// The `null` env `options` describe (its configuration; the GPU `null` serves the
+    /// same).
+    pub fn configured(num_envs: u32, options: &EnvOptions) -> Result<NullEnv> {
+        let env = NullEnv::new(
+            num_envs,
+            options.obs_dim.unwrap_or(16),
+            options.act_dim.unwrap_or(1),
+            options.sparse,
+        )?;
+        match options.image {
+            Some(shape) => env.with_image(shape),
+            None => Ok(env),
+        }
     }
 
     /// The envs are the region's `first_env..first_env + num_envs` (a shard's slice).

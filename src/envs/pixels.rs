@@ -14,14 +14,15 @@
 //! lavapipe on a machine without a GPU); without them the engine is `VulkanUnavailable`.
 
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
-use crate::device::{Device, VulkanDevice};
+use crate::device::compute::{ComputeShader, NotATarget, ShaderTarget};
+use crate::device::{self, Device, Location, VulkanDevice};
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
 use super::cartpole::{self, CartPole};
-use super::VecEnv;
+use super::vec_env::VecEnv;
 
 /// Words before the per-env parameters (the shader's `HEADER`).
 pub const HEADER: usize = 16;
@@ -232,8 +233,7 @@ pub struct Pixels {
     params: DrawParams,
     /// Scratch: the observations drawn.
     obs: Vec<f32>,
-    #[cfg(feature = "vulkan")]
-    renderer: Option<renderer::Renderer>,
+    renderer: Option<Renderer>,
 }
 
 impl std::fmt::Debug for Pixels {
@@ -249,12 +249,7 @@ impl Pixels {
     /// `image`: `[H, W, 4]` (default [`DEFAULT_SIZE`]).
     pub fn new(num_envs: u32, seed: u64, image: Option<[u64; 3]>) -> Result<Pixels> {
         let size = check_size(num_envs, image_shape(image))?;
-        #[cfg(not(feature = "vulkan"))]
-        {
-            let _ = (seed, size);
-            Err(crate::device::vulkan::unavailable_without_feature())
-        }
-        #[cfg(feature = "vulkan")]
+        device::built_for(Location::Vulkan)?;
         Ok(Pixels {
             cartpole: CartPole::new(num_envs, seed)?,
             num_envs,
@@ -279,20 +274,15 @@ impl Pixels {
         self.obs
             .extend(self.cartpole.states().iter().flatten().map(|&v| v as f32));
         self.params.set_states(&self.obs);
-        #[cfg(feature = "vulkan")]
-        {
-            // Made for the engine's buffer on first use, and again should this env be
-            // served by another engine (the recorded dispatch names the buffer).
-            if !self.renderer.as_ref().is_some_and(|r| r.serves(io)) {
-                self.renderer = None;
-                self.renderer = Some(renderer::Renderer::new(io, &self.params)?);
-            }
-            if let Some(r) = &mut self.renderer {
-                r.draw(&self.params)?;
-            }
+        // Made for the engine's buffer on first use, and again should this env be served
+        // by another engine (the recorded dispatch names the buffer).
+        if !self.renderer.as_ref().is_some_and(|r| r.serves(io)) {
+            self.renderer = None;
+            self.renderer = Some(Renderer::new(io, &self.params)?);
         }
-        #[cfg(not(feature = "vulkan"))]
-        let _ = io;
+        if let Some(r) = &mut self.renderer {
+            r.draw(&self.params)?;
+        }
         Ok(())
     }
 }
@@ -353,92 +343,68 @@ impl CommandHandler for Pixels {
     }
 }
 
-#[cfg(feature = "vulkan")]
-mod renderer {
-    use std::sync::Arc;
+/// The SPIR-V of `kernels/pixels.wgsl` (build.rs; empty in a build without the `vulkan`
+/// feature, which never gets as far as a renderer).
+const SPIRV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pixels.spv"));
 
-    use super::{dispatch_grid, DrawParams};
-    use crate::device::vulkan::vk::{ComputeKernel, Context, HostBuffer};
-    use crate::error::{Error, Result};
-    use crate::tensor::Tensors;
+/// The shader over the engine's `rgb` buffer and a parameter buffer of its own.
+#[derive(Debug)]
+struct Renderer {
+    // Drop order: the shader (it waits for its last dispatch), then the target.
+    shader: ComputeShader,
+    /// The engine's buffer the shader writes (recorded into its dispatch): a renderer is
+    /// used only while the engine still has this one.
+    rgb: ShaderTarget,
+}
 
-    /// The SPIR-V of `kernels/pixels.wgsl` (build.rs).
-    const SPIRV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pixels.spv"));
-
-    /// The shader over the engine's `rgb` buffer and a parameter buffer of its own.
-    pub struct Renderer {
-        // Drop order: the kernel (it waits for its last submission), then the buffer.
-        kernel: ComputeKernel,
-        params: HostBuffer,
-        /// The engine's buffer the kernel writes (recorded into its command buffer): a
-        /// renderer is used only while the engine still has this one.
-        rgb: ash::vk::Buffer,
-        ctx: Arc<Context>,
+impl Renderer {
+    /// The engine's `rgb` buffer in `io`.
+    fn target(io: &Tensors<'_>) -> Result<ShaderTarget> {
+        let engine = io.engine_device()?;
+        ShaderTarget::of(engine, io.id("rgb")?.index()).map_err(|why| {
+            Error::InvalidSpec(
+                match why {
+                    NotATarget::NotVulkan => {
+                        "pixels: the engine's rgb tensor is not in Vulkan memory"
+                    }
+                    NotATarget::NotAllocated => {
+                        "pixels: rgb must be memory the library allocates (path a)"
+                    }
+                    NotATarget::NoBuffer => "pixels: rgb has no buffer (the engine closed?)",
+                }
+                .into(),
+            )
+        })
     }
 
-    impl Renderer {
-        /// The engine's `rgb` buffer (and its device) in `io`.
-        fn target(io: &Tensors<'_>) -> Result<(Arc<Context>, ash::vk::Buffer, u64)> {
-            let engine = io.engine_device()?;
-            let vulkan = engine.as_vulkan().ok_or_else(|| {
-                Error::InvalidSpec("pixels: the engine's rgb tensor is not in Vulkan memory".into())
-            })?;
-            let ctx = vulkan.context().cloned().ok_or_else(|| {
-                Error::InvalidSpec(
-                    "pixels: rgb must be memory the library allocates (path a)".into(),
-                )
-            })?;
-            let rgb = vulkan.buffer(io.id("rgb")?.index()).ok_or_else(|| {
-                Error::InvalidSpec("pixels: rgb has no buffer (the engine closed?)".into())
-            })?;
-            Ok((ctx, rgb.buffer(), rgb.table().alloc_size))
-        }
+    /// Whether this renderer writes the buffer `io`'s engine has now.
+    fn serves(&self, io: &Tensors<'_>) -> bool {
+        Self::target(io).is_ok_and(|rgb| rgb.same_as(&self.rgb))
+    }
 
-        /// Whether this renderer writes the buffer `io`'s engine has now.
-        pub fn serves(&self, io: &Tensors<'_>) -> bool {
-            Self::target(io)
-                .is_ok_and(|(ctx, rgb, _)| Arc::ptr_eq(&ctx, &self.ctx) && rgb == self.rgb)
+    fn new(io: &Tensors<'_>, params: &DrawParams) -> Result<Renderer> {
+        let rgb = Self::target(io)?;
+        let rgb_bytes = rgb.bytes();
+        let (range, largest) = rgb.storage_limits();
+        if rgb_bytes > range || rgb_bytes > largest {
+            return Err(Error::InvalidSpec(format!(
+                "pixels: the frames take {rgb_bytes} bytes; {} binds at most {range} bytes \
+                 to a shader and allocates at most {largest}: fewer envs or smaller frames",
+                rgb.device_name()
+            )));
         }
+        let bytes = (params.words.len() * 4) as u64;
+        let [n, h, w] = [params.words[0], params.words[1], params.words[2]].map(|v| v as u64);
+        let grid = dispatch_grid(n * h * w).ok_or_else(|| {
+            Error::InvalidSpec(format!("pixels: {n} frames of {h}x{w} exceed one dispatch"))
+        })?;
+        let shader = ComputeShader::new(&rgb, SPIRV, bytes, grid)?;
+        Ok(Renderer { shader, rgb })
+    }
 
-        pub fn new(io: &Tensors<'_>, params: &DrawParams) -> Result<Renderer> {
-            let (ctx, rgb, rgb_bytes) = Self::target(io)?;
-            let (range, largest) = ctx.storage_limits();
-            if rgb_bytes > range || rgb_bytes > largest {
-                return Err(Error::InvalidSpec(format!(
-                    "pixels: the frames take {rgb_bytes} bytes; {} binds at most {range} bytes \
-                     to a shader and allocates at most {largest}: fewer envs or smaller frames",
-                    ctx.name()
-                )));
-            }
-            let bytes = (params.words.len() * 4) as u64;
-            let buffer = HostBuffer::allocate(&ctx, bytes)?;
-            let words = ash::util::read_spv(&mut std::io::Cursor::new(SPIRV)).map_err(|e| {
-                Error::Vulkan {
-                    call: "vkCreateShaderModule",
-                    detail: format!("the built-in SPIR-V does not read: {e}"),
-                }
-            })?;
-            let [n, h, w] = [params.words[0], params.words[1], params.words[2]].map(|v| v as u64);
-            let grid = dispatch_grid(n * h * w).ok_or_else(|| {
-                Error::InvalidSpec(format!("pixels: {n} frames of {h}x{w} exceed one dispatch"))
-            })?;
-            let kernel = ComputeKernel::new(&ctx, &words, &[buffer.buffer(), rgb], grid)?;
-            Ok(Renderer {
-                kernel,
-                params: buffer,
-                rgb,
-                ctx,
-            })
-        }
-
-        /// Writes `params` and submits the dispatch (after the previous one completed).
-        pub fn draw(&mut self, params: &DrawParams) -> Result<()> {
-            self.kernel.wait()?;
-            let dst = self.params.bytes_mut();
-            let src: &[u8] = bytemuck::cast_slice(&params.words);
-            dst[..src.len()].copy_from_slice(src);
-            self.kernel.submit()
-        }
+    /// Writes `params` and submits the dispatch (after the previous one completed).
+    fn draw(&mut self, params: &DrawParams) -> Result<()> {
+        self.shader.dispatch(bytemuck::cast_slice(&params.words))
     }
 }
 

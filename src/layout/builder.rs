@@ -4,15 +4,16 @@
 use bytemuck::Zeroable;
 
 use super::header::*;
+use super::location::{Device, VulkanDevice};
 use super::shard::{
-    build_table, check_shardable, table_offset, ShardEntry, ShardInfo, ShardWords, SHARD_ENTRY_SIZE,
+    build_table, check_shardable, layout_hash_for, table_offset, ShardEntry, ShardInfo, ShardWords,
+    SHARD_ENTRY_SIZE,
 };
 use super::tensor::{
     contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
     MIN_RING_CAPACITY,
 };
-use crate::device::location::{Device, VulkanDevice};
-use crate::device::vulkan::export::VulkanSource;
+use super::vulkan::VulkanSource;
 use crate::error::{Error, Result};
 
 fn align_up(v: u64, a: u64) -> Option<u64> {
@@ -367,7 +368,7 @@ impl HeaderBuilder {
 
 /// The `flags` byte of a Vulkan tensor's entry.
 fn vulkan_flags(t: &VulkanTable) -> u8 {
-    use crate::device::vulkan::export::SemaphoreKind;
+    use super::vulkan::SemaphoreKind;
     let mut f = 0;
     if t.dedicated {
         f |= VK_FLAG_DEDICATED;
@@ -396,7 +397,7 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
     else {
         return Ok((0, None));
     };
-    if let Some((_, crate::device::vulkan::export::SemaphoreKind::Binary)) = semaphore {
+    if let Some((_, super::vulkan::SemaphoreKind::Binary)) = semaphore {
         return Err(Error::InvalidSpec(format!(
             "tensor '{}': a binary semaphore cannot be shared (1.3 takes timeline semaphores: \
              a binary one needs exactly one wait per signal from every client, which a client \

@@ -23,7 +23,7 @@ pub const VERSION_MAJOR: u16 = 1;
 /// written as 1.5 (with [`LAYOUT_HASH_CUDA_SESSIONS`], which earlier clients refuse).
 /// 1.6: the Vulkan fds travel over a socket file beside the region (`<name>.fd`, which
 /// reaches across network namespaces), and both sides prove who they are with a
-/// descriptor holding a lock on the region (the engine's [`crate::region::ENGINE_PROOF_BYTE`],
+/// descriptor holding a lock on the region (the engine's [`crate::control::ENGINE_PROOF_BYTE`],
 /// the client's proof byte): only a region with Vulkan tensors is written as 1.6 (with
 /// the layout hash of 1.5, which 1.2-1.4 clients refuse).
 pub const VERSION_MINOR: u16 = 6;
@@ -185,7 +185,7 @@ pub struct TensorDesc {
     pub ndim: u8,
     /// [`Direction`](super::Direction) as u8.
     pub direction: u8,
-    /// [`Location`](crate::device::Location) as u8.
+    /// [`Location`](super::Location) as u8.
     pub location: u8,
     /// Vulkan (1.3): [`VK_FLAG_DEDICATED`], [`VK_FLAG_SEMAPHORE`], [`VK_FLAG_TIMELINE`].
     /// Zero for host and CUDA tensors.
@@ -299,7 +299,7 @@ pub struct ClientEventHandle {
     pub handle: [u8; 64],
 }
 
-const fn fnv1a(h: u64, words: &[usize]) -> u64 {
+pub(super) const fn fnv1a(h: u64, words: &[usize]) -> u64 {
     let mut h = h;
     let mut i = 0;
     while i < words.len() {
@@ -347,28 +347,6 @@ pub const LAYOUT_HASH: u64 = fnv1a(
     ],
 );
 
-/// The layout hash of a sharded region (1.4): [`LAYOUT_HASH`] continued over the shard
-/// fields. A reader that does not know shards compares against [`LAYOUT_HASH`] and so
-/// refuses a sharded region (`LayoutMismatch`) instead of stepping one shard of it.
-pub const LAYOUT_HASH_SHARDED: u64 = {
-    use super::shard::ShardEntry;
-    fnv1a(
-        LAYOUT_HASH,
-        &[
-            offset_of!(Header, shard_count),
-            offset_of!(Header, shard_table_offset),
-            size_of::<ShardEntry>(),
-            offset_of!(ShardEntry, frame_seq),
-            offset_of!(ShardEntry, engine_waiting),
-            offset_of!(ShardEntry, state),
-            offset_of!(ShardEntry, env_start),
-            offset_of!(ShardEntry, c2e_ring_offset),
-            offset_of!(ShardEntry, client_waiting),
-            offset_of!(ShardEntry, c2e_head),
-        ],
-    )
-};
-
 /// The layout hash of an unsharded region of minor 5 or more (1.5: a region with CUDA
 /// tensors): [`LAYOUT_HASH`] continued over the session fields. A 1.2-1.4 client, which
 /// would acknowledge without a session tag (and could so mark a later client's session
@@ -385,17 +363,6 @@ pub const LAYOUT_HASH_CUDA_SESSIONS: u64 = fnv1a(
     ],
 );
 
-/// The layout hash a header with `shard_count` shards and `version_minor` carries.
-pub const fn layout_hash_for(shard_count: u32, version_minor: u16) -> u64 {
-    if shard_count != 0 {
-        LAYOUT_HASH_SHARDED
-    } else if version_minor >= VERSION_MINOR_CUDA_SESSIONS {
-        LAYOUT_HASH_CUDA_SESSIONS
-    } else {
-        LAYOUT_HASH
-    }
-}
-
 /// Reads the control block from (a copy of) the first bytes of a region.
 pub fn read_header(bytes: &[u8]) -> Result<Header> {
     if bytes.len() < CONTROL_SIZE {
@@ -405,30 +372,4 @@ pub fn read_header(bytes: &[u8]) -> Result<Header> {
         });
     }
     Ok(bytemuck::pod_read_unaligned(&bytes[..CONTROL_SIZE]))
-}
-
-/// Checks identity fields only: magic, version, layout hash.
-pub fn check_identity(name: &str, h: &Header) -> Result<()> {
-    if h.magic != MAGIC {
-        return Err(Error::BadMagic {
-            name: name.to_string(),
-            found: h.magic,
-        });
-    }
-    if h.version_major != VERSION_MAJOR {
-        return Err(Error::VersionMismatch {
-            ours_major: VERSION_MAJOR,
-            ours_minor: VERSION_MINOR,
-            theirs_major: h.version_major,
-            theirs_minor: h.version_minor,
-        });
-    }
-    let ours = layout_hash_for(h.shard_count, h.version_minor);
-    if h.layout_hash != ours {
-        return Err(Error::LayoutMismatch {
-            ours,
-            theirs: h.layout_hash,
-        });
-    }
-    Ok(())
 }

@@ -11,9 +11,41 @@ use bytemuck::{Pod, Zeroable};
 use std::mem::{offset_of, size_of};
 
 use super::header::*;
+use super::location::Location;
 use super::tensor::{Rings, TensorInfo};
-use crate::device::location::Location;
 use crate::error::{Error, Result};
+
+/// The layout hash of a sharded region (1.4): [`LAYOUT_HASH`] continued over the shard
+/// fields. A reader that does not know shards compares against [`LAYOUT_HASH`] and so
+/// refuses a sharded region (`LayoutMismatch`) instead of stepping one shard of it.
+pub const LAYOUT_HASH_SHARDED: u64 = {
+    fnv1a(
+        LAYOUT_HASH,
+        &[
+            offset_of!(Header, shard_count),
+            offset_of!(Header, shard_table_offset),
+            size_of::<ShardEntry>(),
+            offset_of!(ShardEntry, frame_seq),
+            offset_of!(ShardEntry, engine_waiting),
+            offset_of!(ShardEntry, state),
+            offset_of!(ShardEntry, env_start),
+            offset_of!(ShardEntry, c2e_ring_offset),
+            offset_of!(ShardEntry, client_waiting),
+            offset_of!(ShardEntry, c2e_head),
+        ],
+    )
+};
+
+/// The layout hash a header with `shard_count` shards and `version_minor` carries.
+pub const fn layout_hash_for(shard_count: u32, version_minor: u16) -> u64 {
+    if shard_count != 0 {
+        LAYOUT_HASH_SHARDED
+    } else if version_minor >= VERSION_MINOR_CUDA_SESSIONS {
+        LAYOUT_HASH_CUDA_SESSIONS
+    } else {
+        LAYOUT_HASH
+    }
+}
 
 /// Size of one shard-table entry: eight cache lines.
 pub const SHARD_ENTRY_SIZE: usize = 512;
@@ -31,7 +63,7 @@ pub struct ShardEntry {
     pub frame_seq: u64,
     /// live, shard: 1 while it sleeps on the control block's `engine_doorbell`.
     pub engine_waiting: u32,
-    /// live, shard: [`crate::control::ShardState`] code.
+    /// live, shard: an `engine_state` code (`crate::control::EngineState`).
     pub state: u32,
     /// live, shard: pid of the process serving it (written while joining).
     pub pid: u32,

@@ -162,7 +162,7 @@ fn host_only_layouts_are_what_1_1_wrote() {
 
 #[test]
 fn vulkan_tensors_round_trip_and_need_1_3() {
-    use crate::device::vulkan::export::{SemaphoreKind, VulkanExport};
+    use super::vulkan::{SemaphoreKind, VulkanExport};
     let memfd = |n| rustix::fs::memfd_create(n, rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     let export = VulkanExport {
         alloc_size: 1 << 16,

@@ -4,13 +4,13 @@
 
 use super::dtype::DType;
 use super::header::*;
-use super::shard::{table_offset, validate_table};
+use super::location::{CudaDevice, Device, Location, VulkanDevice};
+use super::shard::{layout_hash_for, table_offset, validate_table};
 use super::tensor::{
-    contiguous_strides, CudaExport, Direction, Layout, Rings, TensorInfo, VulkanTable,
-    MIN_RING_CAPACITY,
+    contiguous_strides, CudaExport, Direction, Rings, TensorInfo, VulkanTable, MIN_RING_CAPACITY,
 };
-use crate::device::location::{CudaDevice, Device, Location, VulkanDevice};
-use crate::device::vulkan::export::SemaphoreKind;
+use super::validated::Layout;
+use super::vulkan::SemaphoreKind;
 use crate::error::{Error, Result};
 
 fn read_name(field: &'static str, bytes: &[u8; NAME_LEN]) -> Result<String> {
@@ -365,4 +365,30 @@ fn validate_desc(
         cuda,
         vulkan,
     })
+}
+
+/// Checks identity fields only: magic, version, layout hash.
+pub fn check_identity(name: &str, h: &Header) -> Result<()> {
+    if h.magic != MAGIC {
+        return Err(Error::BadMagic {
+            name: name.to_string(),
+            found: h.magic,
+        });
+    }
+    if h.version_major != VERSION_MAJOR {
+        return Err(Error::VersionMismatch {
+            ours_major: VERSION_MAJOR,
+            ours_minor: VERSION_MINOR,
+            theirs_major: h.version_major,
+            theirs_minor: h.version_minor,
+        });
+    }
+    let ours = layout_hash_for(h.shard_count, h.version_minor);
+    if h.layout_hash != ours {
+        return Err(Error::LayoutMismatch {
+            ours,
+            theirs: h.layout_hash,
+        });
+    }
+    Ok(())
 }

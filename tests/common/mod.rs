@@ -1,10 +1,11 @@
-//! Helpers shared by the integration tests: run the real `shmbridge` binary as an engine.
+//! Helpers shared by the integration tests: run the real `shmbridge` binary as an engine,
+//! look in /dev/shm, read bytes back, draw test inputs, replay stored inputs.
 #![allow(dead_code)]
 
 pub mod peer;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_shmbridge");
@@ -67,8 +68,48 @@ impl Drop for EngineProc {
     }
 }
 
+/// Where the region (or any shm object) `name` lives: `/dev/shm/NAME`.
+pub fn shm_path(name: &str) -> PathBuf {
+    Path::new("/dev/shm").join(name)
+}
+
+/// Whether `/dev/shm/NAME` exists, as anything: a link counts, even one that leads
+/// nowhere.
 pub fn shm_exists(name: &str) -> bool {
-    Path::new("/dev/shm").join(name).exists()
+    shm_path(name).symlink_metadata().is_ok()
+}
+
+/// `b` as native-endian `f32`s (a whole number of them).
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// splitmix64: a test's stream of actions and masks, the same wherever it is replayed.
+pub fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Every stored input in the crate's folder `dir` (its notes, `*.md`, left out), as
+/// `(file name, bytes)`; fails the test when there is none.
+pub fn stored_inputs(dir: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut inputs = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        inputs.push((name, std::fs::read(&path).unwrap()));
+    }
+    assert!(!inputs.is_empty(), "no inputs in {}", dir.display());
+    inputs
 }
 
 pub fn signal(pid: u32, sig: rustix::process::Signal) {

@@ -1,24 +1,54 @@
 """Fixtures for the Python tests: engines launched per test, and a check that nothing is
-left in /dev/shm by the whole session."""
+left in /dev/shm by the whole session; and the helpers the test files share (one copy
+each): the regions in /dev/shm, whether a process has exited, the `null` engine's
+pattern, a private /dev/shm."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 import shmbridge
 
 
-def _regions() -> set:
+def regions() -> set:
+    """The names of the shmbridge regions in /dev/shm now (anyone's: compare sets taken
+    before and after, other processes may come and go)."""
     return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
+
+
+def region_exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/dev/shm", name))
+
+
+def exited(pid: int) -> bool:
+    """Process ``pid`` is gone, or a zombie (exited; its parent has not reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def wait_exited(pid: int, limit: float) -> bool:
+    """Whether process ``pid`` has exited within ``limit`` seconds: a bounded poll of a
+    condition, not a sleep standing in for one."""
+    deadline = time.monotonic() + limit
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_region_left():
-    before = _regions()
+    before = regions()
     yield
-    leaked = _regions() - before
+    leaked = regions() - before
     assert not leaked, f"the Python tests left regions in /dev/shm: {sorted(leaked)}"
 
 

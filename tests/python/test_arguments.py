@@ -20,7 +20,7 @@ def no_process(monkeypatch):
         raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr(shmbridge, "_EngineProcess", refuse)
+    monkeypatch.setattr(shmbridge._launch, "EngineProcess", refuse)
 
 
 @pytest.mark.parametrize("num_envs, error", [

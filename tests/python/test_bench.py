@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import shmbridge
+from conftest import regions
 
 pytest.importorskip("matplotlib")
 
@@ -131,13 +132,9 @@ def _gpu_unusable() -> str:
 NO_GPU = _gpu_unusable()
 
 
-def _regions() -> set:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
-
-
 @pytest.mark.skipif(not NO_GPU, reason="a usable GPU is here: bench gpu measures instead of skipping")
 def test_gpu_skips_with_status_3_without_a_gpu(tmp_path):
-    before = _regions()
+    before = regions()
     out_dir = tmp_path / "results"
     proc = _run("gpu", "--quick", "--out", str(out_dir), status=3, cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
@@ -151,7 +148,7 @@ def test_gpu_skips_with_status_3_without_a_gpu(tmp_path):
         assert shmbridge.cuda_available()[1].splitlines()[0].strip() in reason
     assert proc.stdout == ""
     assert list(tmp_path.iterdir()) == []  # nothing written
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_gpu_harness_on_host_memory():
@@ -162,7 +159,7 @@ def test_gpu_harness_on_host_memory():
     torch = pytest.importorskip("torch")
     from shmbridge.bench import gpu
 
-    before = _regions()
+    before = regions()
     plan = gpu.Plan(rounds=2, per_block=30, warmup=3)
     results = gpu.measure(plan, torch.device("cpu"), "cpu", pin=False)
     assert [r.workload.key for r in results] == ["4096x100", "images"]
@@ -180,7 +177,7 @@ def test_gpu_harness_on_host_memory():
         assert p["zero_copy"]["equal"] and p["zero_copy"]["ok"]
     assert doc["target"]["ratio"] is not None
     assert text.count("zero copy") == 2 and "Checks failed" not in text
-    assert not _regions() - before
+    assert not regions() - before
 
     # The check reads the device tensor: a frame it was not copied from is reported.
     with shmbridge.launch("null", num_envs=8, obs_dim=5, act_dim=2, sparse=True) as c:
@@ -195,7 +192,7 @@ def test_gpu_harness_on_host_memory():
 
 @pytest.mark.skipif(bool(NO_GPU), reason=f"bench gpu needs a usable GPU: {NO_GPU}")
 def test_gpu_quick(tmp_path):
-    before = _regions()
+    before = regions()
     out_dir = tmp_path / "results"
     proc = _run("gpu", "--quick", "--out", str(out_dir))
     md = (out_dir / "gpu.md").read_text()
@@ -213,14 +210,14 @@ def test_gpu_quick(tmp_path):
         assert p["engine_device"].startswith("cuda:") and z["view_device"] == p["engine_device"]
         assert set(p["ratios"]) == {"cuda-ipc", "host-pageable", "host-pinned"}
     assert md.count(": zero copy") == 2 and "NOT zero copy" not in md
-    assert not _regions() - before
+    assert not regions() - before
 
 
 # bench vulkan: exported frames against host shared memory.
 
 
 def test_vulkan_quick_measures_both_paths_zero_copy_or_skips(tmp_path):
-    before = _regions()
+    before = regions()
     out_dir = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", "vulkan", "--quick",
                            "--num-envs", "8", "--size", "16x24", "--out", str(out_dir)],
@@ -239,7 +236,7 @@ def test_vulkan_quick_measures_both_paths_zero_copy_or_skips(tmp_path):
         assert path["stats"]["n"] == 100 and path["stats"]["median_ns"] > 0
     assert cpu["vulkan-export"]["ratio"]["median"] == 1.0
     assert (out_dir / "vulkan.md").read_text().strip() == proc.stdout.strip()
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_vulkan_rejects_a_bad_size():

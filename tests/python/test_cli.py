@@ -159,3 +159,13 @@ def test_import_shmbridge_exposes_only_its_api():
         assert not hasattr(shmbridge, helper), helper
     for name in shmbridge.__all__:
         assert hasattr(shmbridge, name), name
+
+
+def test_the_installed_package_carries_its_types():
+    """PEP 561: type checkers read the package's annotations (``py.typed``) and the native
+    module's stubs (``_native.pyi``) from the installed package."""
+    from importlib.resources import files
+
+    package = files("shmbridge")
+    assert package.joinpath("py.typed").is_file()
+    assert "class Client:" in package.joinpath("_native.pyi").read_text()

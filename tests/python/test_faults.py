@@ -31,7 +31,7 @@ import time
 import pytest
 
 import shmbridge
-from conftest import ISOLATED, descendant_running, namespaces_unavailable
+from conftest import ISOLATED, descendant_running, namespaces_unavailable, region_exists
 
 # A hang guard, not a timing check.
 HANG = 60.0
@@ -282,10 +282,6 @@ def print_rows() -> None:
                   f"median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
 
 
-def gone(name: str) -> bool:
-    return not os.path.exists(os.path.join("/dev/shm", name))
-
-
 def engine_case(phase: str, fault: str, simulator: str, isolation: str = "shared") -> None:
     """The Python engine (``simulator``: "plain", or "torch" for one with torch loaded;
     in namespaces of its own with ``isolation`` "namespaces") is killed by ``fault`` in
@@ -326,7 +322,7 @@ def engine_case(phase: str, fault: str, simulator: str, isolation: str = "shared
             client.close()
         record(f"{label} {fault} in {phase}", error, detect, killed and peer.exit_ms(killed))
         assert isinstance(error, shmbridge.EngineDiedError), repr(error)
-        assert gone(name), f"{name} left in /dev/shm"
+        assert not region_exists(name), f"{name} left in /dev/shm"
     finally:
         peer.close()
 
@@ -467,7 +463,7 @@ def client_case(phase: str, fault: str, learner: str, isolation: str = "shared")
     finally:
         peer.close()
         engine.close()
-    assert gone(name), f"{name} left in /dev/shm"
+    assert not region_exists(name), f"{name} left in /dev/shm"
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shmbridge
-from conftest import pattern
+from conftest import pattern, regions
 
 CUDA_OK, CUDA_WHY = shmbridge.cuda_available()
 
@@ -38,10 +38,6 @@ gpu = pytest.mark.skipif(
 no_gpu = pytest.mark.skipif(CUDA_OK, reason="CUDA is usable here; this checks the fallback")
 
 
-def _regions() -> set:
-    return set(shmbridge.list_regions())
-
-
 # ---------------------------------------------------------------------------------------
 # Everywhere
 
@@ -55,10 +51,10 @@ def test_cuda_available_answers_with_a_reason():
 
 @pytest.mark.parametrize("bad", ["gpu", "cuda:", "cuda:x", "cuda:-1", ""])
 def test_launch_refuses_a_bad_device_before_starting_anything(bad):
-    before = _regions()
+    before = regions()
     with pytest.raises(ValueError, match="device"):
         shmbridge.launch("null", num_envs=2, device=bad)
-    assert _regions() == before
+    assert regions() == before
 
 
 def test_launch_refuses_a_non_string_device():
@@ -77,13 +73,13 @@ def test_host_client_reports_cpu_everywhere(null_client):
 
 @no_gpu
 def test_launch_cuda_without_cuda_raises_cuda_unavailable_with_the_reason(capfd):
-    before = _regions()
+    before = regions()
     with pytest.raises(shmbridge.CudaUnavailableError) as e:
         shmbridge.launch("cartpole", num_envs=4, device="cuda")
     assert isinstance(e.value, shmbridge.ShmBridgeError)
     assert "CUDA is unavailable" in str(e.value)
     assert CUDA_WHY in str(e.value), "the reason the probe gives"
-    assert _regions() == before, "nothing left in /dev/shm"
+    assert regions() == before, "nothing left in /dev/shm"
 
 
 @no_gpu
@@ -103,7 +99,7 @@ def test_engine_cli_device_cuda_fails_cleanly_without_cuda():
     import subprocess
     import sys
 
-    before = _regions()
+    before = regions()
     r = subprocess.run(
         [sys.executable, "-m", "shmbridge._engine", "--env", "cartpole", "--num-envs", "4",
          "--device", "cuda"],
@@ -112,16 +108,16 @@ def test_engine_cli_device_cuda_fails_cleanly_without_cuda():
     assert r.returncode == 1
     assert r.stdout == "", "no region name printed"
     assert "CUDA is unavailable" in r.stderr and CUDA_WHY in r.stderr
-    assert _regions() == before
+    assert regions() == before
 
 
 def test_cuda_engines_get_the_nvrtc_wheel_on_their_loader_path():
     dirs = shmbridge.nvrtc_library_dirs()
     if not dirs:
         pytest.skip("the nvidia-cuda-nvrtc-cu12 wheel (the cuda extra) is not installed")
-    env = shmbridge._engine_env("cuda")
+    env = shmbridge._launch._engine_env("cuda")
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[: len(dirs)] == dirs
-    assert shmbridge._engine_env("cpu") is None, "host engines run in the plain environment"
+    assert shmbridge._launch._engine_env("cpu") is None, "host engines run in the plain environment"
 
 
 def test_the_nvrtc_wheel_is_found_behind_another_nvidia_package(tmp_path, monkeypatch):
@@ -150,8 +146,8 @@ def cuda_null():
 
 
 def _expected_obs(torch, seq: int, n: int, device):
-    idx = torch.arange(n, dtype=torch.int64, device=device)
-    return ((seq * 2_654_435_761 + idx) & 0xFFFFFF).to(torch.float32)
+    """``pattern(seq, 0..n)`` as a float32 tensor on ``device``."""
+    return torch.from_numpy(pattern(seq, np.arange(n))).to(device)
 
 
 @gpu

@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from conftest import exited, wait_exited
 
 # A hang guard, not a timing check: before the fix the engine ran on (its idle timeout
 # is an hour).
@@ -24,25 +25,6 @@ def _children(pid: int) -> list:
         with open(f"/proc/{pid}/task/{tid}/children") as f:
             kids += [int(k) for k in f.read().split()]
     return kids
-
-
-def _exited(pid: int) -> bool:
-    """Gone, or a zombie (exited; its new parent has not reaped it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
-
-
-def _wait_exited(pid: int) -> bool:
-    deadline = time.monotonic() + GONE
-    while not _exited(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _regions_of(pid: int) -> list:
@@ -65,13 +47,13 @@ def _learner(code: str) -> subprocess.Popen:
 
 # launch() whose attach never returns: the learner is "inside launch()" when killed.
 _STUCK_IN_LAUNCH = """
-import time, shmbridge
+import time, shmbridge._launch
 class Stuck:
     @staticmethod
     def attach(*args, **kwargs):
         print("attaching", flush=True)
         time.sleep(3600)
-shmbridge.Client = Stuck
+shmbridge._launch.Client = Stuck  # the Client that launch() attaches with
 shmbridge.launch("null", num_envs=2)
 """
 
@@ -83,15 +65,15 @@ def _kill_learner_then_check(code: str, engine_of) -> int:
     engine = None
     try:
         engine = engine_of(learner)
-        assert not _exited(engine)
+        assert not exited(engine)
         learner.kill()
         learner.wait()
-        assert _wait_exited(engine), "the engine outlived its learner"
+        assert wait_exited(engine, GONE), "the engine outlived its learner"
         return engine
     finally:
         learner.kill()
         learner.wait()
-        if engine is not None and not _exited(engine):
+        if engine is not None and not exited(engine):
             os.kill(engine, signal.SIGKILL)
 
 

@@ -4,7 +4,6 @@ GPU (engine tensors in GPU memory, zero-copy CUDA views) where there is a usable
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 import shmbridge
+from conftest import regions
 
 pytest.importorskip("torch")
 pytest.importorskip("tqdm")
@@ -29,10 +29,6 @@ THRESHOLD = 3 * RANDOM_RETURN
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _regions() -> set:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
-
-
 def _no_cuda() -> str:
     """Why PPO cannot run on CUDA here ('' where it can)."""
     import torch
@@ -48,7 +44,7 @@ needs_cuda = pytest.mark.skipif(bool(NO_CUDA), reason=f"PPO on CUDA needs a usab
 
 
 def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
-    before = _regions()
+    before = regions()
     plot = tmp_path / "curve.png"
     rc = ppo.main([
         "--total-steps", "24576", "--seed", "1", "--device", "cpu",
@@ -68,11 +64,11 @@ def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
 
     assert plot.read_bytes()[:8] == PNG_MAGIC
     assert f"learning curve: {plot}" in out
-    assert not _regions() - before  # nothing new left (other processes may come and go)
+    assert not regions() - before  # nothing new left (other processes may come and go)
 
 
 def test_train_returns_the_result(tmp_path):
-    before = _regions()
+    before = regions()
     cfg = ppo.Config(total_steps=2048, num_steps=64, num_envs=8, seed=3, device="cpu",
                      plot=str(tmp_path / "c.png"), progress=False)
     r = ppo.train(cfg, log=lambda *a: None)
@@ -82,7 +78,7 @@ def test_train_returns_the_result(tmp_path):
     assert r.curve_steps[-1] == 2048
     assert r.plot == str(tmp_path / "c.png") and (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
     assert r.summary().startswith(f"final mean return over the last {r.window_episodes} episodes: ")
-    assert not _regions() - before  # nothing new left (other processes may come and go)
+    assert not regions() - before  # nothing new left (other processes may come and go)
 
 
 def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
@@ -91,7 +87,7 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
     from native_engines import build_c_engine, build_capi
 
     engine = build_c_engine(build_capi(), tmp_path)
-    before = _regions()
+    before = regions()
     runs = {}
     for name, command in [("rust", None), ("c", str(engine))]:
         cfg = ppo.Config(total_steps=4096, num_steps=64, num_envs=16, seed=5, device="cpu",
@@ -100,7 +96,7 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
     assert runs["c"].episodes > 50
     assert runs["c"].episodes == runs["rust"].episodes
     assert runs["c"].curve_returns == runs["rust"].curve_returns
-    assert not _regions() - before
+    assert not regions() - before
     # Refused before anything starts: such an engine serves host memory, one engine.
     assert ppo.main(["--engine-command", str(engine), "--shards", "2"]) == 2
     with pytest.raises(ValueError, match="host memory"):
@@ -110,7 +106,7 @@ def test_ppo_trains_on_the_c_engine_exactly_as_on_the_reference_one(tmp_path):
 def test_ppo_from_pixels_runs_and_plots(tmp_path, capsys):
     """`--env pixels`: a CNN on the frames the pixels engine renders, read through
     zero-copy views of the client's import (no return is asserted: it is an option)."""
-    before = _regions()
+    before = regions()
     plot = tmp_path / "pixels.png"
     rc = ppo.main([
         "--env", "pixels", "--image", "32x32x4", "--num-envs", "4", "--num-steps", "32",
@@ -124,7 +120,7 @@ def test_ppo_from_pixels_runs_and_plots(tmp_path, capsys):
     assert "frames: (4, 32, 32, 4) u8 on cpu" in out, out
     assert re.search(r"^final mean return over the last \d+ episodes: ", out, re.M), out
     assert plot.read_bytes()[:8] == PNG_MAGIC
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_module_help_and_bad_device():
@@ -136,9 +132,9 @@ def test_module_help_and_bad_device():
         assert opt in p.stdout
 
     if NO_CUDA:  # --device cuda where CUDA is unusable: a clear error, nothing started
-        before = _regions()
+        before = regions()
         assert ppo.main(["--device", "cuda", "--plot", "", "--no-progress"]) == 2
-        assert not _regions() - before
+        assert not regions() - before
 
 
 def test_device_choice_says_what_and_why():
@@ -230,7 +226,7 @@ def test_ppo_learns_on_cuda_end_to_end(tmp_path):
     """--device cuda: the engine's tensors in GPU memory, the learner's views of them
     CUDA tensors on the same memory, no host synchronisation in the rollout loop (torch's
     sync debug mode raises on any), and it learns as on the CPU."""
-    before = _regions()
+    before = regions()
     lines = []
     cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=str(tmp_path / "curve.png"),
                      progress=False, sync_debug="error")
@@ -243,14 +239,14 @@ def test_ppo_learns_on_cuda_end_to_end(tmp_path):
     assert r.window_episodes == 100 and r.episodes >= 100, r
     assert r.mean_return >= THRESHOLD, r.summary()
     assert (tmp_path / "curve.png").read_bytes()[:8] == PNG_MAGIC
-    assert not _regions() - before
+    assert not regions() - before
 
 
 @needs_cuda
 def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
     """--host-staged with a CUDA learner: the engine's tensors stay in host memory, the
     learner reads copies on its GPU (the run bench and docs compare with CUDA IPC)."""
-    before = _regions()
+    before = regions()
     lines = []
     cfg = ppo.Config(total_steps=24576, seed=1, device="cuda", plot=None, progress=False,
                      host_staged=True)
@@ -259,7 +255,7 @@ def test_ppo_host_staged_on_cuda_learns_from_host_memory(tmp_path):
     assert lines[0].endswith("copied to it every step (--host-staged)"), lines[0]
     assert r.zero_copy_views == [], "no engine memory on the GPU: every view is a copy"
     assert r.mean_return >= THRESHOLD, r.summary()
-    assert not _regions() - before
+    assert not regions() - before
 
 
 def test_host_staged_on_a_cpu_learner_is_the_zero_copy_run():

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -22,25 +21,7 @@ torch = pytest.importorskip("torch")
 
 from shmbridge.gym import ShmVectorEnv  # noqa: E402
 from shmbridge.gym_shards import env_slice  # noqa: E402
-
-
-def shm_has(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
-
-
-def wait_gone(pid: int, limit: float = 15.0) -> bool:
-    """Whether process ``pid`` is gone (or a zombie) within ``limit`` seconds: a bounded
-    poll of a condition, not a sleep standing in for one."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.01)
-    return False
+from conftest import region_exists, wait_exited  # noqa: E402
 
 
 # ---- the core from Python --------------------------------------------------------------
@@ -95,7 +76,7 @@ def test_python_shards_serve_one_contiguous_region():
     assert not errors, errors
     creator.close()
     joined.close()
-    assert not shm_has(creator.name)
+    assert not region_exists(creator.name)
 
 
 def test_env_slices_match_the_core():
@@ -208,8 +189,8 @@ def test_a_dead_shard_is_engine_died_naming_it_and_nothing_is_left():
     assert e.value.shard == 1 and e.value.envs == (2, 4)
     assert "shard 1" in str(e.value) and "envs 2..4" in str(e.value)
     # Shard 0 stops by itself (it checks its siblings) and removes the region.
-    assert wait_gone(pids[0])
-    assert not shm_has(name)
+    assert wait_exited(pids[0], 15.0)
+    assert not region_exists(name)
     client.close()
 
 
@@ -234,8 +215,8 @@ def test_killing_the_learner_stops_every_shard():
         learner.kill()
         learner.wait()
         for pid in pids:
-            assert wait_gone(int(pid)), f"shard pid {pid} outlived its learner"
-        assert not shm_has(name)
+            assert wait_exited(int(pid), 15.0), f"shard pid {pid} outlived its learner"
+        assert not region_exists(name)
     finally:
         if learner.poll() is None:
             learner.kill()
@@ -267,7 +248,7 @@ def test_native_cartpole_sharded_equals_unsharded_step_for_step():
     finally:
         one.close()
         three.close()
-    assert not shm_has(three.name)
+    assert not region_exists(three.name)
 
 
 ORPHANING_LAUNCHER = textwrap.dedent(
@@ -276,8 +257,8 @@ ORPHANING_LAUNCHER = textwrap.dedent(
     name = "shmbridge-gym-orphan-" + os.urandom(8).hex()
     base = [sys.executable, "-m", "shmbridge.gym_shards", "--name", name, "--shards", "2",
             "--num-envs", "2"]
-    procs = shmbridge._start_shards([base + ["--shard", str(k)] for k in (0, 1)], 60.0, "test",
-                                    stdin=cloudpickle.dumps(("CartPole-v1", {})))
+    procs = shmbridge._launch._start_shards([base + ["--shard", str(k)] for k in (0, 1)], 60.0, "test",
+                                            stdin=cloudpickle.dumps(("CartPole-v1", {})))
     print(name, *(p.pid for p, _ in procs), flush=True)
     os._exit(0)  # dies without attaching a client and without stopping its shards
     """
@@ -293,5 +274,5 @@ def test_shards_whose_launcher_dies_before_attaching_exit():
     # No client will ever come: each shard notices its parent is gone and exits; shard 0
     # removes the region.
     for pid in pids:
-        assert wait_gone(int(pid)), f"shard pid {pid} outlived its launcher"
-    assert not shm_has(name)
+        assert wait_exited(int(pid), 15.0), f"shard pid {pid} outlived its launcher"
+    assert not region_exists(name)

@@ -5,18 +5,12 @@ importer choices are typed errors; nothing is left behind."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
 import shmbridge
-from conftest import pattern
-
-
-def regions():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("shmbridge")}
+from conftest import pattern, regions
 
 
 def launch_vulkan(**kwargs):

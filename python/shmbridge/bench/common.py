@@ -1,12 +1,11 @@
-"""What every benchmark shares: workloads, statistics, markdown, the machine's description,
-and the server side of a peer (a spawned process with a control pipe)."""
+"""What every benchmark shares: workloads, statistics, and the server side of a peer (a
+spawned process with a control pipe). How the figures are formatted and written out is
+in :mod:`.report`."""
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import os
-import platform
 import sys
 import time
 import traceback
@@ -25,9 +24,12 @@ POLL_CHECK_EVERY = 1 << 14
 SERVER_CHECK_EVERY = 1 << 10
 
 
-def pattern(seq: int, index: int) -> int:
+def pattern(seq: int, index: Any) -> Any:
     """The `null` engine's observation value for flat element `index` of frame `seq`
-    (src/envs/null.rs): every peer server writes the same values."""
+    (src/envs/null.rs): every peer server writes the same values. `index`: an int (an
+    int back), or a NumPy array of them (uint64 values back)."""
+    if isinstance(index, np.ndarray):
+        return (np.uint64(seq) * np.uint64(2_654_435_761) + index.astype(np.uint64)) & np.uint64(0xFFFFFF)
     return (seq * 2_654_435_761 + index) & 0xFFFFFF
 
 
@@ -95,7 +97,7 @@ WORKLOADS = {w.key: w for w in (OBS_64B, OBS_4096X100, IMAGES)}
 
 
 # ---------------------------------------------------------------------------------------
-# Statistics and formatting
+# Statistics
 
 
 @dataclass
@@ -119,124 +121,6 @@ class Stats:
     def to_dict(self) -> Dict[str, float]:
         return dict(n=self.n, median_ns=self.median_ns, p99_ns=self.p99_ns,
                     mean_ns=self.mean_ns, steps_per_s=self.steps_per_s)
-
-
-def fmt_time(ns: float) -> str:
-    """A duration with three significant digits and a unit that fits."""
-    if ns < 1e3:
-        return f"{ns:.0f} ns"
-    if ns < 1e6:
-        return f"{ns / 1e3:.3g} µs"
-    if ns < 1e9:
-        return f"{ns / 1e6:.3g} ms"
-    return f"{ns / 1e9:.3g} s"
-
-
-def fmt_us(ns: float) -> str:
-    us = ns / 1e3
-    if us >= 100:
-        return f"{us:,.0f}"
-    if us >= 10:
-        return f"{us:.1f}"
-    return f"{us:.2f}"
-
-
-def fmt_rate(per_s: float) -> str:
-    if per_s >= 100:
-        return f"{per_s:,.0f}"
-    return f"{per_s:.3g}"
-
-
-def fmt_ratio(r: float) -> str:
-    if r >= 100:
-        return f"{r:,.0f}×"
-    if r >= 10:
-        return f"{r:.1f}×"
-    return f"{r:.2f}×"
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
-    """`align`: one character per column, 'l' or 'r'."""
-    sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------
-# The machine
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(mod: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version(mod)
-    except Exception:  # noqa: BLE001 - not installed, or no metadata
-        return None
-
-
-def machine_description() -> Dict[str, Any]:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (float("nan"),) * 3
-    try:
-        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        mem_gib = float("nan")
-    pkgs = {}
-    for name in ("shmbridge", "numpy", "grpcio", "protobuf", "iceoryx2", "gymnasium", "mujoco", "envpool"):
-        v = _version(name)
-        if v:
-            pkgs[name] = v
-    return dict(
-        cpu=_cpu_model(),
-        cores=os.cpu_count(),
-        usable_cores=usable,
-        memory_gib=round(mem_gib, 1),
-        kernel=f"{platform.system()} {platform.release()}",
-        python=f"{platform.python_implementation()} {platform.python_version()}",
-        packages=pkgs,
-        load_average=[round(x, 2) for x in load],
-        date=time.strftime("%Y-%m-%d %H:%M:%S %z"),
-    )
-
-
-def busy_warning(m: Dict[str, Any]) -> Optional[str]:
-    """A warning when other work ran as the benchmark started: spinning transports (both
-    shmbridge's spin policy and the busy-polling peers) then measure the scheduler."""
-    load1, cores = m["load_average"][0], m["usable_cores"] or 1
-    if load1 == load1 and load1 > max(0.5, 0.25 * cores):  # not NaN, and busy
-        return (f"**Warning:** load average {load1} on {cores} usable cores as the run started: "
-                "other work was running. Spinning transports need a free core per side; "
-                "these figures then measure the scheduler as much as the transport.")
-    return None
-
-
-def machine_lines(m: Dict[str, Any]) -> List[str]:
-    pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
-    return [
-        f"- Machine: {m['cpu']}, {m['cores']} logical cores ({m['usable_cores']} usable), "
-        f"{m['memory_gib']} GiB; {m['kernel']}",
-        f"- Software: {m['python']}; {pk}",
-        f"- Load average at start: {', '.join(str(x) for x in m['load_average'])}; date {m['date']}",
-    ]
 
 
 # ---------------------------------------------------------------------------------------

@@ -34,10 +34,7 @@ status 3 (SKIPPED), having written nothing and leaving no region behind.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,23 +42,20 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import shmbridge
 
-from .common import (
-    IMAGES,
-    OBS_4096X100,
-    Stats,
-    Workload,
-    busy_warning,
+from .common import IMAGES, OBS_4096X100, Stats, Workload
+from .report import (
     fmt_rate,
     fmt_ratio,
     fmt_us,
+    log,
     machine_description,
-    machine_lines,
+    machine_header,
     markdown_table,
-    pattern,
+    one_line,
+    publish,
+    run_mode,
 )
-
-# Exit status when there is no usable GPU (0: measured; 1: a check failed; 2: bad usage).
-SKIPPED = 3
+from .report import skip as _skip
 
 PAYLOADS: Tuple[Workload, ...] = (OBS_4096X100, IMAGES)
 PATHS: Tuple[Tuple[str, str], ...] = (
@@ -101,10 +95,6 @@ class PayloadResult:
         return {k: Stats.of(v) for k, v in self.samples.items() if v}
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
 def probe() -> Optional[str]:
     """Why this machine cannot run the benchmark, or None if it can."""
     try:
@@ -119,13 +109,13 @@ def probe() -> Optional[str]:
         return f"torch {torch.__version__} ({built}) sees no usable CUDA device"
     ok, reason = shmbridge.cuda_available()
     if not ok:
-        return f"shmbridge cannot use CUDA: {_one_line(reason)}"
+        return f"shmbridge cannot use CUDA: {one_line(reason)}"
     return None
 
 
 def skip(reason: str) -> int:
-    print(f"bench gpu: skipped: {_one_line(reason)}", file=sys.stderr, flush=True)
-    return SKIPPED
+    """``bench gpu: skipped: <reason>`` on stderr; returns :data:`.report.SKIPPED`."""
+    return _skip("gpu", reason)
 
 
 class _Case:
@@ -269,7 +259,7 @@ def _gpu_lines(device: Any, engine_reason: str) -> List[str]:
     return [
         f"- GPU: {props.name} ({device}, {props.total_memory / 2**30:.0f} GiB); torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}, {torch.get_num_threads()} CPU threads); "
-        f"shmbridge.cuda_available(): {_one_line(engine_reason)}",
+        f"shmbridge.cuda_available(): {one_line(engine_reason)}",
     ]
 
 
@@ -316,11 +306,10 @@ def report(results: List[PayloadResult], plan: Plan, header: List[str], quick: b
         goal = (f"- target: host-pageable ÷ CUDA IPC ≥ {TARGET_RATIO:g}× at 4096×100 f32 (medians): "
                 f"{fmt_ratio(main_r['median'])}, {'met' if main_r['median'] >= TARGET_RATIO else 'NOT met'}")
     failures = [f for r in results for f in r.failures]
-    mode = "QUICK (smoke test: too few steps to quote)" if quick else "full"
     lines = [
         "## GPU: CUDA IPC against host-staged copies",
         "",
-        f"Command: `{command}` ({mode}; {plan.rounds} interleaved rounds of {plan.per_block:,} timed "
+        f"Command: `{command}` ({run_mode(quick)}; {plan.rounds} interleaved rounds of {plan.per_block:,} timed "
         f"steps per payload and path after {plan.warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
         *header,
@@ -377,20 +366,16 @@ def main(args: Any) -> int:
                 warmup=args.warmup if args.warmup is not None else (10 if quick else 100))
     device = torch.device(args.device)
     if device.type != "cuda":
-        print(f"bench gpu: --device {args.device}: expected cuda or cuda:N", file=sys.stderr)
+        log(f"bench gpu: --device {args.device}: expected cuda or cuda:N")
         return 2
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.index >= torch.cuda.device_count():
-        print(f"bench gpu: --device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)",
-              file=sys.stderr)
+        log(f"bench gpu: --device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
         return 2
     torch.cuda.set_device(device)  # torch's current stream is the one client.step() uses
     _ok, engine_reason = shmbridge.cuda_available()
     machine = machine_description()
-
-    def log(s: str) -> None:
-        print(s, file=sys.stderr, flush=True)
 
     log(f"gpu: {', '.join(w.label for w in PAYLOADS)}; on {device}")
     t0 = time.monotonic()
@@ -400,19 +385,9 @@ def main(args: Any) -> int:
         return skip(f"the engine cannot use CUDA: {e}")
     elapsed = time.monotonic() - t0
 
-    header = machine_lines(machine) + _gpu_lines(device, engine_reason)
-    warning = busy_warning(machine)
-    if warning:
-        header += ["", warning]
+    header = machine_header(machine, _gpu_lines(device, engine_reason))
     text, doc = report(results, plan, header, quick, elapsed, args.command_line)
     doc["machine"] = machine
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "gpu.json"), "w") as f:
-            json.dump(doc, f, indent=1, ensure_ascii=False)
-        log(f"gpu: wrote {os.path.join(args.out, 'gpu.md')}, {os.path.join(args.out, 'gpu.json')}")
+    publish("gpu", text, args.out, doc)
     bad = [r for r in results if not r.zero_copy or r.failures]
     return 1 if bad else 0

@@ -15,27 +15,25 @@ messages, AsyncVectorEnv) get fewer steps, and the table says how many each one 
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import (
-    WORKLOADS,
-    Peer,
-    Stats,
+from .common import WORKLOADS, Peer, Stats
+from .report import (
     fmt_rate,
     fmt_ratio,
     fmt_time,
     fmt_us,
-    busy_warning,
+    log,
     machine_description,
-    machine_lines,
+    machine_header,
     markdown_table,
+    publish,
+    run_mode,
 )
 
 # Python module -> the package that provides it.
@@ -116,10 +114,6 @@ def _make_peers(wl_key: str, plan: Plan, only: Optional[Sequence[str]]) -> List[
     return out
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _timed(peer: Peer, n: int, sink: List[int]) -> float:
     """Runs n steps into `sink`; returns the mean seconds per step."""
     before = len(sink)
@@ -138,13 +132,13 @@ def run_workload(wl_key: str, label: str, plan: Plan, only: Optional[Sequence[st
         why = _missing(needs)
         if why:
             row.skipped = why
-            _log(f"  {label}: skipping {row.label}: {why}")
+            log(f"  {label}: skipping {row.label}: {why}")
             continue
         live.append((row, factory()))
 
     def fail(row: Row, peer: Peer, what: str) -> None:
         row.failed = what.strip().splitlines()[-1][:200] if what.strip() else "failed"
-        _log(f"  {label}: {row.label} FAILED:\n{what}")
+        log(f"  {label}: {row.label} FAILED:\n{what}")
         try:
             peer.close()
         except Exception:  # noqa: BLE001 - already failing
@@ -193,14 +187,14 @@ def run_workload(wl_key: str, label: str, plan: Plan, only: Optional[Sequence[st
                 except Exception:  # noqa: BLE001 - reported in the table
                     fail(row, peer, traceback.format_exc())
             if verbose:
-                _log(f"  {label}: round {r + 1}/{plan.rounds} done")
+                log(f"  {label}: round {r + 1}/{plan.rounds} done")
     finally:
         for row, peer in started:
             if not row.failed:
                 try:
                     peer.close()
                 except Exception:  # noqa: BLE001
-                    _log(f"  {label}: closing {row.label}: {traceback.format_exc()}")
+                    log(f"  {label}: closing {row.label}: {traceback.format_exc()}")
     for row, _ in started:
         if not row.failed and samples[row.key]:
             row.stats = Stats.of(samples[row.key])
@@ -331,7 +325,7 @@ def main(args: Any) -> int:
     results: List[Tuple[str, List[Row]]] = []
     for w in wl_keys:
         label = _payload_label(w, plan)
-        _log(f"peers: {label}")
+        log(f"peers: {label}")
         results.append((w, run_workload(w, label, plan, only)))
     elapsed = time.monotonic() - t_start
     try:
@@ -340,18 +334,14 @@ def main(args: Any) -> int:
         load_end = []
 
     command = args.command_line
-    warning = busy_warning(machine)
-    mode = "QUICK (smoke test: too few steps to quote)" if args.quick else "full"
-    doc = [
+    lines = [
         "## Peers: lock-step round trip by transport",
         "",
-        f"Command: `{command}` ({mode}; {plan.rounds} interleaved rounds, blocks of up to "
+        f"Command: `{command}` ({run_mode(args.quick)}; {plan.rounds} interleaved rounds, blocks of up to "
         f"{plan.block:,} steps or {plan.block_seconds:g} s after a warm-up; {elapsed:.0f} s in all)",
         "",
-        *machine_lines(machine),
-        f"- Load average at the end: {', '.join(str(x) for x in load_end)}",
+        *machine_header(machine, [f"- Load average at the end: {', '.join(str(x) for x in load_end)}"]),
         "",
-        *([warning, ""] if warning else []),
         table(results, plan),
         "",
         "Median ÷ shmbridge: the transport's median over shmbridge's (spin policy, same payload); "
@@ -367,22 +357,13 @@ def main(args: Any) -> int:
         "",
         targets(results),
     ]
-    text = "\n".join(doc) + "\n"
-    print(text)
-    out = args.out
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "peers.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out, "peers.json"), "w") as f:
-        json.dump(dict(command=command, quick=bool(args.quick), plan=plan.__dict__,
-                       machine=machine, load_end=load_end, elapsed_s=elapsed,
-                       results=[dict(workload=w, rows=[dict(key=r.key, label=r.label,
-                                                            skipped=r.skipped, failed=r.failed,
-                                                            stats=r.stats.to_dict() if r.stats else None)
-                                                       for r in rows]) for w, rows in results]),
-                  f, indent=1, ensure_ascii=False)
-    png = os.path.join(out, "peers.png")
-    plot(results, plan, png)
-    _log(f"peers: wrote {os.path.join(out, 'peers.md')}, {png}, {os.path.join(out, 'peers.json')}")
+    figures = dict(command=command, quick=bool(args.quick), plan=plan.__dict__,
+                   machine=machine, load_end=load_end, elapsed_s=elapsed,
+                   results=[dict(workload=w, rows=[dict(key=r.key, label=r.label,
+                                                        skipped=r.skipped, failed=r.failed,
+                                                        stats=r.stats.to_dict() if r.stats else None)
+                                                   for r in rows]) for w, rows in results])
+    publish("peers", "\n".join(lines) + "\n", args.out, figures,
+            plot=lambda path: plot(results, plan, path))
     failed = [r for _, rows in results for r in rows if r.failed]
     return 1 if failed else 0

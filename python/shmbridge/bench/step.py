@@ -12,24 +12,13 @@ same: the ratio of their medians is the figure to watch.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from typing import Any, List
 
 import shmbridge
 
-from .common import (
-    OBS_64B,
-    OBS_4096X100,
-    Stats,
-    fmt_rate,
-    fmt_ratio,
-    busy_warning,
-    machine_description,
-    machine_lines,
-    markdown_table,
-)
+from .common import OBS_64B, OBS_4096X100, Stats
+from .report import fmt_rate, fmt_ratio, machine_description, machine_header, markdown_table, publish
 
 
 def main(args: Any) -> int:
@@ -79,16 +68,14 @@ def main(args: Any) -> int:
     p99_ratio = big.p99_ns / small.p99_ns
     rows.append(["ratio 4096×100 ÷ 64 B", "", fmt_ratio(med_ratio), fmt_ratio(p99_ratio), ""])
     worst = max(s.median_ns for s in stats)
-    warning = busy_warning(machine)
     lines = [
         "## client.step() round trip (null engine, sparse)",
         "",
         f"Command: `{args.command_line}` ({'QUICK, ' if quick else ''}{policy} policy; {rounds} interleaved "
         f"rounds of {per_block:,} timed steps per payload after {warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
-        *machine_lines(machine),
+        *machine_header(machine),
         "",
-        *([warning, ""] if warning else []),
         markdown_table(["payload", "steps", "median ns", "p99 ns", "steps/s"], rows, "lrrrr"),
         "",
         "Targets (reported, not asserted):",
@@ -97,11 +84,5 @@ def main(args: Any) -> int:
         f"- the two payloads within 1.2× (medians): {'met' if max(med_ratio, 1 / med_ratio) <= 1.2 else 'NOT met'} "
         f"({fmt_ratio(med_ratio)})",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "step.md"), "w") as f:
-            f.write(text)
-        print(f"step: wrote {os.path.join(args.out, 'step.md')}", file=sys.stderr)
+    publish("step", "\n".join(lines) + "\n", args.out)
     return 0

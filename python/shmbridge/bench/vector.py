@@ -29,14 +29,13 @@ bench-results). ``--quick``: a smoke run (few steps, 4 envs, K = 1 and 2).
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from .common import Stats, busy_warning, fmt_rate, fmt_ratio, fmt_us, machine_description, machine_lines, markdown_table
+from .common import Stats
+from .report import fmt_rate, fmt_ratio, fmt_us, machine_description, machine_header, markdown_table, publish
 
 ASYNC, SYNC, ENVPOOL = "AsyncVectorEnv", "SyncVectorEnv", "EnvPool"
 
@@ -232,12 +231,8 @@ def main(args: Any) -> int:
     results[f"null transport N={transport_envs}"] = transport
     print(_table(transport, refs=False), flush=True)
 
-    os.makedirs(args.out, exist_ok=True)
     lines = ["# shmbridge vector benchmark", "", f"Command: `{args.command_line}`", ""]
-    lines += machine_lines(machine)
-    warn = busy_warning(machine)
-    if warn:
-        lines += ["", warn]
+    lines += machine_header(machine)
     lines += ["", f"{rounds} interleaved rounds per workload; times are one vector step "
                   "(`envs.step(actions)`, copies returned). `× X`: mean step time of X / ours "
                   "(above 1: faster than X).", ""]
@@ -245,15 +240,10 @@ def main(args: Any) -> int:
         lines += [f"## {key}", "", _table(rows, refs=not key.startswith("null")), ""]
     one = {r["label"]: r for r in transport}
     lines += ["Transport: `client.step()` on the `null` engine (16 f32 per env), one engine "
-              f"vs shards; median ratio K/1: " + ", ".join(
+              "vs shards; median ratio K/1: " + ", ".join(
                   f"{r['label']} {r['median_ns'] / one['one engine']['median_ns']:.2f}×"
                   for r in transport if r["label"] != "one engine"), ""]
-    md = "\n".join(lines)
-    png = os.path.join(args.out, "vector.png")
-    _plot(results, png)
-    with open(os.path.join(args.out, "vector.md"), "w") as f:
-        f.write(md + "\n")
-    with open(os.path.join(args.out, "vector.json"), "w") as f:
-        json.dump(dict(machine=machine, rounds=rounds, results=results), f, indent=1)
-    print(f"vector: wrote {args.out}/vector.md, vector.json, vector.png", flush=True)
+    # The tables went to stdout as each was measured: the file gets the whole report.
+    publish("vector", "\n".join(lines) + "\n", args.out, dict(machine=machine, rounds=rounds, results=results),
+            plot=lambda path: _plot(results, path), echo=False)
     return 0

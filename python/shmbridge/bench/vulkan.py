@@ -32,30 +32,28 @@ with status 3, having written nothing.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
 import shmbridge
 
-from .common import (
-    Stats,
-    busy_warning,
+from .common import Stats, pattern
+from .report import (
     fmt_rate,
     fmt_ratio,
     fmt_us,
+    log,
     machine_description,
-    machine_lines,
+    machine_header,
     markdown_table,
+    publish,
+    run_mode,
+    skip,
 )
-
-SKIPPED = 3
 
 CPU_PATHS: Tuple[Tuple[str, str], ...] = (
     ("vulkan-export", "Vulkan export, mapped by the client's Vulkan device (kDLCPU)"),
@@ -88,9 +86,9 @@ class Plan:
 
 
 def frame_bytes(seq: int, n: int) -> np.ndarray:
-    """The `null` engine's `rgb` bytes of frame `seq` (src/envs/null.rs `pattern_u8`)."""
-    idx = np.arange(n, dtype=np.uint64)
-    return ((np.uint64(seq) * np.uint64(2_654_435_761) + idx) & np.uint64(0xFF)).astype(np.uint8)
+    """The `null` engine's `rgb` bytes of frame `seq` (src/envs/null.rs `pattern_u8`: the
+    pattern's low byte)."""
+    return (pattern(seq, np.arange(n, dtype=np.uint64)) & np.uint64(0xFF)).astype(np.uint8)
 
 
 class Case:
@@ -231,11 +229,10 @@ def report(cases: List[Case], gpu_skip: str, plan: Plan, header: List[str], quic
             f"{'==' if c.zero_copy else '!='} `client['rgb'].data_ptr` {c.tensor_ptr:#x}, on "
             f"{c.view_device}" for c in cases]
     failures = [f for c in cases for f in c.failures]
-    mode = "QUICK (smoke test: too few steps to quote)" if quick else "full"
     lines = [
         "## Vulkan: exported frames against host shared memory",
         "",
-        f"Command: `{command}` ({mode}; frames {plan.label}; {plan.rounds} interleaved rounds of "
+        f"Command: `{command}` ({run_mode(quick)}; frames {plan.label}; {plan.rounds} interleaved rounds of "
         f"{plan.per_block:,} timed steps per path after {plan.warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
         *header,
@@ -275,15 +272,12 @@ def main(args: Any) -> int:
         if h <= 0 or w <= 0 or args.num_envs <= 0:
             raise ValueError
     except ValueError:
-        print(f"bench vulkan: --size {args.size} --num-envs {args.num_envs}: expected HxW and "
-              "positive integers", file=sys.stderr)
+        log(f"bench vulkan: --size {args.size} --num-envs {args.num_envs}: expected HxW and "
+            "positive integers")
         return 2
     plan = Plan(rounds=rounds, per_block=max(1, math.ceil(steps / rounds)),
                 warmup=args.warmup if args.warmup is not None else (5 if quick else 50),
                 num_envs=args.num_envs, height=h, width=w)
-
-    def log(s: str) -> None:
-        print(s, file=sys.stderr, flush=True)
 
     log(f"vulkan: frames {plan.label}")
     machine = machine_description()
@@ -292,22 +286,10 @@ def main(args: Any) -> int:
         cases, gpu_skip = measure(plan, blocking=args.blocking, log=log)
     except shmbridge.EngineStartError as e:
         if "Vulkan is unavailable" in str(e):
-            print(f"bench vulkan: skipped: {' '.join(str(e).split())}", file=sys.stderr)
-            return SKIPPED
+            return skip("vulkan", " ".join(str(e).split()))
         raise
     elapsed = time.monotonic() - t0
-    header = machine_lines(machine)
-    warning = busy_warning(machine)
-    if warning:
-        header += ["", warning]
-    text, doc = report(cases, gpu_skip, plan, header, quick, elapsed, args.command_line)
+    text, doc = report(cases, gpu_skip, plan, machine_header(machine), quick, elapsed, args.command_line)
     doc["machine"] = machine
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "vulkan.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "vulkan.json"), "w") as f:
-            json.dump(doc, f, indent=1, ensure_ascii=False)
-        log(f"vulkan: wrote {os.path.join(args.out, 'vulkan.md')}, {os.path.join(args.out, 'vulkan.json')}")
+    publish("vulkan", text, args.out, doc)
     return 1 if any(not c.zero_copy or c.failures for c in cases) else 0

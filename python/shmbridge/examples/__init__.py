@@ -1,2 +1,4 @@
 """Examples that use shmbridge: ``python -m shmbridge.examples.ppo`` trains PPO on the
-reference ``cartpole`` engine (the main job)."""
+reference ``cartpole`` engine (the main job), from its state (``ppo.py``) or from the
+frames of the ``pixels`` engine (``ppo_pixels.py``); ``ppo_core.py`` holds what both
+trainers use."""

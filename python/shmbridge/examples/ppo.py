@@ -39,6 +39,10 @@ curve. ``--total-steps`` counts the steps of all ranks together.
 
     torchrun --nproc_per_node=2 -m shmbridge.examples.ppo --shards 2
 
+``--env pixels`` trains from rendered frames instead (:mod:`.ppo_pixels`). What the two
+trainers share (the configuration, GAE, the update, the episode bookkeeping, the plot) is
+in :mod:`.ppo_core`; this module is the state trainer and the command line.
+
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 """
 
@@ -51,113 +55,13 @@ import os
 import shlex
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Deque, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import shmbridge
 
-
-@dataclass
-class Config:
-    """Hyperparameters and run options; the defaults are the command line's defaults."""
-
-    env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
-    image: str = "64x64x4"  # pixels: the frame size the engine renders (HxWx4)
-    num_envs: int = 16
-    total_steps: int = 500_000  # env steps (all envs together); an upper bound
-    num_steps: int = 128  # rollout length per env: a batch is num_envs * num_steps
-    lr: float = 1e-3
-    anneal_lr: bool = True  # linearly to 0 over total_steps
-    update_epochs: int = 10
-    num_minibatches: int = 4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_coef: float = 0.2
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    bootstrap_truncated: bool = True  # truncated episodes: reward += gamma * V(final obs)
-    target_return: Optional[float] = 475.0  # None: run all total_steps
-    window: int = 100  # episodes in the running mean
-    seed: int = 1
-    device: str = "auto"  # auto | cpu | cuda: the learner and the engine's tensors
-    threads: int = 1
-    blocking: bool = False
-    plot: Optional[str] = "ppo_cartpole.png"
-    progress: bool = True
-    # torch.cuda.set_sync_debug_mode ("warn" or "error") during each rollout's steps on a
-    # GPU: any host synchronisation torch makes there is then reported (tests use "error").
-    sync_debug: Optional[str] = None
-    shards: int = 1  # engine processes serving each rank's envs (host memory)
-    # A JSON report of this rank's run: path, with {rank} replaced by the rank.
-    report: Optional[str] = None
-    # An engine executable serving CartPole-v1 through the C ABI (or any engine that
-    # follows the CLI convention of docs/protocol.md §9), started with
-    # `--num-envs N --seed S` appended, instead of the reference engine. Host memory.
-    engine_command: Optional[str] = None
-    # The engine's tensors in host memory while the learner is on a GPU: every step copies
-    # the frame to the GPU and the actions back (what a transport without CUDA IPC must
-    # do). For comparing with the zero-copy run; the same as without it on a CPU learner.
-    host_staged: bool = False
-
-
-@dataclass
-class Result:
-    mean_return: float  # mean of the last `window` finished episodes (nan if none)
-    window_episodes: int  # how many episodes that mean is over (<= window)
-    episodes: int  # finished episodes in all
-    env_steps: int
-    wall_s: float  # from launching the engine to the end of training
-    reached_target: bool
-    device: str  # the learner's torch device
-    engine_device: str = "cpu"  # client.device: where the engine's tensors live
-    # The engine's tensors read and written through torch views that were checked to be
-    # the engine's memory on `device` (same data_ptr): obs, actions, rewards, ...
-    zero_copy_views: List[str] = field(default_factory=list)
-    curve_steps: List[int] = field(default_factory=list)
-    curve_returns: List[float] = field(default_factory=list)
-    plot: Optional[str] = None
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.env_steps / self.wall_s if self.wall_s > 0 else float("nan")
-
-    def summary(self) -> str:
-        return (
-            f"final mean return over the last {self.window_episodes} episodes: "
-            f"{self.mean_return:.1f} ({self.episodes:,} episodes, {self.wall_s:.1f} s, "
-            f"{self.steps_per_s:,.0f} env-steps/s)"
-        )
-
-
-def _orthogonal(module, std: float = math.sqrt(2)):
-    """``module`` with orthogonal weights of gain ``std`` and zero biases (CleanRL's init)."""
-    from torch import nn
-
-    nn.init.orthogonal_(module.weight, std)
-    nn.init.zeros_(module.bias)
-    return module
-
-
-def _rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> tuple:
-    """A rollout's buffers on the learner's device: observations ``(t_len, n, *obs_shape)``
-    of ``obs_dtype``, actions, log-probabilities, rewards, dones, values; then the episode
-    bookkeeping: each env's return so far and, at each step, that return as it stood
-    (kept where the episode ended: read back once per update)."""
-    import torch
-
-    steps = (t_len, n)
-    return (
-        torch.zeros(steps + tuple(obs_shape), dtype=obs_dtype, device=device),
-        torch.zeros(steps, dtype=torch.long, device=device),
-        torch.zeros(steps, device=device),
-        torch.zeros(steps, device=device),
-        torch.zeros(steps, device=device),
-        torch.zeros(steps, device=device),
-        torch.zeros(n, dtype=torch.float64, device=device),
-        torch.zeros(steps, dtype=torch.float64, device=device),
-    )
+from .ppo_core import (Config, Progress, Result, choose_device, gae, orthogonal_init, plot_curve,
+                       ppo_update, rollout_buffers)
+from .ppo_pixels import train as train_pixels
 
 
 def _agent(obs_dim: int, num_actions: int):
@@ -165,7 +69,7 @@ def _agent(obs_dim: int, num_actions: int):
     from torch import nn
 
     def layer(n_in: int, n_out: int, std: float = math.sqrt(2)) -> nn.Linear:
-        return _orthogonal(nn.Linear(n_in, n_out), std)
+        return orthogonal_init(nn.Linear(n_in, n_out), std)
 
     class Agent(nn.Module):
         """Separate actor and critic MLPs, 64x64 tanh, orthogonal init (as in CleanRL)."""
@@ -270,79 +174,6 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
         rewards += gamma * values * cut_dev
 
 
-def gae(rewards, values, dones, next_value, gamma: float, lam: float):
-    """Generalised advantage estimation over a rollout: ``rewards``, ``values``,
-    ``dones`` are (T, n); ``next_value`` (n,) is V of the observation after the last
-    step. Returns ``(advantages, returns)``, both (T, n)."""
-    import torch
-
-    adv = torch.zeros_like(rewards)
-    last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
-        nv = next_value if t == rewards.shape[0] - 1 else values[t + 1]
-        live = 1.0 - dones[t]
-        delta = rewards[t] + gamma * nv * live - values[t]
-        last = delta + gamma * lam * live * last
-        adv[t] = last
-    return adv, adv + values
-
-
-def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
-               minibatch: int) -> None:
-    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
-    minibatches. ``evaluate(obs) -> (logits, value)``; ``obs`` is (batch, ...), the
-    other rollout tensors (T, n), flattened here."""
-    import torch
-    from torch.distributions import Categorical
-
-    batch = obs.shape[0]
-    b_act, b_logp = actions.reshape(batch), logp.reshape(batch)
-    b_adv, b_ret = adv.reshape(batch), ret.reshape(batch)
-    for _ in range(cfg.update_epochs):
-        perm = torch.randperm(batch, device=obs.device)
-        for s in range(0, batch, minibatch):
-            mb = perm[s:s + minibatch]
-            logits, value = evaluate(obs[mb])
-            dist = Categorical(logits=logits, validate_args=False)
-            ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
-            a = b_adv[mb]
-            a = (a - a.mean()) / (a.std() + 1e-8)
-            pg_loss = torch.max(
-                -a * ratio, -a * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
-            ).mean()
-            v_loss = 0.5 * (value - b_ret[mb]).pow(2).mean()
-            loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * dist.entropy().mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-
-
-def choose_device(name: str) -> Tuple[str, str]:
-    """Where the learner and the engine's tensors live, and why: ``("cpu" or "cuda:N",
-    reason)`` for ``name`` auto, cpu or cuda. ``ValueError`` if cuda cannot be had."""
-    import torch
-
-    if name not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device {name!r}: expected auto, cpu or cuda")
-    if name == "cpu":
-        return "cpu", "--device cpu"
-    torch_ok = torch.cuda.is_available()
-    shm_ok, shm_why = shmbridge.cuda_available()
-    if name == "cuda":
-        if not torch_ok:
-            raise ValueError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
-        if not shm_ok:
-            raise ValueError(f"--device cuda: shmbridge cannot use CUDA: {shm_why}")
-        return f"cuda:{torch.cuda.current_device()}", "--device cuda"
-    if not torch_ok:
-        return "cpu", f"auto: torch {torch.__version__} sees no CUDA device"
-    if not shm_ok:
-        return "cpu", f"auto: torch sees a GPU but shmbridge cannot use CUDA: {shm_why}"
-    index = torch.cuda.current_device()
-    return f"cuda:{index}", f"auto: torch and shmbridge can both use {torch.cuda.get_device_name(index)}"
-
-
 @contextlib.contextmanager
 def _sync_debug(device, mode: Optional[str]) -> Iterator[None]:
     """``torch.cuda.set_sync_debug_mode(mode)`` inside, on a CUDA device."""
@@ -404,63 +235,6 @@ class _Staging:
         self.learner_views.clear()
 
 
-class _Progress:
-    """A run's episode returns (the last ``cfg.window`` of them), its learning curve and
-    its progress bar. ``update`` after each rollout says whether the target is reached."""
-
-    def __init__(self, cfg: Config, total: int, desc: str, show: bool = True) -> None:
-        from tqdm import tqdm
-
-        self.cfg = cfg
-        self.recent: Deque[float] = deque(maxlen=cfg.window)
-        self.episodes = 0
-        self.env_steps = 0
-        self.reached = False
-        self.curve_steps: List[int] = []
-        self.curve_returns: List[float] = []
-        self.bar = tqdm(total=total, unit="step", unit_scale=True, disable=not (cfg.progress and show),
-                        dynamic_ncols=True, desc=desc)
-
-    def mean(self) -> float:
-        return sum(self.recent) / len(self.recent) if self.recent else float("nan")
-
-    def update(self, env_steps: int, finished: List[float]) -> bool:
-        """``env_steps`` more steps, in which the episodes with returns ``finished``
-        ended (in the order they ended)."""
-        self.env_steps += env_steps
-        self.recent.extend(finished)
-        self.episodes += len(finished)
-        mean = self.mean()
-        if self.recent:
-            self.curve_steps.append(self.env_steps)
-            self.curve_returns.append(mean)
-        self.bar.update(env_steps)
-        self.bar.set_postfix(ret=f"{mean:.1f}", episodes=self.episodes, refresh=False)
-        target = self.cfg.target_return
-        self.reached = (target is not None and len(self.recent) == self.cfg.window
-                        and mean >= target)
-        return self.reached
-
-    def close(self) -> None:
-        self.bar.close()
-
-    def result(self, wall_s: float, device: str, engine_device: str,
-               zero_copy_views: List[str]) -> Result:
-        return Result(
-            mean_return=self.mean(),
-            window_episodes=len(self.recent),
-            episodes=self.episodes,
-            env_steps=self.env_steps,
-            wall_s=wall_s,
-            reached_target=self.reached,
-            device=device,
-            engine_device=engine_device,
-            zero_copy_views=zero_copy_views,
-            curve_steps=self.curve_steps,
-            curve_returns=self.curve_returns,
-        )
-
-
 def train(cfg: Config, log=print) -> Result:
     """Trains PPO on the ``cartpole`` engine; returns the outcome (and writes the plot)."""
     import torch
@@ -513,7 +287,7 @@ def train(cfg: Config, log=print) -> Result:
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
 
     (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf,
-     ep_return, ret_at_step) = _rollout_buffers(t_len, n, (4,), torch.float32, device)
+     ep_return, ret_at_step) = rollout_buffers(t_len, n, (4,), torch.float32, device)
 
     start = time.perf_counter()
     # Launched in the engine with the same seed: env k is reset with seed + k. Its tensors
@@ -558,7 +332,7 @@ def train(cfg: Config, log=print) -> Result:
         view_names = [name for name, v in views.items()
                       if name not in staging.staged and v.device == device]
 
-        progress = _Progress(cfg, num_updates * batch * ranks.world, "PPO cartpole",
+        progress = Progress(cfg, num_updates * batch * ranks.world, "PPO cartpole",
                              show=ranks.rank == 0)
         try:
             for update in range(num_updates):
@@ -619,7 +393,7 @@ def train(cfg: Config, log=print) -> Result:
             obs_view = act_view = rew_view = term_view = trunc_view = final_view = None
     result = progress.result(time.perf_counter() - start, str(device), engine_device, view_names)
     if cfg.plot and ranks.rank == 0:
-        result.plot = _plot(cfg, result)
+        result.plot = plot_curve(cfg, result)
     return result
 
 
@@ -650,32 +424,6 @@ def _write_report(cfg: Config, ranks: "_Ranks", client, initial: str, agent, env
     }
     with open(cfg.report.format(rank=ranks.rank), "w") as f:
         json.dump(doc, f)
-
-
-def _plot(cfg: Config, r: Result) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(r.curve_steps, r.curve_returns, label=f"mean return, last {cfg.window} episodes")
-    if cfg.target_return is not None:
-        ax.axhline(cfg.target_return, color="gray", linestyle="--", linewidth=1,
-                   label=f"target {cfg.target_return:g}")
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("episode return")
-    ax.set_ylim(0, 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}, CNN"
-    ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
-                 f"{r.wall_s:.0f} s, {r.device})")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    path = os.path.abspath(cfg.plot)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -779,8 +527,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         if cfg.env == "pixels":
-            from .ppo_pixels import train as train_pixels
-
             r = train_pixels(cfg)
         else:
             r = train(cfg)

@@ -20,7 +20,8 @@ import time
 
 import shmbridge
 
-from .ppo import Config, Result, _orthogonal, _rollout_buffers, choose_device, gae, ppo_update
+from .ppo_core import (Config, Progress, Result, choose_device, gae, orthogonal_init, plot_curve,
+                       ppo_update, rollout_buffers)
 
 
 def _agent(channels: int, height: int, width: int, num_actions: int):
@@ -33,15 +34,15 @@ def _agent(channels: int, height: int, width: int, num_actions: int):
         def __init__(self) -> None:
             super().__init__()
             self.trunk = nn.Sequential(
-                _orthogonal(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
-                _orthogonal(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
+                orthogonal_init(nn.Conv2d(channels, 16, 8, stride=4)), nn.ReLU(),
+                orthogonal_init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
                 nn.Flatten(),
             )
             with torch.no_grad():
                 flat = self.trunk(torch.zeros(1, channels, height, width)).shape[1]
-            self.hidden = nn.Sequential(_orthogonal(nn.Linear(flat, 256)), nn.ReLU())
-            self.actor = _orthogonal(nn.Linear(256, num_actions), 0.01)
-            self.critic = _orthogonal(nn.Linear(256, 1), 1.0)
+            self.hidden = nn.Sequential(orthogonal_init(nn.Linear(flat, 256)), nn.ReLU())
+            self.actor = orthogonal_init(nn.Linear(256, num_actions), 0.01)
+            self.critic = orthogonal_init(nn.Linear(256, 1), 1.0)
 
         def evaluate(self, x: "torch.Tensor"):
             """``x``: (B, C, H, W) uint8 frames; returns (logits, value)."""
@@ -73,8 +74,6 @@ def train(cfg: Config, log=print) -> Result:
     the plot)."""
     import torch
     from torch.distributions import Categorical
-
-    from .ppo import _plot, _Progress
 
     where, why = choose_device(cfg.device)
     device = torch.device(where)
@@ -109,11 +108,11 @@ def train(cfg: Config, log=print) -> Result:
         agent = _agent(6, height, width, 2).to(device)
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
         (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf, ep_return,
-         ret_at_step) = _rollout_buffers(t_len, n, (6, height, width), torch.uint8, device)
+         ret_at_step) = rollout_buffers(t_len, n, (6, height, width), torch.uint8, device)
 
         cur = frame()
         prev = cur.clone()  # a fresh episode: no motion yet
-        progress = _Progress(cfg, num_updates * batch, "PPO pixels")
+        progress = Progress(cfg, num_updates * batch, "PPO pixels")
         try:
             for update in range(num_updates):
                 if cfg.anneal_lr:
@@ -156,5 +155,5 @@ def train(cfg: Config, log=print) -> Result:
     result = progress.result(time.perf_counter() - start, str(device), "cpu",
                              ["rgb", "actions", "rewards", "terminated", "truncated"])
     if cfg.plot:
-        result.plot = _plot(cfg, result)
+        result.plot = plot_curve(cfg, result)
     return result

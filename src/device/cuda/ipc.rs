@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use super::driver::{
     self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
-use crate::control::{Control, ReleaseAck};
+use crate::control::{Claim, Control, ControlMapping, ReleaseAck};
 use crate::device::backend::{
-    ClientBackend, CudaRelease, DeviceLease, DevicePlace, EngineBackend, StreamRef,
+    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
 };
-use crate::device::location::Device;
 use crate::error::{Error, Peer, Result};
-use crate::layout::{ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo};
-use crate::region::Region;
+use crate::layout::location::Device;
+use crate::layout::{
+    ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo,
+    VERSION_MINOR_CUDA_SESSIONS,
+};
 
 /// How long an engine that closes waits for its client's close acknowledgement before
 /// it leaks the exported memory instead of freeing it.
@@ -159,7 +161,7 @@ impl EngineCuda {
         mut self,
         mut may_free: impl FnMut() -> bool,
         wait: Duration,
-    ) -> CudaRelease {
+    ) -> DeviceRelease {
         if let Some(s) = &self.stream {
             let _ = s.synchronize();
         }
@@ -178,7 +180,7 @@ impl EngineCuda {
             self.event = None;
             self.stream = None;
             self.alloc = None;
-            CudaRelease::Freed
+            DeviceRelease::Freed
         } else {
             let size = self.alloc.as_ref().map_or(0, |a| a.size());
             eprintln!(
@@ -193,7 +195,7 @@ impl EngineCuda {
                 e.leak();
             }
             self.stream = None;
-            CudaRelease::Leaked
+            DeviceRelease::Leaked
         }
     }
 }
@@ -226,7 +228,7 @@ pub struct CudaLease {
     memory: Mutex<Vec<Arc<ImportedMemory>>>,
     /// Where to acknowledge at drop (set when the client closed); `None` while the
     /// client is open (it acknowledges itself) or when no mapping could be made.
-    ack: Mutex<Option<Region>>,
+    ack: Mutex<Option<Box<dyn ControlMapping>>>,
     /// How: the session of the client that opened the handles (1.5: its tag, so a late
     /// acknowledgement cannot mark a later client's session released).
     release_ack: ReleaseAck,
@@ -259,7 +261,7 @@ impl CudaLease {
 
     /// Stores `RELEASED` into `region` when the last reference drops (after every handle
     /// is closed), if this lease was the last holder of each.
-    pub fn acknowledge_into(&self, region: Region) {
+    pub fn acknowledge_into(&self, region: Box<dyn ControlMapping>) {
         *self.ack.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
     }
 }
@@ -472,7 +474,7 @@ impl ClientCuda {
     /// The client's own event is kept, not destroyed: the engine may still wait on it
     /// until it sees `client_state = CLOSED`, so it goes when this value is dropped,
     /// after that store.
-    pub fn release_with(&mut self, ack: impl FnOnce() -> Option<Region>) -> bool {
+    pub fn release_with(&mut self, ack: impl FnOnce() -> Option<Box<dyn ControlMapping>>) -> bool {
         if let Some(ev) = &self.event {
             if ev.record(&self.default_stream).is_ok() {
                 let _ = ev.synchronize();
@@ -526,7 +528,11 @@ impl EngineBackend for EngineCuda {
         self.ptr(t)
     }
 
-    fn release(self: Box<Self>, control: Control<'_>) -> CudaRelease {
+    fn stream(&self) -> Option<StreamRef<'_>> {
+        self.stream.as_ref().map(StreamRef::from)
+    }
+
+    fn release(self: Box<Self>, control: Control<'_>) -> DeviceRelease {
         // The SeqCst store of CLOSED (before this call) and the SeqCst load of
         // `client_cuda_state` here pair with the client's SeqCst store of OPEN and load
         // of `engine_state` at attach: either it sees CLOSED and opens nothing, or we
@@ -540,11 +546,19 @@ impl EngineBackend for EngineCuda {
 }
 
 impl ClientBackend for ClientCuda {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        Some(self.handle())
+    fn publish_session(
+        &mut self,
+        control: Control<'_>,
+        claim: &Claim,
+        layout: &Layout,
+    ) -> Result<()> {
+        // A 1.5 engine reads the session tag; an earlier one the bare state.
+        let tagged = layout.version.1 >= VERSION_MINOR_CUDA_SESSIONS;
+        self.release_ack = control.publish_client_event(&self.handle, claim, tagged)?;
+        Ok(())
     }
 
-    fn open(&mut self, layout: &Layout, _: &Region) -> Result<()> {
+    fn open(&mut self, layout: &Layout, _: &dyn ControlMapping) -> Result<()> {
         ClientCuda::open(self, layout)
     }
 
@@ -605,7 +619,7 @@ impl ClientBackend for ClientCuda {
         unsafe { s.copy_dtod(dst, src, nbytes) }
     }
 
-    fn release(&mut self, region: &Region) {
+    fn release(&mut self, region: &dyn ControlMapping) {
         let released = self.release_with(|| match region.map_again() {
             Ok(r) => Some(r),
             Err(e) => {
@@ -620,10 +634,6 @@ impl ClientBackend for ClientCuda {
         if released {
             region.control().acknowledge(self.release_ack);
         }
-    }
-
-    fn set_release_ack(&mut self, ack: ReleaseAck) {
-        self.release_ack = ack;
     }
 
     fn as_any(&self) -> &dyn Any {

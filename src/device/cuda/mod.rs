@@ -17,6 +17,8 @@ use crate::error::Error;
 pub mod driver;
 #[cfg(feature = "cuda")]
 pub mod ipc;
+#[cfg(feature = "cuda")]
+pub mod kernel;
 
 /// The ordinal (as this process numbers devices) of the engine's device: the one whose
 /// UUID is `uuid` among `visible` (UUIDs by ordinal), else, when `uuid` is all zero
@@ -39,6 +41,18 @@ pub fn pick_device(uuid: [u8; 16], ordinal: i32, visible: &[[u8; 16]]) -> Option
 /// num_envs`, a u32) and `BLOCK` it is at most 2^24, within the 2^31 - 1 limit.
 pub fn blocks(threads: u32, block: u32) -> u32 {
     threads.div_ceil(block.max(1)).max(1)
+}
+
+/// A kernel argument, passed by value (`kernel::Module::launch`, and the backend-neutral
+/// `crate::device::compute::CudaKernels::launch`).
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    U64(u64),
+    I64(i64),
+    U32(u32),
+    F32(f32),
+    F64(f64),
 }
 
 /// What a successful probe found.

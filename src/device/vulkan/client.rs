@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
+use crate::control::{self, ControlMapping};
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
-use crate::device::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::error::{Error, Peer, Result};
+use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::layout::{Layout, TensorInfo};
-use crate::region::Region;
 
 #[cfg(feature = "vulkan")]
 use super::vk::{Context, ImportedMemory};
@@ -425,11 +425,15 @@ impl ClientVulkan {
     /// process where this PID namespace shows the engine, and proves it owns the region
     /// (the descriptor it sends first holds the engine's proof byte). Anything else is a
     /// `Protocol` error naming who answered; every fd it sent is closed unused.
-    fn receive_from_the_engine(&self, layout: &Layout, region: &Region) -> Result<Vec<OwnedFd>> {
+    fn receive_from_the_engine(
+        &self,
+        layout: &Layout,
+        region: &dyn ControlMapping,
+    ) -> Result<Vec<OwnedFd>> {
         let me = crate::os::current_pid();
         let start = crate::os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        let path = crate::region::socket_path(&self.name)?;
+        let path = control::socket_path(&self.name)?;
         let answer = {
             let proof = region.client_proof(me, start)?;
             crate::fdpass::request(
@@ -459,7 +463,7 @@ impl ClientVulkan {
         if crate::os::process_seen(pid, start).is_some() && answer.server.pid != Some(pid) {
             return Err(not_the_engine(format!("the engine is pid {pid}")));
         }
-        match region.proves(answer.proof.as_fd(), crate::region::ENGINE_PROOF_BYTE)? {
+        match region.proves(answer.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
             Ok(()) => Ok(answer.fds),
             Err(why) => Err(not_the_engine(format!(
                 "its proof of owning the region fails: {why}"
@@ -546,15 +550,11 @@ impl ClientVulkan {
 }
 
 impl ClientBackend for ClientVulkan {
-    fn event_handle(&self) -> Option<[u8; 64]> {
-        None
-    }
-
     fn importer_reason(&self) -> Option<&str> {
         Some(&self.reason)
     }
 
-    fn open(&mut self, layout: &Layout, region: &Region) -> Result<()> {
+    fn open(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()> {
         let fds = self.receive_from_the_engine(layout, region)?;
         self.import_all(layout, fds)
     }
@@ -631,7 +631,7 @@ impl ClientBackend for ClientVulkan {
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => Device::Host,
             #[cfg(feature = "cuda")]
-            Importer::Cuda(ctx) => Device::Cuda(crate::device::location::CudaDevice {
+            Importer::Cuda(ctx) => Device::Cuda(crate::layout::location::CudaDevice {
                 ordinal: ctx.ordinal(),
                 uuid: ctx.uuid()?,
             }),
@@ -662,14 +662,14 @@ impl ClientBackend for ClientVulkan {
             self.imports.as_ref().and_then(|i| i.get(index)),
         ) {
             #[cfg(feature = "cuda")]
-            (Importer::Cuda(ctx), Some(_)) => (crate::device::location::DL_CUDA, ctx.ordinal()),
+            (Importer::Cuda(ctx), Some(_)) => (crate::layout::location::DL_CUDA, ctx.ordinal()),
             #[cfg(feature = "vulkan")]
-            (Importer::Vulkan(_), Some(_)) => (crate::device::location::DL_CPU, 0),
+            (Importer::Vulkan(_), Some(_)) => (crate::layout::location::DL_CPU, 0),
             _ => t.device.dlpack(),
         }
     }
 
-    fn release(&mut self, _: &Region) {
+    fn release(&mut self, _: &dyn ControlMapping) {
         // The engine needs no acknowledgement: an import holds its own reference to the
         // memory, so each mapping goes when its last holder (this client or a view) does.
         self.imports = None;

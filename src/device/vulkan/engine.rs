@@ -5,16 +5,15 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::export::{SharedFd, VulkanSource};
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
-use crate::control::Control;
-use crate::device::backend::{CudaRelease, EngineBackend};
-use crate::device::location::Device;
+use crate::control::{self, Control, ControlMapping};
+use crate::device::backend::{DeviceRelease, EngineBackend};
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
+use crate::layout::location::Device;
+use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
-use crate::region::{self, Region};
 
 /// Called before every frame is published: a renderer with its own queue (path b)
 /// waits for its frame's work here.
@@ -47,7 +46,7 @@ impl EngineVulkan {
     /// region's name is this engine's and before it is published; a name too long for
     /// the socket's path is refused here, before anything is allocated.
     pub fn create(builder: &mut HeaderBuilder, name: &str) -> Result<EngineVulkan> {
-        region::socket_path(name)?;
+        control::socket_path(name)?;
         let mut buffers: Vec<Option<ExportedBuffer>> = Vec::new();
         buffers.resize_with(builder.tensors.len(), || None);
         let mut fds = Vec::new();
@@ -159,9 +158,9 @@ impl EngineBackend for EngineVulkan {
     /// Binds the region's socket (1.6: `<name>.fd` beside it in /dev/shm) and starts
     /// serving it. Called once the region's name is this engine's and before it is
     /// published, so a client that sees the region finds the socket.
-    fn start(&mut self, region: &Region) -> Result<()> {
+    fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
         if self.server.is_none() {
-            let listener = Listener::bind(&region::socket_path(region.name())?)?;
+            let listener = Listener::bind(&control::socket_path(region.name())?)?;
             self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
         }
         Ok(())
@@ -171,7 +170,7 @@ impl EngineBackend for EngineVulkan {
         self.buffers.get(index)?.as_ref()?.mapped()
     }
 
-    fn release(mut self: Box<Self>, _: Control<'_>) -> CudaRelease {
+    fn release(mut self: Box<Self>, _: Control<'_>) -> DeviceRelease {
         // No more fds go out; then the memory goes. A client's import holds its own
         // reference to the payload, so freeing ours never pulls it from under the client.
         if let Some(mut s) = self.server.take() {
@@ -181,7 +180,7 @@ impl EngineBackend for EngineVulkan {
             let _ = c.queue_wait_idle();
         }
         self.buffers.clear();
-        CudaRelease::NoCuda
+        DeviceRelease::NothingHeld
     }
 
     /// A truncated region: the fd server stops (it reads the control block, which it

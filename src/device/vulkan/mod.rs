@@ -5,7 +5,7 @@
 //! Unix socket ([`crate::fdpass`]) when a client attaches. The client imports them into
 //! a Vulkan device of its own and maps them on the CPU.
 //!
-//! - [`export`]: what a spec hands over (compiled in every build);
+//! - [`export`]: what a spec hands over (the layout's `vulkan` module, re-exported);
 //! - `vk` (the `vulkan` feature): all Vulkan FFI, through ash with the loader opened at
 //!   run time, so a machine without `libvulkan.so.1` gets `VulkanUnavailable`;
 //! - `engine`, `client`: the two backends (`client` imports into CUDA with the `cuda`
@@ -17,8 +17,14 @@ use crate::layout::{Layout, Location};
 #[cfg(any(feature = "cuda", feature = "vulkan"))]
 pub mod client;
 #[cfg(feature = "vulkan")]
+pub mod compute;
+#[cfg(feature = "vulkan")]
 pub mod engine;
-pub mod export;
+/// What a spec hands over for a Vulkan tensor: layout vocabulary
+/// ([`crate::layout::vulkan`]), re-exported here beside the backend that serves it.
+pub mod export {
+    pub use crate::layout::vulkan::*;
+}
 #[cfg(feature = "vulkan")]
 mod server;
 #[cfg(feature = "vulkan")]

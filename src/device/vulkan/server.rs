@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::export::SharedFd;
-use crate::control::{ClientState, EngineState};
+use crate::control::{client_proof_byte, ClientState, ControlMapping, EngineState};
 use crate::error::Result;
 use crate::fdpass::{self, Conn, Listener, PeerCred, ReplyStatus};
+use crate::layout::vulkan::SharedFd;
 use crate::os;
-use crate::region::{self, Region};
 
 #[derive(Debug)]
 pub struct FdServer {
@@ -34,16 +33,22 @@ impl FdServer {
     /// Serves `fds` (in protocol order) on `listener` to the region's attached client:
     /// the peer must run as this process's user (`SO_PEERCRED` uid), prove it is the
     /// process in the control block's client slot (the descriptor it sends holds the
-    /// lock of that client's proof byte, `region::client_proof_byte`) and, where that
+    /// lock of that client's proof byte, [`client_proof_byte`]) and, where that
     /// process is visible in this PID namespace, be it (its `SO_PEERCRED` pid). It then
-    /// gets the engine's own proof, then `fds`.
-    pub fn start(listener: Listener, region: &Region, fds: Vec<SharedFd>) -> Result<FdServer> {
+    /// gets the engine's own proof, then `fds`. The thread reads the control words and
+    /// checks the proofs through a second mapping of its own (which keeps the engine's
+    /// proof), valid for as long as it runs, whatever becomes of the engine's.
+    pub fn start(
+        listener: Listener,
+        region: &dyn ControlMapping,
+        fds: Vec<SharedFd>,
+    ) -> Result<FdServer> {
         let listener = Arc::new(listener);
         let region = region.map_again()?;
         let l = listener.clone();
         let thread = std::thread::Builder::new()
             .name("shmbridge-fds".into())
-            .spawn(move || serve(&l, &region, &fds))
+            .spawn(move || serve(&l, &*region, &fds))
             .map_err(|e| crate::error::Error::io("starting the fd server thread", e))?;
         Ok(FdServer {
             listener,
@@ -75,7 +80,7 @@ impl Drop for FdServer {
 
 /// Whether the peer of `conn` is the region's attached client, as [`FdServer::start`]
 /// says. Nothing of the control block is read once the region is found truncated.
-fn judge(conn: &Conn, region: &Region, me: u32) -> ReplyStatus {
+fn judge(conn: &Conn, region: &dyn ControlMapping, me: u32) -> ReplyStatus {
     if region.check_size().is_err() {
         return ReplyStatus::Closing;
     }
@@ -103,13 +108,13 @@ fn judge(conn: &Conn, region: &Region, me: u32) -> ReplyStatus {
     if os::process_seen(pid, start).is_some() && conn.peer.pid != Some(pid) {
         return ReplyStatus::NotTheClient;
     }
-    match region.proves(proof.as_fd(), region::client_proof_byte(pid, start)) {
+    match region.proves(proof.as_fd(), client_proof_byte(pid, start)) {
         Ok(Ok(())) => ReplyStatus::Ok,
         _ => ReplyStatus::NotTheClient,
     }
 }
 
-fn serve(listener: &Listener, region: &Region, fds: &[SharedFd]) {
+fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
     let me = fdpass::euid();
     let mut refusals = Refusals::new(region.name());
     while let Some(conn) = listener.accept() {

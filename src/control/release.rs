@@ -1,117 +1,15 @@
-//! The live control block: a typed view of the words both processes read and write in
-//! the first [`CONTROL_SIZE`] bytes of a region while it is served.
-//!
-//! [`crate::layout`] says where each field lies; this module is the only place that
-//! turns those offsets into atomics. Everything else asks for what it means: claim the
-//! client slot, publish the client's event handle, the sequence counters, the doorbell,
-//! the ring control words, the states, the close acknowledgement of imported device
-//! memory, and the wake-ups that go with closing. The states are enums here, encoded as
-//! the `u32` codes `docs/protocol.md` lists; a value a peer wrote that is no known code
-//! is kept as `Unknown`, never a panic.
+//! The words of a client's device session (1.2, 1.5): the client's event handle, the
+//! close acknowledgement of imported device memory (`client_cuda_state` and its session
+//! tags) and the sessions that ended holding imports. The device backends use them at
+//! attach and close; the lock-step loop never reads them.
 
-use std::marker::PhantomData;
-use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, Ordering};
 
+use super::block::{Claim, Control};
+use super::state::{ClientState, EngineState};
 use crate::error::{Error, Peer, Result};
-use crate::layout::{offsets, ClientEventHandle, CONTROL_SIZE, MAGIC};
+use crate::layout::{offsets, ClientEventHandle};
 use crate::os;
-use crate::sync::{Doorbell, SharedSeq};
-
-/// `engine_state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineState {
-    /// Created, frame 0 not yet published.
-    Starting,
-    /// Frame 0 published, serving.
-    Ready,
-    /// Closed cleanly.
-    Closed,
-    /// Declared dead.
-    Invalidated,
-    /// A code this build does not know.
-    Unknown(u32),
-}
-
-impl EngineState {
-    pub const fn from_code(code: u32) -> EngineState {
-        match code {
-            0 => EngineState::Starting,
-            1 => EngineState::Ready,
-            2 => EngineState::Closed,
-            3 => EngineState::Invalidated,
-            other => EngineState::Unknown(other),
-        }
-    }
-    pub const fn code(self) -> u32 {
-        match self {
-            EngineState::Starting => 0,
-            EngineState::Ready => 1,
-            EngineState::Closed => 2,
-            EngineState::Invalidated => 3,
-            EngineState::Unknown(c) => c,
-        }
-    }
-    pub const fn name(self) -> &'static str {
-        match self {
-            EngineState::Starting => "starting",
-            EngineState::Ready => "ready",
-            EngineState::Closed => "closed",
-            EngineState::Invalidated => "invalidated",
-            EngineState::Unknown(_) => "unknown",
-        }
-    }
-}
-
-/// `client_state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientState {
-    /// No client attached (yet).
-    None,
-    /// A client is attached.
-    Attached,
-    /// Closed cleanly.
-    Closed,
-    /// Declared dead by the engine, which freed the slot.
-    Invalidated,
-    /// A client is claiming the slot (writing its pid and start time).
-    Claiming,
-    /// A code this build does not know.
-    Unknown(u32),
-}
-
-impl ClientState {
-    pub const fn from_code(code: u32) -> ClientState {
-        match code {
-            0 => ClientState::None,
-            1 => ClientState::Attached,
-            2 => ClientState::Closed,
-            3 => ClientState::Invalidated,
-            4 => ClientState::Claiming,
-            other => ClientState::Unknown(other),
-        }
-    }
-    pub const fn code(self) -> u32 {
-        match self {
-            ClientState::None => 0,
-            ClientState::Attached => 1,
-            ClientState::Closed => 2,
-            ClientState::Invalidated => 3,
-            ClientState::Claiming => 4,
-            ClientState::Unknown(c) => c,
-        }
-    }
-    pub const fn name(self) -> &'static str {
-        match self {
-            ClientState::None => "none",
-            ClientState::Attached => "attached",
-            ClientState::Claiming => "claiming",
-            ClientState::Closed => "closed",
-            ClientState::Invalidated => "invalidated",
-            ClientState::Unknown(_) => "unknown",
-        }
-    }
-}
 
 /// `client_cuda_state` (1.2): whether the attached client holds imports of the engine's
 /// device memory. The engine frees exported memory only when it is not `Open` (or the
@@ -200,16 +98,6 @@ pub enum ReleaseAck {
     Session { tag: u32, pid: u32, start_time: u64 },
 }
 
-/// What [`Control::claim_client`] learnt: who claims, and the identity the slot held
-/// before (the previous session's, whose imports a 1.5 claimer records if it left them
-/// open).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    pub pid: u32,
-    pub start_time: u64,
-    pub previous: (u32, u64),
-}
-
 /// Whether an engine may free its exported allocation now, as far as the last session
 /// goes: it holds no handle (`client_cuda_state` is `NONE` or `RELEASED`: never opened,
 /// or released; any other code counts as holding), or the process that held them is dead
@@ -220,179 +108,7 @@ pub fn engine_may_free(client_cuda_state: u32, client_alive: bool) -> bool {
     !CudaWord::from_word(client_cuda_state).may_hold() || !client_alive
 }
 
-/// A view of a region's live control block.
-#[derive(Clone, Copy)]
-pub struct Control<'a> {
-    base: NonNull<u8>,
-    _mapping: PhantomData<&'a [u8]>,
-}
-
-impl std::fmt::Debug for Control<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Control")
-            .field("engine_state", &self.engine_state())
-            .field("client_state", &self.client_state())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'a> Control<'a> {
-    /// A view of the control block at `base`.
-    ///
-    /// # Safety
-    ///
-    /// `base` is 8-byte aligned and points to at least [`CONTROL_SIZE`] bytes of a
-    /// shared mapping that stays mapped for `'a`, whose live fields every party
-    /// accesses only atomically.
-    #[inline]
-    pub(crate) unsafe fn new(base: NonNull<u8>) -> Control<'a> {
-        Control {
-            base,
-            _mapping: PhantomData,
-        }
-    }
-
-    #[inline]
-    fn u64(&self, offset: usize) -> &'a AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= CONTROL_SIZE);
-        // SAFETY: `new`'s contract: the mapping is 8-aligned, at least CONTROL_SIZE long
-        // and mapped for `'a`; the offset is 8-aligned and inside it, so the pointer is
-        // valid and aligned for AtomicU64 for `'a`. Both processes access it atomically.
-        unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU64) }
-    }
-
-    #[inline]
-    fn u32(&self, offset: usize) -> &'a AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= CONTROL_SIZE);
-        // SAFETY: as for `u64`, with 4-byte alignment.
-        unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU32) }
-    }
-
-    /// The low 32 bits of the live u64 counter at `offset`: the futex word for it.
-    #[inline]
-    fn low_u32(&self, offset: usize) -> &'a AtomicU32 {
-        assert!(offset % 8 == 0);
-        // On little-endian targets (the only ones this crate builds for, see lib.rs) the
-        // low half of a u64 is its first four bytes; the kernel's futex compare reads
-        // these four bytes atomically.
-        self.u32(offset)
-    }
-
-    // --- The engine's identity and state ---
-
-    /// Writes the engine's pid and start time, then publishes `magic` (Release): all
-    /// that was written into the region before happens-before an Acquire load seeing it.
-    pub fn publish_engine(&self, pid: u32, start_time: u64) {
-        self.u64(offsets::ENGINE_START_TIME)
-            .store(start_time, Ordering::Relaxed);
-        self.u32(offsets::ENGINE_PID).store(pid, Ordering::Relaxed);
-        self.u64(offsets::MAGIC).store(MAGIC, Ordering::Release);
-    }
-
-    /// Whether the engine has published the header (`magic` set; Acquire).
-    pub fn is_published(&self) -> bool {
-        self.u64(offsets::MAGIC).load(Ordering::Acquire) != 0
-    }
-
-    pub fn engine_start_time(&self) -> u64 {
-        self.u64(offsets::ENGINE_START_TIME).load(Ordering::Relaxed)
-    }
-
-    pub fn engine_state(&self) -> EngineState {
-        EngineState::from_code(self.u32(offsets::ENGINE_STATE).load(Ordering::Acquire))
-    }
-
-    /// Frame 0 is published (Release: the frame's bytes happen-before it).
-    pub fn set_engine_ready(&self) {
-        self.u32(offsets::ENGINE_STATE)
-            .store(EngineState::Ready.code(), Ordering::Release);
-    }
-
-    /// Marks the engine closed (SeqCst: it pairs with the client's SeqCst store of
-    /// `client_cuda_state = OPEN` and load of `engine_state` at attach) and wakes a client
-    /// asleep on a frame, on a reply or on room for a request.
-    pub fn close_engine(&self) {
-        self.u32(offsets::ENGINE_STATE)
-            .store(EngineState::Closed.code(), Ordering::SeqCst);
-        for word in [offsets::FRAME_SEQ, offsets::E2C_HEAD, offsets::C2E_TAIL] {
-            os::futex_wake_all(self.low_u32(word));
-        }
-    }
-
-    // --- The client slot ---
-
-    pub fn client_state(&self) -> ClientState {
-        ClientState::from_code(self.u32(offsets::CLIENT_STATE).load(Ordering::Acquire))
-    }
-
-    /// The attached client's `(pid, start time)` as last written.
-    pub fn client_identity(&self) -> (u32, u64) {
-        (
-            self.u32(offsets::CLIENT_PID).load(Ordering::Relaxed),
-            self.u64(offsets::CLIENT_START_TIME).load(Ordering::Relaxed),
-        )
-    }
-
-    /// Claims the client slot for `(pid, start_time)`: moves `client_state` to
-    /// `CLAIMING` (a free slot: none, closed, invalidated, or attached by a client that
-    /// `client_alive` says is dead: `Region::client_alive`), then writes who claims it.
-    /// Publish it with [`Self::attach_client`]. `AlreadyAttached` when a live client
-    /// holds it or another one is claiming it. The [`Claim`] carries the identity the
-    /// slot held before, for [`Self::publish_client_event`].
-    pub fn claim_client(
-        &self,
-        name: &str,
-        pid: u32,
-        start_time: u64,
-        client_alive: impl Fn(u32, u64) -> bool,
-    ) -> Result<Claim> {
-        let slot = self.u32(offsets::CLIENT_STATE);
-        loop {
-            let code = slot.load(Ordering::Acquire);
-            match ClientState::from_code(code) {
-                ClientState::None | ClientState::Closed | ClientState::Invalidated => {}
-                ClientState::Attached => {
-                    let (holder, start) = self.client_identity();
-                    if client_alive(holder, start) {
-                        return Err(Error::AlreadyAttached {
-                            name: name.to_string(),
-                            pid: holder,
-                            pid_ns: Default::default(),
-                        });
-                    }
-                }
-                ClientState::Claiming | ClientState::Unknown(_) => {
-                    return Err(Error::AlreadyAttached {
-                        name: name.to_string(),
-                        pid: self.client_identity().0,
-                        pid_ns: Default::default(),
-                    });
-                }
-            }
-            if slot
-                .compare_exchange(
-                    code,
-                    ClientState::Claiming.code(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
-                break;
-            }
-        }
-        // Read while CLAIMING (no other claimer can write it now), before it is replaced.
-        let previous = self.client_identity();
-        self.u32(offsets::CLIENT_PID).store(pid, Ordering::Relaxed);
-        self.u64(offsets::CLIENT_START_TIME)
-            .store(start_time, Ordering::Relaxed);
-        Ok(Claim {
-            pid,
-            start_time,
-            previous,
-        })
-    }
-
+impl Control<'_> {
     /// While claiming (1.2): writes the client's event handle (published by
     /// [`Self::attach_client`]) and stores `client_cuda_state = OPEN` before any handle
     /// of the engine is opened. The SeqCst store of OPEN and load of `engine_state` pair
@@ -509,15 +225,6 @@ impl<'a> Control<'a> {
         None
     }
 
-    /// Ends the claim: `client_state = ATTACHED` (Release), so an engine that sees it
-    /// also sees the pid, start time and event handle written while claiming; then rings
-    /// the doorbell, waking an engine asleep on it waiting for a client.
-    pub fn attach_client(&self) {
-        self.u32(offsets::CLIENT_STATE)
-            .store(ClientState::Attached.code(), Ordering::Release);
-        crate::sync::post(&self.doorbell(), 0);
-    }
-
     /// The attached client's pid, start time and event handle, read seqlock-style: the
     /// client writes them while `client_state = CLAIMING` and publishes them with its
     /// Release store of `ATTACHED`. Read `client_state` (Acquire), then the fields, then
@@ -555,59 +262,6 @@ impl<'a> Control<'a> {
         }
         None
     }
-
-    /// The engine's check of its client: `PeerClosed` or `PeerDied` when it is gone
-    /// (`client_alive` judges: `Region::client_alive`). A client that died attached is
-    /// marked `INVALIDATED`, so another may attach.
-    pub fn check_client(&self, client_alive: impl Fn(u32, u64) -> bool) -> Result<()> {
-        match self.client_state() {
-            ClientState::Closed => Err(Error::PeerClosed { peer: Peer::Client }),
-            ClientState::Invalidated => Err(Error::PeerDied {
-                peer: Peer::Client,
-                pid: self.client_identity().0,
-                pid_ns: Default::default(),
-                hint: "it was declared dead earlier",
-            }),
-            ClientState::Attached => {
-                let (pid, start) = self.client_identity();
-                if client_alive(pid, start) {
-                    return Ok(());
-                }
-                // Free the slot so another client may attach: only if it is still this
-                // client's (a client that closed meanwhile, and then exited, released
-                // its lock: it closed, it did not die).
-                let attached = ClientState::Attached.code();
-                match self.u32(offsets::CLIENT_STATE).compare_exchange(
-                    attached,
-                    ClientState::Invalidated.code(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => Err(Error::PeerDied {
-                        peer: Peer::Client,
-                        pid,
-                        pid_ns: Default::default(),
-                        hint: "the learner process exited without closing; restart it",
-                    }),
-                    // Closed, invalidated by another judge, or claimed anew: as it is now.
-                    Err(_) => self.check_client(client_alive),
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Marks the client closed (SeqCst) and wakes an engine asleep on its doorbell
-    /// (1.1), its action counter (1.0), or on room for a reply.
-    pub fn close_client(&self) {
-        self.u32(offsets::CLIENT_STATE)
-            .store(ClientState::Closed.code(), Ordering::SeqCst);
-        os::futex_wake_all(self.u32(offsets::ENGINE_DOORBELL));
-        os::futex_wake_all(self.low_u32(offsets::ACTION_SEQ));
-        os::futex_wake_all(self.low_u32(offsets::E2C_TAIL));
-    }
-
-    // --- Imported device memory (1.2) ---
 
     /// The state of `client_cuda_state` (its tag aside).
     pub fn device_import(&self) -> DeviceImport {
@@ -725,76 +379,11 @@ impl<'a> Control<'a> {
             false
         })
     }
-
-    // --- Counters, doorbell, rings ---
-
-    /// `action_seq`, with the engine's waiter flag (1.0 engines sleep on it).
-    #[inline]
-    pub fn action_seq(&self) -> SharedSeq<'a> {
-        SharedSeq {
-            counter: self.u64(offsets::ACTION_SEQ),
-            low: self.low_u32(offsets::ACTION_SEQ),
-            waiting: self.u32(offsets::ENGINE_WAITING),
-        }
-    }
-
-    /// `frame_seq`, with the client's waiter flag.
-    #[inline]
-    pub fn frame_seq(&self) -> SharedSeq<'a> {
-        SharedSeq {
-            counter: self.u64(offsets::FRAME_SEQ),
-            low: self.low_u32(offsets::FRAME_SEQ),
-            waiting: self.u32(offsets::CLIENT_WAITING),
-        }
-    }
-
-    /// The live `(action_seq, frame_seq)` (Acquire).
-    pub fn counters(&self) -> (u64, u64) {
-        (
-            self.u64(offsets::ACTION_SEQ).load(Ordering::Acquire),
-            self.u64(offsets::FRAME_SEQ).load(Ordering::Acquire),
-        )
-    }
-
-    /// The engine's doorbell (1.1), as a command push rings it.
-    #[inline]
-    pub fn doorbell(&self) -> Doorbell<'a> {
-        Doorbell {
-            bell: self.u32(offsets::ENGINE_DOORBELL),
-            engine_waiting: self.u32(offsets::ENGINE_WAITING),
-            action_seq: None,
-        }
-    }
-
-    /// The doorbell as an action post rings it: `action_seq` stored, then the bell.
-    #[inline]
-    pub fn doorbell_with_action(&self) -> Doorbell<'a> {
-        Doorbell {
-            action_seq: Some(self.u64(offsets::ACTION_SEQ)),
-            ..self.doorbell()
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn state_codes_round_trip_and_unknown_codes_are_kept() {
-        for code in 0..6 {
-            assert_eq!(EngineState::from_code(code).code(), code);
-            assert_eq!(ClientState::from_code(code).code(), code);
-            assert_eq!(DeviceImport::from_code(code).code(), code);
-        }
-        assert_eq!(EngineState::from_code(7), EngineState::Unknown(7));
-        assert_eq!(EngineState::from_code(7).name(), "unknown");
-        assert_eq!(ClientState::from_code(4).name(), "claiming");
-        assert_eq!(
-            ClientState::from_code(u32::MAX),
-            ClientState::Unknown(u32::MAX)
-        );
-    }
 
     #[test]
     fn engine_frees_only_without_a_live_importer() {
@@ -840,81 +429,6 @@ mod tests {
             DeviceImport::Unknown(0xff)
         );
         assert!(CudaWord::from_word(u32::MAX).may_hold());
-    }
-
-    /// The client closes (and exits, releasing its lock) between the engine's read of
-    /// `ATTACHED` and its look at the client's liveness: the engine reports the close,
-    /// and the slot stays `CLOSED`. Before the fix a plain store of `INVALIDATED` wrote
-    /// over the client's `CLOSED`: a shard of a sharded region whose client closed then
-    /// reported "the client died; it was declared dead earlier" (a client in other
-    /// namespaces, 1 run in 30 of tests/containers.rs).
-    #[test]
-    fn a_client_that_closes_while_it_is_judged_is_closed_not_dead() {
-        #[repr(C, align(4096))]
-        struct Block([u8; CONTROL_SIZE]);
-        let mut block = Block([0; CONTROL_SIZE]);
-        // SAFETY: as in `methods_touch_the_documented_fields`.
-        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
-        c.publish_engine(42, 7);
-        c.set_engine_ready();
-        let claim = c.claim_client("r", 43, 8, |_, _| false).unwrap();
-        let _ = claim;
-        c.attach_client();
-        let got = c.check_client(|_, _| {
-            // The client closes and is gone before the liveness answer comes back.
-            c.close_client();
-            false
-        });
-        assert!(
-            matches!(got, Err(Error::PeerClosed { peer: Peer::Client })),
-            "{got:?}"
-        );
-        assert_eq!(c.client_state(), ClientState::Closed);
-        // A client that dies attached is still marked dead, once.
-        let claim = c.claim_client("r", 44, 9, |_, _| false).unwrap();
-        let _ = claim;
-        c.attach_client();
-        assert!(matches!(
-            c.check_client(|_, _| false),
-            Err(Error::PeerDied { .. })
-        ));
-        assert_eq!(c.client_state(), ClientState::Invalidated);
-    }
-
-    /// The typed view over a plain, aligned buffer: what the methods store lands at the
-    /// offsets `layout` documents.
-    #[test]
-    fn methods_touch_the_documented_fields() {
-        #[repr(C, align(4096))]
-        struct Block([u8; CONTROL_SIZE]);
-        let mut block = Block([0; CONTROL_SIZE]);
-        // SAFETY: `block` is 4096-aligned, CONTROL_SIZE long and outlives `c`; only `c`
-        // touches it until the header is read back below.
-        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
-        c.publish_engine(42, 7);
-        assert!(c.is_published());
-        c.set_engine_ready();
-        let claim = c.claim_client("r", 43, 8, |_, _| false).unwrap();
-        assert_eq!(claim.previous, (0, 0), "nobody held the slot");
-        assert_eq!(
-            c.publish_client_event(&[5; 64], &claim, false).unwrap(),
-            ReleaseAck::Untagged
-        );
-        assert_eq!(c.read_client_event(), None, "not attached yet");
-        c.attach_client();
-        let seen = c.read_client_event().unwrap();
-        assert_eq!((seen.pid, seen.start_time, seen.handle), (43, 8, [5; 64]));
-        crate::sync::post(&c.doorbell_with_action(), 3);
-        let h: crate::layout::Header = bytemuck::pod_read_unaligned(&block.0);
-        assert_eq!((h.magic, h.engine_pid, h.engine_start_time), (MAGIC, 42, 7));
-        assert_eq!(
-            (h.engine_state, h.client_state, h.client_cuda_state),
-            (1, 1, 1)
-        );
-        assert_eq!((h.client_pid, h.client_start_time), (43, 8));
-        // The doorbell rang twice: at attach, and with the action.
-        assert_eq!((h.action_seq, h.engine_doorbell), (3, 2));
-        assert_eq!(h.client_event_handle, [5; 64]);
     }
 
     /// Per-session acknowledgement (1.5) on a real region, with real processes for the

@@ -1,7 +1,7 @@
 //! Where a tensor's bytes live: the one type for a spec's placement, a resolved device
-//! request and a validated tensor-table entry. Plain data: [`crate::layout`] encodes it
+//! request and a validated tensor-table entry. Plain data: the tensor table encodes it
 //! (the `location` byte is [`Device::location`], the ordinal and UUID have their own
-//! fields) and the backends in [`crate::device`] serve it.
+//! fields) and the backends in `crate::device` serve it (which re-exports it).
 
 /// Where a tensor's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

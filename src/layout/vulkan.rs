@@ -1,6 +1,7 @@
 //! What an engine hands over for a Vulkan tensor (1.3): memory the library allocates
 //! (path a), or memory the engine's own renderer exported itself (path b), with an
-//! optional semaphore. Plain data plus the fds; compiled in every build.
+//! optional semaphore. Plain data plus the fds, compiled in every build: the tensor table
+//! describes it, the Vulkan backend in `crate::device` serves it.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;

@@ -1,0 +1,172 @@
+//! The process that serves a reference engine (what `shmbridge engine` and Python's
+//! `launch()` run): it builds the env and the engine (or joins a sharded region as one
+//! shard), prints the region name once frame 0 is published, serves until the client
+//! closes, and on SIGINT/SIGTERM closes the region (or its shard) before it exits.
+
+use std::time::Duration;
+
+use super::catalog::{by_name, by_name_on, host_spec};
+use super::vec_env::{serve, EnvOptions, ServeEnd, VecEnv};
+use crate::device::{Device, DeviceRequest};
+use crate::engine::{Engine, EngineSpec};
+use crate::error::{Error, Result};
+
+/// A reference engine to serve: what `shmbridge engine` and Python's `launch()` run.
+#[derive(Debug, Clone)]
+pub struct ReferenceEngine {
+    pub env: String,
+    pub num_envs: u32,
+    /// Region name; random if `None`.
+    pub name: Option<String>,
+    pub options: EnvOptions,
+    pub policy: crate::sync::WaitPolicy,
+    /// Give up after this long without an action.
+    pub idle_timeout: Duration,
+    /// Where the env's tensors live: `Host` (the CPU engines), `Cuda` (the `envs::gpu`
+    /// engines: every tensor on the device, stepped by the kernels of `kernels/`; needs
+    /// the `cuda` feature and a usable device), or `Auto` (CUDA device 0 when usable,
+    /// else host).
+    pub device: DeviceRequest,
+    /// `(k, K)`: serve shard `k` of a region split over `K` processes (1.4). Shard 0
+    /// creates the region (named by `name`, required when `K > 1`); the others join it.
+    pub shard: (u32, u32),
+}
+
+/// Creates the engine, prints the region name on stdout once frame 0 is published, and
+/// serves until the client closes; returns the number of steps served. SIGINT/SIGTERM
+/// close the region and remove its name before the process exits, so nothing is left in
+/// /dev/shm and the client sees `PeerClosed`.
+pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
+    if r.shard.1 > 1 {
+        return run_reference_shard(r);
+    }
+    let mut choice = crate::device::resolve(r.device)?;
+    // The env before the engine: it is dropped after it, once the engine's close has
+    // synchronized the stream its kernels ran on.
+    let serving = |spec: EngineSpec| {
+        let mut spec = spec.policy(r.policy);
+        if let Some(d @ Device::Vulkan(_)) = r.options.image_device {
+            spec = spec.place("rgb", d);
+        }
+        if let Some(n) = &r.name {
+            spec = spec.name(n);
+        }
+        spec
+    };
+    let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
+        if device == Device::Host {
+            // The region (reserved in /dev/shm) before the env's state, which is as large.
+            let engine = Engine::create(serving(host_spec(&r.env, r.num_envs, &r.options)?))?;
+            let env = by_name(&r.env, r.num_envs, &r.options)?;
+            return Ok((env, engine));
+        }
+        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
+        let engine = Engine::create(serving(env.spec()))?;
+        Ok((env, engine))
+    };
+    let (mut env, mut engine) = match build(choice.device) {
+        // `auto` with a usable driver but no usable GPU engine (NVRTC missing, a kernel
+        // that does not load, no memory): host memory, saying why.
+        Err(e @ (Error::CudaUnavailable { .. } | Error::Cuda { .. }))
+            if r.device == DeviceRequest::Auto && choice.device != Device::Host =>
+        {
+            choice.device = Device::Host;
+            choice.reason = format!("falling back to host memory: {e}");
+            build(choice.device)?
+        }
+        other => other?,
+    };
+    if r.device != DeviceRequest::Host {
+        eprintln!("{}", choice.log_line());
+    }
+    close_on_signal(engine.map_again()?, None);
+    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+}
+
+/// One shard of a reference engine (1.4): shard 0 creates the region from the whole
+/// env's spec and serves its slice; the others join by name. Each steps an env of its
+/// slice's size, built as the slice of the whole (`EnvOptions::first_env`). Host only.
+fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
+    let (k, count) = r.shard;
+    let Some(name) = &r.name else {
+        return Err(Error::InvalidSpec(
+            "a sharded engine needs --name: the shards find the region by it".into(),
+        ));
+    };
+    if k >= count {
+        return Err(Error::InvalidSpec(format!(
+            "shard {k}/{count}: k must be below K"
+        )));
+    }
+    if r.device != DeviceRequest::Host || r.options.image_device.is_some() {
+        return Err(Error::InvalidSpec(
+            "sharded engines serve host memory only (--device cpu, no --image-device)".into(),
+        ));
+    }
+    let (first_env, envs) = crate::layout::env_slice(r.num_envs, count.min(r.num_envs), k);
+    let options = EnvOptions {
+        first_env,
+        ..r.options.clone()
+    };
+    let mut env = by_name(&r.env, envs, &options)?;
+    let mut engine = if k == 0 {
+        let whole = by_name(&r.env, r.num_envs, &r.options)?;
+        let spec = whole.spec().policy(r.policy).name(name).shards(count);
+        Engine::create(spec)?
+    } else {
+        let options = crate::engine::JoinOptions {
+            policy: r.policy,
+            metadata: env.spec().metadata,
+            ..Default::default()
+        };
+        Engine::join(name, k, options)?
+    };
+    if engine.num_envs() != envs as usize {
+        return Err(Error::InvalidSpec(format!(
+            "shard {k} of '{name}' serves {} envs, this engine was built for {envs}: start every shard with the same --num-envs",
+            engine.num_envs()
+        )));
+    }
+    close_on_signal(engine.map_again()?, (k > 0).then_some(k));
+    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+}
+
+/// [`serve`], printing the region name on stdout once frame 0 is published (what a
+/// launcher waits for); returns the steps served.
+fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration) -> Result<u64> {
+    let ServeEnd::ClientClosed { steps } = serve(engine, env, idle, |name| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{name}");
+        let _ = out.flush();
+    })?;
+    Ok(steps)
+}
+
+/// On SIGINT/SIGTERM: close the region this engine serves (`own`, a second mapping of
+/// it, never re-opened by name: the name may be another engine's by now) and remove its
+/// name if still its own (the creator), or mark a joined shard closed (the name is the
+/// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit.
+fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            match joined_shard {
+                None => own.close_and_remove(),
+                Some(k) => {
+                    let _ = crate::shard::close_shard(&own, k);
+                }
+            }
+            // `_exit`, not `exit`: the main thread may be ending too (its client closed
+            // once it saw the region closed) and running the exit handlers and drops
+            // (a Vulkan device's destruction) that `exit` would run again here at the
+            // same time: the engine died of SIGSEGV. The region is closed and removed;
+            // what is left, the kernel frees.
+            // SAFETY: ends the process at once; nothing here depends on what it skips.
+            unsafe { libc::_exit(128 + sig) };
+        }
+    });
+}
