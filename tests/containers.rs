@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::peer::{self, block, say, PeerProc};
-use common::{shm_exists, BIN};
+use common::{region_gone, shm_exists, BIN};
 use rustix::process::Signal;
 use shmbridge::envs::null::{pattern, pattern_u8};
 use shmbridge::error::PidNamespace;
@@ -45,12 +45,6 @@ fn vulkan() -> Result<(), String> {
     {
         Err("this build has no `vulkan` feature".into())
     }
-}
-
-/// Neither the region nor its fd socket is left.
-fn gone(name: &str) -> bool {
-    let socket = shmbridge::region::socket_path(name).unwrap();
-    !shm_exists(name) && !shmbridge::fdpass::socket_file_exists(&socket)
 }
 
 /// `shmbridge engine ARGS` in namespaces of its own; returns it and the region name it
@@ -173,7 +167,7 @@ fn a_client_here_drives_an_engine_in_other_namespaces() {
     drive_null(&mut c, 200).unwrap();
     c.close();
     assert!(engine_ended(engine).contains("client closed after 200 steps"));
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The other way round: an engine here, a client in namespaces of its own.
@@ -188,7 +182,7 @@ fn a_client_in_other_namespaces_drives_an_engine_here() {
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
     assert!(err.contains("client closed after 200 steps"), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// Two containers: engine and client each in namespaces of their own (siblings: neither
@@ -201,7 +195,7 @@ fn engine_and_client_in_two_sibling_namespaces() {
     let (engine, name) = isolated_engine(&["--env", "null", "--num-envs", "4", "--blocking"]);
     finished(isolated_client(&format!("null {name} 200")), "client");
     assert!(engine_ended(engine).contains("client closed after 200 steps"));
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// A sharded region: shard 0 and shard 1 each in namespaces of their own, the client in
@@ -232,7 +226,7 @@ fn shards_and_client_in_three_sibling_namespaces() {
         let said = engine_ended(s);
         assert!(said.contains("client closed after 100 steps"), "{said}");
     }
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 // ---- The Vulkan export ----
@@ -268,7 +262,7 @@ fn vulkan_frames_cross_the_namespaces() {
     let (engine, name) = isolated_engine(&args);
     finished(isolated_client(&format!("vulkan {name} 50")), "client");
     assert!(engine_ended(engine).contains("client closed after 50 steps"));
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     // The engine in namespaces of its own, the client here.
     let (engine, name) = isolated_engine(&args);
     let mut c = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
@@ -284,7 +278,7 @@ fn vulkan_frames_cross_the_namespaces() {
     }
     c.close();
     assert!(engine_ended(engine).contains("client closed after 20 steps"));
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 // ---- Death, either way, and the messages that name the dead ----
@@ -308,7 +302,7 @@ fn an_engine_dying_in_other_namespaces_is_named_as_such() {
         other => panic!("expected the engine's death, got {other}"),
     }
     assert!(e.to_string().contains("in another PID namespace"), "{e}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// A client in namespaces of its own dies while the engine here waits for it: the
@@ -357,7 +351,7 @@ fn a_client_dying_in_other_namespaces_is_named_as_such() {
         ));
     });
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 // ---- ls and gc from either side ----
@@ -411,7 +405,7 @@ fn ls_and_gc_from_other_namespaces_judge_by_the_lock() {
         line.starts_with("removed") && line.contains("its engine is dead"),
         "{gc}"
     );
-    assert!(gone(&name), "gc left the region or its socket");
+    assert!(region_gone(&name), "gc left the region or its socket");
     assert!(matches!(c.step(T), Err(Error::PeerDied { .. })));
 }
 
@@ -459,7 +453,7 @@ fn ctrl_c_on_either_side_closes_cleanly() {
         err.contains("the client (pid") && err.contains(") died"),
         "{err}"
     );
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 
     let vulkan = vulkan().is_ok();
     let mut args = vec!["--env", "null", "--num-envs", "2", "--blocking"];
@@ -481,5 +475,5 @@ fn ctrl_c_on_either_side_closes_cleanly() {
     let mut engine = engine;
     let status = engine.wait_end().expect("the engine ended");
     assert_eq!(status.code(), Some(128 + 2), "{}", engine.stderr_at_end());
-    assert!(gone(&name), "the region or its socket was left");
+    assert!(region_gone(&name), "the region or its socket was left");
 }

@@ -9,7 +9,7 @@ mod common;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use common::{shm_exists, EngineProc};
+use common::{region_gone, shm_exists, EngineProc};
 use shmbridge::device::vulkan::export::VulkanExport;
 use shmbridge::device::vulkan::vk::{Context, ExportedBuffer};
 use shmbridge::device::{VulkanDevice, DL_CPU};
@@ -44,11 +44,6 @@ fn vulkan() -> Option<std::sync::Arc<Context>> {
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-/// Neither the region nor its fd socket is left.
-fn gone(name: &str) -> bool {
-    !shm_exists(name) && !fdpass::socket_file_exists(&region::socket_path(name).unwrap())
 }
 
 #[test]
@@ -122,7 +117,7 @@ fn engine_frames_reach_the_client_through_its_mapping() {
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The engine's own renderer (here a test-side Vulkan device) exported the memory.
@@ -186,7 +181,7 @@ fn memory_the_renderer_exported_is_imported_without_a_copy() {
     c.close();
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 #[test]
@@ -224,7 +219,7 @@ fn fds_do_not_grow_over_200_attach_close_cycles() {
         "fds leaked over 200 attach/close cycles"
     );
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 #[test]
@@ -262,7 +257,7 @@ fn an_fd_smaller_than_declared_is_a_typed_error() {
         e => panic!("expected InvalidTensor, got {e}"),
     }
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     // The memfd (owned by the spec, then the engine) and the client's copy are closed.
     assert_eq!(open_fds(), before - 1);
 }
@@ -291,7 +286,7 @@ fn a_device_uuid_nobody_has_is_a_typed_error() {
     }
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// Run as `nobody` by the next test: connects to the region's socket as another user.
@@ -360,7 +355,7 @@ fn a_peer_of_another_user_gets_no_fd() {
     let c = Client::attach(&name, AttachOptions::default()).unwrap();
     c.close();
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The frames the `pixels` engine's shader rendered, read through the client's import,
@@ -462,7 +457,7 @@ fn pixels_frames_equal_the_cpu_reference_over_200_steps_with_resets() {
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// On a machine whose Vulkan device is a CUDA device (an NVIDIA GPU and its Vulkan
@@ -573,7 +568,7 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
     assert_eq!(open_fds(), before, "fds leaked over 50 attach/close cycles");
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// `shmbridge engine` arguments of a one-env `null` engine whose 8x8x4 `rgb` is
@@ -658,7 +653,7 @@ fn an_impostor_on_the_socket_is_refused_and_nothing_is_imported() {
     // The engine's close removes what is at its socket's path (this user's socket).
     engine.close();
     drop(theirs);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// A socket left at the path of a name the engine takes (this user's: an engine of that
@@ -680,7 +675,7 @@ fn a_squatter_on_the_socket_path_is_replaced_or_refuses_the_engine() {
     c.close();
     engine.close();
     drop(squatter);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     if fdpass::euid() != 0 {
         eprintln!("SKIPPED (second half): another user's file needs root");
         return;
@@ -730,7 +725,7 @@ fn refused_connections_are_summarised_not_logged_one_by_one() {
         refusals.len()
     );
     assert!(err.contains("299 more time(s)"), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The engine's fd server thread of a CLI engine, if it runs, and where it waits
@@ -814,7 +809,7 @@ fn an_engine_out_of_fds_serves_again_once_it_has_some() {
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// A child forked from a process with a Vulkan engine and client drops both: nothing
@@ -865,7 +860,7 @@ fn a_forked_child_dropping_a_vulkan_engine_and_client_leaves_them_to_the_parent(
     assert!(again.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 5));
     again.close();
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// Runs `scenario` (a test of this binary, ignored when run by hand) in a process of its
@@ -965,7 +960,7 @@ fn scenario_imported_memory_shrinks() {
     c.close();
     let name = engine.name().to_string();
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     println!("SCENARIO DONE");
 }
 
@@ -1019,7 +1014,7 @@ fn scenario_truncated_vulkan_engine() {
     let got = fdpass::request(&name, &path, proof.as_fd(), 1, T);
     assert!(matches!(got, Err(Error::PeerClosed { .. })), "{got:?}");
     drop(engine);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     assert!(
         fd_server_thread(std::process::id()).is_none(),
         "the fd server was left running"
@@ -1028,7 +1023,7 @@ fn scenario_truncated_vulkan_engine() {
     assert!(matches!(got, Err(Error::Protocol { .. })), "{got:?}");
     let again = Engine::create(allocated_spec().name(&name)).unwrap();
     again.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     println!("SCENARIO DONE");
 }
 
@@ -1076,7 +1071,7 @@ fn a_vulkan_engine_stopped_by_sigint_never_crashes() {
         let status = engine.child.wait().unwrap();
         let (_, err) = engine.finish();
         assert_eq!(status.code(), Some(130), "round {round}: {status}: {err}");
-        assert!(gone(&name), "round {round}");
+        assert!(region_gone(&name), "round {round}");
     }
 }
 
@@ -1145,5 +1140,5 @@ fn a_forked_child_does_not_keep_the_engine_socket() {
     // SAFETY: waits for the child forked above.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(!kept, "the forked child kept the engine's socket");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }

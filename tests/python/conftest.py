@@ -23,6 +23,11 @@ def region_exists(name: str) -> bool:
     return os.path.exists(os.path.join("/dev/shm", name))
 
 
+def region_gone(name: str) -> bool:
+    """Neither the region ``name`` nor its fd socket (``<name>.fd``, 1.6) is left."""
+    return not region_exists(name) and not region_exists(name + ".fd")
+
+
 def exited(pid: int) -> bool:
     """Process ``pid`` is gone, or a zombie (exited; its parent has not reaped it)."""
     try:

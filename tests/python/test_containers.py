@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import shmbridge
-from conftest import ISOLATED, descendant_running, namespaces_unavailable, pattern
+from conftest import ISOLATED, descendant_running, namespaces_unavailable, pattern, region_gone
 
 HANG = 60.0
 
@@ -50,10 +50,6 @@ class IsolatedEngine:
         self.proc.communicate()
 
 
-def gone(name: str) -> bool:
-    return not os.path.exists(f"/dev/shm/{name}") and not os.path.exists(f"/dev/shm/{name}.fd")
-
-
 def test_a_learner_here_steps_resets_and_calls_an_engine_in_other_namespaces():
     engine = IsolatedEngine("--env", "null", "--num-envs", "4", "--obs-dim", "3", "--blocking")
     try:
@@ -68,7 +64,7 @@ def test_a_learner_here_steps_resets_and_calls_an_engine_in_other_namespaces():
         assert code == 0 and "client closed after 50 steps" in err, err
     finally:
         engine.close()
-    assert gone(engine.name)
+    assert region_gone(engine.name)
 
 
 def test_vulkan_tensors_reach_a_learner_in_other_namespaces():
@@ -89,7 +85,7 @@ def test_vulkan_tensors_reach_a_learner_in_other_namespaces():
         assert code == 0, err
     finally:
         engine.close()
-    assert gone(engine.name)
+    assert region_gone(engine.name)
 
 
 def test_an_engine_dying_in_other_namespaces_is_named_as_such():
@@ -105,7 +101,7 @@ def test_an_engine_dying_in_other_namespaces_is_named_as_such():
         client.close()
     finally:
         engine.close()
-    assert gone(engine.name)
+    assert region_gone(engine.name)
 
 
 def frame_seq(name: str) -> int:
@@ -143,4 +139,4 @@ def test_ctrl_c_stops_a_learner_in_other_namespaces_which_closes_first():
             if p is not None and p.poll() is None:
                 p.kill()
                 p.communicate()
-    assert gone(name)
+    assert region_gone(name)
