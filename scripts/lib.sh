@@ -115,8 +115,7 @@ ensure_cmake() {
 # and glslangValidator (glslang-tools), which compiles its compute shader to SPIR-V.
 ensure_vulkan_dev() {
     if [ ! -e /usr/include/vulkan/vulkan.h ] || ! command -v glslangValidator >/dev/null 2>&1; then
-        as_root apt-get update -q
-        as_root apt-get install -y -q libvulkan-dev glslang-tools
+        apt_install libvulkan-dev glslang-tools
     fi
 }
 
@@ -136,6 +135,15 @@ apt_install() {
         APT_UPDATED=1
     fi
     as_root apt-get install -y -q "$@"
+}
+
+# unshare (util-linux) and ip (iproute2), for the tests that run engine and learner in
+# namespaces of their own (tests/containers.rs, tests/python/test_containers.py) and two
+# "nodes" joined by a veth pair (tests/python/test_multinode.py).
+ensure_namespace_tools() {
+    if ! command -v unshare >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+        apt_install util-linux iproute2
+    fi
 }
 
 as_root() {

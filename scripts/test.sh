@@ -30,6 +30,7 @@ ensure_vulkan
 ensure_vulkan_dev
 ensure_mono
 ensure_cmake
+ensure_namespace_tools
 
 before=$(shm_regions)
 
@@ -113,7 +114,7 @@ echo "== fuzz the command-channel reader and the header validation for ${SHMBRID
 # without a sanitizer: scripts/fuzz.sh says which.
 bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 
-echo "== nothing left in /dev/shm or the socket namespace"
+echo "== nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
 if grep -q '@shmbridge-' /proc/net/unix; then
     echo "error: the tests left these fd sockets bound:" >&2
     grep '@shmbridge-' /proc/net/unix >&2

@@ -473,10 +473,48 @@ fn drive(
 /// A region's header as `ls` and `inspect` show it, read with `pread` (a file that
 /// shrinks meanwhile is a short read, never a SIGBUS), and its validation.
 fn describe(name: &str) -> Result<(Header, Result<layout::Layout, Error>), Error> {
+    let (h, l, _) = describe_with_bytes(name)?;
+    Ok((h, l))
+}
+
+/// A header, its validation, and the bytes they were read from.
+type Described = (Header, Result<layout::Layout, Error>, Vec<u8>);
+
+/// [`describe`], with the header bytes it read.
+fn describe_with_bytes(name: &str) -> Result<Described, Error> {
     let (bytes, size) = region::read_header_bytes(name)?;
     let h = layout::read_header(&bytes)?;
     let l = layout::validate(name, &bytes, size);
-    Ok((h, l))
+    Ok((h, l, bytes))
+}
+
+/// A little-endian word of `N` bytes at `offset` of the header bytes `inspect` read, if
+/// they reach that far.
+fn word<const N: usize>(bytes: &[u8], offset: usize) -> Option<[u8; N]> {
+    bytes.get(offset..offset.checked_add(N)?)?.try_into().ok()
+}
+
+/// `text` as a terminal shows it safely: control characters (a newline, an escape
+/// sequence's ESC), Unicode's bidirectional overrides and backslashes escaped
+/// (`\n`, `\u{1b}`, `\\`). Names in /dev/shm are anyone's to choose: one with a newline
+/// would forge a line of `gc`'s report, one with escape sequences would drive the
+/// terminal of whoever runs `ls`.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| match c {
+            c if unsafe_char(c) => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect::<String>()
+        .into()
 }
 
 fn run_ls() -> Result<(), Error> {
@@ -497,7 +535,7 @@ fn run_ls() -> Result<(), Error> {
                     .iter()
                     .map(|t| format!("{}{:?}:{}", t.name, t.shape, t.dtype))
                     .collect();
-                println!(
+                let line = format!(
                     "{:<45} {:>8} {:>8} {:<8} {:<9} {:>8} {:<10} {}",
                     name,
                     h.engine_pid,
@@ -508,8 +546,11 @@ fn run_ls() -> Result<(), Error> {
                     l.engine_kind,
                     tensors.join(" ")
                 );
+                println!("{}", shown(&line));
             }
-            Ok((_, Err(e))) | Err(e) => println!("{name:<45} (unreadable: {e})"),
+            Ok((_, Err(e))) | Err(e) => {
+                println!("{}", shown(&format!("{name:<45} (unreadable: {e})")))
+            }
         }
     }
     Ok(())
@@ -517,7 +558,7 @@ fn run_ls() -> Result<(), Error> {
 
 fn run_inspect(name: &str) -> Result<(), Error> {
     let name = region::canonical_name(name)?;
-    let (h, l) = describe(&name)?;
+    let (h, l, bytes) = describe_with_bytes(&name)?;
     println!("region        {name}");
     println!(
         "magic         {:#018x} ({})",
@@ -583,18 +624,23 @@ fn run_inspect(name: &str) -> Result<(), Error> {
         Ok(l) => {
             println!("engine kind   {}", l.engine_kind);
             if l.is_sharded() {
-                // 1.4: each shard's live words (read-only mapping; loads only).
-                let region = crate::region::Region::open_read_only(&name)?;
+                // 1.4: each shard's live words, as of the `pread` above (the shard table
+                // is part of the header): never through a mapping, which a file
+                // shrinking meanwhile would turn into a SIGBUS.
                 for s in &l.shards {
-                    let slot = crate::shard::ShardSlot::new(&region, s)?;
-                    let (pid, start) = slot.identity();
+                    let w = &s.words;
+                    let u32_at = |o| word::<4>(&bytes, o).map(u32::from_le_bytes);
+                    let u64_at = |o| word::<8>(&bytes, o).map(u64::from_le_bytes);
+                    let text = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
                     println!(
-                        "shard {:<7} envs {}..{} pid {pid} start {start} state {} frame_seq {}",
+                        "shard {:<7} envs {}..{} pid {} start {} state {} frame_seq {}",
                         s.index,
                         s.env_start,
                         s.env_start + s.env_count,
-                        slot.state().name(),
-                        slot.frame()
+                        text(u32_at(w.pid).map(u64::from)),
+                        text(u64_at(w.start_time)),
+                        u32_at(w.state).map_or("?", |c| EngineState::from_code(c).name()),
+                        text(u64_at(w.frame_seq)),
                     );
                 }
             }
@@ -658,11 +704,23 @@ fn run_gc() -> Result<(), Error> {
     let swept = region::sweep_report()?;
     for s in &swept {
         let what = if s.removed() { "removed" } else { "left" };
-        println!("{what:<8} {:<45} {}", s.name, s.verdict);
+        println!(
+            "{}",
+            shown(&format!("{what:<8} {:<45} {}", s.name, s.verdict))
+        );
     }
     let removed = swept.iter().filter(|s| s.removed()).count();
+    let sockets = swept
+        .iter()
+        .filter(|s| s.verdict == region::Verdict::OrphanSocket)
+        .count();
+    let and_sockets = match sockets {
+        0 => String::new(),
+        n => format!(" (and {n} fd socket(s) whose region was gone)"),
+    };
     println!(
-        "{removed} stale region(s) removed, {} left",
+        "{} stale region(s) removed{and_sockets}, {} left",
+        removed - sockets,
         swept.len() - removed
     );
     Ok(())

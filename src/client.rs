@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::command::{self, Reply};
 use crate::control::EngineState;
 use crate::device::{self, ClientBackend, StreamRef};
-use crate::error::{Error, Peer, Result};
+use crate::error::{Error, Peer, PidNamespace, Result};
 use crate::layout::TensorKey;
 use crate::layout::{Layout, ShardInfo};
 use crate::os;
@@ -138,6 +138,18 @@ pub struct Client {
     device_hooks: bool,
     /// See [`Client::set_command_stream`].
     command_stream: u64,
+    /// Where the engine's and each shard's pid is a pid, for the errors that name them.
+    engine_pid_ns: PidNamespace,
+    shard_pid_ns: Vec<PidNamespace>,
+}
+
+/// The PID namespace of a live process recorded as `(pid, start_time)`: this one if it
+/// shows it, else another one (a peer in another container).
+fn pid_namespace(pid: u32, start_time: u64) -> PidNamespace {
+    match os::process_seen(pid, start_time) {
+        Some(_) => PidNamespace::This,
+        None => PidNamespace::Other,
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -166,6 +178,7 @@ impl Client {
         let engine_dead = || Error::PeerDied {
             peer: Peer::Engine,
             pid: layout.engine_pid,
+            pid_ns: PidNamespace::This,
             hint: "the region it left was removed; start the engine again",
         };
         // CUDA tensors: probe the driver, find the device, create the client event, all
@@ -174,6 +187,8 @@ impl Client {
         if region.engine_gone()? {
             return Err(engine_dead());
         }
+        // Alive (it holds its lock): not shown here, it lives in another PID namespace.
+        let engine_pid_ns = pid_namespace(layout.engine_pid, layout.engine_start_time);
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
@@ -184,9 +199,18 @@ impl Client {
         // The lock that tells the engine this client lives (whatever PID namespace it is
         // in), held until this client's descriptor closes.
         region.hold_client_lock(me, my_start)?;
-        let claim = control.claim_client(&name, me, my_start, |pid, start| {
-            region.client_alive(pid, start)
-        })?;
+        let claim = control
+            .claim_client(&name, me, my_start, |pid, start| {
+                region.client_alive(pid, start)
+            })
+            .map_err(|e| match e {
+                Error::AlreadyAttached { name, pid, .. } => Error::AlreadyAttached {
+                    name,
+                    pid,
+                    pid_ns: region.client_pid_namespace(pid, control.client_identity().1),
+                },
+                e => e,
+            })?;
         device.publish_session(control, &claim, &layout)?;
         control.attach_client();
         let policy = options.policy.adapted_to_shards(layout.shards.len());
@@ -206,10 +230,12 @@ impl Client {
             device_hooks: device.needs_hooks(),
             device,
             command_stream: 1,
+            engine_pid_ns,
+            shard_pid_ns: Vec::new(),
         };
         // Open the engine's event and memory once (a failure drops `client`, which
         // closes whatever was opened and acknowledges).
-        client.device.open(&client.layout)?;
+        client.device.open(&client.layout, &client.region)?;
         // Wait for frame 0 (engine READY), checking that the engine lives.
         let mut backoff = crate::sync::Backoff::default();
         loop {
@@ -238,6 +264,22 @@ impl Client {
         }
         client.action = frame;
         client.frame = frame;
+        // Every shard is alive now (each published frame 0): where each lives.
+        if client.layout.is_sharded() {
+            client.shard_pid_ns = client
+                .layout
+                .shards
+                .iter()
+                .map(|s| {
+                    ShardSlot::new(&client.region, s)
+                        .map(|slot| {
+                            let (pid, start) = slot.identity();
+                            pid_namespace(pid, start)
+                        })
+                        .unwrap_or_default()
+                })
+                .collect();
+        }
         if client.device_hooks {
             client.device.after_frame(frame)?;
         }
@@ -403,15 +445,36 @@ impl Client {
             interrupt()?;
         }
         // Before each sleep: a region truncated under us is an error, not a SIGBUS at
-        // the next access (a truncation after this check still faults; see check_size).
+        // the next access (a truncation after this check still faults; see check_size),
+        // and so is exported device memory that shrank under its import.
         self.region.check_size()?;
+        self.device.check_imports()?;
         if self.layout.is_sharded() {
             // A shard that died or closed ends the region for everyone: the creator's
             // name goes too once the creator is gone (its lock free: `engine_gone`
             // removes the name under it), so nothing is left in /dev/shm.
             if let Err(e) = shard::check_shards(&self.region, &self.layout, None) {
                 let _ = self.region.engine_gone();
-                return Err(e);
+                return Err(match e {
+                    Error::ShardDied {
+                        shard,
+                        pid,
+                        env_start,
+                        env_end,
+                        ..
+                    } => Error::ShardDied {
+                        shard,
+                        pid,
+                        pid_ns: self
+                            .shard_pid_ns
+                            .get(shard as usize)
+                            .copied()
+                            .unwrap_or_default(),
+                        env_start,
+                        env_end,
+                    },
+                    e => e,
+                });
             }
         }
         if self.engine_state() == EngineState::Closed {
@@ -423,6 +486,7 @@ impl Client {
             return Err(Error::PeerDied {
                 peer: Peer::Engine,
                 pid: self.layout.engine_pid,
+                pid_ns: self.engine_pid_ns,
                 hint: "the simulator process exited; its region was removed; start it again",
             });
         }
@@ -584,6 +648,7 @@ impl Client {
         // Commands are the slow path: a region truncated under us is an error here, not
         // a SIGBUS at the ring (a step checks before it sleeps; see `Region::check_size`).
         self.region.check_size()?;
+        self.device.check_imports()?;
         let start = Instant::now();
         let mut sent = Vec::with_capacity(requests.len());
         for (shard, r) in requests {
@@ -849,8 +914,14 @@ impl Client {
             return;
         }
         self.closed = true;
-        // A child forked from the learner drops its copy: the session is its parent's.
+        // A child forked from the learner drops its copy: the session is its parent's, and
+        // so are the imports of the device backend, left undropped (dropping them would
+        // call the device driver, whose threads and device files are the parent's).
         if !self.region.made_here() {
+            std::mem::forget(std::mem::replace(
+                &mut self.device,
+                Box::new(device::host::HostClient),
+            ));
             return;
         }
         // Truncated under us (a same-user peer): the control block may be gone, and

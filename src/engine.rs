@@ -223,12 +223,14 @@ impl Engine {
         };
         // CUDA tensors: one allocation, exported (IPC handles and the engine's event
         // written into the builder) before the region, hence `magic`, exists. Vulkan
-        // tensors: allocated or taken over, their table entries filled in, and the fd
-        // socket bound (so a client that sees the region can connect at once).
+        // tensors: allocated or taken over, their table entries filled in; the fd socket
+        // is bound by `start`, once the region's name is this engine's and before it is
+        // published (so a client that sees the region can connect at once).
         let mut device = device::engine_backend(&mut builder, &name)?;
         let _ = region::sweep();
-        let region = Region::create(&name, &builder)?;
+        let region = Region::create_unpublished(&name, &builder)?;
         device.start(&region)?;
+        region.publish()?;
         let pid = os::current_pid();
         let start = region.control().engine_start_time();
         let shards = builder.shards();
@@ -481,7 +483,27 @@ impl Engine {
     /// `PeerClosed` / `PeerDied` once per client (see [`Engine::check_client`]).
     fn check_client_end(&self) -> Result<()> {
         let control = self.control();
-        match control.check_client(|pid, start| self.region.client_alive(pid, start)) {
+        let checked = control
+            .check_client(|pid, start| self.region.client_alive(pid, start))
+            .map_err(|e| match e {
+                // Name the client's pid in terms the reader can use.
+                Error::PeerDied {
+                    peer: Peer::Client,
+                    pid,
+                    hint,
+                    ..
+                } => {
+                    let (_, start) = control.client_identity();
+                    Error::PeerDied {
+                        peer: Peer::Client,
+                        pid,
+                        pid_ns: self.region.client_pid_namespace(pid, start),
+                        hint,
+                    }
+                }
+                e => e,
+            });
+        match checked {
             Err(Error::PeerClosed { .. } | Error::PeerDied { .. })
                 if self.client_end_reported.get() =>
             {
@@ -856,18 +878,26 @@ impl Engine {
             return;
         }
         self.closed = true;
-        // A child forked from the engine's process drops its copy: the region is its
-        // parent's (Region's drop does not unlink there either).
+        // A child forked from the engine's process drops its copy: the region and the
+        // device backend are its parent's (Region's drop does not unlink there either).
+        // The backend is left as it is, undropped: its drop would call the device driver
+        // (whose threads and device files the child does not own) and stop the fd
+        // socket the child shares with its parent.
         if !self.region.made_here() {
+            std::mem::forget(std::mem::replace(
+                &mut self.device,
+                Box::new(device::host::HostEngine),
+            ));
             return;
         }
         // Truncated under us (a same-user peer): the control block may be gone, and
-        // touching it would SIGBUS. The name is still removed (Region's drop). Whether a
-        // client still maps exported device memory cannot be read any more: it is leaked
-        // (freed with the process), never freed under a client.
+        // touching it would SIGBUS. The name is still removed (Region's drop). The backend
+        // lets go of what it can without reading the control block
+        // (`EngineBackend::release_truncated`): the fd server stops, exported CUDA memory
+        // a client may still map is leaked (freed with the process), never freed under it.
         if self.region.check_size().is_err() {
             let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
-            std::mem::forget(device);
+            device.release_truncated();
             return;
         }
         if self.layout.is_sharded() {

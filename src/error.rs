@@ -19,6 +19,30 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// Which PID namespace a pid named in an error belongs to: this process's, or another
+/// one (a learner or simulator in another container, where each side has its own pids):
+/// there the number names nothing, or another process, here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PidNamespace {
+    /// This process's namespace (or not known to be another).
+    #[default]
+    This,
+    /// Another one: the process was alive but not visible here.
+    Other,
+}
+
+/// A pid as an error message names it.
+struct PidIn(u32, PidNamespace);
+
+impl std::fmt::Display for PidIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            PidNamespace::This => write!(f, "pid {}", self.0),
+            PidNamespace::Other => write!(f, "pid {} in another PID namespace", self.0),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("region '{name}' does not exist: check the name the engine printed, or whether the engine is still running")]
@@ -90,13 +114,19 @@ pub enum Error {
     #[error("tensor '{tensor}' was already borrowed mutably from this frame")]
     AlreadyBorrowed { tensor: String },
 
-    #[error("another client (pid {pid}) is attached to region '{name}'; one client per engine")]
-    AlreadyAttached { name: String, pid: u32 },
+    #[error("another client ({}) is attached to region '{name}'; one client per engine", PidIn(*pid, *pid_ns))]
+    AlreadyAttached {
+        name: String,
+        pid: u32,
+        pid_ns: PidNamespace,
+    },
 
-    #[error("the {peer} (pid {pid}) died; {hint}")]
+    #[error("the {peer} ({}) died; {hint}", PidIn(*pid, *pid_ns))]
     PeerDied {
         peer: Peer,
+        /// As the peer recorded it, in its own PID namespace (`pid_ns`).
         pid: u32,
+        pid_ns: PidNamespace,
         hint: &'static str,
     },
 
@@ -105,10 +135,11 @@ pub enum Error {
 
     /// 1.4: one engine process of a sharded region died (its lock on the region was
     /// released, however it ended).
-    #[error("engine shard {shard} (pid {pid}, envs {env_start}..{env_end}) died; the other shards are stopped with the region: start the engine again")]
+    #[error("engine shard {shard} ({}, envs {env_start}..{env_end}) died; the other shards are stopped with the region: start the engine again", PidIn(*pid, *pid_ns))]
     ShardDied {
         shard: u32,
         pid: u32,
+        pid_ns: PidNamespace,
         env_start: u32,
         env_end: u32,
     },
@@ -429,6 +460,7 @@ mod kind_tests {
         let died = |peer| Error::PeerDied {
             peer,
             pid: 1,
+            pid_ns: PidNamespace::This,
             hint: "",
         };
         assert_eq!(died(Peer::Engine).kind(), ErrorKind::EngineDied);

@@ -1,16 +1,23 @@
-//! The platform layer of fd passing (protocol 1.3, `docs/protocol.md` §3.6): the
-//! per-region Unix-domain socket an engine with Vulkan tensors listens on, and the one
-//! message it answers a connection with: a 12-byte reply carrying the fds (`SCM_RIGHTS`).
+//! The platform layer of fd passing (protocol 1.6, `docs/protocol.md` §3.6): the Unix
+//! socket an engine with Vulkan tensors listens on, and the two messages of an exchange:
+//! the client's request (12 bytes, with its proof fd) and the engine's reply (12 bytes,
+//! with the engine's proof fd and the tensors' fds). All passed with `SCM_RIGHTS`.
 //!
-//! The socket lives in Linux's abstract namespace, at `"\0" + region name + ".fd"`: it
-//! has no file to remove, and goes away with the engine's listening fd however the
-//! engine exits. An abstract socket has no permission bits, so the engine checks each
-//! peer's uid (`SO_PEERCRED`) before it sends anything. All calls go through rustix.
+//! The socket is a file beside the region in /dev/shm (`control::socket_path`): it reaches
+//! every process that shares /dev/shm, whatever its network namespace (an abstract
+//! socket lives in one network namespace: a learner in another container never saw it,
+//! and anyone in the learner's could bind the name). Who is at the other end is decided
+//! by what each side proves, not by who bound a name: the peer's uid (`SO_PEERCRED`),
+//! and the lock an fd it hands over holds on the region (`region::Region::proves`);
+//! those rules are the callers' (`device::vulkan`). This module moves the bytes and fds,
+//! and bounds every wait: `connect` has a deadline, every send and receive a timeout.
+//! All calls go through rustix, except `SO_PEERCRED` (see [`peer_credentials`]).
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use rustix::net::{
@@ -18,29 +25,41 @@ use rustix::net::{
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Peer, Result};
+use crate::os;
 
+/// A client's request's first bytes.
+pub const REQUEST_MAGIC: [u8; 4] = *b"SBFQ";
 /// The reply's first bytes.
 pub const REPLY_MAGIC: [u8; 4] = *b"SBFD";
-/// Version of the reply format.
-pub const REPLY_VERSION: u8 = 1;
-/// Size of the reply: magic, version, status, fd count (u16 LE), 4 reserved zero bytes.
-pub const REPLY_SIZE: usize = 12;
-/// At most this many fds in one reply (64 tensors, each memory and semaphore).
+/// Version of both messages (1: protocol 1.3's reply, with no request and no proof).
+pub const MESSAGE_VERSION: u8 = 2;
+/// Size of either message: magic, version, status (0 in a request), fd count (u16 LE,
+/// the tensors' fds; 0 in a request), 4 reserved zero bytes.
+pub const MESSAGE_SIZE: usize = 12;
+/// At most this many tensor fds in one reply (64 tensors, each memory and semaphore).
 pub const MAX_FDS: usize = 128;
+/// How long the engine waits for a connected peer's request, and for its reply to
+/// leave: a peer that connects and says nothing holds the engine's socket thread no
+/// longer than this.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pending connections the listening socket queues.
+const BACKLOG: i32 = 16;
 
-/// What the engine answers a connection with.
+/// What the engine answers a request with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ReplyStatus {
-    /// The fds follow, in the documented order.
+    /// The engine's proof and the fds follow, in the documented order.
     Ok = 0,
     /// The peer runs as another user than the engine.
     WrongUser = 1,
-    /// The peer is not the process attached as the region's client.
+    /// The peer did not prove it is the process attached as the region's client.
     NotTheClient = 2,
-    /// The engine is closing.
+    /// The engine is closing (or its region was truncated under it).
     Closing = 3,
+    /// The request was not a request of this version, with one fd.
+    BadRequest = 4,
 }
 
 impl ReplyStatus {
@@ -50,34 +69,95 @@ impl ReplyStatus {
             1 => Some(ReplyStatus::WrongUser),
             2 => Some(ReplyStatus::NotTheClient),
             3 => Some(ReplyStatus::Closing),
+            4 => Some(ReplyStatus::BadRequest),
             _ => None,
+        }
+    }
+
+    /// In words, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ReplyStatus::Ok => "served",
+            ReplyStatus::WrongUser => "another user",
+            ReplyStatus::NotTheClient => "not the attached client",
+            ReplyStatus::Closing => "the engine is closing",
+            ReplyStatus::BadRequest => "request unreadable",
         }
     }
 }
 
-/// The abstract socket name of a region (without the leading NUL).
-pub fn socket_name(region: &str) -> String {
-    format!("{region}.fd")
+/// Who a connected peer is, as the kernel says (`SO_PEERCRED`: the credentials it had
+/// when it connected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its pid in this process's PID namespace; `None` when it is not visible here (it
+    /// lives in a PID namespace that is not this one's or a descendant's: the kernel
+    /// says 0).
+    pub pid: Option<u32>,
+    pub uid: u32,
 }
 
-fn address(region: &str) -> Result<SocketAddrUnix> {
-    SocketAddrUnix::new_abstract_name(socket_name(region).as_bytes()).map_err(|_| {
-        Error::InvalidName {
-            name: region.to_string(),
-            reason: "too long for a socket name: engines with Vulkan tensors take names of at most 100 characters",
+impl std::fmt::Display for PeerCred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
+            None => write!(
+                f,
+                "a process in another PID namespace (uid {}; its pid is not visible here)",
+                self.uid
+            ),
         }
+    }
+}
+
+/// The peer credentials of a connected Unix socket. Read with `getsockopt` into
+/// `struct ucred` here rather than with rustix's `socket_peercred`, whose `UCred` keeps
+/// the pid as a non-zero integer: the kernel reports 0 for a peer in a PID namespace this
+/// process cannot see (a learner in another container), and building a non-zero integer
+/// from 0 is undefined behaviour.
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket for the call; `cred` is a writable `struct ucred`
+    // of `len` bytes, which the kernel fills (every bit pattern is a valid `ucred`).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::io(
+            "getsockopt(SO_PEERCRED)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).ok().filter(|&p| p != 0),
+        uid: cred.uid,
     })
 }
 
 /// A new Unix-domain stream socket, close-on-exec.
-fn unix_stream() -> Result<OwnedFd> {
+fn unix_stream(flags: SocketFlags) -> Result<OwnedFd> {
     net::socket_with(
         AddressFamily::UNIX,
         SocketType::STREAM,
-        SocketFlags::CLOEXEC,
+        SocketFlags::CLOEXEC | flags,
         None,
     )
     .map_err(|e| Error::io("socket(AF_UNIX)", e))
+}
+
+fn address(path: &str) -> Result<SocketAddrUnix> {
+    SocketAddrUnix::new(path).map_err(|e| Error::io(format!("socket address '{path}'"), e))
 }
 
 /// This process's effective uid.
@@ -85,141 +165,171 @@ pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
-/// The engine's listening socket.
-#[derive(Debug)]
-pub struct Listener {
-    fd: OwnedFd,
+/// Send and receive timeouts of a connected socket.
+fn set_timeouts(fd: BorrowedFd<'_>, timeout: Duration) -> Result<()> {
+    // At least a millisecond: a zero timeout means none.
+    let t = Some(timeout.max(Duration::from_millis(1)));
+    net::sockopt::set_socket_timeout(fd, net::sockopt::Timeout::Recv, t)
+        .map_err(|e| Error::io("setsockopt(SO_RCVTIMEO)", e))?;
+    net::sockopt::set_socket_timeout(fd, net::sockopt::Timeout::Send, t)
+        .map_err(|e| Error::io("setsockopt(SO_SNDTIMEO)", e))
 }
 
-/// A connected peer, with who it is (`SO_PEERCRED`: the credentials it had when it
-/// connected).
+/// The engine's listening socket. Children forked from the engine do not keep it
+/// ([`os::HeldFd`]): a child that outlives its parent must not keep the socket alive.
 #[derive(Debug)]
-pub struct PeerConn {
+pub struct Listener {
+    fd: os::HeldFd,
+    path: String,
+    stopped: AtomicBool,
+    /// `accept` failures it waited out (no fd or memory left for a connection).
+    transient: AtomicU64,
+}
+
+/// A connected peer and who it is.
+#[derive(Debug)]
+pub struct Conn {
     fd: OwnedFd,
-    pub pid: u32,
-    pub uid: u32,
+    pub peer: PeerCred,
 }
 
 impl Listener {
-    /// Binds and listens on the region's abstract socket. `NameInUse` if a socket of that
-    /// name exists (another engine of the same region name).
-    pub fn bind(region: &str) -> Result<Listener> {
-        let addr = address(region)?;
-        let fd = unix_stream()?;
-        match net::bind(&fd, &addr) {
-            Ok(()) => {}
-            Err(Errno::ADDRINUSE) => {
-                return Err(Error::NameInUse {
-                    name: region.to_string(),
-                })
+    /// Binds and listens at `path`, mode 0600. The caller owns the region whose socket
+    /// this is (it holds the region's lock, and its name): a socket left there by this
+    /// user (an engine of this name that died, or whose region was removed) is stale and
+    /// replaced. Anything else there (another user's file, not a socket) is `NameInUse`,
+    /// and is left.
+    pub fn bind(path: &str) -> Result<Listener> {
+        let addr = address(path)?;
+        let fd = unix_stream(SocketFlags::empty())?;
+        let taken = |why: String| {
+            Error::io(
+                format!("binding the fd socket '{path}'"),
+                std::io::Error::new(std::io::ErrorKind::AlreadyExists, why),
+            )
+        };
+        let mut replaced = false;
+        loop {
+            match net::bind(&fd, &addr) {
+                Ok(()) => break,
+                Err(Errno::ADDRINUSE) if !replaced => {
+                    replaced = true;
+                    if let Err(what) = os::remove_socket_file(path)? {
+                        return Err(taken(format!("{what} is in the way")));
+                    }
+                }
+                Err(Errno::ADDRINUSE) => {
+                    return Err(taken("another socket was bound there meanwhile".into()))
+                }
+                Err(e) => return Err(Error::io(format!("bind('{path}')"), e)),
             }
-            Err(e) => return Err(Error::io(format!("bind('@{}')", socket_name(region)), e)),
         }
-        net::listen(&fd, 16).map_err(|e| Error::io("listen", e))?;
-        Ok(Listener { fd })
+        // The file takes the umask's mode at bind; connecting needs write permission on
+        // it, so other users are refused by the kernel from here on (and by the uid
+        // check of every connection before: the mode is defence in depth).
+        rustix::fs::chmod(path, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR)
+            .map_err(|e| Error::io(format!("chmod('{path}')"), e))?;
+        net::listen(&fd, BACKLOG).map_err(|e| Error::io("listen", e))?;
+        Ok(Listener {
+            fd: os::HeldFd::new(fd),
+            path: path.to_string(),
+            stopped: AtomicBool::new(false),
+            transient: AtomicU64::new(0),
+        })
     }
 
-    /// Waits for the next connection. `Ok(None)` once [`Listener::shutdown`] was called.
-    pub fn accept(&self) -> Result<Option<PeerConn>> {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Waits for the next connection; `None` once [`Listener::shutdown`] was called. An
+    /// `accept` that fails for want of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+    /// leaves the connection queued: it is tried again after a pause (1 ms, doubling to
+    /// 100 ms), so the socket never listens with nobody accepting.
+    pub fn accept(&self) -> Option<Conn> {
+        let mut pause = Duration::from_millis(1);
         loop {
+            if self.stopped.load(Ordering::Acquire) {
+                return None;
+            }
             match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
                 Ok(fd) => {
-                    let cred = match net::sockopt::socket_peercred(&fd) {
-                        Ok(c) => c,
-                        // The peer left already: nothing to answer.
-                        Err(_) => continue,
+                    pause = Duration::from_millis(1);
+                    // The peer left already, or its socket is unusable: nothing to answer.
+                    let Ok(peer) = peer_credentials(fd.as_fd()) else {
+                        continue;
                     };
-                    return Ok(Some(PeerConn {
-                        fd,
-                        pid: cred.pid.as_raw_nonzero().get() as u32,
-                        uid: cred.uid.as_raw(),
-                    }));
+                    if set_timeouts(fd.as_fd(), PEER_TIMEOUT).is_err() {
+                        continue;
+                    }
+                    return Some(Conn { fd, peer });
                 }
-                Err(Errno::INTR) | Err(Errno::CONNABORTED) => continue,
+                Err(Errno::INTR) | Err(Errno::CONNABORTED) => {}
                 // `shutdown` makes a blocked accept return EINVAL on Linux.
-                Err(Errno::INVAL) => return Ok(None),
-                Err(e) => return Err(Error::io("accept", e)),
+                Err(Errno::INVAL) if self.stopped.load(Ordering::Acquire) => return None,
+                Err(_) => {
+                    self.transient.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
             }
         }
+    }
+
+    /// `accept` failures waited out so far.
+    pub fn transient_errors(&self) -> u64 {
+        self.transient.load(Ordering::Relaxed)
     }
 
     /// Wakes a blocked [`accept`](Listener::accept) (which then returns `None`) and
-    /// refuses further connections.
+    /// refuses further connections. The socket file is removed with the region.
     pub fn shutdown(&self) {
+        self.stopped.store(true, Ordering::Release);
         let _ = net::shutdown(&self.fd, net::Shutdown::Both);
     }
 }
 
-impl PeerConn {
-    /// Sends the reply: `status`, and with `Ok` the fds, in order, as one `SCM_RIGHTS`
-    /// message. The receiver gets its own copies; ours stay open.
-    pub fn reply(&self, status: ReplyStatus, fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let fds = if status == ReplyStatus::Ok { fds } else { &[] };
-        if fds.len() > MAX_FDS {
-            return Err(Error::InvalidSpec(format!(
-                "{} fds to pass; at most {MAX_FDS}",
-                fds.len()
-            )));
+/// A 12-byte message: `magic`, version, `status`, `count` (u16 LE), 4 zero bytes.
+fn message(magic: [u8; 4], status: u8, count: u16) -> [u8; MESSAGE_SIZE] {
+    let mut msg = [0u8; MESSAGE_SIZE];
+    msg[..4].copy_from_slice(&magic);
+    msg[4] = MESSAGE_VERSION;
+    msg[5] = status;
+    msg[6..8].copy_from_slice(&count.to_le_bytes());
+    msg
+}
+
+/// Sends `msg` with `fds` in one `SCM_RIGHTS` message (the receiver gets its own copies).
+fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(Error::io(
+            "sendmsg",
+            std::io::Error::other("the fds do not fit the control buffer"),
+        ));
+    }
+    loop {
+        match net::sendmsg(fd, &[IoSlice::new(msg)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) if n == msg.len() => return Ok(()),
+            Ok(n) => {
+                return Err(Error::io(
+                    "sendmsg",
+                    std::io::Error::other(format!("{n} of {} bytes sent", msg.len())),
+                ))
+            }
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(Error::io("sendmsg", e)),
         }
-        let mut msg = [0u8; REPLY_SIZE];
-        msg[..4].copy_from_slice(&REPLY_MAGIC);
-        msg[4] = REPLY_VERSION;
-        msg[5] = status as u8;
-        msg[6..8].copy_from_slice(&(fds.len() as u16).to_le_bytes());
-        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-            return Err(Error::io(
-                "sendmsg",
-                std::io::Error::other("the fds do not fit the control buffer"),
-            ));
-        }
-        // The peer may have gone already; a short or failed send is its problem (it
-        // sees an error), never the engine's.
-        net::sendmsg(
-            &self.fd,
-            &[IoSlice::new(&msg)],
-            &mut control,
-            SendFlags::NOSIGNAL,
-        )
-        .map_err(|e| Error::io("sendmsg", e))?;
-        Ok(())
     }
 }
 
-/// The client's side: connects to the region's socket and receives exactly `expected`
-/// fds. The reply must arrive within `timeout`. A refusal is a typed error
-/// (`PermissionDenied` for another user, `Protocol` otherwise); any fd received beyond
-/// what is expected is closed, and so is every fd when the reply is wrong.
-pub fn receive(region: &str, expected: usize, timeout: Duration) -> Result<Vec<OwnedFd>> {
-    let addr = address(region)?;
-    let fd = unix_stream()?;
-    match net::connect(&fd, &addr) {
-        Ok(()) => {}
-        Err(Errno::CONNREFUSED) | Err(Errno::NOENT) => {
-            return Err(Error::Protocol {
-                peer: crate::error::Peer::Engine,
-                detail: format!(
-                    "no engine listens on socket '@{}' for the Vulkan tensors' fds",
-                    socket_name(region)
-                ),
-            })
-        }
-        Err(e) => return Err(Error::io(format!("connect('@{}')", socket_name(region)), e)),
-    }
-    let timeout = timeout.max(Duration::from_millis(1));
-    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Recv, Some(timeout))
-        .map_err(|e| Error::io("setsockopt(SO_RCVTIMEO)", e))?;
-    receive_reply(fd.as_fd(), region, expected)
-}
-
-fn receive_reply(fd: BorrowedFd<'_>, region: &str, expected: usize) -> Result<Vec<OwnedFd>> {
-    let protocol = |detail: String| Error::Protocol {
-        peer: crate::error::Peer::Engine,
-        detail,
-    };
-    let mut msg = [0u8; REPLY_SIZE];
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+/// Receives one message of [`MESSAGE_SIZE`] bytes and the fds riding with it (each owned
+/// at once, so that each is closed exactly once whatever is wrong), within the socket's
+/// receive timeout. `Err` when no complete message arrived, or more fds than fit.
+fn receive(fd: BorrowedFd<'_>, what: &'static str) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
+    let mut msg = [0u8; MESSAGE_SIZE];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
         match net::recvmsg(
@@ -233,14 +343,12 @@ fn receive_reply(fd: BorrowedFd<'_>, region: &str, expected: usize) -> Result<Ve
             Err(Errno::AGAIN) => {
                 return Err(Error::Timeout {
                     waited: Duration::ZERO,
-                    what: "the engine's reply on the fd socket",
+                    what,
                 })
             }
             Err(e) => return Err(Error::io("recvmsg", e)),
         }
     };
-    // Take ownership of every fd that arrived first, so that each is closed exactly
-    // once whatever is wrong with the reply.
     let mut fds: Vec<OwnedFd> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = m {
@@ -248,15 +356,95 @@ fn receive_reply(fd: BorrowedFd<'_>, region: &str, expected: usize) -> Result<Ve
         }
     }
     if got.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(protocol(
-            "the engine sent more fds than a reply holds".into(),
-        ));
+        return Err(Error::BadMessage(format!(
+            "{what}: more fds than a message holds"
+        )));
     }
-    if got.bytes != REPLY_SIZE || msg[..4] != REPLY_MAGIC || msg[4] != REPLY_VERSION {
-        return Err(protocol(format!(
-            "not a shmbridge fd reply ({} bytes: {:02x?})",
+    if got.bytes != MESSAGE_SIZE {
+        return Err(Error::BadMessage(format!(
+            "{what}: {} bytes ({:02x?}), not {MESSAGE_SIZE}",
             got.bytes,
-            &msg[..got.bytes.min(REPLY_SIZE)]
+            &msg[..got.bytes.min(MESSAGE_SIZE)]
+        )));
+    }
+    Ok((msg, fds))
+}
+
+impl Conn {
+    /// The peer's request: the one fd it proves itself with. `BadMessage` for anything
+    /// else (wrong magic or version, other than one fd), `Timeout` when nothing came
+    /// within [`PEER_TIMEOUT`].
+    pub fn read_request(&self) -> Result<OwnedFd> {
+        let (msg, mut fds) = receive(self.fd.as_fd(), "a client's request on the fd socket")?;
+        if msg[..4] != REQUEST_MAGIC || msg[4] != MESSAGE_VERSION || fds.len() != 1 {
+            return Err(Error::BadMessage(format!(
+                "not a request of version {MESSAGE_VERSION} with one fd ({:02x?}, {} fds)",
+                msg,
+                fds.len()
+            )));
+        }
+        Ok(fds.pop().expect("one fd"))
+    }
+
+    /// Sends the reply: `status`, and with `Ok` the fds (the engine's proof first, then
+    /// the tensors'), as one `SCM_RIGHTS` message. The receiver gets its own copies.
+    pub fn reply(&self, status: ReplyStatus, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let fds = if status == ReplyStatus::Ok { fds } else { &[] };
+        let count = fds.len().saturating_sub(1);
+        if count > MAX_FDS {
+            return Err(Error::InvalidSpec(format!(
+                "{count} fds to pass; at most {MAX_FDS}"
+            )));
+        }
+        let msg = message(REPLY_MAGIC, status as u8, count as u16);
+        send(self.fd.as_fd(), &msg, fds)
+    }
+}
+
+/// What an engine answered: who it is (as the kernel says) and the fds it sent, its
+/// proof first. Nothing here is trusted yet: the caller checks both.
+#[derive(Debug)]
+pub struct Answer {
+    pub server: PeerCred,
+    /// The server's proof of owning the region.
+    pub proof: OwnedFd,
+    /// The tensors' fds, in protocol order.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The client's side of an exchange: connects to the socket at `path` (of region
+/// `region`, for messages), sends a request carrying `proof`, and receives the reply
+/// with exactly `expected` tensor fds, all within `timeout`. A refusal is a typed error
+/// (`PermissionDenied` for another user, `PeerClosed` for a closing engine, `Protocol`
+/// otherwise); any fd received with a wrong reply is closed.
+pub fn request(
+    region: &str,
+    path: &str,
+    proof: BorrowedFd<'_>,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Answer> {
+    let start = Instant::now();
+    let fd = connect(region, path, timeout)?;
+    let server = peer_credentials(fd.as_fd())?;
+    set_timeouts(fd.as_fd(), timeout.saturating_sub(start.elapsed()))?;
+    send(fd.as_fd(), &message(REQUEST_MAGIC, 0, 0), &[proof])?;
+    let protocol = |detail: String| Error::Protocol {
+        peer: Peer::Engine,
+        detail,
+    };
+    let (msg, mut fds) =
+        receive(fd.as_fd(), "the engine's reply on the fd socket").map_err(|e| match e {
+            Error::Timeout { what, .. } => Error::Timeout {
+                waited: timeout,
+                what,
+            },
+            Error::BadMessage(m) => protocol(m),
+            e => e,
+        })?;
+    if msg[..4] != REPLY_MAGIC || msg[4] != MESSAGE_VERSION {
+        return Err(protocol(format!(
+            "not a shmbridge fd reply of version {MESSAGE_VERSION} ({msg:02x?})"
         )));
     }
     let count = u16::from_le_bytes([msg[6], msg[7]]) as usize;
@@ -267,42 +455,81 @@ fn receive_reply(fd: BorrowedFd<'_>, region: &str, expected: usize) -> Result<Ve
                 name: region.to_string(),
             })
         }
-        Some(ReplyStatus::NotTheClient) => {
-            return Err(protocol(
-                "the engine refused the fds: this process is not its attached client".into(),
-            ))
-        }
-        Some(ReplyStatus::Closing) => {
-            return Err(Error::PeerClosed {
-                peer: crate::error::Peer::Engine,
-            })
+        Some(ReplyStatus::Closing) => return Err(Error::PeerClosed { peer: Peer::Engine }),
+        Some(s @ (ReplyStatus::NotTheClient | ReplyStatus::BadRequest)) => {
+            return Err(protocol(format!(
+                "the fd socket '{path}' refused this process ({}): {}",
+                s.describe(),
+                match s {
+                    ReplyStatus::NotTheClient => "its server does not see it as the region's attached client",
+                    _ => "its server could not read the request (not one of this version, or the engine had no file descriptor left for it)",
+                }
+            )))
         }
         None => return Err(protocol(format!("unknown reply status {}", msg[5]))),
     }
-    if count != fds.len() || count != expected {
+    if count != expected || fds.len() != count + 1 {
         return Err(protocol(format!(
-            "the reply announces {count} fds and carries {}; the tensor table calls for {expected}",
-            fds.len()
+            "the reply announces {count} fds and carries {} besides its proof; the tensor table calls for {expected}",
+            fds.len().saturating_sub(1)
         )));
     }
-    Ok(fds)
+    let proof = fds.remove(0);
+    Ok(Answer { server, proof, fds })
 }
 
-/// Whether a socket named `@<region>.fd` is bound now (from `/proc/net/unix`), for
-/// checks that nothing was left behind.
-pub fn socket_bound(region: &str) -> bool {
-    let want = format!("@{}", socket_name(region));
-    std::fs::read_to_string("/proc/net/unix")
-        .map(|t| {
-            t.lines()
-                .any(|l| l.split_whitespace().last() == Some(want.as_str()))
-        })
-        .unwrap_or(false)
+/// Connects to the socket at `path` within `timeout`. A listener whose queue is full
+/// answers a non-blocking `connect` with EAGAIN at once (a Unix socket has no connect in
+/// progress): tried again after a pause (1 ms, doubling to 50 ms) until the deadline.
+fn connect(region: &str, path: &str, timeout: Duration) -> Result<OwnedFd> {
+    let deadline = Instant::now().checked_add(timeout);
+    let addr = address(path)?;
+    let fd = unix_stream(SocketFlags::NONBLOCK)?;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                let left = deadline.map_or(pause, |d| d.saturating_duration_since(Instant::now()));
+                if left.is_zero() {
+                    return Err(Error::Timeout {
+                        waited: timeout,
+                        what: "room in the engine's fd socket queue",
+                    });
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(Errno::CONNREFUSED) | Err(Errno::NOENT) => {
+                return Err(Error::Protocol {
+                    peer: Peer::Engine,
+                    detail: format!(
+                        "no engine listens on the fd socket '{path}' for the Vulkan tensors' fds"
+                    ),
+                })
+            }
+            // Mode 0600: the socket of another user's engine.
+            Err(Errno::ACCESS) | Err(Errno::PERM) => {
+                return Err(Error::PermissionDenied {
+                    name: region.to_string(),
+                })
+            }
+            Err(e) => return Err(Error::io(format!("connect('{path}')"), e)),
+        }
+    }
+    // Blocking again: the exchange's waits are bounded by the socket's timeouts.
+    rustix::io::ioctl_fionbio(&fd, false).map_err(|e| Error::io("ioctl(FIONBIO)", e))?;
+    Ok(fd)
+}
+
+/// Whether a socket file is at `path` now, for checks that nothing was left behind.
+pub fn socket_file_exists(path: &str) -> bool {
+    matches!(os::socket_file(path), Ok(os::AtPath::Socket { .. }))
 }
 
 /// Size of the file behind `fd` when the kernel knows it: `st_size` of a regular file
-/// (a memfd), else the end offset of a seekable one (a dma-buf). `None` when neither
-/// tells (an opaque driver fd): the driver's import is then the check.
+/// (a memfd), else `None` (an opaque driver fd: the driver's import is then the check).
 pub fn fd_size(fd: BorrowedFd<'_>) -> Option<u64> {
     let st = rustix::fs::fstat(fd).ok()?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile {
@@ -315,46 +542,182 @@ pub fn fd_size(fd: BorrowedFd<'_>) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A socket path of this test's own in /dev/shm (removed by the test).
+    fn path(tag: &str) -> String {
+        format!(
+            "/dev/shm/shmbridge-fdpass-test-{tag}-{}.fd",
+            std::process::id()
+        )
+    }
+
     #[test]
     fn fds_pass_in_order_and_refusals_are_typed() {
-        let region = format!("shmbridge-fdpass-test-{}", std::process::id());
-        let listener = Listener::bind(&region).unwrap();
-        assert!(socket_bound(&region));
-        // A second engine of the same name cannot take the socket.
-        assert!(matches!(
-            Listener::bind(&region),
-            Err(Error::NameInUse { .. })
-        ));
-        let a = rustix::fs::memfd_create("a", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-        let b = rustix::fs::memfd_create("b", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-        rustix::fs::ftruncate(&a, 4096).unwrap();
-        rustix::fs::ftruncate(&b, 8192).unwrap();
+        let path = path("order");
+        let listener = Listener::bind(&path).unwrap();
+        assert!(socket_file_exists(&path));
+        let mode = rustix::fs::stat(path.as_str()).unwrap().st_mode & 0o777;
+        assert_eq!(mode, 0o600);
+        let memfd = |size| {
+            let fd = rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+            rustix::fs::ftruncate(&fd, size).unwrap();
+            fd
+        };
+        let (proof, a, b) = (memfd(1), memfd(4096), memfd(8192));
+        let mine = memfd(3);
         std::thread::scope(|s| {
             s.spawn(|| {
-                let c = listener.accept().unwrap().unwrap();
-                assert_eq!(c.uid, euid());
-                assert_eq!(c.pid, std::process::id());
-                c.reply(ReplyStatus::Ok, &[a.as_fd(), b.as_fd()]).unwrap();
-                let c = listener.accept().unwrap().unwrap();
-                c.reply(ReplyStatus::WrongUser, &[a.as_fd()]).unwrap();
-                let c = listener.accept().unwrap().unwrap();
-                c.reply(ReplyStatus::Ok, &[a.as_fd()]).unwrap();
+                let c = listener.accept().unwrap();
+                assert_eq!(c.peer.uid, euid());
+                assert_eq!(c.peer.pid, Some(std::process::id()));
+                let got = c.read_request().unwrap();
+                assert_eq!(fd_size(got.as_fd()), Some(3), "the client's proof");
+                c.reply(ReplyStatus::Ok, &[proof.as_fd(), a.as_fd(), b.as_fd()])
+                    .unwrap();
+                let c = listener.accept().unwrap();
+                c.read_request().unwrap();
+                c.reply(ReplyStatus::WrongUser, &[proof.as_fd(), a.as_fd()])
+                    .unwrap();
+                let c = listener.accept().unwrap();
+                c.read_request().unwrap();
+                c.reply(ReplyStatus::Ok, &[proof.as_fd(), a.as_fd()])
+                    .unwrap();
             });
-            let fds = receive(&region, 2, Duration::from_secs(10)).unwrap();
-            let sizes: Vec<_> = fds.iter().map(|f| fd_size(f.as_fd())).collect();
+            let t = Duration::from_secs(10);
+            let answer = request("r", &path, mine.as_fd(), 2, t).unwrap();
+            assert_eq!(answer.server.pid, Some(std::process::id()));
+            assert_eq!(fd_size(answer.proof.as_fd()), Some(1));
+            let sizes: Vec<_> = answer.fds.iter().map(|f| fd_size(f.as_fd())).collect();
             assert_eq!(sizes, [Some(4096), Some(8192)]);
             assert!(matches!(
-                receive(&region, 2, Duration::from_secs(10)),
+                request("r", &path, mine.as_fd(), 2, t),
                 Err(Error::PermissionDenied { .. })
             ));
             assert!(matches!(
-                receive(&region, 2, Duration::from_secs(10)),
+                request("r", &path, mine.as_fd(), 2, t),
                 Err(Error::Protocol { .. })
             ));
         });
         listener.shutdown();
-        assert!(listener.accept().unwrap().is_none());
+        assert!(listener.accept().is_none());
         drop(listener);
-        assert!(!socket_bound(&region));
+        // The file is the region's to remove: still there, nobody listens.
+        assert!(matches!(
+            request("r", &path, mine.as_fd(), 2, Duration::from_secs(10)),
+            Err(Error::Protocol { detail, .. }) if detail.contains("no engine listens")
+        ));
+        assert_eq!(os::remove_socket_file(&path).unwrap(), Ok(true));
+        assert!(!socket_file_exists(&path));
+    }
+
+    /// A listener nobody accepts on, its queue full: `request` gives up at its deadline
+    /// (before the fix `connect` blocked until a signal).
+    #[test]
+    fn a_full_queue_is_a_timeout_not_a_hang() {
+        let path = path("full");
+        let listener = Listener::bind(&path).unwrap();
+        let addr = address(&path).unwrap();
+        let mut queued = Vec::new();
+        loop {
+            let fd = unix_stream(SocketFlags::NONBLOCK).unwrap();
+            match net::connect(&fd, &addr) {
+                Ok(()) => queued.push(fd),
+                Err(Errno::AGAIN) => break,
+                Err(e) => panic!("connect: {e}"),
+            }
+        }
+        let proof = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(request(
+                "r",
+                &p,
+                proof.as_fd(),
+                1,
+                Duration::from_millis(50),
+            ));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("request hung on a full queue");
+        assert!(
+            matches!(got, Err(Error::Timeout { .. })),
+            "{} queued, then {got:?}",
+            queued.len()
+        );
+        drop(listener);
+        os::remove_socket_file(&path).unwrap().unwrap();
+    }
+
+    /// What a stale socket of this user at the path (an engine that died) does to the next
+    /// bind: replaced. Anything else there is left, and the bind refused.
+    #[test]
+    fn a_stale_socket_is_replaced_and_anything_else_refused() {
+        let path = path("stale");
+        drop(Listener::bind(&path).unwrap());
+        let listener = Listener::bind(&path).expect("the stale socket is replaced");
+        drop(listener);
+        os::remove_socket_file(&path).unwrap().unwrap();
+        std::fs::write(&path, b"not a socket").unwrap();
+        let e = Listener::bind(&path).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// `SO_PEERCRED` of a peer this process cannot see: a child in a PID namespace of its
+    /// own reads the credentials of its parent, which is outside it. The kernel says pid
+    /// 0 (rustix's `UCred` would hold it as a non-zero integer: undefined behaviour);
+    /// [`peer_credentials`] says `None`.
+    #[test]
+    fn a_peer_in_another_pid_namespace_has_no_pid() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: a PID namespace of its own needs root");
+            return;
+        }
+        let (a, b) = net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        // SAFETY: the child makes system calls only (unshare, fork, getsockopt through
+        // `peer_credentials`, write, _exit) before it exits; nothing it runs takes a lock
+        // another thread of the parent could hold, beyond the allocator, which glibc
+        // keeps usable after fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = (|| {
+                // SAFETY: a system call with no pointers.
+                if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+                    return 2;
+                }
+                // SAFETY: as above; the grandchild is the first process of the namespace.
+                let inner = unsafe { libc::fork() };
+                if inner == 0 {
+                    let cred = peer_credentials(b.as_fd());
+                    let ok = matches!(cred, Ok(PeerCred { pid: None, uid: 0 }));
+                    // SAFETY: ends the grandchild without unwinding.
+                    unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                }
+                let mut status = 0;
+                // SAFETY: waits for the grandchild forked above.
+                unsafe { libc::waitpid(inner, &mut status, 0) };
+                libc::WEXITSTATUS(status)
+            })();
+            // SAFETY: ends the child without unwinding into the test harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(libc::WEXITSTATUS(status), 0, "status {status:#x}");
+        // Seen from here, the same socket names its peer (ourselves).
+        assert_eq!(
+            peer_credentials(a.as_fd()).unwrap().pid,
+            Some(std::process::id())
+        );
     }
 }

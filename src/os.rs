@@ -3,7 +3,7 @@
 //! shape and free of OS details.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize};
 use std::time::Duration;
 
@@ -90,7 +90,7 @@ pub fn shm_unlink(name: &str) -> Result<()> {
 }
 
 /// (size, device, inode) of an open file.
-pub fn file_identity(file: &File) -> Result<(u64, u64, u64)> {
+pub fn file_identity(file: impl AsFd) -> Result<(u64, u64, u64)> {
     let st = rustix::fs::fstat(file).map_err(|e| Error::io("fstat", e))?;
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
@@ -163,9 +163,10 @@ pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
 /// it), however the process ends, and independent of `flock` locks on the same file. A
 /// shard of a sharded region (1.4) holds the one on its index for its whole life: its
 /// liveness token, as the `flock` is the creator's; an attached client holds one at
-/// `region::client_lock_byte` (at or above 2^61, far from any shard index).
-fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
+/// `control::client_lock_byte` (at or above 2^61, far from any shard index).
+fn ofd_lock(file: impl AsFd, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
     use std::os::fd::AsRawFd;
+    let file = file.as_fd();
     // SAFETY: `flock` is plain data; all-zero is a valid value of it.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as libc::c_short;
@@ -184,7 +185,7 @@ fn ofd_lock(file: &File, index: u64, cmd: libc::c_int) -> std::io::Result<libc::
 
 /// Takes the write lock on byte `index` without blocking; `Ok(false)` when another open
 /// file description holds a lock there.
-pub fn try_lock_byte(file: &File, index: u64) -> Result<bool> {
+pub fn try_lock_byte(file: impl AsFd, index: u64) -> Result<bool> {
     match ofd_lock(file, index, libc::F_OFD_SETLK) {
         Ok(_) => Ok(true),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
@@ -194,7 +195,7 @@ pub fn try_lock_byte(file: &File, index: u64) -> Result<bool> {
 
 /// Whether an open file description other than `file`'s holds a lock on byte `index`
 /// (`F_OFD_GETLK`: a query, nothing is taken).
-pub fn byte_locked(file: &File, index: u64) -> Result<bool> {
+pub fn byte_locked(file: impl AsFd, index: u64) -> Result<bool> {
     let lock =
         ofd_lock(file, index, libc::F_OFD_GETLK).map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
     Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
@@ -348,11 +349,10 @@ fn install_fork_handler() {
 }
 
 /// Registers a region descriptor, to be released in forked children.
-pub fn hold_in_parent_only(file: &File) {
-    use std::os::fd::AsRawFd;
+pub fn hold_in_parent_only(file: impl AsFd) {
     use std::sync::atomic::Ordering;
     install_fork_handler();
-    let fd = file.as_raw_fd();
+    let fd = file.as_fd().as_raw_fd();
     for slot in &HELD_FDS {
         if slot
             .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
@@ -365,10 +365,9 @@ pub fn hold_in_parent_only(file: &File) {
 
 /// Unregisters a region descriptor before it closes; mappings made through it stay as
 /// they are in later children.
-pub fn release_held(file: &File) {
-    use std::os::fd::AsRawFd;
+pub fn release_held(file: impl AsFd) {
     use std::sync::atomic::Ordering;
-    let fd = file.as_raw_fd();
+    let fd = file.as_fd().as_raw_fd();
     for m in &HELD_MAPPINGS {
         let _ =
             m.fd.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
@@ -380,6 +379,127 @@ pub fn release_held(file: &File) {
         {
             return;
         }
+    }
+}
+
+/// A descriptor that children forked from this process do not keep: registered with
+/// [`hold_in_parent_only`] while it is open, so a child's copy points at /dev/null. For
+/// what carries a lock or a socket of this process's own (the engine's proof of
+/// ownership, a client's proof, the fd socket): a forked child must neither hold a lock
+/// its parent's death should drop, nor keep a listening socket alive.
+#[derive(Debug)]
+pub struct HeldFd(OwnedFd);
+
+impl HeldFd {
+    pub fn new(fd: impl Into<OwnedFd>) -> HeldFd {
+        let fd = fd.into();
+        hold_in_parent_only(&fd);
+        HeldFd(fd)
+    }
+}
+
+impl AsFd for HeldFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl Drop for HeldFd {
+    fn drop(&mut self) {
+        release_held(&self.0);
+    }
+}
+
+/// A new open file description of the file `file` refers to, read-write and
+/// close-on-exec (`open("/proc/self/fd/N")`, not `dup`: its OFD locks are its own). `Io`
+/// if /proc is not mounted or the file changed meanwhile.
+pub fn reopen(file: impl AsFd) -> Result<File> {
+    use rustix::fs::OFlags as F;
+    let file = file.as_fd();
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let fd = rustix::fs::open(
+        path.as_str(),
+        F::RDWR | F::CLOEXEC | F::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("reopening {path}"), e))?;
+    let (a, b) = (rustix::fs::fstat(file), rustix::fs::fstat(&fd));
+    match (a, b) {
+        (Ok(a), Ok(b)) if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) => Ok(File::from(fd)),
+        _ => Err(Error::io(
+            format!("reopening {path}"),
+            std::io::Error::other("it is another file now"),
+        )),
+    }
+}
+
+/// What is at a path where a socket file belongs (not following a link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtPath {
+    Nothing,
+    /// A socket file: its owner, device and inode.
+    Socket {
+        uid: u32,
+        dev: u64,
+        ino: u64,
+    },
+    /// Something else, in words.
+    Other(&'static str),
+}
+
+/// What is at `path` (`lstat`: a link is not followed).
+pub fn socket_file(path: &str) -> Result<AtPath> {
+    use rustix::fs::FileType;
+    match rustix::fs::statat(rustix::fs::CWD, path, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(match FileType::from_raw_mode(st.st_mode) {
+            FileType::Socket => AtPath::Socket {
+                uid: st.st_uid,
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+            FileType::Symlink => AtPath::Other("a symbolic link"),
+            FileType::Directory => AtPath::Other("a directory"),
+            FileType::Fifo => AtPath::Other("a FIFO"),
+            _ => AtPath::Other("not a socket"),
+        }),
+        Err(Errno::NOENT) => Ok(AtPath::Nothing),
+        Err(e) => Err(Error::io(format!("stat('{path}')"), e)),
+    }
+}
+
+/// Whether something listens on the Unix socket file at `path`: a non-blocking
+/// `connect` that is accepted or finds the queue full (`EAGAIN`) says yes; refused (a
+/// socket file nobody listens on any more) or gone, no.
+pub fn socket_listening(path: &str) -> Result<bool> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path).map_err(|e| Error::io(format!("'{path}'"), e))?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| Error::io("socket(AF_UNIX)", e))?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(Errno::AGAIN) => Ok(true),
+        Err(Errno::CONNREFUSED) | Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(Error::io(format!("connect('{path}')"), e)),
+    }
+}
+
+/// Removes the socket file at `path` if it is a socket owned by this process's user
+/// (`true`); leaves anything else (another user's, not a socket) and says what it is.
+/// Never follows a link.
+pub fn remove_socket_file(path: &str) -> Result<std::result::Result<bool, String>> {
+    let me = rustix::process::geteuid().as_raw();
+    match socket_file(path)? {
+        AtPath::Nothing => Ok(Ok(false)),
+        AtPath::Socket { uid, .. } if uid == me => match rustix::fs::unlink(path) {
+            Ok(()) | Err(Errno::NOENT) => Ok(Ok(true)),
+            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
+        },
+        AtPath::Socket { uid, .. } => Ok(Err(format!("a socket of uid {uid}"))),
+        AtPath::Other(what) => Ok(Err(what.to_string())),
     }
 }
 

@@ -22,14 +22,16 @@
 //! inode): a new engine may have taken the name meanwhile.
 
 use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::control::{Control, ControlMapping};
-use crate::error::{Error, Result};
+use crate::error::{Error, PidNamespace, Result};
 use crate::layout::{
     self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
 };
@@ -38,6 +40,11 @@ use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
+// The fd socket's path and the bytes of the ownership proofs (1.6) live in the control
+// layer, where the device backends that use them see them too.
+pub use crate::control::{
+    client_lock_byte, client_proof_byte, socket_path, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
+};
 /// The most header bytes a snapshot copies: control block, a full tensor table and a
 /// full shard table (1.4).
 const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
@@ -63,6 +70,12 @@ pub fn canonical_name(name: &str) -> Result<String> {
         return Err(Error::InvalidName {
             name: name.to_string(),
             reason: "use 1..190 characters from [A-Za-z0-9._-]",
+        });
+    }
+    if full.ends_with(SOCKET_SUFFIX) {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+            reason: "names ending in .fd are the fd sockets' (`<region>.fd`)",
         });
     }
     Ok(full)
@@ -92,6 +105,15 @@ pub struct Region {
     /// `NOT_SHRUNK`. The bytes past the end are gone for good: every later check and
     /// step gives the same `RegionTooSmall` without touching the mapping.
     shrunk_to: AtomicU64,
+    /// The engine's own descriptor of the region holding [`ENGINE_PROOF_BYTE`] (the
+    /// creator's mapping and its second mappings; `None` for everyone else). It is what
+    /// the fd socket hands the attached client as proof, and what a second mapping,
+    /// which has no `file`, checks the size with.
+    proof: Option<Arc<os::HeldFd>>,
+    /// The last client [`Region::client_alive`] found alive by its lock while this PID
+    /// namespace did not show its process (another namespace's): its pid names nothing
+    /// here, which errors about it say.
+    client_elsewhere: std::sync::Mutex<Option<(u32, u64)>>,
 }
 
 const NOT_SHRUNK: u64 = u64::MAX;
@@ -110,6 +132,16 @@ impl Region {
     /// Creates, sizes, pre-faults and initialises a region, then publishes its magic.
     /// Nothing is left behind if any step fails.
     pub fn create(name: &str, builder: &HeaderBuilder) -> Result<Region> {
+        let region = Region::create_unpublished(name, builder)?;
+        region.publish()?;
+        Ok(region)
+    }
+
+    /// [`Region::create`] up to its publication: the name is this engine's (its lock
+    /// held, its proof byte too), the header written with `magic` still 0, so no client
+    /// trusts it yet. What must exist before a client can attach (the fd socket) is made
+    /// now; then [`Region::publish`]. Dropping it removes the name.
+    pub fn create_unpublished(name: &str, builder: &HeaderBuilder) -> Result<Region> {
         let file = create_name(name)?;
         // From here on, a failure must remove the name again.
         let guard = UnlinkOnDrop(name);
@@ -134,6 +166,16 @@ impl Region {
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         let (_, dev, ino) = os::file_identity(&file)?;
+        // The proof of ownership: a descriptor of its own (not a dup: locks belong to
+        // the open file description) holding the engine's byte, before anyone can trust
+        // the region. Someone of this user who opened the new file first and took the
+        // byte makes the name unusable: refused, and removed by the guard.
+        let proof = os::reopen(&file)?;
+        if !os::try_lock_byte(&proof, ENGINE_PROOF_BYTE)? {
+            return Err(Error::NameInUse {
+                name: name.to_string(),
+            });
+        }
         let region = Region {
             name: name.to_string(),
             file: Some(file),
@@ -143,6 +185,8 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: Some(Arc::new(os::HeldFd::new(proof))),
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -152,13 +196,20 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), region.ptr(), bytes.len());
         }
+        // From here on the region's drop removes the name (it is the owner).
+        std::mem::forget(guard);
+        Ok(region)
+    }
+
+    /// Publishes a region made by [`Region::create_unpublished`]: the engine's pid and
+    /// start time, then `magic` (Release: everything written before happens-before any
+    /// Acquire load that sees it).
+    pub fn publish(&self) -> Result<()> {
         let pid = os::current_pid();
         let start = os::process_start_time(pid)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
-        // Publish: everything above happens-before any Acquire load that sees the magic.
-        region.control().publish_engine(pid, start);
-        std::mem::forget(guard);
-        Ok(region)
+        self.control().publish_engine(pid, start);
+        Ok(())
     }
 
     /// Opens an existing region and waits (up to `timeout`) until its engine has published
@@ -240,6 +291,8 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: None,
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(None, writable))
     }
@@ -297,6 +350,8 @@ impl Region {
             pid: os::current_pid(),
             fork_slot: None,
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
+            proof: self.proof.clone(),
+            client_elsewhere: Default::default(),
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -379,10 +434,34 @@ impl Region {
     pub fn client_alive(&self, pid: u32, start_time: u64) -> bool {
         match os::process_seen(pid, start_time) {
             Some(running) => running,
-            None => self.file.as_ref().is_some_and(|f| {
-                // An error asking is no evidence of death.
-                os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
-            }),
+            None => {
+                let alive = self.file.as_ref().is_some_and(|f| {
+                    // An error asking is no evidence of death.
+                    os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
+                });
+                if alive {
+                    *self
+                        .client_elsewhere
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some((pid, start_time));
+                }
+                alive
+            }
+        }
+    }
+
+    /// Which PID namespace the client recorded as `(pid, start_time)` lives in, as far
+    /// as [`Region::client_alive`] saw it: another one if it was found alive while this
+    /// namespace did not show it (a learner in another container), else this one.
+    pub fn client_pid_namespace(&self, pid: u32, start_time: u64) -> PidNamespace {
+        let elsewhere = *self
+            .client_elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if elsewhere == Some((pid, start_time)) {
+            PidNamespace::Other
+        } else {
+            PidNamespace::This
         }
     }
 
@@ -410,10 +489,11 @@ impl Region {
     /// answer sticks (see [`Region::known_shrunk`]).
     pub fn check_size(&self) -> Result<()> {
         self.known_shrunk()?;
-        let Some(file) = &self.file else {
-            return Ok(());
+        let size = match (&self.file, &self.proof) {
+            (Some(file), _) => os::file_identity(file)?.0,
+            (None, Some(proof)) => os::file_identity(proof.as_fd())?.0,
+            (None, None) => return Ok(()),
         };
-        let (size, _, _) = os::file_identity(file)?;
         if size < self.len() as u64 {
             self.shrunk_to.store(size, Ordering::Relaxed);
             return Err(self.too_small(size));
@@ -436,6 +516,73 @@ impl Region {
             needed: self.len() as u64,
             actual,
         }
+    }
+
+    /// The engine's proof of ownership ([`ENGINE_PROOF_BYTE`]): what its fd socket hands
+    /// the attached client. `None` but in the creator's own mappings.
+    pub fn engine_proof(&self) -> Option<BorrowedFd<'_>> {
+        self.proof.as_deref().map(AsFd::as_fd)
+    }
+
+    /// A client's proof for one exchange on the fd socket (1.6): a new descriptor of
+    /// this region holding the lock on [`client_proof_byte`] of `(pid, start_time)`,
+    /// what the client recorded in the slot. Drop it once the exchange is over. `Err`
+    /// when another descriptor holds that byte.
+    pub fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
+        let proof = os::reopen(self.file()?)?;
+        if !os::try_lock_byte(&proof, client_proof_byte(pid, start_time))? {
+            return Err(Error::Protocol {
+                peer: crate::error::Peer::Client,
+                detail: format!(
+                    "another descriptor holds the proof byte of this client (pid {pid}) of region '{}'",
+                    self.name
+                ),
+            });
+        }
+        Ok(os::HeldFd::new(proof))
+    }
+
+    /// Whether `fd`, handed over by a peer, proves that its sender holds the lock on
+    /// `byte` of this very region: `fd` is this region's file (same device and inode),
+    /// someone holds `byte` (seen from this mapping's own descriptor, before and after),
+    /// and that holder is `fd`'s open file description (a lock never conflicts with its
+    /// own holder). Only the process that took the lock has that description, unless it
+    /// handed it on. `Ok(Err(why not))` when it does not prove it.
+    pub fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {
+        let own = match (&self.file, &self.proof) {
+            (Some(file), _) => file.as_fd(),
+            (None, Some(proof)) => proof.as_fd(),
+            (None, None) => {
+                return Err(Error::io(
+                    format!("checking a proof for '{}'", self.name),
+                    std::io::Error::other("this mapping has no descriptor"),
+                ))
+            }
+        };
+        let (_, dev, ino) = os::file_identity(fd)?;
+        if (dev, ino) != self.identity {
+            return Ok(Err(format!(
+                "it handed over another file than region '{}'",
+                self.name
+            )));
+        }
+        if !os::byte_locked(own, byte)? {
+            return Ok(Err(
+                "nobody holds the lock it would prove (its owner is gone)".into(),
+            ));
+        }
+        if os::byte_locked(fd, byte)? {
+            return Ok(Err("the lock is another process's".into()));
+        }
+        // Held before and after the look from `fd`, which saw no conflict: `fd` holds it
+        // (unless the holder died and someone took the lock in between, who then owns
+        // it).
+        if !os::byte_locked(own, byte)? {
+            return Ok(Err(
+                "nobody holds the lock it would prove (its owner is gone)".into(),
+            ));
+        }
+        Ok(Ok(()))
     }
 }
 
@@ -487,6 +634,26 @@ impl ControlMapping for Region {
     fn map_again(&self) -> Result<Box<dyn ControlMapping>> {
         Ok(Box::new(Region::map_again(self)?))
     }
+
+    fn name(&self) -> &str {
+        Region::name(self)
+    }
+
+    fn check_size(&self) -> Result<()> {
+        Region::check_size(self)
+    }
+
+    fn engine_proof(&self) -> Option<BorrowedFd<'_>> {
+        Region::engine_proof(self)
+    }
+
+    fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
+        Region::client_proof(self, pid, start_time)
+    }
+
+    fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {
+        Region::proves(self, fd, byte)
+    }
 }
 
 impl Drop for Region {
@@ -511,7 +678,7 @@ fn create_name(name: &str) -> Result<File> {
     for _ in 0..80 {
         match os::shm_create(name) {
             Err(e @ Error::NameInUse { .. }) => match remove_if_dead(name).verdict {
-                Verdict::Removed | Verdict::Changed => {}
+                Verdict::Removed | Verdict::Changed | Verdict::OrphanSocket => {}
                 // A live engine, or a sweep looking at a dead one for a moment.
                 Verdict::Alive => backoff.snooze(),
                 Verdict::Left(_) => return Err(e),
@@ -529,20 +696,6 @@ impl Drop for UnlinkOnDrop<'_> {
     }
 }
 
-/// The byte of a region file whose lock the client recorded as `(pid, start_time)` holds
-/// while attached. Derived from what the slot records, so the engine needs no other field
-/// to find it; a client forked from another, or one in another PID namespace, has another
-/// pid or start time, hence another byte. In `[2^61, 2^62)`: far above the bytes
-/// `0..shards` the shards of a sharded region lock (1.4), and below `i64::MAX` (`off_t`).
-pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
-    // splitmix64 of the pair: distinct clients land on distinct bytes.
-    let mut z = (u64::from(pid) << 32 ^ start_time).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 3) | (1 << 61)
-}
-
 /// Removes `name` if it names the object `identity`. Whoever calls this holds that
 /// object's engine lock (its owner, or the judge of a dead engine), so no other caller
 /// acts on the object at the same time. The window left: between the `stat` and the
@@ -552,6 +705,11 @@ pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
 fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
     if os::name_identity(name)? != Some(identity) {
         return Ok(false);
+    }
+    // The region's fd socket first (1.6): whoever may remove the region owns its socket
+    // path, and no new engine can bind there before the region's name is free again.
+    if let Ok(path) = socket_path(name) {
+        let _ = os::remove_socket_file(&path);
     }
     os::shm_unlink(name)?;
     Ok(true)
@@ -572,6 +730,14 @@ impl Region {
 
 /// Names of all shmbridge regions in /dev/shm, sorted.
 pub fn list_names() -> Result<Vec<String>> {
+    Ok(shm_names()?
+        .into_iter()
+        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
+        .collect())
+}
+
+/// Every `shmbridge-*` name in /dev/shm (regions and fd sockets), sorted.
+fn shm_names() -> Result<Vec<String>> {
     let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok())
@@ -600,11 +766,15 @@ pub enum Verdict {
     Changed,
     /// Left: what could not be proven, in words.
     Left(String),
+    /// An fd socket file (`<region>.fd`) of this user whose region is gone and on which
+    /// nobody listens (its region was removed by something that did not know of it):
+    /// removed.
+    OrphanSocket,
 }
 
 impl Swept {
     pub fn removed(&self) -> bool {
-        self.verdict == Verdict::Removed
+        matches!(self.verdict, Verdict::Removed | Verdict::OrphanSocket)
     }
 }
 
@@ -617,6 +787,9 @@ impl std::fmt::Display for Verdict {
             ),
             Verdict::Changed => f.write_str("removed or replaced meanwhile"),
             Verdict::Left(why) => f.write_str(why),
+            Verdict::OrphanSocket => {
+                f.write_str("an fd socket whose region is gone, nobody listens on it")
+            }
         }
     }
 }
@@ -698,7 +871,67 @@ fn remove_if_dead(name: &str) -> Swept {
 /// belongs to a dead engine, and says why it left every other one (a live engine, a file
 /// it cannot identify, another user's, a FIFO or link, one being created).
 pub fn sweep_report() -> Result<Vec<Swept>> {
-    Ok(list_names()?.iter().map(|n| remove_if_dead(n)).collect())
+    let names = shm_names()?;
+    let mut report: Vec<Swept> = names
+        .iter()
+        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
+        .map(|n| remove_if_dead(n))
+        .collect();
+    // Then the fd sockets whose region is gone (removed above, or long before by
+    // something that did not know of them). A socket of a live region is its engine's.
+    report.extend(names.iter().filter_map(|n| remove_orphan_socket(n)));
+    Ok(report)
+}
+
+/// Removes `name` (`<region>.fd`) if it is a socket file of this user whose region does
+/// not exist and on which nobody listens; says why it left it otherwise. `None` when it
+/// is no socket's name or its region exists (the region's engine owns the path). The
+/// window left: an engine that takes the region's name and replaces this stale socket
+/// between the last look and the `unlink` (the looks before compare the socket's inode
+/// and the region's absence).
+fn remove_orphan_socket(name: &str) -> Option<Swept> {
+    let region = name.strip_suffix(SOCKET_SUFFIX)?;
+    if !matches!(os::name_identity(region), Ok(None)) {
+        return None;
+    }
+    let path = format!("{}/{name}", os::SHM_DIR);
+    let found = match os::socket_file(&path) {
+        // Gone already (removed with its region by this sweep): nothing to say.
+        Ok(os::AtPath::Nothing) => return None,
+        found => found,
+    };
+    let verdict = (|| -> Result<Verdict> {
+        let me = rustix::process::geteuid().as_raw();
+        let (uid, dev, ino) = match found? {
+            os::AtPath::Socket { uid, dev, ino } => (uid, dev, ino),
+            os::AtPath::Other(what) => {
+                return Ok(Verdict::Left(format!("{what}, not a socket")))
+            }
+            os::AtPath::Nothing => return Ok(Verdict::Changed),
+        };
+        if uid != me {
+            return Ok(Verdict::Left("belongs to another user".into()));
+        }
+        if os::socket_listening(&path)? {
+            return Ok(Verdict::Left(
+                "a socket something listens on, with no region".into(),
+            ));
+        }
+        let same = matches!(os::socket_file(&path)?, os::AtPath::Socket { dev: d, ino: i, .. } if (d, i) == (dev, ino));
+        if !same || os::name_identity(region)?.is_some() {
+            return Ok(Verdict::Changed);
+        }
+        match rustix::fs::unlink(path.as_str()) {
+            Ok(()) => Ok(Verdict::OrphanSocket),
+            Err(rustix::io::Errno::NOENT) => Ok(Verdict::Changed),
+            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
+        }
+    })()
+    .unwrap_or_else(|e| Verdict::Left(e.to_string()));
+    Some(Swept {
+        name: name.to_string(),
+        verdict,
+    })
 }
 
 /// [`sweep_report`], returning the names removed.

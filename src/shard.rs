@@ -240,6 +240,7 @@ pub fn check_shards(region: &Region, layout: &Layout, me: Option<u32>) -> Result
             return Err(Error::ShardDied {
                 shard: s.index,
                 pid,
+                pid_ns: Default::default(),
                 env_start: envs.start,
                 env_end: envs.end,
             });

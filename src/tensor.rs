@@ -114,7 +114,10 @@ impl<'a> Tensors<'a> {
         };
         match mapped {
             Some(p) if (p.as_ptr() as usize) % align == 0 => Ok(p.as_ptr()),
-            _ => Err(not_on_host(t)),
+            _ => Err(self
+                .client_device
+                .and_then(|d| d.import_error(i, t))
+                .unwrap_or_else(|| not_on_host(t))),
         }
     }
 

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::peer::{self, block, say, Fault, PeerProc, FAULTS, HANG};
+use common::peer::{self, block, say, Fault, Isolation, PeerProc, FAULTS, HANG};
 use common::{shm_exists, BIN};
 use rustix::process::Signal;
 use shmbridge::error::ErrorKind;
@@ -132,7 +132,9 @@ fn peer_client(phase: Phase, name: &str) -> ! {
         say("ready");
         block();
     }
-    say("attaching");
+    // Its pid as it sees it: what it records in the slot (in namespaces of its own, not
+    // the pid the test sees).
+    say(&format!("attaching {}", std::process::id()));
     let mut client = Client::attach(name, AttachOptions::default().timeout(LONG)).expect("attach");
     say("attached");
     let got = match phase {
@@ -213,7 +215,7 @@ fn ms(d: Option<Duration>) -> String {
 fn report(title: &str, rows: &[Row]) {
     eprintln!("\n== fault matrix: {title} (bound {BOUND:?}, reported, not asserted)");
     eprintln!(
-        "{:<44} {:<22} {:>10} {:>10}  verdict",
+        "{:<60} {:<22} {:>10} {:>10}  verdict",
         "case", "survivor got", "detected", "exited"
     );
     for r in rows {
@@ -223,7 +225,7 @@ fn report(title: &str, rows: &[Row]) {
             (None, _) => "ok".into(),
         };
         eprintln!(
-            "{:<44} {:<22} {:>10} {:>10}  {verdict}",
+            "{:<60} {:<22} {:>10} {:>10}  {verdict}",
             r.case,
             r.got,
             ms(r.detect),
@@ -295,9 +297,9 @@ fn until_client_claimed(control: shmbridge::control::Control<'_>, pid: u32) {
     }
 }
 
-fn engine_case(phase: Phase, fault: Fault) -> Row {
-    let case = format!("engine {} in {}", fault.name(), phase.name());
-    let mut engine = PeerProc::start("fault_peer", &format!("engine {}", phase.name()));
+fn engine_case(iso: Isolation, phase: Phase, fault: Fault) -> Row {
+    let case = format!("engine {} in {}{}", fault.name(), phase.name(), iso.name());
+    let mut engine = PeerProc::start_in(iso, "fault_peer", &format!("engine {}", phase.name()));
     let name = if phase == Phase::Attach {
         engine.expect("created")
     } else {
@@ -349,8 +351,32 @@ fn engine_case(phase: Phase, fault: Fault) -> Row {
 
 #[test]
 fn engine_dies_in_every_phase_client_gets_engine_died() {
-    let rows = matrix(engine_case);
+    let rows = matrix(|p, f| engine_case(Isolation::Shared, p, f));
     report("engine killed (a Rust engine), the client survives", &rows);
+}
+
+/// The same with the engine in PID, network and mount namespaces of its own (a
+/// container sharing only /dev/shm with the client's).
+#[test]
+fn engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died() {
+    if let Some(why) = peer::namespaces_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died",
+        "256m",
+    ) {
+        return;
+    }
+    let rows = matrix(|p, f| engine_case(Isolation::Namespaces, p, f));
+    report(
+        "engine killed in namespaces of its own (a Rust engine), the client survives",
+        &rows,
+    );
 }
 
 // ---- Client killed: the engine survives ----
@@ -403,16 +429,19 @@ fn judge_engine(
     problem.or_else(|| shm_exists(&name).then(|| format!("{name} left in /dev/shm")))
 }
 
-fn client_case(phase: Phase, fault: Fault) -> Row {
-    let case = format!("client {} in {}", fault.name(), phase.name());
+fn client_case(iso: Isolation, phase: Phase, fault: Fault) -> Row {
+    let case = format!("client {} in {}{}", fault.name(), phase.name(), iso.name());
     let mut engine = Engine::create(spec()).expect("create");
     let name = engine.name().to_string();
     if phase != Phase::Attach {
         engine.publish().expect("frame 0");
     }
-    let mut client = PeerProc::start("fault_peer", &format!("client {} {name}", phase.name()));
+    let role = format!("client {} {name}", phase.name());
+    let mut client = PeerProc::start_in(iso, "fault_peer", &role);
+    // The pid the client records in the slot (its own namespace's).
+    let mut recorded_pid = 0;
     if phase != Phase::BeforeAttach {
-        client.expect("attaching");
+        recorded_pid = client.expect("attaching").parse().expect("a pid");
     }
     // `killed`: when the fatal signal went out; the engine's error ends the detection.
     let (got, killed, returned) = match phase {
@@ -426,7 +455,7 @@ fn client_case(phase: Phase, fault: Fault) -> Row {
         }
         Phase::Attach | Phase::Step => {
             if phase == Phase::Attach {
-                until_client_claimed(engine.control(), client.pid());
+                until_client_claimed(engine.control(), recorded_pid);
             } else {
                 client.expect("attached");
                 // The client posted action 1 and waits for its frame.
@@ -482,22 +511,50 @@ fn client_case(phase: Phase, fault: Fault) -> Row {
 
 #[test]
 fn client_dies_in_every_phase_engine_gets_client_died_and_serves_again() {
-    let rows = matrix(client_case);
+    let rows = matrix(|p, f| client_case(Isolation::Shared, p, f));
     report(
         "client killed (a Rust client), the engine survives and serves a new client",
         &rows,
     );
 }
 
+/// The same with the client in PID, network and mount namespaces of its own.
+#[test]
+fn client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died() {
+    if let Some(why) = peer::namespaces_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died",
+        "256m",
+    ) {
+        return;
+    }
+    let rows = matrix(|p, f| client_case(Isolation::Namespaces, p, f));
+    report(
+        "client killed in namespaces of its own (a Rust client), the engine survives and serves a new client",
+        &rows,
+    );
+}
+
 // ---- The CLI's processes: `shmbridge engine` (which closes on SIGTERM), `shmbridge client` ----
 
-fn cli_engine_case(phase: Phase, fault: Fault) -> Row {
-    let case = format!("cli engine {} in {}", fault.name(), phase.name());
-    let mut engine = PeerProc::spawn(
-        Command::new(BIN),
-        "",
-        &["engine", "--env", "null", "--num-envs", "4"],
+fn cli_engine_case(iso: Isolation, phase: Phase, fault: Fault) -> Row {
+    let case = format!(
+        "cli engine {} in {}{}",
+        fault.name(),
+        phase.name(),
+        iso.name()
     );
+    let args = ["engine", "--env", "null", "--num-envs", "4"];
+    let mut engine = match iso {
+        Isolation::Shared => PeerProc::spawn(Command::new(BIN), "", &args),
+        Isolation::Namespaces => PeerProc::spawn_isolated(std::path::Path::new(BIN), "", &args),
+    };
     // The CLI prints the bare name: read it as a raw line.
     let name = engine.line();
     // SIGTERM: the engine closes its region and removes it (the client sees it closed,
@@ -562,16 +619,16 @@ fn cli_engine_case(phase: Phase, fault: Fault) -> Row {
     Row::new(case, &got, detect, None, judge(&got, expected, &name))
 }
 
-fn cli_client_case(fault: Fault) -> Row {
-    let case = format!("cli client {} in step", fault.name());
+fn cli_client_case(iso: Isolation, fault: Fault) -> Row {
+    let case = format!("cli client {} in step{}", fault.name(), iso.name());
     let mut engine = Engine::create(spec()).expect("create");
     engine.publish().expect("frame 0");
     let name = engine.name().to_string();
-    let mut client = PeerProc::spawn(
-        Command::new(BIN),
-        "",
-        &["client", &name, "--steps", "1000000000"],
-    );
+    let args = ["client", &name, "--steps", "1000000000"];
+    let mut client = match iso {
+        Isolation::Shared => PeerProc::spawn(Command::new(BIN), "", &args),
+        Isolation::Namespaces => PeerProc::spawn_isolated(std::path::Path::new(BIN), "", &args),
+    };
     // The client's step n is in flight once its action n arrived.
     for _ in 0..10 {
         engine.wait_actions(LONG).expect("an action");
@@ -594,18 +651,47 @@ fn cli_client_case(fault: Fault) -> Row {
     )
 }
 
-#[test]
-fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
+fn cli_rows(iso: Isolation) -> Vec<Row> {
     let mut rows = Vec::new();
     for phase in [Phase::BeforeAttach, Phase::Step] {
         for fault in FAULTS {
-            rows.push(cli_engine_case(phase, fault));
+            rows.push(cli_engine_case(iso, phase, fault));
         }
     }
     for fault in FAULTS {
-        rows.push(cli_client_case(fault));
+        rows.push(cli_client_case(iso, fault));
     }
-    report("the shmbridge CLI's engine and client", &rows);
+    rows
+}
+
+#[test]
+fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
+    report(
+        "the shmbridge CLI's engine and client",
+        &cli_rows(Isolation::Shared),
+    );
+}
+
+/// The same with the CLI process in PID, network and mount namespaces of its own.
+#[test]
+fn cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which() {
+    if let Some(why) = peer::namespaces_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
+    // elsewhere (another test, another program) sweeps a dead region before the
+    // survivor finds it.
+    if !common::private_shm(
+        "cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which",
+        "256m",
+    ) {
+        return;
+    }
+    report(
+        "the shmbridge CLI's engine and client, each in namespaces of its own",
+        &cli_rows(Isolation::Namespaces),
+    );
 }
 
 // ---- A survivor on a busy CPU ----
@@ -646,7 +732,7 @@ fn an_engine_on_a_busy_cpu_notices_its_client_die() {
                     .stderr(Stdio::null())
                     .spawn()
                     .expect("spawn a busy loop"));
-                let mut row = client_case(Phase::Step, fault);
+                let mut row = client_case(Isolation::Shared, Phase::Step, fault);
                 row.case += ", busy cpu";
                 row
             })

@@ -145,3 +145,88 @@ fn gc_leaves_another_users_dead_region() {
     );
     assert!(common::shm_exists("shmbridge-nobodys"));
 }
+
+/// A name planted in /dev/shm with a newline and terminal escape sequences (anyone can
+/// create one) must not forge lines in `ls` or root's `gc` output, nor reach the terminal
+/// as control characters: both print it escaped. Before the fix they printed it raw.
+#[test]
+fn ls_and_gc_print_planted_names_escaped() {
+    if !common::private_shm("ls_and_gc_print_planted_names_escaped", "64m") {
+        return;
+    }
+    let forged = "shmbridge-x\nremoved  shmbridge-victim                         its engine is dead\x1b[2K\x1b]0;pwned\x07\u{202e}";
+    plant(forged, b"not a region", true);
+    plant("shmbridge-dead", &region(true), true);
+    for args in [&["ls"][..], &["gc"][..]] {
+        let out = run(args);
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n') && !out.contains('\u{202e}'),
+            "{args:?} printed control characters: {out:?}"
+        );
+        assert!(
+            !out.lines()
+                .any(|l| l.contains("shmbridge-victim") && !l.contains("\\n")),
+            "{args:?} printed a forged line: {out}"
+        );
+        assert!(
+            out.contains(r"shmbridge-x\nremoved") && out.contains(r"\u{1b}[2K"),
+            "{args:?}: the name, escaped: {out}"
+        );
+    }
+    let lines = run(&["gc"]);
+    assert!(
+        lines.contains("0 stale region(s) removed, 1 left"),
+        "{lines}"
+    );
+}
+
+/// An fd socket file left in /dev/shm without its region (removed by something that did
+/// not know of it) is removed by `gc` when nobody listens on it; one something listens
+/// on, another user's, or a socket of a region that exists is left.
+#[test]
+fn gc_removes_fd_sockets_whose_region_is_gone() {
+    if !common::private_shm("gc_removes_fd_sockets_whose_region_is_gone", "64m") {
+        return;
+    }
+    let bound =
+        |name: &str| shmbridge::fdpass::Listener::bind(&format!("/dev/shm/{name}")).unwrap();
+    drop(bound("shmbridge-gone.fd"));
+    let _listening = bound("shmbridge-someone-listens.fd");
+    drop(bound("shmbridge-nobodys.fd"));
+    rustix::fs::chown(
+        "/dev/shm/shmbridge-nobodys.fd",
+        Some(rustix::process::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    plant("shmbridge-dead", &region(true), true);
+    drop(bound("shmbridge-dead.fd"));
+    let gc = run(&["gc"]);
+    let l = line(&gc, "shmbridge-gone.fd");
+    assert!(
+        l.starts_with("removed") && l.contains("region is gone"),
+        "{gc}"
+    );
+    let l = line(&gc, "shmbridge-someone-listens.fd");
+    assert!(l.starts_with("left") && l.contains("listens"), "{gc}");
+    let l = line(&gc, "shmbridge-nobodys.fd");
+    assert!(l.starts_with("left") && l.contains("another user"), "{gc}");
+    // The dead region goes with its socket (removed with it, not listed on its own).
+    assert!(line(&gc, "shmbridge-dead").starts_with("removed"), "{gc}");
+    assert!(!gc.contains("shmbridge-dead.fd"), "{gc}");
+    assert!(
+        gc.contains("1 stale region(s) removed (and 1 fd socket(s) whose region was gone), 2 left"),
+        "{gc}"
+    );
+    for (name, left) in [
+        ("shmbridge-gone.fd", false),
+        ("shmbridge-someone-listens.fd", true),
+        ("shmbridge-nobodys.fd", true),
+        ("shmbridge-dead", false),
+        ("shmbridge-dead.fd", false),
+    ] {
+        assert_eq!(common::shm_exists(name), left, "{name}");
+    }
+    // `ls` lists regions only.
+    assert!(!run(&["ls"]).contains(".fd"));
+}

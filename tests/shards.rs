@@ -322,7 +322,11 @@ fn a_dead_shard_is_a_clear_error_naming_it_and_its_envs() {
             env_start: 4,
             env_end: 8,
             pid,
-        } => assert_eq!(pid, shard1.pid()),
+            pid_ns,
+        } => {
+            assert_eq!(pid, shard1.pid());
+            assert_eq!(pid_ns, shmbridge::error::PidNamespace::This);
+        }
         other => panic!("expected shard 1 (envs 4..8) dead, got {other}"),
     }
     // Shard 0 stops by itself, naming its dead sibling, and removes the region.

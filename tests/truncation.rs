@@ -33,6 +33,60 @@ fn region_bytes() -> (Vec<u8>, u64) {
     (bytes, b.header.region_size)
 }
 
+/// A sharded region's header (1.4: a shard table with each shard's live words), and its
+/// size.
+fn sharded_region_bytes() -> (Vec<u8>, u64) {
+    let specs = [
+        TensorSpec::new("obs", DType::F32, &[4, 64], Direction::EngineToClient),
+        TensorSpec::new("actions", DType::F32, &[4, 1], Direction::ClientToEngine),
+    ];
+    let b = HeaderBuilder::sharded("shrinking", 4, &specs, 4096, 2).unwrap();
+    let mut bytes = b.bytes();
+    bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    (bytes, b.header.region_size)
+}
+
+/// `inspect` of a sharded region reads each shard's live words with `pread`, as it reads
+/// the rest of the header: it never maps the region. Shown where mapping is impossible:
+/// a region file grown to 1 TiB (sparse), inspected under a 1 GiB address-space cap.
+/// Before the fix `inspect` mapped the whole file to read the shard words (and a file
+/// shrinking after that mapping killed it with SIGBUS): here it failed to map.
+#[test]
+fn inspect_reads_the_shard_words_without_mapping_the_region() {
+    if !common::private_shm(
+        "inspect_reads_the_shard_words_without_mapping_the_region",
+        "64m",
+    ) {
+        return;
+    }
+    let name = "shmbridge-sharded-big";
+    let path = format!("/dev/shm/{name}");
+    let (header, _) = sharded_region_bytes();
+    let file = std::fs::File::create_new(&path).unwrap();
+    file.write_all_at(&header, 0).unwrap();
+    file.set_len(1 << 40).unwrap();
+    let out = Command::new("sh")
+        .args(["-c", "ulimit -v 1048576 && exec \"$0\" inspect \"$1\""])
+        .arg(common::BIN)
+        .arg(name)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for shard in [
+        "shard 0       envs 0..2 pid 0",
+        "shard 1       envs 2..4 pid 0",
+    ] {
+        assert!(stdout.contains(shard), "{shard:?} not in:\n{stdout}");
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// Before the fix `ls` and `inspect` mapped the file at the size they saw, and a
 /// truncation before they copied the header killed them with SIGBUS: with the file
 /// shrinking and growing back in a loop, that happened within a few runs.
@@ -44,9 +98,18 @@ fn ls_and_inspect_survive_a_region_that_shrinks_while_they_read() {
     ) {
         return;
     }
-    let name = "shmbridge-shrinking";
+    for (name, (header, size)) in [
+        ("shmbridge-shrinking", region_bytes()),
+        ("shmbridge-shrinking-sharded", sharded_region_bytes()),
+    ] {
+        shrink_while_reading(name, header, size);
+    }
+}
+
+/// Runs `inspect` and `ls` 200 times each while the region file `name` flips between its
+/// full `size` (with `header` written) and nothing.
+fn shrink_while_reading(name: &str, header: Vec<u8>, size: u64) {
     let path = format!("/dev/shm/{name}");
-    let (header, size) = region_bytes();
     let file = std::fs::File::create_new(&path).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let toggler = {

@@ -9,7 +9,7 @@ mod common;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use common::{shm_exists, EngineProc};
+use common::{region_gone, shm_exists, EngineProc};
 use shmbridge::device::vulkan::export::VulkanExport;
 use shmbridge::device::vulkan::vk::{Context, ExportedBuffer};
 use shmbridge::device::{VulkanDevice, DL_CPU};
@@ -17,6 +17,7 @@ use shmbridge::envs::null::pattern_u8;
 use shmbridge::envs::pixels::{render_reference, DrawParams, FrameShape, StackUpdate};
 use shmbridge::fdpass;
 use shmbridge::layout::TensorSpec;
+use shmbridge::region;
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error};
 
 const T: Duration = Duration::from_secs(30);
@@ -45,10 +46,6 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-fn gone(name: &str) -> bool {
-    !shm_exists(name) && !fdpass::socket_bound(name)
-}
-
 #[test]
 fn engine_frames_reach_the_client_through_its_mapping() {
     let _serial = serial();
@@ -69,7 +66,9 @@ fn engine_frames_reach_the_client_through_its_mapping() {
         "--blocking",
     ]);
     let name = engine.name.clone();
-    assert!(fdpass::socket_bound(&name));
+    assert!(fdpass::socket_file_exists(
+        &region::socket_path(&name).unwrap()
+    ));
     // `inspect` prints the table's Vulkan fields.
     let inspect = std::process::Command::new(common::BIN)
         .args(["inspect", &name])
@@ -118,7 +117,7 @@ fn engine_frames_reach_the_client_through_its_mapping() {
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The engine's own renderer (here a test-side Vulkan device) exported the memory.
@@ -182,7 +181,7 @@ fn memory_the_renderer_exported_is_imported_without_a_copy() {
     c.close();
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 #[test]
@@ -220,7 +219,7 @@ fn fds_do_not_grow_over_200_attach_close_cycles() {
         "fds leaked over 200 attach/close cycles"
     );
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 #[test]
@@ -258,7 +257,7 @@ fn an_fd_smaller_than_declared_is_a_typed_error() {
         e => panic!("expected InvalidTensor, got {e}"),
     }
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
     // The memfd (owned by the spec, then the engine) and the client's copy are closed.
     assert_eq!(open_fds(), before - 1);
 }
@@ -287,16 +286,18 @@ fn a_device_uuid_nobody_has_is_a_typed_error() {
     }
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// Run as `nobody` by the next test: connects to the region's socket as another user.
 #[test]
 fn child_connect_as_other_user() {
-    let Ok(region) = std::env::var("SHMBRIDGE_TEST_FD_SOCKET") else {
+    let Ok(name) = std::env::var("SHMBRIDGE_TEST_FD_SOCKET") else {
         return;
     };
-    match fdpass::receive(&region, 1, T) {
+    let path = region::socket_path(&name).unwrap();
+    let proof = rustix::fs::memfd_create("proof", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    match fdpass::request(&name, &path, proof.as_fd(), 1, T) {
         Err(Error::PermissionDenied { .. }) => println!("REFUSED: PermissionDenied"),
         other => println!("NOT REFUSED: {other:?}"),
     }
@@ -354,7 +355,7 @@ fn a_peer_of_another_user_gets_no_fd() {
     let c = Client::attach(&name, AttachOptions::default()).unwrap();
     c.close();
     engine.close();
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 /// The client's CPU copy of a `pixels` engine's stacks, advanced frame by frame by the
@@ -567,7 +568,7 @@ fn pixels_stacks_equal_the_cpu_reference(image: &str, stack: &str, image_device:
     c.close();
     let (status, err) = engine.finish();
     assert!(status.success(), "{err}");
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
 
 #[test]
@@ -709,7 +710,579 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
     assert_eq!(open_fds(), before, "fds leaked over 50 attach/close cycles");
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
+}
+
+/// `shmbridge engine` arguments of a one-env `null` engine whose 8x8x4 `rgb` is
+/// exported Vulkan memory.
+const SMALL_VULKAN_ENGINE: [&str; 11] = [
+    "--env",
+    "null",
+    "--num-envs",
+    "1",
+    "--obs-dim",
+    "4",
+    "--image",
+    "8x8x4",
+    "--image-device",
+    "vulkan",
+    "--blocking",
+];
+
+/// A spec whose `rgb` the library allocates on the Vulkan device (path a).
+fn allocated_spec() -> EngineSpec {
+    EngineSpec::new("render", 1)
+        .tensor("obs", DType::F32, &[1, 4], Direction::EngineToClient)
+        .tensor_on(
+            "rgb",
+            DType::U8,
+            &[1, 8, 8, 4],
+            Direction::EngineToClient,
+            shmbridge::device::Device::Vulkan(VulkanDevice::ANY),
+        )
+}
+
+/// A same-user impostor takes the socket file's path from a live engine and answers
+/// with fds of its own (real exported memory, which the client's driver would import)
+/// and a descriptor of the region as its "proof". The client refuses before it imports
+/// anything: a typed error naming who answered; no fd of the impostor's stays open.
+/// Before the fix (an abstract socket, no proof) a squatter on the socket's name was
+/// answered: its memory was imported.
+#[test]
+fn an_impostor_on_the_socket_is_refused_and_nothing_is_imported() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    // Warm up (the loader and driver open what they keep for the process).
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let theirs = ExportedBuffer::allocate(&ctx, 4096).unwrap();
+    let own_region = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    let before = open_fds();
+    std::fs::remove_file(&path).unwrap();
+    let impostor = fdpass::Listener::bind(&path).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let conn = impostor.accept().unwrap();
+            let _their_proof = conn.read_request().unwrap();
+            let fd = theirs.fd();
+            conn.reply(fdpass::ReplyStatus::Ok, &[own_region.as_fd(), fd.as_fd()])
+                .unwrap();
+        });
+        match Client::attach(&name, AttachOptions::default()) {
+            Err(Error::Protocol { detail, .. }) => {
+                assert!(detail.contains("is not the engine of region"), "{detail}");
+                assert!(
+                    detail.contains("none of the fds it sent were imported"),
+                    "{detail}"
+                );
+            }
+            Err(e) => panic!("expected Protocol, got {e}"),
+            Ok(_) => panic!("the client took the impostor's fds"),
+        }
+    });
+    drop(impostor);
+    // The listener's fd went with it; everything the client received was closed.
+    assert_eq!(open_fds(), before, "an fd of the impostor's stayed open");
+    // The engine's close removes what is at its socket's path (this user's socket).
+    engine.close();
+    drop(theirs);
+    assert!(region_gone(&name));
+}
+
+/// A socket left at the path of a name the engine takes (this user's: an engine of that
+/// name that died) is replaced; another user's file there is left, and the engine refused
+/// with a typed error, leaving nothing behind.
+#[test]
+fn a_squatter_on_the_socket_path_is_replaced_or_refuses_the_engine() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let name = format!("shmbridge-squat-{}", std::process::id());
+    let path = region::socket_path(&name).unwrap();
+    let squatter = fdpass::Listener::bind(&path).unwrap();
+    let mut engine = Engine::create(allocated_spec().name(&name)).unwrap();
+    engine.publish().unwrap();
+    let mut c = Client::attach(&name, AttachOptions::default()).unwrap();
+    assert_eq!(c.tensor::<u8>("rgb").unwrap().len(), 256);
+    c.close();
+    engine.close();
+    drop(squatter);
+    assert!(region_gone(&name));
+    if fdpass::euid() != 0 {
+        eprintln!("SKIPPED (second half): another user's file needs root");
+        return;
+    }
+    std::fs::write(&path, b"someone else's").unwrap();
+    rustix::fs::chown(
+        path.as_str(),
+        Some(rustix::process::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    let e = Engine::create(allocated_spec().name(&name)).unwrap_err();
+    assert!(e.to_string().contains(&path), "{e}");
+    assert!(!shm_exists(&name), "the region was left");
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// Any local process of the engine's user can connect to its socket: one refused
+/// connection after another must not fill the engine's log (a learner often keeps it in
+/// a file). Before the fix each refusal was a line: 300 connections, 300 lines.
+#[test]
+fn refused_connections_are_summarised_not_logged_one_by_one() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&SMALL_VULKAN_ENGINE);
+    let name = engine.name.clone();
+    let path = region::socket_path(&name).unwrap();
+    let not_a_proof = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    for _ in 0..300 {
+        match fdpass::request(&name, &path, not_a_proof.as_fd(), 1, T) {
+            Err(Error::Protocol { detail, .. }) => assert!(detail.contains("refused"), "{detail}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    Client::attach(&name, AttachOptions::default())
+        .unwrap()
+        .close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    let refusals: Vec<&str> = err.lines().filter(|l| l.contains("refused")).collect();
+    assert!(
+        (1..=3).contains(&refusals.len()),
+        "{} lines about 300 refusals:\n{err}",
+        refusals.len()
+    );
+    assert!(err.contains("299 more time(s)"), "{err}");
+    assert!(region_gone(&name));
+}
+
+/// The engine's fd server thread of a CLI engine, if it runs, and where it waits
+/// (`/proc/PID/task/TID/wchan`).
+fn fd_server_thread(pid: u32) -> Option<String> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let task = task.ok()?.path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "shmbridge-fds" {
+            return Some(std::fs::read_to_string(task.join("wchan")).unwrap_or_default());
+        }
+    }
+    None
+}
+
+/// The engine runs out of fds while a client connects: its server waits it out (the
+/// connection stays queued) and serves again once an fd is free. Before the fix the
+/// thread ended at the first EMFILE while the socket went on listening, and every later
+/// attach waited for a reply until its timeout.
+#[test]
+fn an_engine_out_of_fds_serves_again_once_it_has_some() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&SMALL_VULKAN_ENGINE);
+    let name = engine.name.clone();
+    let pid = engine.pid();
+    // Its fd limit at its lowest free fd: every lower one is taken, so the next fd it
+    // opens is EMFILE. (It may still be closing an fd of its start-up: looked at again
+    // until the lowest free fd is the same before and after the limit is set.)
+    let lowest_free = || {
+        let used: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        (0..).find(|n| !used.contains(n)).unwrap()
+    };
+    let target = rustix::process::Pid::from_raw(pid as i32);
+    let nofile = rustix::process::Resource::Nofile;
+    let max = rustix::process::getrlimit(nofile).maximum;
+    let old = rustix::process::getrlimit(nofile);
+    loop {
+        let free = lowest_free();
+        let limited = rustix::process::Rlimit {
+            current: Some(free),
+            maximum: max,
+        };
+        rustix::process::prlimit(target, nofile, limited).unwrap();
+        if lowest_free() == free {
+            break;
+        }
+    }
+    // A connection at the limit. A thread blocked in `accept` took its fd number before
+    // the limit came down, so this one is accepted, but the fd of its request cannot be
+    // received: refused as unreadable. The next `accept` fails (EMFILE).
+    let path = region::socket_path(&name).unwrap();
+    let proof = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, Duration::from_millis(200));
+    assert!(
+        matches!(&got, Err(Error::Protocol { detail, .. }) if detail.contains("request unreadable"))
+            || matches!(got, Err(Error::Timeout { .. })),
+        "{got:?}"
+    );
+    // The thread failed to accept and waits it out (asleep between tries), alive.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match fd_server_thread(pid) {
+            None => panic!("the fd server thread ended"),
+            Some(wchan) if wchan.contains("nanosleep") => break,
+            Some(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never backed off"
+        );
+        std::thread::yield_now();
+    }
+    rustix::process::prlimit(target, nofile, old).unwrap();
+    let c = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+    c.close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    assert!(region_gone(&name));
+}
+
+/// A child forked from a process with a Vulkan engine and client drops both: nothing
+/// happens to the parent's session (its socket still serves, its client still reads),
+/// and the child exits at once. Before the fix the child's drops called the driver (it
+/// hung in lavapipe) and shut the listening socket it shares with its parent.
+#[test]
+fn a_forked_child_dropping_a_vulkan_engine_and_client_leaves_them_to_the_parent() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.io().write::<u8>("rgb").unwrap().fill(5);
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let mut client = Client::attach(&name, AttachOptions::default()).unwrap();
+    // SAFETY: the child only drops the two values and exits (system calls and frees;
+    // glibc keeps malloc usable after fork); the other tests of this binary wait on
+    // SERIAL, which this one holds.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(client);
+        drop(engine);
+        // SAFETY: ends the child without unwinding into the test harness.
+        unsafe { libc::_exit(0) };
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut status = 0;
+    // SAFETY: polls the child forked above without blocking.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            // SAFETY: the child forked above; reaped right after.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the child hung dropping its copies");
+        }
+        std::thread::yield_now();
+    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert!(client.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 5));
+    client.close();
+    // The socket still serves: a new client gets the fds.
+    let mut again = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+    assert!(again.tensor::<u8>("rgb").unwrap().iter().all(|&b| b == 5));
+    again.close();
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// Runs `scenario` (a test of this binary, ignored when run by hand) in a process of its
+/// own and returns how it ended and what it printed: for scenarios that may end in a
+/// signal (SIGBUS) before their fix.
+fn in_own_process(scenario: &str) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            scenario,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SHMBRIDGE_TEST_SCENARIO", scenario)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+/// Runs `scenario` in a process of its own (where Vulkan is here) and asserts it ended
+/// well, all done.
+fn passes_in_own_process(scenario: &str) {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let (status, text) = in_own_process(scenario);
+    assert!(
+        status.success() && text.contains("SCENARIO DONE"),
+        "{status}:\n{text}"
+    );
+}
+
+fn scenario(name: &str) -> bool {
+    std::env::var("SHMBRIDGE_TEST_SCENARIO").is_ok_and(|s| s == name)
+}
+
+/// Memory the engine's renderer exported as a file that can shrink (a memfd without
+/// `F_SEAL_SHRINK`, holding what the driver needs to import it) is truncated by a
+/// process of the same user after the client imported it. The client's next wait checks
+/// it as it checks the region: a typed error that sticks, and no view of the tensor
+/// touches the mapping again. Before the fix the client read past the file's end:
+/// SIGBUS. (lavapipe's own exports are sealed against shrinking: they cannot be
+/// truncated at all.)
+#[test]
+#[ignore = "a scenario, run in a process of its own by imported_memory_that_shrinks_is_a_typed_error"]
+fn scenario_imported_memory_shrinks() {
+    if !scenario("scenario_imported_memory_shrinks") {
+        return;
+    }
+    let ctx = vulkan().unwrap();
+    let real = ExportedBuffer::allocate(&ctx, 1 << 16).unwrap();
+    let sealed = real.fd();
+    assert!(
+        rustix::fs::ftruncate(&sealed, 0).is_err(),
+        "lavapipe's export is sealed"
+    );
+    let table = real.table();
+    let size = fdpass::fd_size(sealed.as_fd()).unwrap();
+    let mut bytes = vec![0u8; size as usize];
+    rustix::io::pread(&sealed, &mut bytes, 0).unwrap();
+    // The same bytes in a memfd that is not sealed: the driver imports it.
+    let memfd = rustix::fs::memfd_create("frame", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, size).unwrap();
+    rustix::io::pwrite(&memfd, &bytes, 0).unwrap();
+    let truncator = memfd.try_clone().unwrap();
+    let ids = ctx.ids();
+    let export = VulkanExport {
+        alloc_size: table.alloc_size,
+        offset: 0,
+        memory_type_index: table.memory_type_index,
+        dedicated: table.dedicated,
+        device_uuid: ids.device_uuid,
+        driver_uuid: ids.driver_uuid,
+    };
+    let tensor = TensorSpec::vulkan_import("frame", DType::U8, &[1 << 16], memfd, export);
+    let mut engine = Engine::create(spec_with(tensor)).unwrap();
+    engine.publish().unwrap();
+    let mut c = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    assert_eq!(c.tensor::<u8>("frame").unwrap()[60_000], 0);
+    rustix::fs::ftruncate(&truncator, 0).unwrap();
+    // The engine does not answer: the step waits, and checks before it sleeps.
+    let shrank = |e: &Error| matches!(e, Error::InvalidTensor { tensor, reason } if tensor == "frame" && reason.contains("shrank to 0 bytes"));
+    let e = c.step(Duration::from_millis(50)).unwrap_err();
+    assert!(shrank(&e), "{e}");
+    let e = c.tensor::<u8>("frame").unwrap_err();
+    assert!(shrank(&e), "{e}");
+    assert!(c.device_ptr("frame").is_err());
+    let e = c.wait_frame(Duration::from_millis(50)).unwrap_err();
+    assert!(shrank(&e), "{e}");
+    c.close();
+    let name = engine.name().to_string();
+    engine.close();
+    assert!(region_gone(&name));
+    println!("SCENARIO DONE");
+}
+
+#[test]
+fn imported_memory_that_shrinks_is_a_typed_error() {
+    passes_in_own_process("scenario_imported_memory_shrinks");
+}
+
+/// The region of a Vulkan engine is truncated while the engine waits: `RegionTooSmall`.
+/// The fd server then refuses connections without reading the control block, the
+/// engine's drop stops it and removes the socket file and the name, and the name can be
+/// taken again in the same process. Before the fix the server was leaked, running, with
+/// its mapping: a connection killed the process with SIGBUS, and the name stayed bound.
+#[test]
+#[ignore = "a scenario, run in a process of its own by a_truncated_vulkan_engine_closes_its_socket"]
+fn scenario_truncated_vulkan_engine() {
+    if !scenario("scenario_truncated_vulkan_engine") {
+        return;
+    }
+    vulkan().unwrap();
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = std::thread::spawn(move || {
+        tx.send(rustix::thread::gettid().as_raw_nonzero().get())
+            .unwrap();
+        let got = engine.wait_actions(T);
+        (engine, got)
+    });
+    let tid = rx.recv().unwrap();
+    // Asleep in its futex: the truncation happens while it sleeps.
+    let wchan = format!("/proc/self/task/{tid}/wchan");
+    while !std::fs::read_to_string(&wchan)
+        .unwrap_or_default()
+        .contains("futex")
+    {
+        std::thread::yield_now();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let (engine, got) = waiting.join().unwrap();
+    assert!(matches!(got, Err(Error::RegionTooSmall { .. })), "{got:?}");
+    let proof = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    // The server still runs: it refuses (closing) without touching the mapping.
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, T);
+    assert!(matches!(got, Err(Error::PeerClosed { .. })), "{got:?}");
+    drop(engine);
+    assert!(region_gone(&name));
+    assert!(
+        fd_server_thread(std::process::id()).is_none(),
+        "the fd server was left running"
+    );
+    let got = fdpass::request(&name, &path, proof.as_fd(), 1, T);
+    assert!(matches!(got, Err(Error::Protocol { .. })), "{got:?}");
+    let again = Engine::create(allocated_spec().name(&name)).unwrap();
+    again.close();
+    assert!(region_gone(&name));
+    println!("SCENARIO DONE");
+}
+
+#[test]
+fn a_truncated_vulkan_engine_closes_its_socket() {
+    passes_in_own_process("scenario_truncated_vulkan_engine");
+}
+
+/// SIGINT to a CLI engine with Vulkan tensors while its client steps: the signal's
+/// thread closes the region, the client sees `PeerClosed` and closes, and the engine
+/// ends with 128 + 2, every time. Before the fix the signal's thread ran the process's
+/// exit handlers while the main thread, seeing its client close, returned from `main`
+/// and destroyed its Vulkan device: the engine died of SIGSEGV about one run in five.
+#[test]
+fn a_vulkan_engine_stopped_by_sigint_never_crashes() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    for round in 0..100 {
+        let mut engine = EngineProc::start(&[
+            "--env",
+            "null",
+            "--num-envs",
+            "2",
+            "--obs-dim",
+            "4",
+            "--image",
+            "4x4x4",
+            "--image-device",
+            "vulkan",
+            "--blocking",
+        ]);
+        let name = engine.name.clone();
+        let mut c = Client::attach(&name, AttachOptions::default().timeout(T)).unwrap();
+        c.step(T).unwrap();
+        common::signal(engine.pid(), rustix::process::Signal::INT);
+        let e = loop {
+            if let Err(e) = c.step(T) {
+                break e;
+            }
+        };
+        assert!(matches!(e, Error::PeerClosed { .. }), "round {round}: {e}");
+        c.close();
+        let status = engine.child.wait().unwrap();
+        let (_, err) = engine.finish();
+        assert_eq!(status.code(), Some(130), "round {round}: {status}: {err}");
+        assert!(region_gone(&name), "round {round}");
+    }
+}
+
+/// Memory the driver cannot import (a memfd it did not make, as an impostor or a broken
+/// engine may send): a typed error, and the process goes on. lavapipe closes the fd of
+/// a failed import (against the Vulkan rule): before the fix the client closed it again
+/// and Rust aborted the process ("owned file descriptor already closed").
+#[test]
+fn memory_the_driver_refuses_is_a_typed_error_not_an_abort() {
+    let _serial = serial();
+    let Some(ctx) = vulkan() else { return };
+    let real = ExportedBuffer::allocate(&ctx, 4096).unwrap();
+    let table = real.table();
+    let foreign = rustix::fs::memfd_create("foreign", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&foreign, table.alloc_size).unwrap();
+    match shmbridge::device::vulkan::vk::ImportedMemory::import(&ctx, foreign, &table, "frame") {
+        Err(Error::InvalidTensor { tensor, reason }) => {
+            assert_eq!(tensor, "frame");
+            assert!(
+                reason.contains("importing the engine's memory fd failed"),
+                "{reason}"
+            );
+        }
+        Err(e) => panic!("expected InvalidTensor, got {e}"),
+        Ok(_) => panic!("the driver imported a memfd it did not make"),
+    }
+}
+
+/// A child forked from a Vulkan engine's process, still running when the engine closes,
+/// does not keep the engine's listening socket: it is released in children, as the
+/// region's descriptors are. Before the fix the child held it (the socket stayed open,
+/// bound to the region's path, for as long as the child lived).
+#[test]
+fn a_forked_child_does_not_keep_the_engine_socket() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let bound = || {
+        std::fs::read_to_string("/proc/net/unix")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(path.as_str()))
+    };
+    assert!(bound());
+    let (read_end, write_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    // SAFETY: the child only waits for the pipe to close and exits (system calls).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(write_end);
+        let mut byte = [0u8; 1];
+        let _ = std::io::Read::read(&mut &read_end, &mut byte);
+        // SAFETY: ends the child without unwinding into the test harness.
+        unsafe { libc::_exit(0) };
+    }
+    drop(read_end);
+    engine.close();
+    let kept = bound();
+    drop(write_end);
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(!kept, "the forked child kept the engine's socket");
+    assert!(region_gone(&name));
 }
 
 /// Path (b) with a timeline semaphore, served with `publish_signaled`: each frame's value

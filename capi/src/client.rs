@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void, CString};
 use shmbridge_core::client::{AttachOptions, Client};
 use shmbridge_core::device::StreamRef;
 
-use crate::registry::Registry;
+use crate::registry::{Kind, Registry};
 use crate::side::{self, Named};
 use crate::status::{guard, shmb_status, CResult};
 use crate::types::{
@@ -25,7 +25,7 @@ struct ClientHandle {
     reply_payload: Vec<u8>,
 }
 
-static CLIENTS: Registry<ClientHandle> = Registry::new("client");
+static CLIENTS: Registry<ClientHandle> = Registry::new("client", Kind::Client);
 
 fn with<R>(
     client: *mut shmb_client,

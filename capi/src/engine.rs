@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void};
 use shmbridge_core::engine::Engine;
 
 use crate::commands::{shmb_handlers, CHandlers};
-use crate::registry::Registry;
+use crate::registry::{Kind, Registry};
 use crate::side::{self, Named};
 use crate::spec::{self, shmb_spec};
 use crate::status::{guard, shmb_status, CResult};
@@ -17,7 +17,7 @@ pub struct shmb_engine {
     _opaque: [u8; 0],
 }
 
-static ENGINES: Registry<Named<Engine>> = Registry::new("engine");
+static ENGINES: Registry<Named<Engine>> = Registry::new("engine", Kind::Engine);
 
 pub(crate) fn with<R>(
     engine: *mut shmb_engine,

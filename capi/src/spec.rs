@@ -5,7 +5,7 @@ use std::ffi::c_char;
 use shmbridge_core::layout::{DType, TensorSpec};
 use shmbridge_core::EngineSpec;
 
-use crate::registry::Registry;
+use crate::registry::{Kind, Registry};
 use crate::status::{guard, shmb_status, Fail};
 use crate::types::{
     device_from, direction_from, dtype_from, kv_arg, policy, put, shmb_kv, slice_arg, str_arg,
@@ -18,7 +18,7 @@ pub struct shmb_spec {
     _opaque: [u8; 0],
 }
 
-pub(crate) static SPECS: Registry<EngineSpec> = Registry::new("spec");
+pub(crate) static SPECS: Registry<EngineSpec> = Registry::new("spec", Kind::Spec);
 
 pub(crate) fn id(p: *mut shmb_spec) -> usize {
     p as usize

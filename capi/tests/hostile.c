@@ -176,6 +176,25 @@ int main(void) {
     EXPECT(shmb_client_reply_arg(client, 5, &text, &text), SHMB_INVALID_ARGUMENT);
     EXPECT(shmb_client_tensor(client, "rewards", 0, &data, &size), SHMB_OK);
 
+    /* A handle of one kind is no handle of another, whatever the numbers: the first
+     * spec, engine and client of a process must not collide. */
+    shmb_spec *live_spec = NULL;
+    EXPECT(shmb_spec_new("kinds", 1, &live_spec), SHMB_OK);
+    if ((uintptr_t)client == (uintptr_t)engine || (uintptr_t)client == (uintptr_t)live_spec ||
+        (uintptr_t)engine == (uintptr_t)live_spec) {
+        fprintf(stderr, "handles of different kinds are equal: spec %p engine %p client %p\n",
+                (void *)live_spec, (void *)engine, (void *)client);
+        failures++;
+    }
+    EXPECT(shmb_engine_publish((shmb_engine *)client, &u64), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_client_step((shmb_client *)engine, 0, NULL), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_engine_close((shmb_engine *)client), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_client_close((shmb_client *)engine), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_client_close((shmb_client *)live_spec), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_spec_free((shmb_spec *)engine), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_spec_free((shmb_spec *)client), SHMB_INVALID_HANDLE);
+    EXPECT(shmb_spec_free(live_spec), SHMB_OK);
+
     /* One thread, both sides: the step times out until the engine answers it. */
     EXPECT(shmb_client_step(client, 1, &u64), SHMB_TIMEOUT);
     EXPECT(shmb_client_step(client, 1, &u64), SHMB_OUT_OF_ORDER);

@@ -145,7 +145,9 @@ class AlreadyAttachedError(ShmBridgeError):
 
 # The peer.
 class PeerDiedError(ShmBridgeError):
-    """The other process died."""
+    """The other process died. ``pid`` is its pid as it recorded it, in its own PID
+    namespace; ``pid_in_other_namespace`` is true when it lived in another PID namespace
+    than this process (another container), where that number names nothing here."""
 
 
 class EngineDiedError(PeerDiedError):

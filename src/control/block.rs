@@ -160,6 +160,7 @@ impl<'a> Control<'a> {
                         return Err(Error::AlreadyAttached {
                             name: name.to_string(),
                             pid: holder,
+                            pid_ns: Default::default(),
                         });
                     }
                 }
@@ -167,6 +168,7 @@ impl<'a> Control<'a> {
                     return Err(Error::AlreadyAttached {
                         name: name.to_string(),
                         pid: self.client_identity().0,
+                        pid_ns: Default::default(),
                     });
                 }
             }
@@ -212,21 +214,32 @@ impl<'a> Control<'a> {
             ClientState::Invalidated => Err(Error::PeerDied {
                 peer: Peer::Client,
                 pid: self.client_identity().0,
+                pid_ns: Default::default(),
                 hint: "it was declared dead earlier",
             }),
             ClientState::Attached => {
                 let (pid, start) = self.client_identity();
                 if client_alive(pid, start) {
-                    Ok(())
-                } else {
-                    // Free the slot so another client may attach.
-                    self.u32(offsets::CLIENT_STATE)
-                        .store(ClientState::Invalidated.code(), Ordering::Release);
-                    Err(Error::PeerDied {
+                    return Ok(());
+                }
+                // Free the slot so another client may attach: only if it is still this
+                // client's (a client that closed meanwhile, and then exited, released
+                // its lock: it closed, it did not die).
+                let attached = ClientState::Attached.code();
+                match self.u32(offsets::CLIENT_STATE).compare_exchange(
+                    attached,
+                    ClientState::Invalidated.code(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => Err(Error::PeerDied {
                         peer: Peer::Client,
                         pid,
+                        pid_ns: Default::default(),
                         hint: "the learner process exited without closing; restart it",
-                    })
+                    }),
+                    // Closed, invalidated by another judge, or claimed anew: as it is now.
+                    Err(_) => self.check_client(client_alive),
                 }
             }
             _ => Ok(()),
@@ -297,6 +310,45 @@ impl<'a> Control<'a> {
 mod tests {
     use super::*;
     use crate::control::ReleaseAck;
+
+    /// The client closes (and exits, releasing its lock) between the engine's read of
+    /// `ATTACHED` and its look at the client's liveness: the engine reports the close,
+    /// and the slot stays `CLOSED`. Before the fix a plain store of `INVALIDATED` wrote
+    /// over the client's `CLOSED`: a shard of a sharded region whose client closed then
+    /// reported "the client died; it was declared dead earlier" (a client in other
+    /// namespaces, 1 run in 30 of tests/containers.rs).
+    #[test]
+    fn a_client_that_closes_while_it_is_judged_is_closed_not_dead() {
+        #[repr(C, align(4096))]
+        struct Block([u8; CONTROL_SIZE]);
+        let mut block = Block([0; CONTROL_SIZE]);
+        // SAFETY: as in `methods_touch_the_documented_fields`.
+        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
+        c.publish_engine(42, 7);
+        c.set_engine_ready();
+        let claim = c.claim_client("r", 43, 8, |_, _| false).unwrap();
+        let _ = claim;
+        c.attach_client();
+        let got = c.check_client(|_, _| {
+            // The client closes and is gone before the liveness answer comes back.
+            c.close_client();
+            false
+        });
+        assert!(
+            matches!(got, Err(Error::PeerClosed { peer: Peer::Client })),
+            "{got:?}"
+        );
+        assert_eq!(c.client_state(), ClientState::Closed);
+        // A client that dies attached is still marked dead, once.
+        let claim = c.claim_client("r", 44, 9, |_, _| false).unwrap();
+        let _ = claim;
+        c.attach_client();
+        assert!(matches!(
+            c.check_client(|_, _| false),
+            Err(Error::PeerDied { .. })
+        ));
+        assert_eq!(c.client_state(), ClientState::Invalidated);
+    }
 
     /// The typed view over a plain, aligned buffer: what the methods store lands at the
     /// offsets `layout` documents.

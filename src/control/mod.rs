@@ -10,14 +10,19 @@
 //! (`release.rs`, the words of a device session). The states are enums (`state.rs`),
 //! encoded as the `u32` codes `docs/protocol.md` lists; a value a peer wrote that is no
 //! known code is kept as `Unknown`, never a panic. [`ControlMapping`] (`mapping.rs`) is
-//! what a device backend sees of a region: these words, and a second mapping of them.
+//! what a device backend sees of a region: these words, a second mapping of them, and
+//! the ownership proofs of 1.6 whose bytes and fd socket path `proof.rs` names.
 
 mod block;
 mod mapping;
+mod proof;
 mod release;
 mod state;
 
 pub use block::{Claim, Control};
 pub use mapping::ControlMapping;
+pub use proof::{
+    client_lock_byte, client_proof_byte, socket_path, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
+};
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};

@@ -67,6 +67,15 @@ pub trait EngineBackend: Any + Send + Sync + std::fmt::Debug {
     /// died, or never imported it).
     fn release(self: Box<Self>, control: Control<'_>) -> DeviceRelease;
 
+    /// Instead of [`EngineBackend::release`] when the region was truncated under the
+    /// engine: the control block cannot be read, so nothing may wait on a client's
+    /// acknowledgement. The default leaks the backend whole (exported CUDA memory a
+    /// client may still map is freed with the process, never under the client); a
+    /// backend that needs no acknowledgement lets go of everything.
+    fn release_truncated(self: Box<Self>) {
+        std::mem::forget(self);
+    }
+
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -94,7 +103,23 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     }
 
     /// After the slot is claimed (and the event published): imports the engine's memory.
-    fn open(&mut self, layout: &Layout) -> Result<()>;
+    /// `region`: the client's mapping (a backend that asks the engine for fds proves with
+    /// it that it is the attached client, and checks the engine's proof against it).
+    fn open(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()>;
+
+    /// At the points where the client checks its region (before each sleep of a wait,
+    /// before a command): an error when an import can no longer be used (memory the
+    /// engine exported that shrank under the mapping); it sticks. Nothing for host
+    /// memory.
+    fn check_imports(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Why tensor `index` has no host view when [`ClientBackend::host_ptr`] gave none
+    /// and the reason is not the placement (an import found unusable); `None` otherwise.
+    fn import_error(&self, _index: usize, _t: &TensorInfo) -> Option<crate::error::Error> {
+        None
+    }
 
     /// Before an action or a request is posted: orders the client's device writes (on
     /// `stream`, the default stream if `None`) before the engine's reads.

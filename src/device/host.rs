@@ -55,7 +55,7 @@ impl ClientBackend for HostClient {
     fn needs_hooks(&self) -> bool {
         false
     }
-    fn open(&mut self, _: &Layout) -> Result<()> {
+    fn open(&mut self, _: &Layout, _: &dyn ControlMapping) -> Result<()> {
         Ok(())
     }
     #[inline]

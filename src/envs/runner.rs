@@ -165,7 +165,13 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
                     let _ = crate::shard::close_shard(&own, k);
                 }
             }
-            std::process::exit(128 + sig);
+            // `_exit`, not `exit`: the main thread may be ending too (its client closed
+            // once it saw the region closed) and running the exit handlers and drops
+            // (a Vulkan device's destruction) that `exit` would run again here at the
+            // same time: the engine died of SIGSEGV. The region is closed and removed;
+            // what is left, the kernel frees.
+            // SAFETY: ends the process at once; nothing here depends on what it skips.
+            unsafe { libc::_exit(128 + sig) };
         }
     });
 }

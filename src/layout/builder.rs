@@ -285,6 +285,8 @@ impl HeaderBuilder {
             VERSION_MINOR_SHARDED
         } else if cuda_alloc.is_some() {
             VERSION_MINOR_CUDA_SESSIONS
+        } else if !vulkan.is_empty() {
+            VERSION_MINOR_FD_SOCKET
         } else {
             VERSION_MINOR_UNSHARDED
         };

@@ -21,7 +21,12 @@ pub const VERSION_MAJOR: u16 = 1;
 /// in `client_cuda_state`, and the sessions that ended holding imports
 /// (`client_cuda_ended`, `client_cuda_overflow`); only a region with CUDA tensors is
 /// written as 1.5 (with [`LAYOUT_HASH_CUDA_SESSIONS`], which earlier clients refuse).
-pub const VERSION_MINOR: u16 = 5;
+/// 1.6: the Vulkan fds travel over a socket file beside the region (`<name>.fd`, which
+/// reaches across network namespaces), and both sides prove who they are with a
+/// descriptor holding a lock on the region (the engine's [`crate::control::ENGINE_PROOF_BYTE`],
+/// the client's proof byte): only a region with Vulkan tensors is written as 1.6 (with
+/// the layout hash of 1.5, which 1.2-1.4 clients refuse).
+pub const VERSION_MINOR: u16 = 6;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -29,6 +34,9 @@ pub const VERSION_MINOR_SHARDED: u16 = 4;
 /// What the builder writes for a region with CUDA tensors (1.5), and the lowest minor
 /// whose clients tag their close acknowledgement.
 pub const VERSION_MINOR_CUDA_SESSIONS: u16 = 5;
+/// What the builder writes for a region with Vulkan tensors (1.6), and the lowest minor
+/// whose engines serve their fds over the socket file with proofs.
+pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
 /// Entries of `client_cuda_ended` (1.5): 2 in bytes 160..192, 2 in 224..256.
 pub const CUDA_ENDED_SLOTS: usize = 4;
 

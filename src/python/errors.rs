@@ -8,7 +8,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, PidNamespace};
 
 /// The `shmbridge.errors` class of each kind.
 fn class_name(kind: ErrorKind) -> &'static str {
@@ -76,16 +76,19 @@ pub(super) fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let exc = class_of(py, e.kind())?.call1((message.clone(),))?;
         match &e {
-            Error::PeerDied { pid, .. } | Error::AlreadyAttached { pid, .. } => {
+            Error::PeerDied { pid, pid_ns, .. } | Error::AlreadyAttached { pid, pid_ns, .. } => {
                 exc.setattr("pid", *pid)?;
+                exc.setattr("pid_in_other_namespace", *pid_ns == PidNamespace::Other)?;
             }
             Error::ShardDied {
                 shard,
                 pid,
+                pid_ns,
                 env_start,
                 env_end,
             } => {
                 exc.setattr("pid", *pid)?;
+                exc.setattr("pid_in_other_namespace", *pid_ns == PidNamespace::Other)?;
                 exc.setattr("shard", *shard)?;
                 exc.setattr("envs", (*env_start, *env_end))?;
             }

@@ -79,6 +79,12 @@ pub fn shm_exists(name: &str) -> bool {
     shm_path(name).symlink_metadata().is_ok()
 }
 
+/// Neither the region `name` nor its fd socket (`<name>.fd`, 1.6) is left in /dev/shm.
+pub fn region_gone(name: &str) -> bool {
+    let socket = shmbridge::region::socket_path(name).unwrap();
+    !shm_exists(name) && !shmbridge::fdpass::socket_file_exists(&socket)
+}
+
 /// `b` as native-endian `f32`s (a whole number of them).
 pub fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)

@@ -57,13 +57,123 @@ impl Fault {
     }
 }
 
+/// Where a peer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// In this process's namespaces.
+    Shared,
+    /// In PID, network and mount namespaces of its own (a container's), sharing only
+    /// /dev/shm with the test: see [`isolated`].
+    Namespaces,
+}
+
+impl Isolation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isolation::Shared => "",
+            Isolation::Namespaces => ", other namespaces",
+        }
+    }
+}
+
+/// The command that runs `program` in new PID, network and mount namespaces, as a
+/// container runs it: `unshare --pid --fork --net --mount-proc`, the new mount namespace
+/// a copy of this one (so /dev/shm is the same tmpfs) with /proc of the new PID
+/// namespace. `sh` is the namespace's first process and runs `program` as its child:
+/// the first process of a PID namespace ignores every signal it has no handler for
+/// (SIGTERM, SIGINT), as a container's entrypoint does without `--init`. When the
+/// `unshare` process ends (dropped, killed), the namespace's processes are killed.
+pub fn isolated(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--net",
+        "--mount-proc",
+        "--kill-child",
+        "--",
+        "sh",
+        "-c",
+        "\"$@\"; exit $?",
+        "sh",
+    ])
+    .arg(program);
+    c
+}
+
+/// Why namespaces of their own cannot be made here (not root, no `unshare`), or `None`.
+pub fn namespaces_unavailable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("PID, network and mount namespaces need root (unshare)".into());
+    }
+    match Command::new("unshare")
+        .args(["--pid", "--fork", "--net", "--mount-proc", "true"])
+        .output()
+    {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "unshare --pid --fork --net --mount-proc failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("unshare (util-linux) cannot run: {e}")),
+    }
+}
+
+/// The pid, in this PID namespace, of the descendant of `root` that runs `exe` (the
+/// program an [`isolated`] command started inside its namespaces). Waits for it.
+pub fn descendant_running(root: u32, exe: &std::path::Path) -> u32 {
+    let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
+    let deadline = Instant::now() + HANG;
+    loop {
+        let mut todo = vec![root];
+        while let Some(pid) = todo.pop() {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if std::fs::read_link(format!("/proc/{c}/exe")).is_ok_and(|e| e == exe) {
+                    return c;
+                }
+                todo.push(c);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no process of {} under pid {root}",
+            exe.display()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Waits until process `pid` (not a child of ours) is stopped (`T` in /proc/PID/stat).
+fn until_stopped(pid: u32) {
+    let deadline = Instant::now() + HANG;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if state == Some("T") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} never stopped");
+        std::thread::yield_now();
+    }
+}
+
 /// A peer process; killed and reaped on drop.
 pub struct PeerProc {
     pub child: Child,
+    /// The peer's pid here when `child` is the `unshare` that runs it in namespaces of
+    /// its own ([`PeerProc::start_in`]).
+    inner: Option<u32>,
     /// Kept open: the peer blocks reading it.
     _stdin: ChildStdin,
     pub lines: mpsc::Receiver<String>,
     stderr: Arc<Mutex<String>>,
+    /// Sends once the peer's stderr reached its end (every writer closed it).
+    stderr_end: mpsc::Receiver<()>,
     /// When the peer became a zombie (its exit, as its parent sees it).
     exited: Option<mpsc::Receiver<Instant>>,
 }
@@ -71,12 +181,26 @@ pub struct PeerProc {
 impl PeerProc {
     /// This test binary, running its ignored test `entry` with `role`.
     pub fn start(entry: &str, role: &str) -> PeerProc {
+        PeerProc::start_in(Isolation::Shared, entry, role)
+    }
+
+    /// [`PeerProc::start`], in namespaces of its own if `isolation` says so.
+    pub fn start_in(isolation: Isolation, entry: &str, role: &str) -> PeerProc {
         let exe = std::env::current_exe().expect("test binary");
-        PeerProc::spawn(
-            Command::new(exe),
-            role,
-            &[entry, "--exact", "--ignored", "--nocapture"],
-        )
+        let args = [entry, "--exact", "--ignored", "--nocapture"];
+        match isolation {
+            Isolation::Shared => PeerProc::spawn(Command::new(exe), role, &args),
+            Isolation::Namespaces => PeerProc::spawn_isolated(&exe, role, &args),
+        }
+    }
+
+    /// `program` with `args` in namespaces of its own ([`isolated`]), `role` in its
+    /// environment. Its signals and exit go to the program itself, found under the
+    /// `unshare` process.
+    pub fn spawn_isolated(program: &std::path::Path, role: &str, args: &[&str]) -> PeerProc {
+        let mut peer = PeerProc::spawn(isolated(program), role, args);
+        peer.inner = Some(descendant_running(peer.child.id(), program));
+        peer
     }
 
     /// Any program, with `args`, and `role` in its environment.
@@ -102,22 +226,27 @@ impl PeerProc {
         });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&stderr);
+        let (end_tx, stderr_end) = mpsc::channel();
         std::thread::spawn(move || {
             let mut text = String::new();
             let _ = err.read_to_string(&mut text);
             *sink.lock().unwrap_or_else(|p| p.into_inner()) = text;
+            let _ = end_tx.send(());
         });
         PeerProc {
             child,
+            inner: None,
             _stdin: stdin,
             lines,
             stderr,
+            stderr_end,
             exited: None,
         }
     }
 
+    /// The peer's pid in this PID namespace (inside its own namespaces, it has another).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.unwrap_or_else(|| self.child.id())
     }
 
     /// The next line the program printed (for programs that are not peers).
@@ -145,16 +274,43 @@ impl PeerProc {
         }
     }
 
-    /// Starts watching for the peer's exit (without reaping it).
+    /// Starts watching for the peer's exit (without reaping it): `waitid` for a child,
+    /// a pidfd that turns readable when it exits for a peer in namespaces of its own.
     fn watch_exit(&mut self) {
         let pid = Pid::from_raw(self.pid() as i32).expect("pid");
         let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
-            if rustix::process::waitid(WaitId::Pid(pid), options).is_ok() {
-                let _ = tx.send(Instant::now());
-            }
-        });
+        if self.inner.is_some() {
+            let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            {
+                Ok(fd) => fd,
+                // Gone (and reaped by its shell) already.
+                Err(rustix::io::Errno::SRCH) => {
+                    let _ = tx.send(Instant::now());
+                    self.exited = Some(rx);
+                    return;
+                }
+                Err(e) => panic!("pidfd_open: {e}"),
+            };
+            std::thread::spawn(move || {
+                use std::os::fd::AsRawFd;
+                let mut fds = [libc::pollfd {
+                    fd: pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                // SAFETY: one valid pollfd, for the call; -1: no timeout.
+                if unsafe { libc::poll(fds.as_mut_ptr(), 1, -1) } == 1 {
+                    let _ = tx.send(Instant::now());
+                }
+            });
+        } else {
+            std::thread::spawn(move || {
+                let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
+                if rustix::process::waitid(WaitId::Pid(pid), options).is_ok() {
+                    let _ = tx.send(Instant::now());
+                }
+            });
+        }
         self.exited = Some(rx);
     }
 
@@ -168,8 +324,12 @@ impl PeerProc {
             Fault::StopKill => {
                 super::signal(self.pid(), Signal::STOP);
                 // Stopped for sure before it is killed.
-                let options = WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT;
-                rustix::process::waitid(WaitId::Pid(pid), options).expect("waitid stopped");
+                if self.inner.is_some() {
+                    until_stopped(self.pid());
+                } else {
+                    let options = WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT;
+                    rustix::process::waitid(WaitId::Pid(pid), options).expect("waitid stopped");
+                }
                 super::signal(self.pid(), Signal::KILL);
             }
         }
@@ -197,6 +357,13 @@ impl PeerProc {
         }
         self.exited.as_ref()?.recv_timeout(HANG).ok()?;
         self.child.wait().ok()
+    }
+
+    /// Everything the peer wrote on stderr, once it ended: waits (at most [`HANG`]) for
+    /// the end of its output.
+    pub fn stderr_at_end(&self) -> String {
+        let _ = self.stderr_end.recv_timeout(HANG);
+        self.stderr()
     }
 
     /// What the peer wrote on stderr (complete once it has ended).

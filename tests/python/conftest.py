@@ -23,6 +23,11 @@ def region_exists(name: str) -> bool:
     return os.path.exists(os.path.join("/dev/shm", name))
 
 
+def region_gone(name: str) -> bool:
+    """Neither the region ``name`` nor its fd socket (``<name>.fd``, 1.6) is left."""
+    return not region_exists(name) and not region_exists(name + ".fd")
+
+
 def exited(pid: int) -> bool:
     """Process ``pid`` is gone, or a zombie (exited; its parent has not reaped it)."""
     try:
@@ -91,3 +96,54 @@ def run_in_private_shm(code: str, size: str, memory_kib: int | None = None, time
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (unshare -m, mount)")
+
+
+# A program in new PID, network and mount namespaces, as a container runs it: the mount
+# namespace a copy of this one (so /dev/shm is shared), /proc of the new PID namespace;
+# `sh` is the namespace's first process and runs the program as its child (the first
+# process of a PID namespace ignores the signals it has no handler for, SIGTERM).
+ISOLATED = ["unshare", "--pid", "--fork", "--net", "--mount-proc", "--kill-child", "--",
+            "sh", "-c", '"$@"; exit $?', "sh"]
+
+
+def namespaces_unavailable():
+    """Why PID, network and mount namespaces cannot be made here, or None."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "PID, network and mount namespaces need root (unshare)"
+    try:
+        done = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount-proc", "true"],
+                              capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        return f"unshare (util-linux) cannot run: {e}"
+    if done.returncode != 0:
+        return f"unshare --pid --fork --net --mount-proc failed: {done.stderr.strip()}"
+    return None
+
+
+def descendant_running(root: int, exe: str, hang: float = 60.0) -> int:
+    """The pid here of the descendant of ``root`` that runs ``exe`` (a program an
+    ``ISOLATED`` command started in its namespaces); waits for it."""
+    import time
+
+    exe = os.path.realpath(exe)
+    deadline = time.monotonic() + hang
+    while True:
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                children = []
+            for c in children:
+                try:
+                    if os.readlink(f"/proc/{c}/exe") == exe:
+                        return c
+                except OSError:
+                    pass
+                todo.append(c)
+        assert time.monotonic() < deadline, f"no process of {exe} under pid {root}"
+        os.sched_yield()

@@ -10,12 +10,17 @@ engine that received action n has a client inside step). Nothing sleeps to get t
 
 Detection times (from the fatal signal to the survivor's exception) are printed in a
 table at the end of the run against a bound that is reported, never asserted.
+
+Every case runs twice: with the victim in this process's namespaces, and in PID, network
+and mount namespaces of its own (``unshare``, sharing /dev/shm), as in two containers of
+one node (skipped, with the reason, where the namespaces cannot be made).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import select
 import signal
 import statistics
 import subprocess
@@ -26,7 +31,7 @@ import time
 import pytest
 
 import shmbridge
-from conftest import region_exists
+from conftest import ISOLATED, descendant_running, namespaces_unavailable, region_exists
 
 # A hang guard, not a timing check.
 HANG = 60.0
@@ -37,6 +42,23 @@ BOUND_MS = 100.0
 
 PHASES = ["before-attach", "attach", "step", "reset", "call"]
 FAULTS = ["SIGKILL", "SIGTERM", "SIGSTOP+KILL"]
+ISOLATIONS = ["shared", "namespaces"]
+NAMESPACES_UNAVAILABLE = namespaces_unavailable()
+
+
+def _until_stopped(pid: int) -> None:
+    """Waits until process ``pid`` (not a child of ours) is stopped."""
+    deadline = time.monotonic() + HANG
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = ""
+        if state == "T":
+            return
+        assert time.monotonic() < deadline, f"process {pid} never stopped"
+        os.sched_yield()
 
 _PEER_COMMON = r"""
 import os, sys
@@ -113,15 +135,19 @@ ROWS: list = []
 
 
 class Peer:
-    """A peer process that reports its phase on stdout; killed and reaped at the end."""
+    """A peer process that reports its phase on stdout; killed and reaped at the end.
+    ``isolated``: in namespaces of its own; ``pid`` is then its pid here."""
 
-    def __init__(self, code: str, *args: str):
+    def __init__(self, code: str, *args: str, isolated: bool = False):
+        command = [sys.executable, "-c", code, *args]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args],
+            ISOLATED + command if isolated else command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
+        self.isolated = isolated
+        self.pid = descendant_running(self.proc.pid, sys.executable) if isolated else self.proc.pid
         self.exited_at = None
         self._watch = None
         self._lines: queue.Queue = queue.Queue()
@@ -142,6 +168,21 @@ class Peer:
 
     def _watch_exit(self) -> None:
         def watch():
+            if self.isolated:
+                # Not our child: a pidfd turns readable when it exits.
+                try:
+                    fd = os.pidfd_open(self.pid)
+                except ProcessLookupError:  # gone already
+                    self.exited_at = time.monotonic()
+                    return
+                try:
+                    poller = select.poll()
+                    poller.register(fd, select.POLLIN)
+                    poller.poll()
+                finally:
+                    os.close(fd)
+                self.exited_at = time.monotonic()
+                return
             try:
                 os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
             except ChildProcessError:  # reaped already, after a failure
@@ -156,14 +197,17 @@ class Peer:
         the peer exits (``exit_ms``); not for a peer the test reaps itself."""
         if watch:
             self._watch_exit()
-        pid = self.proc.pid
+        pid = self.pid
         if fault == "SIGKILL":
             os.kill(pid, signal.SIGKILL)
         elif fault == "SIGTERM":
             os.kill(pid, signal.SIGTERM)
         else:
             os.kill(pid, signal.SIGSTOP)
-            os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOWAIT)  # stopped for sure
+            if self.isolated:  # stopped for sure
+                _until_stopped(pid)
+            else:
+                os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOWAIT)
             os.kill(pid, signal.SIGKILL)
         return time.monotonic()
 
@@ -223,21 +267,30 @@ def print_the_table(request):
 
 def print_rows() -> None:
     print(f"\n== fault matrix from Python (bound {BOUND_MS:.0f} ms, reported, not asserted)")
-    print(f"{'case':<44} {'survivor got':<22} {'detected':>10} {'exited':>10}")
+    print(f"{'case':<62} {'survivor got':<22} {'detected':>10} {'exited':>10}")
     fmt = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
     for case, got, detect, exit_ in ROWS:
         over = "  (over bound)" if detect is not None and detect > BOUND_MS else ""
-        print(f"{case:<44} {got:<22} {fmt(detect):>10} {fmt(exit_):>10}{over}")
-    times = [d for _, _, d, _ in ROWS if d is not None]
-    if times:
-        print(f"detection over {len(times)} cases: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
+        print(f"{case:<62} {got:<22} {fmt(detect):>10} {fmt(exit_):>10}{over}")
+    for where, rows in [
+        ("in this process's namespaces", [r for r in ROWS if "(other namespaces)" not in r[0]]),
+        ("in namespaces of its own", [r for r in ROWS if "(other namespaces)" in r[0]]),
+    ]:
+        times = [d for _, _, d, _ in rows if d is not None]
+        if times:
+            print(f"detection, victim {where}, over {len(times)} cases: "
+                  f"median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
 
 
-def engine_case(phase: str, fault: str, simulator: str) -> None:
-    """The Python engine (``simulator``: "plain", or "torch" for one with torch loaded)
-    is killed by ``fault`` in ``phase``; the client gets EngineDiedError."""
-    peer = Peer(ENGINE_PEER, phase, simulator)
+def engine_case(phase: str, fault: str, simulator: str, isolation: str = "shared") -> None:
+    """The Python engine (``simulator``: "plain", or "torch" for one with torch loaded;
+    in namespaces of its own with ``isolation`` "namespaces") is killed by ``fault`` in
+    ``phase``; the client gets EngineDiedError."""
+    isolated = isolation == "namespaces"
+    peer = Peer(ENGINE_PEER, phase, simulator, isolated=isolated)
     label = "python engine" if simulator == "plain" else f"{simulator} engine"
+    if isolated:
+        label += " (other namespaces)"
     try:
         name = peer.expect("created" if phase == "attach" else "served")
         killed = None
@@ -277,8 +330,11 @@ def engine_case(phase: str, fault: str, simulator: str) -> None:
 # A process with torch loaded (as learners and some simulators are) takes long to exit:
 # its death must be noticed when it starts, not when the kernel has torn it down.
 HEAVY_PHASES = ["step", "reset", "call"]
-CASES = [(p, f, "plain") for p in PHASES for f in FAULTS] + [
-    (p, f, "torch") for p in HEAVY_PHASES for f in FAULTS
+CASES = [
+    (p, f, kind, iso)
+    for iso in ISOLATIONS
+    for (p, f, kind) in [(p, f, "plain") for p in PHASES for f in FAULTS]
+    + [(p, f, "torch") for p in HEAVY_PHASES for f in FAULTS]
 ]
 
 
@@ -288,10 +344,12 @@ def case_id(case) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_python_engine_killed_client_gets_engine_died(case):
-    phase, fault, simulator = case
+    phase, fault, simulator, isolation = case
+    if isolation == "namespaces" and NAMESPACES_UNAVAILABLE:
+        pytest.skip(NAMESPACES_UNAVAILABLE)
     if simulator == "torch":
         pytest.importorskip("torch")
-    engine_case(phase, fault, simulator)
+    engine_case(phase, fault, simulator, isolation)
 
 
 class Holding:
@@ -339,15 +397,19 @@ def spec() -> shmbridge.EngineSpec:
     return shmbridge.EngineSpec.standard("faults", 4, obs_dim=4, act_dim=1, act_dtype="float32")
 
 
-def client_case(phase: str, fault: str, learner: str) -> None:
-    """The client (``learner``: "plain", or "torch" for one with torch loaded) is killed
-    by ``fault`` in ``phase``; the engine gets ClientDiedError and serves a new client."""
+def client_case(phase: str, fault: str, learner: str, isolation: str = "shared") -> None:
+    """The client (``learner``: "plain", or "torch" for one with torch loaded; in
+    namespaces of its own with ``isolation`` "namespaces") is killed by ``fault`` in
+    ``phase``; the engine gets ClientDiedError and serves a new client."""
+    isolated = isolation == "namespaces"
     engine = shmbridge.Engine(spec())
     name = engine.name
     if phase != "attach":
         engine.publish()
-    peer = Peer(CLIENT_PEER, phase, name, learner)
+    peer = Peer(CLIENT_PEER, phase, name, learner, isolated=isolated)
     label = "python client" if learner == "plain" else f"{learner} learner"
+    if isolated:
+        label += " (other namespaces)"
     try:
         if phase == "before-attach":
             peer.expect("ready")
@@ -406,7 +468,9 @@ def client_case(phase: str, fault: str, learner: str) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_python_client_killed_engine_gets_client_died_and_serves_again(case):
-    phase, fault, learner = case
+    phase, fault, learner, isolation = case
+    if isolation == "namespaces" and NAMESPACES_UNAVAILABLE:
+        pytest.skip(NAMESPACES_UNAVAILABLE)
     if learner == "torch":
         pytest.importorskip("torch")
-    client_case(phase, fault, learner)
+    client_case(phase, fault, learner, isolation)

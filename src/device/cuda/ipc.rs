@@ -558,7 +558,7 @@ impl ClientBackend for ClientCuda {
         Ok(())
     }
 
-    fn open(&mut self, layout: &Layout) -> Result<()> {
+    fn open(&mut self, layout: &Layout, _: &dyn ControlMapping) -> Result<()> {
         ClientCuda::open(self, layout)
     }
 

@@ -19,13 +19,13 @@
 //! ([`ClientVulkan::importer_reason`]).
 
 use std::any::Any;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
-use crate::control::ControlMapping;
+use crate::control::{self, ControlMapping};
 use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
@@ -122,6 +122,19 @@ enum Import {
     },
 }
 
+impl Import {
+    /// `(size now, size mapped)` when the file behind a CPU mapping shrank under it
+    /// ([`ImportedMemory::check_size`]). A CUDA import maps no file on the CPU.
+    fn shrunk(&self) -> Option<(u64, u64)> {
+        match self {
+            #[cfg(feature = "vulkan")]
+            Import::Mapped(m) => m.check_size().err().map(|now| (now, m.size())),
+            #[cfg(feature = "cuda")]
+            Import::Cuda { .. } => None,
+        }
+    }
+}
+
 /// The imports of a client's Vulkan tensors: the lease its views hold.
 #[derive(Debug, Default)]
 struct Imports {
@@ -129,11 +142,46 @@ struct Imports {
     tensors: Vec<Option<Import>>,
     /// The newest frame that arrived: the value a timeline semaphore is waited for.
     latest_frame: std::sync::atomic::AtomicU64,
+    /// Once a check found a tensor's memory shorter than its mapping: which, how large
+    /// now, how large mapped. From then on no view of any of them is handed out (the
+    /// bytes past the end are gone; touching them is a SIGBUS).
+    shrunk: std::sync::OnceLock<(String, u64, u64)>,
 }
 
 impl Imports {
+    /// The import of tensor `index`, unless the imports were found shrunk.
     fn get(&self, index: usize) -> Option<&Import> {
+        if self.shrunk.get().is_some() {
+            return None;
+        }
         self.tensors.get(index)?.as_ref()
+    }
+
+    /// The sticky error of memory found shrunk, if it was.
+    fn shrunk_error(&self) -> Option<Error> {
+        let (tensor, now, size) = self.shrunk.get()?;
+        Some(Error::InvalidTensor {
+            tensor: tensor.clone(),
+            reason: format!(
+                "the engine's exported memory of it shrank to {now} bytes of the {size} mapped (a \
+                 process of this user truncated it): no view of the Vulkan tensors is used any \
+                 more; close and attach again"
+            ),
+        })
+    }
+
+    /// Looks at the size of every import that may shrink (`ImportedMemory::check_size`).
+    fn check_sizes(&self, layout_names: impl Fn(usize) -> String) -> Result<()> {
+        if let Some(e) = self.shrunk_error() {
+            return Err(e);
+        }
+        for (i, import) in self.tensors.iter().enumerate() {
+            if let Some((now, size)) = import.as_ref().and_then(Import::shrunk) {
+                let _ = self.shrunk.set((layout_names(i), now, size));
+                return Err(self.shrunk_error().expect("set above"));
+            }
+        }
+        Ok(())
     }
 
     fn host_ptr(&self, index: usize, t: &TensorInfo) -> Option<NonNull<u8>> {
@@ -203,6 +251,8 @@ pub struct ClientVulkan {
     /// keeps its mapping after the client closed. `None` before open and after release.
     imports: Option<Arc<Imports>>,
     importer: Importer,
+    /// The layout's tensor names, by index (for messages).
+    names: Vec<String>,
 }
 
 impl std::fmt::Debug for ClientVulkan {
@@ -242,6 +292,22 @@ impl ClientVulkan {
         timeout: Duration,
     ) -> Result<ClientVulkan> {
         let dev = engine_device(layout)?;
+        if layout.version.1 < crate::layout::VERSION_MINOR_FD_SOCKET {
+            let first = layout
+                .tensors
+                .iter()
+                .find(|t| t.location() == Location::Vulkan)
+                .map_or("?", |t| t.name.as_str());
+            return Err(Error::InvalidTensor {
+                tensor: first.to_string(),
+                reason: format!(
+                    "an engine of protocol 1.{} serves Vulkan fds on an abstract socket, which \
+                     proves nothing about who answers (and does not cross network namespaces); \
+                     this client takes them only from a 1.6 engine: update the engine's shmbridge",
+                    layout.version.1
+                ),
+            });
+        }
         let (choice, why) = choose_importer(importer, dev, cuda_devices())?;
         let (importer, reason) = match choice {
             #[cfg(feature = "cuda")]
@@ -273,6 +339,7 @@ impl ClientVulkan {
             reason,
             imports: None,
             importer,
+            names: layout.tensors.iter().map(|t| t.name.clone()).collect(),
         })
     }
 
@@ -351,6 +418,67 @@ impl ClientVulkan {
         }
     }
 
+    /// The tensors' fds, from the engine and nobody else (protocol 1.6, §3.6): asks the
+    /// region's fd socket with this client's proof (a descriptor holding its proof byte:
+    /// the engine sends fds only to its attached client), then checks the answer before
+    /// any fd is used: the server runs as this user (`SO_PEERCRED`), is the engine's
+    /// process where this PID namespace shows the engine, and proves it owns the region
+    /// (the descriptor it sends first holds the engine's proof byte). Anything else is a
+    /// `Protocol` error naming who answered; every fd it sent is closed unused.
+    fn receive_from_the_engine(
+        &self,
+        layout: &Layout,
+        region: &dyn ControlMapping,
+    ) -> Result<Vec<OwnedFd>> {
+        let me = crate::os::current_pid();
+        let start = crate::os::process_start_time(me)
+            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
+        let path = control::socket_path(&self.name)?;
+        let answer = {
+            let proof = region.client_proof(me, start)?;
+            crate::fdpass::request(
+                &self.name,
+                &path,
+                proof.as_fd(),
+                super::fd_count(layout),
+                self.timeout,
+            )?
+        };
+        let not_the_engine = |why: String| Error::Protocol {
+            peer: Peer::Engine,
+            detail: format!(
+                "the process answering on the fd socket '{path}' ({}) is not the engine of \
+                 region '{}': {why}; none of the fds it sent were imported",
+                answer.server, self.name
+            ),
+        };
+        let euid = crate::fdpass::euid();
+        if answer.server.uid != euid {
+            return Err(not_the_engine(format!(
+                "it runs as uid {}, this process as uid {euid}",
+                answer.server.uid
+            )));
+        }
+        let (pid, start) = (layout.engine_pid, layout.engine_start_time);
+        if crate::os::process_seen(pid, start).is_some() && answer.server.pid != Some(pid) {
+            return Err(not_the_engine(format!("the engine is pid {pid}")));
+        }
+        match region.proves(answer.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
+            Ok(()) => Ok(answer.fds),
+            Err(why) => Err(not_the_engine(format!(
+                "its proof of owning the region fails: {why}"
+            ))),
+        }
+    }
+
+    /// The name of tensor `index` of the layout this client imported, for messages.
+    fn tensor_name(&self, index: usize) -> String {
+        self.names
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("#{index}"))
+    }
+
     /// Imports each tensor's memory from the fds received (after the slot is claimed:
     /// the engine sends them only to its attached client). Every fd received is owned
     /// here at once, so each is closed exactly once (by the driver after an import,
@@ -360,6 +488,7 @@ impl ClientVulkan {
         let mut imports = Imports {
             tensors: (0..layout.tensors.len()).map(|_| None).collect(),
             latest_frame: 0.into(),
+            shrunk: Default::default(),
         };
         for (i, t) in layout.tensors.iter().enumerate() {
             let Some(table) = t.vulkan.filter(|_| t.location() == Location::Vulkan) else {
@@ -425,9 +554,20 @@ impl ClientBackend for ClientVulkan {
         Some(&self.reason)
     }
 
-    fn open(&mut self, layout: &Layout) -> Result<()> {
-        let fds = crate::fdpass::receive(&self.name, super::fd_count(layout), self.timeout)?;
+    fn open(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()> {
+        let fds = self.receive_from_the_engine(layout, region)?;
         self.import_all(layout, fds)
+    }
+
+    fn check_imports(&self) -> Result<()> {
+        match &self.imports {
+            Some(imports) => imports.check_sizes(|i| self.tensor_name(i)),
+            None => Ok(()),
+        }
+    }
+
+    fn import_error(&self, _index: usize, _t: &TensorInfo) -> Option<Error> {
+        self.imports.as_ref()?.shrunk_error()
     }
 
     /// The CUDA importer: the engine's next frame overwrites the memory the consumer's

@@ -282,6 +282,9 @@ impl ComputeKernel {
 
 impl Drop for ComputeKernel {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
         let d = self.ctx.device();
         // SAFETY: every non-null handle was made by this kernel on this device; the
         // fence wait (when a fence exists) ends the last submission that used them;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
-use crate::control::{Control, ControlMapping};
+use crate::control::{self, Control, ControlMapping};
 use crate::device::backend::{DeviceRelease, EngineBackend};
 use crate::error::{Error, Result};
 use crate::fdpass::Listener;
@@ -22,7 +22,6 @@ pub type BeforePublish = Box<dyn Fn() -> Result<()> + Send + Sync>;
 pub struct EngineVulkan {
     // Drop order: the server (no more sends), then the buffers, then the context.
     server: Option<FdServer>,
-    listener: Option<Listener>,
     /// The fds to send, in protocol order.
     fds: Vec<SharedFd>,
     /// Path (a) buffers, by tensor index.
@@ -42,16 +41,16 @@ impl std::fmt::Debug for EngineVulkan {
 }
 
 impl EngineVulkan {
-    /// Allocates (path a) or takes over (path b) every Vulkan tensor's memory, fills in
-    /// the table, and binds the region's socket (before the region exists, so a client
-    /// that sees it can connect at once; a second engine of the same name gets
-    /// `NameInUse` here).
+    /// Allocates (path a) or takes over (path b) every Vulkan tensor's memory and fills
+    /// in the table. The region's socket is bound by [`EngineBackend::start`], once the
+    /// region's name is this engine's and before it is published; a name too long for
+    /// the socket's path is refused here, before anything is allocated.
     pub fn create(builder: &mut HeaderBuilder, name: &str) -> Result<EngineVulkan> {
+        control::socket_path(name)?;
         let mut buffers: Vec<Option<ExportedBuffer>> = Vec::new();
         buffers.resize_with(builder.tensors.len(), || None);
         let mut fds = Vec::new();
         let mut ctx: Option<Arc<Context>> = None;
-        let listener = Listener::bind(name)?;
         for (index, source) in std::mem::take(&mut builder.vulkan) {
             let t = &builder.tensors[index];
             match source {
@@ -86,9 +85,12 @@ impl EngineVulkan {
                 VulkanSource::Import {
                     memory, semaphore, ..
                 } => {
-                    // The table was filled from the spec's export by the builder.
+                    // The table was filled from the spec's export by the builder. The fds
+                    // are the engine's now: not inherited by programs it runs.
+                    close_on_exec(&memory)?;
                     fds.push(memory);
                     if let Some((fd, _)) = semaphore {
+                        close_on_exec(&fd)?;
                         fds.push(fd);
                     }
                 }
@@ -96,7 +98,6 @@ impl EngineVulkan {
         }
         Ok(EngineVulkan {
             server: None,
-            listener: Some(listener),
             fds,
             buffers,
             hook: Mutex::new(None),
@@ -154,8 +155,12 @@ impl EngineBackend for EngineVulkan {
         })
     }
 
+    /// Binds the region's socket (1.6: `<name>.fd` beside it in /dev/shm) and starts
+    /// serving it. Called once the region's name is this engine's and before it is
+    /// published, so a client that sees the region finds the socket.
     fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
-        if let Some(listener) = self.listener.take() {
+        if self.server.is_none() {
+            let listener = Listener::bind(&control::socket_path(region.name())?)?;
             self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
         }
         Ok(())
@@ -178,9 +183,28 @@ impl EngineBackend for EngineVulkan {
         DeviceRelease::NothingHeld
     }
 
+    /// A truncated region: the fd server stops (it reads the control block, which it
+    /// checks the size of first, but nobody must connect to a closed engine), the
+    /// memory goes as at any release: an import holds its own reference.
+    fn release_truncated(mut self: Box<Self>) {
+        if let Some(mut s) = self.server.take() {
+            s.stop();
+        }
+        if let Some(c) = &self.ctx {
+            let _ = c.queue_wait_idle();
+        }
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// Sets `FD_CLOEXEC` on an fd the engine keeps: drivers and renderers hand out exported
+/// memory fds without it, and a program the engine runs must not inherit them.
+fn close_on_exec(fd: &SharedFd) -> Result<()> {
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))
 }
 
 impl dyn EngineBackend {

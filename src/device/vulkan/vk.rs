@@ -3,7 +3,7 @@
 //! Vulkan FFI and its `unsafe` live here and in `compute.rs` (the compute shaders an
 //! engine runs on this device, on top of this).
 
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -57,6 +57,10 @@ pub struct Context {
     memory: vk::PhysicalDeviceMemoryProperties,
     cpu: bool,
     name: String,
+    /// The process that made it: in a child forked from it the driver's state (its
+    /// threads, its device files) is the parent's, so nothing made on this device is
+    /// destroyed there (see [`Context::made_here`]).
+    pid: u32,
     _entry: ash::Entry,
 }
 
@@ -268,8 +272,18 @@ impl Context {
             memory,
             cpu,
             name,
+            pid: crate::os::current_pid(),
             _entry: entry,
         }))
+    }
+
+    /// Whether this process made the device: `false` in a child forked after, where
+    /// every object of it is left as it is when dropped (the child's exit frees its copy
+    /// of the memory). Destroying them there would call the driver, whose threads the
+    /// child does not have (lavapipe's queue thread: the child hung), and whose device
+    /// files it shares with its parent (a GPU driver would free the parent's objects).
+    pub fn made_here(&self) -> bool {
+        self.pid == crate::os::current_pid()
     }
 
     /// The device's UUIDs.
@@ -369,6 +383,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.made_here() {
+            return;
+        }
         // SAFETY: every buffer and allocation holds an `Arc` of this context and was
         // destroyed before the last one dropped; nothing else uses the handles.
         unsafe {
@@ -485,6 +502,9 @@ impl BoundBuffer {
 
 impl Drop for BoundBuffer {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
         let d = &self.ctx.device;
         // SAFETY: the queue is idle (waited for here), so no submitted work uses the
         // buffer; the buffer and memory are ours, used by nothing else in this process.
@@ -541,7 +561,12 @@ impl ExportedBuffer {
         let fd = match unsafe { ctx.memory_fd.get_memory_fd(&get) } {
             // SAFETY: a new fd the driver hands over; we own it from here.
             Ok(fd) if fd >= 0 => {
-                SharedFd::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                // Drivers do not set it (lavapipe does not): a program this process runs
+                // must not inherit the memory.
+                rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+                    .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))?;
+                SharedFd::new(fd)
             }
             Ok(_) | Err(_) => {
                 return Err(Error::Vulkan {
@@ -590,6 +615,11 @@ pub struct ImportedMemory {
     memory: vk::DeviceMemory,
     mapped: NonNull<u8>,
     size: u64,
+    /// The engine's fd, kept when it is a file that may still shrink (a memfd without
+    /// `F_SEAL_SHRINK`): its size is checked where the region's is
+    /// ([`ImportedMemory::check_size`]). `None` for sealed memory and driver fds whose
+    /// size the kernel does not know.
+    size_guard: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for ImportedMemory {
@@ -661,9 +691,17 @@ impl ImportedMemory {
                 unsafe { d.destroy_buffer(b, None) }
             }
         };
+        // The driver gets a copy of its own. It owns that copy once the import succeeded
+        // (it closes it when the memory is freed); after a failed import it should have
+        // left it to us, but lavapipe closes it then too, so a failed import leaves the
+        // copy to the driver either way: at most one fd leaked per failed import, never
+        // a second close of an fd number another thread may have reused meanwhile.
+        let copy = rustix::io::fcntl_dupfd_cloexec(&fd, 0)
+            .map_err(|e| Error::io("fcntl(F_DUPFD_CLOEXEC)", e))?;
+        let copy = copy.into_raw_fd();
         let mut import = vk::ImportMemoryFdInfoKHR::default()
             .handle_type(OPAQUE_FD)
-            .fd(fd.as_raw_fd());
+            .fd(copy);
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default();
         if let Some(b) = buffer {
             dedicated = dedicated.buffer(b);
@@ -675,8 +713,8 @@ impl ImportedMemory {
         if buffer.is_some() {
             info = info.push_next(&mut dedicated);
         }
-        // SAFETY: `info` and its chain live across the call; the fd stays open (owned by
-        // `fd`) until the driver took it over.
+        // SAFETY: `info` and its chain live across the call; `copy` is an open fd the
+        // driver takes over (see above).
         let memory = match unsafe { d.allocate_memory(&info, None) } {
             Ok(m) => m,
             Err(e) => {
@@ -686,9 +724,7 @@ impl ImportedMemory {
                 )));
             }
         };
-        // The import succeeded: the driver owns the fd now (it closes it when the memory
-        // is freed). Give up ours without closing it.
-        let _ = fd.into_raw_fd();
+        let size_guard = may_shrink(fd.as_fd()).then_some(fd);
         let free = |m| {
             // SAFETY: an allocation of this device that nothing uses any more.
             unsafe { d.free_memory(m, None) }
@@ -715,7 +751,28 @@ impl ImportedMemory {
             memory,
             mapped,
             size: table.alloc_size,
+            size_guard,
         })
+    }
+
+    /// `Err(size)` when the engine's memory is a file that is now shorter than the
+    /// mapping (a same-user process truncated it): touching the mapping past its end
+    /// would be a SIGBUS. Sealed memory (`F_SEAL_SHRINK`: lavapipe's) cannot shrink and
+    /// is not looked at.
+    pub fn check_size(&self) -> std::result::Result<(), u64> {
+        match self
+            .size_guard
+            .as_ref()
+            .and_then(|f| crate::fdpass::fd_size(f.as_fd()))
+        {
+            Some(now) if now < self.size => Err(now),
+            _ => Ok(()),
+        }
+    }
+
+    /// The size the import maps (the table's `alloc_size`).
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// The host address of `offset` in the mapping, if `offset + len` lies inside it.
@@ -729,8 +786,27 @@ impl ImportedMemory {
     }
 }
 
+/// Whether the file behind `fd` may shrink under a mapping: a regular file (a memfd)
+/// not sealed against it.
+fn may_shrink(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    crate::fdpass::fd_size(fd).is_some()
+        && !rustix::fs::fcntl_get_seals(fd)
+            .is_ok_and(|seals| seals.contains(rustix::fs::SealFlags::SHRINK))
+}
+
 impl Drop for ImportedMemory {
     fn drop(&mut self) {
+        if !self.ctx.made_here() {
+            return;
+        }
+        // The file shrank under the import: the driver reads the memory it frees
+        // (lavapipe reads its header) and would die of SIGBUS. The allocation is leaked,
+        // and the device with it (destroying a device frees what is left on it): the
+        // process's exit frees both.
+        if self.check_size().is_err() {
+            std::mem::forget(self.ctx.clone());
+            return;
+        }
         let d = &self.ctx.device;
         // SAFETY: ours; nothing in this process uses the mapping any more: the Rust
         // client's views borrow the client, and every other view (a DLPack capsule)
