@@ -1332,5 +1332,5 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
     let name = engine.name().to_string();
     engine.close();
     drop(buffer);
-    assert!(gone(&name));
+    assert!(region_gone(&name));
 }
