@@ -259,11 +259,26 @@ def test_vector_quick(tmp_path):
     for r in rows:
         assert r["n"] == 5 and r["median_ns"] > 0 and r["env_steps_per_s"] > 0
         assert "vs_AsyncVectorEnv" in r and "vs_SyncVectorEnv" in r
+        assert len(r["round_ratios_to_sync"]) == 1
     transport = doc["results"]["null transport N=4"]
     assert [r["label"] for r in transport] == ["one engine", "2 shards"]
     assert (out / "vector.png").stat().st_size > 0
-    assert "## CartPole-v1 N=2" in (out / "vector.md").read_text()
+    md = (out / "vector.md").read_text()
+    assert "## CartPole-v1 N=2" in md
+    assert "- CartPole-v1 N=2: one shard " in md and "Load average at the end" in md
     assert "| shmbridge K=2 |" in proc.stdout
+
+
+def test_vector_contenders_subset(tmp_path):
+    pytest.importorskip("gymnasium")
+    out = tmp_path / "results"
+    _run("vector", "--quick", "--workloads", "CartPole-v1", "--envs", "1", "--shards", "1",
+         "--contenders", "shmbridge,sync", "--steps", "3", "--rounds", "2", "--out", str(out))
+    rows = json.loads((out / "vector.json").read_text())["results"]["CartPole-v1 N=1"]
+    assert [r["label"] for r in rows] == ["shmbridge K=1", "SyncVectorEnv"]
+    assert len(rows[0]["round_ratios_to_sync"]) == 2
+    proc = _run("vector", "--contenders", "shmbridge,grpc", status=2)
+    assert "unknown contenders ['grpc']" in proc.stderr
 
 
 # bench pixels: rendered frames to torch against Gymnasium's rgb_array.

@@ -109,11 +109,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "engine vs shards. Writes DIR/vector.md, .json, .png.")
     w.add_argument("--quick", action="store_true", help="a short smoke run")
     w.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
-    w.add_argument("--envs", default=None, help="comma-separated num_envs (default 16,64; quick 4)")
+    w.add_argument("--envs", default=None, help="comma-separated num_envs (default 1,8,16,64; quick 4)")
     w.add_argument("--shards", default=None, help="comma-separated shard counts (default 1,2,4; quick 1,2)")
     w.add_argument("--workloads", default=None, help="comma-separated Gymnasium ids (default CartPole-v1,HalfCheetah-v5)")
     w.add_argument("--steps", type=int, default=None, help="steps per block (default 200 CartPole, 60 MuJoCo)")
     w.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+    w.add_argument("--contenders", default=None,
+                   help="comma-separated subset of shmbridge, async, sync, envpool (default: all)")
 
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
