@@ -53,7 +53,15 @@ fn parse(s: &str) -> usize {
 
 fn time(engine_exe: &str, steps: usize) -> Result<(), String> {
     let mut child = Command::new(engine_exe)
-        .args(["engine", "--env", "null", "--num-envs", "1", "--obs-dim", "16"])
+        .args([
+            "engine",
+            "--env",
+            "null",
+            "--num-envs",
+            "1",
+            "--obs-dim",
+            "16",
+        ])
         .args(["--act-dim", "1", "--sparse"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -90,7 +98,10 @@ fn time_steps(name: &str, steps: usize) -> Result<Vec<f64>, String> {
     let mut n: u64 = 0;
     let mut step = |client: &mut Client| -> Result<(), String> {
         n += 1;
-        client.io().write::<f32>(actions).map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
+        client
+            .io()
+            .write::<f32>(actions)
+            .map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
         client.step(TIMEOUT).map_err(|e| e.to_string())?;
         let mut io = client.io();
         let o = io.read::<f32>(obs).map_err(|e| e.to_string())?;
@@ -151,12 +162,17 @@ fn count(steps: u64) -> Result<(), String> {
             o[last] = a as f32;
         }
         engine.publish().map_err(|e| e.to_string())?;
-        client.io().write::<f32>(actions).map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
+        client
+            .io()
+            .write::<f32>(actions)
+            .map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
         client.step(TIMEOUT).map_err(|e| e.to_string())?;
         let mut io = client.io();
         let o = io.read::<f32>(obs).map_err(|e| e.to_string())?;
         if o[o.len() - 1] != n as f32 {
-            return Err(format!("step {n}: the frame is not the one for this action"));
+            return Err(format!(
+                "step {n}: the frame is not the one for this action"
+            ));
         }
     }
     client.close();

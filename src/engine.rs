@@ -235,10 +235,12 @@ impl Engine {
         let start = region.control().engine_start_time();
         let shards = builder.shards();
         let shard = shards[0];
+        // Checked once here: `slot()` makes this shard's slot without the checks.
+        let slot = ShardSlot::new(&region, &shard)?;
         if shards.len() > 1 {
             // The creator serves shard 0: its lock and identity, as a joining shard's.
             shard::lock_shard(&region, 0)?;
-            ShardSlot::new(&region, &shard)?.set_identity(pid, start);
+            slot.set_identity(pid, start);
         }
         let layout = Layout {
             version: (builder.header.version_major, builder.header.version_minor),
@@ -358,7 +360,9 @@ impl Engine {
     /// The live words of this engine's shard.
     #[inline]
     fn slot(&self) -> ShardSlot<'_> {
-        ShardSlot::new(&self.region, &self.shard).expect("checked when the engine was made")
+        // SAFETY: `create` and `join` made this shard's slot with `ShardSlot::new` in
+        // this region before the engine existed, and neither changes afterwards.
+        unsafe { ShardSlot::checked_before(&self.region, &self.shard) }
     }
 
     /// A second mapping of the same region, for views that must outlive this engine
@@ -449,6 +453,7 @@ impl Engine {
     /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
     /// truncated (it sticks: nothing touches the mapping again). Every public call that
     /// touches the region starts here: a field and a load, no system call.
+    #[inline]
     fn check_usable(&self) -> Result<()> {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
@@ -666,13 +671,15 @@ impl Engine {
             ));
         }
         let target = self.frame + 1;
-        let start = Instant::now();
+        // One timeout over every wait of this call (commands answered between them);
+        // the clock is read only by a wait that is not answered at once.
+        let mut start = sync::WaitStart::default();
         let seen = loop {
             let control = self.control();
             let slot = self.slot();
             let action_seq = control.action_seq().counter;
             let has_rings = self.shard.rings.is_some();
-            let woke = sync::wait_until(
+            let woke = sync::wait_until_from(
                 &slot.doorbell(&self.region),
                 |order| {
                     let a = action_seq.load(order);
@@ -685,7 +692,8 @@ impl Engine {
                     }
                 },
                 self.policy,
-                timeout.saturating_sub(start.elapsed()),
+                timeout,
+                &mut start,
                 "the client's next action",
                 || self.check_client(),
             );
@@ -707,13 +715,7 @@ impl Engine {
             }
         };
         if seen != target {
-            return Err(Error::Protocol {
-                peer: Peer::Client,
-                detail: format!(
-                    "posted action {seen} after frame {}; expected {target}",
-                    self.frame
-                ),
-            });
+            return Err(unexpected_action(seen, self.frame, target));
         }
         // CUDA: the client recorded its event after writing device actions and before
         // posting; the engine stream waits on it before any kernel reads them.
@@ -910,6 +912,14 @@ impl Engine {
         // reads the client's acknowledgement after the CLOSED store above).
         let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
         self.release = device.release(self.region.control());
+    }
+}
+
+#[cold]
+fn unexpected_action(seen: u64, frame: u64, target: u64) -> Error {
+    Error::Protocol {
+        peer: Peer::Client,
+        detail: format!("posted action {seen} after frame {frame}; expected {target}"),
     }
 }
 

@@ -246,6 +246,13 @@ pub fn post_all<'a>(
     }
 }
 
+/// When a wait began, for a timeout that spans several waits (an engine answering
+/// commands between two looks at its action, a client waiting for one shard after
+/// another). Read from the clock only once a wait is not satisfied within its first
+/// spins: a wait that is satisfied at once reads no clock at all.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WaitStart(Option<Instant>);
+
 /// Waits until the counter is at least `target`; returns the value seen. `check_peer` runs
 /// before each sleep and after each slice: it returns the error that ends the wait (peer
 /// closed or dead). On timeout the peer is checked once more first, so a dead peer is
@@ -259,7 +266,29 @@ pub fn wait_for<S: SeqWord>(
     what: &'static str,
     check_peer: impl FnMut() -> Result<()>,
 ) -> Result<u64> {
-    wait_until(
+    wait_for_from(
+        seq,
+        target,
+        policy,
+        timeout,
+        &mut WaitStart::default(),
+        what,
+        check_peer,
+    )
+}
+
+/// [`wait_for`] with the timeout counted from `start` (set by this wait if unset).
+#[inline]
+pub fn wait_for_from<S: SeqWord>(
+    seq: &S,
+    target: u64,
+    policy: WaitPolicy,
+    timeout: Duration,
+    start: &mut WaitStart,
+    what: &'static str,
+    check_peer: impl FnMut() -> Result<()>,
+) -> Result<u64> {
+    wait_until_from(
         seq,
         |order| {
             let v = seq.load(order);
@@ -267,6 +296,7 @@ pub fn wait_for<S: SeqWord>(
         },
         policy,
         timeout,
+        start,
         what,
         check_peer,
     )
@@ -277,17 +307,56 @@ pub fn wait_for<S: SeqWord>(
 /// flag is set: [`post`] does that for the counter itself; another producer (a command
 /// ring) does the same with its own store. `ready` is called with the ordering to use for
 /// its loads.
+#[inline]
 pub fn wait_until<S: SeqWord, R>(
+    seq: &S,
+    ready: impl FnMut(Ordering) -> Option<R>,
+    policy: WaitPolicy,
+    timeout: Duration,
+    what: &'static str,
+    check_peer: impl FnMut() -> Result<()>,
+) -> Result<R> {
+    wait_until_from(
+        seq,
+        ready,
+        policy,
+        timeout,
+        &mut WaitStart::default(),
+        what,
+        check_peer,
+    )
+}
+
+/// [`wait_until`] with the timeout counted from `start` (set by this wait if unset). The
+/// first look is made here, inline in the caller: the step path of a fast peer ends
+/// there, without a call.
+#[inline]
+pub fn wait_until_from<S: SeqWord, R>(
     seq: &S,
     mut ready: impl FnMut(Ordering) -> Option<R>,
     policy: WaitPolicy,
     timeout: Duration,
+    start: &mut WaitStart,
     what: &'static str,
-    mut check_peer: impl FnMut() -> Result<()>,
+    check_peer: impl FnMut() -> Result<()>,
 ) -> Result<R> {
     if let Some(r) = ready(Ordering::Acquire) {
         return Ok(r);
     }
+    wait_on(seq, ready, policy, timeout, start, what, check_peer)
+}
+
+/// The rest of a wait, past its first look: spin, yield, sleep.
+#[inline(never)]
+fn wait_on<S: SeqWord, R>(
+    seq: &S,
+    mut ready: impl FnMut(Ordering) -> Option<R>,
+    policy: WaitPolicy,
+    timeout: Duration,
+    series: &mut WaitStart,
+    what: &'static str,
+    mut check_peer: impl FnMut() -> Result<()>,
+) -> Result<R> {
     // The clock is read only once the first 64 turns have not seen the value: a fast
     // peer answers before that, and a clock read (~25 ns) would be most of its cost.
     let mut start: Option<Instant> = None;
@@ -326,6 +395,7 @@ pub fn wait_until<S: SeqWord, R>(
         }
     }
     let start = start.unwrap_or_else(Instant::now);
+    let series_start = *series.0.get_or_insert(start);
     let yield_until = policy.spin.saturating_add(YIELD_TIME);
     for _ in 0..if core_free { policy.yields } else { 0 } {
         std::thread::yield_now();
@@ -336,7 +406,7 @@ pub fn wait_until<S: SeqWord, R>(
             break;
         }
     }
-    let deadline = start.checked_add(timeout);
+    let deadline = series_start.checked_add(timeout);
     check_peer()?;
     loop {
         seq.set_waiting(true);

@@ -162,11 +162,7 @@ impl<'a> Tensors<'a> {
     fn lookup<T: Element>(&self, key: impl TensorKey) -> Result<(usize, &'a TensorInfo)> {
         let (i, t) = key.resolve(self.layout)?;
         if !T::DTYPES.contains(&t.dtype) {
-            return Err(Error::DTypeMismatch {
-                tensor: t.name.clone(),
-                requested: T::NAME,
-                actual: t.dtype.name(),
-            });
+            return Err(dtype_mismatch(t, T::NAME));
         }
         Ok((i, t))
     }
@@ -176,9 +172,7 @@ impl<'a> Tensors<'a> {
     pub fn read<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a [T]> {
         let (i, t) = self.lookup::<T>(key)?;
         if self.exclusive & (1 << i) != 0 {
-            return Err(Error::AlreadyBorrowed {
-                tensor: t.name.clone(),
-            });
+            return Err(already_borrowed(t));
         }
         let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.shared |= 1 << i;
@@ -199,16 +193,10 @@ impl<'a> Tensors<'a> {
     pub fn write<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a mut [T]> {
         let (i, t) = self.lookup::<T>(key)?;
         if t.direction.writer() != self.side {
-            return Err(Error::WrongDirection {
-                tensor: t.name.clone(),
-                writer: t.direction.writer(),
-                requester: self.side,
-            });
+            return Err(wrong_direction(t, self.side));
         }
         if (self.shared | self.exclusive) & (1 << i) != 0 {
-            return Err(Error::AlreadyBorrowed {
-                tensor: t.name.clone(),
-            });
+            return Err(already_borrowed(t));
         }
         let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.exclusive |= 1 << i;
@@ -236,5 +224,36 @@ impl<'a> Tensors<'a> {
     pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {
         let (i, t) = key.resolve(self.layout)?;
         Ok(self.base(i, t, 1)? as *const u8)
+    }
+}
+
+// The errors of a view, out of line: `read` and `write` stay small enough to inline into
+// the step loops that call them.
+
+#[cold]
+#[inline(never)]
+fn dtype_mismatch(t: &TensorInfo, requested: &'static str) -> Error {
+    Error::DTypeMismatch {
+        tensor: t.name.clone(),
+        requested,
+        actual: t.dtype.name(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn already_borrowed(t: &TensorInfo) -> Error {
+    Error::AlreadyBorrowed {
+        tensor: t.name.clone(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_direction(t: &TensorInfo, requester: Peer) -> Error {
+    Error::WrongDirection {
+        tensor: t.name.clone(),
+        writer: t.direction.writer(),
+        requester,
     }
 }
