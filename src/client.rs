@@ -117,6 +117,9 @@ pub struct Client {
     region: Region,
     layout: Layout,
     policy: WaitPolicy,
+    /// How long the waits for frames took lately: the spin budget under the default
+    /// policy.
+    frame_waits: sync::SpinGauge,
     /// Last action number posted.
     action: u64,
     /// Last frame number received.
@@ -223,6 +226,7 @@ impl Client {
             region,
             layout,
             policy,
+            frame_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             closed: false,
@@ -583,7 +587,7 @@ impl Client {
         // `frame_seq`), each in turn: the total is the slowest shard's time, not the sum.
         // One timeout for them all; the clock is read only by a wait not answered at once.
         let target = self.action;
-        let mut start = sync::WaitStart::default();
+        let mut track = sync::WaitTrack::learning(self.frame_waits);
         for s in &self.layout.shards {
             let slot = self.slot(s);
             let seen = sync::wait_for_from(
@@ -591,7 +595,7 @@ impl Client {
                 target,
                 self.policy,
                 timeout,
-                &mut start,
+                &mut track,
                 "the engine's next frame",
                 || self.check_engine(),
             )?;
@@ -599,6 +603,7 @@ impl Client {
                 return Err(unexpected_frame(&self.layout, s, seen, target));
             }
         }
+        self.frame_waits = track.gauge();
         self.frame = target;
         if self.device_hooks {
             self.device.after_frame(target)?;

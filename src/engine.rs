@@ -180,6 +180,9 @@ pub struct Engine {
     /// client after another would otherwise spin). Cleared once a client is attached.
     client_end_reported: std::cell::Cell<bool>,
     policy: WaitPolicy,
+    /// How long the waits for actions took lately: the spin budget under the default
+    /// policy.
+    action_waits: sync::SpinGauge,
     /// Last action number received.
     action: u64,
     /// Last frame number published.
@@ -268,6 +271,7 @@ impl Engine {
             dropped_replies: std::cell::Cell::new(0),
             client_end_reported: std::cell::Cell::new(false),
             policy: spec.policy.adapted_to_shards(spec.shards as usize),
+            action_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             ready: false,
@@ -337,6 +341,7 @@ impl Engine {
             dropped_replies: std::cell::Cell::new(0),
             client_end_reported: std::cell::Cell::new(false),
             policy,
+            action_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             ready: false,
@@ -673,7 +678,7 @@ impl Engine {
         let target = self.frame + 1;
         // One timeout over every wait of this call (commands answered between them);
         // the clock is read only by a wait that is not answered at once.
-        let mut start = sync::WaitStart::default();
+        let mut track = sync::WaitTrack::learning(self.action_waits);
         let seen = loop {
             let control = self.control();
             let slot = self.slot();
@@ -693,7 +698,7 @@ impl Engine {
                 },
                 self.policy,
                 timeout,
-                &mut start,
+                &mut track,
                 "the client's next action",
                 || self.check_client(),
             );
@@ -714,6 +719,7 @@ impl Engine {
                 }
             }
         };
+        self.action_waits = track.gauge();
         if seen != target {
             return Err(unexpected_action(seen, self.frame, target));
         }
