@@ -386,14 +386,16 @@ def _accepts(check, actions) -> bool:
         spaces.Box(-5, 5, (2,), np.int32),
     ],
 )
-def test_box_action_check_agrees_with_box_contains(space):
-    """The quick check (min/max against one bound, or Box.contains) accepts exactly what
-    Gymnasium's batched Box contains after the cast to the action dtype."""
+@pytest.mark.parametrize("n", [4, 20])  # below and above _SMALL elements
+def test_box_action_check_agrees_with_box_contains(space, n):
+    """The quick check (every value or min/max against one bound, or Box.contains)
+    accepts exactly what Gymnasium's batched Box contains after the cast to the action
+    dtype."""
     from gymnasium.vector.utils import batch_space
 
-    from shmbridge.gym import _ActionCheck
+    from shmbridge.gym import _SMALL, _ActionCheck
 
-    n = 4
+    assert (n * space.shape[0] <= _SMALL) == (n == 4)
     batched = batch_space(space, n)
     check = _ActionCheck(space, n, (n, *space.shape), space.dtype)
     rng = np.random.default_rng(0)
@@ -414,11 +416,12 @@ def test_box_action_check_agrees_with_box_contains(space):
         assert got == want, (a, got, want)
 
 
+@pytest.mark.parametrize("n", [5, 40])  # below and above _SMALL elements
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint64])
-def test_discrete_action_check_agrees_with_discrete_contains(dtype):
+def test_discrete_action_check_agrees_with_discrete_contains(dtype, n):
     from shmbridge.gym import _ActionCheck
 
-    n, count = 5, 3
+    count = 3
     check = _ActionCheck(spaces.Discrete(count), n, (n, 1), np.dtype(np.int64))
     info = np.iinfo(dtype)
     values = [0, 1, 2, 3, info.max, info.min, -1 if info.min < 0 else 0]
