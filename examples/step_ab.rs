@@ -14,6 +14,10 @@
 //!   satisfied when it starts (below), for an instruction count under
 //!   `valgrind --tool=callgrind`: no spin, no sleep, so the count per step is exact and
 //!   the same on a busy machine as on an idle one.
+//! * `step_ab cost STEPS`: the loop of `count`, timed: the nanoseconds of one step's code
+//!   alone (no cache line crosses to another core, no wait), one figure per run of STEPS
+//!   steps, on one line. A busy machine only adds time: the smallest of several runs is
+//!   the figure that survives noise.
 //! * `step_ab report BASE_FILE HEAD_FILE`: reads the `time` lines of each side (one line
 //!   per round, rounds in the order run) and prints medians, p99s and ratios.
 
@@ -31,10 +35,16 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: step_ab time ENGINE_EXE STEPS | count STEPS | report BASE HEAD";
+    let usage =
+        "usage: step_ab time ENGINE_EXE STEPS | count STEPS | cost STEPS | report BASE HEAD";
     let code = match args.get(1).map(String::as_str) {
         Some("time") if args.len() == 4 => time(&args[2], parse(&args[3])),
-        Some("count") if args.len() == 3 => count(parse(&args[2]) as u64),
+        Some("count") if args.len() == 3 => count(parse(&args[2]) as u64).map(|_| ()),
+        Some("cost") if args.len() == 3 => {
+            let steps = parse(&args[2]) as u64;
+            count(steps)
+                .map(|elapsed| println!("{:.1}", elapsed.as_nanos() as f64 / steps.max(1) as f64))
+        }
         Some("report") if args.len() == 4 => report(&args[2], &args[3]),
         _ => Err(usage.to_string()),
     };
@@ -129,7 +139,7 @@ fn time_steps(name: &str, steps: usize) -> Result<Vec<f64>, String> {
 /// the engine's `wait_actions` finds action n at its first look; the engine publishes
 /// frame n, and the client's `step` finds frame n at its first look. Every call on the
 /// step path runs in full, once, with no wait.
-fn count(steps: u64) -> Result<(), String> {
+fn count(steps: u64) -> Result<Duration, String> {
     let spec = EngineSpec::new("null", 1)
         .tensor("obs", DType::F32, &[1, 16], Direction::EngineToClient)
         .tensor("actions", DType::F32, &[1, 1], Direction::ClientToEngine);
@@ -150,6 +160,7 @@ fn count(steps: u64) -> Result<(), String> {
         let base = obs_addr.sub(obs_offset);
         &*(base.add(offsets::ACTION_SEQ) as *const AtomicU64)
     };
+    let t0 = Instant::now();
     for n in 1..=steps {
         action_seq.store(n, Ordering::Release);
         let a = engine.wait_actions(TIMEOUT).map_err(|e| e.to_string())?;
@@ -175,9 +186,10 @@ fn count(steps: u64) -> Result<(), String> {
             ));
         }
     }
+    let elapsed = t0.elapsed();
     client.close();
     engine.close();
-    Ok(())
+    Ok(elapsed)
 }
 
 /// Nearest-rank percentile of sorted data.

@@ -11,9 +11,12 @@
 #    its client; batches of 100 steps after a warm-up), ROUNDS rounds (default 20) of
 #    STEPS steps (default 20000), base and head back to back in every round, the order
 #    swapped each round; prints medians, p99s and head/base ratios, overall and per round;
-# 2. with valgrind installed, counts the instructions of one step (engine and client in
-#    one thread, every wait satisfied at its first look: exact, whatever the machine's
-#    load) of each, under callgrind.
+# 2. times the code of one step alone: engine and client in one thread, every wait
+#    satisfied at its first look (no cache line crosses cores, nothing waits), 15 runs
+#    of 200000 steps per side, interleaved; a busy machine only adds time, so the
+#    smallest run of each side is the figure that survives noise;
+# 3. with valgrind installed, counts the instructions of that step under callgrind
+#    (exact, whatever the machine's load).
 #
 # The timing needs two idle cores: the pair spins, and on a loaded machine the rounds
 # measure the scheduler (the load average is printed before and after; the best round of
@@ -71,6 +74,21 @@ echo "rounds of $steps timed steps per side (batches of 100), $(nproc) CPUs, loa
 echo "$(echo "$load_after" | cut -d' ' -f1) at the end (1, 5, 15 min: $load_after)."
 echo
 "$head/examples/step_ab" report "$out/base.txt" "$out/head.txt"
+
+for ((r = 0; r < 15; r++)); do
+    for side in base head; do
+        if [ "$side" = base ]; then dir=$base; else dir=$head; fi
+        "$dir/examples/step_ab" cost 200000 >>"$out/$side-cost.txt"
+    done
+done
+stats() { sort -n "$1" | awk '{v[NR] = $1} END {printf "%s %s", v[1], v[int((NR + 1) / 2)]}'; }
+read -r cb_min cb_med <<<"$(stats "$out/base-cost.txt")"
+read -r ch_min ch_med <<<"$(stats "$out/head-cost.txt")"
+echo
+echo "The code of one step alone (engine and client in one thread, no wait; 15 interleaved"
+echo "runs of 200000 steps per side): base $cb_min ns (median run $cb_med), head $ch_min ns"
+echo "(median run $ch_med), head/base of the fastest runs" \
+    "$(awk -v a="$ch_min" -v b="$cb_min" 'BEGIN {printf "%.3f", a / b}')."
 
 if command -v valgrind >/dev/null 2>&1; then
     count() {
