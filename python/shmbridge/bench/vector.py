@@ -200,7 +200,7 @@ def _table(rows: List[Dict[str, Any]], refs: bool = True) -> str:
             rr = r.get("round_ratios_to_sync")
             line.append(f"{np.median(rr):.2f} ({min(rr):.2f}..{max(rr):.2f})" if rr else "")
         body.append(line)
-    return markdown_table(header, body, "lrrrrrrrr" if refs else "lrrrr")
+    return markdown_table(header, body, "lrrrrrrr" if refs else "lrrrr")
 
 
 def _targets(results: Dict[str, List[Dict[str, Any]]]) -> List[str]:
