@@ -97,11 +97,16 @@ class Sched:
 
 
 class Case:
-    """One row: a client that steps, and the process that answers it."""
+    """One row: a client that steps, and the process that answers it. ``begin``/``end``
+    bracket its blocks (a busy-polling server polls only between them, so that it never
+    takes a core from another case's pair)."""
 
-    def __init__(self, label: str, payload: str, step: Any, server_pid: int, close: Any, check: Any) -> None:
+    def __init__(self, label: str, payload: str, step: Any, server_pid: int, close: Any, check: Any,
+                 begin: Any = None, end: Any = None) -> None:
         self.label, self.payload = label, payload
         self.step, self.close, self.check = step, close, check
+        self.begin = begin or (lambda: None)
+        self.end = end or (lambda: None)
         self.samples: List[int] = []
         self.sched = {"client": Sched(os.getpid()), "server": Sched(server_pid)}
         self.steps = 0
@@ -146,14 +151,9 @@ def _floor_case(wl: Any) -> Case:
     peer = floor_peer.FloorPeer(wl, touch=False)
     peer.launch()
     peer.start()
-    peer.begin()  # the server polls from now on, as the shmbridge engines do
-
-    def close() -> None:
-        peer.end()
-        peer.close()
-
-    return Case("raw seq-counter ping-pong (floor)", wl.label, peer.step_once, peer.server.proc.pid, close,
-                peer.check)
+    # The server polls during this case's blocks only (begin/end around each).
+    return Case("raw seq-counter ping-pong (floor)", wl.label, peer.step_once, peer.server.proc.pid, peer.close,
+                peer.check, begin=peer.begin, end=peer.end)
 
 
 def main(args: Any) -> int:
@@ -173,8 +173,12 @@ def main(args: Any) -> int:
         for r in range(rounds):
             for k in range(len(cases)):
                 case = cases[(r + k) % len(cases)]
-                case.run(warmup, None)
-                case.run(per_block, case.samples)
+                case.begin()
+                try:
+                    case.run(warmup, None)
+                    case.run(per_block, case.samples)
+                finally:
+                    case.end()
         elapsed = time.monotonic() - t_start
         for c in cases:  # every frame arrived and was the right one
             c.check()
