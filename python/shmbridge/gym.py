@@ -496,10 +496,6 @@ class ShmVectorEnv(VectorEnv):
 
     # --- step ----------------------------------------------------------------------------
 
-    def _validate(self, actions: Any) -> np.ndarray:
-        """``actions`` as an array of the action tensor's shape and dtype, or ValueError."""
-        return self._action_check(actions)
-
     def _final_infos(self) -> Dict[str, Any]:
         """``infos`` of the frame just stepped: ``{}``, or the finished envs' final
         observations laid out as ``SyncVectorEnv`` (SAME_STEP) lays them out through
