@@ -421,7 +421,7 @@ const char *shmb_status_name(int32_t status);
 /**
  * Attaches to the engine serving region `name` (as the engine printed it), waiting up to
  * `timeout_ms` for it to publish frame 0. `spin_us`: how the client waits for frames
- * (spin that many microseconds, then sleep; 0: never spin; `SHMB_SPIN_DEFAULT`: 100 µs).
+ * (spin that many microseconds, then sleep; 0: never spin; `SHMB_SPIN_DEFAULT`: 100 µs, up to 2 ms while the last waits took longer).
  * After this, the engine→client tensors hold the reset observations.
  *
  * Ownership: `name` is copied; `*out` is a new client owned by the caller, closed with
@@ -786,9 +786,10 @@ shmb_status shmb_spec_set_name(shmb_spec *spec, const char *name);
 
 /**
  * How the engine waits for actions: spin `spin_us` microseconds before sleeping on a
- * futex; 0: never spin (lowest CPU use); `SHMB_SPIN_DEFAULT` (-1): the default, 100 µs.
+ * futex; 0: never spin (lowest CPU use); `SHMB_SPIN_DEFAULT` (-1): the default, 100 µs, up to 2 ms while the last waits took longer.
  */
-shmb_status shmb_spec_set_spin(shmb_spec *spec, int64_t spin_us);
+shmb_status shmb_spec_set_spin(shmb_spec *spec,
+                               int64_t spin_us);
 
 /**
  * Bytes of each command ring (a power of two ≥ 64; default 512 KiB; 0: no command

@@ -181,9 +181,11 @@ fn parse_shard(text: &str) -> Result<(u32, u32), String> {
 
 #[derive(Args, Clone)]
 struct WaitArgs {
-    /// Spin budget in microseconds before sleeping (fractions allowed).
-    #[arg(long, default_value_t = WaitPolicy::DEFAULT_SPIN.as_micros() as f64, value_parser = parse_micros)]
-    spin_us: f64,
+    /// Spin budget in microseconds before sleeping (fractions allowed). Default: 100,
+    /// grown up to 2000 while the waits of the last steps were that long; a value given
+    /// here is kept as given.
+    #[arg(long, value_parser = parse_micros)]
+    spin_us: Option<f64>,
     /// Never spin: sleep at once (lowest CPU use).
     #[arg(long)]
     blocking: bool,
@@ -191,13 +193,13 @@ struct WaitArgs {
 
 impl WaitArgs {
     fn policy(&self) -> WaitPolicy {
-        if self.blocking {
-            WaitPolicy::BLOCKING
-        } else {
+        match (self.blocking, self.spin_us) {
+            (true, _) => WaitPolicy::BLOCKING,
+            (false, None) => WaitPolicy::default(),
             // `parse_micros` keeps it finite and non-negative; `spinning` caps it.
-            WaitPolicy::spinning(
-                Duration::try_from_secs_f64(self.spin_us / 1e6).unwrap_or(Duration::MAX),
-            )
+            (false, Some(us)) => {
+                WaitPolicy::spinning(Duration::try_from_secs_f64(us / 1e6).unwrap_or(Duration::MAX))
+            }
         }
     }
 }
@@ -306,7 +308,9 @@ fn launch(
         "--seed",
         &seed.to_string(),
     ]);
-    cmd.args(["--spin-us", &wait.spin_us.to_string()]);
+    if let Some(us) = wait.spin_us {
+        cmd.args(["--spin-us", &us.to_string()]);
+    }
     if wait.blocking {
         cmd.arg("--blocking");
     }

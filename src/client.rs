@@ -117,6 +117,9 @@ pub struct Client {
     region: Region,
     layout: Layout,
     policy: WaitPolicy,
+    /// How long the waits for frames took lately: the spin budget under the default
+    /// policy.
+    frame_waits: sync::SpinGauge,
     /// Last action number posted.
     action: u64,
     /// Last frame number received.
@@ -212,12 +215,18 @@ impl Client {
                 e => e,
             })?;
         device.publish_session(control, &claim, &layout)?;
+        // Every shard's words inside the mapping, checked once here: the step path then
+        // makes its slots without the checks (`ShardSlot::checked_before`).
+        for s in &layout.shards {
+            ShardSlot::new(&region, s)?;
+        }
         control.attach_client();
         let policy = options.policy.adapted_to_shards(layout.shards.len());
         let mut client = Client {
             region,
             layout,
             policy,
+            frame_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             closed: false,
@@ -407,6 +416,14 @@ impl Client {
         (action, lowest)
     }
 
+    /// The live words of `shard`, one of this client's layout's.
+    #[inline]
+    fn slot<'s>(&'s self, shard: &'s ShardInfo) -> ShardSlot<'s> {
+        // SAFETY: `attach` checked every shard of `self.layout` with `ShardSlot::new`
+        // against `self.region`, and neither changes afterwards.
+        unsafe { ShardSlot::checked_before(&self.region, shard) }
+    }
+
     fn engine_state(&self) -> EngineState {
         self.region.control().engine_state()
     }
@@ -511,6 +528,7 @@ impl Client {
 
     /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
     /// truncated (it sticks: nothing touches the mapping again). A field and a load.
+    #[inline]
     fn check_usable(&self) -> Result<()> {
         if self.closed {
             return Err(Error::Closed(Peer::Client));
@@ -518,6 +536,7 @@ impl Client {
         self.region.known_shrunk()
     }
 
+    #[inline]
     fn check_can_step(&self) -> Result<()> {
         self.check_usable()?;
         if self.action != self.frame {
@@ -531,15 +550,16 @@ impl Client {
         Ok(())
     }
 
+    #[inline]
     fn post_and_wait(&mut self, timeout: Duration) -> Result<u64> {
         self.action += 1;
         if self.layout.is_sharded() {
             // One action for every shard: each sleeps on the doorbell with its own flag.
-            let slots = self.layout.shards.iter().map(|s| {
-                ShardSlot::new(&self.region, s)
-                    .expect("checked at attach")
-                    .engine_waiting()
-            });
+            let slots = self
+                .layout
+                .shards
+                .iter()
+                .map(|s| self.slot(s).engine_waiting());
             sync::post_all(
                 &self.region.control().doorbell_with_action(),
                 self.action,
@@ -561,35 +581,29 @@ impl Client {
     }
 
     /// [`Client::wait_frame`] past its checks (`step` made them already).
+    #[inline]
     fn await_frame(&mut self, timeout: Duration) -> Result<u64> {
         // Every shard's frame (an unsharded region's one shard is the control block's
         // `frame_seq`), each in turn: the total is the slowest shard's time, not the sum.
-        // The clock is read only when there are several (the fast path reads none).
+        // One timeout for them all; the clock is read only by a wait not answered at once.
         let target = self.action;
-        let start = self.layout.is_sharded().then(Instant::now);
+        let mut track = sync::WaitTrack::learning(self.frame_waits);
         for s in &self.layout.shards {
-            let slot = ShardSlot::new(&self.region, s)?;
-            let seen = sync::wait_for(
+            let slot = self.slot(s);
+            let seen = sync::wait_for_from(
                 &slot.frame_seq(),
                 target,
                 self.policy,
-                start.map_or(timeout, |t| timeout.saturating_sub(t.elapsed())),
+                timeout,
+                &mut track,
                 "the engine's next frame",
                 || self.check_engine(),
             )?;
             if seen != target {
-                return Err(Error::Protocol {
-                    peer: Peer::Engine,
-                    detail: match self.layout.is_sharded() {
-                        true => format!(
-                            "shard {} published frame {seen} for action {target}",
-                            s.index
-                        ),
-                        false => format!("published frame {seen} for action {target}"),
-                    },
-                });
+                return Err(unexpected_frame(&self.layout, s, seen, target));
             }
         }
+        self.frame_waits = track.gauge();
         self.frame = target;
         if self.device_hooks {
             self.device.after_frame(target)?;
@@ -937,6 +951,20 @@ impl Client {
         device.release(&self.region);
         self.region.control().close_client();
         drop(device);
+    }
+}
+
+#[cold]
+fn unexpected_frame(layout: &Layout, shard: &ShardInfo, seen: u64, target: u64) -> Error {
+    Error::Protocol {
+        peer: Peer::Engine,
+        detail: match layout.is_sharded() {
+            true => format!(
+                "shard {} published frame {seen} for action {target}",
+                shard.index
+            ),
+            false => format!("published frame {seen} for action {target}"),
+        },
     }
 }
 

@@ -162,7 +162,7 @@ pub(crate) struct Channel<'a> {
 
 /// The rings of `shard` in `region` (an unsharded region's one shard: the control
 /// block's), if the layout has rings.
-pub(crate) fn channel<'a>(region: &'a Region, shard: &ShardInfo) -> Result<Option<Channel<'a>>> {
+pub(crate) fn channel<'a>(region: &'a Region, shard: &'a ShardInfo) -> Result<Option<Channel<'a>>> {
     let Some(rings) = shard.rings else {
         return Ok(None);
     };

@@ -180,6 +180,9 @@ pub struct Engine {
     /// client after another would otherwise spin). Cleared once a client is attached.
     client_end_reported: std::cell::Cell<bool>,
     policy: WaitPolicy,
+    /// How long the waits for actions took lately: the spin budget under the default
+    /// policy.
+    action_waits: sync::SpinGauge,
     /// Last action number received.
     action: u64,
     /// Last frame number published.
@@ -235,10 +238,12 @@ impl Engine {
         let start = region.control().engine_start_time();
         let shards = builder.shards();
         let shard = shards[0];
+        // Checked once here: `slot()` makes this shard's slot without the checks.
+        let slot = ShardSlot::new(&region, &shard)?;
         if shards.len() > 1 {
             // The creator serves shard 0: its lock and identity, as a joining shard's.
             shard::lock_shard(&region, 0)?;
-            ShardSlot::new(&region, &shard)?.set_identity(pid, start);
+            slot.set_identity(pid, start);
         }
         let layout = Layout {
             version: (builder.header.version_major, builder.header.version_minor),
@@ -266,6 +271,7 @@ impl Engine {
             dropped_replies: std::cell::Cell::new(0),
             client_end_reported: std::cell::Cell::new(false),
             policy: spec.policy.adapted_to_shards(spec.shards as usize),
+            action_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             ready: false,
@@ -335,6 +341,7 @@ impl Engine {
             dropped_replies: std::cell::Cell::new(0),
             client_end_reported: std::cell::Cell::new(false),
             policy,
+            action_waits: sync::SpinGauge::default(),
             action: 0,
             frame: 0,
             ready: false,
@@ -358,7 +365,9 @@ impl Engine {
     /// The live words of this engine's shard.
     #[inline]
     fn slot(&self) -> ShardSlot<'_> {
-        ShardSlot::new(&self.region, &self.shard).expect("checked when the engine was made")
+        // SAFETY: `create` and `join` made this shard's slot with `ShardSlot::new` in
+        // this region before the engine existed, and neither changes afterwards.
+        unsafe { ShardSlot::checked_before(&self.region, &self.shard) }
     }
 
     /// A second mapping of the same region, for views that must outlive this engine
@@ -449,6 +458,7 @@ impl Engine {
     /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
     /// truncated (it sticks: nothing touches the mapping again). Every public call that
     /// touches the region starts here: a field and a load, no system call.
+    #[inline]
     fn check_usable(&self) -> Result<()> {
         if self.closed {
             return Err(Error::Closed(Peer::Engine));
@@ -666,13 +676,15 @@ impl Engine {
             ));
         }
         let target = self.frame + 1;
-        let start = Instant::now();
+        // One timeout over every wait of this call (commands answered between them);
+        // the clock is read only by a wait that is not answered at once.
+        let mut track = sync::WaitTrack::learning(self.action_waits);
         let seen = loop {
             let control = self.control();
             let slot = self.slot();
             let action_seq = control.action_seq().counter;
             let has_rings = self.shard.rings.is_some();
-            let woke = sync::wait_until(
+            let woke = sync::wait_until_from(
                 &slot.doorbell(&self.region),
                 |order| {
                     let a = action_seq.load(order);
@@ -685,7 +697,8 @@ impl Engine {
                     }
                 },
                 self.policy,
-                timeout.saturating_sub(start.elapsed()),
+                timeout,
+                &mut track,
                 "the client's next action",
                 || self.check_client(),
             );
@@ -706,14 +719,9 @@ impl Engine {
                 }
             }
         };
+        self.action_waits = track.gauge();
         if seen != target {
-            return Err(Error::Protocol {
-                peer: Peer::Client,
-                detail: format!(
-                    "posted action {seen} after frame {}; expected {target}",
-                    self.frame
-                ),
-            });
+            return Err(unexpected_action(seen, self.frame, target));
         }
         // CUDA: the client recorded its event after writing device actions and before
         // posting; the engine stream waits on it before any kernel reads them.
@@ -910,6 +918,14 @@ impl Engine {
         // reads the client's acknowledgement after the CLOSED store above).
         let device = std::mem::replace(&mut self.device, Box::new(device::host::HostEngine));
         self.release = device.release(self.region.control());
+    }
+}
+
+#[cold]
+fn unexpected_action(seen: u64, frame: u64, target: u64) -> Error {
+    Error::Protocol {
+        peer: Peer::Client,
+        detail: format!("posted action {seen} after frame {frame}; expected {target}"),
     }
 }
 

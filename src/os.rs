@@ -568,14 +568,21 @@ pub fn new_session() -> std::io::Result<()> {
 #[cfg_attr(loom, allow(dead_code))]
 const CORE_FREE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How soon [`core_free`] reads the count again after it found the machine busy: one
+/// runnable thread too many at the moment of a reading (a kernel worker waking, say)
+/// would otherwise send every long wait to the futex for the next 10 ms; on a machine
+/// that stays busy this is one more read a millisecond.
+#[cfg_attr(loom, allow(dead_code))]
+const CORE_BUSY_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Whether every runnable thread of the machine has a core now: the kernel's count of
 /// runnable threads (`/proc/loadavg`, the `R` of its `R/T` field, which counts the caller)
 /// is at most the machine's online CPUs. A waiter spins only while this holds: on a busy
 /// machine a spinning waiter takes the core the process it waits for needs. Both counts
 /// are the whole machine's (`/proc/loadavg` is not per container): compared with the
 /// CPUs a container's quota allows instead, a quiet container on a busy host would never
-/// spin. Read at most every 10 ms (a read costs a few microseconds); `true` when it
-/// cannot be read.
+/// spin. Read at most every 10 ms, or 1 ms after a busy reading (a `pread` of a
+/// descriptor kept open: a few microseconds); `true` when it cannot be read.
 #[cfg_attr(loom, allow(dead_code))]
 pub fn core_free() -> bool {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -588,8 +595,14 @@ pub fn core_free() -> bool {
     let epoch = *EPOCH.get_or_init(Instant::now);
     let now = epoch.elapsed().as_nanos() as u64 + 1;
     let last = CHECKED_AT.load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < CORE_FREE_EVERY.as_nanos() as u64 {
-        return FREE.load(Ordering::Relaxed);
+    let free = FREE.load(Ordering::Relaxed);
+    let every = if free {
+        CORE_FREE_EVERY
+    } else {
+        CORE_BUSY_RECHECK
+    };
+    if last != 0 && now.saturating_sub(last) < every.as_nanos() as u64 {
+        return free;
     }
     CHECKED_AT.store(now, Ordering::Relaxed);
     let cores = *CORES.get_or_init(|| {
@@ -598,9 +611,18 @@ pub fn core_free() -> bool {
             .and_then(|text| cpu_list_len(&text))
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
-    let free = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| runnable_threads(&text))
+    // One descriptor for the process's life and a read into the stack: open, read,
+    // close and a String cost about 17 µs here, a `pread` of the open file 3 µs.
+    static LOADAVG: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let free = LOADAVG
+        .get_or_init(|| std::fs::File::open("/proc/loadavg").ok())
+        .as_ref()
+        .and_then(|file| {
+            use std::os::unix::fs::FileExt;
+            let mut text = [0u8; 128];
+            let n = file.read_at(&mut text, 0).ok()?;
+            runnable_threads(std::str::from_utf8(&text[..n]).ok()?)
+        })
         .is_none_or(|running| running <= cores);
     FREE.store(free, Ordering::Relaxed);
     free

@@ -22,11 +22,20 @@ use crate::region::Region;
 use crate::ring::RingCtrl;
 use crate::sync::{Doorbell, SharedSeq};
 
+#[cold]
+fn outside_the_mapping(shard: &ShardInfo) -> Error {
+    Error::InvalidHeader {
+        field: "shard table",
+        reason: format!("shard {}'s words lie outside the mapping", shard.index),
+    }
+}
+
 /// The live words of one shard in a mapping.
 #[derive(Clone, Copy)]
 pub struct ShardSlot<'a> {
     base: NonNull<u8>,
-    words: ShardWords,
+    /// Borrowed from the layout, not copied: the step path makes a slot every step.
+    words: &'a ShardWords,
     _mapping: PhantomData<&'a [u8]>,
 }
 
@@ -34,29 +43,36 @@ impl<'a> ShardSlot<'a> {
     /// The words of `shard` in `region`. A validated layout (or the builder, for the
     /// engine) puts every word inside the header, which lies inside the mapping; checked
     /// again here, so a slot can never reach past it.
-    pub fn new(region: &'a Region, shard: &ShardInfo) -> Result<ShardSlot<'a>> {
-        let w = shard.words;
-        let aligned = [
-            w.frame_seq,
-            w.start_time,
-            w.c2e_head,
-            w.c2e_tail,
-            w.e2c_head,
-            w.e2c_tail,
-        ]
-        .iter()
-        .all(|o| o % 8 == 0);
+    #[inline]
+    pub fn new(region: &'a Region, shard: &'a ShardInfo) -> Result<ShardSlot<'a>> {
+        let w = &shard.words;
+        let aligned =
+            (w.frame_seq | w.start_time | w.c2e_head | w.c2e_tail | w.e2c_head | w.e2c_tail) % 8
+                == 0;
         if !aligned || w.end() > region.len() {
-            return Err(Error::InvalidHeader {
-                field: "shard table",
-                reason: format!("shard {}'s words lie outside the mapping", shard.index),
-            });
+            return Err(outside_the_mapping(shard));
         }
         Ok(ShardSlot {
             base: NonNull::new(region.ptr()).expect("a mapping is never at address 0"),
             words: w,
             _mapping: PhantomData,
         })
+    }
+
+    /// The slot of a shard whose words [`ShardSlot::new`] has checked against this same
+    /// mapping before (the engine when it was made, the client when it attached): the
+    /// step path makes a slot every step and skips the checks.
+    ///
+    /// # Safety
+    /// `ShardSlot::new(region, shard)` must have returned `Ok` for this `region` and an
+    /// equal `shard` (a region's mapping and its layout never change afterwards).
+    #[inline]
+    pub unsafe fn checked_before(region: &'a Region, shard: &'a ShardInfo) -> ShardSlot<'a> {
+        ShardSlot {
+            base: NonNull::new(region.ptr()).expect("a mapping is never at address 0"),
+            words: &shard.words,
+            _mapping: PhantomData,
+        }
     }
 
     #[inline]
@@ -103,7 +119,7 @@ impl<'a> ShardSlot<'a> {
     /// Control words of this shard's client→engine ring.
     #[inline]
     pub fn c2e_ring(&self) -> RingCtrl<'a> {
-        let w = &self.words;
+        let w = self.words;
         self.ring(
             w.c2e_head,
             w.c2e_tail,
@@ -115,7 +131,7 @@ impl<'a> ShardSlot<'a> {
     /// Control words of this shard's engine→client ring.
     #[inline]
     pub fn e2c_ring(&self) -> RingCtrl<'a> {
-        let w = &self.words;
+        let w = self.words;
         self.ring(
             w.e2c_head,
             w.e2c_tail,
@@ -166,7 +182,7 @@ impl<'a> ShardSlot<'a> {
     pub fn close(&self) {
         self.u32(self.words.state)
             .store(EngineState::Closed.code(), Ordering::SeqCst);
-        let w = &self.words;
+        let w = self.words;
         for word in [w.frame_seq, w.e2c_head, w.c2e_tail] {
             os::futex_wake_all(self.u32(word));
         }

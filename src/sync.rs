@@ -27,17 +27,27 @@ pub struct WaitPolicy {
     pub spin: Duration,
     /// Then `sched_yield` this many times before sleeping on the futex.
     pub yields: u32,
+    /// Spin longer than `spin`, up to this, when this side's recent waits were that long
+    /// ([`SpinGauge`]): a peer whose step takes a few hundred microseconds is then met
+    /// spinning instead of with a futex wake-up each step (tens of microseconds on a VM).
+    /// Zero: `spin` is the budget, whatever the waits.
+    pub spin_up_to: Duration,
 }
 
 impl WaitPolicy {
-    /// Spin for `spin` (at most [`WaitPolicy::MAX_SPIN`]), then 16 yields, then sleep.
+    /// Spin for `spin` (at most [`WaitPolicy::MAX_SPIN`]), then 16 yields, then sleep: a
+    /// fixed budget, as given.
     pub const fn spinning(spin: Duration) -> Self {
         let spin = if spin.as_nanos() > WaitPolicy::MAX_SPIN.as_nanos() {
             WaitPolicy::MAX_SPIN
         } else {
             spin
         };
-        WaitPolicy { spin, yields: 16 }
+        WaitPolicy {
+            spin,
+            yields: 16,
+            spin_up_to: Duration::ZERO,
+        }
     }
     /// The longest spin budget: a spinning wait checks neither its deadline nor its peer,
     /// so spinning longer than a sleep slice would only delay both.
@@ -46,10 +56,15 @@ impl WaitPolicy {
     pub const BLOCKING: WaitPolicy = WaitPolicy {
         spin: Duration::ZERO,
         yields: 0,
+        spin_up_to: Duration::ZERO,
     };
     /// Default spin budget: covers a fast engine step without sleeping, and costs at most
     /// this much CPU per wait when the peer is slow.
     pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+    /// How far the default policy's budget grows to cover the recent waits: a wake-up
+    /// (tens of microseconds) is a tenth of a step this short or shorter. Longer steps
+    /// are waited for asleep after [`WaitPolicy::DEFAULT_SPIN`], as before.
+    pub const DEFAULT_SPIN_UP_TO: Duration = Duration::from_millis(2);
 
     /// The default for `processes` busy processes taking turns (a sharded region's K
     /// shards and its client): spin only while each can have a core of its own, else
@@ -67,8 +82,8 @@ impl WaitPolicy {
 
     /// What a side of a sharded region (`shards` engines) uses when it was given the
     /// default policy: [`WaitPolicy::for_processes`] of the shards and the client. Any
-    /// other policy is kept as given (to spin on an oversubscribed machine anyway, pick
-    /// another budget than the default's); an unsharded region keeps the default.
+    /// other policy is kept as given (to spin on an oversubscribed machine anyway, give a
+    /// budget: [`WaitPolicy::spinning`]); an unsharded region keeps the default.
     pub fn adapted_to_shards(self, shards: usize) -> WaitPolicy {
         if shards > 1 && self == WaitPolicy::default() {
             WaitPolicy::for_processes(shards + 1)
@@ -79,8 +94,61 @@ impl WaitPolicy {
 }
 
 impl Default for WaitPolicy {
+    /// Spin [`WaitPolicy::DEFAULT_SPIN`], or up to [`WaitPolicy::DEFAULT_SPIN_UP_TO`]
+    /// to cover the recent waits; 16 yields; then sleep.
     fn default() -> Self {
-        WaitPolicy::spinning(WaitPolicy::DEFAULT_SPIN)
+        WaitPolicy {
+            spin_up_to: WaitPolicy::DEFAULT_SPIN_UP_TO,
+            ..WaitPolicy::spinning(WaitPolicy::DEFAULT_SPIN)
+        }
+    }
+}
+
+/// What one side has seen of its recent waits (a moving average of how long they took),
+/// to size its spin: [`SpinGauge::budget`]. The client keeps one for its frames, the
+/// engine one for its actions.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpinGauge {
+    /// Moving average (weight 1/8 per wait) of the waits' lengths, in nanoseconds.
+    typical_ns: u64,
+}
+
+impl SpinGauge {
+    /// The spin budget of the next wait under `policy`: its `spin`, or, when the waits
+    /// lately took longer but at most half of `spin_up_to`, twice their average (a wait
+    /// a little longer than usual is still met spinning). Past that the peer is slow
+    /// enough that a wake-up costs little beside its step: back to `spin`.
+    #[inline]
+    pub fn budget(&self, policy: WaitPolicy) -> Duration {
+        let want = self.typical_ns.saturating_mul(2);
+        if policy.spin.is_zero() || want <= policy.spin.as_nanos() as u64 {
+            return policy.spin;
+        }
+        if want <= policy.spin_up_to.as_nanos() as u64 {
+            Duration::from_nanos(want)
+        } else {
+            policy.spin
+        }
+    }
+
+    /// A wait ended after `waited` (zero: at the first look). One outlier moves the
+    /// average by an eighth of itself at most, and at most by a quarter of the largest
+    /// budget.
+    #[inline]
+    pub fn record(&mut self, waited: Duration) {
+        let cap = 4 * WaitPolicy::DEFAULT_SPIN_UP_TO.as_nanos() as u64;
+        let sample = (waited.as_nanos() as u64).min(cap);
+        self.typical_ns = self.typical_ns - self.typical_ns / 8 + sample / 8;
+    }
+
+    /// [`SpinGauge::record`] of a wait answered at its first look: for a fast peer the
+    /// average is zero and stays so, without a store.
+    #[inline]
+    fn record_at_once(&mut self) {
+        let t = self.typical_ns;
+        if t != 0 {
+            self.typical_ns = t - t.div_ceil(8);
+        }
     }
 }
 
@@ -246,6 +314,33 @@ pub fn post_all<'a>(
     }
 }
 
+/// What a wait keeps, or a series of waits under one timeout (an engine answering
+/// commands between two looks at its action, a client waiting for one shard after
+/// another): when it began, read from the clock only once a wait is not answered within
+/// its first spins (a wait answered at once reads no clock at all), and the side's
+/// [`SpinGauge`], which sizes the spin and learns from each wait (a fresh one, as
+/// `default()` has, gives the policy's own budget).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WaitTrack {
+    start: Option<Instant>,
+    gauge: SpinGauge,
+}
+
+impl WaitTrack {
+    /// A wait of a side whose recent waits `gauge` describes; take it back with
+    /// [`WaitTrack::gauge`] once the wait is over.
+    #[inline]
+    pub fn learning(gauge: SpinGauge) -> WaitTrack {
+        WaitTrack { start: None, gauge }
+    }
+
+    /// The gauge, with this wait's length learnt.
+    #[inline]
+    pub fn gauge(&self) -> SpinGauge {
+        self.gauge
+    }
+}
+
 /// Waits until the counter is at least `target`; returns the value seen. `check_peer` runs
 /// before each sleep and after each slice: it returns the error that ends the wait (peer
 /// closed or dead). On timeout the peer is checked once more first, so a dead peer is
@@ -259,7 +354,30 @@ pub fn wait_for<S: SeqWord>(
     what: &'static str,
     check_peer: impl FnMut() -> Result<()>,
 ) -> Result<u64> {
-    wait_until(
+    wait_for_from(
+        seq,
+        target,
+        policy,
+        timeout,
+        &mut WaitTrack::default(),
+        what,
+        check_peer,
+    )
+}
+
+/// [`wait_for`] with the timeout counted from the start of `track` (set by this wait if
+/// unset), and the spin budget of its gauge.
+#[inline]
+pub fn wait_for_from<S: SeqWord>(
+    seq: &S,
+    target: u64,
+    policy: WaitPolicy,
+    timeout: Duration,
+    track: &mut WaitTrack,
+    what: &'static str,
+    check_peer: impl FnMut() -> Result<()>,
+) -> Result<u64> {
+    wait_until_from(
         seq,
         |order| {
             let v = seq.load(order);
@@ -267,6 +385,7 @@ pub fn wait_for<S: SeqWord>(
         },
         policy,
         timeout,
+        track,
         what,
         check_peer,
     )
@@ -277,17 +396,58 @@ pub fn wait_for<S: SeqWord>(
 /// flag is set: [`post`] does that for the counter itself; another producer (a command
 /// ring) does the same with its own store. `ready` is called with the ordering to use for
 /// its loads.
+#[inline]
 pub fn wait_until<S: SeqWord, R>(
+    seq: &S,
+    ready: impl FnMut(Ordering) -> Option<R>,
+    policy: WaitPolicy,
+    timeout: Duration,
+    what: &'static str,
+    check_peer: impl FnMut() -> Result<()>,
+) -> Result<R> {
+    wait_until_from(
+        seq,
+        ready,
+        policy,
+        timeout,
+        &mut WaitTrack::default(),
+        what,
+        check_peer,
+    )
+}
+
+/// [`wait_until`] with the timeout counted from the start of `track` (set by this wait if
+/// unset), and the spin budget of its gauge. The first look is made here, inline in the
+/// caller: the step path of a fast peer ends there, without a call.
+#[inline]
+pub fn wait_until_from<S: SeqWord, R>(
     seq: &S,
     mut ready: impl FnMut(Ordering) -> Option<R>,
     policy: WaitPolicy,
     timeout: Duration,
+    track: &mut WaitTrack,
+    what: &'static str,
+    check_peer: impl FnMut() -> Result<()>,
+) -> Result<R> {
+    if let Some(r) = ready(Ordering::Acquire) {
+        track.gauge.record_at_once();
+        return Ok(r);
+    }
+    wait_on(seq, ready, policy, timeout, track, what, check_peer)
+}
+
+/// The rest of a wait, past its first look: spin, yield, sleep.
+#[inline(never)]
+fn wait_on<S: SeqWord, R>(
+    seq: &S,
+    mut ready: impl FnMut(Ordering) -> Option<R>,
+    policy: WaitPolicy,
+    timeout: Duration,
+    track: &mut WaitTrack,
     what: &'static str,
     mut check_peer: impl FnMut() -> Result<()>,
 ) -> Result<R> {
-    if let Some(r) = ready(Ordering::Acquire) {
-        return Ok(r);
-    }
+    let spin = track.gauge.budget(policy);
     // The clock is read only once the first 64 turns have not seen the value: a fast
     // peer answers before that, and a clock read (~25 ns) would be most of its cost.
     let mut start: Option<Instant> = None;
@@ -295,12 +455,15 @@ pub fn wait_until<S: SeqWord, R>(
     // machine the waiter would hold the core its peer needs. Looked at once the first 64
     // turns have not seen the value (a fast peer never gets here).
     let mut core_free = true;
-    if !policy.spin.is_zero() {
+    if !spin.is_zero() {
         let mut i: u32 = 0;
         let mut next_yield = SPIN_YIELD_EVERY;
         loop {
             std::hint::spin_loop();
             if let Some(r) = ready(Ordering::Acquire) {
+                track
+                    .gauge
+                    .record(start.map_or(Duration::ZERO, |t| t.elapsed()));
                 return Ok(r);
             }
             i = i.wrapping_add(1);
@@ -313,7 +476,7 @@ pub fn wait_until<S: SeqWord, R>(
                         Duration::ZERO
                     }
                 };
-                if spent >= policy.spin || !core_free {
+                if spent >= spin || !core_free {
                     break;
                 }
                 // On a busy machine the peer may need this very core to answer: let it
@@ -326,17 +489,19 @@ pub fn wait_until<S: SeqWord, R>(
         }
     }
     let start = start.unwrap_or_else(Instant::now);
-    let yield_until = policy.spin.saturating_add(YIELD_TIME);
+    let series_start = *track.start.get_or_insert(start);
+    let yield_until = spin.saturating_add(YIELD_TIME);
     for _ in 0..if core_free { policy.yields } else { 0 } {
         std::thread::yield_now();
         if let Some(r) = ready(Ordering::Acquire) {
+            track.gauge.record(start.elapsed());
             return Ok(r);
         }
         if start.elapsed() >= yield_until {
             break;
         }
     }
-    let deadline = start.checked_add(timeout);
+    let deadline = series_start.checked_add(timeout);
     check_peer()?;
     loop {
         seq.set_waiting(true);
@@ -346,6 +511,7 @@ pub fn wait_until<S: SeqWord, R>(
         let word = seq.load(Ordering::Acquire);
         if let Some(r) = ready(Ordering::Acquire) {
             seq.set_waiting(false);
+            track.gauge.record(start.elapsed());
             return Ok(r);
         }
         let now = Instant::now();
@@ -378,10 +544,102 @@ pub fn wait_until<S: SeqWord, R>(
         }
         seq.set_waiting(false);
         if let Some(r) = ready(Ordering::Acquire) {
+            track.gauge.record(start.elapsed());
             return Ok(r);
         }
         if !slept_out {
             check_peer()?;
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn settled(waits: Duration) -> SpinGauge {
+        let mut g = SpinGauge::default();
+        for _ in 0..200 {
+            g.record(waits);
+        }
+        g
+    }
+
+    #[test]
+    fn the_default_budget_grows_to_cover_waits_up_to_half_its_cap() {
+        let policy = WaitPolicy::default();
+        assert_eq!(
+            SpinGauge::default().budget(policy),
+            WaitPolicy::DEFAULT_SPIN
+        );
+        // Waits answered at once, or within half the base budget: the base budget.
+        assert_eq!(
+            settled(Duration::ZERO).budget(policy),
+            WaitPolicy::DEFAULT_SPIN
+        );
+        assert_eq!(
+            settled(Duration::from_micros(40)).budget(policy),
+            WaitPolicy::DEFAULT_SPIN
+        );
+        // Waits of 150 µs (a CartPole shard of 16 envs): about twice that.
+        let b = settled(Duration::from_micros(150)).budget(policy);
+        assert!(
+            b >= Duration::from_micros(290) && b <= Duration::from_micros(300),
+            "{b:?}"
+        );
+        // Waits of 1 ms: 2 ms, the cap.
+        let b = settled(Duration::from_millis(1)).budget(policy);
+        assert!(
+            b > Duration::from_micros(1900) && b <= WaitPolicy::DEFAULT_SPIN_UP_TO,
+            "{b:?}"
+        );
+        // Waits longer than half the cap: the peer is slow, a wake-up is cheap beside
+        // its step: back to the base budget.
+        assert_eq!(
+            settled(Duration::from_millis(3)).budget(policy),
+            WaitPolicy::DEFAULT_SPIN
+        );
+    }
+
+    #[test]
+    fn a_given_or_blocking_policy_keeps_its_budget() {
+        let g = settled(Duration::from_micros(500));
+        let given = WaitPolicy::spinning(Duration::from_micros(100));
+        assert_ne!(given, WaitPolicy::default());
+        assert_eq!(g.budget(given), Duration::from_micros(100));
+        assert_eq!(g.budget(WaitPolicy::BLOCKING), Duration::ZERO);
+    }
+
+    #[test]
+    fn one_long_wait_moves_the_budget_by_a_bounded_step() {
+        let policy = WaitPolicy::default();
+        let mut g = settled(Duration::from_micros(150));
+        let before = g.budget(policy);
+        g.record(Duration::from_secs(60)); // one wait for a learner busy elsewhere
+        let after = g.budget(policy);
+        // The sample is capped at 4x the largest budget: the average moves by at most
+        // an eighth of that (1 ms), so the budget falls back to the base one for a few
+        // waits, then comes back.
+        assert_eq!(after, WaitPolicy::DEFAULT_SPIN);
+        for _ in 0..40 {
+            g.record(Duration::from_micros(150));
+        }
+        let back = g.budget(policy);
+        assert!(
+            back >= before && back <= before + before / 25,
+            "{before:?} {back:?}"
+        );
+    }
+
+    #[test]
+    fn waits_answered_at_once_bring_the_budget_back_to_the_base_one() {
+        let policy = WaitPolicy::default();
+        let mut g = settled(Duration::from_micros(500));
+        assert_eq!(g.budget(policy), Duration::from_micros(1000));
+        for _ in 0..400 {
+            g.record_at_once();
+        }
+        assert_eq!(g, SpinGauge::default(), "the average reaches zero");
+        assert_eq!(g.budget(policy), WaitPolicy::DEFAULT_SPIN);
     }
 }

@@ -158,27 +158,24 @@ impl<'a> Tensors<'a> {
         }
     }
 
-    #[inline]
+    // `always`: LLVM left these calls out of line in a step loop (Result of a slice
+    // returned through memory, a prologue each), which cost about 10 ns per round trip
+    // on the client's path from a frame to its next action.
+    #[inline(always)]
     fn lookup<T: Element>(&self, key: impl TensorKey) -> Result<(usize, &'a TensorInfo)> {
         let (i, t) = key.resolve(self.layout)?;
         if !T::DTYPES.contains(&t.dtype) {
-            return Err(Error::DTypeMismatch {
-                tensor: t.name.clone(),
-                requested: T::NAME,
-                actual: t.dtype.name(),
-            });
+            return Err(dtype_mismatch(t, T::NAME));
         }
         Ok((i, t))
     }
 
     /// A shared view of any tensor, by name or [`TensorId`](crate::layout::TensorId).
-    #[inline]
+    #[inline(always)]
     pub fn read<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a [T]> {
         let (i, t) = self.lookup::<T>(key)?;
         if self.exclusive & (1 << i) != 0 {
-            return Err(Error::AlreadyBorrowed {
-                tensor: t.name.clone(),
-            });
+            return Err(already_borrowed(t));
         }
         let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.shared |= 1 << i;
@@ -195,20 +192,14 @@ impl<'a> Tensors<'a> {
     }
 
     /// A mutable view of a tensor this side writes; each tensor at most once.
-    #[inline]
+    #[inline(always)]
     pub fn write<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a mut [T]> {
         let (i, t) = self.lookup::<T>(key)?;
         if t.direction.writer() != self.side {
-            return Err(Error::WrongDirection {
-                tensor: t.name.clone(),
-                writer: t.direction.writer(),
-                requester: self.side,
-            });
+            return Err(wrong_direction(t, self.side));
         }
         if (self.shared | self.exclusive) & (1 << i) != 0 {
-            return Err(Error::AlreadyBorrowed {
-                tensor: t.name.clone(),
-            });
+            return Err(already_borrowed(t));
         }
         let base = self.base(i, t, std::mem::align_of::<T>())?;
         self.exclusive |= 1 << i;
@@ -236,5 +227,36 @@ impl<'a> Tensors<'a> {
     pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {
         let (i, t) = key.resolve(self.layout)?;
         Ok(self.base(i, t, 1)? as *const u8)
+    }
+}
+
+// The errors of a view, out of line: `read` and `write` stay small enough to inline into
+// the step loops that call them.
+
+#[cold]
+#[inline(never)]
+fn dtype_mismatch(t: &TensorInfo, requested: &'static str) -> Error {
+    Error::DTypeMismatch {
+        tensor: t.name.clone(),
+        requested,
+        actual: t.dtype.name(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn already_borrowed(t: &TensorInfo) -> Error {
+    Error::AlreadyBorrowed {
+        tensor: t.name.clone(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_direction(t: &TensorInfo, requester: Peer) -> Error {
+    Error::WrongDirection {
+        tensor: t.name.clone(),
+        writer: t.direction.writer(),
+        requester,
     }
 }

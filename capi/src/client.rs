@@ -47,7 +47,7 @@ unsafe fn maybe<T>(out: *mut T, value: T) {
 
 /// Attaches to the engine serving region `name` (as the engine printed it), waiting up to
 /// `timeout_ms` for it to publish frame 0. `spin_us`: how the client waits for frames
-/// (spin that many microseconds, then sleep; 0: never spin; `SHMB_SPIN_DEFAULT`: 100 µs).
+/// (spin that many microseconds, then sleep; 0: never spin; `SHMB_SPIN_DEFAULT`: 100 µs, up to 2 ms while the last waits took longer).
 /// After this, the engine→client tensors hold the reset observations.
 ///
 /// Ownership: `name` is copied; `*out` is a new client owned by the caller, closed with

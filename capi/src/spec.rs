@@ -165,7 +165,7 @@ pub unsafe extern "C" fn shmb_spec_set_name(
 }
 
 /// How the engine waits for actions: spin `spin_us` microseconds before sleeping on a
-/// futex; 0: never spin (lowest CPU use); `SHMB_SPIN_DEFAULT` (-1): the default, 100 µs.
+/// futex; 0: never spin (lowest CPU use); `SHMB_SPIN_DEFAULT` (-1): the default, 100 µs, up to 2 ms while the last waits took longer.
 #[no_mangle]
 pub extern "C" fn shmb_spec_set_spin(spec: *mut shmb_spec, spin_us: i64) -> shmb_status {
     guard(|| {

@@ -89,14 +89,19 @@ impl TensorKey for &str {
 impl TensorKey for TensorId {
     #[inline]
     fn resolve<'l>(&self, layout: &'l Layout) -> Result<(usize, &'l TensorInfo)> {
-        layout
-            .tensors
-            .get(self.0)
-            .map(|t| (self.0, t))
-            .ok_or_else(|| Error::NoSuchTensor {
-                name: format!("#{}", self.0),
-                available: layout.tensor_names(),
-            })
+        match layout.tensors.get(self.0) {
+            Some(t) => Ok((self.0, t)),
+            None => Err(no_such_id(layout, self.0)),
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn no_such_id(layout: &Layout, id: usize) -> Error {
+    Error::NoSuchTensor {
+        name: format!("#{id}"),
+        available: layout.tensor_names(),
     }
 }
 

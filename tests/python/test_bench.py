@@ -55,15 +55,29 @@ def _table_rows(text: str) -> list:
     return rows
 
 
-def test_step_quick():
-    out = _run("step", "--quick").stdout
+def test_step_quick(tmp_path):
+    out = _run("step", "--quick", "--out", str(tmp_path)).stdout
     rows = _table_rows(out)
     payloads = [r[0] for r in rows]
     assert any(p.startswith("obs 64 B") for p in payloads), out
     assert any(p.startswith("obs 4096×100") for p in payloads), out
     assert any(p.startswith("ratio") for p in payloads), out
-    for r in rows[:2]:
-        assert int(r[1].replace(",", "")) > 0 and float(r[2].replace(",", "")) > 0, r
+    for r in rows[:3]:
+        assert int(r[2].replace(",", "")) > 0 and float(r[3].replace(",", "")) > 0, r
+    assert "p99 of shmbridge (64 B) within 2× the floor's" in out and "### The tail" in out
+    doc = json.loads((tmp_path / "step.json").read_text())
+    labels = [c["label"] for c in doc["cases"]]
+    assert labels == ["shmbridge (spin)", "shmbridge (spin)", "raw seq-counter ping-pong (floor)"]
+    for c in doc["cases"]:
+        # Every timed step in one bucket of the histogram; percentiles in order.
+        assert sum(c["histogram"]) == c["n"] and len(c["histogram"]) == len(doc["buckets_ns"]) + 1
+        assert c["p50"] <= c["p90"] <= c["p99"] <= c["p99.9"] <= c["max"]
+        assert set(c["sched"]) == {"client", "server"}
+
+
+def test_step_blocking_without_floor():
+    out = _run("step", "--quick", "--blocking", "--no-floor", "--steps", "400").stdout
+    assert "blocking policy" in out and "(floor)" not in out
 
 
 def _iceoryx2_leftovers() -> set:
@@ -259,11 +273,26 @@ def test_vector_quick(tmp_path):
     for r in rows:
         assert r["n"] == 5 and r["median_ns"] > 0 and r["env_steps_per_s"] > 0
         assert "vs_AsyncVectorEnv" in r and "vs_SyncVectorEnv" in r
+        assert len(r["round_ratios_to_sync"]) == 1
     transport = doc["results"]["null transport N=4"]
     assert [r["label"] for r in transport] == ["one engine", "2 shards"]
     assert (out / "vector.png").stat().st_size > 0
-    assert "## CartPole-v1 N=2" in (out / "vector.md").read_text()
+    md = (out / "vector.md").read_text()
+    assert "## CartPole-v1 N=2" in md
+    assert "- CartPole-v1 N=2: one shard " in md and "Load average at the end" in md
     assert "| shmbridge K=2 |" in proc.stdout
+
+
+def test_vector_contenders_subset(tmp_path):
+    pytest.importorskip("gymnasium")
+    out = tmp_path / "results"
+    _run("vector", "--quick", "--workloads", "CartPole-v1", "--envs", "1", "--shards", "1",
+         "--contenders", "shmbridge,sync", "--steps", "3", "--rounds", "2", "--out", str(out))
+    rows = json.loads((out / "vector.json").read_text())["results"]["CartPole-v1 N=1"]
+    assert [r["label"] for r in rows] == ["shmbridge K=1", "SyncVectorEnv"]
+    assert len(rows[0]["round_ratios_to_sync"]) == 2
+    proc = _run("vector", "--contenders", "shmbridge,grpc", status=2)
+    assert "unknown contenders ['grpc']" in proc.stderr
 
 
 # bench pixels: rendered frames to torch against Gymnasium's rgb_array.

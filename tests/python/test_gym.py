@@ -369,6 +369,72 @@ def test_bad_actions_raise_value_error_and_send_nothing(envs, make_bad):
     assert envs.client.frame == frame + 1
 
 
+def _accepts(check, actions) -> bool:
+    try:
+        check(actions)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-1.0, 1.0, (3,), np.float32),  # one bound for every element
+        spaces.Box(np.array([-1, 0, -np.inf], np.float32), np.array([1, 2, np.inf], np.float32), (3,), np.float32),
+        spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        spaces.Box(-5, 5, (2,), np.int32),
+    ],
+)
+@pytest.mark.parametrize("n", [4, 20])  # below and above _SMALL elements
+def test_box_action_check_agrees_with_box_contains(space, n):
+    """The quick check (every value or min/max against one bound, or Box.contains)
+    accepts exactly what Gymnasium's batched Box contains after the cast to the action
+    dtype."""
+    from gymnasium.vector.utils import batch_space
+
+    from shmbridge.gym import _SMALL, _ActionCheck
+
+    assert (n * space.shape[0] <= _SMALL) == (n == 4)
+    batched = batch_space(space, n)
+    check = _ActionCheck(space, n, (n, *space.shape), space.dtype)
+    rng = np.random.default_rng(0)
+    shape = (n, *space.shape)
+    cases = [rng.uniform(-6, 6, size=shape) for _ in range(200)]
+    cases += [rng.uniform(-1, 1, size=shape) for _ in range(50)]
+    edges = [np.nan, np.inf, -np.inf, -1.0, 1.0, 0.0, 2.0, 5.0, -5.0, 5.5]
+    for v in edges:
+        for i in range(shape[0]):
+            a = np.zeros(shape)
+            a[i, -1] = v
+            cases.append(a)
+    for a in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the float->int cast of NaN and inf
+            want = batched.contains(a.astype(space.dtype))
+            got = _accepts(check, a)
+        assert got == want, (a, got, want)
+
+
+@pytest.mark.parametrize("n", [5, 40])  # below and above _SMALL elements
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint64])
+def test_discrete_action_check_agrees_with_discrete_contains(dtype, n):
+    from shmbridge.gym import _ActionCheck
+
+    count = 3
+    check = _ActionCheck(spaces.Discrete(count), n, (n, 1), np.dtype(np.int64))
+    info = np.iinfo(dtype)
+    values = [0, 1, 2, 3, info.max, info.min, -1 if info.min < 0 else 0]
+    for v in values:
+        for i in range(n):
+            a = np.zeros(n, dtype=dtype)
+            a[i] = np.array(v).astype(dtype)
+            want = bool(((a >= 0) & (a < count)).all())
+            assert _accepts(check, a) == want, (a, want)
+            assert _accepts(check, a.reshape(n, 1)) == want
+            assert _accepts(check, a[::-1]) == want, "strided"
+
+
 def test_actions_in_every_accepted_form_reach_the_engine(envs):
     torch = pytest.importorskip("torch")
     n = envs.num_envs

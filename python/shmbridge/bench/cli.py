@@ -14,13 +14,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("step", help="client.step() round trip on the null engine, 64 B and 4096x100",
-                       description="Median and p99 of the Python client.step() round trip on the "
-                                   "null engine (sparse), 64 B and 4096x100 f32 observations, interleaved.")
+                       description="Median, p99, tail percentiles and a histogram of the Python "
+                                   "client.step() round trip on the null engine (sparse), 64 B and "
+                                   "4096x100 f32 observations, beside the raw Python floor, interleaved; "
+                                   "what the scheduler did to each side meanwhile.")
     s.add_argument("--quick", action="store_true", help="a short smoke run")
     s.add_argument("--steps", type=int, default=None, help="timed steps per payload (default 200000; quick 5000)")
     s.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 20; quick 4)")
     s.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
-    s.add_argument("--out", default=None, help="also write DIR/step.md")
+    s.add_argument("--no-floor", action="store_true", help="leave out the raw Python floor")
+    s.add_argument("--out", default=None, help="also write DIR/step.md and DIR/step.json")
 
     q = sub.add_parser("peers", help="the same workload through shmbridge and its peers",
                        description="The same lock-step workload through shmbridge, gRPC, iceoryx2, "
@@ -109,11 +112,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "engine vs shards. Writes DIR/vector.md, .json, .png.")
     w.add_argument("--quick", action="store_true", help="a short smoke run")
     w.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
-    w.add_argument("--envs", default=None, help="comma-separated num_envs (default 16,64; quick 4)")
+    w.add_argument("--envs", default=None, help="comma-separated num_envs (default 1,8,16,64; quick 4)")
     w.add_argument("--shards", default=None, help="comma-separated shard counts (default 1,2,4; quick 1,2)")
     w.add_argument("--workloads", default=None, help="comma-separated Gymnasium ids (default CartPole-v1,HalfCheetah-v5)")
     w.add_argument("--steps", type=int, default=None, help="steps per block (default 200 CartPole, 60 MuJoCo)")
     w.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+    w.add_argument("--contenders", default=None,
+                   help="comma-separated subset of shmbridge, async, sync, envpool (default: all)")
 
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])

@@ -90,9 +90,12 @@ class FloorPeer(PollingPeer):
     key = "floor"
     label = "raw seq-counter ping-pong (Python floor)"
 
-    def __init__(self, wl: Workload):
+    def __init__(self, wl: Workload, touch: bool = True):
         super().__init__(wl)
         self.shm = None
+        # False: the counters alone (`bench step`'s floor), no action written and no
+        # tensor read.
+        self.touch = touch
 
     def launch(self) -> None:
         layout, size = _layout(self.wl)
@@ -129,6 +132,21 @@ class FloorPeer(PollingPeer):
                     self._stalled(t0)
             o[0]; o[-1]; r[0]; r[-1]; te[0]; te[-1]; tr[0]; tr[-1]  # noqa: E702,B018
             app(pc() - t0)
+        self.k = k
+
+    def step_once(self) -> None:
+        """One round trip, untimed (the caller times it)."""
+        w = self.words
+        k = self.k + 1
+        if self.touch:
+            self.views["actions"][0] = action_value(k)
+        w[PING] = k
+        i = 0
+        while w[PONG] != k:
+            i += 1
+            if i >= POLL_CHECK_EVERY:
+                i = 0
+                self._stalled(time.perf_counter_ns())
         self.k = k
 
     def check(self) -> None:

@@ -2,7 +2,7 @@
 engines against Gymnasium's own vector envs and EnvPool, side by side in one run.
 
 Workloads: ``CartPole-v1`` (pure Python physics) and ``HalfCheetah-v5`` (MuJoCo), at
-``--envs`` (default 16 and 64) environments. Contenders, each a Gymnasium ``VectorEnv``
+``--envs`` (default 1, 8, 16 and 64) environments. Contenders, each a Gymnasium ``VectorEnv``
 stepped through ``envs.step(actions)`` with pre-drawn random actions, copies returned (the
 Gymnasium default everywhere):
 
@@ -16,9 +16,14 @@ Gymnasium default everywhere):
   process; the ceiling), CartPole only, when envpool is installed.
 
 Every contender of a workload is started first, then the rounds interleave them (each
-runs a block of steps per round), so load on the machine falls on all of them alike.
-Per contender: median and p99 of one vector step, env-steps/s (from the mean), and its
-ratios to AsyncVectorEnv and SyncVectorEnv.
+runs a block of steps per round, the order rotated every round), so load on the machine
+falls on all of them alike. Per contender: median and p99 of one vector step, env-steps/s
+(from the mean), and its ratios to AsyncVectorEnv and SyncVectorEnv (of the means, and
+the median of the per-round ratios to SyncVectorEnv: the blocks of one round ran within
+seconds of each other, so a machine whose speed drifts disturbs them least). The targets
+are checked against SyncVectorEnv: one shard within 1.1x of its mean step time, two
+shards faster than it (CartPole N = 64, HalfCheetah N >= 16); ``--contenders`` picks a
+subset (``shmbridge,sync``: no 64-process AsyncVectorEnv on a small machine).
 
 Also the pure transport: the ``null`` engine (``--envs`` 64 by default for it too, 16 f32
 observations each) as one engine and as 2 and 4 shards, through ``client.step()``.
@@ -29,13 +34,14 @@ bench-results). ``--quick``: a smoke run (few steps, 4 envs, K = 1 and 2).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
 from .common import Stats
-from .report import fmt_rate, fmt_ratio, fmt_us, machine_description, machine_header, markdown_table, publish
+from .report import fmt_rate, fmt_ratio, fmt_us, log, machine_description, machine_header, markdown_table, publish
 
 ASYNC, SYNC, ENVPOOL = "AsyncVectorEnv", "SyncVectorEnv", "EnvPool"
 
@@ -54,9 +60,11 @@ class Contender:
         self.bank = [space.sample() for _ in range(64)]
         self.k = 0
         self.times: List[int] = []
+        self.block_means: List[float] = []
 
     def step_block(self, n: int) -> None:
         step, bank, pc, out = self.envs.step, self.bank, time.perf_counter_ns, self.times
+        first = len(out)
         for _ in range(n):
             self.k += 1
             a = bank[self.k % len(bank)]
@@ -64,6 +72,7 @@ class Contender:
             o, r, te, tr, _ = step(a)
             o[0]; r[-1]; te[-1]; tr[-1]  # noqa: B018 - touch what came back
             out.append(pc() - t0)
+        self.block_means.append(sum(out[first:]) / max(1, len(out) - first))
         if not np.isfinite(np.asarray(o, dtype=np.float64)).all():
             raise RuntimeError(f"{self.label}: non-finite observations")
 
@@ -87,6 +96,7 @@ class EnvPoolContender(Contender):
         self.bank = [rng.integers(0, 2, size=num_envs) for _ in range(64)]
         self.k = 0
         self.times = []
+        self.block_means = []
 
 
 class NullContender:
@@ -100,26 +110,32 @@ class NullContender:
         self.processes = shards
         self.client = shmbridge.launch("null", num_envs=num_envs, obs_dim=16, shards=shards)
         self.times: List[int] = []
+        self.block_means: List[float] = []
 
     def step_block(self, n: int) -> None:
         step, pc, out = self.client.step, time.perf_counter_ns, self.times
+        first = len(out)
         for _ in range(n):
             t0 = pc()
             step()
             out.append(pc() - t0)
+        self.block_means.append(sum(out[first:]) / max(1, len(out) - first))
 
     def close(self) -> None:
         self.client.close()
 
 
-def _gym_contenders(env_id: str, n: int, shard_counts: List[int]) -> List[Any]:
+CONTENDERS = ("shmbridge", "async", "sync", "envpool")
+
+
+def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[str]) -> List[Any]:
     import gymnasium
 
     import shmbridge
     from shmbridge.gym import ShmVectorEnv
 
     out: List[Any] = []
-    for k in shard_counts:
+    for k in shard_counts if "shmbridge" in which else []:
         if k > n:
             continue
         out.append(Contender(
@@ -128,9 +144,11 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int]) -> List[Any]:
             n, k,
         ))
     fns = [lambda: gymnasium.make(env_id) for _ in range(n)]
-    out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))
-    out.append(Contender(SYNC, lambda: gymnasium.vector.SyncVectorEnv(fns), n, 1))
-    if env_id == "CartPole-v1":
+    if "async" in which:
+        out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))
+    if "sync" in which:
+        out.append(Contender(SYNC, lambda: gymnasium.vector.SyncVectorEnv(fns), n, 1))
+    if env_id == "CartPole-v1" and "envpool" in which:
         try:
             out.append(EnvPoolContender(n))
         except ImportError:
@@ -142,13 +160,16 @@ def _measure(contenders: List[Any], rounds: int, steps: int) -> None:
     for c in contenders:  # warm-up, not kept
         c.step_block(max(1, steps // 5))
         c.times.clear()
-    for _ in range(rounds):
-        for c in contenders:
-            c.step_block(steps)
+        c.block_means.clear()
+    for r in range(rounds):
+        # Rotate the order, so that no contender always runs right after the same other.
+        for i in range(len(contenders)):
+            contenders[(r + i) % len(contenders)].step_block(steps)
 
 
 def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
     stats = {c.label: Stats.of(c.times) for c in contenders}
+    blocks = {c.label: c.block_means for c in contenders}
     rows = []
     for c in contenders:
         s = stats[c.label]
@@ -157,21 +178,57 @@ def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
         for ref in (ASYNC, SYNC):
             if ref in stats:
                 row[f"vs_{ref}"] = stats[ref].mean_ns / s.mean_ns  # > 1: faster than ref
+        if SYNC in blocks:
+            # Round by round: ours over Sync's (below 1: faster), then their median.
+            per_round = [b / r for b, r in zip(c.block_means, blocks[SYNC])]
+            row["round_ratios_to_sync"] = per_round
+            row["round_ratio_to_sync_median"] = float(np.median(per_round))
         rows.append(row)
     return rows
 
 
 def _table(rows: List[Dict[str, Any]], refs: bool = True) -> str:
-    header = ["contender", "median µs/step", "p99 µs/step", "env-steps/s"]
+    header = ["contender", "median µs/step", "p99 µs/step", "mean µs/step", "env-steps/s"]
     if refs:
-        header += [f"× {ASYNC}", f"× {SYNC}"]
+        header += [f"× {ASYNC}", f"× {SYNC}", f"÷ {SYNC} per round"]
     body = []
     for r in rows:
-        line = [r["label"], fmt_us(r["median_ns"]), fmt_us(r["p99_ns"]), fmt_rate(r["env_steps_per_s"])]
+        line = [r["label"], fmt_us(r["median_ns"]), fmt_us(r["p99_ns"]), fmt_us(r["mean_ns"]),
+                fmt_rate(r["env_steps_per_s"])]
         if refs:
             line += [fmt_ratio(r[f"vs_{ref}"]) if f"vs_{ref}" in r else "" for ref in (ASYNC, SYNC)]
+            rr = r.get("round_ratios_to_sync")
+            line.append(f"{np.median(rr):.2f} ({min(rr):.2f}..{max(rr):.2f})" if rr else "")
         body.append(line)
-    return markdown_table(header, body, "lrrrrr" if refs else "lrrr")
+    return markdown_table(header, body, "lrrrrrrr" if refs else "lrrrr")
+
+
+def _targets(results: Dict[str, List[Dict[str, Any]]]) -> List[str]:
+    """The issue's targets against SyncVectorEnv, met or not, from the means (and the
+    per-round ratios beside them)."""
+    lines = []
+    for key, rows in results.items():
+        if key.startswith("null"):
+            continue
+        by = {r["label"]: r for r in rows}
+        sync = by.get(SYNC)
+        if sync is None:
+            continue
+        env_id, n = key.rsplit(" N=", 1)
+        n = int(n)
+        one, two = by.get("shmbridge K=1"), by.get("shmbridge K=2")
+        if one is not None:
+            ratio = one["mean_ns"] / sync["mean_ns"]
+            lines.append(f"- {key}: one shard {ratio:.2f}× SyncVectorEnv's mean step time (per round "
+                         f"{one['round_ratio_to_sync_median']:.2f}×; target ≤ 1.10×): "
+                         f"{'met' if ratio <= 1.10 else 'NOT met'}")
+        wants_two = (env_id == "CartPole-v1" and n >= 64) or (env_id == "HalfCheetah-v5" and n >= 16)
+        if two is not None and wants_two:
+            ratio = two["mean_ns"] / sync["mean_ns"]
+            lines.append(f"- {key}: two shards {ratio:.2f}× SyncVectorEnv's mean step time (per round "
+                         f"{two['round_ratio_to_sync_median']:.2f}×; target < 1: faster): "
+                         f"{'met' if ratio < 1 else 'NOT met'}")
+    return lines
 
 
 def _plot(results: Dict[str, List[Dict[str, Any]]], path: str) -> None:
@@ -202,17 +259,22 @@ def _plot(results: Dict[str, List[Dict[str, Any]]], path: str) -> None:
 
 def main(args: Any) -> int:
     quick = args.quick
-    envs_list = [int(x) for x in (args.envs or ("4" if quick else "16,64")).split(",")]
+    envs_list = [int(x) for x in (args.envs or ("4" if quick else "1,8,16,64")).split(",")]
     shard_counts = [int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")]
     workloads = [w for w in (args.workloads or "CartPole-v1,HalfCheetah-v5").split(",") if w]
     rounds = args.rounds or (2 if quick else 5)
+    which = [c for c in (args.contenders or ",".join(CONTENDERS)).split(",") if c]
+    unknown = sorted(set(which) - set(CONTENDERS))
+    if unknown:
+        log(f"bench vector: unknown contenders {unknown}; pick from {', '.join(CONTENDERS)}")
+        return 2
     machine = machine_description()
     results: Dict[str, List[Dict[str, Any]]] = {}
     for env_id in workloads:
         for n in envs_list:
             steps = args.steps or (20 if quick else (200 if env_id == "CartPole-v1" else 60))
             print(f"vector: {env_id} x{n}: starting contenders", flush=True)
-            contenders = _gym_contenders(env_id, n, shard_counts)
+            contenders = _gym_contenders(env_id, n, shard_counts, which)
             try:
                 _measure(contenders, rounds, steps)
             finally:
@@ -231,11 +293,16 @@ def main(args: Any) -> int:
     results[f"null transport N={transport_envs}"] = transport
     print(_table(transport, refs=False), flush=True)
 
+    load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = ["# shmbridge vector benchmark", "", f"Command: `{args.command_line}`", ""]
-    lines += machine_header(machine)
+    lines += machine_header(machine, [f"- Load average at the end: {load_end}"])
     lines += ["", f"{rounds} interleaved rounds per workload; times are one vector step "
                   "(`envs.step(actions)`, copies returned). `× X`: mean step time of X / ours "
-                  "(above 1: faster than X).", ""]
+                  f"(above 1: faster than X). `÷ {SYNC} per round`: ours over SyncVectorEnv's "
+                  "block mean, round by round: median (min..max) (below 1: faster).", ""]
+    targets = _targets(results)
+    if targets:
+        lines += ["Targets (reported, not asserted):", "", *targets, ""]
     for key, rows in results.items():
         lines += [f"## {key}", "", _table(rows, refs=not key.startswith("null")), ""]
     one = {r["label"]: r for r in transport}
@@ -244,6 +311,7 @@ def main(args: Any) -> int:
                   f"{r['label']} {r['median_ns'] / one['one engine']['median_ns']:.2f}×"
                   for r in transport if r["label"] != "one engine"), ""]
     # The tables went to stdout as each was measured: the file gets the whole report.
-    publish("vector", "\n".join(lines) + "\n", args.out, dict(machine=machine, rounds=rounds, results=results),
+    publish("vector", "\n".join(lines) + "\n", args.out,
+            dict(machine=machine, load_average_end=os.getloadavg(), rounds=rounds, results=results),
             plot=lambda path: _plot(results, path), echo=False)
     return 0
