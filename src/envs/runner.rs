@@ -79,8 +79,8 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     if r.device != DeviceRequest::Host {
         eprintln!("{}", choice.log_line());
     }
-    close_on_signal(engine.map_again()?, None);
-    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+    let signals = close_on_signal(engine.map_again()?, None);
+    signals.after(serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout))
 }
 
 /// One shard of a reference engine (1.4): shard 0 creates the region from the whole
@@ -132,8 +132,8 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             engine.num_envs()
         )));
     }
-    close_on_signal(engine.map_again()?, (k > 0).then_some(k));
-    serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout)
+    let signals = close_on_signal(engine.map_again()?, (k > 0).then_some(k));
+    signals.after(serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout))
 }
 
 /// [`serve`], printing the region name on stdout once frame 0 is published (what a
@@ -148,17 +148,46 @@ fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration
     Ok(steps)
 }
 
+/// Orders the end of serving against a signal's handling: once a signal is being
+/// handled, the process ends by that signal's status, never by the serving loop's own
+/// end (the client that saw the region closed closes too, and the loop would report
+/// "client closed" and exit 0 first).
+struct SignalClose {
+    /// Held by whichever ends the process; `true` once serving ended first.
+    served: std::sync::Arc<std::sync::Mutex<bool>>,
+}
+
+impl SignalClose {
+    /// `result` of serving, unless a signal is being handled: then this waits for its
+    /// handler, which ends the process.
+    fn after<T>(self, result: Result<T>) -> Result<T> {
+        *self.served.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        result
+    }
+}
+
 /// On SIGINT/SIGTERM: close the region this engine serves (`own`, a second mapping of
 /// it, never re-opened by name: the name may be another engine's by now) and remove its
 /// name if still its own (the creator), or mark a joined shard closed (the name is the
-/// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit.
-fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
+/// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit with 128 + the
+/// signal's number. Serving's end goes through [`SignalClose::after`].
+fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> SignalClose {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    let served = std::sync::Arc::new(std::sync::Mutex::new(false));
+    let gate = SignalClose {
+        served: std::sync::Arc::clone(&served),
+    };
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
-        return;
+        return gate;
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
+            // Held until `_exit`: serving's end waits here rather than exit 0.
+            let served = served.lock().unwrap_or_else(|p| p.into_inner());
+            if *served {
+                // Serving ended first and the process is on its way out.
+                return;
+            }
             match joined_shard {
                 None => own.close_and_remove(),
                 Some(k) => {
@@ -174,4 +203,5 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) {
             unsafe { libc::_exit(128 + sig) };
         }
     });
+    gate
 }

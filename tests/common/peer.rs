@@ -120,21 +120,29 @@ pub fn namespaces_unavailable() -> Option<String> {
 }
 
 /// The pid, in this PID namespace, of the descendant of `root` that runs `exe` (the
-/// program an [`isolated`] command started inside its namespaces). Waits for it.
-pub fn descendant_running(root: u32, exe: &std::path::Path) -> u32 {
+/// program an [`isolated`] command started inside its namespaces). Waits for it;
+/// `None` when `root` ended first: a short-lived program can run its whole life
+/// between two looks, and then there is nothing left to find.
+pub fn descendant_running(root: u32, exe: &std::path::Path) -> Option<u32> {
     let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
     let deadline = Instant::now() + HANG;
     loop {
+        // Read before the search: if `root` had ended already, the search cannot miss
+        // a descendant that was still there.
+        let root_ended = process_state(root).is_none_or(|s| s == 'Z' || s == 'X');
         let mut todo = vec![root];
         while let Some(pid) = todo.pop() {
             let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .unwrap_or_default();
             for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
                 if std::fs::read_link(format!("/proc/{c}/exe")).is_ok_and(|e| e == exe) {
-                    return c;
+                    return Some(c);
                 }
                 todo.push(c);
             }
+        }
+        if root_ended {
+            return None;
         }
         assert!(
             Instant::now() < deadline,
@@ -145,18 +153,16 @@ pub fn descendant_running(root: u32, exe: &std::path::Path) -> u32 {
     }
 }
 
+/// The state letter of process `pid` (`R`, `S`, `T`, `Z`, ...), `None` if it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+}
+
 /// Waits until process `pid` (not a child of ours) is stopped (`T` in /proc/PID/stat).
 fn until_stopped(pid: u32) {
     let deadline = Instant::now() + HANG;
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next());
-        if state == Some("T") {
-            return;
-        }
+    while process_state(pid) != Some('T') {
         assert!(Instant::now() < deadline, "process {pid} never stopped");
         std::thread::yield_now();
     }
@@ -199,7 +205,9 @@ impl PeerProc {
     /// `unshare` process.
     pub fn spawn_isolated(program: &std::path::Path, role: &str, args: &[&str]) -> PeerProc {
         let mut peer = PeerProc::spawn(isolated(program), role, args);
-        peer.inner = Some(descendant_running(peer.child.id(), program));
+        // `None`: the program ended already; what it printed is still in `lines`, and
+        // its exit is the `unshare` process's.
+        peer.inner = descendant_running(peer.child.id(), program);
         peer
     }
 
