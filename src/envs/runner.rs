@@ -80,7 +80,11 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
         eprintln!("{}", choice.log_line());
     }
     let signals = close_on_signal(engine.map_again()?, None);
-    signals.after(serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout))
+    signals.after(serve_printing_name(
+        &mut engine,
+        env.as_mut(),
+        r.idle_timeout,
+    ))
 }
 
 /// One shard of a reference engine (1.4): shard 0 creates the region from the whole
@@ -133,7 +137,11 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         )));
     }
     let signals = close_on_signal(engine.map_again()?, (k > 0).then_some(k));
-    signals.after(serve_printing_name(&mut engine, env.as_mut(), r.idle_timeout))
+    signals.after(serve_printing_name(
+        &mut engine,
+        env.as_mut(),
+        r.idle_timeout,
+    ))
 }
 
 /// [`serve`], printing the region name on stdout once frame 0 is published (what a

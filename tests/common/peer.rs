@@ -156,7 +156,12 @@ pub fn descendant_running(root: u32, exe: &std::path::Path) -> Option<u32> {
 /// The state letter of process `pid` (`R`, `S`, `T`, `Z`, ...), `None` if it is gone.
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
 }
 
 /// Waits until process `pid` (not a child of ours) is stopped (`T` in /proc/PID/stat).
