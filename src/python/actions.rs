@@ -43,7 +43,7 @@ pub(super) fn copy_actions(
             actions.get_type().name()?
         )));
     };
-    let imported = dlpark::python::from_dlpack(source.as_borrowed(), None, None)?;
+    let imported = import_host(py, &source)?;
     let view = imported.validate().map_err(invalid_tensor)?;
     let slot = slot_of(target);
     let strides = byte_strides(&view)?;
@@ -62,6 +62,24 @@ pub(super) fn copy_actions(
         .map_err(action_error)?;
     drop(imported);
     Ok(())
+}
+
+/// `source`'s DLPack tensor, asked for as the DLPack 1.0 array API does
+/// (`__dlpack__(max_version=...)`), else as producers before it do (`__dlpack__()`):
+/// NumPy before 2.1 (the package supports 1.23 and later) has `__dlpack_device__` but a
+/// `__dlpack__` without `max_version`, and raises `TypeError` when asked with it.
+fn import_host(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+) -> PyResult<dlpark::python::ImportedDlpack> {
+    match dlpark::python::from_dlpack(source.as_borrowed(), None, None) {
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            // A producer whose own TypeError was real raises it again here.
+            let capsule = source.call_method0(pyo3::intern!(py, "__dlpack__"))?;
+            dlpark::python::from_dlpack(capsule.as_borrowed(), None, None)
+        }
+        other => other,
+    }
 }
 
 /// The action tensor as the core's checks see it.

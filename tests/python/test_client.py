@@ -157,6 +157,35 @@ def test_step_copies_numpy_torch_and_strided_actions(null_client):
     assert np.array_equal(rewards, x[:, 0] + 2)
 
 
+class _NumpyBefore21:
+    """An array as NumPy 1.23-2.0 shows it to DLPack: ``__dlpack_device__``, and a
+    ``__dlpack__`` that takes ``stream`` only (``max_version`` is a TypeError)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None):
+        return self.array.__dlpack__()
+
+
+def test_step_takes_arrays_of_numpy_before_2_1(null_client):
+    """The package supports NumPy 1.23: its arrays' ``__dlpack__`` has no ``max_version``.
+    Before the fix ``step()`` asked with it and raised TypeError (seen in a container with
+    Debian's NumPy 1.24)."""
+    c = null_client
+    rewards = np.from_dlpack(c.rewards)
+    n, a = c.actions.shape
+    x = np.arange(n * a, dtype=np.float32).reshape(n, a) + 7
+    c.step(_NumpyBefore21(x))
+    assert np.array_equal(rewards, x[:, 0])
+    # A wrong dtype through it is still refused.
+    with pytest.raises(TypeError):
+        c.step(_NumpyBefore21(x.astype(np.float64)))
+
+
 def test_views_stay_valid_after_close():
     c = shmbridge.launch("null", num_envs=4, obs_dim=4)
     c.step()
