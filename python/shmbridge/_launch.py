@@ -482,7 +482,7 @@ def launch_gym(
     blocking: bool = False,
     **env_kwargs: Any,
 ) -> Client:
-    """Starts ``shards`` processes (default :func:`default_shards`) serving ``num_envs``
+    """Starts ``shards`` processes (default ``default_shards(num_envs)``) serving ``num_envs``
     envs of ``env`` (a Gymnasium id, or a function returning an env) and attaches to
     them. ``env_kwargs`` go to ``gymnasium.make``. ``seed``: frame 0's seeds (env ``i``
     gets ``seed + i``). ``spin_us``/``blocking``: how every side waits; by default the
