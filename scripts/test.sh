@@ -102,7 +102,7 @@ bash scripts/gen-flatbuffers.sh --check
 
 echo "== benchmark smoke runs (no timing is checked)"
 SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
-SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c-vulkan.sh   # the C engine's own Vulkan memory against a copy
+SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" bash scripts/bench-c-vulkan.sh   # the C engine's own Vulkan memory against a copy
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 
