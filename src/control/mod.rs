@@ -11,13 +11,17 @@
 //! encoded as the `u32` codes `docs/protocol.md` lists; a value a peer wrote that is no
 //! known code is kept as `Unknown`, never a panic. [`ControlMapping`] (`mapping.rs`) is
 //! what a device backend sees of a region: these words, and a second mapping of them.
+//! [`Stats`] (`stats.rs`, 1.6) is a block of the stats area after the tensors: the
+//! engine's write sequence, which observers copy frames by, and its episode totals.
 
 mod block;
 mod mapping;
 mod release;
 mod state;
+mod stats;
 
 pub use block::{Claim, Control};
 pub use mapping::ControlMapping;
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};
+pub use stats::{read_consistent, Stats};
