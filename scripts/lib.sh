@@ -57,6 +57,15 @@ ensure_mono() {
     fi
 }
 
+# Debian's headless-capable Chromium and its WebDriver, so the viewer's browser test
+# (tests/python/test_view.py, selenium from the test extra) drives a real browser.
+ensure_chromium() {
+    if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+        as_root apt-get update -q
+        as_root apt-get install -y -q chromium chromium-driver
+    fi
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }

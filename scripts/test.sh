@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 ensure_rust
 ensure_vulkan
 ensure_mono
+ensure_chromium
 
 before=$(shm_regions)
 

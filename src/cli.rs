@@ -75,6 +75,15 @@ where
         Cmd::Ls => run_ls(),
         Cmd::Inspect { name } => run_inspect(&name),
         Cmd::Gc => run_gc(),
+        Cmd::View { .. } => {
+            // Reached only where the Python package is not in front (the bare binary):
+            // its `shmbridge` command routes `view` to `shmbridge.view` before this parser.
+            eprintln!(
+                "shmbridge: view is served by the Python package: pip install 'shmbridge[view]', \
+                 then run `shmbridge view NAME` (or `python -m shmbridge view NAME`)"
+            );
+            return 2;
+        }
     };
     match result {
         Ok(()) => 0,
@@ -111,6 +120,14 @@ enum Cmd {
     Inspect { name: String },
     /// Remove regions whose engine is dead.
     Gc,
+    /// Serve a page on 127.0.0.1 that shows a running engine live: its frames, episode
+    /// returns and step rate, read-only (the Python package's `shmbridge view NAME`;
+    /// needs `pip install 'shmbridge[view]'`; `shmbridge view --help` lists its options).
+    View {
+        /// The region name, then the viewer's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -137,10 +154,11 @@ struct EngineArgs {
     /// frame size, HxWx4 (default 84x84x4).
     #[arg(long, value_name = "HxWxC", value_parser = parse_image)]
     image: Option<[u64; 3]>,
-    /// null: where `rgb` lives: host (with the other tensors) or vulkan (exported Vulkan
-    /// memory the client imports; needs the `vulkan` feature and a Vulkan driver).
-    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
-    image_device: String,
+    /// Where `rgb` lives: host (in the region, with the other tensors; null's default)
+    /// or vulkan (exported Vulkan memory the client imports; needs the `vulkan` feature
+    /// and a Vulkan driver; pixels' default, drawn by its compute shader).
+    #[arg(long, value_parser = ["host", "vulkan"])]
+    image_device: Option<String>,
     /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -255,9 +273,10 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             sparse: a.sparse,
             seed: a.seed,
             image: a.image,
-            image_device: (a.image_device == "vulkan").then_some(crate::device::Device::Vulkan(
-                crate::device::VulkanDevice::ANY,
-            )),
+            image_device: a.image_device.as_deref().map(|d| match d {
+                "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),
+                _ => crate::device::Device::Host,
+            }),
             first_env: 0,
         },
         policy: a.wait.policy(),

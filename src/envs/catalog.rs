@@ -21,6 +21,7 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
             num_envs,
             options.seed,
             options.image,
+            pixels_device(options),
         )?)),
         other => Err(unknown_env(other)),
     }
@@ -33,8 +34,16 @@ pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Engi
     match name {
         "null" => Ok(null::NullEnv::configured(num_envs, options)?.spec()),
         "cartpole" => Ok(cartpole::spec(num_envs)),
-        "pixels" => pixels::spec(num_envs, options.image),
+        "pixels" => pixels::spec(num_envs, options.image, pixels_device(options)),
         other => Err(unknown_env(other)),
+    }
+}
+
+/// Where `pixels` draws its frames: Vulkan memory unless `image_device` says host.
+fn pixels_device(options: &EnvOptions) -> Device {
+    match options.image_device {
+        Some(Device::Host) => Device::Host,
+        _ => Device::Vulkan(crate::device::VulkanDevice::ANY),
     }
 }
 

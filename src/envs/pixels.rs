@@ -12,6 +12,8 @@
 //!
 //! Rendering needs the `vulkan` feature and a Vulkan device with external memory (Mesa's
 //! lavapipe on a machine without a GPU); without them the engine is `VulkanUnavailable`.
+//! With `--image-device host` the frames live in the region instead, drawn on the CPU by
+//! [`render_reference`]: no Vulkan needed, and observers (`shmbridge view`) can read them.
 
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::device::compute::{ComputeShader, NotATarget, ShaderTarget};
@@ -228,6 +230,8 @@ pub fn dispatch_grid(pixels: u64) -> Option<[u32; 2]> {
 /// The `pixels` engine: a [`CartPole`] and the renderer of its frames.
 pub struct Pixels {
     cartpole: CartPole,
+    /// Where the frames live.
+    device: Device,
     num_envs: u32,
     size: [u32; 2],
     params: DrawParams,
@@ -246,11 +250,21 @@ impl std::fmt::Debug for Pixels {
 }
 
 impl Pixels {
-    /// `image`: `[H, W, 4]` (default [`DEFAULT_SIZE`]).
-    pub fn new(num_envs: u32, seed: u64, image: Option<[u64; 3]>) -> Result<Pixels> {
+    /// `image`: `[H, W, 4]` (default [`DEFAULT_SIZE`]). `device`: where the frames live:
+    /// Vulkan memory the shader draws into, or (`Device::Host`) the region, drawn on the
+    /// CPU by [`render_reference`], which an observer can read.
+    pub fn new(
+        num_envs: u32,
+        seed: u64,
+        image: Option<[u64; 3]>,
+        device: Device,
+    ) -> Result<Pixels> {
         let size = check_size(num_envs, image_shape(image))?;
-        device::built_for(Location::Vulkan)?;
+        if device != Device::Host {
+            device::built_for(Location::Vulkan)?;
+        }
         Ok(Pixels {
+            device,
             cartpole: CartPole::new(num_envs, seed)?,
             num_envs,
             size,
@@ -274,6 +288,9 @@ impl Pixels {
         self.obs
             .extend(self.cartpole.states().iter().flatten().map(|&v| v as f32));
         self.params.set_states(&self.obs);
+        if io.info("rgb")?.location() == Location::Host {
+            return render_reference(&self.params, io.write::<u8>("rgb")?);
+        }
         // Made for the engine's buffer on first use, and again should this env be served
         // by another engine (the recorded dispatch names the buffer).
         if !self.renderer.as_ref().is_some_and(|r| r.serves(io)) {
@@ -289,11 +306,9 @@ impl Pixels {
 
 /// What `pixels` serves: `cartpole`'s tensors and an `rgb [N, H, W, 4]` frame in Vulkan
 /// memory (`image`: `[H, W, 4]`, default [`DEFAULT_SIZE`]).
-pub fn spec(num_envs: u32, image: Option<[u64; 3]>) -> Result<EngineSpec> {
-    Ok(spec_of_size(
-        num_envs,
-        check_size(num_envs, image_shape(image))?,
-    ))
+/// `device`: as for [`Pixels::new`].
+pub fn spec(num_envs: u32, image: Option<[u64; 3]>, device: Device) -> Result<EngineSpec> {
+    Ok(spec_of_size(num_envs, check_size(num_envs, image_shape(image))?).place("rgb", device))
 }
 
 fn image_shape(image: Option<[u64; 3]>) -> [u64; 3] {
@@ -311,7 +326,7 @@ fn spec_of_size(num_envs: u32, size: [u32; 2]) -> EngineSpec {
 
 impl VecEnv for Pixels {
     fn spec(&self) -> EngineSpec {
-        spec_of_size(self.num_envs, self.size)
+        spec_of_size(self.num_envs, self.size).place("rgb", self.device)
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {

@@ -98,9 +98,14 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             "shard {k}/{count}: k must be below K"
         )));
     }
-    if r.device != DeviceRequest::Host || r.options.image_device.is_some() {
+    if r.device != DeviceRequest::Host
+        || matches!(r.options.image_device, Some(Device::Vulkan(_)))
+        || (r.env == "pixels" && r.options.image_device.is_none())
+    {
         return Err(Error::InvalidSpec(
-            "sharded engines serve host memory only (--device cpu, no --image-device)".into(),
+            "sharded engines serve host memory only (--device cpu, no --image-device vulkan; \
+             pixels: --image-device host)"
+                .into(),
         ));
     }
     let (first_env, envs) = crate::layout::env_slice(r.num_envs, count.min(r.num_envs), k);
