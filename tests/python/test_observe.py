@@ -149,3 +149,27 @@ def test_record_writes_a_video_of_tiled_frames(tmp_path, suffix):
     assert video.shape[1:3] == ((168, 168) if suffix == ".gif" else (176, 176))
     assert video.shape[0] >= 2 if suffix == ".gif" else video.shape[0] >= 1
     assert os.path.getsize(path) > 1000
+
+
+def test_a_sharded_gymnasium_region_is_observed_whole():
+    pytest.importorskip("gymnasium")
+    client = shmbridge.launch_gym("CartPole-v1", num_envs=6, shards=2, seed=3)
+    try:
+        with shmbridge.observe(client.name) as o:
+            assert o.num_envs == 6 and o._raw.shards == [(0, 3), (3, 6)]
+            o.stats()
+            done = 0
+            rng = np.random.default_rng(1)
+            for _ in range(120):
+                client.step(rng.integers(0, 2, 6))
+                done += int(np.count_nonzero(np.asarray(client.terminated) | np.asarray(client.truncated)))
+            f = o.latest(["obs", "rewards"])
+            assert f.number == 120
+            np.testing.assert_array_equal(f["obs"], np.asarray(client.obs))
+            s = o.stats()
+            assert s.episodes == done > 0, "both shards' episodes, summed"
+            assert {e.shard for e in s.new_episodes} == {0, 1}
+            assert all(0 <= e.env < 3 if e.shard == 0 else 3 <= e.env < 6 for e in s.new_episodes)
+            assert s.return_sum == s.length_sum, "CartPole: reward 1 per step"
+    finally:
+        client.close()
