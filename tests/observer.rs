@@ -366,3 +366,26 @@ fn observers_of_what_is_not_there_or_not_theirs_get_clear_errors() {
     assert_eq!(observer.read(&[pick], &mut out, T).unwrap(), 0);
     assert_eq!(out[0].len(), BIG / 2 * 4);
 }
+
+#[test]
+fn a_region_of_an_earlier_engine_is_refused_with_the_reason() {
+    // What a 1.5 engine writes: no stats area, flags 0 (the 1.6 builder's bytes with
+    // its three 1.6 fields put back).
+    let b = shmbridge::layout::HeaderBuilder::new("old", 2, &spec().tensors, 0).unwrap();
+    let mut h = b.header;
+    h.flags = 0;
+    h.stats_offset = 0;
+    h.region_size = b.stats.offset;
+    h.magic = shmbridge::layout::MAGIC;
+    h.engine_state = 1;
+    let mut bytes = b.bytes();
+    bytes[..shmbridge::layout::CONTROL_SIZE].copy_from_slice(bytemuck::bytes_of(&h));
+    bytes.resize(h.region_size as usize, 0);
+    let name = format!("shmbridge-observer-old-{}", std::process::id());
+    let path = common::shm_path(&name);
+    std::fs::write(&path, &bytes).unwrap();
+    let got = Observer::attach(&name, T).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(got.kind(), ErrorKind::InvalidHeader, "{got}");
+    assert!(got.to_string().contains("predates observers"), "{got}");
+}
