@@ -454,9 +454,9 @@ impl Engine {
 
     /// Records that env `env` (this engine's numbering: `0..num_envs()`) ended an episode
     /// of return `episode_return` after `length` steps, in the region's stats area
-    /// (1.6), which observers read (`shmbridge view` plots it). Call it while stepping
-    /// (between `wait_actions` and `publish`); elsewhere it brackets its own write.
-    /// Nothing happens in a region without a stats area.
+    /// (1.6), which observers read (`shmbridge view` plots it). Usually called while
+    /// stepping, as envs finish; any time is right. Nothing happens in a region without a
+    /// stats area.
     pub fn record_episode(&mut self, env: usize, episode_return: f64, length: u64) -> Result<()> {
         self.check_usable()?;
         self.io().episode_ended(env, episode_return, length)

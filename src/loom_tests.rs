@@ -532,7 +532,7 @@ fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
                 };
                 let s = stats.view();
                 progress.wait(k);
-                let seen = crate::control::read_consistent(&[s], || {
+                let seen = crate::control::read_consistent(&[s.write_seq()], || {
                     (
                         primitive::load(&c.frame_seq, Ordering::Acquire),
                         data.copy(),
@@ -544,7 +544,7 @@ fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
                     assert!(whole, "frame {frame} with data {a}");
                 }
                 engine.join().unwrap();
-                let after = crate::control::read_consistent(&[s], || data.copy());
+                let after = crate::control::read_consistent(&[s.write_seq()], || data.copy());
                 assert_eq!(after, Some([100, 100]), "nothing writes any more: accepted");
             },
         );
@@ -553,8 +553,9 @@ fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
 
 #[test]
 fn episode_totals_are_read_whole() {
-    // Two episodes recorded by `record_episode`: the first inside a step's window, the
-    // second outside any (it brackets itself). An observer accepts only totals that
+    // Two episodes recorded by `record_episode`: the first inside a step's write window,
+    // the second outside it (episodes have their own sequence, which `record_episode`
+    // brackets itself). An observer reading by that sequence accepts only totals that
     // match whole episodes: none, the first, or both.
     for k in 0..=4 {
         check(
@@ -579,7 +580,7 @@ fn episode_totals_are_read_whole() {
                 let s = stats.view();
                 let words = &stats.0;
                 progress.wait(k);
-                let seen = crate::control::read_consistent(&[s], || {
+                let seen = crate::control::read_consistent(&[s.stats_seq()], || {
                     [1, 2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed))
                 });
                 if let Some([episodes, return_bits, lengths]) = seen {
@@ -635,7 +636,8 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
                     .collect();
                 let views = [shards[0].view(), shards[1].view()];
                 progress.wait(k);
-                let seen = crate::control::read_consistent(&views, || {
+                let seqs = [views[0].write_seq(), views[1].write_seq()];
+                let seen = crate::control::read_consistent(&seqs, || {
                     let [f0, f1, d0, d1] = [0, 1, 2, 3].map(|i| {
                         let order = if i < 2 {
                             Ordering::Acquire

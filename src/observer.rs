@@ -55,7 +55,7 @@ pub struct Episode {
 /// What the stats area said at one moment, summed over the shards.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatsSnapshot {
-    /// The frame published when it was read.
+    /// The frame published when it was read (the lowest shard's).
     pub frame: u64,
     /// Episodes that ended, ever.
     pub episodes: u64,
@@ -191,6 +191,20 @@ impl Observer {
         frames.all(|f| f.is_ok_and(|f| f == first)).then_some(first)
     }
 
+    /// The lowest frame the shards last published (`None` if a word cannot be read).
+    fn lowest_frame(&self) -> Option<u64> {
+        self.layout
+            .shards
+            .iter()
+            .map(|s| {
+                ShardSlot::new(&self.region, s)
+                    .ok()
+                    .map(|slot| slot.frame())
+            })
+            .min()
+            .flatten()
+    }
+
     /// Names rows `envs` of tensor `name` for [`Observer::read`]: an engine→client tensor
     /// in host memory (client→engine ones are written while the engine's sequence is
     /// even, and device memory is not the region's), `envs` inside the env axis. A
@@ -266,8 +280,9 @@ impl Observer {
         assert_eq!(picks.len(), out.len(), "one buffer per pick");
         self.check()?;
         let blocks = self.blocks()?;
+        let seqs: Vec<_> = blocks.iter().map(|b| b.write_seq()).collect();
         let mut failed = None;
-        let copied = read_consistent(&blocks, || {
+        let copied = read_consistent(&seqs, || {
             let frame = self.common_frame()?;
             for (pick, buf) in picks.iter().zip(out.iter_mut()) {
                 let (offset, len) = self.span(pick);
@@ -296,14 +311,17 @@ impl Observer {
         })
     }
 
-    /// One try at reading the stats area while no engine writes it.
+    /// One try at reading the stats area while no engine records an episode (the stats
+    /// have a sequence of their own: steps do not get in the way); `frame` is the lowest
+    /// frame the shards had published.
     pub fn try_stats(&self) -> Result<Option<StatsSnapshot>> {
         self.check()?;
         let blocks = self.blocks()?;
+        let seqs: Vec<_> = blocks.iter().map(|b| b.stats_seq()).collect();
         let mut bytes = vec![0u8; self.stats.len() as usize];
         let mut failed = None;
-        let frame = read_consistent(&blocks, || {
-            let frame = self.common_frame();
+        let frame = read_consistent(&seqs, || {
+            let frame = self.lowest_frame();
             if let Err(e) = self.region.read_at(self.stats.offset, &mut bytes) {
                 failed = Some(e);
             }

@@ -1,9 +1,10 @@
 //! The live words of a stats block (1.6, `docs/protocol.md` §3.8): the engine's write
 //! sequence, which lets read-only observers copy tensors consistently while it runs, and
-//! the episodes it saw end.
+//! the episodes it saw end, under a sequence of their own.
 //!
-//! The write sequence is a seqlock with one writer (the engine, or the block's shard):
-//! odd while the engine writes engine→client tensors or the block, even otherwise.
+//! Each sequence is a seqlock with one writer (the engine, or the block's shard). The
+//! write sequence is odd while the engine writes engine→client tensors, even otherwise;
+//! the stats sequence is odd while it records an episode.
 //! [`Stats::begin_write`] stores the odd value and then issues a release fence, so a
 //! reader that sees any byte written after it also sees the odd value when it looks
 //! again; [`Stats::end_write`] stores the even value with Release. A reader
@@ -66,13 +67,19 @@ impl<'a> Stats<'a> {
         unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU64) }
     }
 
-    /// The write sequence: odd while the engine writes.
+    /// The write sequence: odd while the engine writes engine→client tensors.
     #[inline]
     pub fn write_seq(&self) -> &'a AtomicU64 {
         self.u64(off::WRITE_SEQ)
     }
 
-    /// Engine: about to write engine→client tensors (or this block). Opens a write
+    /// The stats sequence: odd while the engine records an episode.
+    #[inline]
+    pub fn stats_seq(&self) -> &'a AtomicU64 {
+        self.u64(off::STATS_SEQ)
+    }
+
+    /// Engine: about to write engine→client tensors. Opens a write
     /// window unless one is open; returns whether it opened one. The release fence after
     /// the odd store orders it before every later store of this thread: a reader whose
     /// copy saw one of them sees the odd value (or a later one) when it checks.
@@ -101,11 +108,14 @@ impl<'a> Stats<'a> {
     }
 
     /// Engine: env `env` (its index in the region) ended an episode of return
-    /// `episode_return` after `length` steps. Inside the window the engine has open
-    /// while it steps, or in one of its own.
+    /// `episode_return` after `length` steps. Bracketed by the stats sequence, not the
+    /// write sequence: whenever it is called, readers of the totals see none or all of it.
     pub fn record_episode(&self, env: u32, episode_return: f64, length: u64) {
-        let opened = self.begin_write();
         let relaxed = Ordering::Relaxed;
+        let seq = self.stats_seq();
+        let s = primitive::load(seq, relaxed);
+        primitive::store(seq, s.wrapping_add(1), relaxed);
+        fence(Ordering::Release);
         let j = primitive::load(self.u64(off::EPISODES), relaxed);
         let entry = off::RECENT + (j % RECENT_EPISODES as u64) as usize * off::ENTRY;
         let length32 = u32::try_from(length).unwrap_or(u32::MAX);
@@ -128,30 +138,29 @@ impl<'a> Stats<'a> {
             relaxed,
         );
         primitive::store(self.u64(off::EPISODES), j.wrapping_add(1), relaxed);
-        if opened {
-            self.end_write();
-        }
+        primitive::store(seq, s.wrapping_add(2), Ordering::Release);
     }
 }
 
-/// One attempt at reading what `blocks`' engines write, with none of them writing:
-/// `None` if one was writing when it began, or wrote while `read` ran (the caller tries
-/// again later); else what `read` returned. `read` may see torn values, which are then
-/// thrown away: it must not trust them (bounds, lengths) beyond copying.
-pub fn read_consistent<T>(blocks: &[Stats<'_>], read: impl FnOnce() -> T) -> Option<T> {
+/// One attempt at reading what the engines write under `seqs` (their blocks' write
+/// sequences, or their stats sequences), with none of them writing: `None` if one was
+/// writing when it began, or wrote while `read` ran (the caller tries again later); else
+/// what `read` returned. `read` may see torn values, which are then thrown away: it must
+/// not trust them (bounds, lengths) beyond copying.
+pub fn read_consistent<T>(seqs: &[&AtomicU64], read: impl FnOnce() -> T) -> Option<T> {
     let mut before = [0u64; MAX_SHARDS];
-    for (seen, block) in before.iter_mut().zip(blocks) {
-        *seen = primitive::load(block.write_seq(), Ordering::Acquire);
+    for (seen, seq) in before.iter_mut().zip(seqs) {
+        *seen = primitive::load(*seq, Ordering::Acquire);
         if *seen & 1 == 1 {
             return None;
         }
     }
     let value = read();
-    // Whatever `read` loaded is ordered before the loads below: a store after a
-    // begin_write that it saw makes them see that odd value or a later one.
+    // Whatever `read` loaded is ordered before the loads below: a store after an odd
+    // value that it saw makes them see that odd value or a later one.
     fence(Ordering::Acquire);
-    for (seen, block) in before.iter().zip(blocks) {
-        if primitive::load(block.write_seq(), Ordering::Relaxed) != *seen {
+    for (seen, seq) in before.iter().zip(seqs) {
+        if primitive::load(*seq, Ordering::Relaxed) != *seen {
             return None;
         }
     }
@@ -207,15 +216,24 @@ mod tests {
     }
 
     #[test]
-    fn an_episode_outside_a_window_opens_its_own() {
+    fn episodes_and_frames_have_their_own_sequences() {
         let mut b = Block([0; STATS_BLOCK_SIZE]);
         let s = view(&mut b);
         s.record_episode(3, 1.0, 2);
-        assert_eq!(primitive::load(s.write_seq(), Ordering::Relaxed), 2);
-        assert_eq!(read_consistent(&[s], || 7), Some(7));
+        assert_eq!(primitive::load(s.write_seq(), Ordering::Relaxed), 0);
+        assert_eq!(primitive::load(s.stats_seq(), Ordering::Relaxed), 2);
         s.begin_write();
-        assert_eq!(read_consistent(&[s], || ()), None, "a window is open");
+        assert_eq!(
+            read_consistent(&[s.write_seq()], || ()),
+            None,
+            "a window is open"
+        );
+        assert_eq!(
+            read_consistent(&[s.stats_seq()], || 7),
+            Some(7),
+            "not for the stats"
+        );
         s.end_write();
-        assert_eq!(read_consistent(&[s], || ()), Some(()));
+        assert_eq!(read_consistent(&[s.write_seq()], || ()), Some(()));
     }
 }

@@ -27,10 +27,10 @@ pub struct EpisodeEntry {
     pub env: u32,
 }
 
-/// One block of the stats area: line 0 is the engine's (its write sequence and the
-/// episode totals), lines 1..8 the last [`RECENT_EPISODES`] episodes, episode number `j`
-/// (counting from 0) in entry `j % RECENT_EPISODES`. Written by one engine process (the
-/// block's shard) only, every word with an atomic store.
+/// One block of the stats area: line 0 is the engine's (its write sequence, the episode
+/// totals and their own sequence), lines 1..8 the last [`RECENT_EPISODES`] episodes,
+/// episode number `j` (counting from 0) in entry `j % RECENT_EPISODES`. Written by one
+/// engine process (the block's shard) only, every word with an atomic store.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
 pub struct StatsBlock {
@@ -43,7 +43,11 @@ pub struct StatsBlock {
     pub return_sum: f64,
     /// live: sum of their lengths.
     pub length_sum: u64,
-    pub _reserved: [u64; 4],
+    /// live: odd while the engine writes the episode words (`episodes` .. `recent`),
+    /// even otherwise: they are read by this sequence, not by `write_seq`, so a
+    /// sampling reader gets them even while the engine steps back to back.
+    pub stats_seq: u64,
+    pub _reserved: [u64; 3],
     /// live: the last episodes.
     pub recent: [EpisodeEntry; RECENT_EPISODES],
 }
@@ -51,6 +55,7 @@ pub struct StatsBlock {
 const _: () = assert!(size_of::<EpisodeEntry>() == 16);
 const _: () = assert!(size_of::<StatsBlock>() == STATS_BLOCK_SIZE);
 const _: () = assert!(offset_of!(StatsBlock, recent) == 64);
+const _: () = assert!(offset_of!(StatsBlock, stats_seq) == 32);
 
 /// Byte offsets of a block's words, from the block's start.
 pub mod stats_offsets {
@@ -60,6 +65,7 @@ pub mod stats_offsets {
     pub const EPISODES: usize = offset_of!(StatsBlock, episodes);
     pub const RETURN_SUM: usize = offset_of!(StatsBlock, return_sum);
     pub const LENGTH_SUM: usize = offset_of!(StatsBlock, length_sum);
+    pub const STATS_SEQ: usize = offset_of!(StatsBlock, stats_seq);
     pub const RECENT: usize = offset_of!(StatsBlock, recent);
     /// Size of one entry of `recent`: its return's bits, then `length | env << 32`.
     pub const ENTRY: usize = size_of::<super::EpisodeEntry>();
