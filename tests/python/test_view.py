@@ -132,7 +132,8 @@ def test_the_page_shows_frames_and_plots_and_follows_the_engine(tmp_path):
         points = number("return-points"), number("sps-points")
         wait.until(lambda b: number("episodes") > 0)
         wait.until(lambda b: number("return-points") > points[0] and number("sps-points") > points[1] + 2)
-        wait.until(lambda b: number("return-points") >= 3)
+        # A few seconds of history for the screenshot: 25 points, 5 a second.
+        wait.until(lambda b: number("return-points") >= 3 and number("sps-points") >= 25)
         shot = str(tmp_path / "view.png")
         assert browser.save_screenshot(shot)
         keep = os.environ.get("SHMBRIDGE_VIEW_SCREENSHOT")

@@ -158,8 +158,9 @@ class Watcher:
                 labels = [f"{a.obs}[{env}, {c}]" for c in picked]
         self.session_start = time.monotonic()
         self.next_frame = 0.0
-        self.next_stats = 0.0
-        o.stats()  # the first call starts the rate's interval
+        # The first call starts the rate's interval; the first point comes one later.
+        o.stats()
+        self.next_stats = time.monotonic() + STATS_EVERY
         self._say({"type": "status", "state": "live", "session": session, "name": o.name,
                    "engine_kind": o.engine_kind, "num_envs": o.num_envs, "image": image,
                    "grid": min(a.grid, o.num_envs), "labels": labels, "note": note, "reason": None})
