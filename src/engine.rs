@@ -447,9 +447,16 @@ impl Engine {
     /// This engine's stats block (1.6), if the region has one.
     #[inline]
     fn stats_view(&self) -> Option<Stats<'_>> {
-        let at = self.stats?;
-        // Checked when the engine was made; the mapping does not change.
-        self.region.stats_block(at).ok()
+        let at = self.stats? as usize;
+        // SAFETY: `create` and `join` checked with `Region::stats_block` that the block at
+        // `at` lies inside this mapping, 8-aligned; the mapping's address and length do
+        // not change while `self` lives, and the view borrows `self`. The engine accesses
+        // the block's words only atomically (through `Stats`). Unchecked here because it
+        // runs twice per step.
+        unsafe {
+            let base = std::ptr::NonNull::new_unchecked(self.region.ptr().add(at));
+            Some(Stats::new(base))
+        }
     }
 
     /// Records that env `env` (this engine's numbering: `0..num_envs()`) ended an episode
