@@ -199,7 +199,7 @@ def main(args: Any) -> int:
     rows = []
     for c in configs:
         s = stats[c]
-        rows.append([c, f"{s.n:,}", f"{s.median_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}",
+        rows.append([c, f"{s.n:,}", f"{s.median_ns:,.0f}", f"{s.p99_ns:,.0f}",
                      fmt_ratio(s.median_ns / base.median_ns), fmt_ratio(s.p99_ns / base.p99_ns)])
     copies = sum(c[0] for c in counts)
     torn = sum(c[1] for c in counts)
@@ -215,7 +215,7 @@ def main(args: Any) -> int:
         "",
         *machine_header(machine, [f"- Load average at the end: {', '.join(f'{x:.2f}' for x in load_end)}"]),
         "",
-        markdown_table(["configuration", "steps", "median µs", "p99 µs", "median ÷ none", "p99 ÷ none"], rows,
+        markdown_table(["configuration", "steps", "median ns", "p99 ns", "median ÷ none", "p99 ÷ none"], rows,
                        "lrrrrr"),
         "",
         f"Each observer is its own process polling at 60 Hz: `latest()` of {polled} and `stats()`. "
