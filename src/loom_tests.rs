@@ -417,3 +417,244 @@ fn every_shard_wakes_for_one_action_and_the_client_waits_for_all() {
         }
     });
 }
+
+// ---- Observers (1.7): the write sequence of a stats block ----
+//
+// The observer models sweep where the observer starts: after `k` of the engine's steps,
+// for every `k`, told by a counter the engine bumps Relaxed (a schedule, not a
+// synchronisation: it orders nothing the models check). Loom's DPOR keeps one last
+// access per word, and the engine loads each word of its block before storing it, so
+// without the sweep it would not put the observer's first load after every one of the
+// engine's stores.
+
+/// A stats block as the real [`crate::control::Stats`] view reads and writes it: its 64
+/// words, every one tracked, in a 64-byte aligned block as in a region.
+#[repr(C, align(64))]
+struct StatsWords([AtomicU64; 64]);
+
+impl StatsWords {
+    fn new() -> Arc<StatsWords> {
+        let w = Arc::new(StatsWords(std::array::from_fn(|_| AtomicU64::new(0))));
+        for word in &w.0 {
+            model::track_u64(word);
+        }
+        w
+    }
+
+    fn view(&self) -> crate::control::Stats<'_> {
+        let base = std::ptr::NonNull::from(&self.0[0]).cast::<u8>();
+        // SAFETY: 64 words, 512 bytes, 64-aligned, living as long as the borrow; every
+        // access goes through `primitive` (loom's atomics in this build).
+        unsafe { crate::control::Stats::new(base) }
+    }
+}
+
+/// Engine→client data an observer copies: plain words in the real region, loom atomics
+/// accessed Relaxed here (a racy copy is what the seqlock must catch).
+struct Data([AtomicU64; 2]);
+
+impl Data {
+    fn new() -> Arc<Data> {
+        let d = Arc::new(Data([AtomicU64::new(0), AtomicU64::new(0)]));
+        for word in &d.0 {
+            model::track_u64(word);
+        }
+        d
+    }
+    fn write(&self, value: u64) {
+        for word in &self.0 {
+            primitive::store(word, value, Ordering::Relaxed);
+        }
+    }
+    fn copy(&self) -> [u64; 2] {
+        [0, 1].map(|i| primitive::load(&self.0[i], Ordering::Relaxed))
+    }
+}
+
+/// How far the engines of a model got: the schedule the observer waits for.
+struct Progress(AtomicU64);
+
+impl Progress {
+    fn new() -> Arc<Progress> {
+        let p = Arc::new(Progress(AtomicU64::new(0)));
+        model::track_u64(&p.0);
+        p
+    }
+    /// An engine finished one more step.
+    fn step(&self) {
+        primitive::fetch_add(&self.0, 1, Ordering::Relaxed);
+    }
+    /// The observer starts once `k` steps are done.
+    fn wait(&self, k: u64) {
+        while primitive::load(&self.0, Ordering::Relaxed) < k {
+            loom::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
+    // The engine as `Engine` does it: an action arrives (`begin_write`), it writes the
+    // frame, posts `frame_seq` (`sync::post`, as `publish`), then `end_write`; then it
+    // answers a reset, which rewrites the data with `frame_seq` unchanged, bracketed as
+    // `answer_one` brackets a handler. An observer reading meanwhile (`read_consistent`,
+    // as `Observer::try_read`), from each of the engine's steps on, may fail, but whatever it accepts is
+    // one whole state with its frame number: frame 0 (0, 0), frame 1 (1, 1), or the
+    // reset's (100, 100) at frame 1. The frame counters alone could not tell the reset.
+    for k in 0..=7 {
+        check(
+            &format!("observer::whole_frames_step_and_reset, from step {k}"),
+            move || {
+                let c = Control::new();
+                let stats = StatsWords::new();
+                let data = Data::new();
+                let progress = Progress::new();
+                let engine = {
+                    let (c, stats, data, progress) =
+                        (c.clone(), stats.clone(), data.clone(), progress.clone());
+                    loom::thread::spawn(move || {
+                        let s = stats.view();
+                        assert!(s.begin_write());
+                        progress.step();
+                        data.write(1);
+                        progress.step();
+                        post(&c.frame(), 1);
+                        progress.step();
+                        s.end_write();
+                        progress.step();
+                        assert!(s.begin_write());
+                        progress.step();
+                        data.write(100);
+                        progress.step();
+                        s.end_write();
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                progress.wait(k);
+                let seen = crate::control::read_consistent(&[s.write_seq()], || {
+                    (
+                        primitive::load(&c.frame_seq, Ordering::Acquire),
+                        data.copy(),
+                    )
+                });
+                if let Some((frame, [a, b])) = seen {
+                    assert_eq!(a, b, "a torn copy was accepted (frame {frame})");
+                    let whole = matches!((frame, a), (0, 0) | (1, 1) | (1, 100));
+                    assert!(whole, "frame {frame} with data {a}");
+                }
+                engine.join().unwrap();
+                let after = crate::control::read_consistent(&[s.write_seq()], || data.copy());
+                assert_eq!(after, Some([100, 100]), "nothing writes any more: accepted");
+            },
+        );
+    }
+}
+
+#[test]
+fn episode_totals_are_read_whole() {
+    // Two episodes recorded by `record_episode`: the first inside a step's write window,
+    // the second outside it (episodes have their own sequence, which `record_episode`
+    // brackets itself). An observer reading by that sequence accepts only totals that
+    // match whole episodes: none, the first, or both.
+    for k in 0..=4 {
+        check(
+            &format!("observer::episode_totals_whole, from step {k}"),
+            move || {
+                let stats = StatsWords::new();
+                let progress = Progress::new();
+                let engine = {
+                    let (stats, progress) = (stats.clone(), progress.clone());
+                    loom::thread::spawn(move || {
+                        let s = stats.view();
+                        s.begin_write();
+                        progress.step();
+                        s.record_episode(0, 2.0, 2);
+                        progress.step();
+                        s.end_write();
+                        progress.step();
+                        s.record_episode(1, 3.0, 3);
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                let words = &stats.0;
+                progress.wait(k);
+                let seen = crate::control::read_consistent(&[s.stats_seq()], || {
+                    [1, 2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed))
+                });
+                if let Some([episodes, return_bits, lengths]) = seen {
+                    let whole = match episodes {
+                        0 => (return_bits, lengths) == (0, 0),
+                        1 => (f64::from_bits(return_bits), lengths) == (2.0, 2),
+                        2 => (f64::from_bits(return_bits), lengths) == (5.0, 5),
+                        _ => false,
+                    };
+                    assert!(
+                        whole,
+                        "{episodes} episodes, return bits {return_bits:#x}, {lengths} steps"
+                    );
+                }
+                engine.join().unwrap();
+            },
+        );
+    }
+}
+
+#[test]
+fn an_observer_of_two_shards_accepts_one_frame_of_both() {
+    // Two shards step their slices of action 1 (each as `Engine` does, with its own
+    // block); the observer checks both sequences and that both frame counters agree
+    // (as `Observer::common_frame`). What it accepts is frame 0 or frame 1 of both
+    // slices, never one slice of each.
+    for k in 0..=4 {
+        check(
+            &format!("observer::two_shards_one_frame, from step {k}"),
+            move || {
+                let shards = [StatsWords::new(), StatsWords::new()];
+                let words: Arc<[AtomicU64; 4]> =
+                    Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
+                for w in words.iter() {
+                    model::track_u64(w);
+                }
+                // words[i]: shard i's frame counter; words[2 + i]: its slice of the data.
+                let progress = Progress::new();
+                let engines: Vec<_> = (0..2)
+                    .map(|i| {
+                        let (stats, words, progress) =
+                            (shards[i].clone(), words.clone(), progress.clone());
+                        loom::thread::spawn(move || {
+                            let s = stats.view();
+                            s.begin_write();
+                            primitive::store(&words[2 + i], 1, Ordering::Relaxed);
+                            primitive::store(&words[i], 1, Ordering::Release);
+                            progress.step();
+                            s.end_write();
+                            progress.step();
+                        })
+                    })
+                    .collect();
+                let views = [shards[0].view(), shards[1].view()];
+                progress.wait(k);
+                let seqs = [views[0].write_seq(), views[1].write_seq()];
+                let seen = crate::control::read_consistent(&seqs, || {
+                    let [f0, f1, d0, d1] = [0, 1, 2, 3].map(|i| {
+                        let order = if i < 2 {
+                            Ordering::Acquire
+                        } else {
+                            Ordering::Relaxed
+                        };
+                        primitive::load(&words[i], order)
+                    });
+                    (f0 == f1).then_some((f0, [d0, d1]))
+                });
+                if let Some(Some((frame, slices))) = seen {
+                    assert_eq!(slices, [frame; 2], "frame {frame}");
+                }
+                for e in engines {
+                    e.join().unwrap();
+                }
+            },
+        );
+    }
+}

@@ -12,12 +12,15 @@
 //! known code is kept as `Unknown`, never a panic. [`ControlMapping`] (`mapping.rs`) is
 //! what a device backend sees of a region: these words, a second mapping of them, and
 //! the ownership proofs of 1.6 whose bytes and fd socket path `proof.rs` names.
+//! [`Stats`] (`stats.rs`, 1.7) is a block of the stats area after the tensors: the
+//! engine's write sequence, which observers copy frames by, and its episode totals.
 
 mod block;
 mod mapping;
 mod proof;
 mod release;
 mod state;
+mod stats;
 
 pub use block::{Claim, Control};
 pub use mapping::ControlMapping;
@@ -26,3 +29,4 @@ pub use proof::{
 };
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};
+pub use stats::{read_consistent, Stats};
