@@ -231,10 +231,12 @@ pub fn futex_wake_all(word: &AtomicU32) {
 // /proc/self/fd: the child still sees the live shared bytes), and each descriptor is
 // pointed at /dev/null (its number stays valid, so the child's copies drop cleanly).
 
-/// Fixed arrays of atomics: the child handler may take no lock. Past 256 regions open at
-/// once the rest are not released in children (their locks then outlive a dead parent
-/// while a forked child lives).
-const FORK_SLOTS: usize = 256;
+/// Fixed arrays of atomics: the child handler may take no lock. A region takes one to
+/// four descriptors (its file; an engine's proof and, with Vulkan tensors, its fd
+/// socket; a client's proof), so about 256 engines or clients fit. Past that the rest
+/// are not released in children (their locks then outlive a dead parent while a forked
+/// child lives), which is said once on stderr.
+const FORK_SLOTS: usize = 1024;
 
 /// Descriptors of region files open in this process (-1: free).
 static HELD_FDS: [AtomicI32; FORK_SLOTS] = [const { AtomicI32::new(-1) }; FORK_SLOTS];
@@ -361,6 +363,14 @@ pub fn hold_in_parent_only(file: impl AsFd) {
             return;
         }
     }
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "shmbridge: more than {FORK_SLOTS} region descriptors open in this process: \
+             the rest stay open in processes forked from it (their locks then outlive \
+             this process while such a child lives)"
+        );
+    });
 }
 
 /// Unregisters a region descriptor before it closes; mappings made through it stay as

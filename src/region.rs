@@ -115,6 +115,11 @@ pub struct Region {
     /// namespace did not show its process (another namespace's): its pid names nothing
     /// here, which errors about it say.
     client_elsewhere: std::sync::Mutex<Option<(u32, u64)>>,
+    /// The attached client's proof (1.6): a descriptor of its own holding the lock on
+    /// [`client_proof_byte`] of its `(pid, start_time)`, taken before it claims the slot
+    /// and kept while it is attached, so that nobody else can take that byte and pass
+    /// for it on the fd socket while it lives.
+    held_proof: std::sync::OnceLock<(u32, u64, os::HeldFd)>,
 }
 
 const NOT_SHRUNK: u64 = u64::MAX;
@@ -188,6 +193,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: Some(Arc::new(os::HeldFd::new(proof))),
             client_elsewhere: Default::default(),
+            held_proof: Default::default(),
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -305,6 +311,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: None,
             client_elsewhere: Default::default(),
+            held_proof: Default::default(),
         }
         .held_in_parent_only(None, false);
         Ok((region, layout))
@@ -391,6 +398,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: None,
             client_elsewhere: Default::default(),
+            held_proof: Default::default(),
         }
         .held_in_parent_only(None, writable))
     }
@@ -450,6 +458,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: self.proof.clone(),
             client_elsewhere: Default::default(),
+            held_proof: Default::default(),
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -533,7 +542,7 @@ impl Region {
         match os::process_seen(pid, start_time) {
             Some(running) => running,
             None => {
-                let alive = self.file.as_ref().is_some_and(|f| {
+                let alive = self.own_fd().is_some_and(|f| {
                     // An error asking is no evidence of death.
                     os::byte_locked(f, client_lock_byte(pid, start_time)).unwrap_or(true)
                 });
@@ -568,10 +577,16 @@ impl Region {
     /// earlier client of this same process that kept the region open. The client then
     /// goes on without (its pid still vouches for it, as for an earlier version's).
     pub(crate) fn hold_client_lock(&self, pid: u32, start_time: u64) -> Result<bool> {
-        match &self.file {
-            Some(f) => os::try_lock_byte(f, client_lock_byte(pid, start_time)),
-            None => Ok(false),
+        let Some(f) = &self.file else {
+            return Ok(false);
+        };
+        let held = os::try_lock_byte(f, client_lock_byte(pid, start_time))?;
+        // The proof too, for as long as this mapping lives: taken after the attach, an
+        // impostor could have taken it first and passed for this client.
+        if let Ok(proof) = self.take_client_proof(pid, start_time) {
+            let _ = self.held_proof.set((pid, start_time, proof));
         }
+        Ok(held)
     }
 
     pub fn is_owner(&self) -> bool {
@@ -622,11 +637,27 @@ impl Region {
         self.proof.as_deref().map(AsFd::as_fd)
     }
 
-    /// A client's proof for one exchange on the fd socket (1.6): a new descriptor of
-    /// this region holding the lock on [`client_proof_byte`] of `(pid, start_time)`,
-    /// what the client recorded in the slot. Drop it once the exchange is over. `Err`
-    /// when another descriptor holds that byte.
+    /// A client's proof for one exchange on the fd socket (1.6): a descriptor of this
+    /// region holding the lock on [`client_proof_byte`] of `(pid, start_time)`, what
+    /// the client recorded in the slot; the lock taken when it attached
+    /// ([`Region::hold_client_lock`]) where it is that client's, else taken now. Drop it
+    /// once the exchange is over. `Err` when another descriptor holds that byte.
     pub fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
+        match self.held_proof.get() {
+            Some((p, s, held)) if (*p, *s) == (pid, start_time) => {
+                let dup = held
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| Error::io("dup of the client's proof", e))?;
+                Ok(os::HeldFd::new(dup))
+            }
+            _ => self.take_client_proof(pid, start_time),
+        }
+    }
+
+    /// A new descriptor of this region holding the lock on [`client_proof_byte`] of
+    /// `(pid, start_time)`.
+    fn take_client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
         let proof = os::reopen(self.file()?)?;
         if !os::try_lock_byte(&proof, client_proof_byte(pid, start_time))? {
             return Err(Error::Protocol {
@@ -640,6 +671,16 @@ impl Region {
         Ok(os::HeldFd::new(proof))
     }
 
+    /// This mapping's own descriptor of the region: its file, or for a second mapping of
+    /// the creator's, the engine's proof descriptor. What locks are queried through.
+    fn own_fd(&self) -> Option<BorrowedFd<'_>> {
+        match (&self.file, &self.proof) {
+            (Some(file), _) => Some(file.as_fd()),
+            (None, Some(proof)) => Some(proof.as_fd()),
+            (None, None) => None,
+        }
+    }
+
     /// Whether `fd`, handed over by a peer, proves that its sender holds the lock on
     /// `byte` of this very region: `fd` is this region's file (same device and inode),
     /// someone holds `byte` (seen from this mapping's own descriptor, before and after),
@@ -647,15 +688,11 @@ impl Region {
     /// own holder). Only the process that took the lock has that description, unless it
     /// handed it on. `Ok(Err(why not))` when it does not prove it.
     pub fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {
-        let own = match (&self.file, &self.proof) {
-            (Some(file), _) => file.as_fd(),
-            (None, Some(proof)) => proof.as_fd(),
-            (None, None) => {
-                return Err(Error::io(
-                    format!("checking a proof for '{}'", self.name),
-                    std::io::Error::other("this mapping has no descriptor"),
-                ))
-            }
+        let Some(own) = self.own_fd() else {
+            return Err(Error::io(
+                format!("checking a proof for '{}'", self.name),
+                std::io::Error::other("this mapping has no descriptor"),
+            ));
         };
         let (_, dev, ino) = os::file_identity(fd)?;
         if (dev, ino) != self.identity {
@@ -747,6 +784,10 @@ impl ControlMapping for Region {
 
     fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
         Region::client_proof(self, pid, start_time)
+    }
+
+    fn client_alive(&self, pid: u32, start_time: u64) -> bool {
+        Region::client_alive(self, pid, start_time)
     }
 
     fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {

@@ -471,7 +471,11 @@ fn wait_on<S: SeqWord, R>(
                 let spent = match start {
                     Some(t) => t.elapsed(),
                     None => {
-                        start = Some(Instant::now());
+                        let now = Instant::now();
+                        start = Some(now);
+                        // The series' timeout counts from its first clock read, also
+                        // when this wait is answered while it spins.
+                        track.start.get_or_insert(now);
                         core_free = primitive::core_free();
                         Duration::ZERO
                     }

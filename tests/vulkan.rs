@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use common::{region_gone, shm_exists, EngineProc};
@@ -834,6 +834,59 @@ fn a_squatter_on_the_socket_path_is_replaced_or_refuses_the_engine() {
     assert!(!shm_exists(&name), "the region was left");
     assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
     std::fs::remove_file(&path).unwrap();
+}
+
+/// A same-user process that opens the region cannot pass for its attached client on the
+/// fd socket: the client holds its proof byte from before it claims the slot until it
+/// closes, so nobody else can lock that byte and hand it over. Before the fix the client
+/// locked it only during its own exchange: anyone could take it in between (pid and start
+/// time are in the control block) and the engine sent that process every fd.
+#[test]
+fn a_process_of_the_same_user_cannot_take_the_attached_clients_proof() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let client = Client::attach(&name, AttachOptions::default()).unwrap();
+    let (pid, start) = (std::process::id(), own_start_time());
+    let byte = shmbridge::control::client_proof_byte(pid, start);
+    let impostor = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    // The lock the impostor would prove with: refused while the client is attached.
+    // SAFETY: flock is plain data; all zeroes is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = byte as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: a valid descriptor and a flock the call reads and writes, for its duration.
+    let taken = unsafe { libc::fcntl(impostor.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) } == 0;
+    assert!(
+        !taken,
+        "another descriptor took the attached client's proof byte"
+    );
+    // And its descriptor, handed over anyway, gets no fd.
+    match fdpass::request(&name, &path, impostor.as_fd(), 1, T) {
+        Err(Error::Protocol { detail, .. }) => assert!(detail.contains("refused"), "{detail}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    client.close();
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// This process's start time (field 22 of /proc/self/stat), as a client records it.
+fn own_start_time() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = stat.rsplit(')').next().unwrap();
+    after.split_whitespace().nth(19).unwrap().parse().unwrap()
 }
 
 /// Any local process of the engine's user can connect to its socket: one refused

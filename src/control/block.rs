@@ -232,6 +232,20 @@ impl<'a> Control<'a> {
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 ) {
+                    // The slot may have been claimed and attached anew between the
+                    // identity read above and the swap (another client that also found
+                    // this one dead): the swap then hit the new client's ATTACHED.
+                    // Its identity, written before that Release store, is visible
+                    // after the AcqRel swap: give the slot back and judge the new one.
+                    Ok(_) if self.client_identity() != (pid, start) => {
+                        let _ = self.u32(offsets::CLIENT_STATE).compare_exchange(
+                            ClientState::Invalidated.code(),
+                            attached,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        );
+                        self.check_client(client_alive)
+                    }
                     Ok(_) => Err(Error::PeerDied {
                         peer: Peer::Client,
                         pid,
@@ -348,6 +362,36 @@ mod tests {
             Err(Error::PeerDied { .. })
         ));
         assert_eq!(c.client_state(), ClientState::Invalidated);
+    }
+
+    /// Another client finds the dead one, claims the slot and attaches between the
+    /// engine's read of the dead client's identity and its swap to `INVALIDATED`: the
+    /// new, live client keeps the slot. Before the fix the swap hit its `ATTACHED` and
+    /// the engine marked it dead.
+    #[test]
+    fn a_client_attached_while_the_engine_judges_a_dead_one_keeps_the_slot() {
+        #[repr(C, align(4096))]
+        struct Block([u8; CONTROL_SIZE]);
+        let mut block = Block([0; CONTROL_SIZE]);
+        // SAFETY: as in `methods_touch_the_documented_fields`.
+        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
+        c.publish_engine(42, 7);
+        c.set_engine_ready();
+        let _ = c.claim_client("r", 43, 8, |_, _| false).unwrap();
+        c.attach_client();
+        let got = c.check_client(|pid, _| {
+            if pid == 43 {
+                // Client 43 is dead; client 44 finds so too and attaches meanwhile.
+                let _ = c.claim_client("r", 44, 9, |_, _| false).unwrap();
+                c.attach_client();
+                false
+            } else {
+                true
+            }
+        });
+        assert!(got.is_ok(), "{got:?}");
+        assert_eq!(c.client_state(), ClientState::Attached);
+        assert_eq!(c.client_identity(), (44, 9));
     }
 
     /// The typed view over a plain, aligned buffer: what the methods store lands at the

@@ -44,6 +44,11 @@ pub trait ControlMapping: Send + Sync + std::fmt::Debug {
     /// when another descriptor holds that byte.
     fn client_proof(&self, pid: u32, start_time: u64) -> Result<HeldFd>;
 
+    /// Whether the client recorded in the slot as `(pid, start_time)` lives: its process
+    /// where this PID namespace shows it, else its lock on the region
+    /// ([`super::client_lock_byte`]).
+    fn client_alive(&self, pid: u32, start_time: u64) -> bool;
+
     /// Whether `fd`, handed over by a peer, proves that its sender holds the lock on
     /// `byte` of this very region (same file, and the lock is that descriptor's).
     /// `Ok(Err(why not))` when it does not.

@@ -193,7 +193,10 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> Sig
             // Held until `_exit`: serving's end waits here rather than exit 0.
             let served = served.lock().unwrap_or_else(|p| p.into_inner());
             if *served {
-                // Serving ended first and the process is on its way out.
+                // Serving ended first and the process is on its way out: a signal now
+                // (during a slow close) ends it as it would without a handler.
+                drop(served);
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
                 return;
             }
             match joined_shard {

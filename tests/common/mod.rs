@@ -10,6 +10,23 @@ use std::process::{Child, Command, Stdio};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_shmbridge");
 
+/// `command` with SIGINT and SIGQUIT at their default actions, as for a program a
+/// terminal runs in the foreground (what the tests that press Ctrl-C model): a test
+/// runner started in the background of a non-interactive shell ignores them, and an
+/// ignored signal stays ignored across `exec`.
+pub fn foreground(mut command: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only `signal`, which is async-signal-safe, runs.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    command
+}
+
 /// An engine child process; killed and reaped on drop if still running.
 pub struct EngineProc {
     pub child: Child,
@@ -20,7 +37,7 @@ impl EngineProc {
     /// Starts `shmbridge engine ARGS...` and reads the region name it prints once frame 0
     /// is published; the engine's stderr in the panic message if it does not serve.
     pub fn start(args: &[&str]) -> EngineProc {
-        let mut child = Command::new(BIN)
+        let mut child = foreground(Command::new(BIN))
             .arg("engine")
             .args(args)
             .stdout(Stdio::piped())

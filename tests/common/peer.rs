@@ -217,8 +217,8 @@ impl PeerProc {
     }
 
     /// Any program, with `args`, and `role` in its environment.
-    pub fn spawn(mut command: Command, role: &str, args: &[&str]) -> PeerProc {
-        let mut child = command
+    pub fn spawn(command: Command, role: &str, args: &[&str]) -> PeerProc {
+        let mut child = super::foreground(command)
             .args(args)
             .env(PEER_ROLE, role)
             .stdin(Stdio::piped())

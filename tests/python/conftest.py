@@ -6,11 +6,18 @@ pattern, a private /dev/shm."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 
 import shmbridge
+
+# The tests that press Ctrl-C model a program a terminal runs in the foreground: a test
+# run started in the background of a non-interactive shell ignores SIGINT, and its
+# children would inherit that (Python then installs no KeyboardInterrupt handler).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def regions() -> set:

@@ -102,6 +102,10 @@ fn judge(conn: &Conn, region: &dyn ControlMapping, me: u32) -> ReplyStatus {
         return ReplyStatus::NotTheClient;
     }
     let (pid, start) = control.client_identity();
+    // A dead client's proof byte is free for anyone to take: only a live one's counts.
+    if !region.client_alive(pid, start) {
+        return ReplyStatus::NotTheClient;
+    }
     // A client this PID namespace shows (the same namespace, or a descendant in which
     // the pid it recorded happens to name it) must be the very peer: the kernel's pid
     // cannot be handed on, a descriptor can.
