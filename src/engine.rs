@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
-use crate::control::{ClientState, Control, EngineState, Stats};
+use crate::control::{ClientState, Control, EngineState};
 use crate::device::{self, Device, DeviceRelease, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
@@ -197,8 +197,9 @@ pub struct Engine {
     /// What became of exported device memory at close.
     release: DeviceRelease,
     /// 1.7: byte offset of this engine's block in the stats area, whose write sequence
-    /// brackets every write of engine→client tensors for observers; `None` when the
-    /// region has none (a shard joining a region an earlier version created).
+    /// brackets what a command's handler writes, for observers (a step needs no word:
+    /// `step_writes_begin`); `None` when the region has none (a shard joining a region an
+    /// earlier version created).
     stats: Option<u64>,
 }
 
@@ -455,21 +456,6 @@ impl Engine {
         self.region.control()
     }
 
-    /// This engine's stats block (1.7), if the region has one.
-    #[inline]
-    fn stats_view(&self) -> Option<Stats<'_>> {
-        let at = self.stats? as usize;
-        // SAFETY: `create` and `join` checked with `Region::stats_block` that the block at
-        // `at` lies inside this mapping, 8-aligned; the mapping's address and length do
-        // not change while `self` lives, and the view borrows `self`. The engine accesses
-        // the block's words only atomically (through `Stats`). Unchecked here because it
-        // runs twice per step.
-        unsafe {
-            let base = std::ptr::NonNull::new_unchecked(self.region.ptr().add(at));
-            Some(Stats::new(base))
-        }
-    }
-
     /// Records that env `env` (this engine's numbering: `0..num_envs()`) ended an episode
     /// of return `episode_return` after `length` steps, in the region's stats area
     /// (1.7), which observers read (`shmbridge view` plots it). Usually called while
@@ -627,10 +613,6 @@ impl Engine {
         self.record_frame()?;
         self.frame = self.action;
         sync::post(&self.slot().frame_seq(), self.frame);
-        // After the post: an observer that sees the even value sees this frame's number.
-        if let Some(stats) = self.stats_view() {
-            stats.end_write();
-        }
         Ok(self.frame)
     }
 
@@ -775,10 +757,10 @@ impl Engine {
         self.action = seen;
         // A client posts actions: the end of the next one is news again.
         self.client_end_reported.set(false);
-        // The engine writes frame `seen` from here until `publish`: observers keep off.
-        if let Some(stats) = self.stats_view() {
-            stats.begin_write();
-        }
+        // The engine writes frame `seen` from here until `publish`: observers, who copy
+        // while `action_seq` equals every `frame_seq`, must see the new action once
+        // they have seen any of those writes (1.7, a fence: no instruction on x86).
+        crate::control::step_writes_begin();
         Ok(seen)
     }
 
@@ -830,7 +812,10 @@ impl Engine {
                 let mut io = self.views();
                 // A command's handler may write engine→client tensors (a reset does):
                 // observers keep off until it returned.
-                let stats = self.stats_view();
+                let stats = match self.stats {
+                    Some(at) => Some(self.region.stats_block(at)?),
+                    None => None,
+                };
                 let opened = stats.is_some_and(|s| s.begin_write());
                 let reply = command::answer(
                     req,

@@ -418,10 +418,10 @@ fn every_shard_wakes_for_one_action_and_the_client_waits_for_all() {
     });
 }
 
-// ---- Observers (1.7): the write sequence of a stats block ----
+// ---- Observers (1.7): the step counters and the write sequence of a stats block ----
 //
-// The observer models sweep where the observer starts: after `k` of the engine's steps,
-// for every `k`, told by a counter the engine bumps Relaxed (a schedule, not a
+// The observer models sweep where the observer starts: after `k` of the client's and
+// engines' steps, for every `k`, told by a counter they bump Relaxed (a schedule, not a
 // synchronisation: it orders nothing the models check). Loom's DPOR keeps one last
 // access per word, and the engine loads each word of its block before storing it, so
 // without the sweep it would not put the observer's first load after every one of the
@@ -492,36 +492,108 @@ impl Progress {
     }
 }
 
+/// The client posts action 1 (as `post` does: a Release store, and a wake-up of nobody),
+/// counts it as a step of the schedule, then starts the engines of the model, `f(i)` in
+/// thread `i`, and waits for them. Starting them after the post stands in for their
+/// wait (whose Acquire load would see it): an engine learns of the action no earlier,
+/// and the observer, which must not rely on any of it, gets no edge from it.
+fn post_then_engines(
+    c: &Arc<Control>,
+    progress: &Arc<Progress>,
+    engines: usize,
+    f: impl Fn(usize, &Control) + Send + Sync + 'static,
+) -> loom::thread::JoinHandle<()> {
+    let (c, progress) = (c.clone(), progress.clone());
+    loom::thread::spawn(move || {
+        post(&c.doorbell(true), 1);
+        progress.step();
+        let f = Arc::new(f);
+        let threads: Vec<_> = (0..engines)
+            .map(|i| {
+                let (c, f) = (c.clone(), f.clone());
+                loom::thread::spawn(move || f(i, &c))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    })
+}
+
+/// What `Engine::wait_actions` does once its wait saw action 1.
+fn see_action(c: &Control) {
+    assert_eq!(primitive::load(&c.action_seq, Ordering::Acquire), 1);
+    crate::control::step_writes_begin();
+}
+
 #[test]
-fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
-    // The engine as `Engine` does it: an action arrives (`begin_write`), it writes the
-    // frame, posts `frame_seq` (`sync::post`, as `publish`), then `end_write`; then it
-    // answers a reset, which rewrites the data with `frame_seq` unchanged, bracketed as
-    // `answer_one` brackets a handler. An observer reading meanwhile (`read_consistent`,
-    // as `Observer::try_read`), from each of the engine's steps on, may fail, but whatever it accepts is
-    // one whole state with its frame number: frame 0 (0, 0), frame 1 (1, 1), or the
-    // reset's (100, 100) at frame 1. The frame counters alone could not tell the reset.
-    for k in 0..=7 {
+fn an_observer_accepts_only_whole_frames_across_a_step() {
+    // The client posts action 1; the engine, as `Engine` does, sees it
+    // (`step_writes_begin`), writes the frame and posts `frame_seq` (as `publish`). An
+    // observer reading meanwhile (`read_between_writes`, as `Observer::try_read`), from
+    // each step of the schedule on, may fail, but whatever it accepts is one whole frame
+    // with its number: frame 0 (0, 0) or frame 1 (1, 1).
+    for k in 0..=3 {
         check(
-            &format!("observer::whole_frames_step_and_reset, from step {k}"),
+            &format!("observer::whole_frames_step, from step {k}"),
+            move || {
+                let c = Control::new();
+                let stats = StatsWords::new();
+                let data = Data::new();
+                let progress = Progress::new();
+                let client = {
+                    let (data, progress) = (data.clone(), progress.clone());
+                    post_then_engines(&c, &progress.clone(), 1, move |_, c| {
+                        see_action(c);
+                        data.write(1);
+                        progress.step();
+                        post(&c.frame(), 1);
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                progress.wait(k);
+                let read = || {
+                    crate::control::read_between_writes(
+                        &[s.write_seq()],
+                        &c.action_seq,
+                        &[&c.frame_seq],
+                        |frame| (frame, data.copy()),
+                    )
+                };
+                if let Some((frame, [a, b])) = read() {
+                    assert_eq!(a, b, "a torn copy was accepted (frame {frame})");
+                    assert_eq!(a, frame, "frame {frame} with data {a}");
+                }
+                client.join().unwrap();
+                assert_eq!(
+                    read(),
+                    Some((1, [1, 1])),
+                    "nothing writes any more: accepted"
+                );
+            },
+        );
+    }
+}
+
+#[test]
+fn an_observer_accepts_only_whole_frames_across_a_reset() {
+    // Between steps the engine answers a reset, which rewrites the data with both
+    // counters unchanged, bracketed by the write sequence as `answer_one` brackets a
+    // handler; the counters alone could not tell a reader that it raced it. What the
+    // observer accepts is the frame (0, 0) or the reset's (100, 100), both at frame 0.
+    for k in 0..=3 {
+        check(
+            &format!("observer::whole_frames_reset, from step {k}"),
             move || {
                 let c = Control::new();
                 let stats = StatsWords::new();
                 let data = Data::new();
                 let progress = Progress::new();
                 let engine = {
-                    let (c, stats, data, progress) =
-                        (c.clone(), stats.clone(), data.clone(), progress.clone());
+                    let (stats, data, progress) = (stats.clone(), data.clone(), progress.clone());
                     loom::thread::spawn(move || {
                         let s = stats.view();
-                        assert!(s.begin_write());
-                        progress.step();
-                        data.write(1);
-                        progress.step();
-                        post(&c.frame(), 1);
-                        progress.step();
-                        s.end_write();
-                        progress.step();
                         assert!(s.begin_write());
                         progress.step();
                         data.write(100);
@@ -532,20 +604,27 @@ fn an_observer_accepts_only_whole_frames_across_a_step_and_a_reset() {
                 };
                 let s = stats.view();
                 progress.wait(k);
-                let seen = crate::control::read_consistent(&[s.write_seq()], || {
-                    (
-                        primitive::load(&c.frame_seq, Ordering::Acquire),
-                        data.copy(),
+                let read = || {
+                    crate::control::read_between_writes(
+                        &[s.write_seq()],
+                        &c.action_seq,
+                        &[&c.frame_seq],
+                        |frame| (frame, data.copy()),
                     )
-                });
-                if let Some((frame, [a, b])) = seen {
-                    assert_eq!(a, b, "a torn copy was accepted (frame {frame})");
-                    let whole = matches!((frame, a), (0, 0) | (1, 1) | (1, 100));
-                    assert!(whole, "frame {frame} with data {a}");
+                };
+                if let Some((frame, [a, b])) = read() {
+                    assert_eq!(a, b, "a torn copy was accepted");
+                    assert!(
+                        frame == 0 && (a == 0 || a == 100),
+                        "frame {frame} with data {a}"
+                    );
                 }
                 engine.join().unwrap();
-                let after = crate::control::read_consistent(&[s.write_seq()], || data.copy());
-                assert_eq!(after, Some([100, 100]), "nothing writes any more: accepted");
+                assert_eq!(
+                    read(),
+                    Some((0, [100, 100])),
+                    "nothing writes any more: accepted"
+                );
             },
         );
     }
@@ -603,14 +682,16 @@ fn episode_totals_are_read_whole() {
 
 #[test]
 fn an_observer_of_two_shards_accepts_one_frame_of_both() {
-    // Two shards step their slices of action 1 (each as `Engine` does, with its own
-    // block); the observer checks both sequences and that both frame counters agree
-    // (as `Observer::common_frame`). What it accepts is frame 0 or frame 1 of both
-    // slices, never one slice of each.
-    for k in 0..=4 {
+    // The client posts action 1; two shards step their slices of it (each as `Engine`
+    // does: `step_writes_begin`, write, post its own frame counter). The observer checks
+    // the action against both frame counters and both write sequences (as
+    // `Observer::try_read`). What it accepts is frame 0 or frame 1 of both slices, never
+    // one slice of each.
+    for k in 0..=3 {
         check(
             &format!("observer::two_shards_one_frame, from step {k}"),
             move || {
+                let c = Control::new();
                 let shards = [StatsWords::new(), StatsWords::new()];
                 let words: Arc<[AtomicU64; 4]> =
                     Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
@@ -619,41 +700,31 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
                 }
                 // words[i]: shard i's frame counter; words[2 + i]: its slice of the data.
                 let progress = Progress::new();
-                let engines: Vec<_> = (0..2)
-                    .map(|i| {
-                        let (stats, words, progress) =
-                            (shards[i].clone(), words.clone(), progress.clone());
-                        loom::thread::spawn(move || {
-                            let s = stats.view();
-                            s.begin_write();
-                            primitive::store(&words[2 + i], 1, Ordering::Relaxed);
-                            primitive::store(&words[i], 1, Ordering::Release);
-                            progress.step();
-                            s.end_write();
-                            progress.step();
-                        })
+                let client = {
+                    let (words, progress) = (words.clone(), progress.clone());
+                    post_then_engines(&c, &progress.clone(), 2, move |i, c| {
+                        see_action(c);
+                        primitive::store(&words[2 + i], 1, Ordering::Relaxed);
+                        primitive::store(&words[i], 1, Ordering::Release);
+                        progress.step();
                     })
-                    .collect();
+                };
                 let views = [shards[0].view(), shards[1].view()];
                 progress.wait(k);
                 let seqs = [views[0].write_seq(), views[1].write_seq()];
-                let seen = crate::control::read_consistent(&seqs, || {
-                    let [f0, f1, d0, d1] = [0, 1, 2, 3].map(|i| {
-                        let order = if i < 2 {
-                            Ordering::Acquire
-                        } else {
-                            Ordering::Relaxed
-                        };
-                        primitive::load(&words[i], order)
-                    });
-                    (f0 == f1).then_some((f0, [d0, d1]))
-                });
-                if let Some(Some((frame, slices))) = seen {
+                let seen = crate::control::read_between_writes(
+                    &seqs,
+                    &c.action_seq,
+                    &[&words[0], &words[1]],
+                    |frame| {
+                        let slices = [2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed));
+                        (frame, slices)
+                    },
+                );
+                if let Some((frame, slices)) = seen {
                     assert_eq!(slices, [frame; 2], "frame {frame}");
                 }
-                for e in engines {
-                    e.join().unwrap();
-                }
+                client.join().unwrap();
             },
         );
     }

@@ -3,12 +3,13 @@
 //!
 //! An observer opens the region `O_RDONLY`, maps it `PROT_READ` and takes no lock: it is
 //! not the client, nobody waits for it, it cannot change a byte, and liveness checks and
-//! `gc` never see it. It copies engine→client tensors between the engine's writes: each
-//! engine (each shard) keeps a write sequence in its block of the stats area, odd while
-//! it writes tensors (a step, a command such as a reset) and even otherwise, and a copy
-//! counts only if every sequence was even before it and unchanged after it
-//! ([`crate::control::read_consistent`]); otherwise it is thrown away and tried again
-//! later. The copies go through `pread` of the region file, so a file truncated under
+//! `gc` never see it. It copies engine→client tensors between the engine's writes: an
+//! engine writes them during a step, from the client's action `n` to its frame `n`, and
+//! in a command's handler (a reset), which it brackets with the write sequence in its
+//! block of the stats area (odd while it writes). A copy counts only if, before it,
+//! every shard's frame was the client's last action and every write sequence even, and
+//! nothing of that moved after it ([`crate::control::read_between_writes`]); otherwise it
+//! is thrown away and tried again later. The copies go through `pread` of the region file, so a file truncated under
 //! the observer is a short read (`RegionTooSmall`), never a SIGBUS; only the few control
 //! words (the sequences, states and frame counters) are loaded through the mapping,
 //! right after a size check. Whether the engine lives is judged by the lock it holds on
@@ -22,7 +23,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::control::{read_consistent, EngineState, Stats};
+use crate::control::{read_between_writes, read_consistent, EngineState, Stats};
 use crate::error::{Error, Peer, PidNamespace, Result};
 use crate::layout::{
     Direction, EpisodeEntry, Layout, Location, StatsArea, StatsBlock, TensorId, TensorInfo,
@@ -187,20 +188,6 @@ impl Observer {
         Ok(frame)
     }
 
-    /// The frame every shard last published, or `None` while they differ (some have
-    /// published a step the others have not: the region holds two frames). Inside a
-    /// consistent read, where no shard writes, what it returns is the frame the bytes
-    /// copied hold.
-    fn common_frame(&self) -> Option<u64> {
-        let mut frames = self
-            .layout
-            .shards
-            .iter()
-            .map(|s| ShardSlot::new(&self.region, s).map(|slot| slot.frame()));
-        let first = frames.next()?.ok()?;
-        frames.all(|f| f.is_ok_and(|f| f == first)).then_some(first)
-    }
-
     /// The lowest frame the shards last published (`None` if a word cannot be read).
     fn lowest_frame(&self) -> Option<u64> {
         self.layout
@@ -282,8 +269,9 @@ impl Observer {
     }
 
     /// One try at copying `picks` into `out` (resized to each pick's length) while no
-    /// engine writes: the frame they hold, or `None` when a write overlapped the copy
-    /// (or a sharded region was between frames) and nothing in `out` is to be trusted.
+    /// engine writes: the frame they hold, or `None` when a step was under way (the
+    /// client's last action not yet answered by every shard) or a write overlapped the
+    /// copy, and nothing in `out` is to be trusted.
     /// The engine's end is an error first ([`Observer::check`]): what a dead engine left
     /// is not a live frame.
     pub fn try_read(&self, picks: &[Pick], out: &mut [Vec<u8>]) -> Result<Option<u64>> {
@@ -291,23 +279,30 @@ impl Observer {
         self.check()?;
         let blocks = self.blocks()?;
         let seqs: Vec<_> = blocks.iter().map(|b| b.write_seq()).collect();
+        let slots = self
+            .layout
+            .shards
+            .iter()
+            .map(|s| ShardSlot::new(&self.region, s))
+            .collect::<Result<Vec<_>>>()?;
+        let frames: Vec<_> = slots.iter().map(|s| s.frame_seq().counter).collect();
+        let action_seq = self.region.control().action_seq().counter;
         let mut failed = None;
-        let copied = read_consistent(&seqs, || {
-            let frame = self.common_frame()?;
+        let copied = read_between_writes(&seqs, action_seq, &frames, |frame| {
             for (pick, buf) in picks.iter().zip(out.iter_mut()) {
                 let (offset, len) = self.span(pick);
                 buf.resize(len as usize, 0);
                 if let Err(e) = self.region.read_at(offset, buf) {
                     failed = Some(e);
-                    return None;
+                    break;
                 }
             }
-            Some(frame)
+            frame
         });
         if let Some(e) = failed {
             return Err(e);
         }
-        Ok(copied.flatten())
+        Ok(copied)
     }
 
     /// Copies `picks` into `out` as [`Observer::try_read`] does, trying again (sleeping

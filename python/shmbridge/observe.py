@@ -10,8 +10,9 @@
 
 An observer opens the region read-only and takes no lock: the engine never waits for it,
 the learner never sees it, and it cannot change a byte. It copies the engine->client
-tensors between the engine's writes (protocol 1.7's write sequence; a copy that a write
-overlapped is thrown away and tried again), so a learner that thinks between steps
+tensors between the engine's writes (protocol 1.7: from a frame to the next action, and
+outside the commands it answers; a copy that a write overlapped is thrown away and tried
+again), so a learner that thinks between steps
 leaves it plenty of chances, while one that posts its next action the instant a frame is
 out leaves only microseconds (then ``latest()`` may take several tries, or time out).
 Episode returns and lengths come from the stats area the engine keeps (a sampling

@@ -1,18 +1,23 @@
 //! The live words of a stats block (1.7, `docs/protocol.md` §3.8): the engine's write
-//! sequence, which lets read-only observers copy tensors consistently while it runs, and
-//! the episodes it saw end, under a sequence of their own.
+//! sequence, which brackets what it writes outside a step, and the episodes it saw end,
+//! under a sequence of their own; and the rule by which read-only observers copy
+//! engine→client tensors consistently while the engine runs.
 //!
-//! Each sequence is a seqlock with one writer (the engine, or the block's shard). The
-//! write sequence is odd while the engine writes engine→client tensors, even otherwise;
-//! the stats sequence is odd while it records an episode.
+//! A step needs no word of its own: the engine writes engine→client tensors only between
+//! the client's action `n` (`action_seq`) and its frame `n` (`frame_seq`), so the two
+//! counters are a seqlock already (equal: no step under way). The engine's one duty is
+//! [`step_writes_begin`] (a release fence, no instruction on x86) between seeing the
+//! action and its first write. What it writes at other times, a command's handler (a
+//! reset rewrites the observations with both counters unchanged), is bracketed by the
+//! write sequence: odd while it writes. Each sequence is a seqlock with one writer (the
+//! engine, or the block's shard); the stats sequence is odd while it records an episode.
 //! [`Stats::begin_write`] stores the odd value and then issues a release fence, so a
 //! reader that sees any byte written after it also sees the odd value when it looks
 //! again; [`Stats::end_write`] stores the even value with Release. A reader
-//! ([`read_consistent`]) loads every block's sequence (Acquire), copies, issues an
-//! acquire fence and loads them again: equal and even means no write overlapped the
-//! copy. The engine never waits for a reader and never reads what a reader does (an
-//! observer maps the region read-only): readers cost it nothing but the cache line
-//! they share.
+//! ([`read_between_writes`], [`read_consistent`]) loads the words (Acquire), copies,
+//! issues an acquire fence and loads them again: unchanged (and no write open) means no
+//! write overlapped the copy. The engine never waits for a reader and never reads what a
+//! reader does (an observer maps the region read-only): per step it pays the fence only.
 //!
 //! Every access goes through [`crate::primitive`], so the loom models
 //! (`src/loom_tests.rs`) run this very code.
@@ -79,8 +84,8 @@ impl<'a> Stats<'a> {
         self.u64(off::STATS_SEQ)
     }
 
-    /// Engine: about to write engine→client tensors. Opens a write
-    /// window unless one is open; returns whether it opened one. The release fence after
+    /// Engine: about to write engine→client tensors outside a step (a command's
+    /// handler). Opens a write window unless one is open; returns whether it opened one. The release fence after
     /// the odd store orders it before every later store of this thread: a reader whose
     /// copy saw one of them sees the odd value (or a later one) when it checks.
     #[inline]
@@ -95,8 +100,7 @@ impl<'a> Stats<'a> {
         true
     }
 
-    /// Engine: the writes are done (after the frame is posted, or a command answered).
-    /// Closes the open window, if any (Release: a reader that sees the even value sees
+    /// Engine: the writes are done (the command answered). Closes the open window, if any (Release: a reader that sees the even value sees
     /// every write made inside the window).
     #[inline]
     pub fn end_write(&self) {
@@ -142,8 +146,59 @@ impl<'a> Stats<'a> {
     }
 }
 
-/// One attempt at reading what the engines write under `seqs` (their blocks' write
-/// sequences, or their stats sequences), with none of them writing: `None` if one was
+/// Engine: it has seen the client's next action (an Acquire load of `action_seq`) and is
+/// about to write that step's engine→client tensors. A release fence: every later store
+/// of this thread is ordered after that load, so an observer whose copy saw one of them
+/// sees the new `action_seq` when it checks again ([`read_between_writes`]). It compiles
+/// to no instruction on x86; it is what the models check on weaker machines.
+#[inline(always)]
+pub fn step_writes_begin() {
+    fence(Ordering::Release);
+}
+
+/// One attempt at copying engine→client tensors while no engine writes them: the
+/// engines' write sequences `write_seqs` are even, and the frame every engine published
+/// (`frame_seqs`) is the client's last action (`action_seq`), so no step is under way;
+/// `read` copies, given that frame number; then nothing may have moved. `None` if an
+/// engine was writing when it began or wrote while `read` ran (the caller tries again
+/// later); else what `read` returned. `read` may see torn values, which are then thrown
+/// away: it must not trust them (bounds, lengths) beyond copying.
+pub fn read_between_writes<T>(
+    write_seqs: &[&AtomicU64],
+    action_seq: &AtomicU64,
+    frame_seqs: &[&AtomicU64],
+    read: impl FnOnce(u64) -> T,
+) -> Option<T> {
+    let mut before = [0u64; MAX_SHARDS];
+    for (seen, seq) in before.iter_mut().zip(write_seqs) {
+        *seen = primitive::load(*seq, Ordering::Acquire);
+        if *seen & 1 == 1 {
+            return None;
+        }
+    }
+    let action = primitive::load(action_seq, Ordering::Acquire);
+    // Acquire: frame `action` published means all of its writes are seen.
+    if frame_seqs
+        .iter()
+        .any(|f| primitive::load(*f, Ordering::Acquire) != action)
+    {
+        return None;
+    }
+    let value = read(action);
+    // As in `read_consistent`. An engine that wrote a byte `read` saw had seen a later
+    // action before it (`step_writes_begin` orders its stores after that load), so the
+    // load of `action_seq` below sees that action or a later one.
+    fence(Ordering::Acquire);
+    let moved = primitive::load(action_seq, Ordering::Relaxed) != action
+        || before
+            .iter()
+            .zip(write_seqs)
+            .any(|(seen, seq)| primitive::load(*seq, Ordering::Relaxed) != *seen);
+    (!moved).then_some(value)
+}
+
+/// One attempt at reading what the engines write under `seqs` (their blocks' stats
+/// sequences, or write sequences), with none of them writing: `None` if one was
 /// writing when it began, or wrote while `read` ran (the caller tries again later); else
 /// what `read` returned. `read` may see torn values, which are then thrown away: it must
 /// not trust them (bounds, lengths) beyond copying.
@@ -235,5 +290,31 @@ mod tests {
         );
         s.end_write();
         assert_eq!(read_consistent(&[s.write_seq()], || ()), Some(()));
+    }
+
+    /// A copy is taken only while every frame is the client's last action and no write
+    /// window is open, and it is given that frame.
+    #[test]
+    fn a_copy_waits_for_the_step_and_the_commands() {
+        let mut b = Block([0; STATS_BLOCK_SIZE]);
+        let s = view(&mut b);
+        let (action, frames) = (AtomicU64::new(7), [AtomicU64::new(7), AtomicU64::new(7)]);
+        let frame_seqs = [&frames[0], &frames[1]];
+        let copy = || read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| f);
+        assert_eq!(copy(), Some(7));
+        primitive::store(&action, 8, Ordering::Relaxed);
+        assert_eq!(copy(), None, "action 8 posted, no shard published it");
+        primitive::store(&frames[1], 8, Ordering::Relaxed);
+        assert_eq!(copy(), None, "one shard published it");
+        primitive::store(&frames[0], 8, Ordering::Relaxed);
+        assert_eq!(copy(), Some(8));
+        s.begin_write();
+        assert_eq!(copy(), None, "a command's handler writes");
+        s.end_write();
+        let moved = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| {
+            primitive::store(&action, 9, Ordering::Relaxed);
+            f
+        });
+        assert_eq!(moved, None, "the next action came during the copy");
     }
 }

@@ -46,8 +46,9 @@ pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
 /// hash of every region of minor 5 or more): its presence is told by [`FLAG_OBSERVABLE`].
 pub const VERSION_MINOR_OBSERVERS: u16 = 7;
 /// `Header::flags` bit 0 (1.7): the region has a stats area at `stats_offset`, and its
-/// engine (each shard) brackets every write of engine→client tensors with its block's
-/// `write_seq` and holds an OFD write lock on byte 0 of the region file (shard `k`: byte
+/// engine (each shard) writes engine→client tensors only inside a step (after a release
+/// fence that follows its load of the action) or inside an odd `write_seq` of its
+/// block, and holds an OFD write lock on byte 0 of the region file (shard `k`: byte
 /// `k`), so that read-only observers can copy consistent frames and judge its liveness
 /// without taking any lock themselves.
 pub const FLAG_OBSERVABLE: u64 = 1;

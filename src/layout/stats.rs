@@ -1,6 +1,6 @@
 //! The stats area (1.7): one block per shard after the tensors, where each engine keeps
-//! its write sequence (what read-only observers copy frames by) and the episodes it saw
-//! end (what a sampling observer cannot compute). Where the area lies is in the header
+//! its write sequence (which brackets what it writes outside a step, for read-only
+//! observers) and the episodes it saw end (what a sampling observer cannot compute). Where the area lies is in the header
 //! (`stats_offset`, told by [`FLAG_OBSERVABLE`]); the live words are read and written
 //! through `crate::control::Stats`.
 
@@ -34,8 +34,8 @@ pub struct EpisodeEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
 pub struct StatsBlock {
-    /// live: odd while the engine writes engine→client tensors or this block, even
-    /// otherwise; bumped by one at each edge.
+    /// live: odd while the engine writes engine→client tensors outside a step (a
+    /// command's handler), even otherwise; bumped by one at each edge.
     pub write_seq: u64,
     /// live: episodes that ended, ever.
     pub episodes: u64,
@@ -44,8 +44,8 @@ pub struct StatsBlock {
     /// live: sum of their lengths.
     pub length_sum: u64,
     /// live: odd while the engine writes the episode words (`episodes` .. `recent`),
-    /// even otherwise: they are read by this sequence, not by `write_seq`, so a
-    /// sampling reader gets them even while the engine steps back to back.
+    /// even otherwise: they are read by this sequence alone, so a sampling reader gets
+    /// them even while the engine steps back to back.
     pub stats_seq: u64,
     pub _reserved: [u64; 3],
     /// live: the last episodes.
