@@ -32,27 +32,33 @@ from .common import Stats
 from .report import fmt_ratio, log, machine_description, machine_header, markdown_table, publish
 
 POLLER = r"""
-import select, sys, time
+import os, select, sys, time
 import shmbridge
 name, image, hz = sys.argv[1], sys.argv[2], float(sys.argv[3])
 o = shmbridge.observe(name)
 names = [image] if image != "-" else ["obs"]
 copies = torn = stats = 0
-active = False
+active = quit = False
 print("ready", flush=True)
 period = 1.0 / hz
 next_poll = time.monotonic()
-while True:
+pending = b""
+while not quit:
     wait = max(0.0, next_poll - time.monotonic()) if active else None
-    ready, _, _ = select.select([sys.stdin], [], [], wait)
+    ready, _, _ = select.select([0], [], [], wait)
     if ready:
-        line = sys.stdin.readline().strip()
-        if line == "go":
-            active, next_poll = True, time.monotonic()
-        elif line == "idle":
-            active = False
-        else:
-            break
+        # Unbuffered: two commands that arrive together ("idle", then "quit") are both
+        # seen here (a buffered readline would keep the second where select cannot).
+        chunk = os.read(0, 4096)
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line == b"go":
+                active, next_poll = True, time.monotonic()
+            elif line == b"idle":
+                active = False
+            else:
+                quit = True
+        quit = quit or not chunk
         continue
     try:
         o.latest(names, envs=16, timeout=period / 2)
