@@ -2,7 +2,8 @@
 WebDriver) against the page of a running `pixels` engine (frames in host memory) that a
 learner steps. Frames must arrive and change, the plots must grow, the page must say
 when the engine ends and come back when a new one serves the name. A screenshot is
-saved (``SHMBRIDGE_VIEW_SCREENSHOT=path`` keeps it there; docs/view.png is one).
+saved (``SHMBRIDGE_VIEW_SCREENSHOT=path`` keeps it there; docs/view.png is one). For a
+state-only engine (cartpole) the page plots the chosen observation components instead.
 
 Also without a browser: the token keeps other users out, ``--help`` lists ``view``."""
 
@@ -64,7 +65,8 @@ class Learner:
             lean = obs[:, 2] + 0.5 * obs[:, 3] > 0
             acts[:, 0] = np.where(rng.random(len(lean)) < 0.9, lean, rng.integers(0, 2, len(lean)))
             c.step()
-            np.asarray(c["rgb"]).mean()
+            if "rgb" in c:
+                np.asarray(c["rgb"]).mean()
 
     def close(self) -> None:
         self.stop.set()
@@ -158,3 +160,32 @@ def test_the_page_shows_frames_and_plots_and_follows_the_engine(tmp_path):
         client.close()
         stop_view(proc)
     assert not exited(os.getpid())
+
+
+def test_a_state_only_engine_shows_the_chosen_observation_components():
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    client = shmbridge.launch("cartpole", num_envs=8)
+    learner = Learner(client)
+    proc, url = start_view(client.name, "--obs", "obs", "--env", "3", "--components", "0,2")
+    browser = chromium()
+    try:
+        browser.get(url)
+        wait = WebDriverWait(browser, WAIT, poll_frequency=0.1)
+        text = lambda id: browser.find_element("id", id).text  # noqa: E731
+        shown = lambda id: browser.find_element("id", id).is_displayed()  # noqa: E731
+        wait.until(lambda b: "live: cartpole engine, 8 envs" in text("status"))
+        assert not shown("frames"), "no image tensor: no frames card"
+        wait.until(lambda b: shown("values-card"))
+        assert text("values-title") == "observation: obs[3, 0], obs[3, 2]"
+        # The values plot grows, and what it shows moves: env 3's cart position and pole
+        # angle, read from the region while the learner steps.
+        wait.until(lambda b: int(text("values-points") or 0) >= 3)
+        first = text("values-now")
+        assert first.startswith("obs[3, 0] = ") and " · obs[3, 2] = " in first, first
+        wait.until(lambda b: int(text("values-points") or 0) >= 10 and text("values-now") != first)
+    finally:
+        browser.quit()
+        learner.close()
+        client.close()
+        stop_view(proc)
