@@ -520,6 +520,17 @@ fn post_then_engines(
     })
 }
 
+/// The observer's try at copying `data` (as `Observer::try_read`): its frame and words.
+fn copy_between_writes(
+    c: &Control,
+    s: &crate::control::Stats<'_>,
+    data: &Data,
+) -> Option<(u64, [u64; 2])> {
+    crate::control::read_between_writes(&[s.write_seq()], &c.action_seq, &[&c.frame_seq], |frame| {
+        (frame, data.copy())
+    })
+}
+
 /// What `Engine::wait_actions` does once its wait saw action 1.
 fn see_action(c: &Control) {
     assert_eq!(primitive::load(&c.action_seq, Ordering::Acquire), 1);
@@ -553,14 +564,7 @@ fn an_observer_accepts_only_whole_frames_across_a_step() {
                 };
                 let s = stats.view();
                 progress.wait(k);
-                let read = || {
-                    crate::control::read_between_writes(
-                        &[s.write_seq()],
-                        &c.action_seq,
-                        &[&c.frame_seq],
-                        |frame| (frame, data.copy()),
-                    )
-                };
+                let read = || copy_between_writes(&c, &s, &data);
                 if let Some((frame, [a, b])) = read() {
                     assert_eq!(a, b, "a torn copy was accepted (frame {frame})");
                     assert_eq!(a, frame, "frame {frame} with data {a}");
@@ -604,14 +608,7 @@ fn an_observer_accepts_only_whole_frames_across_a_reset() {
                 };
                 let s = stats.view();
                 progress.wait(k);
-                let read = || {
-                    crate::control::read_between_writes(
-                        &[s.write_seq()],
-                        &c.action_seq,
-                        &[&c.frame_seq],
-                        |frame| (frame, data.copy()),
-                    )
-                };
+                let read = || copy_between_writes(&c, &s, &data);
                 if let Some((frame, [a, b])) = read() {
                     assert_eq!(a, b, "a torn copy was accepted");
                     assert!(
@@ -632,8 +629,8 @@ fn an_observer_accepts_only_whole_frames_across_a_reset() {
 
 #[test]
 fn episode_totals_are_read_whole() {
-    // Two episodes recorded by `record_episode`: the first inside a step's write window,
-    // the second outside it (episodes have their own sequence, which `record_episode`
+    // Two episodes recorded by `record_episode`: the first while a write window is open
+    // (as a command's handler could record one), the second outside it (episodes have their own sequence, which `record_episode`
     // brackets itself). An observer reading by that sequence accepts only totals that
     // match whole episodes: none, the first, or both.
     for k in 0..=4 {

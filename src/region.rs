@@ -295,25 +295,7 @@ impl Region {
             backoff.snooze();
         };
         let layout = layout::validate(name, &bytes, size)?;
-        let map = MmapOptions::new()
-            .len(layout.region_size as usize)
-            .map_raw_read_only(&file)
-            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
-        let (_, dev, ino) = os::file_identity(&file)?;
-        let region = Region {
-            name: name.to_string(),
-            file: Some(file),
-            map,
-            identity: (dev, ino),
-            owner: false,
-            pid: os::current_pid(),
-            fork_slot: None,
-            shrunk_to: AtomicU64::new(NOT_SHRUNK),
-            proof: None,
-            client_elsewhere: Default::default(),
-            held_proof: Default::default(),
-        }
-        .held_in_parent_only(None, false);
+        let region = Region::map_file(name, file, layout.region_size, false)?;
         Ok((region, layout))
     }
 
@@ -372,15 +354,21 @@ impl Region {
     /// Maps an existing object whole, if it is at least a control block long.
     fn map_existing(name: &str, writable: bool) -> Result<Region> {
         let file = os::shm_open(name, writable)?;
-        let (size, dev, ino) = os::file_identity(&file)?;
+        let (size, _, _) = os::file_identity(&file)?;
         if size < CONTROL_SIZE as u64 {
             return Err(Error::RegionTooSmall {
                 needed: CONTROL_SIZE as u64,
                 actual: size,
             });
         }
+        Region::map_file(name, file, size, writable)
+    }
+
+    /// Maps `len` bytes of the open object `file` (named `name`), never as its owner.
+    fn map_file(name: &str, file: File, len: u64, writable: bool) -> Result<Region> {
+        let (_, dev, ino) = os::file_identity(&file)?;
         let mut opts = MmapOptions::new();
-        opts.len(size as usize);
+        opts.len(len as usize);
         let map = if writable {
             opts.map_raw(&file)
         } else {
