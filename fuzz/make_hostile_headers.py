@@ -22,10 +22,12 @@ HOST_RINGS, HOST, MIXED, CUDA, WIDE, V1_0, V1_1, SHARDS_RINGS, SHARDS = range(9)
  E2C_CAPACITY, ENGINE_KIND, ENGINE_EVENT_HANDLE, DTYPE_CODE, DTYPE_BITS, DTYPE_LANES,
  NDIM, DIRECTION, LOCATION, FLAGS, DEVICE_ORDINAL, OFFSET, NBYTES, EXPORT_SIZE,
  EXPORT_MEMORY_TYPE, NAME, SHAPE, STRIDES, IPC_MEM_HANDLE, DEVICE_UUID, RESHAPE,
- ACTUAL_SIZE, TRUNCATE, COPY_DESC, SHARD_HEADER, SHARD_ENTRY) = range(39)
+ ACTUAL_SIZE, TRUNCATE, COPY_DESC, SHARD_HEADER, SHARD_ENTRY, STATS) = range(40)
 # Elements of SHARD_HEADER and SHARD_ENTRY (fuzzing::SHARD_HEADER_FIELDS, SHARD_ENTRY_FIELDS).
 SHARD_COUNT, SHARD_TABLE_OFFSET = range(2)
 ENV_START, ENV_COUNT, SHARD_C2E, SHARD_E2C, SHARD_STATE = range(5)
+# Elements of STATS (fuzzing::STATS_FIELDS, 1.7).
+STATS_FLAGS, STATS_OFFSET = range(2)
 
 # Value kinds and anchors (fuzzing::anchor).
 SET, ADD, FROM, BELOW = range(4)
@@ -155,6 +157,15 @@ CASES = {
     "sharded-tensor-without-env-axis": edits(SHARDS, edit(SHAPE, 3, tensor=1, element=0), edit(RESHAPE, tensor=1)),
     "sharded-cuda-tensor": edits(SHARDS, edit(LOCATION, 1), edit(EXPORT_SIZE, U64),
                                  edit(IPC_MEM_HANDLE, 7, element=3)),
+    # The stats area (1.7).
+    "stats-offset-unaligned": edits(HOST, edit(STATS, 64, element=STATS_OFFSET, kind=ADD)),
+    "stats-in-header": edits(HOST, edit(STATS, 0, element=STATS_OFFSET)),
+    "stats-past-region": edits(HOST, edit(STATS, 0, element=STATS_OFFSET, kind=FROM, anchor=A_REGION_SIZE)),
+    "stats-offset-wraps": edits(HOST, edit(STATS, U64 - 4095, element=STATS_OFFSET)),
+    "stats-over-tensor": edits(HOST_RINGS, edit(STATS, 0, element=STATS_OFFSET, kind=FROM, anchor=a_offset(2))),
+    "stats-over-ring": edits(HOST_RINGS, edit(STATS, 0, element=STATS_OFFSET, kind=FROM, anchor=A_E2C)),
+    # Three shards, three blocks of 512 bytes, from a page that region_size cuts 1024 in.
+    "stats-blocks-past-region": edits(SHARDS, edit(REGION_SIZE, 3072, kind=BELOW, anchor=A_REGION_SIZE)),
 }
 
 if __name__ == "__main__":

@@ -146,6 +146,14 @@ ensure_namespace_tools() {
     fi
 }
 
+# Debian's headless-capable Chromium and its WebDriver, so the viewer's browser test
+# (tests/python/test_view.py, selenium from the test extra) drives a real browser.
+ensure_chromium() {
+    if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+        apt_install chromium chromium-driver
+    fi
+}
+
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }

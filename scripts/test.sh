@@ -31,6 +31,7 @@ ensure_vulkan_dev
 ensure_mono
 ensure_cmake
 ensure_namespace_tools
+ensure_chromium
 
 before=$(shm_regions)
 

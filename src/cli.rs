@@ -75,6 +75,15 @@ where
         Cmd::Ls => run_ls(),
         Cmd::Inspect { name } => run_inspect(&name),
         Cmd::Gc => run_gc(),
+        Cmd::View { .. } => {
+            // Reached only where the Python package is not in front (the bare binary):
+            // its `shmbridge` command routes `view` to `shmbridge.view` before this parser.
+            eprintln!(
+                "shmbridge: view is served by the Python package: pip install 'shmbridge[view]', \
+                 then run `shmbridge view NAME` (or `python -m shmbridge view NAME`)"
+            );
+            return 2;
+        }
     };
     match result {
         Ok(()) => 0,
@@ -111,6 +120,14 @@ enum Cmd {
     Inspect { name: String },
     /// Remove regions whose engine is dead.
     Gc,
+    /// Serve a page on 127.0.0.1 that shows a running engine live: its frames, episode
+    /// returns and step rate, read-only (the Python package's `shmbridge view NAME`;
+    /// needs `pip install 'shmbridge[view]'`; `shmbridge view --help` lists its options).
+    View {
+        /// The region name, then the viewer's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
 }
 
 #[derive(Args, Clone)]

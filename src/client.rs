@@ -146,15 +146,6 @@ pub struct Client {
     shard_pid_ns: Vec<PidNamespace>,
 }
 
-/// The PID namespace of a live process recorded as `(pid, start_time)`: this one if it
-/// shows it, else another one (a peer in another container).
-fn pid_namespace(pid: u32, start_time: u64) -> PidNamespace {
-    match os::process_seen(pid, start_time) {
-        Some(_) => PidNamespace::This,
-        None => PidNamespace::Other,
-    }
-}
-
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
@@ -191,7 +182,7 @@ impl Client {
             return Err(engine_dead());
         }
         // Alive (it holds its lock): not shown here, it lives in another PID namespace.
-        let engine_pid_ns = pid_namespace(layout.engine_pid, layout.engine_start_time);
+        let engine_pid_ns = os::pid_namespace(layout.engine_pid, layout.engine_start_time);
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
@@ -283,7 +274,7 @@ impl Client {
                     ShardSlot::new(&client.region, s)
                         .map(|slot| {
                             let (pid, start) = slot.identity();
-                            pid_namespace(pid, start)
+                            os::pid_namespace(pid, start)
                         })
                         .unwrap_or_default()
                 })

@@ -196,6 +196,11 @@ pub struct Engine {
     device_hooks: bool,
     /// What became of exported device memory at close.
     release: DeviceRelease,
+    /// 1.7: byte offset of this engine's block in the stats area, whose write sequence
+    /// brackets what a command's handler writes, for observers (a step needs no word:
+    /// `step_writes_begin`); `None` when the region has none (a shard joining a region an
+    /// earlier version created).
+    stats: Option<u64>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -240,11 +245,15 @@ impl Engine {
         let shard = shards[0];
         // Checked once here: `slot()` makes this shard's slot without the checks.
         let slot = ShardSlot::new(&region, &shard)?;
+        // The creator serves shard 0: its lock on byte 0 (1.7: also an unsharded
+        // engine's, which observers judge its liveness by without taking the flock).
+        shard::lock_shard(&region, 0)?;
         if shards.len() > 1 {
-            // The creator serves shard 0: its lock and identity, as a joining shard's.
-            shard::lock_shard(&region, 0)?;
+            // Its identity, as a joining shard's.
             slot.set_identity(pid, start);
         }
+        let stats = Some(builder.stats.block(0));
+        region.stats_block(builder.stats.block(0))?;
         let layout = Layout {
             version: (builder.header.version_major, builder.header.version_minor),
             header_size: builder.header.header_size as u64,
@@ -259,6 +268,7 @@ impl Engine {
                 .cuda_alloc
                 .map(|_| builder.header.engine_event_handle),
             shards,
+            stats: Some(builder.stats),
         };
         Ok(Engine {
             region,
@@ -279,6 +289,7 @@ impl Engine {
             device_hooks: device.needs_hooks(),
             device,
             release: DeviceRelease::NothingHeld,
+            stats,
         })
     }
 
@@ -330,6 +341,10 @@ impl Engine {
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
         slot.set_identity(pid, start);
         let policy = options.policy.adapted_to_shards(layout.shards.len());
+        let stats = layout.stats.map(|a| a.block(index));
+        if let Some(at) = stats {
+            region.stats_block(at)?;
+        }
         Ok(Engine {
             region,
             slice: layout.narrowed(&shard),
@@ -349,6 +364,7 @@ impl Engine {
             device_hooks: false,
             device: Box::new(device::host::HostEngine),
             release: DeviceRelease::NothingHeld,
+            stats,
         })
     }
 
@@ -438,6 +454,16 @@ impl Engine {
     #[inline]
     pub fn control(&self) -> Control<'_> {
         self.region.control()
+    }
+
+    /// Records that env `env` (this engine's numbering: `0..num_envs()`) ended an episode
+    /// of return `episode_return` after `length` steps, in the region's stats area
+    /// (1.7), which observers read (`shmbridge view` plots it). Usually called while
+    /// stepping, as envs finish; any time is right. Nothing happens in a region without a
+    /// stats area.
+    pub fn record_episode(&mut self, env: usize, episode_return: f64, length: u64) -> Result<()> {
+        self.check_usable()?;
+        self.io().episode_ended(env, episode_return, length)
     }
 
     /// Makes the device work that wrote a frame (or a reply) complete before the peer
@@ -731,6 +757,10 @@ impl Engine {
         self.action = seen;
         // A client posts actions: the end of the next one is news again.
         self.client_end_reported.set(false);
+        // The engine writes frame `seen` from here until `publish`: observers, who copy
+        // while `action_seq` equals every `frame_seq`, must see the new action once
+        // they have seen any of those writes (1.7, a fence: no instruction on x86).
+        crate::control::step_writes_begin();
         Ok(seen)
     }
 
@@ -780,14 +810,25 @@ impl Engine {
                 // Only reached from `poll_commands`, which holds `&mut self`: no
                 // other `Tensors` of this engine exists while this one does.
                 let mut io = self.views();
-                command::answer(
+                // A command's handler may write engine→client tensors (a reset does):
+                // observers keep off until it returned.
+                let stats = match self.stats {
+                    Some(at) => Some(self.region.stats_block(at)?),
+                    None => None,
+                };
+                let opened = stats.is_some_and(|s| s.begin_write());
+                let reply = command::answer(
                     req,
                     &self.layout,
                     &self.metadata,
                     self.frame,
                     &mut io,
                     handler,
-                )
+                );
+                if let (true, Some(s)) = (opened, stats) {
+                    s.end_write();
+                }
+                reply
             }
             Err(e) => Envelope::error_reply(
                 Envelope::peek_id(request).unwrap_or(0),

@@ -267,6 +267,24 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
         None => assert!(!l.has_cuda()),
     }
     check_shards(l, &h, &mut spans);
+    // 1.7: the stats area, exactly when flags bit 0 says so: one block per shard,
+    // page-aligned, after the header, inside the region, apart from every other span.
+    match l.stats {
+        Some(a) => {
+            assert_ne!(h.flags & layout::FLAG_OBSERVABLE, 0);
+            assert_eq!(a.offset, h.stats_offset);
+            assert_eq!(a.blocks as usize, l.shards.len());
+            assert_eq!(a.offset % PAGE, 0);
+            assert!(
+                a.offset >= l.header_size,
+                "the stats area inside the header"
+            );
+            let end = a.offset.checked_add(a.len()).expect("stats area overflows");
+            assert!(end <= l.region_size, "the stats area past the region");
+            spans.push((a.offset, end));
+        }
+        None => assert_eq!(h.flags & layout::FLAG_OBSERVABLE, 0),
+    }
     if let Some(r) = l.rings {
         assert!(l.version.1 >= 1, "rings in a 1.0 header");
         assert_eq!(
@@ -524,7 +542,15 @@ const OP_COPY_DESC: usize = OP_TRUNCATE + 1;
 const OP_SHARD_HEADER: usize = OP_COPY_DESC + 1;
 /// 1.4: a field of shard-table entry `tensor` ([`SHARD_ENTRY_FIELDS`], by `element`).
 const OP_SHARD_ENTRY: usize = OP_SHARD_HEADER + 1;
-const OPS: usize = OP_SHARD_ENTRY + 1;
+/// 1.7: a field of the header's stats words ([`STATS_FIELDS`], by `element`).
+const OP_STATS: usize = OP_SHARD_ENTRY + 1;
+const OPS: usize = OP_STATS + 1;
+
+/// The header's stats fields (1.7): (byte offset, width).
+const STATS_FIELDS: [(usize, usize); 2] = [
+    (offset_of!(Header, flags), 8),
+    (offset_of!(Header, stats_offset), 8),
+];
 
 /// The header's shard fields (1.4): (byte offset, width).
 const SHARD_HEADER_FIELDS: [(usize, usize); 2] = [
@@ -590,6 +616,7 @@ pub fn apply_edit(bytes: &mut Vec<u8>, actual: &mut u64, edit: &[u8; EDIT_SIZE])
             return;
         }
         OP_SHARD_HEADER => SHARD_HEADER_FIELDS[element % SHARD_HEADER_FIELDS.len()],
+        OP_STATS => STATS_FIELDS[element % STATS_FIELDS.len()],
         OP_SHARD_ENTRY => {
             // Entry `tensor` of the table the header points at (its count, at least 1).
             let h =

@@ -6,7 +6,8 @@
 //! live control block, typed) and [`sync`] (counters and waiting) → [`device`] (where
 //! bytes live: host memory, CUDA IPC or Vulkan external memory, behind one backend seam)
 //! → [`region`] (the shm object) → [`tensor`] (typed views) → [`engine`] and [`client`]
-//! (the two public faces) → [`envs`] (reference engines). All system calls are in `os`.
+//! (the two public faces), and [`observer`] (read-only watchers of a live region, 1.7)
+//! → [`envs`] (reference engines). All system calls are in `os`.
 //! The wire format is documented in `docs/protocol.md`; how to add a device backend in
 //! `docs/backends.md`.
 //!
@@ -25,7 +26,7 @@
 //! - layer 8: region
 //! - layer 9: shard, tensor
 //! - layer 10: command, actions
-//! - layer 11: client, engine
+//! - layer 11: client, engine, observer
 //! - layer 12: envs
 //! - layer 13: cli
 //! - layer 14: python, fuzzing
@@ -49,6 +50,7 @@ pub mod launch;
 pub mod layout;
 #[cfg(all(test, loom))]
 mod loom_tests;
+pub mod observer;
 mod os;
 mod primitive;
 #[cfg(feature = "python")]
@@ -65,6 +67,7 @@ pub use command::{CommandError, CommandHandler, Reply, ResetRequest};
 pub use engine::{Engine, EngineSpec};
 pub use error::{Error, Peer, Result};
 pub use layout::{DType, Direction, Layout, Location, TensorId, TensorInfo, TensorKey, TensorSpec};
+pub use observer::Observer;
 pub use sync::WaitPolicy;
 pub use tensor::{Element, Tensors};
 

@@ -417,3 +417,312 @@ fn every_shard_wakes_for_one_action_and_the_client_waits_for_all() {
         }
     });
 }
+
+// ---- Observers (1.7): the step counters and the write sequence of a stats block ----
+//
+// The observer models sweep where the observer starts: after `k` of the client's and
+// engines' steps, for every `k`, told by a counter they bump Relaxed (a schedule, not a
+// synchronisation: it orders nothing the models check). Loom's DPOR keeps one last
+// access per word, and the engine loads each word of its block before storing it, so
+// without the sweep it would not put the observer's first load after every one of the
+// engine's stores.
+
+/// A stats block as the real [`crate::control::Stats`] view reads and writes it: its 64
+/// words, every one tracked, in a 64-byte aligned block as in a region.
+#[repr(C, align(64))]
+struct StatsWords([AtomicU64; 64]);
+
+impl StatsWords {
+    fn new() -> Arc<StatsWords> {
+        let w = Arc::new(StatsWords(std::array::from_fn(|_| AtomicU64::new(0))));
+        for word in &w.0 {
+            model::track_u64(word);
+        }
+        w
+    }
+
+    fn view(&self) -> crate::control::Stats<'_> {
+        let base = std::ptr::NonNull::from(&self.0[0]).cast::<u8>();
+        // SAFETY: 64 words, 512 bytes, 64-aligned, living as long as the borrow; every
+        // access goes through `primitive` (loom's atomics in this build).
+        unsafe { crate::control::Stats::new(base) }
+    }
+}
+
+/// Engine→client data an observer copies: plain words in the real region, loom atomics
+/// accessed Relaxed here (a racy copy is what the seqlock must catch).
+struct Data([AtomicU64; 2]);
+
+impl Data {
+    fn new() -> Arc<Data> {
+        let d = Arc::new(Data([AtomicU64::new(0), AtomicU64::new(0)]));
+        for word in &d.0 {
+            model::track_u64(word);
+        }
+        d
+    }
+    fn write(&self, value: u64) {
+        for word in &self.0 {
+            primitive::store(word, value, Ordering::Relaxed);
+        }
+    }
+    fn copy(&self) -> [u64; 2] {
+        [0, 1].map(|i| primitive::load(&self.0[i], Ordering::Relaxed))
+    }
+}
+
+/// How far the engines of a model got: the schedule the observer waits for.
+struct Progress(AtomicU64);
+
+impl Progress {
+    fn new() -> Arc<Progress> {
+        let p = Arc::new(Progress(AtomicU64::new(0)));
+        model::track_u64(&p.0);
+        p
+    }
+    /// An engine finished one more step.
+    fn step(&self) {
+        primitive::fetch_add(&self.0, 1, Ordering::Relaxed);
+    }
+    /// The observer starts once `k` steps are done.
+    fn wait(&self, k: u64) {
+        while primitive::load(&self.0, Ordering::Relaxed) < k {
+            loom::thread::yield_now();
+        }
+    }
+}
+
+/// The client posts action 1 (as `post` does: a Release store, and a wake-up of nobody),
+/// counts it as a step of the schedule, then starts the engines of the model, `f(i)` in
+/// thread `i`, and waits for them. Starting them after the post stands in for their
+/// wait (whose Acquire load would see it): an engine learns of the action no earlier,
+/// and the observer, which must not rely on any of it, gets no edge from it.
+fn post_then_engines(
+    c: &Arc<Control>,
+    progress: &Arc<Progress>,
+    engines: usize,
+    f: impl Fn(usize, &Control) + Send + Sync + 'static,
+) -> loom::thread::JoinHandle<()> {
+    let (c, progress) = (c.clone(), progress.clone());
+    loom::thread::spawn(move || {
+        post(&c.doorbell(true), 1);
+        progress.step();
+        let f = Arc::new(f);
+        let threads: Vec<_> = (0..engines)
+            .map(|i| {
+                let (c, f) = (c.clone(), f.clone());
+                loom::thread::spawn(move || f(i, &c))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    })
+}
+
+/// The observer's try at copying `data` (as `Observer::try_read`): its frame and words.
+fn copy_between_writes(
+    c: &Control,
+    s: &crate::control::Stats<'_>,
+    data: &Data,
+) -> Option<(u64, [u64; 2])> {
+    crate::control::read_between_writes(&[s.write_seq()], &c.action_seq, &[&c.frame_seq], |frame| {
+        (frame, data.copy())
+    })
+}
+
+/// What `Engine::wait_actions` does once its wait saw action 1.
+fn see_action(c: &Control) {
+    assert_eq!(primitive::load(&c.action_seq, Ordering::Acquire), 1);
+    crate::control::step_writes_begin();
+}
+
+#[test]
+fn an_observer_accepts_only_whole_frames_across_a_step() {
+    // The client posts action 1; the engine, as `Engine` does, sees it
+    // (`step_writes_begin`), writes the frame and posts `frame_seq` (as `publish`). An
+    // observer reading meanwhile (`read_between_writes`, as `Observer::try_read`), from
+    // each step of the schedule on, may fail, but whatever it accepts is one whole frame
+    // with its number: frame 0 (0, 0) or frame 1 (1, 1).
+    for k in 0..=3 {
+        check(
+            &format!("observer::whole_frames_step, from step {k}"),
+            move || {
+                let c = Control::new();
+                let stats = StatsWords::new();
+                let data = Data::new();
+                let progress = Progress::new();
+                let client = {
+                    let (data, progress) = (data.clone(), progress.clone());
+                    post_then_engines(&c, &progress.clone(), 1, move |_, c| {
+                        see_action(c);
+                        data.write(1);
+                        progress.step();
+                        post(&c.frame(), 1);
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                progress.wait(k);
+                let read = || copy_between_writes(&c, &s, &data);
+                if let Some((frame, [a, b])) = read() {
+                    assert_eq!(a, b, "a torn copy was accepted (frame {frame})");
+                    assert_eq!(a, frame, "frame {frame} with data {a}");
+                }
+                client.join().unwrap();
+                assert_eq!(
+                    read(),
+                    Some((1, [1, 1])),
+                    "nothing writes any more: accepted"
+                );
+            },
+        );
+    }
+}
+
+#[test]
+fn an_observer_accepts_only_whole_frames_across_a_reset() {
+    // Between steps the engine answers a reset, which rewrites the data with both
+    // counters unchanged, bracketed by the write sequence as `answer_one` brackets a
+    // handler; the counters alone could not tell a reader that it raced it. What the
+    // observer accepts is the frame (0, 0) or the reset's (100, 100), both at frame 0.
+    for k in 0..=3 {
+        check(
+            &format!("observer::whole_frames_reset, from step {k}"),
+            move || {
+                let c = Control::new();
+                let stats = StatsWords::new();
+                let data = Data::new();
+                let progress = Progress::new();
+                let engine = {
+                    let (stats, data, progress) = (stats.clone(), data.clone(), progress.clone());
+                    loom::thread::spawn(move || {
+                        let s = stats.view();
+                        assert!(s.begin_write());
+                        progress.step();
+                        data.write(100);
+                        progress.step();
+                        s.end_write();
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                progress.wait(k);
+                let read = || copy_between_writes(&c, &s, &data);
+                if let Some((frame, [a, b])) = read() {
+                    assert_eq!(a, b, "a torn copy was accepted");
+                    assert!(
+                        frame == 0 && (a == 0 || a == 100),
+                        "frame {frame} with data {a}"
+                    );
+                }
+                engine.join().unwrap();
+                assert_eq!(
+                    read(),
+                    Some((0, [100, 100])),
+                    "nothing writes any more: accepted"
+                );
+            },
+        );
+    }
+}
+
+#[test]
+fn episode_totals_are_read_whole() {
+    // Two episodes recorded by `record_episode`: the first while a write window is open
+    // (as a command's handler could record one), the second outside it (episodes have their own sequence, which `record_episode`
+    // brackets itself). An observer reading by that sequence accepts only totals that
+    // match whole episodes: none, the first, or both.
+    for k in 0..=4 {
+        check(
+            &format!("observer::episode_totals_whole, from step {k}"),
+            move || {
+                let stats = StatsWords::new();
+                let progress = Progress::new();
+                let engine = {
+                    let (stats, progress) = (stats.clone(), progress.clone());
+                    loom::thread::spawn(move || {
+                        let s = stats.view();
+                        s.begin_write();
+                        progress.step();
+                        s.record_episode(0, 2.0, 2);
+                        progress.step();
+                        s.end_write();
+                        progress.step();
+                        s.record_episode(1, 3.0, 3);
+                        progress.step();
+                    })
+                };
+                let s = stats.view();
+                let words = &stats.0;
+                progress.wait(k);
+                let seen = crate::control::read_consistent(&[s.stats_seq()], || {
+                    [1, 2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed))
+                });
+                if let Some([episodes, return_bits, lengths]) = seen {
+                    let whole = match episodes {
+                        0 => (return_bits, lengths) == (0, 0),
+                        1 => (f64::from_bits(return_bits), lengths) == (2.0, 2),
+                        2 => (f64::from_bits(return_bits), lengths) == (5.0, 5),
+                        _ => false,
+                    };
+                    assert!(
+                        whole,
+                        "{episodes} episodes, return bits {return_bits:#x}, {lengths} steps"
+                    );
+                }
+                engine.join().unwrap();
+            },
+        );
+    }
+}
+
+#[test]
+fn an_observer_of_two_shards_accepts_one_frame_of_both() {
+    // The client posts action 1; two shards step their slices of it (each as `Engine`
+    // does: `step_writes_begin`, write, post its own frame counter). The observer checks
+    // the action against both frame counters and both write sequences (as
+    // `Observer::try_read`). What it accepts is frame 0 or frame 1 of both slices, never
+    // one slice of each.
+    for k in 0..=3 {
+        check(
+            &format!("observer::two_shards_one_frame, from step {k}"),
+            move || {
+                let c = Control::new();
+                let shards = [StatsWords::new(), StatsWords::new()];
+                let words: Arc<[AtomicU64; 4]> =
+                    Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
+                for w in words.iter() {
+                    model::track_u64(w);
+                }
+                // words[i]: shard i's frame counter; words[2 + i]: its slice of the data.
+                let progress = Progress::new();
+                let client = {
+                    let (words, progress) = (words.clone(), progress.clone());
+                    post_then_engines(&c, &progress.clone(), 2, move |i, c| {
+                        see_action(c);
+                        primitive::store(&words[2 + i], 1, Ordering::Relaxed);
+                        primitive::store(&words[i], 1, Ordering::Release);
+                        progress.step();
+                    })
+                };
+                let views = [shards[0].view(), shards[1].view()];
+                progress.wait(k);
+                let seqs = [views[0].write_seq(), views[1].write_seq()];
+                let seen = crate::control::read_between_writes(
+                    &seqs,
+                    &c.action_seq,
+                    &[&words[0], &words[1]],
+                    |frame| {
+                        let slices = [2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed));
+                        (frame, slices)
+                    },
+                );
+                if let Some((frame, slices)) = seen {
+                    assert_eq!(slices, [frame; 2], "frame {frame}");
+                }
+                client.join().unwrap();
+            },
+        );
+    }
+}

@@ -12,7 +12,7 @@ use rustix::io::Errno;
 use rustix::shm::OFlags;
 use rustix::thread::futex;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PidNamespace, Result};
 
 /// Where POSIX shm names appear as files (Linux).
 pub const SHM_DIR: &str = "/dev/shm";
@@ -748,6 +748,15 @@ pub fn process_seen(pid: u32, start_time: u64) -> Option<bool> {
     ProcStat::read(pid)
         .filter(|s| s.start == start_time)
         .map(|s| !s.dead_or_doomed())
+}
+
+/// The PID namespace of a live process recorded as `(pid, start_time)`: this one if it
+/// shows it, else another one (a peer in another container).
+pub fn pid_namespace(pid: u32, start_time: u64) -> PidNamespace {
+    match process_seen(pid, start_time) {
+        Some(_) => PidNamespace::This,
+        None => PidNamespace::Other,
+    }
 }
 
 /// 128 random bits as 32 lowercase hex digits.

@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::control::{Control, ControlMapping};
+use crate::control::{Control, ControlMapping, Stats};
 use crate::error::{Error, PidNamespace, Result};
 use crate::layout::{
-    self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS, SHARD_ENTRY_SIZE,
+    self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS,
+    SHARD_ENTRY_SIZE, STATS_BLOCK_SIZE,
 };
 use crate::os;
 use crate::sync::Backoff;
@@ -263,6 +264,86 @@ impl Region {
         Ok((region, layout))
     }
 
+    /// Opens region `name` for an observer (1.7): read-only, never a lock. The header
+    /// is read with `pread` (a file that shrinks gives a short read, never a SIGBUS),
+    /// waiting up to `timeout` for the engine to publish it, and validated; then the
+    /// region is mapped `PROT_READ` through the same descriptor (the name may name
+    /// another object by then). `NotFound` at once when nothing has the name.
+    pub fn open_observer(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
+        let deadline = Instant::now().checked_add(timeout);
+        let expired = || deadline.is_some_and(|d| Instant::now() >= d);
+        let file = os::shm_open(name, false)?;
+        let mut backoff = Backoff::default();
+        let (bytes, size) = loop {
+            let (bytes, size) = read_header_from(name, &file)?;
+            let published = layout::read_header(&bytes).is_ok_and(|h| h.magic != 0);
+            if published {
+                break (bytes, size);
+            }
+            if expired() {
+                return Err(match size < CONTROL_SIZE as u64 {
+                    true => Error::RegionTooSmall {
+                        needed: CONTROL_SIZE as u64,
+                        actual: size,
+                    },
+                    false => Error::Timeout {
+                        waited: timeout,
+                        what: "the engine to publish the region header",
+                    },
+                });
+            }
+            backoff.snooze();
+        };
+        let layout = layout::validate(name, &bytes, size)?;
+        let region = Region::map_file(name, file, layout.region_size, false)?;
+        Ok((region, layout))
+    }
+
+    /// The stats block at byte `offset` of the region (1.7), checked to lie inside the
+    /// mapping and 8-aligned.
+    pub fn stats_block(&self, offset: u64) -> Result<Stats<'_>> {
+        let inside = offset % 8 == 0
+            && offset
+                .checked_add(STATS_BLOCK_SIZE as u64)
+                .is_some_and(|end| end <= self.len() as u64);
+        if !inside {
+            return Err(Error::InvalidHeader {
+                field: "stats_offset",
+                reason: format!(
+                    "a block at {offset} lies outside the {}-byte mapping",
+                    self.len()
+                ),
+            });
+        }
+        // SAFETY: `offset..offset + STATS_BLOCK_SIZE` is inside the mapping (checked
+        // above), whose base is page-aligned, so the block is 8-aligned; it stays mapped
+        // while `self` is borrowed, which the view's lifetime cannot outlive. Both sides
+        // access its words only atomically.
+        let base = unsafe { self.ptr().add(offset as usize) };
+        Ok(unsafe { Stats::new(NonNull::new(base).expect("inside a mapping")) })
+    }
+
+    /// Reads `out.len()` bytes at byte `offset` of the region file with `pread`, never
+    /// through the mapping: a file truncated meanwhile gives `RegionTooSmall`, not a
+    /// SIGBUS.
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = self.file()?;
+        let mut filled = 0;
+        while filled < out.len() {
+            match file.read_at(&mut out[filled..], offset + filled as u64) {
+                Ok(0) => {
+                    let (size, _, _) = os::file_identity(file)?;
+                    return Err(self.too_small(size));
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(format!("reading '{}'", self.name), e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Maps a region read-only; nothing is validated beyond the size. A mapping of a file
     /// that shrinks under it faults (SIGBUS) past the new end: tools that only look at
     /// the header read it with [`read_header_bytes`] instead.
@@ -273,15 +354,21 @@ impl Region {
     /// Maps an existing object whole, if it is at least a control block long.
     fn map_existing(name: &str, writable: bool) -> Result<Region> {
         let file = os::shm_open(name, writable)?;
-        let (size, dev, ino) = os::file_identity(&file)?;
+        let (size, _, _) = os::file_identity(&file)?;
         if size < CONTROL_SIZE as u64 {
             return Err(Error::RegionTooSmall {
                 needed: CONTROL_SIZE as u64,
                 actual: size,
             });
         }
+        Region::map_file(name, file, size, writable)
+    }
+
+    /// Maps `len` bytes of the open object `file` (named `name`), never as its owner.
+    fn map_file(name: &str, file: File, len: u64, writable: bool) -> Result<Region> {
+        let (_, dev, ino) = os::file_identity(&file)?;
         let mut opts = MmapOptions::new();
-        opts.len(size as usize);
+        opts.len(len as usize);
         let map = if writable {
             opts.map_raw(&file)
         } else {

@@ -222,6 +222,36 @@ impl<'a> Tensors<'a> {
         self.layout.id(name)
     }
 
+    /// Engine views (1.7): env `env` (this engine's numbering, `0..num_envs`) ended an
+    /// episode of return `episode_return` after `length` steps. Recorded in this
+    /// engine's block of the region's stats area, where observers read it (`shmbridge
+    /// view` plots it); nothing happens in a region without one. A reference env calls
+    /// it from its step as envs finish. `WrongDirection` for a client's views, `InvalidSpec`
+    /// for an env past this side's.
+    pub fn episode_ended(&mut self, env: usize, episode_return: f64, length: u64) -> Result<()> {
+        if self.side != Peer::Engine {
+            return Err(Error::WrongDirection {
+                tensor: "<episode stats>".into(),
+                writer: Peer::Engine,
+                requester: self.side,
+            });
+        }
+        let Some(shard) = self.layout.shards.first() else {
+            return Ok(());
+        };
+        if env >= shard.env_count as usize {
+            return Err(Error::InvalidSpec(format!(
+                "episode of env {env}: this engine steps {} envs",
+                shard.env_count
+            )));
+        }
+        if let Some(area) = self.layout.stats {
+            let block = self.region.stats_block(area.block(shard.index))?;
+            block.record_episode(shard.env_start + env as u32, episode_return, length);
+        }
+        Ok(())
+    }
+
     /// Address of a tensor's first byte in this process (for zero-copy checks): in
     /// the region, or in the host mapping of a Vulkan tensor's memory.
     pub fn address(&self, key: impl TensorKey) -> Result<*const u8> {

@@ -23,7 +23,8 @@ use common::peer::{self, block, say, Fault, Isolation, PeerProc, FAULTS, HANG};
 use common::{shm_exists, BIN};
 use rustix::process::Signal;
 use shmbridge::error::ErrorKind;
-use shmbridge::region::Region;
+use shmbridge::observer::Observer;
+use shmbridge::region::{self, Region};
 use shmbridge::{
     AttachOptions, Client, CommandError, CommandHandler, DType, Engine, EngineSpec, Error, Reply,
     ResetRequest, Tensors,
@@ -147,6 +148,24 @@ fn peer_client(phase: Phase, name: &str) -> ! {
     block()
 }
 
+/// An observer (1.7) in `phase`: `attach` (waiting for frame 0), `idle` (attached), or
+/// `reading` (copying and reading the stats in a loop without pause, as a viewer polls).
+fn peer_observer(phase: &str, name: &str) -> ! {
+    say("attaching");
+    let observer = Observer::attach(name, LONG).expect("observe");
+    say("attached");
+    if phase == "idle" {
+        block();
+    }
+    let picks = [observer.pick("obs", 0..4).expect("pick")];
+    let mut out = vec![Vec::new()];
+    say("reading");
+    loop {
+        let _ = observer.try_read(&picks, &mut out);
+        let _ = observer.try_stats();
+    }
+}
+
 /// Not a test: a peer process of the fault matrix, started by the matrix with its role
 /// (`engine PHASE` or `client PHASE NAME`).
 #[test]
@@ -159,6 +178,7 @@ fn fault_peer() {
     match words[..] {
         ["engine", phase] => peer_engine(Phase::parse(phase)),
         ["client", phase, name] => peer_client(Phase::parse(phase), name),
+        ["observer", phase, name] => peer_observer(phase, name),
         _ => panic!("bad role {role:?}"),
     }
 }
@@ -742,6 +762,109 @@ fn an_engine_on_a_busy_cpu_notices_its_client_die() {
         .collect::<Vec<_>>();
     report(
         "client killed while the engine shares its CPU with a busy loop",
+        &rows,
+    );
+}
+
+// ---- Observer killed (1.7): nothing changes for the engine and its client ----
+
+/// Whether process `pid` has a descriptor of region `name` open.
+fn has_open(pid: u32, name: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().ends_with(name)))
+}
+
+fn observer_case(phase: &str, fault: Fault) -> Row {
+    let case = format!("observer {} in {phase}", fault.name());
+    let mut engine = Engine::create(spec()).expect("create");
+    let name = engine.name().to_string();
+    let mut observer = PeerProc::start("fault_peer", &format!("observer {phase} {name}"));
+    observer.expect("attaching");
+    if phase == "attach" {
+        // It opened the region and waits for frame 0: a state to reach, not a sleep.
+        let deadline = Instant::now() + HANG;
+        while !has_open(observer.pid(), &name) {
+            assert!(
+                Instant::now() < deadline,
+                "the observer never opened the region"
+            );
+            std::thread::yield_now();
+        }
+    }
+    let frame = |n: u64| (0..16).map(|i| (n * 100 + i) as f32).collect::<Vec<f32>>();
+    engine
+        .tensor_mut::<f32>("obs")
+        .unwrap()
+        .copy_from_slice(&frame(0));
+    engine.publish().expect("frame 0");
+    if phase != "attach" {
+        observer.expect("attached");
+    }
+    if phase == "reading" {
+        observer.expect("reading");
+    }
+    let n = name.clone();
+    let learner = in_thread(move || -> Result<Vec<f32>, Error> {
+        let mut c = Client::attach(&n, AttachOptions::default().timeout(LONG))?;
+        let mut seen = Vec::new();
+        for _ in 0..200 {
+            c.step(LONG)?;
+            seen.extend_from_slice(&c.tensor::<f32>("obs")?[..1]);
+        }
+        c.close();
+        Ok(seen)
+    });
+    let mut killed = None;
+    let served = (|| -> Result<Option<String>, Error> {
+        for k in 1..=200u64 {
+            if k == 50 {
+                killed = Some(observer.fault(fault));
+            }
+            assert_eq!(engine.wait_actions(LONG)?, k);
+            engine.tensor_mut::<f32>("obs")?.copy_from_slice(&frame(k));
+            engine.publish()?;
+        }
+        let swept = region::sweep_report()?;
+        if swept
+            .iter()
+            .any(|s| s.name == name && s.verdict != region::Verdict::Alive)
+        {
+            return Ok(Some("gc did not see the live engine".into()));
+        }
+        Ok(match engine.wait_actions(LONG) {
+            Err(Error::PeerClosed { .. }) => None,
+            other => Some(format!("after its client closed the engine got {other:?}")),
+        })
+    })();
+    let (client, _) = wait_for(&learner, &case);
+    let expected: Vec<f32> = (1..=200u64).map(|k| (k * 100) as f32).collect();
+    let problem = match (served, client) {
+        (Ok(None), Ok(seen)) if seen == expected => None,
+        (Ok(None), Ok(seen)) => Some(format!("the client saw {:?}..", &seen[..4])),
+        (Ok(Some(p)), _) => Some(p),
+        (e, c) => Some(format!("engine {e:?}, client {c:?}")),
+    };
+    drop(engine);
+    let problem = problem.or_else(|| shm_exists(&name).then(|| format!("{name} left in /dev/shm")));
+    let exit = killed.and_then(|k| observer.exit_after(k));
+    let got = match &problem {
+        None => Ok(()),
+        Some(_) => Err(Error::Interrupted),
+    };
+    Row::new(case, &got, None, exit, problem)
+}
+
+#[test]
+fn an_observer_killed_anywhere_changes_nothing_for_engine_and_client() {
+    let rows: Vec<Row> = ["attach", "idle", "reading"]
+        .iter()
+        .flat_map(|&p| FAULTS.iter().map(move |&f| observer_case(p, f)))
+        .collect();
+    report(
+        "observer killed (1.7): engine and client go on as without it",
         &rows,
     );
 }

@@ -67,3 +67,22 @@ fn shard_table_attacks_are_refused_for_what_they_break() {
     }
     assert!(n >= 20, "only {n} shard attacks");
 }
+
+/// The stats-area attacks (1.7) are refused for what they break: each error names the
+/// stats area (its offset, or a span it overlaps).
+#[test]
+fn stats_area_attacks_are_refused_for_what_they_break() {
+    let mut n = 0;
+    for (name, data) in common::stored_inputs("tests/hostile_headers") {
+        if !name.starts_with("reject-stats") {
+            continue;
+        }
+        let text = fuzzing::header(&data).unwrap_err().to_string();
+        assert!(
+            text.contains("stats"),
+            "{name}: refused for another reason: {text}"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 7);
+}

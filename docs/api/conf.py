@@ -29,6 +29,8 @@ nitpick_ignore_regex = [
     ("py:class", r"(numpy|np|torch|gymnasium|jax|types|typing|collections\.abc|concurrent\.futures)\..*"),
     ("py:class", r"(Any|Callable|Dict|List|Literal|Optional|Protocol|Sequence|Tuple|Type|Union|Iterator|Iterable|Mapping)"),
     ("py:class", r"(np\.ndarray|TracebackType|EngineProcess|_StepResult|_EngineProcess|_CommandHandler|EnvTarget)"),
+    # The compiled half of Observer, which only observe() makes.
+    ("py:class", r"shmbridge\._native\.RawObserver"),
     ("py:attr", r"AutoresetMode\..*"),
 ]
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}

@@ -13,6 +13,8 @@
 ``attach(name)`` joins an engine started elsewhere (``shmbridge engine`` prints its name).
 A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 ``examples/python_engine.py``.
+``observe(name)`` watches a running engine read-only (frames, episode stats, video), and
+``shmbridge view NAME`` serves a page that shows it live.
 ``shmbridge.gym.ShmVectorEnv`` is a Gymnasium vector env over a client; ``import shmbridge``
 registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 """
@@ -24,12 +26,15 @@ from . import errors
 from ._launch import attach, launch, launch_gym, nvrtc_library_dirs
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
+from .observe import Observer, observe
 
 __all__ = [
     "Client",
     "Engine",
     "EngineSpec",
     "Tensor",
+    "Observer",
+    "observe",
     "attach",
     "launch",
     "launch_gym",

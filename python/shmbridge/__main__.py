@@ -1,8 +1,10 @@
-"""The ``shmbridge`` command line: ``engine``, ``client``, ``ls``, ``inspect`` and ``gc``.
+"""The ``shmbridge`` command line: ``engine``, ``client``, ``ls``, ``inspect``, ``gc`` and
+``view``.
 
 ``python -m shmbridge`` and the ``shmbridge`` command that ``pip install`` puts on the
 PATH run the command line of the Rust binary itself (``shmbridge._native.cli``), so both
-take the same options and print the same output.
+take the same options and print the same output; ``view`` (a web page, served by
+Python) goes to ``shmbridge.view``. The Rust parser lists it in ``--help``.
 """
 
 import sys as _sys
@@ -14,6 +16,10 @@ def main(argv=None, prog: str = "shmbridge") -> int:
     """Runs the command line on ``argv`` (default: the process's arguments); returns
     the exit status. Ctrl-C stops it with status 130."""
     args = _sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["view"]:
+        from .view import main as _view
+
+        return _view(args[1:], prog=f"{prog} view")
     try:
         return _cli([prog, *args])
     except KeyboardInterrupt:

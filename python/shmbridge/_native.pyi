@@ -13,6 +13,7 @@ __all__ = [
     "Client",
     "Engine",
     "EngineSpec",
+    "RawObserver",
     "Tensor",
     "cli",
     "cuda_available",
@@ -231,6 +232,9 @@ class Engine:
     def shard_envs(self) -> Tuple[int, int]: ...
     def publish(self) -> int: ...
     def wait_actions(self, timeout: Optional[float] = None, handler: Optional[_CommandHandler] = None) -> int: ...
+    def record_episode(self, env: int, episode_return: float, length: int) -> None:
+        """Records a finished episode in the region's stats area (protocol 1.7), which
+        observers read; call it between ``wait_actions()`` and ``publish()``."""
     def wait_for_client(self, timeout: Optional[float] = None) -> None: ...
     def poll_commands(self, handler: Optional[_CommandHandler] = None) -> int: ...
     def close(self) -> None: ...
@@ -271,6 +275,44 @@ class Engine:
     def truncated(self) -> Tensor: ...
     @property
     def reset_mask(self) -> Tensor: ...
+
+@final
+class RawObserver:
+    """A read-only observer of a live region (protocol 1.7); ``shmbridge.observe()``
+    wraps it."""
+
+    @staticmethod
+    def attach(name: str, timeout: float = 10.0) -> RawObserver: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_envs(self) -> int: ...
+    @property
+    def engine_kind(self) -> str: ...
+    @property
+    def engine_pid(self) -> int: ...
+    @property
+    def shards(self) -> List[Tuple[int, int]]: ...
+    @property
+    def tensors(self) -> List[Dict[str, Any]]:
+        """``{"name", "dtype", "shape", "direction", "location"}`` of every tensor."""
+    def frame(self) -> int: ...
+    def check(self) -> None: ...
+    def read(
+        self,
+        names: Sequence[str],
+        env_start: Optional[int] = None,
+        env_end: Optional[int] = None,
+        timeout: Optional[float] = 1.0,
+    ) -> Tuple[int, List[bytearray]]:
+        """``(frame, [bytearray per name])``: rows ``env_start..env_end`` of each tensor,
+        copied while no engine wrote."""
+    def stats(self, timeout: Optional[float] = 1.0) -> Dict[str, Any]:
+        """``{"frame", "episodes", "return_sum", "length_sum", "recent": [(shard,
+        number, env, return, length)]}``."""
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
 
 def cli(argv: Sequence[str]) -> int:
     """Runs the ``shmbridge`` command line, the Rust binary's own (``engine``, ``client``,

@@ -164,12 +164,17 @@ class _Shard:
         self.final_obs = view("final_obs") if self.same_step else None
         self.discrete = self.actions.ndim == 1
         self.pending = [False] * len(envs)
+        # Each env's episode so far, recorded in the region's stats area when it ends
+        # (what observers, `shmbridge view`, plot).
+        self.returns = [0.0] * len(envs)
+        self.lengths = [0] * len(envs)
 
     def reset_envs(self, ids: List[int], seeds: List[Optional[int]]) -> None:
         for j, s in zip(ids, seeds):
             o, _ = self.envs[j].reset(seed=s)
             self.obs[j] = o
             self.pending[j] = False
+            self.returns[j], self.lengths[j] = 0.0, 0
 
     # The engine's command handler: Reset with local env ids and seeds (protocol §3.7).
     def reset(self, env_ids: Optional[List[int]], seeds: List[int], options: Dict[str, str]) -> None:
@@ -197,9 +202,15 @@ class _Shard:
             if mask[j] or self.pending[j]:
                 o, _ = env.reset()
                 self.pending[j] = False
+                self.returns[j], self.lengths[j] = 0.0, 0
             else:
                 o, r, te, tr, _ = env.step(actions[j])
                 rewards[j], term[j], trunc[j] = r, te, tr
+                self.returns[j] += float(r)
+                self.lengths[j] += 1
+                if te or tr:
+                    self.engine.record_episode(j, self.returns[j], self.lengths[j])
+                    self.returns[j], self.lengths[j] = 0.0, 0
                 if self.same_step and (te or tr):
                     finals.append(o)
                     o, _ = env.reset()

@@ -12,12 +12,16 @@
 //! known code is kept as `Unknown`, never a panic. [`ControlMapping`] (`mapping.rs`) is
 //! what a device backend sees of a region: these words, a second mapping of them, and
 //! the ownership proofs of 1.6 whose bytes and fd socket path `proof.rs` names.
+//! [`Stats`] (`stats.rs`, 1.7) is a block of the stats area after the tensors: the
+//! engine's write sequence and its episode totals; [`read_between_writes`] is how
+//! observers copy frames by it and by the step counters.
 
 mod block;
 mod mapping;
 mod proof;
 mod release;
 mod state;
+mod stats;
 
 pub use block::{Claim, Control};
 pub use mapping::ControlMapping;
@@ -26,3 +30,4 @@ pub use proof::{
 };
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};
+pub use stats::{read_between_writes, read_consistent, step_writes_begin, Stats};

@@ -16,6 +16,10 @@
 //! `final_obs [N, 4] f32` holds what each env's step produced before any autoreset: the
 //! same as `obs` except for the envs that finished this step, where it is the episode's
 //! last observation (Gymnasium's `final_obs`), for bootstrapping truncated episodes.
+//!
+//! Every episode that ends (terminated or truncated, not one cut short by `reset_mask`
+//! or a `Reset` command) is recorded in the region's stats area (`Tensors::episode_ended`:
+//! its return, which is its length, and its length), for observers.
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg32;
@@ -232,6 +236,9 @@ impl VecEnv for CartPole {
                     // What the step produced, before the autoreset replaces it: the
                     // learner bootstraps a truncated episode from this.
                     write_state(&mut final_obs[4 * i..4 * i + 4], &self.state[i]);
+                    // Reward 1 per step: the return is the length. For observers.
+                    let length = u64::from(self.steps[i]);
+                    io.episode_ended(i, length as f64, length)?;
                     self.reset_one(i);
                     continue;
                 }

@@ -9,6 +9,7 @@ use super::shard::{
     build_table, check_shardable, layout_hash_for, table_offset, ShardEntry, ShardInfo, ShardWords,
     SHARD_ENTRY_SIZE,
 };
+use super::stats::StatsArea;
 use super::tensor::{
     contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
     MIN_RING_CAPACITY,
@@ -54,6 +55,9 @@ pub struct HeaderBuilder {
     /// 1.4: the shard table (empty for an unsharded region), written after the tensor
     /// table at `header.shard_table_offset`.
     pub shard_entries: Vec<ShardEntry>,
+    /// 1.7: the stats area after the tensors (one block per shard), which every region
+    /// this builder writes has ([`FLAG_OBSERVABLE`]).
+    pub stats: StatsArea,
 }
 
 impl HeaderBuilder {
@@ -275,8 +279,10 @@ impl HeaderBuilder {
                 shard_entries = build_table(num_envs, shard_count, 0, 0).0;
             }
         }
-        let region_size = align_up(host.cursor, PAGE)
-            .filter(|&n| n <= isize::MAX as u64)
+        // 1.7: the stats area after the last tensor, so that no tensor, ring or header
+        // byte moves: an earlier client reads the same region as before, only larger.
+        let (stats, region_size) = StatsArea::after(host.cursor, shard_count.max(1))
+            .filter(|&(_, end)| end <= isize::MAX as u64)
             .ok_or_else(|| Error::InvalidSpec("region too large".into()))?;
         let mut h = Header::zeroed();
         // `magic` stays zero here: the region publishes it last.
@@ -292,6 +298,8 @@ impl HeaderBuilder {
         };
         h.header_size = header_size as u32;
         h.region_size = region_size;
+        h.flags = FLAG_OBSERVABLE;
+        h.stats_offset = stats.offset;
         h.layout_hash = layout_hash_for(shard_count, h.version_minor);
         h.shard_count = shard_count;
         if shard_count > 0 {
@@ -316,6 +324,7 @@ impl HeaderBuilder {
             cuda_alloc,
             vulkan,
             shard_entries,
+            stats,
         })
     }
 

@@ -26,7 +26,11 @@ pub const VERSION_MAJOR: u16 = 1;
 /// descriptor holding a lock on the region (the engine's [`crate::control::ENGINE_PROOF_BYTE`],
 /// the client's proof byte): only a region with Vulkan tensors is written as 1.6 (with
 /// the layout hash of 1.5, which 1.2-1.4 clients refuse).
-pub const VERSION_MINOR: u16 = 6;
+/// 1.7: read-only observers: a stats area after the tensors (`stats_offset`), the
+/// engine's write sequence in it, and its byte-0 lock, all told by [`FLAG_OBSERVABLE`]
+/// in `flags`; `version_minor` is written as before (3, 4, 5 or 6), so every earlier
+/// client reads a 1.7 region as it read the same region from a 1.6 engine.
+pub const VERSION_MINOR: u16 = 7;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -37,6 +41,17 @@ pub const VERSION_MINOR_CUDA_SESSIONS: u16 = 5;
 /// What the builder writes for a region with Vulkan tensors (1.6), and the lowest minor
 /// whose engines serve their fds over the socket file with proofs.
 pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
+/// 1.7: what the builder writes in `version_minor` does not change for the stats area
+/// (earlier readers ignore it entirely, and a 1.5 or 1.6 reader expects the CUDA-session
+/// hash of every region of minor 5 or more): its presence is told by [`FLAG_OBSERVABLE`].
+pub const VERSION_MINOR_OBSERVERS: u16 = 7;
+/// `Header::flags` bit 0 (1.7): the region has a stats area at `stats_offset`, and its
+/// engine (each shard) writes engine→client tensors only inside a step (after a release
+/// fence that follows its load of the action) or inside an odd `write_seq` of its
+/// block, and holds an OFD write lock on byte 0 of the region file (shard `k`: byte
+/// `k`), so that read-only observers can copy consistent frames and judge its liveness
+/// without taking any lock themselves.
+pub const FLAG_OBSERVABLE: u64 = 1;
 /// Entries of `client_cuda_ended` (1.5): 2 in bytes 160..192, 2 in 224..256.
 pub const CUDA_ENDED_SLOTS: usize = 4;
 
@@ -78,6 +93,8 @@ pub struct Header {
     pub tensor_count: u32,
     pub table_offset: u32,
     pub desc_size: u32,
+    /// Bit 0 ([`FLAG_OBSERVABLE`], 1.7): the region has a stats area at `stats_offset`
+    /// and its engine keeps the words observers read by. Other bits 0.
     pub flags: u64,
     /// 1.4: engine processes serving the region; 0 = unsharded (one engine, whose words
     /// are the control block's own).
@@ -107,7 +124,10 @@ pub struct Header {
     /// be recorded in `client_cuda_ended` (all in use by live processes): the engine then
     /// never frees its exported memory.
     pub client_cuda_overflow: u32,
-    pub _reserved1: [u8; 24],
+    /// 1.7: where the stats area lies ([`FLAG_OBSERVABLE`] set): page-aligned, after
+    /// every tensor; 0 otherwise. Written once before `magic`.
+    pub stats_offset: u64,
+    pub _reserved1: [u8; 16],
     // Cache line 2: where the command rings' data lie (1.1; zero in 1.0 or without rings).
     pub c2e_ring_offset: u64,
     pub c2e_ring_capacity: u64,
@@ -243,6 +263,8 @@ const _: () = assert!(offset_of!(Header, c2e_consumer_waiting) == 768);
 const _: () = assert!(offset_of!(Header, e2c_consumer_waiting) == 832);
 const _: () = assert!(offset_of!(Header, client_cuda_state) == 96);
 const _: () = assert!(offset_of!(Header, client_cuda_overflow) == 100);
+const _: () = assert!(offset_of!(Header, stats_offset) == 104);
+const _: () = assert!(offset_of!(Header, flags) == 48);
 const _: () = assert!(offset_of!(Header, client_cuda_ended_a) == 160);
 const _: () = assert!(offset_of!(Header, client_cuda_ended_b) == 224);
 const _: () = assert!(offset_of!(Header, engine_event_handle) == 896);

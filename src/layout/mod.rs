@@ -15,6 +15,7 @@
 //! (constants, the control block and table entry structs, the live fields' offsets, the
 //! layout hash), `tensor.rs` (tensor specs, validated entries, the ring placement),
 //! `shard.rs` (1.4: the shard table, its layout hash, the env split, the table's checks),
+//! `stats.rs` (1.7: the stats area after the tensors, one block per shard, and its check),
 //! `validated.rs` (the validated [`Layout`] and the keys naming its tensors), `builder.rs`
 //! (spec → header bytes), `validate.rs` (header bytes → [`Layout`], the identity checks).
 
@@ -23,6 +24,7 @@ mod dtype;
 mod header;
 pub mod location;
 mod shard;
+mod stats;
 mod tensor;
 mod validate;
 mod validated;
@@ -37,6 +39,9 @@ pub use location::{
 pub use shard::{
     check_shardable, env_slice, layout_hash_for, ShardEntry, ShardInfo, ShardWords,
     LAYOUT_HASH_SHARDED, MAX_SHARDS, SHARD_ENTRY_SIZE,
+};
+pub use stats::{
+    stats_offsets, EpisodeEntry, StatsArea, StatsBlock, RECENT_EPISODES, STATS_BLOCK_SIZE,
 };
 pub use tensor::{
     CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable, DEFAULT_RING_CAPACITY,

@@ -6,6 +6,7 @@ use super::dtype::DType;
 use super::header::*;
 use super::location::{CudaDevice, Device, Location, VulkanDevice};
 use super::shard::{layout_hash_for, table_offset, validate_table};
+use super::stats::validate_area;
 use super::tensor::{
     contiguous_strides, CudaExport, Direction, Rings, TensorInfo, VulkanTable, MIN_RING_CAPACITY,
 };
@@ -108,6 +109,13 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
     }
     let rings = validate_rings(&h, header_size)?;
     let shards = validate_table(&h, bytes, header_size, rings, &tensors)?;
+    let stats = validate_area(
+        h.flags,
+        h.stats_offset,
+        h.shard_count,
+        header_size,
+        h.region_size,
+    )?;
     let has_cuda = tensors.iter().any(|t| t.location() == Location::Cuda);
     let engine_event_handle = if has_cuda {
         if h.engine_event_handle.iter().all(|&b| b == 0) {
@@ -132,6 +140,9 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         spans.push((r.c2e.0, r.c2e.0 + r.c2e.1, "<c2e ring>"));
         spans.push((r.e2c.0, r.e2c.0 + r.e2c.1, "<e2c ring>"));
     }
+    if let Some(a) = stats {
+        spans.push((a.offset, a.offset + a.len(), "<stats area>"));
+    }
     spans.sort_unstable();
     for w in spans.windows(2) {
         if w[1].0 < w[0].1 {
@@ -153,6 +164,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         rings,
         engine_event_handle,
         shards,
+        stats,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use super::location::Location;
 use super::shard::ShardInfo;
+use super::stats::StatsArea;
 use super::tensor::{Rings, TensorInfo};
 use crate::error::{Error, Result};
 
@@ -24,6 +25,9 @@ pub struct Layout {
     /// 1.4: the engine processes serving the region, in env order; one (in the control
     /// block) for an unsharded region.
     pub shards: Vec<ShardInfo>,
+    /// 1.7: the stats area (one block per shard), present iff the header's
+    /// `FLAG_OBSERVABLE` is set: the region can be observed.
+    pub stats: Option<StatsArea>,
 }
 
 impl Layout {

@@ -498,6 +498,22 @@ impl PyEngine {
         self.with_engine(py, |e| e.publish())
     }
 
+    /// Records that env `env` (this engine's numbering) ended an episode of return
+    /// `episode_return` after `length` steps, in the region's stats area, where
+    /// observers read it (`shmbridge view` plots it). Call it between `wait_actions()`
+    /// and `publish()`, as envs finish.
+    fn record_episode(
+        &self,
+        py: Python<'_>,
+        env: Count<u64>,
+        episode_return: f64,
+        length: Count<u64>,
+    ) -> PyResult<()> {
+        self.with_engine(py, |e| {
+            e.record_episode(env.0 as usize, episode_return, length.0)
+        })
+    }
+
     /// Waits for the client's next action and returns its number; the action tensors
     /// then hold it. Commands arriving meanwhile are answered (built-ins by the library,
     /// `reset` and custom methods by `handler`, see the module docs). `timeout` None: no

@@ -10,6 +10,8 @@
 //!   checks and copy ([`crate::actions`]).
 //! - [`streams`]: CUDA stream arguments and the ordering of CUDA steps on them.
 //! - [`engine`]: `Engine` and `EngineSpec`, a simulator written in Python.
+//! - [`observer`]: `RawObserver`, a read-only observer of a live region (1.7), under
+//!   `shmbridge.observe()`.
 //! - [`errors`]: crate errors as the exceptions of `shmbridge.errors`.
 //! - [`waits`]: sliced waits (Ctrl-C) and the timeouts of the Python API.
 //! - [`args`]: counts and seconds taken strictly (a bool is neither).
@@ -21,6 +23,7 @@ mod args;
 mod client;
 mod engine;
 mod errors;
+mod observer;
 mod streams;
 mod tensor;
 mod tools;
@@ -34,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyEngineSpec>()?;
+    m.add_class::<observer::PyObserver>()?;
     m.add_function(wrap_pyfunction!(tools::cli, m)?)?;
     m.add_function(wrap_pyfunction!(tools::list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;

@@ -474,3 +474,86 @@ def test_python_client_killed_engine_gets_client_died_and_serves_again(case):
     if learner == "torch":
         pytest.importorskip("torch")
     client_case(phase, fault, learner, isolation)
+
+
+# ---- Observers (protocol 1.7): killed anywhere, nothing changes for engine and learner ----
+
+OBSERVER_PEER = _PEER_COMMON + r"""
+phase, name = sys.argv[1], sys.argv[2]
+say("attaching")
+observer = shmbridge.observe(name, timeout=60)
+say("attached")
+if phase == "idle":
+    block()
+say("reading")
+while True:  # copies, stats and frame numbers, as a viewer polls them, without pause
+    observer.latest(timeout=None)
+    observer.stats(timeout=None)
+"""
+
+OBSERVER_PHASES = ["attach", "idle", "reading"]
+
+
+def observer_case(phase: str, fault: str) -> None:
+    """A Python observer is killed by ``fault`` while attaching (before frame 0), attached,
+    or reading in a loop; the engine (the `null` reference engine) and its learner go on
+    exactly as without it: every frame holds its pattern, nothing is reported dead or
+    closed, gc leaves the region, and closing removes it."""
+    from conftest import pattern
+
+    engine = shmbridge.Engine(shmbridge.EngineSpec.standard("observed", 4, obs_dim=8, act_dim=1))
+    name = engine.name
+    peer = Peer(OBSERVER_PEER, phase, name)
+    stop = threading.Event()
+    try:
+        obs = __import__("numpy").asarray(engine.obs)
+        obs[:] = pattern(0, range(32)).reshape(4, 8)
+        peer.expect("attaching")
+        if phase == "attach":
+            # It has the region open and waits for frame 0 (its descriptor is in /proc).
+            deadline = time.monotonic() + HANG
+            while not any(os.readlink(f"/proc/{peer.proc.pid}/fd/{fd}").endswith(name)
+                          for fd in os.listdir(f"/proc/{peer.proc.pid}/fd")
+                          if os.path.islink(f"/proc/{peer.proc.pid}/fd/{fd}")):
+                assert time.monotonic() < deadline, "the observer never opened the region"
+                time.sleep(0.001)
+        engine.publish()
+        if phase != "attach":
+            peer.expect("attached")
+        if phase == "reading":
+            peer.expect("reading")
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    n = engine.wait_actions(timeout=LONG)
+                except shmbridge.ClientClosedError:
+                    return
+                obs[:] = pattern(n, range(32)).reshape(4, 8)
+                engine.publish()
+
+        server = in_thread(serve)
+        client = shmbridge.attach(name, timeout=LONG)
+        killed = None
+        for k in range(1, 201):
+            if k == 50:
+                killed = peer.fault(fault)
+            client.step(timeout=LONG)
+            assert (__import__("numpy").asarray(client.obs) == pattern(k, range(32)).reshape(4, 8)).all()
+        swept = shmbridge.gc()
+        assert name not in swept, "gc judged a live engine by a dead observer"
+        client.close()
+        error, _ = server()
+        assert error is None, f"the engine saw {error!r}"
+        record(f"observer {fault} in {phase}", None, None, peer.exit_ms(killed))
+    finally:
+        stop.set()
+        peer.close()
+        engine.close()
+    assert not region_exists(name), f"{name} left in /dev/shm"
+
+
+@pytest.mark.parametrize("phase", OBSERVER_PHASES)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_an_observer_killed_anywhere_changes_nothing_for_engine_and_learner(phase, fault):
+    observer_case(phase, fault)

@@ -120,12 +120,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     w.add_argument("--contenders", default=None,
                    help="comma-separated subset of shmbridge, async, sync, envpool (default: all)")
 
+    o = sub.add_parser("observers", help="client.step() latency with 0, 1, 4 observers and a browser",
+                       description="The learner's client.step() latency (median, p99) with 0, 1 and 4 "
+                                   "observers polling at 60 Hz and with `shmbridge view` open in headless "
+                                   "Chromium, interleaved in one run.")
+    o.add_argument("--quick", action="store_true", help="a short smoke run")
+    o.add_argument("--env", default="cartpole", choices=["cartpole", "pixels"],
+                   help="the engine (pixels: frames on the host, the page shows them; default cartpole)")
+    o.add_argument("--num-envs", type=int, default=None, help="envs (default 64; pixels 16)")
+    o.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 8; quick 2)")
+    o.add_argument("--block-seconds", type=float, default=None,
+                   help="timed seconds per configuration and round (default 2; quick 0.5)")
+    o.add_argument("--no-browser", action="store_true", help="leave the browser configuration out")
+    o.add_argument("--out", default=None, help="also write DIR/observers.md and DIR/observers.json")
+
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
         from . import step
 
         return step.main(args)
+    if args.command == "observers":
+        from . import observers
+
+        return observers.main(args)
     if args.command == "vector":
         from . import vector
 

@@ -1,0 +1,336 @@
+"""The viewer's server: one observer thread (``Watcher``) that samples the region, and an
+aiohttp app on 127.0.0.1 that hands its samples to each browser over a WebSocket.
+
+The watcher reads frames only while a browser is connected, at most ``--fps`` a second,
+tiles the first envs, encodes one JPEG (Pillow) and keeps the newest; each connection
+sends the newest it has not sent, so a slow browser skips frames instead of queueing
+them (aiohttp's ``send_bytes`` waits for the socket to drain). Plot points (episode
+returns, steps per second, observation values) are small and all delivered, from a
+bounded history that a late or lagging page gets whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib.resources
+import io
+import json
+import math
+import secrets
+import signal
+import sys
+import threading
+import time
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+import numpy as np
+from aiohttp import WSMsgType, web
+from PIL import Image
+
+from .. import errors
+from ..observe import Observer, observe, tile_images, to_rgb
+
+# What ends an observation: the engine closed, died or was truncated, or the name now
+# holds something that is not a region we can watch.
+_ENDED = (errors.PeerClosedError, errors.PeerDiedError, errors.InvalidRegionError)
+# How often the stats area (and observation values) are sampled, and how many points
+# the history keeps (ten minutes at 5 a second).
+STATS_EVERY = 0.2
+HISTORY = 3000
+# How often a name with no live engine is looked at again.
+RETRY_EVERY = 0.5
+
+
+def _finite(x: float) -> Optional[float]:
+    return x if isinstance(x, float) and math.isfinite(x) else None
+
+
+class Watcher:
+    """Samples one region by name, across engines that come and go under it."""
+
+    def __init__(self, args: argparse.Namespace, loop: asyncio.AbstractEventLoop):
+        self.args = args
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.clients = 0
+        # The newest frame: (version, frame number, JPEG bytes).
+        self.image: Tuple[int, int, Optional[bytes]] = (0, -1, None)
+        # Messages in order: (number, session, type, JSON); the status also kept apart.
+        self.messages: Deque[Tuple[int, int, str, str]] = collections.deque(maxlen=HISTORY)
+        self.next_message = 0
+        self.status: Dict[str, Any] = {"type": "status", "state": "waiting", "name": args.name, "session": 0,
+                                       "reason": "looking for the engine"}
+        self.session_start = time.monotonic()
+        self.event = asyncio.Event()
+
+    # --- Handing samples to the event loop ---
+
+    def _wake(self) -> None:
+        event, self.event = self.event, asyncio.Event()
+        event.set()
+
+    def _notify(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._wake)
+
+    def _say(self, message: Dict[str, Any]) -> None:
+        text = json.dumps(message)
+        with self.lock:
+            self.messages.append((self.next_message, message["session"], message["type"], text))
+            self.next_message += 1
+            if message["type"] == "status":
+                self.status = message
+        self._notify()
+
+    def since(self, seen: int) -> Tuple[Optional[List[str]], int]:
+        """Messages numbered ``seen`` and later, and the next number; ``None`` when some
+        are gone from the history (the page then starts over from the history)."""
+        with self.lock:
+            first = self.messages[0][0] if self.messages else self.next_message
+            if seen < first:
+                return None, self.next_message
+            return [m[3] for m in self.messages if m[0] >= seen], self.next_message
+
+    def history(self) -> Tuple[List[str], int]:
+        """The status, then every point of the current session: what a new page gets."""
+        with self.lock:
+            session = self.status["session"]
+            points = [m[3] for m in self.messages if m[1] == session and m[2] == "point"]
+            return [json.dumps(self.status), *points], self.next_message
+
+    # --- The observer thread ---
+
+    def run(self) -> None:
+        observer: Optional[Observer] = None
+        session = 0
+        while not self.stop.is_set():
+            if observer is None:
+                observer = self._attach()
+                if observer is None:
+                    self.stop.wait(RETRY_EVERY)
+                    continue
+                session += 1
+                self._start(observer, session)
+            try:
+                self._sample(observer, session)
+            except _ENDED as e:
+                self._end(observer, session, e)
+                observer.close()
+                observer = None
+        if observer is not None:
+            observer.close()
+
+    def _attach(self) -> Optional[Observer]:
+        try:
+            observer = observe(self.args.name, timeout=RETRY_EVERY)
+        except (errors.NotFoundError, errors.TimeoutError, *_ENDED):
+            return None
+        try:
+            observer.check()
+        except _ENDED:
+            # What a dead or closed engine left under the name: not a new engine.
+            observer.close()
+            return None
+        return observer
+
+    def _start(self, o: Observer, session: int) -> None:
+        a = self.args
+        image = a.tensor or o.image
+        note = None
+        if image is not None and image not in o.observable:
+            where = o.tensors[image]["location"] if image in o.tensors else "no"
+            note = (f"the frames ('{image}') live in {where} memory, which observers cannot read: "
+                    f"serve them on the host (shmbridge engine --image-device host) to see them here")
+            image = None
+        self.image_name = image
+        self.values: Optional[Tuple[str, int, List[int]]] = None
+        labels: List[str] = []
+        if image is None and a.obs in o.observable:
+            shape = o.tensors[a.obs]["shape"]
+            width = int(np.prod(shape[1:])) if len(shape) > 1 else 1  # type: ignore[arg-type]
+            picked = [c for c in (a.components or range(min(4, width))) if c < width]
+            env = min(max(a.env, 0), o.num_envs - 1)
+            if picked:
+                self.values = (a.obs, env, picked)
+                labels = [f"{a.obs}[{env}, {c}]" for c in picked]
+        self.session_start = time.monotonic()
+        self.next_frame = 0.0
+        # The first call starts the rate's interval; the first point comes one later.
+        o.stats()
+        self.next_stats = time.monotonic() + STATS_EVERY
+        self._say({"type": "status", "state": "live", "session": session, "name": o.name,
+                   "engine_kind": o.engine_kind, "num_envs": o.num_envs, "image": image,
+                   "grid": min(a.grid, o.num_envs), "labels": labels, "note": note, "reason": None})
+
+    def _end(self, o: Observer, session: int, e: BaseException) -> None:
+        if isinstance(e, errors.PeerClosedError):
+            what = "closed"
+        elif isinstance(e, errors.PeerDiedError):
+            what = "died"
+        else:
+            what = "is gone"
+        self._say({"type": "status", "state": "ended", "session": session, "name": o.name,
+                   "engine_kind": o.engine_kind, "num_envs": o.num_envs, "image": None, "labels": [],
+                   "reason": f"the engine {what}: {e}"})
+
+    def _sample(self, o: Observer, session: int) -> None:
+        now = time.monotonic()
+        if now >= self.next_stats:
+            self.next_stats = now + STATS_EVERY
+            self._point(o, session)
+        if self.image_name is not None and self.clients > 0 and now >= self.next_frame:
+            self.next_frame = now + 1.0 / self.args.fps
+            self._frame(o)
+        wait = min(self.next_stats, self.next_frame if self.clients > 0 and self.image_name else self.next_stats)
+        self.stop.wait(max(0.0, wait - time.monotonic()))
+
+    def _point(self, o: Observer, session: int) -> None:
+        try:
+            s = o.stats(timeout=STATS_EVERY)
+        except errors.TimeoutError:
+            o.check()
+            return
+        values = None
+        if self.values is not None:
+            name, env, picked = self.values
+            try:
+                row = o.latest([name], (env, env + 1), timeout=STATS_EVERY)[name].reshape(-1)
+                values = [float(row[c]) for c in picked]
+            except errors.TimeoutError:
+                pass
+        self._say({"type": "point", "session": session, "t": round(s.time - self.session_start, 3),
+                   "frame": s.frame, "episodes": s.episodes, "sps": _finite(s.steps_per_second),
+                   "mean_return": _finite(s.mean_return), "mean_length": _finite(s.mean_length),
+                   "returns": [e.episode_return for e in s.new_episodes], "values": values})
+
+    def _frame(self, o: Observer) -> None:
+        name = self.image_name
+        assert name is not None
+        try:
+            frame = o.latest([name], min(self.args.grid, o.num_envs), timeout=1.0 / self.args.fps)
+        except errors.TimeoutError:
+            return
+        if frame.number == self.image[1]:
+            return
+        grid = tile_images(to_rgb(frame[name]))
+        buf = io.BytesIO()
+        Image.fromarray(grid).save(buf, format="JPEG", quality=self.args.quality)
+        with self.lock:
+            self.image = (self.image[0] + 1, frame.number, buf.getvalue())
+        self._notify()
+
+
+def _page() -> str:
+    return importlib.resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+
+def make_app(watcher: Watcher, token: str) -> web.Application:
+    page = _page()
+
+    def allowed(request: web.Request) -> bool:
+        return secrets.compare_digest(request.query.get("token", ""), token)
+
+    async def index(request: web.Request) -> web.StreamResponse:
+        if not allowed(request):
+            raise web.HTTPForbidden(text="a token is needed: open the URL shmbridge view printed\n")
+        return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def frame(request: web.Request) -> web.StreamResponse:
+        if not allowed(request):
+            raise web.HTTPForbidden()
+        _, number, jpeg = watcher.image
+        if jpeg is None:
+            raise web.HTTPNotFound(text="no frame yet\n")
+        return web.Response(body=jpeg, content_type="image/jpeg", headers={"X-Frame": str(number)})
+
+    async def socket(request: web.Request) -> web.StreamResponse:
+        if not allowed(request):
+            raise web.HTTPForbidden()
+        ws = web.WebSocketResponse(heartbeat=20.0)
+        await ws.prepare(request)
+        watcher.clients += 1
+
+        async def drain() -> None:
+            # Reading is what notices the page's close.
+            async for msg in ws:
+                if msg.type == WSMsgType.ERROR:
+                    break
+
+        reader = asyncio.ensure_future(drain())
+        try:
+            texts, seen = watcher.history()
+            for text in texts:
+                await ws.send_str(text)
+            sent_image = 0
+            while not ws.closed and not reader.done():
+                event = watcher.event
+                texts_or_none, next_seen = watcher.since(seen)
+                if texts_or_none is None:
+                    texts_or_none, next_seen = watcher.history()
+                    await ws.send_str(json.dumps({"type": "reset"}))
+                seen = next_seen
+                for text in texts_or_none:
+                    await ws.send_str(text)
+                version, number, jpeg = watcher.image
+                if version != sent_image and jpeg is not None:
+                    sent_image = version
+                    await ws.send_str(json.dumps({"type": "image", "frame": number}))
+                    await ws.send_bytes(jpeg)
+                    continue  # newer ones may have come while this one went out
+                try:
+                    await asyncio.wait_for(event.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+        except (ConnectionResetError, RuntimeError):
+            pass
+        finally:
+            watcher.clients -= 1
+            reader.cancel()
+        return ws
+
+    app = web.Application()
+    app.add_routes([web.get("/", index), web.get("/frame.jpg", frame), web.get("/ws", socket)])
+    return app
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    token = secrets.token_urlsafe(24)
+    watcher = Watcher(args, loop)
+    runner = web.AppRunner(make_app(watcher, token), handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        print(f"shmbridge view: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    port = runner.addresses[0][1]
+    url = f"http://127.0.0.1:{port}/?token={token}"
+    thread = threading.Thread(target=watcher.run, name="shmbridge-view-watcher", daemon=True)
+    thread.start()
+    print(url, flush=True)
+    print(f"shmbridge view: watching {args.name} at {url} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        watcher.stop.set()
+        await runner.cleanup()
+        await loop.run_in_executor(None, thread.join, 5.0)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Serves until SIGINT or SIGTERM; returns the exit status."""
+    return asyncio.run(_serve(args))
