@@ -428,7 +428,18 @@ pub fn request(
     let fd = connect(region, path, timeout)?;
     let server = peer_credentials(fd.as_fd())?;
     set_timeouts(fd.as_fd(), timeout.saturating_sub(start.elapsed()))?;
-    send(fd.as_fd(), &message(REQUEST_MAGIC, 0, 0), &[proof])?;
+    match send(fd.as_fd(), &message(REQUEST_MAGIC, 0, 0), &[proof]) {
+        Ok(()) => {}
+        // The server answers some refusals (wrong user, engine closing) before it reads
+        // the request, and may have closed before the request went out: its answer is
+        // in this socket's queue all the same.
+        Err(Error::Io { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::EPIPE) | Some(libc::ECONNRESET)
+            ) => {}
+        Err(e) => return Err(e),
+    }
     let protocol = |detail: String| Error::Protocol {
         peer: Peer::Engine,
         detail,
