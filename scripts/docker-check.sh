@@ -111,6 +111,20 @@ engine() {
         "$IMAGE" shmbridge engine --env cartpole --num-envs 256 --name demo --idle-timeout 3600 >/dev/null
 }
 
+# An engine and a learner that steps until it ends, both in the IPC namespace of `shm`;
+# returns once the learner is attached.
+engine_and_learner() {
+    engine --ipc=container:shm
+    D run -d --name learner --ipc=container:shm --init --user 1000:1000 --network=none \
+        "$IMAGE" python3 /learn_forever.py >/dev/null
+    wait_attached
+}
+# Nothing left in /dev/shm; the containers of the last case removed.
+shm_empty() {
+    [ -z "$(shm_listing)" ] || fail "left in /dev/shm: $(shm_listing)"
+    D rm -f sim learner >/dev/null
+}
+
 echo "== 1. the page's commands: engine with --ipc=shareable, learner with --ipc=container:sim"
 D run -d --name sim --ipc=shareable --shm-size=2g --init --user 1000:1000 \
     "$IMAGE" shmbridge engine --env cartpole --num-envs 256 --name demo --idle-timeout 3600 >/dev/null
@@ -123,10 +137,7 @@ D rm -f sim >/dev/null
 
 echo "== 2. a third container owns /dev/shm; docker stop of the engine"
 D run -d --name shm --ipc=shareable --shm-size=2g "$IMAGE" sleep infinity >/dev/null
-engine --ipc=container:shm
-D run -d --name learner --ipc=container:shm --init --user 1000:1000 --network=none \
-    "$IMAGE" python3 /learn_forever.py >/dev/null
-wait_attached
+engine_and_learner
 echo "== 3. shmbridge ls from a fourth container"
 D run --rm --ipc=container:shm --user 1000:1000 --network=none "$IMAGE" shmbridge ls \
     | tee "$work/ls.txt"
@@ -138,29 +149,21 @@ echo "docker stop took $(( ($(date +%s%N) - start) / 1000000 )) ms"
 [ "$(D wait learner)" = 3 ] || fail "learner: $(D logs learner 2>&1)"
 D logs learner 2>&1 | tail -1
 D logs learner 2>&1 | grep -q "EngineClosedError" || fail "learner: $(D logs learner 2>&1)"
-[ -z "$(shm_listing)" ] || fail "left in /dev/shm: $(shm_listing)"
-D rm -f sim learner >/dev/null
+shm_empty
 
 echo "== 4. docker kill of the learner"
-engine --ipc=container:shm
-D run -d --name learner --ipc=container:shm --init --user 1000:1000 --network=none \
-    "$IMAGE" python3 /learn_forever.py >/dev/null
-wait_attached
+engine_and_learner
 D kill learner >/dev/null
 [ "$(D wait sim)" = 1 ] || fail "engine: $(D logs sim 2>&1)"
 D logs sim 2>&1 | tail -1
 D logs sim 2>&1 | grep -q "in another PID namespace) died" || fail "engine: $(D logs sim 2>&1)"
-[ -z "$(shm_listing)" ] || fail "left in /dev/shm: $(shm_listing)"
-D rm -f sim learner >/dev/null
+shm_empty
 
 echo "== 5. Ctrl-C (SIGINT) to the learner"
-engine --ipc=container:shm
-D run -d --name learner --ipc=container:shm --init --user 1000:1000 --network=none \
-    "$IMAGE" python3 /learn_forever.py >/dev/null
-wait_attached
+engine_and_learner
 D kill -s INT learner >/dev/null
 [ "$(D wait learner)" = 130 ] || fail "learner: $(D logs learner 2>&1)"
 [ "$(D wait sim)" = 0 ] || fail "engine: $(D logs sim 2>&1)"
 D logs sim 2>&1 | tail -1
-[ -z "$(shm_listing)" ] || fail "left in /dev/shm: $(shm_listing)"
+shm_empty
 echo "docker-check: all passed"
