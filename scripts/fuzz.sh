@@ -56,8 +56,9 @@ for target in "${targets[@]}"; do
         layout_header)
             cp tests/hostile_headers/*.bin "$corpus"/
             # Valid headers (raw snapshots and unedited builder output), written by the
-            # test that checks them; built with the features scripts/test.sh uses.
-            SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda \
+            # test that checks them; built with the features of scripts/test.sh's
+            # `cargo test`, so there it reuses that build.
+            SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda,vulkan \
                 --test hostile_headers corpus_seeds_are_valid_headers >/dev/null
             ;;
         *)
