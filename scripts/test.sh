@@ -10,9 +10,9 @@
 # and their faults under the sanitizers), the type stubs of the native module
 # against the module (mypy's stubtest), property, the loom models of the wait
 # handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
-# C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
-# the header validation, smoke runs of the benchmarks, a 1-minute soak, and a check that
-# nothing was left in /dev/shm.
+# C header are what flatc and cbindgen generate, 90 s of fuzzing (45 s each for the command
+# reader and the header validation, side by side on two cores), smoke runs of the
+# benchmarks, a 1-minute soak, and a check that nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 # The Python tests run against the package as users install it: the abi3 manylinux wheel
@@ -134,7 +134,7 @@ SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
 bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 
-step "fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
+step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
 # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
 # without a sanitizer: scripts/fuzz.sh says which.
 bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
