@@ -93,13 +93,29 @@ py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 
 step "cargo test (with the cuda and vulkan features)"
-cargo test --locked --features cuda,vulkan
-part "the Vulkan tests (tests/vulkan.rs, on lavapipe) again, with what each skipped and why"
-cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
-part "the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
-cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
+# Every target cargo test runs, but the Vulkan and GPU tests, which run once, below, one
+# at a time and uncaptured, so that the log shows what each one skipped and why.
+tests=()
+for f in tests/*.rs; do
+    case "$f" in tests/vulkan.rs | tests/cuda.rs) ;; *) tests+=(--test "$(basename "$f" .rs)") ;; esac
+done
+cargo build --locked --features cuda,vulkan --examples   # as cargo test: built, not run
+cargo test --locked --features cuda,vulkan --lib --bins "${tests[@]}"
+cargo test --locked --features cuda,vulkan --doc
+for t in vulkan cuda; do
+    if [ "$t" = vulkan ]; then
+        part "the Vulkan tests (tests/vulkan.rs, on lavapipe), with what each skipped and why"
+    else
+        part "the GPU tests (tests/cuda.rs), with what each one skipped and why"
+    fi
+    if ! cargo test --locked --features cuda,vulkan --test "$t" -- --nocapture --test-threads=1 \
+        > "target/cargo-test-$t.log" 2>&1; then
+        cat "target/cargo-test-$t.log" >&2
+        echo "error: tests/$t.rs failed (above)" >&2
+        exit 1
+    fi
+    grep -E 'SKIPPED|^test result' "target/cargo-test-$t.log"
+done
 
 step "Python package: pytest, against the installed wheel, with no cargo or rustc on PATH"
 without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
