@@ -23,17 +23,18 @@
 # warnings as errors. The Python dependencies (several GB on a fresh machine) download
 # in the background while the Rust steps compile.
 #
-# Each step prints "== [T s]" (seconds since the start) and the run ends with the wall and
-# CPU seconds of every step (scripts/lib.sh: step, steps_summary). What is compiled, and
-# why it is compiled only once (see docs/testing.md for the figures):
-#   dev, features cuda,vulkan   the C ABI's tests and cargo test (one graph: capi's tests
-#                               take the features the installed library has)
-#   check, no features          the build without the cuda and vulkan features, every target
-#   release, no features        benchmarks, the soak, and (feature `loom`, this crate only)
-#                               the loom models: their dependencies are compiled once
-#   release, cuda,vulkan        the installed C library; release, vulkan: the C benchmarks'
-#   wheel profile (zig, target  the wheel; fuzz: nightly, sanitizer and coverage flags of
-#   x86_64-unknown-linux-gnu)   its own (fuzz/target); dev: the header tool (cbindgen)
+# Each step prints "== [T s] ..." (seconds since the start), and the run ends with the wall
+# and CPU seconds of every step (scripts/lib.sh: step, steps_summary). What it compiles,
+# each graph once:
+#   dev, cuda+vulkan      the C ABI's tests (capi with cuda, as installed) and cargo test
+#   check, no features    every target, without the cuda and vulkan features
+#   release, no features  the loom models (the `loom` feature: cfg(loom) for this crate
+#                         alone, on the same dependencies), benchmarks, the soak
+#   release, cuda+vulkan  the C library installed; release, vulkan (capi's defaults): the
+#                         C benchmarks' library
+#   wheel profile         the wheel (zig as the linker, for x86_64-unknown-linux-gnu)
+#   dev                   the header tool (cbindgen)
+#   fuzz/target           the fuzz targets (nightly, sanitizer and coverage flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -142,7 +143,8 @@ step "benchmark smoke runs (no timing is checked)"
 part "roundtrip, with the C engine's cases (scripts/bench-c.sh)"
 SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh
 part "the C engine's own Vulkan memory against a copy (scripts/bench-c-vulkan.sh)"
-SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c-vulkan.sh
+# With the package from the wheel (target/test-venv): .venv holds only its dependencies.
+SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" bash scripts/bench-c-vulkan.sh
 part "commands, shards"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
