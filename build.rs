@@ -3,10 +3,15 @@
 //! (src/envs/pixels.rs includes it). Without it the file is empty: that build refuses
 //! the `pixels` engine (`VulkanUnavailable`) before any shader is made, and the env's
 //! source needs no feature of its own. Nothing outside Cargo is run or downloaded.
+//! With the `loom` feature: `cfg(loom)` for this crate (src/primitive.rs).
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels/pixels.wgsl");
     println!("cargo:rerun-if-changed=build.rs");
+    // The `loom` feature: `cfg(loom)` for this crate only (see Cargo.toml).
+    if std::env::var_os("CARGO_FEATURE_LOOM").is_some() {
+        println!("cargo:rustc-cfg=loom");
+    }
     #[cfg(feature = "vulkan")]
     pixels_spirv();
     #[cfg(not(feature = "vulkan"))]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the decoders of untrusted bytes for N seconds in all (default 90), split evenly
-# between the targets named after it (default: both):
+# Fuzzes the decoders of untrusted bytes for N seconds of fuzzing in all (default 90),
+# split evenly between the targets named after it (default: both), which run side by
+# side, one core each, where the machine has a core for each (else one after another):
 #   ring_envelope  the command-channel reader (ring + envelope decoder)
 #   layout_header  the header and tensor-table validation
 # Long runs count executions instead: `bash scripts/fuzz.sh --runs 10000000 [target...]`
@@ -38,10 +39,12 @@ fi
 # is fuzzed is Rust whose unsafe code is a few audited reads, and a panic, an abort or a
 # blown allocation limit is still a crash found.
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
-    fuzz=(cargo +nightly fuzz run)
+    fuzz=(cargo +nightly fuzz)
+    fuzz_opts=()
     mode="nightly toolchain, AddressSanitizer"
 else
-    fuzz=(env RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none)
+    fuzz=(env RUSTC_BOOTSTRAP=1 cargo fuzz)
+    fuzz_opts=(--sanitizer none)
     mode="$(rustc --version | awk '{print $1, $2}') (no nightly here), no sanitizer"
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -56,8 +59,9 @@ for target in "${targets[@]}"; do
         layout_header)
             cp tests/hostile_headers/*.bin "$corpus"/
             # Valid headers (raw snapshots and unedited builder output), written by the
-            # test that checks them; built with the features scripts/test.sh uses.
-            SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda \
+            # test that checks them; built with the features of scripts/test.sh's
+            # `cargo test`, so there it reuses that build.
+            SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda,vulkan \
                 --test hostile_headers corpus_seeds_are_valid_headers >/dev/null
             ;;
         *)
@@ -65,23 +69,58 @@ for target in "${targets[@]}"; do
             exit 2
             ;;
     esac
-    log=/tmp/shmbridge-fuzz-$target.log
-    if [ -n "$runs" ]; then
-        echo "fuzz: $target for $runs executions (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $mode)"
-    else
-        echo "fuzz: $target for $per s ($mode)"
-    fi
+    # Built before any runs, so that targets run side by side start together.
+    "${fuzz[@]}" build "${fuzz_opts[@]}" "$target"
+done
+
+# Runs the fuzzer on TARGET, its output in /tmp/shmbridge-fuzz-TARGET.log; writes its exit
+# status and seconds to the .status file beside it.
+run_target() {
+    local target=$1 started status=0
     started=$(date +%s)
-    # The fuzzer's own status, not the filter's: with pipefail, `|| true` would hide a crash.
-    set +e +o pipefail
-    "${fuzz[@]}" "$target" "$corpus" -- \
-        "${limit[@]}" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
-        | tee "$log" | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)'
-    status=${PIPESTATUS[0]}
-    set -e -o pipefail
-    echo "fuzz: $target ran $(( $(date +%s) - started )) s"
+    "${fuzz[@]}" run "${fuzz_opts[@]}" "$target" "fuzz/corpus/$target" -- \
+        "${limit[@]}" -rss_limit_mb=2048 -print_final_stats=1 \
+        > "/tmp/shmbridge-fuzz-$target.log" 2>&1 || status=$?
+    echo "$status $(( $(date +%s) - started ))" > "/tmp/shmbridge-fuzz-$target.status"
+}
+# Prints what TARGET's run found and how long it took; fails with its status.
+report_target() {
+    local target=$1 log=/tmp/shmbridge-fuzz-$1.log status secs
+    grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)' \
+        "$log" || true
+    read -r status secs < "/tmp/shmbridge-fuzz-$target.status"
+    rm -f "/tmp/shmbridge-fuzz-$target.status"
+    echo "fuzz: $target ran $secs s"
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $target failed (exit $status); see $log and fuzz/artifacts/$target/" >&2
-        exit "$status"
+        return "$status"
     fi
-done
+}
+
+if [ -n "$runs" ]; then
+    # Long runs: one target at a time.
+    for target in "${targets[@]}"; do
+        echo "fuzz: $target for $runs executions (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $mode)"
+        run_target "$target"
+        report_target "$target"
+    done
+elif [ "$(nproc)" -ge ${#targets[@]} ]; then
+    echo "fuzz: ${targets[*]} for $per s each, side by side ($mode)"
+    pids=()
+    for target in "${targets[@]}"; do
+        run_target "$target" &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+    failed=0
+    for target in "${targets[@]}"; do
+        report_target "$target" || failed=$?
+    done
+    exit "$failed"
+else
+    for target in "${targets[@]}"; do
+        echo "fuzz: $target for $per s ($mode)"
+        run_target "$target"
+        report_target "$target"
+    done
+fi

@@ -1,6 +1,63 @@
 # Shared by the scripts: make sure the tools the project builds with are here.
 # Sourced, not run.
 
+# `step TEXT` starts a step of a script: prints "== [T s] TEXT", T the seconds since the
+# script started (bash's SECONDS), so a log shows where the time went; `part TEXT` does the
+# same for a part of a step ("-- [T s] TEXT"). `steps_summary` prints each one's wall time
+# and the CPU time (user + system) of the processes that ended within it: a background job
+# (start_deps) counts where it is waited for (wait_deps).
+STEP_NAMES=()
+STEP_STARTS=()
+STEP_CPU=()
+step() {
+    _step_mark "$*"
+    printf '== [%4d s] %s\n' "$SECONDS" "$*"
+}
+part() {
+    _step_mark "  $*"
+    printf -- '-- [%4d s] %s\n' "$SECONDS" "$*"
+}
+_step_mark() {
+    _children_cpu
+    STEP_NAMES+=("$1")
+    STEP_STARTS+=("$SECONDS")
+    STEP_CPU+=("$CHILDREN_CPU")
+}
+# CHILDREN_CPU: the user + system time, in clock ticks, of this shell's children that have
+# ended (and theirs): fields 16 and 17 of /proc/PID/stat, read by the shell itself.
+_children_cpu() {
+    local stat fields
+    read -r stat < "/proc/$$/stat"
+    read -ra fields <<< "${stat##*) }"
+    CHILDREN_CPU=$((fields[13] + fields[14]))
+}
+steps_summary() {
+    local i j end cpu_end n=${#STEP_NAMES[@]} hz
+    hz=$(getconf CLK_TCK)
+    _children_cpu
+    echo "wall and CPU seconds per step (a step's figures include its parts; load: $(cut -d' ' -f1-3 /proc/loadavg)):"
+    printf '%6s %6s  %s\n' wall cpu step
+    for ((i = 0; i < n; i++)); do
+        end=$SECONDS
+        cpu_end=$CHILDREN_CPU
+        for ((j = i + 1; j < n; j++)); do
+            # A part ends where the next entry starts; a step where the next step does.
+            if [ "${STEP_NAMES[i]:0:2}" = "  " ] || [ "${STEP_NAMES[j]:0:2}" != "  " ]; then
+                end=${STEP_STARTS[j]}
+                cpu_end=${STEP_CPU[j]}
+                break
+            fi
+        done
+        printf '%6d %6s  %s\n' $((end - STEP_STARTS[i])) "$(_ticks_as_seconds $((cpu_end - STEP_CPU[i])) "$hz")" \
+            "${STEP_NAMES[i]:0:100}"
+    done
+    printf '%6d %6s  in all\n' "$SECONDS" "$(_ticks_as_seconds "$CHILDREN_CPU" "$hz")"
+}
+_ticks_as_seconds() {
+    local tenths=$(($1 * 10 / $2))
+    echo "$((tenths / 10)).$((tenths % 10))"
+}
+
 ensure_rust() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
         export PATH="$HOME/.cargo/bin:$PATH"

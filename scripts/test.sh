@@ -10,9 +10,9 @@
 # and their faults under the sanitizers), the type stubs of the native module
 # against the module (mypy's stubtest), property, the loom models of the wait
 # handshake, the doorbell and the ring, the checks that the committed FlatBuffers code and
-# C header are what flatc and cbindgen generate, a 90 s fuzz run of the command reader and
-# the header validation, smoke runs of the benchmarks, a 1-minute soak, and a check that
-# nothing was left in /dev/shm.
+# C header are what flatc and cbindgen generate, 90 s of fuzzing (45 s each for the command
+# reader and the header validation, side by side on two cores), smoke runs of the
+# benchmarks, a 1-minute soak, and a check that nothing was left in /dev/shm.
 # GPU tests (tests/cuda.rs, tests/python/test_gpu.py) run where CUDA is usable and skip
 # with the reason elsewhere.
 # The Python tests run against the package as users install it: the abi3 manylinux wheel
@@ -22,9 +22,30 @@
 # find_package(shmbridge). The Python API reference (scripts/api-docs.sh) is built with
 # warnings as errors. The Python dependencies (several GB on a fresh machine) download
 # in the background while the Rust steps compile.
+#
+# Each step prints "== [T s] ..." (seconds since the start), and the run ends with the wall
+# and CPU seconds of every step (scripts/lib.sh: step, steps_summary). What it compiles,
+# each graph once:
+#   dev, cuda+vulkan      the C ABI's tests (capi with cuda, as installed) and cargo test
+#   check, no features    every target, without the cuda and vulkan features
+#   release, no features  the loom models (the `loom` feature: cfg(loom) for this crate
+#                         alone, on the same dependencies), benchmarks, the soak
+#   release, cuda+vulkan  the C library installed; release, vulkan (capi's defaults): the
+#                         C benchmarks' library
+#   wheel profile         the wheel (zig as the linker, for x86_64-unknown-linux-gnu)
+#   dev                   the header tool (cbindgen)
+#   fuzz/target           the fuzz targets (nightly, sanitizer and coverage flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+trap steps_summary EXIT
+# On CI every run starts from an empty target folder: the caches incremental compilation
+# writes (for this workspace's crates) would never be read, only written.
+if [ -n "${CI:-}" ]; then
+    export CARGO_INCREMENTAL=0
+fi
+
+step "tools: Rust, Vulkan (lavapipe, headers, glslang), Mono, CMake, namespace tools"
 ensure_rust
 ensure_vulkan
 ensure_vulkan_dev
@@ -35,52 +56,70 @@ ensure_chromium
 
 before=$(shm_regions)
 
-echo "== Python dependencies (pyproject.toml: test, bench, docs) into .venv, in the background"
+step "Python dependencies (pyproject.toml: test, bench, docs) into .venv, in the background"
 start_deps test bench docs
 
-echo "== the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
+step "the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
 bash scripts/build-wheel.sh --out target/dist
 
-echo "== the C ABI (capi/): unit tests, C programs, sanitizers; then with the cuda feature"
-# The C programs link the library itself: cargo test builds no cdylib for them.
-cargo build --locked -p shmbridge-capi
-cargo test --locked -p shmbridge-capi
-cargo check --locked -p shmbridge-capi --features cuda
+step "the C ABI (capi/) with the cuda feature, as installed: unit tests, C programs, sanitizers"
+# The C programs link the library itself: cargo test builds no cdylib for them. With
+# `cuda` (as scripts/install-c.sh builds it), the core crate has the features of the
+# `cargo test` below, so its dependencies are compiled once for both. The library with its
+# default features alone (vulkan) is built by the C benchmarks' smoke runs below.
+cargo build --locked -p shmbridge-capi --features cuda
+cargo test --locked -p shmbridge-capi --features cuda
 
-echo "== the build without the cuda and vulkan features"
+step "the build without the cuda and vulkan features"
 cargo check --locked --all-targets
 
-echo "== loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
-# Its own target folder (--cfg loom rebuilds every crate), so no debug info there.
-LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom CARGO_PROFILE_RELEASE_DEBUG=false \
-    cargo test --locked --release --lib loom_tests -- --nocapture
+step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
+# The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
+# are the release ones the benchmarks and the soak use below, compiled once.
+LOOM_MAX_PREEMPTIONS=3 cargo test --locked --release --features loom --lib loom_tests -- --nocapture
 
-echo "== src/ has no import cycle and follows the layer order in src/lib.rs"
+step "src/ has no import cycle and follows the layer order in src/lib.rs"
 python3 scripts/layers.py
 
-echo "== the C library installed with CMake into target/c-prefix (scripts/install-c.sh)"
+step "the C library installed with CMake into target/c-prefix (scripts/install-c.sh)"
 rm -rf target/c-prefix
 bash scripts/install-c.sh target/c-prefix
 
-echo "== include/shmbridge.h is what cbindgen generates from capi/src"
+step "include/shmbridge.h is what cbindgen generates from capi/src"
 cargo run --locked -q -p shmbridge-header -- --check
 
-echo "== Python environment: the wheel in a fresh venv, with the dependencies (also NVRTC: the kernels compile here without a GPU)"
+step "Python environment: the wheel in a fresh venv, with the dependencies (also NVRTC: the kernels compile here without a GPU)"
 wait_deps
 fresh_venv_with_wheel target/test-venv target/dist/shmbridge-*.whl
 py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 
-echo "== cargo test (with the cuda and vulkan features)"
-cargo test --locked --features cuda,vulkan
-echo "-- the Vulkan tests (tests/vulkan.rs, on lavapipe) again, with what each skipped and why"
-cargo test --locked --features cuda,vulkan --test vulkan -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
-echo "-- the GPU tests (tests/cuda.rs) again, with what each one skipped and why"
-cargo test --locked --features cuda,vulkan --test cuda -- --nocapture --test-threads=1 2>&1 \
-    | grep -E 'SKIPPED|^test result' || true
+step "cargo test (with the cuda and vulkan features)"
+# Every target cargo test runs, but the Vulkan and GPU tests, which run once, below, one
+# at a time and uncaptured, so that the log shows what each one skipped and why.
+tests=()
+for f in tests/*.rs; do
+    case "$f" in tests/vulkan.rs | tests/cuda.rs) ;; *) tests+=(--test "$(basename "$f" .rs)") ;; esac
+done
+cargo build --locked --features cuda,vulkan --examples   # as cargo test: built, not run
+cargo test --locked --features cuda,vulkan --lib --bins "${tests[@]}"
+cargo test --locked --features cuda,vulkan --doc
+for t in vulkan cuda; do
+    if [ "$t" = vulkan ]; then
+        part "the Vulkan tests (tests/vulkan.rs, on lavapipe), with what each skipped and why"
+    else
+        part "the GPU tests (tests/cuda.rs), with what each one skipped and why"
+    fi
+    if ! cargo test --locked --features cuda,vulkan --test "$t" -- --nocapture --test-threads=1 \
+        > "target/cargo-test-$t.log" 2>&1; then
+        cat "target/cargo-test-$t.log" >&2
+        echo "error: tests/$t.rs failed (above)" >&2
+        exit 1
+    fi
+    grep -E 'SKIPPED|^test result' "target/cargo-test-$t.log"
+done
 
-echo "== Python package: pytest, against the installed wheel, with no cargo or rustc on PATH"
+step "Python package: pytest, against the installed wheel, with no cargo or rustc on PATH"
 without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
     || { echo "error: cargo or rustc is still on PATH" >&2; exit 1; }
 without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
@@ -92,30 +131,34 @@ if grep -q "no Vulkan driver here" target/pytest.log; then
     exit 1
 fi
 
-echo "== the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
+step "the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
 without_rust "$py" -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
 
-echo "== the Python API reference (scripts/api-docs.sh: a broken docstring reference fails)"
+step "the Python API reference (scripts/api-docs.sh: a broken docstring reference fails)"
 bash scripts/api-docs.sh "$py"
 
-echo "== generated FlatBuffers code matches schema/shmbridge.fbs"
+step "generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
-echo "== benchmark smoke runs (no timing is checked)"
-SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh   # roundtrip, with the C engine's cases
-SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" bash scripts/bench-c-vulkan.sh   # the C engine's own Vulkan memory against a copy
+step "benchmark smoke runs (no timing is checked)"
+part "roundtrip, with the C engine's cases (scripts/bench-c.sh)"
+SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh
+part "the C engine's own Vulkan memory against a copy (scripts/bench-c-vulkan.sh)"
+# With the package from the wheel (target/test-venv): .venv holds only its dependencies.
+SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" bash scripts/bench-c-vulkan.sh
+part "commands, shards"
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
 SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
 
-echo "== soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
+step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
 bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 
-echo "== fuzz the command-channel reader and the header validation for ${SHMBRIDGE_FUZZ_SECONDS:-90} s"
+step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
 # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
 # without a sanitizer: scripts/fuzz.sh says which.
 bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 
-echo "== nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
+step "nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
 if grep -q '@shmbridge-' /proc/net/unix; then
     echo "error: the tests left these fd sockets bound:" >&2
     grep '@shmbridge-' /proc/net/unix >&2

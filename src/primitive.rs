@@ -1,6 +1,6 @@
 //! The atomic operations, fences and futex calls of the synchronisation code ([`sync`],
-//! [`ring`]), in one place, so that a `--cfg loom` build hands every one of them to the
-//! model checker.
+//! [`ring`]), in one place, so that a `cfg(loom)` build (the `loom` feature) hands every one
+//! of them to the model checker.
 //!
 //! The control words are `&AtomicU64`/`&AtomicU32` references into a shared mapping, and a
 //! counter's futex word is its own low half (the same address, 4 bytes). Loom's atomics
