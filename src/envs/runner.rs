@@ -161,15 +161,15 @@ fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration
 /// end (the client that saw the region closed closes too, and the loop would report
 /// "client closed" and exit 0 first).
 struct SignalClose {
-    /// Held by whichever ends the process; `true` once serving ended first.
-    served: std::sync::Arc<std::sync::Mutex<bool>>,
+    /// Held by the signal's handler from the signal to `_exit`.
+    handling: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl SignalClose {
     /// `result` of serving, unless a signal is being handled: then this waits for its
     /// handler, which ends the process.
     fn after<T>(self, result: Result<T>) -> Result<T> {
-        *self.served.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        drop(self.handling.lock().unwrap_or_else(|p| p.into_inner()));
         result
     }
 }
@@ -178,12 +178,14 @@ impl SignalClose {
 /// it, never re-opened by name: the name may be another engine's by now) and remove its
 /// name if still its own (the creator), or mark a joined shard closed (the name is the
 /// creator's), so the client sees `PeerClosed` / `ShardClosed`; then exit with 128 + the
-/// signal's number. Serving's end goes through [`SignalClose::after`].
+/// signal's number. Also once serving has ended (a signal during a slow close): the
+/// region is removed before the process ends, never left behind. Serving's end goes
+/// through [`SignalClose::after`].
 fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> SignalClose {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    let served = std::sync::Arc::new(std::sync::Mutex::new(false));
+    let handling = std::sync::Arc::new(std::sync::Mutex::new(()));
     let gate = SignalClose {
-        served: std::sync::Arc::clone(&served),
+        handling: std::sync::Arc::clone(&handling),
     };
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return gate;
@@ -191,14 +193,7 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> Sig
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             // Held until `_exit`: serving's end waits here rather than exit 0.
-            let served = served.lock().unwrap_or_else(|p| p.into_inner());
-            if *served {
-                // Serving ended first and the process is on its way out: a signal now
-                // (during a slow close) ends it as it would without a handler.
-                drop(served);
-                let _ = signal_hook::low_level::emulate_default_handler(sig);
-                return;
-            }
+            let _handling = handling.lock().unwrap_or_else(|p| p.into_inner());
             match joined_shard {
                 None => own.close_and_remove(),
                 Some(k) => {
