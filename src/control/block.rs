@@ -325,6 +325,20 @@ mod tests {
     use super::*;
     use crate::control::ReleaseAck;
 
+    /// A control block in plain, aligned memory.
+    #[repr(C, align(4096))]
+    struct Block([u8; CONTROL_SIZE]);
+
+    /// The typed view of `block`, with an engine (pid 42) published and ready.
+    fn ready_engine(block: &mut Block) -> Control<'_> {
+        // SAFETY: `block` is 4096-aligned, CONTROL_SIZE long and outlives the view
+        // (its lifetime is the borrow's); only the view touches it meanwhile.
+        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
+        c.publish_engine(42, 7);
+        c.set_engine_ready();
+        c
+    }
+
     /// The client closes (and exits, releasing its lock) between the engine's read of
     /// `ATTACHED` and its look at the client's liveness: the engine reports the close,
     /// and the slot stays `CLOSED`. Before the fix a plain store of `INVALIDATED` wrote
@@ -333,13 +347,8 @@ mod tests {
     /// namespaces, 1 run in 30 of tests/containers.rs).
     #[test]
     fn a_client_that_closes_while_it_is_judged_is_closed_not_dead() {
-        #[repr(C, align(4096))]
-        struct Block([u8; CONTROL_SIZE]);
         let mut block = Block([0; CONTROL_SIZE]);
-        // SAFETY: as in `methods_touch_the_documented_fields`.
-        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
-        c.publish_engine(42, 7);
-        c.set_engine_ready();
+        let c = ready_engine(&mut block);
         let claim = c.claim_client("r", 43, 8, |_, _| false).unwrap();
         let _ = claim;
         c.attach_client();
@@ -370,13 +379,8 @@ mod tests {
     /// the engine marked it dead.
     #[test]
     fn a_client_attached_while_the_engine_judges_a_dead_one_keeps_the_slot() {
-        #[repr(C, align(4096))]
-        struct Block([u8; CONTROL_SIZE]);
         let mut block = Block([0; CONTROL_SIZE]);
-        // SAFETY: as in `methods_touch_the_documented_fields`.
-        let c = unsafe { Control::new(NonNull::new(block.0.as_mut_ptr()).unwrap()) };
-        c.publish_engine(42, 7);
-        c.set_engine_ready();
+        let c = ready_engine(&mut block);
         let _ = c.claim_client("r", 43, 8, |_, _| false).unwrap();
         c.attach_client();
         let got = c.check_client(|pid, _| {
@@ -398,8 +402,6 @@ mod tests {
     /// offsets `layout` documents.
     #[test]
     fn methods_touch_the_documented_fields() {
-        #[repr(C, align(4096))]
-        struct Block([u8; CONTROL_SIZE]);
         let mut block = Block([0; CONTROL_SIZE]);
         // SAFETY: `block` is 4096-aligned, CONTROL_SIZE long and outlives `c`; only `c`
         // touches it until the header is read back below.

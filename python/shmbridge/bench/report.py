@@ -16,7 +16,7 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 # Exit status of a benchmark that cannot run on this machine (0: measured; 1: a check
 # failed; 2: bad usage).
@@ -46,6 +46,20 @@ def run_mode(quick: bool) -> str:
 
 # ---------------------------------------------------------------------------------------
 # Figures
+
+
+def frame_size(bench: str, size: str, num_envs: int) -> Optional[Tuple[int, int]]:
+    """``(height, width)`` of a ``--size HxW`` option, or ``None`` (said on stderr) when
+    it or ``--num-envs`` is not positive."""
+    try:
+        h, w = (int(v) for v in size.lower().split("x"))
+        if h <= 0 or w <= 0 or num_envs <= 0:
+            raise ValueError
+    except ValueError:
+        log(f"bench {bench}: --size {size} --num-envs {num_envs}: expected HxW and "
+            "positive integers")
+        return None
+    return h, w
 
 
 def fmt_time(ns: float) -> str:

@@ -58,6 +58,7 @@ import shmbridge
 
 from .common import Stats, pattern
 from .report import (
+    frame_size,
     fmt_rate,
     fmt_ratio,
     fmt_us,
@@ -350,14 +351,10 @@ def main(args: Any) -> int:
     quick = args.quick
     rounds = args.rounds or (2 if quick else 10)
     steps = args.steps or (100 if quick else 5_000)
-    try:
-        h, w = (int(v) for v in args.size.lower().split("x"))
-        if h <= 0 or w <= 0 or args.num_envs <= 0:
-            raise ValueError
-    except ValueError:
-        log(f"bench vulkan: --size {args.size} --num-envs {args.num_envs}: expected HxW and "
-            "positive integers")
+    size = frame_size("vulkan", args.size, args.num_envs)
+    if size is None:
         return 2
+    h, w = size
     plan = Plan(rounds=rounds, per_block=max(1, math.ceil(steps / rounds)),
                 warmup=args.warmup if args.warmup is not None else (5 if quick else 50),
                 num_envs=args.num_envs, height=h, width=w, c_engine=args.c_engine)
