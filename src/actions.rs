@@ -326,7 +326,7 @@ pub unsafe fn copy_to_host_slot(
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

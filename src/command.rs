@@ -278,7 +278,7 @@ pub(crate) fn answer(
     reply
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

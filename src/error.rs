@@ -427,7 +427,7 @@ impl std::fmt::Display for Rounded {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod rounded_tests {
     use super::*;
 
@@ -443,7 +443,7 @@ mod rounded_tests {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod kind_tests {
     use super::*;
 

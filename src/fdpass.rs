@@ -549,7 +549,7 @@ pub fn fd_size(fd: BorrowedFd<'_>) -> Option<u64> {
     None
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

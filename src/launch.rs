@@ -82,7 +82,7 @@ pub fn spawn_engine(mut command: Command, new_session: bool) -> Result<Child> {
     spawned.map_err(|e| Error::io(format!("starting the engine '{program}'"), e))
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::io::{BufRead, BufReader, Write};

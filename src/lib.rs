@@ -48,6 +48,9 @@ pub mod fdpass;
 pub mod fuzzing;
 pub mod launch;
 pub mod layout;
+// Under cfg(loom) (the `loom` feature) the atomics are loom's, which work only inside a
+// model: the unit tests (`#[cfg(all(test, not(loom)))]` in every module) are left out of
+// that build, which compiles and runs the models alone.
 #[cfg(all(test, loom))]
 mod loom_tests;
 pub mod observer;

@@ -1070,7 +1070,7 @@ pub fn sweep() -> Result<Vec<String>> {
         .collect())
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

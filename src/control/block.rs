@@ -320,7 +320,7 @@ impl<'a> Control<'a> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::control::ReleaseAck;

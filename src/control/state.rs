@@ -97,7 +97,7 @@ impl ClientState {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::control::DeviceImport;

@@ -192,7 +192,7 @@ pub fn client_backend(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::error::Error;

@@ -113,7 +113,7 @@ pub fn resolve_with(requested: DeviceRequest, probed: Result<CudaInfo>) -> Resul
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

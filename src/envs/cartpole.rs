@@ -276,7 +276,7 @@ impl CommandHandler for CartPole {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

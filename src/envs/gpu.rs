@@ -531,7 +531,7 @@ impl CommandHandler for GpuCartPole {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -142,7 +142,7 @@ pub const PCG_MUL: u64 = 6364136223846793005;
 
 /// Host mirrors of kernels/cartpole.cu's device functions, for CPU tests of the GPU
 /// scheme (what they cannot show: that the GPU evaluates the kernel the same way).
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) mod mirror {
     use super::PCG_MUL;
 
@@ -167,7 +167,7 @@ pub(crate) mod mirror {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::mirror::{pcg32_next, uniform};
     use super::*;

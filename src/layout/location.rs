@@ -142,7 +142,7 @@ impl std::fmt::Display for Device {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -51,5 +51,5 @@ pub use validate::{check_identity, validate};
 pub use validated::{Layout, TensorId, TensorKey};
 pub use vulkan::{SemaphoreKind, SharedFd, VulkanExport, VulkanSource};
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

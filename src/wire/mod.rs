@@ -673,5 +673,5 @@ fn decode_tensor(t: fb::TensorSchema<'_>) -> Result<TensorSchema> {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

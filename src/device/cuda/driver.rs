@@ -993,7 +993,7 @@ impl Drop for ExternalSemaphore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

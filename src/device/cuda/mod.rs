@@ -72,7 +72,7 @@ pub fn unavailable_without_feature() -> Error {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -687,7 +687,7 @@ impl dyn ClientBackend {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -77,7 +77,7 @@ pub fn fd_count(layout: &Layout) -> usize {
         .sum()
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
