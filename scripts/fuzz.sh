@@ -7,6 +7,8 @@
 # Long runs count executions instead: `bash scripts/fuzz.sh --runs 10000000 [target...]`
 # runs each target for that many (one target at a time; hours on a small machine; run it
 # under `nice`), and prints each one's count, time and peak memory.
+# `bash scripts/fuzz.sh --build [target...]` only builds them (scripts/test.sh builds them
+# early, beside other steps, and runs them at the end).
 # A crash leaves its input in fuzz/artifacts/TARGET/: once fixed, copy it into
 # fuzz/regressions/ (ring_envelope) or tests/hostile_headers/ (layout_header) so
 # `cargo test` replays it for good.
@@ -15,7 +17,12 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
 runs=""
-if [ "${1:-}" = "--runs" ]; then
+build_only=""
+if [ "${1:-}" = "--build" ]; then
+    build_only=1
+    shift
+    secs=0
+elif [ "${1:-}" = "--runs" ]; then
     runs="${2:?--runs needs a number of executions}"
     shift 2
     secs=0
@@ -52,6 +59,23 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 for target in "${targets[@]}"; do
+    case "$target" in
+        ring_envelope | layout_header) ;;
+        *)
+            echo "fuzz: unknown target '$target' (ring_envelope, layout_header)" >&2
+            exit 2
+            ;;
+    esac
+done
+if [ -n "$build_only" ]; then
+    echo "fuzz: building ${targets[*]} ($mode)"
+    for target in "${targets[@]}"; do
+        "${fuzz[@]}" build "${fuzz_opts[@]}" "$target"
+    done
+    exit 0
+fi
+
+for target in "${targets[@]}"; do
     corpus=fuzz/corpus/$target
     mkdir -p "$corpus"
     case "$target" in
@@ -63,10 +87,6 @@ for target in "${targets[@]}"; do
             # `cargo test`, so there it reuses that build.
             SHMBRIDGE_HEADER_CORPUS="$corpus" cargo test --locked --quiet --features cuda,vulkan \
                 --test hostile_headers corpus_seeds_are_valid_headers >/dev/null
-            ;;
-        *)
-            echo "fuzz: unknown target '$target' (ring_envelope, layout_header)" >&2
-            exit 2
             ;;
     esac
     # Built before any runs, so that targets run side by side start together.
