@@ -5,10 +5,11 @@
 # script started (bash's SECONDS), so a log shows where the time went; `part TEXT` does the
 # same for a part of a step ("-- [T s] TEXT"). `steps_summary` prints each one's wall time
 # and the CPU time (user + system) of the processes that ended within it: a background job
-# (start_deps) counts where it is waited for (wait_deps).
+# (start_deps, lane_start) counts where it is waited for (wait_deps, lane_join).
 STEP_NAMES=()
 STEP_STARTS=()
 STEP_CPU=()
+STEPS_ORIGIN=0
 step() {
     _step_mark "$*"
     printf '== [%4d s] %s\n' "$SECONDS" "$*"
@@ -24,10 +25,11 @@ _step_mark() {
     STEP_CPU+=("$CHILDREN_CPU")
 }
 # CHILDREN_CPU: the user + system time, in clock ticks, of this shell's children that have
-# ended (and theirs): fields 16 and 17 of /proc/PID/stat, read by the shell itself.
+# ended (and theirs): fields 16 and 17 of /proc/PID/stat, read by the shell itself (or by
+# the subshell of a lane: BASHPID, not $$).
 _children_cpu() {
     local stat fields
-    read -r stat < "/proc/$$/stat"
+    read -r stat < "/proc/$BASHPID/stat"
     read -ra fields <<< "${stat##*) }"
     CHILDREN_CPU=$((fields[13] + fields[14]))
 }
@@ -51,7 +53,55 @@ steps_summary() {
         printf '%6d %6s  %s\n' $((end - STEP_STARTS[i])) "$(_ticks_as_seconds $((cpu_end - STEP_CPU[i])) "$hz")" \
             "${STEP_NAMES[i]:0:100}"
     done
-    printf '%6d %6s  in all\n' "$SECONDS" "$(_ticks_as_seconds "$CHILDREN_CPU" "$hz")"
+    printf '%6d %6s  in all\n' $((SECONDS - STEPS_ORIGIN)) "$(_ticks_as_seconds "$CHILDREN_CPU" "$hz")"
+}
+
+# `lane_start NAME FUNCTION`: runs FUNCTION, a function of the calling script, in the
+# background, beside the steps that follow (so that one core's wait, a single-threaded
+# step or a download, is the other's work). Its output goes to target/lanes/NAME.log, its
+# steps are timed as the script's are, and it ends with their table. `lane_join NAME`
+# waits for it, prints that log, and fails where the lane failed; `lanes_stop` (for an
+# EXIT trap) ends the lanes still running, with all they started. A lane is a process
+# group of its own (set -m), so it keeps SIGINT at its default (a background job of a
+# shell without job control would ignore it, and so would its tests' peers) and can be
+# ended as a whole. Where two lanes need one cargo lock (a profile folder) at once, the
+# second waits for it.
+declare -A LANE_PIDS=()
+lane_start() {
+    local name=$1 fn=$2
+    mkdir -p target/lanes
+    printf -- '-- [%4d s] lane %s starts in the background (target/lanes/%s.log)\n' "$SECONDS" "$name" "$name"
+    set -m
+    (
+        set +m
+        trap - EXIT
+        STEP_NAMES=()
+        STEP_STARTS=()
+        STEP_CPU=()
+        STEPS_ORIGIN=$SECONDS
+        trap steps_summary EXIT
+        "$fn"
+    ) > "target/lanes/$name.log" 2>&1 &
+    LANE_PIDS[$name]=$!
+    set +m
+}
+lanes_stop() {
+    local name
+    for name in "${!LANE_PIDS[@]}"; do
+        kill -TERM -- "-${LANE_PIDS[$name]}" 2>/dev/null || true
+        echo "lane $name stopped (target/lanes/$name.log)" >&2
+    done
+}
+lane_join() {
+    local name=$1 status=0
+    wait "${LANE_PIDS[$name]}" || status=$?
+    unset "LANE_PIDS[$name]"
+    printf -- '-- [%4d s] lane %s ended (status %d); its output:\n' "$SECONDS" "$name" "$status"
+    sed 's/^/   | /' "target/lanes/$name.log"
+    if [ "$status" -ne 0 ]; then
+        echo "error: lane $name failed (above)" >&2
+        exit 1
+    fi
 }
 _ticks_as_seconds() {
     local tenths=$(($1 * 10 / $2))
@@ -213,6 +263,31 @@ ensure_chromium() {
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# `with_private_shm CMD...`: runs CMD in a mount namespace of its own with an empty tmpfs
+# on /dev/shm (root: unshare -m), and fails if CMD left a shmbridge region or fd socket
+# there; where that cannot be made (not root), CMD runs as it is. scripts/test.sh runs
+# the benchmarks and the fuzzing this way beside pytest, whose tests compare the regions
+# in /dev/shm before and after.
+can_private_shm() {
+    [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1
+}
+with_private_shm() {
+    if ! can_private_shm; then
+        "$@"
+        return
+    fi
+    unshare -m --propagation private sh -c '
+        mount -t tmpfs -o mode=1777 shmbridge-private /dev/shm || exit 1
+        status=0
+        "$@" || status=$?
+        left=$(ls /dev/shm | grep "^shmbridge" || true)
+        if [ -n "$left" ]; then
+            echo "error: left in /dev/shm by $1: $left" >&2
+            [ "$status" -ne 0 ] || status=1
+        fi
+        exit "$status"' sh "$@"
 }
 
 # Names of shmbridge regions in /dev/shm, one per line.

@@ -38,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-trap steps_summary EXIT
+trap 'lanes_stop; steps_summary' EXIT
 # On CI every run starts from an empty target folder: the caches incremental compilation
 # writes (for this workspace's crates) would never be read, only written.
 if [ -n "${CI:-}" ]; then
@@ -59,8 +59,15 @@ before=$(shm_regions)
 step "Python dependencies (pyproject.toml: test, bench, docs) into .venv, in the background"
 start_deps test bench docs
 
-step "the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
-bash scripts/build-wheel.sh --out target/dist
+# Beside the Rust steps below: the wheel (its compile is mostly one crate, one core at a
+# time) and the fuzz targets (built with one codegen unit, so one core).
+wheel_and_fuzz_targets() {
+    step "the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
+    bash scripts/build-wheel.sh --out target/dist
+    step "the fuzz targets, built now, run at the end (scripts/fuzz.sh --build; own folder fuzz/target)"
+    bash scripts/fuzz.sh --build
+}
+lane_start wheel wheel_and_fuzz_targets
 
 step "the C ABI (capi/) with the cuda feature, as installed: unit tests, C programs, sanitizers"
 # The C programs link the library itself: cargo test builds no cdylib for them. With
@@ -88,11 +95,42 @@ bash scripts/install-c.sh target/c-prefix
 step "include/shmbridge.h is what cbindgen generates from capi/src"
 cargo run --locked -q -p shmbridge-header -- --check
 
+step "waiting for lane wheel (the wheel, the fuzz targets)"
+lane_join wheel
+
 step "Python environment: the wheel in a fresh venv, with the dependencies (also NVRTC: the kernels compile here without a GPU)"
 wait_deps
 fresh_venv_with_wheel target/test-venv target/dist/shmbridge-*.whl
 py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
+
+# Beside cargo test and pytest (much of both on one core; pytest runs without Rust on
+# PATH): the benchmarks' smoke runs, the soak and the fuzzing, none of which checks a
+# time; their cargo builds are release ones, apart from cargo test's. Each runs with a
+# /dev/shm of its own (with_private_shm, as root), so pytest's checks of what is left in
+# /dev/shm see only its own regions; without root they run after pytest instead.
+benchmarks_soak_fuzz() {
+    step "benchmark smoke runs (no timing is checked)"
+    part "roundtrip, with the C engine's cases (scripts/bench-c.sh)"
+    SHMBRIDGE_BENCH_QUICK=1 with_private_shm bash scripts/bench-c.sh
+    part "the C engine's own Vulkan memory against a copy (scripts/bench-c-vulkan.sh)"
+    # With the package from the wheel (target/test-venv): .venv holds only its dependencies.
+    SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" with_private_shm bash scripts/bench-c-vulkan.sh
+    part "commands, shards"
+    SHMBRIDGE_BENCH_QUICK=1 with_private_shm cargo bench --locked --bench commands
+    SHMBRIDGE_BENCH_QUICK=1 with_private_shm cargo bench --locked --bench shards
+
+    step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
+    bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
+
+    step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
+    # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
+    # without a sanitizer: scripts/fuzz.sh says which.
+    with_private_shm bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
+}
+if can_private_shm; then
+    lane_start tail benchmarks_soak_fuzz
+fi
 
 step "cargo test (with the cuda and vulkan features)"
 # Every target cargo test runs, but the Vulkan and GPU tests, which run once, below, one
@@ -140,23 +178,12 @@ bash scripts/api-docs.sh "$py"
 step "generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
-step "benchmark smoke runs (no timing is checked)"
-part "roundtrip, with the C engine's cases (scripts/bench-c.sh)"
-SHMBRIDGE_BENCH_QUICK=1 bash scripts/bench-c.sh
-part "the C engine's own Vulkan memory against a copy (scripts/bench-c-vulkan.sh)"
-# With the package from the wheel (target/test-venv): .venv holds only its dependencies.
-SHMBRIDGE_BENCH_QUICK=1 PYTHON="$py" bash scripts/bench-c-vulkan.sh
-part "commands, shards"
-SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench commands
-SHMBRIDGE_BENCH_QUICK=1 cargo bench --locked --bench shards
-
-step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
-bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
-
-step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
-# Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
-# without a sanitizer: scripts/fuzz.sh says which.
-bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
+if can_private_shm; then
+    step "waiting for lane tail (the benchmarks' smoke runs, the soak, the fuzzing)"
+    lane_join tail
+else
+    benchmarks_soak_fuzz
+fi
 
 step "nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
 if grep -q '@shmbridge-' /proc/net/unix; then
