@@ -59,15 +59,12 @@ before=$(shm_regions)
 step "Python dependencies (pyproject.toml: test, bench, docs) into .venv, in the background"
 start_deps test bench docs
 
-# Beside the Rust steps below: the wheel (its compile is mostly one crate, one core at a
-# time) and the fuzz targets (built with one codegen unit, so one core).
-wheel_and_fuzz_targets() {
+# Beside the Rust steps below (the wheel's compile is mostly one crate, one core at a time).
+wheel() {
     step "the wheel users install: one abi3 manylinux wheel, built from the sdist (scripts/build-wheel.sh)"
     bash scripts/build-wheel.sh --out target/dist
-    step "the fuzz targets, built now, run at the end (scripts/fuzz.sh --build; own folder fuzz/target)"
-    bash scripts/fuzz.sh --build
 }
-lane_start wheel wheel_and_fuzz_targets
+lane_start wheel wheel
 
 step "the C ABI (capi/) with the cuda feature, as installed: unit tests, C programs, sanitizers"
 # The C programs link the library itself: cargo test builds no cdylib for them. With
@@ -95,7 +92,7 @@ bash scripts/install-c.sh target/c-prefix
 step "include/shmbridge.h is what cbindgen generates from capi/src"
 cargo run --locked -q -p shmbridge-header -- --check
 
-step "waiting for lane wheel (the wheel, the fuzz targets)"
+step "waiting for lane wheel (the wheel)"
 lane_join wheel
 
 step "Python environment: the wheel in a fresh venv, with the dependencies (also NVRTC: the kernels compile here without a GPU)"
@@ -110,6 +107,9 @@ use_nvrtc_wheel "$py"
 # /dev/shm of its own (with_private_shm, as root), so pytest's checks of what is left in
 # /dev/shm see only its own regions; without root they run after pytest instead.
 benchmarks_soak_fuzz() {
+    step "the fuzz targets (scripts/fuzz.sh --build: one codegen unit, one core; in fuzz/target)"
+    bash scripts/fuzz.sh --build
+
     step "benchmark smoke runs (no timing is checked)"
     part "roundtrip, with the C engine's cases (scripts/bench-c.sh)"
     SHMBRIDGE_BENCH_QUICK=1 with_private_shm bash scripts/bench-c.sh
