@@ -5,7 +5,8 @@
 # script started (bash's SECONDS), so a log shows where the time went; `part TEXT` does the
 # same for a part of a step ("-- [T s] TEXT"). `steps_summary` prints each one's wall time
 # and the CPU time (user + system) of the processes that ended within it: a background job
-# (start_deps, lane_start) counts where it is waited for (wait_deps, lane_join).
+# (start_deps, lane_start) counts in the step during which it ended (the shell reaps it
+# then), and a lane's own table gives its steps' figures.
 STEP_NAMES=()
 STEP_STARTS=()
 STEP_CPU=()
@@ -37,7 +38,7 @@ steps_summary() {
     local i j end cpu_end n=${#STEP_NAMES[@]} hz
     hz=$(getconf CLK_TCK)
     _children_cpu
-    echo "wall and CPU seconds per step (a step's figures include its parts; load: $(cut -d' ' -f1-3 /proc/loadavg)):"
+    echo "wall and CPU seconds per step (a step's figures include its parts; a background lane's CPU counts in the step during which it ended; load: $(cut -d' ' -f1-3 /proc/loadavg)):"
     printf '%6s %6s  %s\n' wall cpu step
     for ((i = 0; i < n; i++)); do
         end=$SECONDS

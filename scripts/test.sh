@@ -23,13 +23,20 @@
 # warnings as errors. The Python dependencies (several GB on a fresh machine) download
 # in the background while the Rust steps compile.
 #
+# Two lanes run in the background (scripts/lib.sh: lane_start, lane_join), so that both
+# cores stay busy where a step keeps one: the wheel beside the Rust steps; and the fuzz
+# targets, the benchmarks' smoke runs, the soak, the fuzzing, the Vulkan and GPU tests,
+# the build without features and the header check beside cargo test and pytest. A lane's
+# output is printed, whole, where the script waits for it.
+#
 # Each step prints "== [T s] ..." (seconds since the start), and the run ends with the wall
 # and CPU seconds of every step (scripts/lib.sh: step, steps_summary). What it compiles,
 # each graph once:
 #   dev, cuda+vulkan      the C ABI's tests (capi with cuda, as installed) and cargo test
 #   check, no features    every target, without the cuda and vulkan features
 #   release, no features  the loom models (the `loom` feature: cfg(loom) for this crate
-#                         alone, on the same dependencies), benchmarks, the soak
+#                         alone, on the same dependencies and features: see Cargo.toml's
+#                         dev-dependencies), benchmarks, the soak
 #   release, cuda+vulkan  the C library installed; release, vulkan (capi's defaults): the
 #                         C benchmarks' library
 #   wheel profile         the wheel (zig as the linker, for x86_64-unknown-linux-gnu)
@@ -74,9 +81,6 @@ step "the C ABI (capi/) with the cuda feature, as installed: unit tests, C progr
 cargo build --locked -p shmbridge-capi --features cuda
 cargo test --locked -p shmbridge-capi --features cuda
 
-step "the build without the cuda and vulkan features"
-cargo check --locked --all-targets
-
 step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
 # The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
 # are the release ones the benchmarks and the soak use below, compiled once.
@@ -89,9 +93,6 @@ step "the C library installed with CMake into target/c-prefix (scripts/install-c
 rm -rf target/c-prefix
 bash scripts/install-c.sh target/c-prefix
 
-step "include/shmbridge.h is what cbindgen generates from capi/src"
-cargo run --locked -q -p shmbridge-header -- --check
-
 step "waiting for lane wheel (the wheel)"
 lane_join wheel
 
@@ -102,11 +103,13 @@ py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 
 # Beside cargo test and pytest (much of both on one core; pytest runs without Rust on
-# PATH): the benchmarks' smoke runs, the soak and the fuzzing, none of which checks a
-# time; their cargo builds are release ones, apart from cargo test's. Each runs with a
-# /dev/shm of its own (with_private_shm, as root), so pytest's checks of what is left in
-# /dev/shm see only its own regions; without root they run after pytest instead.
-benchmarks_soak_fuzz() {
+# PATH): the fuzz targets' build, the benchmarks' smoke runs, the soak and the fuzzing,
+# none of which checks a time (their cargo builds are release ones, apart from cargo
+# test's), then the Vulkan and GPU tests, the build without features and the header check.
+# What makes regions runs with a /dev/shm of its own (with_private_shm, as root), so
+# pytest's checks of what is left in /dev/shm see only its own regions; without root the
+# lane runs after pytest instead.
+tail_lane() {
     step "the fuzz targets (scripts/fuzz.sh --build: one codegen unit, one core; in fuzz/target)"
     bash scripts/fuzz.sh --build
 
@@ -127,14 +130,38 @@ benchmarks_soak_fuzz() {
     # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
     # without a sanitizer: scripts/fuzz.sh says which.
     with_private_shm bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
+
+    # Last, once cargo test (beside) has let go of target/debug.
+    step "the Vulkan and GPU tests of cargo test (cuda and vulkan features), one at a time"
+    local t
+    for t in vulkan cuda; do
+        if [ "$t" = vulkan ]; then
+            part "the Vulkan tests (tests/vulkan.rs, on lavapipe), with what each skipped and why"
+        else
+            part "the GPU tests (tests/cuda.rs), with what each one skipped and why"
+        fi
+        if ! with_private_shm cargo test --locked --features cuda,vulkan --test "$t" -- --nocapture \
+            --test-threads=1 > "target/cargo-test-$t.log" 2>&1; then
+            cat "target/cargo-test-$t.log" >&2
+            echo "error: tests/$t.rs failed (above)" >&2
+            exit 1
+        fi
+        grep -E 'SKIPPED|^test result' "target/cargo-test-$t.log"
+    done
+
+    step "the build without the cuda and vulkan features"
+    cargo check --locked --all-targets
+
+    step "include/shmbridge.h is what cbindgen generates from capi/src"
+    cargo run --locked -q -p shmbridge-header -- --check
 }
 if can_private_shm; then
-    lane_start tail benchmarks_soak_fuzz
+    lane_start tail tail_lane
 fi
 
 step "cargo test (with the cuda and vulkan features)"
-# Every target cargo test runs, but the Vulkan and GPU tests, which run once, below, one
-# at a time and uncaptured, so that the log shows what each one skipped and why.
+# Every target cargo test runs, but the Vulkan and GPU tests, which run once, in the lane
+# below, one at a time and uncaptured, so that the log shows what each one skipped and why.
 tests=()
 for f in tests/*.rs; do
     case "$f" in tests/vulkan.rs | tests/cuda.rs) ;; *) tests+=(--test "$(basename "$f" .rs)") ;; esac
@@ -142,20 +169,6 @@ done
 cargo build --locked --features cuda,vulkan --examples   # as cargo test: built, not run
 cargo test --locked --features cuda,vulkan --lib --bins "${tests[@]}"
 cargo test --locked --features cuda,vulkan --doc
-for t in vulkan cuda; do
-    if [ "$t" = vulkan ]; then
-        part "the Vulkan tests (tests/vulkan.rs, on lavapipe), with what each skipped and why"
-    else
-        part "the GPU tests (tests/cuda.rs), with what each one skipped and why"
-    fi
-    if ! cargo test --locked --features cuda,vulkan --test "$t" -- --nocapture --test-threads=1 \
-        > "target/cargo-test-$t.log" 2>&1; then
-        cat "target/cargo-test-$t.log" >&2
-        echo "error: tests/$t.rs failed (above)" >&2
-        exit 1
-    fi
-    grep -E 'SKIPPED|^test result' "target/cargo-test-$t.log"
-done
 
 step "Python package: pytest, against the installed wheel, with no cargo or rustc on PATH"
 without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
@@ -179,10 +192,10 @@ step "generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
 if can_private_shm; then
-    step "waiting for lane tail (the benchmarks' smoke runs, the soak, the fuzzing)"
+    step "waiting for lane tail (fuzzing, benchmarks, soak, the Vulkan and GPU tests, the build without features, the header)"
     lane_join tail
 else
-    benchmarks_soak_fuzz
+    tail_lane
 fi
 
 step "nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
