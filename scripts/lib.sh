@@ -73,6 +73,8 @@ lane_start() {
     mkdir -p target/lanes
     printf -- '-- [%4d s] lane %s starts in the background (target/lanes/%s.log)\n' "$SECONDS" "$name" "$name"
     set -m
+    # stdin from /dev/null: with job control a background job keeps the script's, and one
+    # that read the terminal would be stopped, and lane_join would wait for it forever.
     (
         set +m
         trap - EXIT
@@ -82,14 +84,23 @@ lane_start() {
         STEPS_ORIGIN=$SECONDS
         trap steps_summary EXIT
         "$fn"
-    ) > "target/lanes/$name.log" 2>&1 &
+    ) < /dev/null > "target/lanes/$name.log" 2>&1 &
     LANE_PIDS[$name]=$!
     set +m
 }
+# SIGTERM to each lane's process group, then, after a bounded wait (5 s) for it to go,
+# SIGKILL. A SIGKILL of the script itself leaves the lanes to whoever sent it (a CI
+# runner ends the whole job).
 lanes_stop() {
-    local name
+    local name pgid i
     for name in "${!LANE_PIDS[@]}"; do
-        kill -TERM -- "-${LANE_PIDS[$name]}" 2>/dev/null || true
+        pgid=${LANE_PIDS[$name]}
+        kill -TERM -- "-$pgid" 2>/dev/null || continue
+        for ((i = 0; i < 50; i++)); do
+            kill -0 -- "-$pgid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pgid" 2>/dev/null || true
         echo "lane $name stopped (target/lanes/$name.log)" >&2
     done
 }
@@ -279,16 +290,25 @@ with_private_shm() {
         "$@"
         return
     fi
-    unshare -m --propagation private sh -c '
-        mount -t tmpfs -o mode=1777 shmbridge-private /dev/shm || exit 1
+    # As large as the machine's own /dev/shm, so a command runs out of room where it would.
+    local size
+    size=$(df -k --output=size /dev/shm | tail -n1 | tr -d ' ')
+    SHM_SIZE_KIB=$size unshare -m --propagation private sh -c '
+        mount -t tmpfs -o "size=${SHM_SIZE_KIB}k,mode=1777" shmbridge-private /dev/shm || exit 1
         status=0
         "$@" || status=$?
         left=$(ls /dev/shm | grep "^shmbridge" || true)
         if [ -n "$left" ]; then
-            echo "error: left in /dev/shm by $1: $left" >&2
+            echo "error: left in /dev/shm by \"$*\": $left" >&2
             [ "$status" -ne 0 ] || status=1
         fi
         exit "$status"' sh "$@"
+}
+
+# Whether this machine has an NVIDIA GPU (its control device): then scripts/test.sh runs
+# nothing beside the tests that use it.
+gpu_present() {
+    [ -e /dev/nvidiactl ]
 }
 
 # Names of shmbridge regions in /dev/shm, one per line.

@@ -25,9 +25,10 @@
 #
 # Two lanes run in the background (scripts/lib.sh: lane_start, lane_join), so that both
 # cores stay busy where a step keeps one: the wheel beside the Rust steps; and the fuzz
-# targets, the benchmarks' smoke runs, the soak, the fuzzing, the Vulkan and GPU tests,
-# the build without features and the header check beside cargo test and pytest. A lane's
-# output is printed, whole, where the script waits for it.
+# targets' build, the benchmarks' smoke runs, the soak, the Vulkan and GPU tests, the build
+# without features and the header check beside cargo test and pytest (see tail_lane for
+# where that lane runs in the foreground instead). A lane's output is printed, whole,
+# where the script waits for it.
 #
 # Each step prints "== [T s] ..." (seconds since the start), and the run ends with the wall
 # and CPU seconds of every step (scripts/lib.sh: step, steps_summary). What it compiles,
@@ -103,12 +104,15 @@ py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 
 # Beside cargo test and pytest (much of both on one core; pytest runs without Rust on
-# PATH): the fuzz targets' build, the benchmarks' smoke runs, the soak and the fuzzing,
-# none of which checks a time (their cargo builds are release ones, apart from cargo
-# test's), then the Vulkan and GPU tests, the build without features and the header check.
-# What makes regions runs with a /dev/shm of its own (with_private_shm, as root), so
-# pytest's checks of what is left in /dev/shm see only its own regions; without root the
-# lane runs after pytest instead.
+# PATH): the fuzz targets' build, the benchmarks' smoke runs and the soak (none checks a
+# time; their cargo builds are release ones, apart from cargo test's), the Vulkan and GPU
+# tests, the build without features and the header check. What makes regions runs with
+# a /dev/shm of its own (with_private_shm, as root), so pytest's checks of what is left in
+# /dev/shm see only its own regions. The lane runs after pytest instead, in the
+# foreground, without root, and where an NVIDIA GPU is present (gpu_present): tests on
+# both sides compare the device's free memory before and after, and a GPU is one for all
+# processes. The fuzzing, which counts executions in a fixed time, runs after both, on
+# two free cores.
 tail_lane() {
     step "the fuzz targets (scripts/fuzz.sh --build: one codegen unit, one core; in fuzz/target)"
     bash scripts/fuzz.sh --build
@@ -126,12 +130,8 @@ tail_lane() {
     step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
     bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 
-    step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
-    # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
-    # without a sanitizer: scripts/fuzz.sh says which.
-    with_private_shm bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
-
-    # Last, once cargo test (beside) has let go of target/debug.
+    # Last: by then cargo test has most likely let go of target/debug (if not, cargo's
+    # lock makes these wait for it).
     step "the Vulkan and GPU tests of cargo test (cuda and vulkan features), one at a time"
     local t
     for t in vulkan cuda; do
@@ -155,13 +155,15 @@ tail_lane() {
     step "include/shmbridge.h is what cbindgen generates from capi/src"
     cargo run --locked -q -p shmbridge-header -- --check
 }
-if can_private_shm; then
+tail_beside=""
+if can_private_shm && ! gpu_present; then
+    tail_beside=1
     lane_start tail tail_lane
 fi
 
 step "cargo test (with the cuda and vulkan features)"
-# Every target cargo test runs, but the Vulkan and GPU tests, which run once, in the lane
-# below, one at a time and uncaptured, so that the log shows what each one skipped and why.
+# Every target cargo test runs, but the Vulkan and GPU tests, which run once, in tail_lane
+# above, one at a time and uncaptured, so that the log shows what each one skipped and why.
 tests=()
 for f in tests/*.rs; do
     case "$f" in tests/vulkan.rs | tests/cuda.rs) ;; *) tests+=(--test "$(basename "$f" .rs)") ;; esac
@@ -191,12 +193,17 @@ bash scripts/api-docs.sh "$py"
 step "generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
-if can_private_shm; then
-    step "waiting for lane tail (fuzzing, benchmarks, soak, the Vulkan and GPU tests, the build without features, the header)"
+if [ -n "$tail_beside" ]; then
+    step "waiting for lane tail (fuzz build, benchmarks, soak, the Vulkan and GPU tests, the build without features, the header)"
     lane_join tail
 else
     tail_lane
 fi
+
+step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all, side by side"
+# Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
+# without a sanitizer: scripts/fuzz.sh says which.
+bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 
 step "nothing left in /dev/shm (regions and their fd sockets, shmbridge-*.fd) or the socket namespace"
 if grep -q '@shmbridge-' /proc/net/unix; then
