@@ -57,6 +57,25 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
+# libFuzzer as the distribution's LLVM ships it prebuilt (libclang-rt-NN-dev), linked in
+# place of the copy libfuzzer-sys compiles from its C++ sources: that compile was a third
+# of the fuzz build, and LLVM's build of it runs about 1.8 times the executions per second
+# here. Where none is installed or installable, libfuzzer-sys builds its own, as before.
+find_libfuzzer() {
+    ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-"$(uname -m)".a 2>/dev/null \
+        | sort -V | tail -n1
+}
+libfuzzer=$(find_libfuzzer)
+if [ -z "$libfuzzer" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt_install libclang-rt-19-dev || apt_install libclang-rt-dev) >/dev/null 2>&1 || true
+    libfuzzer=$(find_libfuzzer)
+fi
+if [ -n "$libfuzzer" ]; then
+    export CUSTOM_LIBFUZZER_PATH=$libfuzzer
+    mode="$mode, libFuzzer from ${libfuzzer#/usr/lib/}"
+else
+    mode="$mode, libFuzzer built from libfuzzer-sys's sources"
+fi
 
 for target in "${targets[@]}"; do
     case "$target" in
