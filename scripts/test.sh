@@ -24,9 +24,9 @@
 # in the background while the Rust steps compile.
 #
 # Two lanes run in the background (scripts/lib.sh: lane_start, lane_join), so that both
-# cores stay busy where a step keeps one: the wheel beside the Rust steps; and the fuzz
-# targets' build, the benchmarks' smoke runs, the soak, the Vulkan and GPU tests, the build
-# without features and the header check beside cargo test and pytest (see tail_lane for
+# cores stay busy where a step keeps one: the wheel beside the Rust steps; and the loom
+# models, the fuzz targets' build, the benchmarks' smoke runs, the soak, the Vulkan and GPU
+# tests, the build without features and the header check beside cargo test and pytest (see tail_lane for
 # where that lane runs in the foreground instead). A lane's output is printed, whole,
 # where the script waits for it.
 #
@@ -82,11 +82,6 @@ step "the C ABI (capi/) with the cuda feature, as installed: unit tests, C progr
 cargo build --locked -p shmbridge-capi --features cuda
 cargo test --locked -p shmbridge-capi --features cuda
 
-step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
-# The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
-# are the release ones the benchmarks and the soak use below, compiled once.
-LOOM_MAX_PREEMPTIONS=3 cargo test --locked --release --features loom --lib loom_tests -- --nocapture
-
 step "src/ has no import cycle and follows the layer order in src/lib.rs"
 python3 scripts/layers.py
 
@@ -104,9 +99,9 @@ py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 
 # Beside cargo test and pytest (much of both on one core; pytest runs without Rust on
-# PATH): the fuzz targets' build, the benchmarks' smoke runs and the soak (none checks a
-# time; their cargo builds are release ones, apart from cargo test's), the Vulkan and GPU
-# tests, the build without features and the header check. What makes regions runs with
+# PATH): the loom models, the fuzz targets' build, the benchmarks' smoke runs and the soak
+# (none checks a time; their cargo builds are release ones, apart from cargo test's), the
+# Vulkan and GPU tests, the build without features and the header check. What makes regions runs with
 # a /dev/shm of its own (with_private_shm, as root), so pytest's checks of what is left in
 # /dev/shm see only its own regions. The lane runs after pytest instead, in the
 # foreground, without root, and where an NVIDIA GPU is present (gpu_present): tests on
@@ -114,6 +109,11 @@ use_nvrtc_wheel "$py"
 # processes. The fuzzing, which counts executions in a fixed time, runs after both, on
 # two free cores.
 tail_lane() {
+    step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
+    # The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
+    # are the release ones the benchmarks and the soak use below, compiled once.
+    LOOM_MAX_PREEMPTIONS=3 cargo test --locked --release --features loom --lib loom_tests -- --nocapture
+
     step "the fuzz targets (scripts/fuzz.sh --build: one codegen unit, one core; in fuzz/target)"
     bash scripts/fuzz.sh --build
 
@@ -194,7 +194,7 @@ step "generated FlatBuffers code matches schema/shmbridge.fbs"
 bash scripts/gen-flatbuffers.sh --check
 
 if [ -n "$tail_beside" ]; then
-    step "waiting for lane tail (fuzz build, benchmarks, soak, the Vulkan and GPU tests, the build without features, the header)"
+    step "waiting for lane tail (loom, fuzz build, benchmarks, soak, the Vulkan and GPU tests, the build without features, the header)"
     lane_join tail
 else
     tail_lane
