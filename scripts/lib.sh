@@ -77,7 +77,6 @@ lane_start() {
     # that read the terminal would be stopped, and lane_join would wait for it forever.
     (
         set +m
-        trap - EXIT
         STEP_NAMES=()
         STEP_STARTS=()
         STEP_CPU=()
@@ -280,8 +279,8 @@ as_root() {
 # `with_private_shm CMD...`: runs CMD in a mount namespace of its own with an empty tmpfs
 # on /dev/shm (root: unshare -m), and fails if CMD left a shmbridge region or fd socket
 # there; where that cannot be made (not root), CMD runs as it is. scripts/test.sh runs
-# the benchmarks and the fuzzing this way beside pytest, whose tests compare the regions
-# in /dev/shm before and after.
+# what makes regions beside pytest this way (pytest's tests compare the regions in
+# /dev/shm before and after), and scripts/soak.sh the soak.
 can_private_shm() {
     [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1
 }

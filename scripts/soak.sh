@@ -4,8 +4,8 @@
 # checked (examples/soak.rs says how); RSS, descriptors and the run's regions in /dev/shm
 # sampled after a warm-up and at the end must be flat, and nothing may be left.
 #   bash scripts/soak.sh 10        # the figures in docs/reliability.md
-# As root it runs in a private /dev/shm (unshare -m, a tmpfs), apart from other users'
-# regions; elsewhere in the shared one, counting only its own regions.
+# As root it runs in a private /dev/shm (scripts/lib.sh with_private_shm), apart from other
+# users' regions; elsewhere in the shared one, counting only its own regions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -15,9 +15,4 @@ minutes="${1:-1}"
 cargo build --locked --release --quiet --bin shmbridge --example soak
 soak=target/release/examples/soak
 echo "soak: $minutes min"
-if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1; then
-    exec unshare -m --propagation private sh -c \
-        'mount -t tmpfs -o size=256m,mode=1777 shmbridge-soak /dev/shm && exec "$0" "$@"' \
-        "$soak" "$minutes"
-fi
-exec "$soak" "$minutes"
+with_private_shm "$soak" "$minutes"
