@@ -1,6 +1,18 @@
 # Shared by the scripts: make sure the tools the project builds with are here.
 # Sourced, not run.
 
+# A command that fails under `set -e` says which it was and where, once, before the script
+# exits (without this, a failure in a sourced function or a command substitution ends the
+# script with nothing said). -E: functions and subshells (the lanes) inherit the trap.
+set -E
+trap '_on_error $? "$BASH_COMMAND" "${BASH_SOURCE[0]:-?}" "$LINENO"' ERR
+_on_error() {
+    if [ -z "${_ERROR_SHOWN:-}" ]; then
+        _ERROR_SHOWN=1
+        echo "error: $3:$4: \`$2\` exited with status $1" >&2
+    fi
+}
+
 # `step TEXT` starts a step of a script: prints "== [T s] TEXT", T the seconds since the
 # script started (bash's SECONDS), so a log shows where the time went; `part TEXT` does the
 # same for a part of a step ("-- [T s] TEXT"). `steps_summary` prints each one's wall time
@@ -119,24 +131,28 @@ _ticks_as_seconds() {
     echo "$((tenths / 10)).$((tenths % 10))"
 }
 
+# Rust >= 1.82 (rust-version in Cargo.toml) is the one thing the scripts cannot install:
+# Debian 12's own cargo is 1.63, too old, so a machine without rustup's toolchain stops
+# here, in its first second, with what to install.
+RUST_MIN=1.82.0
 ensure_rust() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
         export PATH="$HOME/.cargo/bin:$PATH"
     fi
-    if ! command -v cargo >/dev/null 2>&1; then
-        echo "cargo not found: installing Debian's Rust toolchain" >&2
-        apt_install cargo rustc
+    local v=""
+    if command -v rustc >/dev/null 2>&1 && command -v cargo >/dev/null 2>&1; then
+        v=$(rustc --version | awk '{print $2}')
     fi
-    # The crate needs Rust >= 1.82 (see rust-version in Cargo.toml).
-    local v
-    v=$(rustc --version | awk '{print $2}')
-    if [ "$(printf '%s\n1.82.0\n' "$v" | sort -V | head -n1)" != "1.82.0" ]; then
-        echo "error: rustc $v is older than 1.82; install a newer toolchain (rustup)" >&2
+    if [ -z "$v" ] || [ "$(printf '%s\n%s\n' "$v" "$RUST_MIN" | sort -V | head -n1)" != "$RUST_MIN" ]; then
+        echo "error: shmbridge needs a Rust toolchain >= $RUST_MIN (cargo and rustc on PATH); found: ${v:-none}." >&2
+        echo "       Install one with rustup (https://rustup.rs): curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
+        echo "       then run this command again in a new shell (or after: . \"\$HOME/.cargo/env\")." >&2
         exit 1
     fi
     # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
     # compiled for the host (tests/cartpole_kernel.rs).
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
+        echo "no C/C++ compiler (cc, c++): installing Debian's gcc and g++" >&2
         apt_install gcc g++
     fi
 }
@@ -160,8 +176,12 @@ ensure_venv() {
 # The requirements of pyproject.toml: [project] dependencies and those of the extras
 # named, one a line, so they can be installed while the extension compiles.
 project_requirements() {
-    python3 - "$@" <<'PY'
-import sys, tomllib
+    "${PROJECT_PYTHON:-python3}" - "$@" <<'PY'
+import sys
+try:
+    import tomllib  # Python >= 3.11
+except ImportError:  # Python 3.9, 3.10: the TOML parser pip carries
+    from pip._vendor import tomli as tomllib
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
 extras = project.get("optional-dependencies", {})
@@ -180,7 +200,7 @@ start_deps() {
     .venv/bin/python -m pip install -q --upgrade pip
     mkdir -p target
     local reqs
-    reqs=$(project_requirements "$@")
+    reqs=$(PROJECT_PYTHON=.venv/bin/python project_requirements "$@")
     # shellcheck disable=SC2086
     (echo "$reqs" | xargs .venv/bin/python -m pip install -q) > target/deps.log 2>&1 &
     DEPS_PID=$!
@@ -248,6 +268,7 @@ ensure_mono() {
 
 # apt-get install, with one apt-get update per script run (a fresh machine needs one).
 apt_install() {
+    echo "installing Debian's $* (apt-get install)" >&2
     if [ -z "${APT_UPDATED:-}" ]; then
         as_root apt-get update -q
         APT_UPDATED=1
@@ -286,6 +307,7 @@ can_private_shm() {
 }
 with_private_shm() {
     if ! can_private_shm; then
+        echo "with_private_shm: not root (or no unshare): \"$*\" runs on this machine's /dev/shm" >&2
         "$@"
         return
     fi
@@ -336,7 +358,9 @@ fresh_venv_with_wheel() {
     own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     deps=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     echo "$deps" > "$own/zz_deps_from_dot_venv.pth"
-    "$venv/bin/python" -m pip install -q --no-deps --no-index "$wheel" 2>&1 \
+    # --ignore-installed: a shmbridge in .venv (the main job installs one there) is seen
+    # through the .pth line; without it pip would call the wheel installed and skip it.
+    "$venv/bin/python" -m pip install -q --no-deps --no-index --ignore-installed "$wheel" 2>&1 \
         | { grep -v "Running pip as the 'root' user" || true; }
     "$venv/bin/python" - "$venv" <<'PY'
 import pathlib, sys
