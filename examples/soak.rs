@@ -583,7 +583,13 @@ fn sample(pairs: &[Pair]) -> Vec<(String, Resources)> {
 }
 
 fn run(minutes: f64) -> Result<(), Fail> {
-    let prefix = format!("shmbridge-soak-{}-", std::process::id());
+    // In the region namespace of this run (SHMBRIDGE_NAMESPACE, which scripts/soak.sh
+    // sets), where the engines' start-up sweeps remove what the killed ones left.
+    let prefix = format!(
+        "{}soak-{}-",
+        shmbridge::region::namespace_prefix().map_err(|e| e.to_string())?,
+        std::process::id()
+    );
     let mut soak = Soak {
         rng: Pcg32::seed_from_u64(u64::from(std::process::id())),
         prefix: prefix.clone(),

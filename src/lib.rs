@@ -65,6 +65,28 @@ pub mod sync;
 pub mod tensor;
 pub mod wire;
 
+/// The unit tests' region namespace, as the integration tests' (tests/common/mod.rs):
+/// `<given or t>_<pid>`, set before `main`, while the process has one thread, and swept
+/// when the process exits.
+#[cfg(all(test, not(loom)))]
+mod test_namespace {
+    #[used]
+    #[link_section = ".init_array"]
+    static OWN_NAMESPACE: extern "C" fn() = own_namespace;
+    extern "C" fn own_namespace() {
+        let env = crate::region::NAMESPACE_ENV;
+        let outer = std::env::var(env).unwrap_or_default();
+        let outer = if outer.is_empty() { "t" } else { &outer };
+        std::env::set_var(env, format!("{outer}_{}", std::process::id()));
+    }
+    #[used]
+    #[link_section = ".fini_array"]
+    static SWEEP_OWN_NAMESPACE: extern "C" fn() = sweep_own_namespace;
+    extern "C" fn sweep_own_namespace() {
+        let _ = crate::region::sweep();
+    }
+}
+
 pub use client::{AttachOptions, Client};
 pub use command::{CommandError, CommandHandler, Reply, ResetRequest};
 pub use engine::{Engine, EngineSpec};

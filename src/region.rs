@@ -41,6 +41,13 @@ use crate::sync::Backoff;
 
 /// Every region name starts with this, so `ls` and `gc` can find them.
 pub const PREFIX: &str = "shmbridge-";
+/// The environment variable that names the region namespace of a process: with
+/// `SHMBRIDGE_NAMESPACE=ns`, the names it makes are `shmbridge-ns-…`, and its sweep, `ls`
+/// and `gc` look only at those (docs/protocol.md 1.1). Unset or empty: the default
+/// namespace, `shmbridge-…`, whose sweep looks at every `shmbridge-*` name.
+pub const NAMESPACE_ENV: &str = "SHMBRIDGE_NAMESPACE";
+/// The longest namespace: a region name still fits a socket address (1.6, 95 bytes).
+const MAX_NAMESPACE: usize = 40;
 // The fd socket's path and the bytes of the ownership proofs (1.6) live in the control
 // layer, where the device backends that use them see them too.
 pub use crate::control::{
@@ -53,17 +60,64 @@ const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * 
 /// its engine may be between `shm_open` and `flock`.
 const CREATE_GRACE: Duration = Duration::from_secs(5);
 
-/// Turns a user-given name into a region name: adds [`PREFIX`] if missing and checks the
-/// characters (the name becomes a file in /dev/shm).
+/// The region namespace of this process ([`NAMESPACE_ENV`]), `None` for the default one.
+pub fn namespace() -> Result<Option<String>> {
+    namespace_from(std::env::var_os(NAMESPACE_ENV))
+}
+
+/// A namespace is 1..=40 characters from `[A-Za-z0-9_]`: no `-`, so no namespace's prefix
+/// (`shmbridge-ns-`) is the start of another's. Empty is the default namespace.
+fn namespace_from(value: Option<std::ffi::OsString>) -> Result<Option<String>> {
+    const WHY: &str = "SHMBRIDGE_NAMESPACE: use 1..40 characters from [A-Za-z0-9_]";
+    let Some(ns) = value else {
+        return Ok(None);
+    };
+    let ns = ns.into_string().map_err(|ns| Error::InvalidName {
+        name: ns.to_string_lossy().into_owned(),
+        reason: WHY,
+    })?;
+    if ns.is_empty() {
+        return Ok(None);
+    }
+    if ns.len() > MAX_NAMESPACE || !ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(Error::InvalidName {
+            name: ns,
+            reason: WHY,
+        });
+    }
+    Ok(Some(ns))
+}
+
+/// What every name of this process's namespace starts with: `shmbridge-ns-`, or
+/// [`PREFIX`] in the default namespace (which therefore holds every `shmbridge-*` name).
+pub fn namespace_prefix() -> Result<String> {
+    Ok(prefix_of(namespace()?.as_deref()))
+}
+
+fn prefix_of(namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("{PREFIX}{ns}-"),
+        None => PREFIX.to_string(),
+    }
+}
+
+/// Turns a user-given name into a region name: a name that starts with [`PREFIX`] is
+/// whole already (an engine printed it; it reaches the region from any namespace); any
+/// other gets this process's [`namespace_prefix`]. Checks the characters (the name
+/// becomes a file in /dev/shm).
 pub fn canonical_name(name: &str) -> Result<String> {
+    canonical_name_in(name, &namespace_prefix()?)
+}
+
+fn canonical_name_in(name: &str, prefix: &str) -> Result<String> {
     let name = name.strip_prefix('/').unwrap_or(name);
-    let full = if name.starts_with(PREFIX) {
-        name.to_string()
+    let (full, prefix_len) = if name.starts_with(PREFIX) {
+        (name.to_string(), PREFIX.len())
     } else {
-        format!("{PREFIX}{name}")
+        (format!("{prefix}{name}"), prefix.len())
     };
     let ok = full.len() <= 200
-        && full.len() > PREFIX.len()
+        && full.len() > prefix_len
         && full
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
@@ -82,9 +136,10 @@ pub fn canonical_name(name: &str) -> Result<String> {
     Ok(full)
 }
 
-/// A fresh random name: 128 bits, so two engines never collide.
+/// A fresh random name in this process's namespace: 128 bits, so two engines never
+/// collide.
 pub fn random_name() -> Result<String> {
-    Ok(format!("{PREFIX}{}", os::random_hex128()?))
+    Ok(format!("{}{}", namespace_prefix()?, os::random_hex128()?))
 }
 
 /// A mapped region. Dropping it unmaps; the engine's handle also unlinks the name.
@@ -855,7 +910,8 @@ impl Region {
     }
 }
 
-/// Names of all shmbridge regions in /dev/shm, sorted.
+/// Names of the shmbridge regions of this process's namespace ([`namespace_prefix`]) in
+/// /dev/shm, sorted.
 pub fn list_names() -> Result<Vec<String>> {
     Ok(shm_names()?
         .into_iter()
@@ -863,13 +919,14 @@ pub fn list_names() -> Result<Vec<String>> {
         .collect())
 }
 
-/// Every `shmbridge-*` name in /dev/shm (regions and fd sockets), sorted.
+/// Every name of this process's namespace in /dev/shm (regions and fd sockets), sorted.
 fn shm_names() -> Result<Vec<String>> {
+    let prefix = namespace_prefix()?;
     let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(PREFIX))
+        .filter(|n| n.starts_with(&prefix))
         .collect();
     names.sort();
     Ok(names)
@@ -994,7 +1051,8 @@ fn remove_if_dead(name: &str) -> Swept {
     }
 }
 
-/// Looks at every `shmbridge-*` name in /dev/shm: removes each region it can prove
+/// Looks at every name of this process's namespace in /dev/shm (every `shmbridge-*` name
+/// in the default namespace, `shmbridge-ns-*` in namespace `ns`): removes each region it can prove
 /// belongs to a dead engine, and says why it left every other one (a live engine, a file
 /// it cannot identify, another user's, a FIFO or link, one being created).
 pub fn sweep_report() -> Result<Vec<Swept>> {
@@ -1076,6 +1134,8 @@ mod tests {
 
     #[test]
     fn names_are_canonicalised_and_checked() {
+        // In the default namespace.
+        let canonical_name = |n: &str| canonical_name_in(n, PREFIX);
         assert_eq!(canonical_name("abc").unwrap(), "shmbridge-abc");
         assert_eq!(canonical_name("/shmbridge-abc").unwrap(), "shmbridge-abc");
         assert!(canonical_name("a/b").is_err());
@@ -1084,5 +1144,26 @@ mod tests {
         assert!(canonical_name(&"x".repeat(300)).is_err());
         let r = random_name().unwrap();
         assert_eq!(canonical_name(&r).unwrap(), r);
+    }
+
+    #[test]
+    fn a_namespace_prefixes_short_names_and_leaves_whole_ones() {
+        let ns = |v: &str| namespace_from(Some(v.into()));
+        assert_eq!(ns("").unwrap(), None);
+        assert_eq!(namespace_from(None).unwrap(), None);
+        assert_eq!(ns("run_7").unwrap().as_deref(), Some("run_7"));
+        for bad in ["a-b", "a/b", "a.b", &"x".repeat(41)] {
+            assert!(matches!(ns(bad), Err(Error::InvalidName { .. })), "{bad:?}");
+        }
+        let p = prefix_of(Some("run_7"));
+        assert_eq!(p, "shmbridge-run_7-");
+        assert_eq!(prefix_of(None), PREFIX);
+        assert_eq!(canonical_name_in("abc", &p).unwrap(), "shmbridge-run_7-abc");
+        // A whole name (an engine printed it) reaches its region from any namespace.
+        assert_eq!(
+            canonical_name_in("shmbridge-other-abc", &p).unwrap(),
+            "shmbridge-other-abc"
+        );
+        assert!(canonical_name_in("", &p).is_err());
     }
 }

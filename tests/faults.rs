@@ -96,15 +96,6 @@ impl<F: FnMut(&str)> CommandHandler for Holding<F> {
     }
 }
 
-/// `Engine::create` sweeps the regions of this user's dead engines, whatever their name.
-/// So while a case here kills an engine and its survivor has yet to find the region, no
-/// other engine may start on the same /dev/shm: the tests that use the machine's /dev/shm
-/// take this lock and run one at a time (those in namespaces have a /dev/shm of their own).
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static SHARED_DEV_SHM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SHARED_DEV_SHM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn spec() -> EngineSpec {
     EngineSpec::standard("faults", 4, 4, 1, DType::F32)
 }
@@ -380,7 +371,6 @@ fn engine_case(iso: Isolation, phase: Phase, fault: Fault) -> Row {
 
 #[test]
 fn engine_dies_in_every_phase_client_gets_engine_died() {
-    let _serial = one_at_a_time();
     let rows = matrix(|p, f| engine_case(Isolation::Shared, p, f));
     report("engine killed (a Rust engine), the client survives", &rows);
 }
@@ -391,15 +381,6 @@ fn engine_dies_in_every_phase_client_gets_engine_died() {
 fn engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died() {
     if let Some(why) = peer::namespaces_unavailable() {
         eprintln!("SKIPPED: {why}");
-        return;
-    }
-    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
-    // elsewhere (another test, another program) sweeps a dead region before the
-    // survivor finds it.
-    if !common::private_shm(
-        "engine_in_other_namespaces_dies_in_every_phase_client_gets_engine_died",
-        "256m",
-    ) {
         return;
     }
     let rows = matrix(|p, f| engine_case(Isolation::Namespaces, p, f));
@@ -541,7 +522,6 @@ fn client_case(iso: Isolation, phase: Phase, fault: Fault) -> Row {
 
 #[test]
 fn client_dies_in_every_phase_engine_gets_client_died_and_serves_again() {
-    let _serial = one_at_a_time();
     let rows = matrix(|p, f| client_case(Isolation::Shared, p, f));
     report(
         "client killed (a Rust client), the engine survives and serves a new client",
@@ -554,15 +534,6 @@ fn client_dies_in_every_phase_engine_gets_client_died_and_serves_again() {
 fn client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died() {
     if let Some(why) = peer::namespaces_unavailable() {
         eprintln!("SKIPPED: {why}");
-        return;
-    }
-    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
-    // elsewhere (another test, another program) sweeps a dead region before the
-    // survivor finds it.
-    if !common::private_shm(
-        "client_in_other_namespaces_dies_in_every_phase_engine_gets_client_died",
-        "256m",
-    ) {
         return;
     }
     let rows = matrix(|p, f| client_case(Isolation::Namespaces, p, f));
@@ -697,7 +668,6 @@ fn cli_rows(iso: Isolation) -> Vec<Row> {
 
 #[test]
 fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
-    let _serial = one_at_a_time();
     report(
         "the shmbridge CLI's engine and client",
         &cli_rows(Isolation::Shared),
@@ -709,15 +679,6 @@ fn cli_engine_and_client_die_or_close_and_the_survivor_says_which() {
 fn cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which() {
     if let Some(why) = peer::namespaces_unavailable() {
         eprintln!("SKIPPED: {why}");
-        return;
-    }
-    // A /dev/shm of its own, which the victim's namespaces share: no engine starting
-    // elsewhere (another test, another program) sweeps a dead region before the
-    // survivor finds it.
-    if !common::private_shm(
-        "cli_engine_and_client_in_other_namespaces_die_or_close_and_the_survivor_says_which",
-        "256m",
-    ) {
         return;
     }
     report(
@@ -751,7 +712,6 @@ fn pin_to_cpu0() {
 /// which once delayed the first look by 16 slices. The time is reported, not asserted.
 #[test]
 fn an_engine_on_a_busy_cpu_notices_its_client_die() {
-    let _serial = one_at_a_time();
     let rows = FAULTS
         .iter()
         .map(|&fault| {
@@ -872,7 +832,6 @@ fn observer_case(phase: &str, fault: Fault) -> Row {
 
 #[test]
 fn an_observer_killed_anywhere_changes_nothing_for_engine_and_client() {
-    let _serial = one_at_a_time();
     let rows: Vec<Row> = ["attach", "idle", "reading"]
         .iter()
         .flat_map(|&p| FAULTS.iter().map(move |&f| observer_case(p, f)))

@@ -1,6 +1,8 @@
 //! `gc` removes only what it can prove is a region of a dead engine (a regular file of
 //! the caller's, the engine's lock free, a header this library wrote) and says why it
-//! left each other name; `ls` marks dead engines. Runs in a private /dev/shm (root only).
+//! left each other name; `ls` marks dead engines. Each test plants its names in its own
+//! region namespace (tests/common: `ns_name`), which its `ls` and `gc` look at alone, and
+//! removes what is left at its end.
 
 mod common;
 
@@ -9,6 +11,24 @@ use std::process::Command;
 
 use shmbridge::layout::{HeaderBuilder, LAYOUT_HASH, MAGIC};
 use shmbridge::{DType, Direction, TensorSpec};
+
+/// The names a test planted in /dev/shm: removed when it ends (what `gc` leaves stays
+/// otherwise), pass or fail.
+#[derive(Default)]
+struct Planted(Vec<String>);
+impl Planted {
+    fn add(&mut self, name: &str) -> String {
+        self.0.push(name.to_string());
+        name.to_string()
+    }
+}
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for name in &self.0 {
+            let _ = std::fs::remove_file(common::shm_path(name));
+        }
+    }
+}
 
 fn plant(name: &str, bytes: &[u8], old: bool) {
     let path = format!("/dev/shm/{name}");
@@ -65,30 +85,38 @@ fn line<'a>(output: &'a str, name: &str) -> &'a str {
 /// of other programs, empty or zero-filled ones, garbage with a nonzero first word.
 #[test]
 fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
-    if !common::private_shm(
-        "gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest",
-        "64m",
-    ) {
-        return;
+    let n = common::ns_name;
+    let mut planted = Planted::default();
+    for name in [
+        "dead",
+        "died-while-creating",
+        "being-created",
+        "someones-file",
+        "empty",
+        "zeros",
+        "other-layout",
+        "fifo",
+    ] {
+        planted.add(&n(name));
     }
-    // First: its start sweeps /dev/shm.
+    // First: its start sweeps this namespace.
     let live = common::EngineProc::start(&["--env", "null", "--num-envs", "1"]);
     let garbage: Vec<u8> = (0..8192u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1)
         .collect();
-    plant("shmbridge-dead", &region(true), true);
-    plant("shmbridge-died-while-creating", &region(false), true);
-    plant("shmbridge-being-created", &region(false), false);
-    plant("shmbridge-someones-file", &garbage, true);
-    plant("shmbridge-empty", &[], true);
-    plant("shmbridge-zeros", &[0; 4096], true);
+    plant(&n("dead"), &region(true), true);
+    plant(&n("died-while-creating"), &region(false), true);
+    plant(&n("being-created"), &region(false), false);
+    plant(&n("someones-file"), &garbage, true);
+    plant(&n("empty"), &[], true);
+    plant(&n("zeros"), &[0; 4096], true);
     let mut not_ours = region(true);
     not_ours[24..32].copy_from_slice(&(LAYOUT_HASH ^ 1).to_le_bytes());
     not_ours[..8].copy_from_slice(&0u64.to_le_bytes());
-    plant("shmbridge-other-layout", &not_ours, true);
+    plant(&n("other-layout"), &not_ours, true);
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        "/dev/shm/shmbridge-fifo",
+        common::shm_path(&n("fifo")).as_path(),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o600),
         0,
@@ -96,29 +124,25 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
     .unwrap();
 
     let ls = run(&["ls"]);
-    assert!(line(&ls, "shmbridge-dead").contains(" dead "), "{ls}");
+    assert!(line(&ls, &n("dead")).contains(" dead "), "{ls}");
     assert!(line(&ls, &live.name).contains(" ready "), "{ls}");
 
     let gc = run(&["gc"]);
     let expect = [
-        ("shmbridge-dead", "removed", "its engine is dead"),
-        (
-            "shmbridge-died-while-creating",
-            "removed",
-            "its engine is dead",
-        ),
-        ("shmbridge-being-created", "left", "being created"),
-        ("shmbridge-someones-file", "left", "not a shmbridge region"),
-        ("shmbridge-empty", "left", "too short"),
-        ("shmbridge-zeros", "left", "not a shmbridge region"),
-        ("shmbridge-other-layout", "left", "not a shmbridge region"),
-        ("shmbridge-fifo", "left", "a FIFO, not a region file"),
-        (live.name.as_str(), "left", "its engine is alive"),
+        (n("dead"), "removed", "its engine is dead"),
+        (n("died-while-creating"), "removed", "its engine is dead"),
+        (n("being-created"), "left", "being created"),
+        (n("someones-file"), "left", "not a shmbridge region"),
+        (n("empty"), "left", "too short"),
+        (n("zeros"), "left", "not a shmbridge region"),
+        (n("other-layout"), "left", "not a shmbridge region"),
+        (n("fifo"), "left", "a FIFO, not a region file"),
+        (live.name.clone(), "left", "its engine is alive"),
     ];
     for (name, what, why) in expect {
-        let l = line(&gc, name);
+        let l = line(&gc, &name);
         assert!(l.starts_with(what) && l.contains(why), "{name}: {l}\n{gc}");
-        assert_eq!(common::shm_exists(name), what == "left", "{name}");
+        assert_eq!(common::shm_exists(&name), what == "left", "{name}");
     }
     assert!(gc.contains("2 stale region(s) removed, 7 left"), "{gc}");
     drop(live);
@@ -127,23 +151,26 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
 /// Root's `gc` leaves another user's region even when its engine is dead.
 #[test]
 fn gc_leaves_another_users_dead_region() {
-    if !common::private_shm("gc_leaves_another_users_dead_region", "64m") {
+    if !common::is_root() {
+        eprintln!("SKIPPED: giving a file to another user needs root (chown)");
         return;
     }
-    plant("shmbridge-nobodys", &region(true), true);
+    let mut planted = Planted::default();
+    let nobodys = planted.add(&common::ns_name("nobodys"));
+    plant(&nobodys, &region(true), true);
     rustix::fs::chown(
-        "/dev/shm/shmbridge-nobodys",
+        common::shm_path(&nobodys).as_path(),
         Some(rustix::process::Uid::from_raw(65534)),
         None,
     )
     .unwrap();
     let gc = run(&["gc"]);
-    let l = line(&gc, "shmbridge-nobodys");
+    let l = line(&gc, &nobodys);
     assert!(
         l.starts_with("left") && l.contains("belongs to another user"),
         "{gc}"
     );
-    assert!(common::shm_exists("shmbridge-nobodys"));
+    assert!(common::shm_exists(&nobodys));
 }
 
 /// A name planted in /dev/shm with a newline and terminal escape sequences (anyone can
@@ -151,12 +178,14 @@ fn gc_leaves_another_users_dead_region() {
 /// as control characters: both print it escaped. Before the fix they printed it raw.
 #[test]
 fn ls_and_gc_print_planted_names_escaped() {
-    if !common::private_shm("ls_and_gc_print_planted_names_escaped", "64m") {
-        return;
-    }
-    let forged = "shmbridge-x\nremoved  shmbridge-victim                         its engine is dead\x1b[2K\x1b]0;pwned\x07\u{202e}";
-    plant(forged, b"not a region", true);
-    plant("shmbridge-dead", &region(true), true);
+    let mut planted = Planted::default();
+    let forged = planted.add(&format!(
+        "{}x\nremoved  shmbridge-victim                         its engine is dead{}",
+        common::prefix(),
+        "\x1b[2K\x1b]0;pwned\x07\u{202e}"
+    ));
+    plant(&forged, b"not a region", true);
+    plant(&planted.add(&common::ns_name("dead")), &region(true), true);
     for args in [&["ls"][..], &["gc"][..]] {
         let out = run(args);
         assert!(
@@ -169,7 +198,7 @@ fn ls_and_gc_print_planted_names_escaped() {
             "{args:?} printed a forged line: {out}"
         );
         assert!(
-            out.contains(r"shmbridge-x\nremoved") && out.contains(r"\u{1b}[2K"),
+            out.contains(&format!(r"{}x\nremoved", common::prefix())) && out.contains(r"\u{1b}[2K"),
             "{args:?}: the name, escaped: {out}"
         );
     }
@@ -185,48 +214,103 @@ fn ls_and_gc_print_planted_names_escaped() {
 /// on, another user's, or a socket of a region that exists is left.
 #[test]
 fn gc_removes_fd_sockets_whose_region_is_gone() {
-    if !common::private_shm("gc_removes_fd_sockets_whose_region_is_gone", "64m") {
+    if !common::is_root() {
+        eprintln!("SKIPPED: giving a file to another user needs root (chown)");
         return;
+    }
+    let n = common::ns_name;
+    let mut planted = Planted::default();
+    for name in [
+        "gone.fd",
+        "someone-listens.fd",
+        "nobodys.fd",
+        "dead",
+        "dead.fd",
+    ] {
+        planted.add(&format!("{}{name}", common::prefix()));
     }
     let bound =
         |name: &str| shmbridge::fdpass::Listener::bind(&format!("/dev/shm/{name}")).unwrap();
-    drop(bound("shmbridge-gone.fd"));
-    let _listening = bound("shmbridge-someone-listens.fd");
-    drop(bound("shmbridge-nobodys.fd"));
+    let fd = |name: &str| format!("{}.fd", n(name));
+    drop(bound(&fd("gone")));
+    let _listening = bound(&fd("someone-listens"));
+    drop(bound(&fd("nobodys")));
     rustix::fs::chown(
-        "/dev/shm/shmbridge-nobodys.fd",
+        common::shm_path(&fd("nobodys")).as_path(),
         Some(rustix::process::Uid::from_raw(65534)),
         None,
     )
     .unwrap();
-    plant("shmbridge-dead", &region(true), true);
-    drop(bound("shmbridge-dead.fd"));
+    plant(&n("dead"), &region(true), true);
+    drop(bound(&fd("dead")));
     let gc = run(&["gc"]);
-    let l = line(&gc, "shmbridge-gone.fd");
+    let l = line(&gc, &fd("gone"));
     assert!(
         l.starts_with("removed") && l.contains("region is gone"),
         "{gc}"
     );
-    let l = line(&gc, "shmbridge-someone-listens.fd");
+    let l = line(&gc, &fd("someone-listens"));
     assert!(l.starts_with("left") && l.contains("listens"), "{gc}");
-    let l = line(&gc, "shmbridge-nobodys.fd");
+    let l = line(&gc, &fd("nobodys"));
     assert!(l.starts_with("left") && l.contains("another user"), "{gc}");
     // The dead region goes with its socket (removed with it, not listed on its own).
-    assert!(line(&gc, "shmbridge-dead").starts_with("removed"), "{gc}");
-    assert!(!gc.contains("shmbridge-dead.fd"), "{gc}");
+    assert!(line(&gc, &n("dead")).starts_with("removed"), "{gc}");
+    assert!(!gc.contains(&fd("dead")), "{gc}");
     assert!(
         gc.contains("1 stale region(s) removed (and 1 fd socket(s) whose region was gone), 2 left"),
         "{gc}"
     );
     for (name, left) in [
-        ("shmbridge-gone.fd", false),
-        ("shmbridge-someone-listens.fd", true),
-        ("shmbridge-nobodys.fd", true),
-        ("shmbridge-dead", false),
-        ("shmbridge-dead.fd", false),
+        (fd("gone"), false),
+        (fd("someone-listens"), true),
+        (fd("nobodys"), true),
+        (n("dead"), false),
+        (fd("dead"), false),
     ] {
-        assert_eq!(common::shm_exists(name), left, "{name}");
+        assert_eq!(common::shm_exists(&name), left, "{name}");
     }
     // `ls` lists regions only.
     assert!(!run(&["ls"]).contains(".fd"));
+}
+
+/// An engine's start, `ls` and `gc` look only at the names of their own region namespace
+/// (`SHMBRIDGE_NAMESPACE`): a dead region of another namespace is neither listed nor
+/// removed, one of their own is. Before namespaces every start and `gc` removed every dead
+/// `shmbridge-*` region, so tests removed each other's.
+#[test]
+fn a_sweep_touches_only_its_own_namespace() {
+    let mut planted = Planted::default();
+    let ns = shmbridge::region::namespace().unwrap().unwrap();
+    // Another namespace: `<ours>o` (its prefix `shmbridge-<ours>o-` is not ours).
+    let theirs = planted.add(&format!("shmbridge-{ns}o-dead"));
+    let ours = planted.add(&common::ns_name("dead"));
+    for name in [&theirs, &ours] {
+        plant(name, &region(true), true);
+    }
+    let ls = run(&["ls"]);
+    assert!(line(&ls, &ours).contains(" dead "), "{ls}");
+    assert!(!ls.contains(&theirs), "{ls}");
+    // An engine's start sweeps its own namespace...
+    drop(common::EngineProc::start(&[
+        "--env",
+        "null",
+        "--num-envs",
+        "1",
+    ]));
+    assert!(!common::shm_exists(&ours), "the engine's start left {ours}");
+    // ...and neither it nor `gc` the other's.
+    plant(&ours, &region(true), true);
+    let gc = run(&["gc"]);
+    assert!(line(&gc, &ours).starts_with("removed"), "{gc}");
+    assert!(!gc.contains(&theirs), "{gc}");
+    assert!(common::shm_exists(&theirs), "{theirs} was removed");
+    // In that namespace, `gc` removes it.
+    let out = Command::new(common::BIN)
+        .arg("gc")
+        .env(shmbridge::region::NAMESPACE_ENV, format!("{ns}o"))
+        .output()
+        .unwrap();
+    let gc = String::from_utf8_lossy(&out.stdout);
+    assert!(line(&gc, &theirs).starts_with("removed"), "{gc}");
+    assert!(!common::shm_exists(&theirs));
 }

@@ -45,15 +45,9 @@ fn a_num_envs_that_disagrees_with_the_tensors_is_refused() {
 /// A header of 2^32 - 1 envs whose tensors agree (a sparse file of about 60 GB, never
 /// touched): the client's per-env returns would take 32 GiB. Under an 80 GiB address
 /// space cap the mapping fits and they do not: a typed error (before the fix, an abort
-/// on the failed allocation). Private /dev/shm (root only).
+/// on the failed allocation).
 #[test]
 fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
-    if !common::private_shm(
-        "per_env_memory_the_client_cannot_get_is_a_typed_error",
-        "64m",
-    ) {
-        return;
-    }
     let n = u32::MAX;
     let b = HeaderBuilder::new(
         "huge",
@@ -66,9 +60,10 @@ fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
     let h: &mut Header = bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<Header>()]);
     h.magic = MAGIC;
     h.engine_state = 1; // ready
-    let path = "/dev/shm/shmbridge-huge";
-    std::fs::write(path, &bytes).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let name = common::ns_name("huge");
+    let path = common::shm_path(&name);
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(b.header.region_size).unwrap();
     // Its "engine" lives: it holds the region's lock.
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
@@ -78,7 +73,7 @@ fn per_env_memory_the_client_cannot_get_is_a_typed_error() {
             "ulimit -v 83886080 && exec \"$0\" \"$@\"",
             common::BIN,
         ])
-        .args(["client", "shmbridge-huge", "--steps", "1", "--timeout", "1"])
+        .args(["client", &name, "--steps", "1", "--timeout", "1"])
         .output()
         .unwrap();
     common::assert_no_crash("shmbridge client", &out);

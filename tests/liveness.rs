@@ -38,12 +38,6 @@ fn plant_dead_region(name: &str, header: &[u8]) -> bool {
 /// whose start found the name locked by a sweep got `NameInUse`.
 #[test]
 fn a_gc_loop_loses_no_live_region_and_reused_names_are_never_in_use() {
-    if !common::private_shm(
-        "a_gc_loop_loses_no_live_region_and_reused_names_are_never_in_use",
-        "256m",
-    ) {
-        return;
-    }
     let b = HeaderBuilder::new(
         "dead",
         1,
@@ -87,7 +81,7 @@ fn a_gc_loop_loses_no_live_region_and_reused_names_are_never_in_use() {
                 Arc::clone(&served),
             );
             std::thread::spawn(move || {
-                let name = format!("shmbridge-reused-{w}");
+                let name = common::ns_name(&format!("reused-{w}"));
                 let path = format!("/dev/shm/{name}");
                 let spec = EngineSpec::standard("live", 1, 4, 1, DType::F32).name(&name);
                 for _ in 0..ROUNDS {
@@ -134,7 +128,13 @@ fn a_gc_loop_loses_no_live_region_and_reused_names_are_never_in_use() {
         sweeps.load(Ordering::Relaxed)
     );
     assert_eq!((lost, in_use), (0, 0), "of {served} live regions");
-    assert!(std::fs::read_dir("/dev/shm").unwrap().next().is_none());
+    let prefix = common::prefix();
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A client in its own PID namespace (`unshare -p -f --mount-proc`: its /proc shows

@@ -76,12 +76,12 @@ fn a_region_that_does_not_fit_is_no_space_and_leaves_nothing() {
             free,
             total,
         }) => {
-            assert_eq!(name, "shmbridge-second");
+            assert_eq!(name, common::ns_name("second"));
             assert!(needed > 5 << 20 && free < needed && total == 8 << 20);
         }
         other => panic!("expected NoSpace, got {other:?}"),
     }
-    assert_eq!(shm_entries(), vec!["shmbridge-first".to_string()]);
+    assert_eq!(shm_entries(), vec![common::ns_name("first")]);
     assert!(first.tensor::<u8>("obs").unwrap().iter().all(|&b| b == 7));
     first.close();
     assert_eq!(shm_entries(), Vec::<String>::new());

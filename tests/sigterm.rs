@@ -1,6 +1,6 @@
 //! The CLI engine's SIGTERM handler closes the region it serves, never whatever the name
 //! means now: once its name was removed and taken by another engine, SIGTERM to the old
-//! engine leaves the new one serving. Runs in a private /dev/shm (root only).
+//! engine leaves the new one serving.
 
 mod common;
 
@@ -12,36 +12,24 @@ use shmbridge::{AttachOptions, Client};
 /// region and removed its name.
 #[test]
 fn sigterm_closes_the_engines_own_region_not_the_names_new_owner() {
-    if !common::private_shm(
-        "sigterm_closes_the_engines_own_region_not_the_names_new_owner",
-        "64m",
-    ) {
-        return;
-    }
-    let args = [
-        "--env",
-        "null",
-        "--num-envs",
-        "2",
-        "--name",
-        "shmbridge-reused",
-    ];
+    let name = common::ns_name("reused");
+    let args = ["--env", "null", "--num-envs", "2", "--name", &name];
     let old = common::EngineProc::start(&args);
     // Someone removes the old engine's name, and a new engine takes it.
-    std::fs::remove_file("/dev/shm/shmbridge-reused").unwrap();
+    std::fs::remove_file(common::shm_path(&name)).unwrap();
     let new = common::EngineProc::start(&args);
     common::signal(old.pid(), rustix::process::Signal::TERM);
     let (status, err) = old.finish();
     assert_eq!(status.code(), Some(128 + 15), "{err}");
     assert!(
-        common::shm_exists("shmbridge-reused"),
+        common::shm_exists(&name),
         "the new engine's name was removed"
     );
-    let mut client = Client::attach("shmbridge-reused", AttachOptions::default()).unwrap();
+    let mut client = Client::attach(&name, AttachOptions::default()).unwrap();
     assert_eq!(client.layout().engine_pid, new.pid());
     client.step(Duration::from_secs(30)).unwrap();
     client.close();
     let (status, err) = new.finish();
     assert!(status.success(), "{err}");
-    assert!(!common::shm_exists("shmbridge-reused"));
+    assert!(!common::shm_exists(&name));
 }

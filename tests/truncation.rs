@@ -1,7 +1,7 @@
 //! A region file that shrinks (anyone with the owner's rights can truncate it): `ls` and
 //! `inspect` read headers with `pread` and never die of SIGBUS; a client turns a region
 //! truncated under it into `RegionTooSmall` before it sleeps, instead of waiting (or
-//! faulting). Each test runs in a private /dev/shm (root only).
+//! faulting). Each test names its regions in its own region namespace (tests/common).
 
 mod common;
 
@@ -53,13 +53,7 @@ fn sharded_region_bytes() -> (Vec<u8>, u64) {
 /// shrinking after that mapping killed it with SIGBUS): here it failed to map.
 #[test]
 fn inspect_reads_the_shard_words_without_mapping_the_region() {
-    if !common::private_shm(
-        "inspect_reads_the_shard_words_without_mapping_the_region",
-        "64m",
-    ) {
-        return;
-    }
-    let name = "shmbridge-sharded-big";
+    let name = &common::ns_name("sharded-big");
     let path = format!("/dev/shm/{name}");
     let (header, _) = sharded_region_bytes();
     let file = std::fs::File::create_new(&path).unwrap();
@@ -92,17 +86,11 @@ fn inspect_reads_the_shard_words_without_mapping_the_region() {
 /// shrinking and growing back in a loop, that happened within a few runs.
 #[test]
 fn ls_and_inspect_survive_a_region_that_shrinks_while_they_read() {
-    if !common::private_shm(
-        "ls_and_inspect_survive_a_region_that_shrinks_while_they_read",
-        "64m",
-    ) {
-        return;
-    }
     for (name, (header, size)) in [
-        ("shmbridge-shrinking", region_bytes()),
-        ("shmbridge-shrinking-sharded", sharded_region_bytes()),
+        ("shrinking", region_bytes()),
+        ("shrinking-sharded", sharded_region_bytes()),
     ] {
-        shrink_while_reading(name, header, size);
+        shrink_while_reading(&common::ns_name(name), header, size);
     }
 }
 
@@ -143,9 +131,6 @@ fn shrink_while_reading(name: &str, header: Vec<u8>, size: u64) {
 /// until the timeout (and a client touching the tensors would have died of SIGBUS).
 #[test]
 fn a_client_reports_a_region_truncated_under_it() {
-    if !common::private_shm("a_client_reports_a_region_truncated_under_it", "64m") {
-        return;
-    }
     let engine = common::EngineProc::start(&[
         "--env",
         "null",
@@ -192,12 +177,6 @@ fn a_client_reports_a_region_truncated_under_it() {
 /// interpreter's exit too).
 #[test]
 fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
-    if !common::private_shm(
-        "a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly",
-        "64m",
-    ) {
-        return;
-    }
     let engine = common::EngineProc::start(&["--env", "null", "--num-envs", "4"]);
     let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
     client.step(Duration::from_secs(30)).unwrap();
@@ -253,12 +232,6 @@ fn truncate_to(path: &str, len: u64) {
 /// waiter cleared its flag in the vanished control block on waking: SIGBUS.
 #[test]
 fn a_client_asleep_in_step_survives_truncation_to_nothing() {
-    if !common::private_shm(
-        "a_client_asleep_in_step_survives_truncation_to_nothing",
-        "64m",
-    ) {
-        return;
-    }
     let engine = common::EngineProc::start(&["--env", "null", "--num-envs", "4", "--blocking"]);
     let options = AttachOptions::default().policy(shmbridge::WaitPolicy::BLOCKING);
     let mut client = Client::attach(&engine.name, options).unwrap();
@@ -297,12 +270,6 @@ fn a_client_asleep_in_step_survives_truncation_to_nothing() {
 /// wake-up faulted, and so did a later wait or the drop.
 #[test]
 fn an_engine_asleep_in_wait_actions_survives_truncation_to_nothing() {
-    if !common::private_shm(
-        "an_engine_asleep_in_wait_actions_survives_truncation_to_nothing",
-        "64m",
-    ) {
-        return;
-    }
     let mut spec = shmbridge::EngineSpec::standard("shrinking", 4, 3, 1, DType::F32);
     spec.policy = shmbridge::WaitPolicy::BLOCKING;
     let mut engine = shmbridge::Engine::create(spec).unwrap();

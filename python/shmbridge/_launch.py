@@ -431,7 +431,9 @@ def _launch_sharded(
         raise ValueError(f"shards={shards} with device={device!r}: sharded engines serve host memory")
     if shards > num_envs:
         raise ValueError(f"shards={shards} > num_envs={num_envs}: each shard needs an env")
-    name = engine_args.pop("name", None) or "shmbridge-" + secrets.token_hex(16)
+    # A short name: the library adds the prefix of this process's region namespace
+    # (SHMBRIDGE_NAMESPACE), for the engines and the client alike.
+    name = engine_args.pop("name", None) or secrets.token_hex(16)
     base = _engine_command(env, num_envs, device, spin_us, blocking, {**engine_args, "name": name})
     procs = _start_shards([base + ["--shard", f"{k}/{shards}"] for k in range(shards)],
                           timeout, f"launch({env!r}, shards={shards})")
@@ -507,7 +509,7 @@ def launch_gym(
     import cloudpickle
 
     blob = cloudpickle.dumps((env, env_kwargs))
-    name = "shmbridge-gym-" + secrets.token_hex(16)
+    name = "gym-" + secrets.token_hex(16)  # the library adds the namespace's prefix
     base = [
         sys.executable, "-m", "shmbridge.gym_shards", "--name", name,
         "--shards", str(shards), "--num-envs", str(num_envs), "--autoreset", autoreset_mode,

@@ -10,6 +10,40 @@ use std::process::{Child, Command, Stdio};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_shmbridge");
 
+/// Each test process names its regions in a namespace of its own (docs/protocol.md 1.1):
+/// `SHMBRIDGE_NAMESPACE` becomes the one it was given (or `t`) + `_<pid>`, set before
+/// `main` (an `.init_array` entry), while the process has one thread; the engines it
+/// starts inherit it. Under cargo-nextest (scripts/test.sh) a process runs one test, so no
+/// test's engine start, `ls` or `gc` sees another test's regions, nor another run's; plain
+/// `cargo test` runs a file's tests in one process, one namespace. When the process exits
+/// (`.fini_array`), it sweeps that namespace: the regions of the engines its tests killed,
+/// which no later engine start of the namespace would remove.
+#[used]
+#[link_section = ".init_array"]
+static OWN_NAMESPACE: extern "C" fn() = own_namespace;
+extern "C" fn own_namespace() {
+    let outer = std::env::var(shmbridge::region::NAMESPACE_ENV).unwrap_or_default();
+    let outer = if outer.is_empty() { "t" } else { &outer };
+    let ns = format!("{outer}_{}", std::process::id());
+    std::env::set_var(shmbridge::region::NAMESPACE_ENV, ns);
+}
+#[used]
+#[link_section = ".fini_array"]
+static SWEEP_OWN_NAMESPACE: extern "C" fn() = sweep_own_namespace;
+extern "C" fn sweep_own_namespace() {
+    let _ = shmbridge::region::sweep();
+}
+
+/// The prefix of this test process's region names: `shmbridge-<namespace>-`.
+pub fn prefix() -> String {
+    shmbridge::region::namespace_prefix().unwrap()
+}
+
+/// `short` as a region name of this test's namespace (`shmbridge-<namespace>-short`).
+pub fn ns_name(short: &str) -> String {
+    shmbridge::region::canonical_name(short).unwrap()
+}
+
 /// `command` with SIGINT and SIGQUIT at their default actions, as for a program a
 /// terminal runs in the foreground (what the tests that press Ctrl-C model): a test
 /// runner started in the background of a non-interactive shell ignores them, and an

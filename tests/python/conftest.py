@@ -5,6 +5,7 @@ pattern, a private /dev/shm."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -20,10 +21,32 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Region namespaces (docs/protocol.md 1.1): this process (a pytest-xdist worker, or
+# pytest alone) names its regions in one of its own, under the one it was given, and each
+# test in one under that (the autouse fixture `region_namespace`): an engine's start, `ls`
+# and `gc` then see only that test's regions, whatever else runs on the machine.
+WORKER_NAMESPACE = f"{os.environ.get('SHMBRIDGE_NAMESPACE') or 'py'}_{os.getpid()}"
+os.environ["SHMBRIDGE_NAMESPACE"] = WORKER_NAMESPACE
+_tests_run = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def region_namespace(monkeypatch):
+    """Each test's own region namespace: ``<worker's>_<n>``; yields the prefix of its
+    names (``shmbridge-<namespace>-``), and sweeps the namespace when the test ends."""
+    ns = f"{WORKER_NAMESPACE}_{next(_tests_run)}"
+    monkeypatch.setenv("SHMBRIDGE_NAMESPACE", ns)
+    yield f"shmbridge-{ns}-"
+    # The regions of the engines the test killed: no later engine start of this
+    # namespace would sweep them. A live engine's region stays (no_region_left sees it).
+    shmbridge.gc()
+
+
 def regions() -> set:
-    """The names of the shmbridge regions in /dev/shm now (anyone's: compare sets taken
-    before and after, other processes may come and go)."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith("shmbridge-")}
+    """The names of the shmbridge regions in /dev/shm now of this process's namespaces
+    (its own and its tests')."""
+    return {n for n in os.listdir("/dev/shm")
+            if n.startswith(f"shmbridge-{WORKER_NAMESPACE}-") or n.startswith(f"shmbridge-{WORKER_NAMESPACE}_")}
 
 
 def region_exists(name: str) -> bool:

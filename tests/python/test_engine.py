@@ -331,11 +331,12 @@ def test_example_python_engine_serves_pendulum_dynamics():
         proc.wait()
 
 
-def test_engine_start_and_region_tools_do_not_block_on_a_fifo():
-    """A FIFO named like a region (any local user can make one in /dev/shm): `Engine()`
-    (whose start sweeps /dev/shm), `list_regions()` and `gc()` neither block on it nor
-    remove it. Run in a child process, so a hang fails the test instead of stalling it."""
-    fifo = f"/dev/shm/shmbridge-pyfifo-{os.getpid()}"
+def test_engine_start_and_region_tools_do_not_block_on_a_fifo(region_namespace):
+    """A FIFO named like a region of this test's namespace (any local user can make one in
+    /dev/shm): `Engine()` (whose start sweeps the namespace), `list_regions()` and `gc()`
+    neither block on it nor remove it. Run in a child process, so a hang fails the test
+    instead of stalling it."""
+    fifo = f"/dev/shm/{region_namespace}pyfifo-{os.getpid()}"
     os.mkfifo(fifo, 0o666)
     try:
         code = (
