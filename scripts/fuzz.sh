@@ -7,8 +7,8 @@
 # Long runs count executions instead: `bash scripts/fuzz.sh --runs 10000000 [target...]`
 # runs each target for that many (one target at a time; hours on a small machine; run it
 # under `nice`), and prints each one's count, time and peak memory.
-# `bash scripts/fuzz.sh --build [target...]` only builds them (scripts/test.sh builds them
-# early, beside other steps, and runs them at the end).
+# `bash scripts/fuzz.sh --build [target...]` only builds them (scripts/test.sh builds them,
+# then runs them).
 # A crash leaves its input in fuzz/artifacts/TARGET/: once fixed, copy it into
 # fuzz/regressions/ (ring_envelope) or tests/hostile_headers/ (layout_header) so
 # `cargo test` replays it for good.

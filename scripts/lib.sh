@@ -3,7 +3,7 @@
 
 # A command that fails under `set -e` says which it was and where, once, before the script
 # exits (without this, a failure in a sourced function or a command substitution ends the
-# script with nothing said). -E: functions and subshells (the lanes) inherit the trap.
+# script with nothing said). -E: functions and subshells inherit the trap.
 set -E
 trap '_on_error $? "$BASH_COMMAND" "${BASH_SOURCE[0]:-?}" "$LINENO"' ERR
 _on_error() {
@@ -14,121 +14,9 @@ _on_error() {
 }
 
 # `step TEXT` starts a step of a script: prints "== [T s] TEXT", T the seconds since the
-# script started (bash's SECONDS), so a log shows where the time went; `part TEXT` does the
-# same for a part of a step ("-- [T s] TEXT"). `steps_summary` prints each one's wall time
-# and the CPU time (user + system) of the processes that ended within it: a background job
-# (start_deps, lane_start) counts in the step during which it ended (the shell reaps it
-# then), and a lane's own table gives its steps' figures.
-STEP_NAMES=()
-STEP_STARTS=()
-STEP_CPU=()
-STEPS_ORIGIN=0
+# script started (bash's SECONDS), so a log shows where the time went.
 step() {
-    _step_mark "$*"
     printf '== [%4d s] %s\n' "$SECONDS" "$*"
-}
-part() {
-    _step_mark "  $*"
-    printf -- '-- [%4d s] %s\n' "$SECONDS" "$*"
-}
-_step_mark() {
-    _children_cpu
-    STEP_NAMES+=("$1")
-    STEP_STARTS+=("$SECONDS")
-    STEP_CPU+=("$CHILDREN_CPU")
-}
-# CHILDREN_CPU: the user + system time, in clock ticks, of this shell's children that have
-# ended (and theirs): fields 16 and 17 of /proc/PID/stat, read by the shell itself (or by
-# the subshell of a lane: BASHPID, not $$).
-_children_cpu() {
-    local stat fields
-    read -r stat < "/proc/$BASHPID/stat"
-    read -ra fields <<< "${stat##*) }"
-    CHILDREN_CPU=$((fields[13] + fields[14]))
-}
-steps_summary() {
-    local i j end cpu_end n=${#STEP_NAMES[@]} hz
-    hz=$(getconf CLK_TCK)
-    _children_cpu
-    echo "wall and CPU seconds per step (a step's figures include its parts; a background lane's CPU counts in the step during which it ended; load: $(cut -d' ' -f1-3 /proc/loadavg)):"
-    printf '%6s %6s  %s\n' wall cpu step
-    for ((i = 0; i < n; i++)); do
-        end=$SECONDS
-        cpu_end=$CHILDREN_CPU
-        for ((j = i + 1; j < n; j++)); do
-            # A part ends where the next entry starts; a step where the next step does.
-            if [ "${STEP_NAMES[i]:0:2}" = "  " ] || [ "${STEP_NAMES[j]:0:2}" != "  " ]; then
-                end=${STEP_STARTS[j]}
-                cpu_end=${STEP_CPU[j]}
-                break
-            fi
-        done
-        printf '%6d %6s  %s\n' $((end - STEP_STARTS[i])) "$(_ticks_as_seconds $((cpu_end - STEP_CPU[i])) "$hz")" \
-            "${STEP_NAMES[i]:0:100}"
-    done
-    printf '%6d %6s  in all\n' $((SECONDS - STEPS_ORIGIN)) "$(_ticks_as_seconds "$CHILDREN_CPU" "$hz")"
-}
-
-# `lane_start NAME FUNCTION`: runs FUNCTION, a function of the calling script, in the
-# background, beside the steps that follow (so that one core's wait, a single-threaded
-# step or a download, is the other's work). Its output goes to target/lanes/NAME.log, its
-# steps are timed as the script's are, and it ends with their table. `lane_join NAME`
-# waits for it, prints that log, and fails where the lane failed; `lanes_stop` (for an
-# EXIT trap) ends the lanes still running, with all they started. A lane is a process
-# group of its own (set -m), so it keeps SIGINT at its default (a background job of a
-# shell without job control would ignore it, and so would its tests' peers) and can be
-# ended as a whole. Where two lanes need one cargo lock (a profile folder) at once, the
-# second waits for it.
-declare -A LANE_PIDS=()
-lane_start() {
-    local name=$1 fn=$2
-    mkdir -p target/lanes
-    printf -- '-- [%4d s] lane %s starts in the background (target/lanes/%s.log)\n' "$SECONDS" "$name" "$name"
-    set -m
-    # stdin from /dev/null: with job control a background job keeps the script's, and one
-    # that read the terminal would be stopped, and lane_join would wait for it forever.
-    (
-        set +m
-        STEP_NAMES=()
-        STEP_STARTS=()
-        STEP_CPU=()
-        STEPS_ORIGIN=$SECONDS
-        trap steps_summary EXIT
-        "$fn"
-    ) < /dev/null > "target/lanes/$name.log" 2>&1 &
-    LANE_PIDS[$name]=$!
-    set +m
-}
-# SIGTERM to each lane's process group, then, after a bounded wait (5 s) for it to go,
-# SIGKILL. A SIGKILL of the script itself leaves the lanes to whoever sent it (a CI
-# runner ends the whole job).
-lanes_stop() {
-    local name pgid i
-    for name in "${!LANE_PIDS[@]}"; do
-        pgid=${LANE_PIDS[$name]}
-        kill -TERM -- "-$pgid" 2>/dev/null || continue
-        for ((i = 0; i < 50; i++)); do
-            kill -0 -- "-$pgid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL -- "-$pgid" 2>/dev/null || true
-        echo "lane $name stopped (target/lanes/$name.log)" >&2
-    done
-}
-lane_join() {
-    local name=$1 status=0
-    wait "${LANE_PIDS[$name]}" || status=$?
-    unset "LANE_PIDS[$name]"
-    printf -- '-- [%4d s] lane %s ended (status %d); its output:\n' "$SECONDS" "$name" "$status"
-    sed 's/^/   | /' "target/lanes/$name.log"
-    if [ "$status" -ne 0 ]; then
-        echo "error: lane $name failed (above)" >&2
-        exit 1
-    fi
-}
-_ticks_as_seconds() {
-    local tenths=$(($1 * 10 / $2))
-    echo "$((tenths / 10)).$((tenths % 10))"
 }
 
 # Rust >= 1.82 (rust-version in Cargo.toml) is the one thing the scripts cannot install:
@@ -154,6 +42,17 @@ ensure_rust() {
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
         echo "no C/C++ compiler (cc, c++): installing Debian's gcc and g++" >&2
         apt_install gcc g++
+    fi
+}
+
+# cargo-nextest, the runner of the Rust tests (scripts/test.sh, .config/nextest.toml): each
+# test in a process of its own. Where it is missing, `cargo install --locked` builds it from
+# crates.io into ~/.cargo/bin (minutes on a fresh machine, once; prebuilt binaries would
+# come from GitHub, which this project does not download from).
+ensure_nextest() {
+    if ! cargo nextest --version >/dev/null 2>&1; then
+        echo "no cargo-nextest: building it from crates.io (cargo install --locked cargo-nextest)" >&2
+        cargo install --locked cargo-nextest
     fi
 }
 
@@ -297,44 +196,19 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# `with_private_shm CMD...`: runs CMD in a mount namespace of its own with an empty tmpfs
-# on /dev/shm (root: unshare -m), and fails if CMD left a shmbridge region or fd socket
-# there; where that cannot be made (not root), CMD runs as it is. scripts/test.sh runs
-# what makes regions beside pytest this way (pytest's tests compare the regions in
-# /dev/shm before and after), and scripts/soak.sh the soak.
-can_private_shm() {
-    [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1
-}
-with_private_shm() {
-    if ! can_private_shm; then
-        echo "with_private_shm: not root (or no unshare): \"$*\" runs on this machine's /dev/shm" >&2
-        "$@"
-        return
+# Fails, with what it found, if anything of the region namespace NS (docs/protocol.md 1.1)
+# is left: a name in /dev/shm starting `shmbridge-NS-` or `shmbridge-NS_` (the namespaces
+# the tests make under it), or such an abstract socket bound.
+no_region_left() {
+    local ns=$1 left sockets
+    left=$(ls /dev/shm 2>/dev/null | grep -E "^shmbridge-${ns}[-_]" || true)
+    sockets=$(grep -E "@shmbridge-${ns}[-_]" /proc/net/unix || true)
+    if [ -n "$left$sockets" ]; then
+        echo "error: left in /dev/shm or bound by the tests (namespace $ns):" >&2
+        echo "$left$sockets" >&2
+        exit 1
     fi
-    # As large as the machine's own /dev/shm, so a command runs out of room where it would.
-    local size
-    size=$(df -k --output=size /dev/shm | tail -n1 | tr -d ' ')
-    SHM_SIZE_KIB=$size unshare -m --propagation private sh -c '
-        mount -t tmpfs -o "size=${SHM_SIZE_KIB}k,mode=1777" shmbridge-private /dev/shm || exit 1
-        status=0
-        "$@" || status=$?
-        left=$(ls /dev/shm | grep "^shmbridge" || true)
-        if [ -n "$left" ]; then
-            echo "error: left in /dev/shm by \"$*\": $left" >&2
-            [ "$status" -ne 0 ] || status=1
-        fi
-        exit "$status"' sh "$@"
-}
-
-# Whether this machine has an NVIDIA GPU (its control device): then scripts/test.sh runs
-# nothing beside the tests that use it.
-gpu_present() {
-    [ -e /dev/nvidiactl ]
-}
-
-# Names of shmbridge regions in /dev/shm, one per line.
-shm_regions() {
-    ls /dev/shm 2>/dev/null | grep '^shmbridge' || true
+    echo "nothing left (namespace $ns)"
 }
 
 # Puts the NVRTC wheel's folder (found by `python`'s shmbridge) on LD_LIBRARY_PATH, so

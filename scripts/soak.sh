@@ -4,8 +4,8 @@
 # checked (examples/soak.rs says how); RSS, descriptors and the run's regions in /dev/shm
 # sampled after a warm-up and at the end must be flat, and nothing may be left.
 #   bash scripts/soak.sh 10        # the figures in docs/reliability.md
-# As root it runs in a private /dev/shm (scripts/lib.sh with_private_shm), apart from other
-# users' regions; elsewhere in the shared one, counting only its own regions.
+# It runs in a region namespace of its own (SHMBRIDGE_NAMESPACE, docs/protocol.md 1.1):
+# its engines' start-up sweeps see only its regions, and nobody else's sweep sees them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -13,6 +13,5 @@ ensure_rust
 minutes="${1:-1}"
 
 cargo build --locked --release --quiet --bin shmbridge --example soak
-soak=target/release/examples/soak
 echo "soak: $minutes min"
-with_private_shm "$soak" "$minutes"
+SHMBRIDGE_NAMESPACE="${SHMBRIDGE_NAMESPACE:-soak}_$$" target/release/examples/soak "$minutes"
