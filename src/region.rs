@@ -644,7 +644,7 @@ impl Region {
     }
 
     /// The client's proof for one exchange on the fd socket (1.8): a `dup` of the
-    /// descriptor holding [`CLIENT_PROOF_BYTE`] ([`Region::hold_client_proof`]). Drop it
+    /// descriptor holding [`CLIENT_PROOF_BYTE`] (`Region::hold_client_proof`). Drop it
     /// once the exchange is over. `Err` when this mapping holds none.
     pub fn client_proof(&self) -> Result<os::HeldFd> {
         let held = self.held_proof.as_ref().ok_or_else(|| {
