@@ -95,6 +95,34 @@ pub fn file_identity(file: impl AsFd) -> Result<(u64, u64, u64)> {
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
 
+/// Where a mapping of this process that contains address `addr` comes from, as
+/// `/proc/self/maps` says: `(file offset of addr, st_dev, st_ino)` of the file mapped
+/// there; `None` when no file mapping contains it (or /proc is not mounted).
+pub fn mapped_file_at(addr: usize) -> Option<(u64, u64, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    for line in maps.lines() {
+        // start-end perms offset major:minor inode [path]
+        let mut f = line.split_ascii_whitespace();
+        let (range, _perms, offset, dev, inode) =
+            (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (start, end) = range.split_once('-')?;
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        if !(start..end).contains(&addr) {
+            continue;
+        }
+        let offset = u64::from_str_radix(offset, 16).ok()?;
+        let (major, minor) = dev.split_once(':')?;
+        let dev = rustix::fs::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        );
+        let inode: u64 = inode.parse().ok()?;
+        return (inode != 0).then(|| (offset + (addr - start) as u64, dev, inode));
+    }
+    None
+}
+
 /// Sizes a new shm object to `len` bytes and reserves them: `posix_fallocate` charges
 /// every page to the tmpfs now, so a region that does not fit is `Err(ENOSPC)` here. After
 /// a bare `ftruncate` the file would be sparse, and the first write past the free space

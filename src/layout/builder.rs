@@ -292,7 +292,7 @@ impl HeaderBuilder {
         } else if cuda_alloc.is_some() {
             VERSION_MINOR_CUDA_SESSIONS
         } else if !vulkan.is_empty() {
-            VERSION_MINOR_FD_SOCKET
+            VERSION_MINOR_FD_HELLO
         } else {
             VERSION_MINOR_UNSHARDED
         };

@@ -187,7 +187,7 @@ fn vulkan_tensors_round_trip_and_need_1_3() {
     assert_eq!(l.tensors, b.tensors);
     assert_eq!(crate::device::vulkan::fd_count(&l), 2);
     // 1.6: Vulkan fds over the socket file, with proofs; the 1.5 control block.
-    assert_eq!(l.version, (1, VERSION_MINOR_FD_SOCKET));
+    assert_eq!(l.version, (1, VERSION_MINOR_FD_HELLO));
     assert_eq!(b.header.layout_hash, LAYOUT_HASH_CUDA_SESSIONS);
     // The same bytes under a 1.2 header are refused.
     let mut old = published(&b);
