@@ -656,7 +656,8 @@ shmb_status shmb_engine_tensor(shmb_engine *engine,
  * frame 0 (the reset observations); each later one answers the action
  * `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
  * An engine whose Vulkan tensors have a timeline semaphore publishes with
- * `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
+ * `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled:
+ * here it gets `SHMB_INVALID_SPEC` and nothing is published.
  */
 shmb_status shmb_engine_publish(shmb_engine *engine, uint64_t *frame);
 
@@ -858,7 +859,9 @@ shmb_status shmb_engine_next_frame(shmb_engine *engine, uint64_t *frame);
  * soon as the frame is published.
  *
  * `SHMB_INVALID_SPEC`, and nothing published: `signaled` is not the frame's number, or
- * the engine's tensors have no semaphore.
+ * the engine's tensors have no semaphore. (`shmb_engine_publish` on an engine whose
+ * tensors have one is `SHMB_INVALID_SPEC` too: a frame is never published without the
+ * value a client waits for.)
  */
 shmb_status shmb_engine_publish_signaled(shmb_engine *engine, uint64_t signaled, uint64_t *frame);
 

@@ -691,7 +691,7 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
         .with_semaphore(semaphore, SemaphoreKind::Timeline);
     let mut engine = Engine::create(spec_with(tensor)).unwrap();
     let name = engine.name().to_string();
-    engine.publish().unwrap();
+    engine.publish_signaled(Some(0)).unwrap();
     let inspect = std::process::Command::new(common::BIN)
         .args(["inspect", &name])
         .output()
@@ -1339,7 +1339,8 @@ fn a_forked_child_does_not_keep_the_engine_socket() {
 }
 
 /// Path (b) with a timeline semaphore, served with `publish_signaled`: each frame's value
-/// must be its number (`next_frame`); a wrong value, or none, publishes nothing (the right
+/// must be its number (`next_frame`); a wrong value, or none (plain `publish` too),
+/// publishes nothing (the right
 /// value then still publishes that frame, which a second publish of one action could
 /// not). An empty memfd stands in for the semaphore (lavapipe cannot export one).
 #[test]
@@ -1358,6 +1359,7 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
         r => panic!("expected InvalidSpec, got {r:?}"),
     };
     assert_eq!(engine.next_frame(), 0);
+    refused(engine.publish(), "has a timeline semaphore");
     refused(engine.publish_signaled(None), "has a timeline semaphore");
     refused(engine.publish_signaled(Some(1)), "with 1 for frame 0");
     assert_eq!(engine.publish_signaled(Some(0)).unwrap(), 0);
@@ -1379,6 +1381,7 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
             "signal each frame's number",
         );
         refused(engine.publish_signaled(None), "has a timeline semaphore");
+        refused(engine.publish(), "has a timeline semaphore");
         assert_eq!(engine.publish_signaled(Some(n)).unwrap(), n);
     }
     assert_eq!(client.join().unwrap(), vec![1, 2, 3]);

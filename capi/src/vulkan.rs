@@ -190,7 +190,9 @@ pub unsafe extern "C" fn shmb_engine_next_frame(
 /// soon as the frame is published.
 ///
 /// `SHMB_INVALID_SPEC`, and nothing published: `signaled` is not the frame's number, or
-/// the engine's tensors have no semaphore.
+/// the engine's tensors have no semaphore. (`shmb_engine_publish` on an engine whose
+/// tensors have one is `SHMB_INVALID_SPEC` too: a frame is never published without the
+/// value a client waits for.)
 #[no_mangle]
 pub unsafe extern "C" fn shmb_engine_publish_signaled(
     engine: *mut shmb_engine,
@@ -468,19 +470,22 @@ mod tests {
                 shmb_engine_next_frame(engine, std::ptr::null_mut()),
                 SHMB_INVALID_ARGUMENT
             );
-            // Without the value, or with another: refused, nothing published.
-            assert_eq!(
-                crate::shmb_engine_publish(engine, std::ptr::null_mut()),
-                SHMB_OK
-            );
         }
-        // (Plain publish is not checked; a new engine for the checked path.)
-        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
-        let (status, text, engine) = create(spec);
-        assert_eq!(status, SHMB_OK, "{text}");
         let mut frame = u64::MAX;
         // SAFETY: as above.
         unsafe {
+            // Without the value (plain publish), or with another: refused, nothing
+            // published (frame 0 is still to come, and `*frame` is not written).
+            assert_eq!(
+                crate::shmb_engine_publish(engine, &mut frame),
+                SHMB_INVALID_SPEC
+            );
+            assert!(
+                message().contains("has a timeline semaphore"),
+                "{}",
+                message()
+            );
+            assert_eq!(frame, u64::MAX, "written on failure");
             assert_eq!(
                 shmb_engine_publish_signaled(engine, 1, &mut frame),
                 SHMB_INVALID_SPEC
