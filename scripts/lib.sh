@@ -119,25 +119,34 @@ _ticks_as_seconds() {
     echo "$((tenths / 10)).$((tenths % 10))"
 }
 
-ensure_rust() {
+# rustup's cargo on PATH when no other is.
+rustup_cargo_on_path() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
         export PATH="$HOME/.cargo/bin:$PATH"
     fi
+}
+
+ensure_rust() {
+    rustup_cargo_on_path
     if ! command -v cargo >/dev/null 2>&1; then
         echo "cargo not found: installing Debian's Rust toolchain" >&2
         apt_install cargo rustc
     fi
-    # The crate needs Rust >= 1.82 (see rust-version in Cargo.toml).
+    check_rust_version
+    # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
+    # compiled for the host (tests/cartpole_kernel.rs).
+    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
+        apt_install gcc g++
+    fi
+}
+
+# The crate needs Rust >= 1.82 (see rust-version in Cargo.toml): exits if rustc is older.
+check_rust_version() {
     local v
     v=$(rustc --version | awk '{print $2}')
     if [ "$(printf '%s\n1.82.0\n' "$v" | sort -V | head -n1)" != "1.82.0" ]; then
         echo "error: rustc $v is older than 1.82; install a newer toolchain (rustup)" >&2
         exit 1
-    fi
-    # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
-    # compiled for the host (tests/cartpole_kernel.rs).
-    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
-        apt_install gcc g++
     fi
 }
 
