@@ -95,6 +95,53 @@ pub fn file_identity(file: impl AsFd) -> Result<(u64, u64, u64)> {
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
 
+/// What `fstat` (and `fcntl(F_GETFL)`) say of an fd another party hands over as
+/// exported device memory or a semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdKind {
+    /// A regular file: a memfd or an unlinked file (`named` false), or a file with a name
+    /// in a filesystem (`named`: `st_nlink > 0`).
+    File { named: bool },
+    /// A file of no type (`S_IFMT` 0): an anonymous inode (eventfd, a DRM sync object) or
+    /// a pseudo-filesystem's (a dma-buf).
+    Anonymous,
+    /// A character device: a terminal, one of the kernel's memory devices (major 1:
+    /// `/dev/null`, `/dev/zero`, `/dev/mem`...), or another (a driver's device node).
+    CharDevice { terminal: bool, memory: bool },
+    /// A socket, a pipe or FIFO, a directory, a block device, a symbolic link, or an
+    /// `O_PATH` descriptor (usable for nothing but its path): no exported object is one.
+    Other(&'static str),
+}
+
+/// The kind of `fd` and its `st_size` (meaningful for regular files and a dma-buf; 0 for
+/// most anonymous inodes and devices).
+pub fn fd_kind(fd: BorrowedFd<'_>) -> Result<(FdKind, u64)> {
+    use rustix::fs::FileType;
+    use std::io::IsTerminal;
+    let st = rustix::fs::fstat(fd).map_err(|e| Error::io("fstat", e))?;
+    let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| Error::io("fcntl(F_GETFL)", e))?;
+    let kind = if flags.contains(rustix::fs::OFlags::PATH) {
+        FdKind::Other("an O_PATH descriptor")
+    } else {
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => FdKind::File {
+                named: st.st_nlink > 0,
+            },
+            FileType::CharacterDevice => FdKind::CharDevice {
+                terminal: fd.is_terminal(),
+                memory: rustix::fs::major(st.st_rdev) == 1,
+            },
+            FileType::Socket => FdKind::Other("a socket"),
+            FileType::Fifo => FdKind::Other("a pipe or FIFO"),
+            FileType::Directory => FdKind::Other("a directory"),
+            FileType::BlockDevice => FdKind::Other("a block device"),
+            FileType::Symlink => FdKind::Other("a symbolic link"),
+            FileType::Unknown => FdKind::Anonymous,
+        }
+    };
+    Ok((kind, st.st_size as u64))
+}
+
 /// Sizes a new shm object to `len` bytes and reserves them: `posix_fallocate` charges
 /// every page to the tmpfs now, so a region that does not fit is `Err(ENOSPC)` here. After
 /// a bare `ftruncate` the file would be sparse, and the first write past the free space
