@@ -386,7 +386,8 @@ impl Client {
         timeout: Duration,
     ) -> Result<u64> {
         self.check_can_step()?;
-        self.device.before_post(Some(stream.into()))?;
+        self.device
+            .before_post(Some(stream.into()), timeout, &|| self.check_engine())?;
         self.post_and_wait(timeout)
     }
 
@@ -512,13 +513,17 @@ impl Client {
     ///
     /// Errors: `PeerClosed`, `PeerDied` (noticed within ~10 ms of the engine's death),
     /// `Timeout`. After a timeout the step is still in flight: call
-    /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
+    /// [`wait_frame`](Client::wait_frame) to finish it before the next step. (One
+    /// timeout comes before anything is posted: a CUDA import of Vulkan memory with a
+    /// semaphore whose consumer stream did not drain in `timeout`, its `what` naming that
+    /// stream. Nothing is in flight then: `wait_frame` returns the current frame at once.)
     pub fn step(&mut self, timeout: Duration) -> Result<u64> {
         self.check_can_step()?;
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
         if self.device_hooks {
-            self.device.before_post(None)?;
+            self.device
+                .before_post(None, timeout, &|| self.check_engine())?;
         }
         self.post_and_wait(timeout)
     }
@@ -711,7 +716,8 @@ impl Client {
         // SAFETY: `command_stream` is 1 or a stream the caller vouched for in
         // `set_command_stream` (live while it is set).
         let stream = unsafe { StreamRef::from_raw(self.command_stream) };
-        self.device.before_post(Some(stream))?;
+        self.device
+            .before_post(Some(stream), timeout, &|| self.check_engine())?;
         // Replies still in this shard's ring answer earlier calls that gave up (one call
         // is in flight at a time): none is this call's, and each takes room its reply
         // may need.

@@ -226,8 +226,9 @@ fn fds_do_not_grow_over_200_attach_close_cycles() {
 fn an_fd_smaller_than_declared_is_a_typed_error() {
     let _serial = serial();
     let Some(ctx) = vulkan() else { return };
+    // The engine checks the size it sees (a memfd's) at creation: the fd shrinks after.
     let fd = rustix::fs::memfd_create("short", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    rustix::fs::ftruncate(&fd, 4096).unwrap();
+    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
     let ids = ctx.ids();
     let export = VulkanExport {
         alloc_size: 1 << 20,
@@ -238,6 +239,7 @@ fn an_fd_smaller_than_declared_is_a_typed_error() {
         driver_uuid: ids.driver_uuid,
     };
     let before = open_fds();
+    let shrink = fd.try_clone().unwrap();
     let mut engine = Engine::create(spec_with(TensorSpec::vulkan_import(
         "frame",
         DType::U8,
@@ -246,6 +248,8 @@ fn an_fd_smaller_than_declared_is_a_typed_error() {
         export,
     )))
     .unwrap();
+    rustix::fs::ftruncate(&shrink, 4096).unwrap();
+    drop(shrink);
     let name = engine.name().to_string();
     engine.publish().unwrap();
     let e = Client::attach(&name, AttachOptions::default()).unwrap_err();
@@ -691,7 +695,7 @@ fn a_semaphore_fd_follows_its_memory_and_the_cpu_importer_closes_it() {
         .with_semaphore(semaphore, SemaphoreKind::Timeline);
     let mut engine = Engine::create(spec_with(tensor)).unwrap();
     let name = engine.name().to_string();
-    engine.publish().unwrap();
+    engine.publish_signaled(Some(0)).unwrap();
     let inspect = std::process::Command::new(common::BIN)
         .args(["inspect", &name])
         .output()
@@ -1624,7 +1628,8 @@ fn a_forked_child_does_not_keep_the_engine_socket() {
 }
 
 /// Path (b) with a timeline semaphore, served with `publish_signaled`: each frame's value
-/// must be its number (`next_frame`); a wrong value, or none, publishes nothing (the right
+/// must be its number (`next_frame`); a wrong value, or none (plain `publish` too),
+/// publishes nothing (the right
 /// value then still publishes that frame, which a second publish of one action could
 /// not). An empty memfd stands in for the semaphore (lavapipe cannot export one).
 #[test]
@@ -1643,6 +1648,7 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
         r => panic!("expected InvalidSpec, got {r:?}"),
     };
     assert_eq!(engine.next_frame(), 0);
+    refused(engine.publish(), "has a timeline semaphore");
     refused(engine.publish_signaled(None), "has a timeline semaphore");
     refused(engine.publish_signaled(Some(1)), "with 1 for frame 0");
     assert_eq!(engine.publish_signaled(Some(0)).unwrap(), 0);
@@ -1664,6 +1670,7 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
             "signal each frame's number",
         );
         refused(engine.publish_signaled(None), "has a timeline semaphore");
+        refused(engine.publish(), "has a timeline semaphore");
         assert_eq!(engine.publish_signaled(Some(n)).unwrap(), n);
     }
     assert_eq!(client.join().unwrap(), vec![1, 2, 3]);

@@ -576,19 +576,38 @@ impl ClientBackend for ClientVulkan {
     /// queued work may still read, and a Vulkan engine cannot wait on a CUDA event, so
     /// the consumer's stream (the legacy default stream if `None`) is drained first.
     /// Reads queued on other streams must be ordered before it by the caller, as for any
-    /// cross-stream use in torch. The CPU importer reads synchronously: nothing to do.
-    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+    /// cross-stream use in torch. With a semaphore the stream may wait for a value the
+    /// engine never signals: the drain then polls, checking the engine between polls, and
+    /// gives up after `timeout` (`Timeout`; the action is not posted). The CPU importer
+    /// reads synchronously: nothing to do.
+    fn before_post(
+        &self,
+        stream: Option<StreamRef<'_>>,
+        timeout: Duration,
+        check: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         match &self.importer {
             #[cfg(feature = "cuda")]
             Importer::Cuda(ctx) => {
                 let raw = stream.map_or(1, StreamRef::raw);
                 // SAFETY: 1 is the legacy default stream; otherwise the caller hands a
                 // live stream of this device for the call (`ClientBackend::before_post`).
-                unsafe { driver::Stream::borrowed(ctx, raw) }.synchronize()
+                let consumer = unsafe { driver::Stream::borrowed(ctx, raw) };
+                if self
+                    .imports
+                    .as_ref()
+                    .is_some_and(|i| i.semaphores().next().is_some())
+                {
+                    let what = "the consumer's CUDA stream, which waits for the engine's \
+                                timeline semaphore to reach the last frame's number";
+                    crate::sync::poll_until(timeout, what, || consumer.is_idle(), check)
+                } else {
+                    consumer.synchronize()
+                }
             }
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => {
-                let _ = stream;
+                let _ = (stream, timeout, check);
                 Ok(())
             }
         }
