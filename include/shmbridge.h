@@ -400,8 +400,9 @@ extern "C" {
 uint32_t shmb_abi_version(void);
 
 /**
- * The library's release and wire protocol, e.g. `"0.1.0 (protocol 1.3)"`. Static
- * storage: never freed.
+ * The library's release and the wire protocol it speaks, `"<release> (protocol
+ * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.7)"`: built from the crate version and
+ * the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
  */
 const char *shmb_version(void);
 
@@ -656,7 +657,8 @@ shmb_status shmb_engine_tensor(shmb_engine *engine,
  * frame 0 (the reset observations); each later one answers the action
  * `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
  * An engine whose Vulkan tensors have a timeline semaphore publishes with
- * `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
+ * `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled:
+ * here it gets `SHMB_INVALID_SPEC` and nothing is published.
  */
 shmb_status shmb_engine_publish(shmb_engine *engine, uint64_t *frame);
 
@@ -815,10 +817,14 @@ shmb_status shmb_spec_free(shmb_spec *spec);
  * and that each fd is open (else `SHMB_INVALID_ARGUMENT`). Checked by
  * `shmb_engine_create` (`SHMB_INVALID_SPEC`, nothing created): the tensor's bytes at
  * `offset` (a multiple of 64) end inside `alloc_size`, the device UUID is not all 0,
- * the semaphore is not binary; a build without Vulkan support answers
- * `SHMB_VULKAN_UNAVAILABLE` there. What only the memory's importer can tell (that the fd
- * holds `alloc_size` bytes of that memory type on that device) is checked by each client
- * as it attaches: a client refuses a lie with a typed error (`SHMB_INVALID_TENSOR`).
+ * the semaphore is not binary, and what the kernel says of each fd (`fstat`): not a
+ * socket, pipe, directory, terminal, block device, `/dev/null`-like memory device, file
+ * with a name in a filesystem or `O_PATH` descriptor, and a memory fd with a size (a
+ * memfd, a dma-buf) holds at least `alloc_size` bytes; a build without Vulkan support
+ * answers `SHMB_VULKAN_UNAVAILABLE` there. What only the memory's importer can tell
+ * (that the fd is memory of that type on that device, and its size where the kernel
+ * shows none) is checked by each client as it attaches: a client refuses a lie with a
+ * typed error (`SHMB_INVALID_TENSOR`).
  *
  * Ownership: `memory_fd` and `semaphore_fd` stay the caller's. The library duplicates
  * each during this call (`F_DUPFD_CLOEXEC`) and closes its copies once the spec and
@@ -858,7 +864,9 @@ shmb_status shmb_engine_next_frame(shmb_engine *engine, uint64_t *frame);
  * soon as the frame is published.
  *
  * `SHMB_INVALID_SPEC`, and nothing published: `signaled` is not the frame's number, or
- * the engine's tensors have no semaphore.
+ * the engine's tensors have no semaphore. (`shmb_engine_publish` on an engine whose
+ * tensors have one is `SHMB_INVALID_SPEC` too: a frame is never published without the
+ * value a client waits for.)
  */
 shmb_status shmb_engine_publish_signaled(shmb_engine *engine, uint64_t signaled, uint64_t *frame);
 

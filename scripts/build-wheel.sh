@@ -40,7 +40,9 @@ sdist="$out/shmbridge-$version.tar.gz"
 src=$target/sdist
 rm -rf "$src"
 mkdir -p "$src"
-tar -xzf "$sdist" -C "$src"
+# --touch: the sdist's files carry one fixed old mtime, which cargo would take for
+# unchanged sources and reuse the extension built from the previous sdist in target/.
+tar -xzf "$sdist" -C "$src" --touch
 
 echo "build-wheel: abi3 wheel from the sdist (maturin --zig, manylinux2014, $arch)"
 # zig as the linker needs its own folder for its caches; `python -m ziglang` is how

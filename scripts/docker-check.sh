@@ -24,9 +24,40 @@
 #
 # Not in CI (a CI machine need not run a Docker daemon); the same cases run there with
 # `unshare` (tests/containers.rs, tests/python/test_containers.py).
+#
+#   bash scripts/docker-check.sh --emulate [WHEEL]
+#
+# Without a Docker daemon (a machine with none, or where none may run): runs the files of
+# examples/deploy as written, their containers emulated with `unshare` namespaces (each
+# its own PID, network and mount namespaces and /proc, all one tmpfs as /dev/shm, as the
+# file's user): the Compose file's services and the Kubernetes Job's containers, each
+# twice (the engine first; the learner first, which must wait for the engine). The
+# image is emulated by a Debian Python venv with the wheel installed and the
+# Dockerfile's WORKDIR and COPYs; scripts/deploy_check.py says what is real and what is
+# emulated. About 10 s after the wheel is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+
+if [ "${1:-}" = --emulate ]; then
+    work=$PWD/target/deploy-check
+    mkdir -p "$work"
+    wheel=${2:-}
+    if [ -z "$wheel" ]; then
+        bash scripts/build-wheel.sh --out "$work/dist"
+        wheel=$(ls "$work"/dist/shmbridge-*.whl)
+    fi
+    # The image's Python: Debian's (readable by the containers' user, unlike a
+    # toolchain under /root), with the wheel and PyYAML to read the files.
+    [ -x /usr/bin/python3 ] || apt_install python3
+    /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    rm -rf "$work/venv" "$work/image"
+    /usr/bin/python3 -m venv "$work/venv"
+    "$work/venv/bin/pip" install -q "$wheel" pyyaml
+    # Its own mount namespace: the check mounts a tmpfs per file on /dev/shm.
+    exec unshare --mount --propagation private "$work/venv/bin/python" scripts/deploy_check.py \
+        examples/deploy "$work/image" "$work/venv/bin"
+fi
 
 command -v dockerd >/dev/null 2>&1 || apt_install docker.io
 command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap

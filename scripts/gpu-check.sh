@@ -81,7 +81,7 @@ else
 fi
 
 use_nvrtc_wheel $py
-$py -c 'import shmbridge, torch; print("shmbridge", shmbridge.__version__, "cuda_available():", shmbridge.cuda_available(), "| torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU for torch")'
+$py -c 'import shmbridge, torch; print("shmbridge", shmbridge.__version__, "cuda_status():", shmbridge.cuda_status(), "| torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU for torch")'
 
 failed=()
 # Runs one step, its output also in $out/NAME.log; a GPU skip in it is a failure.

@@ -23,10 +23,27 @@ step() {
 # Debian 12's own cargo is 1.63, too old, so a machine without rustup's toolchain stops
 # here, in its first second, with what to install.
 RUST_MIN=1.82.0
-ensure_rust() {
+
+# rustup's cargo on PATH when no other is.
+rustup_cargo_on_path() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
         export PATH="$HOME/.cargo/bin:$PATH"
     fi
+}
+
+ensure_rust() {
+    rustup_cargo_on_path
+    check_rust_version
+    # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
+    # compiled for the host (tests/cartpole_kernel.rs).
+    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
+        echo "no C/C++ compiler (cc, c++): installing Debian's gcc and g++" >&2
+        apt_install gcc g++
+    fi
+}
+
+# Exits, saying what to install, unless cargo and a rustc >= RUST_MIN are on PATH.
+check_rust_version() {
     local v=""
     if command -v rustc >/dev/null 2>&1 && command -v cargo >/dev/null 2>&1; then
         v=$(rustc --version | awk '{print $2}')
@@ -36,12 +53,6 @@ ensure_rust() {
         echo "       Install one with rustup (https://rustup.rs): curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
         echo "       then run this command again in a new shell (or after: . \"\$HOME/.cargo/env\")." >&2
         exit 1
-    fi
-    # C compiler for build scripts; C++ for libFuzzer (cargo fuzz) and the GPU kernel
-    # compiled for the host (tests/cartpole_kernel.rs).
-    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
-        echo "no C/C++ compiler (cc, c++): installing Debian's gcc and g++" >&2
-        apt_install gcc g++
     fi
 }
 

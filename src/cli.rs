@@ -590,7 +590,29 @@ fn run_inspect(name: &str) -> Result<(), Error> {
             "BAD"
         }
     );
-    println!("version       {}.{}", h.version_major, h.version_minor);
+    // A region's `version_minor` is the oldest minor whose bytes it is (an unsharded host
+    // region is written as 1.3 by every later engine, docs/protocol.md §8); the protocol
+    // is what this shmbridge speaks, and the region's own when its 1.7 flag is set.
+    println!(
+        "version       {}.{} (the header's bytes{})",
+        h.version_major,
+        h.version_minor,
+        if h.flags & layout::FLAG_OBSERVABLE != 0 {
+            format!(
+                "; written by a protocol {}.{}+ engine: observable",
+                layout::VERSION_MAJOR,
+                layout::VERSION_MINOR_OBSERVERS
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "protocol      {}.{} (this shmbridge {})",
+        layout::VERSION_MAJOR,
+        layout::VERSION_MINOR,
+        env!("CARGO_PKG_VERSION")
+    );
     println!(
         "layout_hash   {:#018x} ({})",
         h.layout_hash,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::command::{self, Reply};
-use crate::control::EngineState;
+use crate::control::{ClientState, EngineState};
 use crate::device::{self, ClientBackend, StreamRef};
 use crate::error::{Error, Peer, PidNamespace, Result};
 use crate::layout::TensorKey;
@@ -167,7 +167,7 @@ impl Client {
             Some(interrupt) => interrupt(),
             None => Ok(()),
         };
-        let (region, layout) = Region::open(&name, options.timeout, interrupted)?;
+        let (mut region, layout) = Region::open(&name, options.timeout, interrupted)?;
         // `engine_gone` removed the name it left.
         let engine_dead = || Error::PeerDied {
             peer: Peer::Engine,
@@ -189,10 +189,16 @@ impl Client {
         // Claim the slot (CLAIMING, then pid and start time), publish the event handle
         // of a device backend, then ATTACHED with Release: an engine that sees ATTACHED
         // also sees who it is.
-        let control = region.control();
         // The lock that tells the engine this client lives (whatever PID namespace it is
         // in), held until this client's descriptor closes.
         region.hold_client_lock(me, my_start)?;
+        // Vulkan tensors: the proof the engine's fd socket asks for (1.8), taken before
+        // the claim and held until this client closes, so whoever holds the attached slot
+        // holds it.
+        if crate::device::vulkan::fd_count(&layout) > 0 && !region.hold_client_proof()? {
+            return Err(proof_taken(&region, &name));
+        }
+        let control = region.control();
         let claim = control
             .claim_client(&name, me, my_start, |pid, start| {
                 region.client_alive(pid, start)
@@ -380,7 +386,8 @@ impl Client {
         timeout: Duration,
     ) -> Result<u64> {
         self.check_can_step()?;
-        self.device.before_post(Some(stream.into()))?;
+        self.device
+            .before_post(Some(stream.into()), timeout, &|| self.check_engine())?;
         self.post_and_wait(timeout)
     }
 
@@ -506,13 +513,17 @@ impl Client {
     ///
     /// Errors: `PeerClosed`, `PeerDied` (noticed within ~10 ms of the engine's death),
     /// `Timeout`. After a timeout the step is still in flight: call
-    /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
+    /// [`wait_frame`](Client::wait_frame) to finish it before the next step. (One
+    /// timeout comes before anything is posted: a CUDA import of Vulkan memory with a
+    /// semaphore whose consumer stream did not drain in `timeout`, its `what` naming that
+    /// stream. Nothing is in flight then: `wait_frame` returns the current frame at once.)
     pub fn step(&mut self, timeout: Duration) -> Result<u64> {
         self.check_can_step()?;
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
         if self.device_hooks {
-            self.device.before_post(None)?;
+            self.device
+                .before_post(None, timeout, &|| self.check_engine())?;
         }
         self.post_and_wait(timeout)
     }
@@ -705,7 +716,8 @@ impl Client {
         // SAFETY: `command_stream` is 1 or a stream the caller vouched for in
         // `set_command_stream` (live while it is set).
         let stream = unsafe { StreamRef::from_raw(self.command_stream) };
-        self.device.before_post(Some(stream))?;
+        self.device
+            .before_post(Some(stream), timeout, &|| self.check_engine())?;
         // Replies still in this shard's ring answer earlier calls that gave up (one call
         // is in flight at a time): none is this call's, and each takes room its reply
         // may need.
@@ -940,9 +952,42 @@ impl Client {
         // read ATTACHED may still wait on it) until it is dropped, after that store.
         let mut device = std::mem::replace(&mut self.device, Box::new(device::host::HostClient));
         device.release(&self.region);
+        // Before CLOSED: a client that sees the slot free finds the proof free too.
+        self.region.release_client_proof();
         self.region.control().close_client();
         drop(device);
     }
+}
+
+/// The error of an attach that could not take the client's proof byte (1.8): the live
+/// client attached holds it (`AlreadyAttached`, as the claim would have said), or a
+/// process that is not the attached client does.
+#[cold]
+fn proof_taken(region: &Region, name: &str) -> Error {
+    let control = region.control();
+    let (pid, start) = control.client_identity();
+    if matches!(
+        control.client_state(),
+        ClientState::Attached | ClientState::Claiming
+    ) && region.client_alive(pid, start)
+    {
+        return Error::AlreadyAttached {
+            name: name.to_string(),
+            pid,
+            pid_ns: region.client_pid_namespace(pid, start),
+        };
+    }
+    Error::io(
+        format!("attaching to region '{name}'"),
+        std::io::Error::other(format!(
+            "another process of this user holds the client's proof lock of the region \
+                 (byte {} of /dev/shm/{name}) without being its attached client: a client \
+                 attaching at this very moment, or a process getting in the way (`fuser \
+                 /dev/shm/{name}` lists who has the file open); neither this client nor the \
+                 engine is at fault: attach again once it let go",
+            crate::control::CLIENT_PROOF_BYTE
+        )),
+    )
 }
 
 #[cold]

@@ -590,7 +590,16 @@ impl Engine {
     /// Publishes the frame for the action last received: observations and the other
     /// engine→client tensors must be written before this call. The first call, before
     /// any action, publishes frame 0 (the reset observations) and marks the engine ready.
+    ///
+    /// An engine whose Vulkan tensors have a timeline semaphore publishes with
+    /// [`Engine::publish_signaled`] instead: here it gets `InvalidSpec` and nothing is
+    /// published (a CUDA client's stream would wait for a value no one signalled).
     pub fn publish(&mut self) -> Result<u64> {
+        self.publish_signaled(None)
+    }
+
+    /// [`Engine::publish`] once the semaphore value (if any) was checked.
+    fn publish_checked(&mut self) -> Result<u64> {
         self.check_usable()?;
         if !self.ready {
             // Frame 0 on the device is complete once the event fires: record before READY.
@@ -656,8 +665,8 @@ impl Engine {
             }
             (Some(t), None) => {
                 return Err(Error::InvalidSpec(format!(
-                    "tensor '{}' has a timeline semaphore: publish with the value the renderer \
-                     signalled for this frame (its number, {frame})",
+                    "tensor '{}' has a timeline semaphore: publish with publish_signaled and \
+                     the value the renderer signalled for this frame (its number, {frame})",
                     t.name
                 )))
             }
@@ -669,7 +678,7 @@ impl Engine {
             }
             (None, None) => {}
         }
-        self.publish()
+        self.publish_checked()
     }
 
     /// Waits for the client's next action; returns its number. Then read the actions,

@@ -1,7 +1,9 @@
 //! The platform layer of fd passing (protocol 1.6, `docs/protocol.md` §3.6): the Unix
-//! socket an engine with Vulkan tensors listens on, and the two messages of an exchange:
-//! the client's request (12 bytes, with its proof fd) and the engine's reply (12 bytes,
-//! with the engine's proof fd and the tensors' fds). All passed with `SCM_RIGHTS`.
+//! socket an engine with Vulkan tensors listens on, and the three messages of an
+//! exchange (1.8): the engine's hello (12 bytes, with the engine's proof fd), sent as soon
+//! as it accepts, so that a client checks who answers before it shows anything of its
+//! own; the client's request (12 bytes, with its proof fd); the engine's reply (12 bytes,
+//! with the tensors' fds). All passed with `SCM_RIGHTS`.
 //!
 //! The socket is a file beside the region in /dev/shm (`control::socket_path`): it reaches
 //! every process that shares /dev/shm, whatever its network namespace (an abstract
@@ -28,23 +30,31 @@ use rustix::net::{
 use crate::error::{Error, Peer, Result};
 use crate::os;
 
+/// The engine's hello's first bytes (1.8).
+pub const HELLO_MAGIC: [u8; 4] = *b"SBFE";
 /// A client's request's first bytes.
 pub const REQUEST_MAGIC: [u8; 4] = *b"SBFQ";
 /// The reply's first bytes.
 pub const REPLY_MAGIC: [u8; 4] = *b"SBFD";
-/// Version of both messages (1: protocol 1.3's reply, with no request and no proof).
-pub const MESSAGE_VERSION: u8 = 2;
-/// Size of either message: magic, version, status (0 in a request), fd count (u16 LE,
-/// the tensors' fds; 0 in a request), 4 reserved zero bytes.
+/// Version of every message (1: protocol 1.3's reply, with no request and no proof; 2:
+/// 1.6's request then reply, the engine's proof in the reply; 3: 1.8's hello first, with
+/// the engine's proof, then request and reply).
+pub const MESSAGE_VERSION: u8 = 3;
+/// Size of every message: magic, version, status (0 in a request), fd count (u16 LE, the
+/// tensors' fds: the number the reply will carry in a hello, the number it carries in a
+/// reply; 0 in a request), 4 reserved zero bytes.
 pub const MESSAGE_SIZE: usize = 12;
 /// At most this many tensor fds in one reply (64 tensors, each memory and semaphore).
 pub const MAX_FDS: usize = 128;
-/// How long the engine waits for a connected peer's request, and for its reply to
-/// leave: a peer that connects and says nothing holds the engine's socket thread no
-/// longer than this.
+/// How long the engine waits for a connected peer's request: a peer that connects and
+/// says nothing holds one of the server's [`MAX_PEERS`] places no longer than this (and
+/// holds up no other peer meanwhile).
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Pending connections the listening socket queues.
-const BACKLOG: i32 = 16;
+/// Connections the engine's server waits on at once; the oldest is dropped to make room
+/// for a new one, so a flood of silent connections never keeps a client out.
+pub const MAX_PEERS: usize = 128;
+/// Pending connections the listening socket queues (the server takes them at once).
+const BACKLOG: i32 = 64;
 
 /// What the engine answers a request with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +64,13 @@ pub enum ReplyStatus {
     Ok = 0,
     /// The peer runs as another user than the engine.
     WrongUser = 1,
-    /// The peer did not prove it is the process attached as the region's client.
+    /// The peer did not prove it is the region's attached client (its descriptor does not
+    /// hold the client's proof byte, or no client is attached).
     NotTheClient = 2,
     /// The engine is closing (or its region was truncated under it).
     Closing = 3,
-    /// The request was not a request of this version, with one fd.
+    /// The request was not a request of this version, with one fd, or did not come in
+    /// time.
     BadRequest = 4,
 }
 
@@ -81,7 +93,7 @@ impl ReplyStatus {
             ReplyStatus::WrongUser => "another user",
             ReplyStatus::NotTheClient => "not the attached client",
             ReplyStatus::Closing => "the engine is closing",
-            ReplyStatus::BadRequest => "request unreadable",
+            ReplyStatus::BadRequest => "request unreadable or late",
         }
     }
 }
@@ -201,7 +213,9 @@ impl Listener {
     /// and is left.
     pub fn bind(path: &str) -> Result<Listener> {
         let addr = address(path)?;
-        let fd = unix_stream(SocketFlags::empty())?;
+        // Non-blocking: the server polls it, and a connection that went before `accept`
+        // took it must not block the thread.
+        let fd = unix_stream(SocketFlags::NONBLOCK)?;
         let taken = |why: String| {
             Error::io(
                 format!("binding the fd socket '{path}'"),
@@ -242,38 +256,72 @@ impl Listener {
         &self.path
     }
 
-    /// Waits for the next connection; `None` once [`Listener::shutdown`] was called. An
-    /// `accept` that fails for want of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)
-    /// leaves the connection queued: it is tried again after a pause (1 ms, doubling to
-    /// 100 ms), so the socket never listens with nobody accepting.
+    /// Waits for the next connection; `None` once [`Listener::shutdown`] was called. For
+    /// a server of one peer at a time (tests); the engine's polls ([`Listener::try_accept`]).
     pub fn accept(&self) -> Option<Conn> {
         let mut pause = Duration::from_millis(1);
         loop {
-            if self.stopped.load(Ordering::Acquire) {
-                return None;
-            }
-            match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
-                Ok(fd) => {
-                    pause = Duration::from_millis(1);
-                    // The peer left already, or its socket is unusable: nothing to answer.
-                    let Ok(peer) = peer_credentials(fd.as_fd()) else {
-                        continue;
-                    };
-                    if set_timeouts(fd.as_fd(), PEER_TIMEOUT).is_err() {
-                        continue;
-                    }
-                    return Some(Conn { fd, peer });
+            match self.try_accept() {
+                Accepted::Conn(c) => return Some(c),
+                Accepted::Stopped => return None,
+                Accepted::Nothing => {
+                    let mut poll = [rustix::event::PollFd::from_borrowed_fd(
+                        self.fd.as_fd(),
+                        rustix::event::PollFlags::IN,
+                    )];
+                    let _ = rustix::event::poll(&mut poll, None);
                 }
-                Err(Errno::INTR) | Err(Errno::CONNABORTED) => {}
-                // `shutdown` makes a blocked accept return EINVAL on Linux.
-                Err(Errno::INVAL) if self.stopped.load(Ordering::Acquire) => return None,
-                Err(_) => {
-                    self.transient.fetch_add(1, Ordering::Relaxed);
+                Accepted::Failed => {
                     std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(100));
+                    pause = (pause * 2).min(ACCEPT_PAUSE_MAX);
                 }
             }
         }
+    }
+
+    /// The next queued connection, without waiting: `Nothing` when none is queued (or it
+    /// left before it was taken). An `accept` that fails for want of fds or memory
+    /// (EMFILE, ENFILE, ENOBUFS, ENOMEM) is `Failed` and leaves the connection queued:
+    /// the caller tries again after a pause (1 ms, doubling to [`ACCEPT_PAUSE_MAX`]), so
+    /// the socket never listens with nobody accepting. The connection is blocking, with
+    /// [`PEER_TIMEOUT`] on each send and receive (a server that polls receives with
+    /// [`Conn::try_read_request`]).
+    pub fn try_accept(&self) -> Accepted {
+        loop {
+            if self.is_stopped() {
+                return Accepted::Stopped;
+            }
+            match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
+                Ok(fd) => {
+                    // The peer left already, or its socket is unusable: nothing to answer.
+                    let Ok(peer) = peer_credentials(fd.as_fd()) else {
+                        return Accepted::Nothing;
+                    };
+                    if set_timeouts(fd.as_fd(), PEER_TIMEOUT).is_err() {
+                        return Accepted::Nothing;
+                    }
+                    return Accepted::Conn(Conn { fd, peer });
+                }
+                Err(Errno::AGAIN) | Err(Errno::CONNABORTED) => return Accepted::Nothing,
+                Err(Errno::INTR) => {}
+                // `shutdown` makes accept return EINVAL on Linux.
+                Err(Errno::INVAL) if self.is_stopped() => return Accepted::Stopped,
+                Err(_) => {
+                    self.transient.fetch_add(1, Ordering::Relaxed);
+                    return Accepted::Failed;
+                }
+            }
+        }
+    }
+
+    /// Whether [`Listener::shutdown`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// The listening socket, for a server that polls it with its connections.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// `accept` failures waited out so far.
@@ -281,13 +329,30 @@ impl Listener {
         self.transient.load(Ordering::Relaxed)
     }
 
-    /// Wakes a blocked [`accept`](Listener::accept) (which then returns `None`) and
-    /// refuses further connections. The socket file is removed with the region.
+    /// Wakes a blocked [`accept`](Listener::accept) (which then returns `None`) or a
+    /// `poll` of the socket (it reads as hung up), and refuses further connections. The
+    /// socket file is removed with the region.
     pub fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
         let _ = net::shutdown(&self.fd, net::Shutdown::Both);
     }
 }
+
+/// What [`Listener::try_accept`] found.
+#[derive(Debug)]
+pub enum Accepted {
+    Conn(Conn),
+    /// No connection is queued now.
+    Nothing,
+    /// [`Listener::shutdown`] was called.
+    Stopped,
+    /// `accept` failed for want of fds or memory: pause, then try again.
+    Failed,
+}
+
+/// The longest pause between two tries of an `accept` that failed for want of fds or
+/// memory.
+pub const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(100);
 
 /// A 12-byte message: `magic`, version, `status`, `count` (u16 LE), 4 zero bytes.
 fn message(magic: [u8; 4], status: u8, count: u16) -> [u8; MESSAGE_SIZE] {
@@ -300,7 +365,10 @@ fn message(magic: [u8; 4], status: u8, count: u16) -> [u8; MESSAGE_SIZE] {
 }
 
 /// Sends `msg` with `fds` in one `SCM_RIGHTS` message (the receiver gets its own copies).
-fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+/// With `wait` false the send never blocks (`MSG_DONTWAIT`): the engine's server answers
+/// many peers from one thread, and a message of 12 bytes to a connection that has read
+/// nothing is queued at once or not at all.
+fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>], wait: bool) -> Result<()> {
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -309,8 +377,12 @@ fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
             std::io::Error::other("the fds do not fit the control buffer"),
         ));
     }
+    let flags = match wait {
+        true => SendFlags::NOSIGNAL,
+        false => SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+    };
     loop {
-        match net::sendmsg(fd, &[IoSlice::new(msg)], &mut control, SendFlags::NOSIGNAL) {
+        match net::sendmsg(fd, &[IoSlice::new(msg)], &mut control, flags) {
             Ok(n) if n == msg.len() => return Ok(()),
             Ok(n) => {
                 return Err(Error::io(
@@ -326,8 +398,15 @@ fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
 
 /// Receives one message of [`MESSAGE_SIZE`] bytes and the fds riding with it (each owned
 /// at once, so that each is closed exactly once whatever is wrong), within the socket's
-/// receive timeout. `Err` when no complete message arrived, or more fds than fit.
-fn receive(fd: BorrowedFd<'_>, what: &'static str) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
+/// receive timeout. `Err` when no complete message arrived, or more fds than fit. With
+/// `wait` false it takes what is there (`MSG_DONTWAIT`): a message sent whole (as every
+/// side of the exchange sends it) is there whole once the socket reads as readable; a
+/// peer that sent part of one gets no second chance.
+fn receive(
+    fd: BorrowedFd<'_>,
+    what: &'static str,
+    wait: bool,
+) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
     let mut msg = [0u8; MESSAGE_SIZE];
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -336,7 +415,10 @@ fn receive(fd: BorrowedFd<'_>, what: &'static str) -> Result<([u8; MESSAGE_SIZE]
             fd,
             &mut [IoSliceMut::new(&mut msg)],
             &mut control,
-            RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL,
+            match wait {
+                true => RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL,
+                false => RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            },
         ) {
             Ok(r) => break r,
             Err(Errno::INTR) => continue,
@@ -371,11 +453,59 @@ fn receive(fd: BorrowedFd<'_>, what: &'static str) -> Result<([u8; MESSAGE_SIZE]
 }
 
 impl Conn {
+    /// The connected socket, for a server that polls it.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The engine's first message, sent as soon as it accepted: `Ok` with its proof, and
+    /// the number of tensor fds its reply will carry to the attached client; any other
+    /// status (wrong user, engine closing) with no fd, and nothing follows. Never blocks.
+    pub fn hello(
+        &self,
+        status: ReplyStatus,
+        proof: Option<BorrowedFd<'_>>,
+        count: usize,
+    ) -> Result<()> {
+        let (fds, count) = match (status, proof) {
+            (ReplyStatus::Ok, Some(p)) => (vec![p], count),
+            _ => (Vec::new(), 0),
+        };
+        let count = u16::try_from(count)
+            .ok()
+            .filter(|&c| usize::from(c) <= MAX_FDS)
+            .ok_or_else(|| Error::InvalidSpec(format!("{count} fds to pass; at most {MAX_FDS}")))?;
+        send(
+            self.fd.as_fd(),
+            &message(HELLO_MAGIC, status as u8, count),
+            &fds,
+            false,
+        )
+    }
+
     /// The peer's request: the one fd it proves itself with. `BadMessage` for anything
     /// else (wrong magic or version, other than one fd), `Timeout` when nothing came
     /// within [`PEER_TIMEOUT`].
     pub fn read_request(&self) -> Result<OwnedFd> {
-        let (msg, mut fds) = receive(self.fd.as_fd(), "a client's request on the fd socket")?;
+        self.request_of(receive(
+            self.fd.as_fd(),
+            "a client's request on the fd socket",
+            true,
+        )?)
+    }
+
+    /// [`Conn::read_request`] of what is there now, for a server that polls: call it once
+    /// the connection reads as readable (a request that came in part, or not at all, is
+    /// `BadMessage` or `Timeout`).
+    pub fn try_read_request(&self) -> Result<OwnedFd> {
+        self.request_of(receive(
+            self.fd.as_fd(),
+            "a client's request on the fd socket",
+            false,
+        )?)
+    }
+
+    fn request_of(&self, (msg, mut fds): ([u8; MESSAGE_SIZE], Vec<OwnedFd>)) -> Result<OwnedFd> {
         if msg[..4] != REQUEST_MAGIC || msg[4] != MESSAGE_VERSION || fds.len() != 1 {
             return Err(Error::BadMessage(format!(
                 "not a request of version {MESSAGE_VERSION} with one fd ({:02x?}, {} fds)",
@@ -386,18 +516,18 @@ impl Conn {
         Ok(fds.pop().expect("one fd"))
     }
 
-    /// Sends the reply: `status`, and with `Ok` the fds (the engine's proof first, then
-    /// the tensors'), as one `SCM_RIGHTS` message. The receiver gets its own copies.
+    /// Sends the reply: `status`, and with `Ok` the tensors' fds, as one `SCM_RIGHTS`
+    /// message (the receiver gets its own copies). Never blocks.
     pub fn reply(&self, status: ReplyStatus, fds: &[BorrowedFd<'_>]) -> Result<()> {
         let fds = if status == ReplyStatus::Ok { fds } else { &[] };
-        let count = fds.len().saturating_sub(1);
-        if count > MAX_FDS {
+        if fds.len() > MAX_FDS {
             return Err(Error::InvalidSpec(format!(
-                "{count} fds to pass; at most {MAX_FDS}"
+                "{} fds to pass; at most {MAX_FDS}",
+                fds.len()
             )));
         }
-        let msg = message(REPLY_MAGIC, status as u8, count as u16);
-        send(self.fd.as_fd(), &msg, fds)
+        let msg = message(REPLY_MAGIC, status as u8, fds.len() as u16);
+        send(self.fd.as_fd(), &msg, fds, false)
     }
 }
 
@@ -412,11 +542,161 @@ pub struct Answer {
     pub fds: Vec<OwnedFd>,
 }
 
-/// The client's side of an exchange: connects to the socket at `path` (of region
-/// `region`, for messages), sends a request carrying `proof`, and receives the reply
-/// with exactly `expected` tensor fds, all within `timeout`. A refusal is a typed error
-/// (`PermissionDenied` for another user, `PeerClosed` for a closing engine, `Protocol`
-/// otherwise); any fd received with a wrong reply is closed.
+/// The client's side of an exchange once the server said hello: who the server is (as
+/// the kernel says) and the proof it sent, neither trusted yet. The caller checks both
+/// before it shows its own proof ([`Exchange::request`]); dropping it hangs up, having
+/// sent nothing.
+#[derive(Debug)]
+pub struct Exchange {
+    fd: OwnedFd,
+    region: String,
+    path: String,
+    expected: usize,
+    deadline: Instant,
+    timeout: Duration,
+    pub server: PeerCred,
+    /// The server's proof of owning the region.
+    pub proof: OwnedFd,
+}
+
+/// Opens an exchange: connects to the socket at `path` (of region `region`, for
+/// messages) and receives the server's hello, which must announce exactly `expected`
+/// tensor fds, all within `timeout` (which bounds the whole exchange). A refusal is a
+/// typed error (`PermissionDenied` for another user, `PeerClosed` for a closing engine,
+/// `Protocol` otherwise); any fd received with a wrong message is closed.
+pub fn open_exchange(
+    region: &str,
+    path: &str,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Exchange> {
+    let start = Instant::now();
+    let deadline = start.checked_add(timeout).unwrap_or(start);
+    let fd = connect(region, path, timeout)?;
+    let server = peer_credentials(fd.as_fd())?;
+    set_timeouts(fd.as_fd(), timeout.saturating_sub(start.elapsed()))?;
+    let (msg, mut fds) =
+        receive_from_engine(fd.as_fd(), timeout, "the engine's hello on the fd socket")?;
+    let count = check_message(region, path, &msg, HELLO_MAGIC)?;
+    if count != expected || fds.len() != 1 {
+        return Err(protocol(format!(
+            "the hello announces {count} fds and carries {} proof(s); the tensor table calls for {expected} fds and one proof",
+            fds.len()
+        )));
+    }
+    let proof = fds.remove(0);
+    Ok(Exchange {
+        fd,
+        region: region.to_string(),
+        path: path.to_string(),
+        expected,
+        deadline,
+        timeout,
+        server,
+        proof,
+    })
+}
+
+impl Exchange {
+    /// Sends the request carrying `proof` and receives the reply with exactly the
+    /// expected tensor fds (typed refusals as [`open_exchange`]'s).
+    pub fn request(self, proof: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                waited: self.timeout,
+                what: "the engine's reply on the fd socket",
+            });
+        }
+        set_timeouts(self.fd.as_fd(), left)?;
+        send(
+            self.fd.as_fd(),
+            &message(REQUEST_MAGIC, 0, 0),
+            &[proof],
+            true,
+        )?;
+        let (msg, fds) = receive_from_engine(
+            self.fd.as_fd(),
+            self.timeout,
+            "the engine's reply on the fd socket",
+        )?;
+        let count = check_message(&self.region, &self.path, &msg, REPLY_MAGIC)?;
+        if count != self.expected || fds.len() != count {
+            return Err(protocol(format!(
+                "the reply announces {count} fds and carries {}; the tensor table calls for {}",
+                fds.len(),
+                self.expected
+            )));
+        }
+        Ok(fds)
+    }
+}
+
+fn protocol(detail: String) -> Error {
+    Error::Protocol {
+        peer: Peer::Engine,
+        detail,
+    }
+}
+
+/// [`receive`] on the client's side: a timeout says the whole exchange's, a malformed
+/// message is the engine's `Protocol` error.
+fn receive_from_engine(
+    fd: BorrowedFd<'_>,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
+    receive(fd, what, true).map_err(|e| match e {
+        Error::Timeout { what, .. } => Error::Timeout {
+            waited: timeout,
+            what,
+        },
+        Error::BadMessage(m) => protocol(m),
+        e => e,
+    })
+}
+
+/// The fd count of an engine's message `msg` of kind `magic` (hello or reply) with
+/// status 0; a refusal is its typed error.
+fn check_message(
+    region: &str,
+    path: &str,
+    msg: &[u8; MESSAGE_SIZE],
+    magic: [u8; 4],
+) -> Result<usize> {
+    if msg[..4] != magic || msg[4] != MESSAGE_VERSION {
+        return Err(protocol(format!(
+            "not a shmbridge fd {} of version {MESSAGE_VERSION} ({msg:02x?})",
+            if magic == HELLO_MAGIC {
+                "hello"
+            } else {
+                "reply"
+            }
+        )));
+    }
+    match ReplyStatus::from_code(msg[5]) {
+        Some(ReplyStatus::Ok) => Ok(u16::from_le_bytes([msg[6], msg[7]]) as usize),
+        Some(ReplyStatus::WrongUser) => Err(Error::PermissionDenied {
+            name: region.to_string(),
+        }),
+        Some(ReplyStatus::Closing) => Err(Error::PeerClosed { peer: Peer::Engine }),
+        Some(s @ (ReplyStatus::NotTheClient | ReplyStatus::BadRequest)) => Err(protocol(format!(
+            "the fd socket '{path}' refused this process ({}): {}",
+            s.describe(),
+            match s {
+                ReplyStatus::NotTheClient => "the descriptor it showed does not hold the proof of the region's attached client (another process of this user holds it, or no client is attached)",
+                _ => "its server could not read the request in time (not one of this version, or the engine had no file descriptor left for it)",
+            }
+        ))),
+        None => Err(protocol(format!("unknown status {}", msg[5]))),
+    }
+}
+
+/// Both steps of an exchange without checking the server in between: connects, takes
+/// the hello, sends a request carrying `proof`, and receives the reply with exactly
+/// `expected` tensor fds, within `timeout`. What a client must not do (it shows its
+/// proof to whoever answers: [`open_exchange`] first); for tests and tools that play a
+/// peer.
 pub fn request(
     region: &str,
     path: &str,
@@ -424,69 +704,18 @@ pub fn request(
     expected: usize,
     timeout: Duration,
 ) -> Result<Answer> {
-    let start = Instant::now();
-    let fd = connect(region, path, timeout)?;
-    let server = peer_credentials(fd.as_fd())?;
-    set_timeouts(fd.as_fd(), timeout.saturating_sub(start.elapsed()))?;
-    match send(fd.as_fd(), &message(REQUEST_MAGIC, 0, 0), &[proof]) {
-        Ok(()) => {}
-        // The server answers some refusals (wrong user, engine closing) before it reads
-        // the request, and may have closed before the request went out: its answer is
-        // in this socket's queue all the same.
-        Err(Error::Io { source, .. })
-            if matches!(
-                source.raw_os_error(),
-                Some(libc::EPIPE) | Some(libc::ECONNRESET)
-            ) => {}
-        Err(e) => return Err(e),
-    }
-    let protocol = |detail: String| Error::Protocol {
-        peer: Peer::Engine,
-        detail,
-    };
-    let (msg, mut fds) =
-        receive(fd.as_fd(), "the engine's reply on the fd socket").map_err(|e| match e {
-            Error::Timeout { what, .. } => Error::Timeout {
-                waited: timeout,
-                what,
-            },
-            Error::BadMessage(m) => protocol(m),
-            e => e,
-        })?;
-    if msg[..4] != REPLY_MAGIC || msg[4] != MESSAGE_VERSION {
-        return Err(protocol(format!(
-            "not a shmbridge fd reply of version {MESSAGE_VERSION} ({msg:02x?})"
-        )));
-    }
-    let count = u16::from_le_bytes([msg[6], msg[7]]) as usize;
-    match ReplyStatus::from_code(msg[5]) {
-        Some(ReplyStatus::Ok) => {}
-        Some(ReplyStatus::WrongUser) => {
-            return Err(Error::PermissionDenied {
-                name: region.to_string(),
-            })
-        }
-        Some(ReplyStatus::Closing) => return Err(Error::PeerClosed { peer: Peer::Engine }),
-        Some(s @ (ReplyStatus::NotTheClient | ReplyStatus::BadRequest)) => {
-            return Err(protocol(format!(
-                "the fd socket '{path}' refused this process ({}): {}",
-                s.describe(),
-                match s {
-                    ReplyStatus::NotTheClient => "its server does not see it as the region's attached client",
-                    _ => "its server could not read the request (not one of this version, or the engine had no file descriptor left for it)",
-                }
-            )))
-        }
-        None => return Err(protocol(format!("unknown reply status {}", msg[5]))),
-    }
-    if count != expected || fds.len() != count + 1 {
-        return Err(protocol(format!(
-            "the reply announces {count} fds and carries {} besides its proof; the tensor table calls for {expected}",
-            fds.len().saturating_sub(1)
-        )));
-    }
-    let proof = fds.remove(0);
-    Ok(Answer { server, proof, fds })
+    let exchange = open_exchange(region, path, expected, timeout)?;
+    let server = exchange.server;
+    let engine_proof = exchange
+        .proof
+        .try_clone()
+        .map_err(|e| Error::io("dup", e))?;
+    let fds = exchange.request(proof)?;
+    Ok(Answer {
+        server,
+        proof: engine_proof,
+        fds,
+    })
 }
 
 /// Connects to the socket at `path` within `timeout`. A listener whose queue is full
@@ -580,18 +809,22 @@ mod tests {
                 let c = listener.accept().unwrap();
                 assert_eq!(c.peer.uid, euid());
                 assert_eq!(c.peer.pid, Some(std::process::id()));
+                c.hello(ReplyStatus::Ok, Some(proof.as_fd()), 2).unwrap();
                 let got = c.read_request().unwrap();
                 assert_eq!(fd_size(got.as_fd()), Some(3), "the client's proof");
-                c.reply(ReplyStatus::Ok, &[proof.as_fd(), a.as_fd(), b.as_fd()])
-                    .unwrap();
+                c.reply(ReplyStatus::Ok, &[a.as_fd(), b.as_fd()]).unwrap();
+                // A refusal in the hello: nothing follows.
                 let c = listener.accept().unwrap();
-                c.read_request().unwrap();
-                c.reply(ReplyStatus::WrongUser, &[proof.as_fd(), a.as_fd()])
+                c.hello(ReplyStatus::WrongUser, Some(proof.as_fd()), 2)
                     .unwrap();
+                // A refusal in the reply.
                 let c = listener.accept().unwrap();
+                c.hello(ReplyStatus::Ok, Some(proof.as_fd()), 2).unwrap();
                 c.read_request().unwrap();
-                c.reply(ReplyStatus::Ok, &[proof.as_fd(), a.as_fd()])
-                    .unwrap();
+                c.reply(ReplyStatus::NotTheClient, &[a.as_fd()]).unwrap();
+                // A hello announcing another count than the table's.
+                let c = listener.accept().unwrap();
+                c.hello(ReplyStatus::Ok, Some(proof.as_fd()), 1).unwrap();
             });
             let t = Duration::from_secs(10);
             let answer = request("r", &path, mine.as_fd(), 2, t).unwrap();
@@ -605,7 +838,11 @@ mod tests {
             ));
             assert!(matches!(
                 request("r", &path, mine.as_fd(), 2, t),
-                Err(Error::Protocol { .. })
+                Err(Error::Protocol { detail, .. }) if detail.contains("refused")
+            ));
+            assert!(matches!(
+                open_exchange("r", &path, 2, t),
+                Err(Error::Protocol { detail, .. }) if detail.contains("announces 1")
             ));
         });
         listener.shutdown();

@@ -51,7 +51,7 @@ const MAX_NAMESPACE: usize = 40;
 // The fd socket's path and the bytes of the ownership proofs (1.6) live in the control
 // layer, where the device backends that use them see them too.
 pub use crate::control::{
-    client_lock_byte, client_proof_byte, socket_path, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
+    client_lock_byte, socket_path, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
 };
 /// The most header bytes a snapshot copies: control block, a full tensor table and a
 /// full shard table (1.4).
@@ -170,11 +170,11 @@ pub struct Region {
     /// namespace did not show its process (another namespace's): its pid names nothing
     /// here, which errors about it say.
     client_elsewhere: std::sync::Mutex<Option<(u32, u64)>>,
-    /// The attached client's proof (1.6): a descriptor of its own holding the lock on
-    /// [`client_proof_byte`] of its `(pid, start_time)`, taken before it claims the slot
-    /// and kept while it is attached, so that nobody else can take that byte and pass
-    /// for it on the fd socket while it lives.
-    held_proof: std::sync::OnceLock<(u32, u64, os::HeldFd)>,
+    /// The attached client's proof (1.8): a descriptor of its own holding the lock on
+    /// [`CLIENT_PROOF_BYTE`], taken before it claims the slot of a region with Vulkan
+    /// tensors and kept until it closes ([`Region::release_client_proof`]), so that
+    /// nobody else can take that byte and pass for it on the fd socket meanwhile.
+    held_proof: Option<os::HeldFd>,
 }
 
 const NOT_SHRUNK: u64 = u64::MAX;
@@ -248,7 +248,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: Some(Arc::new(os::HeldFd::new(proof))),
             client_elsewhere: Default::default(),
-            held_proof: Default::default(),
+            held_proof: None,
         }
         .held_in_parent_only(None, true);
         let bytes = builder.bytes();
@@ -441,7 +441,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: None,
             client_elsewhere: Default::default(),
-            held_proof: Default::default(),
+            held_proof: None,
         }
         .held_in_parent_only(None, writable))
     }
@@ -501,7 +501,7 @@ impl Region {
             shrunk_to: AtomicU64::new(NOT_SHRUNK),
             proof: self.proof.clone(),
             client_elsewhere: Default::default(),
-            held_proof: Default::default(),
+            held_proof: None,
         }
         .held_in_parent_only(Some(file), true))
     }
@@ -623,13 +623,31 @@ impl Region {
         let Some(f) = &self.file else {
             return Ok(false);
         };
-        let held = os::try_lock_byte(f, client_lock_byte(pid, start_time))?;
-        // The proof too, for as long as this mapping lives: taken after the attach, an
-        // impostor could have taken it first and passed for this client.
-        if let Ok(proof) = self.take_client_proof(pid, start_time) {
-            let _ = self.held_proof.set((pid, start_time, proof));
+        os::try_lock_byte(f, client_lock_byte(pid, start_time))
+    }
+
+    /// Takes the client's proof (1.8): a new descriptor of this region holding the lock
+    /// on [`CLIENT_PROOF_BYTE`], kept until [`Region::release_client_proof`] (or the
+    /// mapping goes). Before the slot is claimed: whoever holds the attached slot holds
+    /// that byte, so nobody can take it after the claim and pass for this client.
+    /// `false` when another open file description holds it: the attached client, or a
+    /// process that took it without attaching (another client attaching at this moment,
+    /// or a process of this user getting in the way).
+    pub(crate) fn hold_client_proof(&mut self) -> Result<bool> {
+        if self.held_proof.is_some() {
+            return Ok(true);
         }
-        Ok(held)
+        let proof = os::reopen(self.file()?)?;
+        if !os::try_lock_byte(&proof, CLIENT_PROOF_BYTE)? {
+            return Ok(false);
+        }
+        self.held_proof = Some(os::HeldFd::new(proof));
+        Ok(true)
+    }
+
+    /// Lets the client's proof go (the client closes): the next client may take it.
+    pub(crate) fn release_client_proof(&mut self) {
+        self.held_proof = None;
     }
 
     pub fn is_owner(&self) -> bool {
@@ -680,38 +698,21 @@ impl Region {
         self.proof.as_deref().map(AsFd::as_fd)
     }
 
-    /// A client's proof for one exchange on the fd socket (1.6): a descriptor of this
-    /// region holding the lock on [`client_proof_byte`] of `(pid, start_time)`, what
-    /// the client recorded in the slot; the lock taken when it attached
-    /// ([`Region::hold_client_lock`]) where it is that client's, else taken now. Drop it
-    /// once the exchange is over. `Err` when another descriptor holds that byte.
-    pub fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
-        match self.held_proof.get() {
-            Some((p, s, held)) if (*p, *s) == (pid, start_time) => {
-                let dup = held
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| Error::io("dup of the client's proof", e))?;
-                Ok(os::HeldFd::new(dup))
-            }
-            _ => self.take_client_proof(pid, start_time),
-        }
-    }
-
-    /// A new descriptor of this region holding the lock on [`client_proof_byte`] of
-    /// `(pid, start_time)`.
-    fn take_client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
-        let proof = os::reopen(self.file()?)?;
-        if !os::try_lock_byte(&proof, client_proof_byte(pid, start_time))? {
-            return Err(Error::Protocol {
-                peer: crate::error::Peer::Client,
-                detail: format!(
-                    "another descriptor holds the proof byte of this client (pid {pid}) of region '{}'",
-                    self.name
-                ),
-            });
-        }
-        Ok(os::HeldFd::new(proof))
+    /// The client's proof for one exchange on the fd socket (1.8): a `dup` of the
+    /// descriptor holding [`CLIENT_PROOF_BYTE`] (`Region::hold_client_proof`). Drop it
+    /// once the exchange is over. `Err` when this mapping holds none.
+    pub fn client_proof(&self) -> Result<os::HeldFd> {
+        let held = self.held_proof.as_ref().ok_or_else(|| {
+            Error::io(
+                format!("the client's proof of region '{}'", self.name),
+                std::io::Error::other("this mapping holds none (it is not an attached client's)"),
+            )
+        })?;
+        let dup = held
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("dup of the client's proof", e))?;
+        Ok(os::HeldFd::new(dup))
     }
 
     /// This mapping's own descriptor of the region: its file, or for a second mapping of
@@ -825,12 +826,8 @@ impl ControlMapping for Region {
         Region::engine_proof(self)
     }
 
-    fn client_proof(&self, pid: u32, start_time: u64) -> Result<os::HeldFd> {
-        Region::client_proof(self, pid, start_time)
-    }
-
-    fn client_alive(&self, pid: u32, start_time: u64) -> bool {
-        Region::client_alive(self, pid, start_time)
+    fn client_proof(&self) -> Result<os::HeldFd> {
+        Region::client_proof(self)
     }
 
     fn proves(&self, fd: BorrowedFd<'_>, byte: u64) -> Result<std::result::Result<(), String>> {

@@ -176,6 +176,37 @@ impl Backoff {
     }
 }
 
+/// Polls `done` until it says so (yielding, then sleeping 1 ms between polls:
+/// [`Backoff`]), for a wait with no word to sleep on (a CUDA stream, queried). Before each
+/// sleep `check` runs (a dead peer, an interrupt: its error ends the wait; at most once a
+/// millisecond, as the other pollers do), and once `timeout` has passed the wait ends
+/// with `Timeout { what }`. `done`'s error ends it too.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn poll_until(
+    timeout: Duration,
+    what: &'static str,
+    mut done: impl FnMut() -> Result<bool>,
+    check: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut backoff = Backoff::default();
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if backoff.sleeps() {
+            check()?;
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                waited: timeout,
+                what,
+            });
+        }
+        backoff.snooze();
+    }
+}
+
 /// While spinning, yield the CPU this often (see `wait_until`).
 pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(10);
 
@@ -560,6 +591,64 @@ fn wait_on<S: SeqWord, R>(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The host-side bound of a drain that may never finish (a CUDA stream waiting on a
+    /// semaphore nobody signals): never done, it ends with `Timeout` once the timeout
+    /// passed (0 here: after one poll); with no timeout, a failing check (the engine
+    /// died) ends it at the first sleep, after the 64 polls that only yield; done on the
+    /// third poll, it ends then; an error polling ends it.
+    #[test]
+    fn a_polled_wait_is_bounded_by_its_timeout_and_its_check() {
+        use std::cell::Cell;
+        let (polls, checks) = (Cell::new(0), Cell::new(0));
+        let never = || {
+            polls.set(polls.get() + 1);
+            Ok(false)
+        };
+        let fine = || {
+            checks.set(checks.get() + 1);
+            Ok(())
+        };
+        let r = poll_until(Duration::ZERO, "a stream", never, &fine);
+        assert!(
+            matches!(
+                r,
+                Err(Error::Timeout {
+                    what: "a stream",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!((polls.get(), checks.get()), (1, 0));
+        let dead = || {
+            Err(Error::PeerDied {
+                peer: crate::error::Peer::Engine,
+                pid: 7,
+                pid_ns: crate::error::PidNamespace::This,
+                hint: "",
+            })
+        };
+        polls.set(0);
+        let r = poll_until(Duration::MAX, "a stream", never, &dead);
+        assert!(matches!(r, Err(Error::PeerDied { pid: 7, .. })), "{r:?}");
+        assert_eq!(polls.get(), 64);
+        polls.set(0);
+        let third = || {
+            polls.set(polls.get() + 1);
+            Ok(polls.get() == 3)
+        };
+        poll_until(Duration::MAX, "a stream", third, &fine).unwrap();
+        assert_eq!(polls.get(), 3);
+        let failing = || {
+            Err(Error::Cuda {
+                call: "cuStreamQuery",
+                detail: "x".into(),
+            })
+        };
+        let r = poll_until(Duration::MAX, "a stream", failing, &fine);
+        assert!(matches!(r, Err(Error::Cuda { .. })), "{r:?}");
+    }
 
     fn settled(waits: Duration) -> SpinGauge {
         let mut g = SpinGauge::default();

@@ -32,10 +32,19 @@ fn cli_ls_inspect_and_gc() {
         "{line}"
     );
     let inspect = out(&["inspect", &engine.name]);
+    // The protocol this build speaks, from the constants (an unsharded host region's
+    // header bytes stay those of 1.3).
+    let protocol = format!(
+        "protocol      {}.{} (this shmbridge {})",
+        shmbridge::layout::VERSION_MAJOR,
+        shmbridge::layout::VERSION_MINOR,
+        env!("CARGO_PKG_VERSION")
+    );
     for needle in [
         "magic",
         "(ok)",
-        "version       1.3",
+        "version       1.3 (the header's bytes; written by a protocol 1.7+ engine: observable)",
+        protocol.as_str(),
         "num_envs      3",
         "reset_mask",
         "client->engine",

@@ -122,7 +122,8 @@ pub unsafe extern "C" fn shmb_engine_tensor(
 /// frame 0 (the reset observations); each later one answers the action
 /// `shmb_engine_wait_actions` returned. `*frame` (may be NULL): the frame's number.
 /// An engine whose Vulkan tensors have a timeline semaphore publishes with
-/// `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled.
+/// `shmb_engine_publish_signaled` instead, which checks the value its renderer signalled:
+/// here it gets `SHMB_INVALID_SPEC` and nothing is published.
 #[no_mangle]
 pub unsafe extern "C" fn shmb_engine_publish(
     engine: *mut shmb_engine,

@@ -51,8 +51,9 @@ pub extern "C" fn shmb_abi_version() -> u32 {
     SHMB_ABI_VERSION
 }
 
-/// The library's release and wire protocol, e.g. `"0.1.0 (protocol 1.3)"`. Static
-/// storage: never freed.
+/// The library's release and the wire protocol it speaks, `"<release> (protocol
+/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.7)"`: built from the crate version and
+/// the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
 #[no_mangle]
 pub extern "C" fn shmb_version() -> *const c_char {
     static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
@@ -100,7 +101,22 @@ mod tests {
         let text = unsafe { std::ffi::CStr::from_ptr(shmb_version()) }
             .to_str()
             .unwrap();
-        assert!(text.starts_with(env!("CARGO_PKG_VERSION")), "{text}");
+        let protocol = format!(
+            "(protocol {}.{})",
+            shmbridge_core::layout::VERSION_MAJOR,
+            shmbridge_core::layout::VERSION_MINOR
+        );
+        assert_eq!(text, format!("{} {protocol}", env!("CARGO_PKG_VERSION")));
+        // The header's comment of shmb_version gives the same example: every
+        // "(protocol M.N)" in it is the protocol the library speaks.
+        let header = include_str!("../../include/shmbridge.h");
+        let doc = &header[..header.find("shmb_version(void)").expect("declared")];
+        let doc = &doc[doc.rfind("/**").expect("documented")..];
+        let examples: Vec<&str> = doc
+            .match_indices("(protocol ")
+            .map(|(at, _)| &doc[at..=at + doc[at..].find(')').expect("closed")])
+            .collect();
+        assert_eq!(examples, [protocol.as_str()], "{doc}");
         // SAFETY: as above.
         let unknown = unsafe { std::ffi::CStr::from_ptr(shmb_status_name(-7)) };
         assert_eq!(unknown.to_str().unwrap(), "UNKNOWN");

@@ -95,10 +95,14 @@ fn kind_from(code: u32) -> CResult<SemaphoreKind> {
 /// and that each fd is open (else `SHMB_INVALID_ARGUMENT`). Checked by
 /// `shmb_engine_create` (`SHMB_INVALID_SPEC`, nothing created): the tensor's bytes at
 /// `offset` (a multiple of 64) end inside `alloc_size`, the device UUID is not all 0,
-/// the semaphore is not binary; a build without Vulkan support answers
-/// `SHMB_VULKAN_UNAVAILABLE` there. What only the memory's importer can tell (that the fd
-/// holds `alloc_size` bytes of that memory type on that device) is checked by each client
-/// as it attaches: a client refuses a lie with a typed error (`SHMB_INVALID_TENSOR`).
+/// the semaphore is not binary, and what the kernel says of each fd (`fstat`): not a
+/// socket, pipe, directory, terminal, block device, `/dev/null`-like memory device, file
+/// with a name in a filesystem or `O_PATH` descriptor, and a memory fd with a size (a
+/// memfd, a dma-buf) holds at least `alloc_size` bytes; a build without Vulkan support
+/// answers `SHMB_VULKAN_UNAVAILABLE` there. What only the memory's importer can tell
+/// (that the fd is memory of that type on that device, and its size where the kernel
+/// shows none) is checked by each client as it attaches: a client refuses a lie with a
+/// typed error (`SHMB_INVALID_TENSOR`).
 ///
 /// Ownership: `memory_fd` and `semaphore_fd` stay the caller's. The library duplicates
 /// each during this call (`F_DUPFD_CLOEXEC`) and closes its copies once the spec and
@@ -190,7 +194,9 @@ pub unsafe extern "C" fn shmb_engine_next_frame(
 /// soon as the frame is published.
 ///
 /// `SHMB_INVALID_SPEC`, and nothing published: `signaled` is not the frame's number, or
-/// the engine's tensors have no semaphore.
+/// the engine's tensors have no semaphore. (`shmb_engine_publish` on an engine whose
+/// tensors have one is `SHMB_INVALID_SPEC` too: a frame is never published without the
+/// value a client waits for.)
 #[no_mangle]
 pub unsafe extern "C" fn shmb_engine_publish_signaled(
     engine: *mut shmb_engine,
@@ -395,6 +401,53 @@ mod tests {
         );
     }
 
+    /// An fd that is no exported memory (the stdin as a pipe or a terminal, a
+    /// socket, /dev/null) or a memfd smaller than `alloc_size`: `SHMB_INVALID_SPEC` at
+    /// creation, nothing created, no copy kept. Before, each was forwarded to clients.
+    #[test]
+    fn fds_the_kernel_can_tell_are_not_exported_memory_are_refused() {
+        let pipe = {
+            let mut child = std::process::Command::new("true")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = OwnedFd::from(child.stdout.take().unwrap());
+            child.wait().unwrap();
+            out
+        };
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let small = memfd("capi-vk-small");
+        let big = shmb_vulkan_export {
+            alloc_size: 8192,
+            ..export()
+        };
+        let cases: Vec<(OwnedFd, shmb_vulkan_export, &str)> = vec![
+            (pipe, export(), "memory fd is a pipe"),
+            (socket.into(), export(), "memory fd is a socket"),
+            (null.into(), export(), "memory devices"),
+            (
+                small,
+                big,
+                "holds 4096 bytes, fewer than the declared allocation size 8192",
+            ),
+        ];
+        for (fd, exported, words) in cases {
+            let spec = new_spec();
+            assert_eq!(add(spec, fd.as_raw_fd(), &exported, SHMB_NO_FD, 0), SHMB_OK);
+            let (status, text, engine) = create(spec);
+            assert_eq!(status, SHMB_INVALID_SPEC, "{words}: {text}");
+            assert!(text.contains(words), "{words}: {text}");
+            assert!(engine.is_null());
+            assert_eq!(shmb_spec_free(spec), SHMB_OK);
+        }
+        assert_eq!(
+            copies("capi-vk-small"),
+            0,
+            "a copy of a refused fd was kept"
+        );
+    }
+
     #[cfg(not(feature = "vulkan"))]
     #[test]
     fn a_build_without_vulkan_says_so_at_creation() {
@@ -468,19 +521,22 @@ mod tests {
                 shmb_engine_next_frame(engine, std::ptr::null_mut()),
                 SHMB_INVALID_ARGUMENT
             );
-            // Without the value, or with another: refused, nothing published.
-            assert_eq!(
-                crate::shmb_engine_publish(engine, std::ptr::null_mut()),
-                SHMB_OK
-            );
         }
-        // (Plain publish is not checked; a new engine for the checked path.)
-        assert_eq!(crate::shmb_engine_close(engine), SHMB_OK);
-        let (status, text, engine) = create(spec);
-        assert_eq!(status, SHMB_OK, "{text}");
         let mut frame = u64::MAX;
         // SAFETY: as above.
         unsafe {
+            // Without the value (plain publish), or with another: refused, nothing
+            // published (frame 0 is still to come, and `*frame` is not written).
+            assert_eq!(
+                crate::shmb_engine_publish(engine, &mut frame),
+                SHMB_INVALID_SPEC
+            );
+            assert!(
+                message().contains("has a timeline semaphore"),
+                "{}",
+                message()
+            );
+            assert_eq!(frame, u64::MAX, "written on failure");
             assert_eq!(
                 shmb_engine_publish_signaled(engine, 1, &mut frame),
                 SHMB_INVALID_SPEC

@@ -11,10 +11,11 @@
  *   none                nothing wrong (the control case)
  *   closed-fd           closes its memory fd before declaring it
  *   reused-fd           closes its memory fd, and the number then names a pipe when it
- *                       declares it
+ *                       declares it (refused by shmb_engine_create: fstat says a pipe)
  *   closed-after        closes its memory fd right after declaring it (allowed: the
  *                       library holds its own copy)
- *   size                declares an allocation 1 GiB larger than it is
+ *   size                declares an allocation 1 GiB larger than it is (refused by
+ *                       shmb_engine_create: lavapipe's memfd shows its size)
  *   memory-type         declares a memory type the device does not have
  *   die-before-publish  dies (SIGKILL) after rendering its first frame for an action,
  *                       before publishing it */

@@ -23,7 +23,7 @@ registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
 # `import shmbridge` exposes only `__all__` (and its submodules); the launching code is in
 # `_launch`, the engine process in `_process`.
 from . import errors
-from ._launch import attach, launch, launch_gym, nvrtc_library_dirs
+from ._launch import CudaStatus, attach, cuda_status, launch, launch_gym, nvrtc_library_dirs
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
 from .observe import Observer, observe
@@ -39,6 +39,8 @@ __all__ = [
     "launch",
     "launch_gym",
     "cuda_available",
+    "cuda_status",
+    "CudaStatus",
     "nvrtc_library_dirs",
     "list_regions",
     "gc",

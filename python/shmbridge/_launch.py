@@ -20,8 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
+from . import _native
 from ._native import Client, _check_cli_args
 from ._process import EngineProcess
 from .errors import CudaUnavailableError, EngineStartError, ShmBridgeError
@@ -160,6 +161,24 @@ _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
      "idle_timeout"}
 )
+
+
+class CudaStatus(NamedTuple):
+    """What :func:`cuda_status` returns: ``available`` (``cuda_available()``'s answer)
+    and ``reason`` (the driver version and device count where CUDA is usable, else why
+    not: built without the ``cuda`` feature, no loadable driver, no device)."""
+
+    available: bool
+    reason: str
+
+
+def cuda_status() -> CudaStatus:
+    """Whether CUDA tensors can be served and opened here, and why:
+    ``CudaStatus(available=True, reason="driver 12080, 1 device(s)")`` or
+    ``CudaStatus(available=False, reason=...)``. Never raises; the probe is made once per
+    process. ``shmbridge.cuda_available()`` is its ``available``, a plain bool."""
+    available, reason = _native._cuda_status()
+    return CudaStatus(available, reason)
 
 
 def nvrtc_library_dirs() -> list:

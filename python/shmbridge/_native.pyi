@@ -17,6 +17,7 @@ __all__ = [
     "Tensor",
     "cli",
     "cuda_available",
+    "_cuda_status",
     "list_regions",
     "gc",
     "_spawn_engine",
@@ -320,7 +321,10 @@ def cli(argv: Sequence[str]) -> int:
     status. Runs without the GIL; Ctrl-C stops ``client`` with ``KeyboardInterrupt``,
     and ``engine`` closes its region and ends the process (status 130)."""
 
-def cuda_available() -> Tuple[bool, str]:
+def cuda_available() -> bool:
+    """Whether CUDA tensors can be served and opened here; never raises. The reason is
+    ``shmbridge.cuda_status()``'s."""
+def _cuda_status() -> Tuple[bool, str]:
     """``(True, "driver ..., N device(s)")`` or ``(False, reason)``; never raises."""
 def list_regions() -> List[str]: ...
 def gc() -> List[str]: ...

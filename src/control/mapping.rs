@@ -38,16 +38,11 @@ pub trait ControlMapping: Send + Sync + std::fmt::Debug {
     /// but in the creator's own mappings.
     fn engine_proof(&self) -> Option<BorrowedFd<'_>>;
 
-    /// A client's proof for one exchange on the fd socket: a new descriptor of the
-    /// region holding the lock on [`super::client_proof_byte`] of `(pid, start_time)`
-    /// (what the client recorded in its slot). Drop it once the exchange is over. `Err`
-    /// when another descriptor holds that byte.
-    fn client_proof(&self, pid: u32, start_time: u64) -> Result<HeldFd>;
-
-    /// Whether the client recorded in the slot as `(pid, start_time)` lives: its process
-    /// where this PID namespace shows it, else its lock on the region
-    /// ([`super::client_lock_byte`]).
-    fn client_alive(&self, pid: u32, start_time: u64) -> bool;
+    /// The attached client's proof for one exchange on the fd socket: a `dup` of its
+    /// descriptor holding the lock on [`super::CLIENT_PROOF_BYTE`], taken before it
+    /// claimed the slot. Drop it once the exchange is over. `Err` when this mapping holds
+    /// none (not a client's, or it closed).
+    fn client_proof(&self) -> Result<HeldFd>;
 
     /// Whether `fd`, handed over by a peer, proves that its sender holds the lock on
     /// `byte` of this very region (same file, and the lock is that descriptor's).

@@ -26,7 +26,7 @@ mod stats;
 pub use block::{Claim, Control};
 pub use mapping::ControlMapping;
 pub use proof::{
-    client_lock_byte, client_proof_byte, socket_path, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
+    client_lock_byte, socket_path, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
 };
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};

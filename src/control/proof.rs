@@ -14,9 +14,16 @@ const MAX_SOCKET_PATH: usize = 107;
 /// The byte of a region file whose OFD write lock the engine that created it holds for
 /// its whole life, on a descriptor of its own (1.6): handing that descriptor over proves
 /// that one is the engine ([`ControlMapping::proves`](super::ControlMapping::proves)).
-/// Above every client's bytes ([`client_lock_byte`]) and below every client's proof byte
-/// ([`client_proof_byte`]).
+/// Above every client's bytes ([`client_lock_byte`]).
 pub const ENGINE_PROOF_BYTE: u64 = 1 << 62;
+/// The byte of a region file whose OFD write lock the attached client holds on a
+/// descriptor of its own (1.8), from before it claims the slot until it closes: handing
+/// that descriptor over proves to the engine's fd socket that one is the attached client.
+/// One byte for the slot, not one derived from who the slot says the client is: the
+/// kernel lets one open file description at a time hold it, so a process that writes
+/// itself into the slot has nothing to prove with (1.6 derived it from the slot's pid and
+/// start time, which anyone who can write the slot can choose).
+pub const CLIENT_PROOF_BYTE: u64 = ENGINE_PROOF_BYTE + 1;
 
 /// The path of region `name`'s fd socket (1.6): `/dev/shm/<name>.fd`, beside the region,
 /// so that it reaches wherever /dev/shm is shared (an abstract socket lives in one
@@ -45,13 +52,4 @@ pub fn client_lock_byte(pid: u32, start_time: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
     (z >> 3) | (1 << 61)
-}
-
-/// The byte whose lock a client holds on a descriptor of its own while it asks the fd
-/// socket for the engine's fds (1.6): handing that descriptor over proves to the engine
-/// that the asker is the client recorded as `(pid, start_time)`, in whatever PID
-/// namespace it lives. Derived from [`client_lock_byte`]: in `(2^62, 2^62 + 2^61]`,
-/// above [`ENGINE_PROOF_BYTE`].
-pub fn client_proof_byte(pid: u32, start_time: u64) -> u64 {
-    client_lock_byte(pid, start_time) + (1 << 61) + 1
 }

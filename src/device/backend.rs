@@ -10,6 +10,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::Device;
 use crate::control::{Claim, Control, ControlMapping};
@@ -122,8 +123,16 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     }
 
     /// Before an action or a request is posted: orders the client's device writes (on
-    /// `stream`, the default stream if `None`) before the engine's reads.
-    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()>;
+    /// `stream`, the default stream if `None`) before the engine's reads. A backend that
+    /// waits on the host here for device work the engine may never let finish (a stream
+    /// waiting on the engine's semaphore) waits at most `timeout` (`Timeout`), and runs
+    /// `check` (the engine's liveness, an interrupt) between polls.
+    fn before_post(
+        &self,
+        stream: Option<StreamRef<'_>>,
+        timeout: Duration,
+        check: &dyn Fn() -> Result<()>,
+    ) -> Result<()>;
 
     /// Which importer serves this client and why, where there is a choice (Vulkan
     /// tensors: CUDA or a Vulkan device of the client's own); `None` otherwise.

@@ -2,6 +2,7 @@
 //! Nothing to export, import, order or release: every hook is a no-op.
 
 use std::any::Any;
+use std::time::Duration;
 
 use super::backend::{ClientBackend, DevicePlace, DeviceRelease, EngineBackend, StreamRef};
 use crate::control::{Control, ControlMapping};
@@ -59,7 +60,12 @@ impl ClientBackend for HostClient {
         Ok(())
     }
     #[inline]
-    fn before_post(&self, _: Option<StreamRef<'_>>) -> Result<()> {
+    fn before_post(
+        &self,
+        _: Option<StreamRef<'_>>,
+        _: Duration,
+        _: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         Ok(())
     }
     fn device_ptr(&self, _: usize, t: &TensorInfo) -> Result<u64> {

@@ -14,6 +14,8 @@ use super::tensor::{
     contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
     MIN_RING_CAPACITY,
 };
+use std::os::fd::AsFd;
+
 use super::vulkan::VulkanSource;
 use crate::error::{Error, Result};
 
@@ -292,7 +294,7 @@ impl HeaderBuilder {
         } else if cuda_alloc.is_some() {
             VERSION_MINOR_CUDA_SESSIONS
         } else if !vulkan.is_empty() {
-            VERSION_MINOR_FD_SOCKET
+            VERSION_MINOR_FD_HELLO
         } else {
             VERSION_MINOR_UNSHARDED
         };
@@ -401,7 +403,9 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
         )));
     }
     let Some(VulkanSource::Import {
-        export, semaphore, ..
+        memory,
+        export,
+        semaphore,
     }) = &s.vulkan
     else {
         return Ok((0, None));
@@ -431,6 +435,10 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
             s.name, nbytes, export.offset, export.alloc_size
         )));
     }
+    exported_fd_fits(&s.name, "memory", memory.as_fd(), Some(export.alloc_size))?;
+    if let Some((fd, _)) = semaphore {
+        exported_fd_fits(&s.name, "semaphore", fd.as_fd(), None)?;
+    }
     let table = VulkanTable {
         alloc_size: export.alloc_size,
         memory_type_index: export.memory_type_index,
@@ -438,6 +446,50 @@ fn place_vulkan(s: &TensorSpec, nbytes: u64) -> Result<(u64, Option<VulkanTable>
         semaphore: semaphore.as_ref().map(|(_, k)| *k),
     };
     Ok((export.offset, Some(table)))
+}
+
+/// What the kernel can tell of an fd said to be exported memory (`alloc_size` bytes) or a
+/// semaphore (`None`) before it is forwarded to clients: its kind, and its size where
+/// `st_size` means one (a regular file such as lavapipe's memfd, a dma-buf). A GPU
+/// driver's opaque fd may be an anonymous inode or a device node with no size to check:
+/// what it holds only the importing driver can tell (`docs/c-api.md`).
+fn exported_fd_fits(
+    tensor: &str,
+    what: &str,
+    fd: std::os::fd::BorrowedFd<'_>,
+    alloc_size: Option<u64>,
+) -> Result<()> {
+    use crate::os::FdKind;
+    let (kind, size) = crate::os::fd_kind(fd)?;
+    let refused = match kind {
+        FdKind::Other(k) => Some(k.to_string()),
+        FdKind::CharDevice { terminal: true, .. } => Some("a terminal".into()),
+        FdKind::CharDevice { memory: true, .. } => {
+            Some("one of the kernel's memory devices (/dev/null, /dev/zero...)".into())
+        }
+        FdKind::File { named: true } => {
+            Some("a file with a name in a filesystem (an exported object has none)".into())
+        }
+        FdKind::File { named: false } | FdKind::Anonymous | FdKind::CharDevice { .. } => None,
+    };
+    if let Some(k) = refused {
+        return Err(Error::InvalidSpec(format!(
+            "tensor '{tensor}': the {what} fd is {k}, not what vkGet{}FdKHR exports",
+            if what == "memory" {
+                "Memory"
+            } else {
+                "Semaphore"
+            }
+        )));
+    }
+    let sized = matches!(kind, FdKind::File { .. }) || (kind == FdKind::Anonymous && size > 0);
+    match alloc_size {
+        Some(need) if sized && size < need => Err(Error::InvalidSpec(format!(
+            "tensor '{tensor}': the memory fd holds {size} bytes, fewer than the declared \
+             allocation size {need}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Host tensors: in the region, after the header and the rings; cache-line aligned, and

@@ -30,7 +30,13 @@ pub const VERSION_MAJOR: u16 = 1;
 /// engine's write sequence in it, and its byte-0 lock, all told by [`FLAG_OBSERVABLE`]
 /// in `flags`; `version_minor` is written as before (3, 4, 5 or 6), so every earlier
 /// client reads a 1.7 region as it read the same region from a 1.6 engine.
-pub const VERSION_MINOR: u16 = 7;
+/// 1.8: the fd socket's exchange (§3.6) starts with the engine's hello carrying its
+/// proof, which the client checks before it sends its own; the client's proof is a lock
+/// on one fixed byte ([`crate::control::CLIENT_PROOF_BYTE`]) instead of one derived from
+/// the pid and start time in the client slot. Only a region with Vulkan tensors is
+/// written as 1.8 (with the layout hash of 1.5): a 1.6 or 1.7 client reads its header as
+/// before, and is refused on the socket (its messages are of version 2).
+pub const VERSION_MINOR: u16 = 8;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -38,9 +44,13 @@ pub const VERSION_MINOR_SHARDED: u16 = 4;
 /// What the builder writes for a region with CUDA tensors (1.5), and the lowest minor
 /// whose clients tag their close acknowledgement.
 pub const VERSION_MINOR_CUDA_SESSIONS: u16 = 5;
-/// What the builder writes for a region with Vulkan tensors (1.6), and the lowest minor
-/// whose engines serve their fds over the socket file with proofs.
+/// The lowest minor whose engines serve their Vulkan fds over the socket file with
+/// proofs (1.6).
 pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
+/// What the builder writes for a region with Vulkan tensors (1.8), and the lowest minor
+/// whose engines say hello with their proof first and ask for the fixed client proof
+/// byte: the only Vulkan engines a client of this version takes fds from.
+pub const VERSION_MINOR_FD_HELLO: u16 = 8;
 /// 1.7: what the builder writes in `version_minor` does not change for the stats area
 /// (earlier readers ignore it entirely, and a 1.5 or 1.6 reader expects the CUDA-session
 /// hash of every region of minor 5 or more): its presence is told by [`FLAG_OBSERVABLE`].

@@ -163,7 +163,11 @@ fn host_only_layouts_are_what_1_1_wrote() {
 #[test]
 fn vulkan_tensors_round_trip_and_need_1_3() {
     use super::vulkan::{SemaphoreKind, VulkanExport};
-    let memfd = |n| rustix::fs::memfd_create(n, rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let memfd = |n| {
+        let fd = rustix::fs::memfd_create(n, rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 1 << 16).unwrap();
+        fd
+    };
     let export = VulkanExport {
         alloc_size: 1 << 16,
         offset: 128,
@@ -187,7 +191,7 @@ fn vulkan_tensors_round_trip_and_need_1_3() {
     assert_eq!(l.tensors, b.tensors);
     assert_eq!(crate::device::vulkan::fd_count(&l), 2);
     // 1.6: Vulkan fds over the socket file, with proofs; the 1.5 control block.
-    assert_eq!(l.version, (1, VERSION_MINOR_FD_SOCKET));
+    assert_eq!(l.version, (1, VERSION_MINOR_FD_HELLO));
     assert_eq!(b.header.layout_hash, LAYOUT_HASH_CUDA_SESSIONS);
     // The same bytes under a 1.2 header are refused.
     let mut old = published(&b);
@@ -245,4 +249,87 @@ fn vulkan_tensors_round_trip_and_need_1_3() {
         HeaderBuilder::new("k", 1, &spec, 0),
         Err(Error::InvalidSpec(m)) if m.contains("device UUID is all zero")
     ));
+}
+
+/// The kernel says what an fd is: one that no driver exports (a pipe, a socket, a
+/// directory, a terminal, /dev/null, a named file, an O_PATH descriptor) is refused before
+/// it could reach a client, as is a memfd smaller than the declared allocation; a memfd
+/// (lavapipe's exports are memfds) and an anonymous inode (a timerfd here, as a DRM sync
+/// object or a dma-buf would be) pass, as does a semaphore memfd of any size.
+#[test]
+fn exported_fds_the_kernel_can_tell_are_wrong_are_refused() {
+    use super::vulkan::{SemaphoreKind, VulkanExport};
+    use std::os::fd::OwnedFd;
+    let export = VulkanExport {
+        alloc_size: 1 << 16,
+        offset: 0,
+        memory_type_index: 0,
+        dedicated: false,
+        device_uuid: [7; 16],
+        driver_uuid: [8; 16],
+    };
+    let memfd = |size: u64| {
+        let fd = rustix::fs::memfd_create("m", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, size).unwrap();
+        fd
+    };
+    let build = |memory: OwnedFd, semaphore: Option<OwnedFd>| {
+        let mut t = TensorSpec::vulkan_import("rgb", DType::U8, &[1 << 16], memory, export);
+        if let Some(s) = semaphore {
+            t = t.with_semaphore(s, SemaphoreKind::Timeline);
+        }
+        HeaderBuilder::new("k", 1, &[t], 0).map(|_| ())
+    };
+    let refused = |r: crate::error::Result<()>, words: &str| match r {
+        Err(Error::InvalidSpec(m)) => assert!(m.contains(words), "{words}: {m}"),
+        r => panic!("{words}: expected InvalidSpec, got {r:?}"),
+    };
+    // A pipe: a child's stdout.
+    let pipe = || {
+        let mut child = std::process::Command::new("true")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = OwnedFd::from(child.stdout.take().unwrap());
+        child.wait().unwrap();
+        out
+    };
+    refused(build(pipe(), None), "memory fd is a pipe");
+    let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    refused(build(socket.into(), None), "memory fd is a socket");
+    let dir = std::fs::File::open("/").unwrap();
+    refused(build(dir.into(), None), "memory fd is a directory");
+    let null = std::fs::File::open("/dev/null").unwrap();
+    refused(build(null.into(), None), "memory devices");
+    let path = rustix::fs::open("/", rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap();
+    refused(build(path, None), "O_PATH");
+    let named = std::env::temp_dir().join(format!("shmbridge-fd-kind-{}", std::process::id()));
+    let file = std::fs::File::create(&named).unwrap();
+    file.set_len(1 << 16).unwrap();
+    std::fs::remove_file(&named).unwrap();
+    // Unlinked now: a file with no name is what a memfd-less driver hands out.
+    build(file.into(), None).unwrap();
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    refused(build(file.into(), None), "a file with a name");
+    if let Ok(tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/ptmx")
+    {
+        refused(build(tty.into(), None), "a terminal");
+    }
+    refused(build(memfd(4096), None), "holds 4096 bytes, fewer than");
+    refused(
+        build(memfd(1 << 16), Some(pipe())),
+        "semaphore fd is a pipe",
+    );
+    // What may be legitimate passes.
+    build(memfd(1 << 16), None).unwrap();
+    build(memfd(1 << 20), Some(memfd(0))).unwrap();
+    let anonymous = || {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC).unwrap()
+    };
+    build(memfd(1 << 16), Some(anonymous())).unwrap();
+    build(anonymous(), None).unwrap();
 }

@@ -16,7 +16,7 @@
 //! - [`waits`]: sliced waits (Ctrl-C) and the timeouts of the Python API.
 //! - [`args`]: counts and seconds taken strictly (a bool is neither).
 //! - [`tools`]: `cli` (the `shmbridge` command line), `list_regions`, `gc`,
-//!   `cuda_available`.
+//!   `cuda_available`, `_cuda_status`.
 
 mod actions;
 mod args;
@@ -41,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::cli, m)?)?;
     m.add_function(wrap_pyfunction!(tools::list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::_cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(tools::gc, m)?)?;
     m.add_function(wrap_pyfunction!(tools::_spawn_engine, m)?)?;
     m.add_function(wrap_pyfunction!(tools::_check_cli_args, m)?)?;

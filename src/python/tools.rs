@@ -1,5 +1,6 @@
 //! The module's functions: the command line (`cli`, which also serves the reference
-//! engines) and the region tools (`list_regions`, `gc`, `cuda_available`).
+//! engines) and the region tools (`list_regions`, `gc`, `cuda_available`,
+//! `_cuda_status`).
 
 use std::ffi::OsString;
 
@@ -11,11 +12,23 @@ use crate::cli::Invocation;
 use crate::error::Error;
 use crate::region;
 
-/// Whether CUDA tensors can be served and opened here: `(True, "driver 12080, 1
-/// device(s)")`, or `(False, reason)` (built without the `cuda` feature, no loadable
-/// driver, no device). Never raises; cached after the first call.
+/// Whether CUDA tensors can be served and opened here: `True` or `False`, never a
+/// tuple (`shmbridge.cuda_status()` gives the reason). Never raises; the probe is cached
+/// after the first call.
 #[pyfunction]
-pub(super) fn cuda_available(py: Python<'_>) -> (bool, String) {
+pub(super) fn cuda_available(py: Python<'_>) -> bool {
+    cuda_probe(py).0
+}
+
+/// `(True, "driver 12080, 1 device(s)")`, or `(False, reason)` (built without the `cuda`
+/// feature, no loadable driver, no device): what `shmbridge.cuda_status()` returns as a
+/// named tuple. Never raises.
+#[pyfunction]
+pub(super) fn _cuda_status(py: Python<'_>) -> (bool, String) {
+    cuda_probe(py)
+}
+
+fn cuda_probe(py: Python<'_>) -> (bool, String) {
     match py.detach(crate::device::probe) {
         Ok(info) => (
             true,

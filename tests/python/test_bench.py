@@ -139,8 +139,8 @@ def _gpu_unusable() -> str:
 
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
-    ok, reason = shmbridge.cuda_available()
-    return "" if ok else f"shmbridge.cuda_available(): {reason}"
+    ok, reason = shmbridge.cuda_status()
+    return "" if ok else f"shmbridge.cuda_status(): {reason}"
 
 
 NO_GPU = _gpu_unusable()
@@ -159,7 +159,7 @@ def test_gpu_skips_with_status_3_without_a_gpu(tmp_path):
     if not torch.cuda.is_available():
         assert f"torch {torch.__version__}" in reason and "sees no usable CUDA device" in reason
     else:  # torch has a GPU, shmbridge cannot use it: its probe's reason
-        assert shmbridge.cuda_available()[1].splitlines()[0].strip() in reason
+        assert shmbridge.cuda_status().reason.splitlines()[0].strip() in reason
     assert proc.stdout == ""
     assert list(tmp_path.iterdir()) == []  # nothing written
     assert not regions() - before

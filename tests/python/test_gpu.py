@@ -3,7 +3,7 @@
 The first tests run everywhere: they check what a machine without CUDA gets (a typed
 error with the reason, `auto` falling back to host memory and saying so, nothing left
 behind). The tests marked `gpu` need a usable CUDA device and a CUDA build of torch; where
-there is none (CI) they are skipped with the reason `shmbridge.cuda_available()` gives.
+there is none (CI) they are skipped with the reason `shmbridge.cuda_status()` gives.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import shmbridge
 from conftest import pattern, regions
 
-CUDA_OK, CUDA_WHY = shmbridge.cuda_available()
+CUDA_OK, CUDA_WHY = shmbridge.cuda_status()
 
 
 def _torch_cuda():
@@ -42,11 +42,16 @@ no_gpu = pytest.mark.skipif(CUDA_OK, reason="CUDA is usable here; this checks th
 # Everywhere
 
 
-def test_cuda_available_answers_with_a_reason():
-    ok, why = shmbridge.cuda_available()
-    assert isinstance(ok, bool)
-    assert isinstance(why, str) and why
-    assert shmbridge.cuda_available() == (ok, why), "cached, stable"
+def test_cuda_available_is_a_bool_and_cuda_status_gives_the_reason():
+    available = shmbridge.cuda_available()
+    assert type(available) is bool, f"cuda_available() returned {available!r}, not a bool"
+    status = shmbridge.cuda_status()
+    assert isinstance(status, shmbridge.CudaStatus) and isinstance(status, tuple)
+    assert status.available is available and status == (available, status.reason)
+    assert isinstance(status.reason, str) and status.reason
+    assert shmbridge.cuda_status() == status and shmbridge.cuda_available() is available, "cached, stable"
+    if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver: this machine, CI
+        assert bool(shmbridge.cuda_available()) is False, status.reason
 
 
 @pytest.mark.parametrize("bad", ["gpu", "cuda:", "cuda:x", "cuda:-1", ""])

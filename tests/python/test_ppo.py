@@ -38,8 +38,8 @@ def _no_cuda() -> str:
 
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
-    ok, why = shmbridge.cuda_available()
-    return "" if ok else f"shmbridge.cuda_available(): {why}"
+    ok, why = shmbridge.cuda_status()
+    return "" if ok else f"shmbridge.cuda_status(): {why}"
 
 
 NO_CUDA = _no_cuda()
@@ -195,7 +195,7 @@ def test_device_choice_says_what_and_why():
         with pytest.raises(ValueError, match="torch .* sees no CUDA device"):
             ppo.choose_device("cuda")
     else:
-        reason = shmbridge.cuda_available()[1]
+        reason = shmbridge.cuda_status().reason
         assert why == f"auto: torch sees a GPU but shmbridge cannot use CUDA: {reason}"
         with pytest.raises(ValueError, match="shmbridge cannot use CUDA"):
             ppo.choose_device("cuda")

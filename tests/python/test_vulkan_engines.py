@@ -10,8 +10,8 @@ What is checked: the frames a Python client reads are the engine's memory (a tor
 once, at an address inside the client's mapping of the imported memory, which the engine maps
 too), byte for byte the frames ``tests/python/vulkan_frames.py`` computes on the CPU from the
 observations, which are the Rust reference CartPole's bit for bit, over 1,000 steps with
-resets by mask and by command; and each fault gives the learner a typed error and leaves
-nothing behind. Every test skips, with the reason, where there is no Vulkan driver."""
+resets by mask and by command; and each fault gives the learner a typed error, or stops
+the engine before a learner could see it (what fstat shows), and leaves nothing behind. Every test skips, with the reason, where there is no Vulkan driver."""
 
 from __future__ import annotations
 
@@ -294,8 +294,6 @@ def nothing_left(name: str, memory: set) -> None:
 
 
 @pytest.mark.parametrize("fault, error, words", [
-    ("reused-fd", shmbridge.InvalidTensorError, "importing the engine's memory fd failed"),
-    ("size", shmbridge.InvalidTensorError, "declares a"),
     ("memory-type", shmbridge.InvalidTensorError, "memory type 31 does not exist"),
 ])
 def test_a_lying_engine_gives_the_learner_a_typed_error_and_leaves_nothing(faults_asan, warm_vulkan, fault,
@@ -325,6 +323,22 @@ def test_an_engine_that_closed_its_fd_before_declaring_it_does_not_start(faults_
     # Launched by a learner, the same engine is a typed error there.
     with pytest.raises(shmbridge.EngineStartError, match="cannot be duplicated"):
         shmbridge.launch(command=[str(faults_asan), "closed-fd"], timeout=HANG)
+    assert regions() <= before
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("reused-fd", "memory fd is a pipe"),
+    ("size", "fewer than the declared allocation size"),
+])
+def test_an_engine_whose_fd_the_kernel_shows_is_wrong_does_not_start(faults_asan, fault, words):
+    """A pipe where the memory fd was, or an allocation larger than lavapipe's memfd: the
+    kernel tells (fstat), so shmb_engine_create refuses before any client sees the fd."""
+    before = regions()
+    engine = FaultyEngine(faults_asan, fault)
+    assert engine.name is None
+    status, err = engine.finish(stop=False)
+    assert not sanitizer_reports(err), err
+    assert status == 1 and words in err and "INVALID_SPEC" in err, err
     assert regions() <= before
 
 

@@ -52,7 +52,7 @@ def test_it_imports_and_steps_without_a_vulkan_loader_or_a_cuda_driver():
     is hidden: import, a CPU engine steps, CUDA and Vulkan answer with their reasons."""
     code = r"""
 import numpy as np, shmbridge
-ok, why = shmbridge.cuda_available()
+ok, why = shmbridge.cuda_status()
 assert not ok, why
 with shmbridge.launch("cartpole", num_envs=4) as c:
     c.step(np.zeros((4, 1), dtype=np.int64))

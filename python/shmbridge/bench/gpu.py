@@ -107,7 +107,7 @@ def probe() -> Optional[str]:
     if not usable:
         built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
         return f"torch {torch.__version__} ({built}) sees no usable CUDA device"
-    ok, reason = shmbridge.cuda_available()
+    ok, reason = shmbridge.cuda_status()
     if not ok:
         return f"shmbridge cannot use CUDA: {one_line(reason)}"
     return None
@@ -259,7 +259,7 @@ def _gpu_lines(device: Any, engine_reason: str) -> List[str]:
     return [
         f"- GPU: {props.name} ({device}, {props.total_memory / 2**30:.0f} GiB); torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}, {torch.get_num_threads()} CPU threads); "
-        f"shmbridge.cuda_available(): {one_line(engine_reason)}",
+        f"shmbridge.cuda_status(): {one_line(engine_reason)}",
     ]
 
 
@@ -374,7 +374,7 @@ def main(args: Any) -> int:
         log(f"bench gpu: --device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
         return 2
     torch.cuda.set_device(device)  # torch's current stream is the one client.step() uses
-    _ok, engine_reason = shmbridge.cuda_available()
+    engine_reason = shmbridge.cuda_status().reason
     machine = machine_description()
 
     log(f"gpu: {', '.join(w.label for w in PAYLOADS)}; on {device}")

@@ -195,7 +195,7 @@ def choose_device(name: str) -> Tuple[str, str]:
     if name == "cpu":
         return "cpu", "--device cpu"
     torch_ok = torch.cuda.is_available()
-    shm_ok, shm_why = shmbridge.cuda_available()
+    shm_ok, shm_why = shmbridge.cuda_status()
     if name == "cuda":
         if not torch_ok:
             raise ValueError(f"--device cuda: torch {torch.__version__} sees no CUDA device")

@@ -66,6 +66,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamDestroy_v2",
     "cuStreamWaitEvent",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuModuleUnload",
@@ -410,6 +411,17 @@ impl Stream {
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(self.raw)
         })
+    }
+
+    /// Whether all the work queued on this stream is complete (`cuStreamQuery`), without
+    /// waiting: the host-side poll of a bounded drain (`sync::poll_until`).
+    pub fn is_idle(&self) -> Result<bool> {
+        let _current = self.ctx.bind()?;
+        // SAFETY: live stream handle.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuStreamQuery", r).map(|()| true),
+        }
     }
 
     /// Device-to-device copy of `len` bytes, ordered on this stream.

@@ -562,7 +562,13 @@ impl ClientBackend for ClientCuda {
         ClientCuda::open(self, layout)
     }
 
-    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+    /// Records the client's event: nothing to wait for on the host.
+    fn before_post(
+        &self,
+        stream: Option<StreamRef<'_>>,
+        _: Duration,
+        _: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         match stream {
             None => self.record(None),
             Some(s) => {

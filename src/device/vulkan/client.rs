@@ -292,7 +292,7 @@ impl ClientVulkan {
         timeout: Duration,
     ) -> Result<ClientVulkan> {
         let dev = engine_device(layout)?;
-        if layout.version.1 < crate::layout::VERSION_MINOR_FD_SOCKET {
+        if layout.version.1 < crate::layout::VERSION_MINOR_FD_HELLO {
             let first = layout
                 .tensors
                 .iter()
@@ -300,12 +300,22 @@ impl ClientVulkan {
                 .map_or("?", |t| t.name.as_str());
             return Err(Error::InvalidTensor {
                 tensor: first.to_string(),
-                reason: format!(
-                    "an engine of protocol 1.{} serves Vulkan fds on an abstract socket, which \
-                     proves nothing about who answers (and does not cross network namespaces); \
-                     this client takes them only from a 1.6 engine: update the engine's shmbridge",
-                    layout.version.1
-                ),
+                reason: match layout.version.1 < crate::layout::VERSION_MINOR_FD_SOCKET {
+                    true => format!(
+                        "an engine of protocol 1.{} serves Vulkan fds on an abstract socket, \
+                         which proves nothing about who answers (and does not cross network \
+                         namespaces); this client takes them only from a 1.8 engine: update \
+                         the engine's shmbridge",
+                        layout.version.1
+                    ),
+                    false => format!(
+                        "an engine of protocol 1.{} asks for a client proof that any process \
+                         of this user can forge, and has the client show it before the engine \
+                         proved who it is; this client takes Vulkan fds only from a 1.8 \
+                         engine: update the engine's shmbridge",
+                        layout.version.1
+                    ),
+                },
             });
         }
         let (choice, why) = choose_importer(importer, dev, cuda_devices())?;
@@ -418,57 +428,49 @@ impl ClientVulkan {
         }
     }
 
-    /// The tensors' fds, from the engine and nobody else (protocol 1.6, §3.6): asks the
-    /// region's fd socket with this client's proof (a descriptor holding its proof byte:
-    /// the engine sends fds only to its attached client), then checks the answer before
-    /// any fd is used: the server runs as this user (`SO_PEERCRED`), is the engine's
-    /// process where this PID namespace shows the engine, and proves it owns the region
-    /// (the descriptor it sends first holds the engine's proof byte). Anything else is a
-    /// `Protocol` error naming who answered; every fd it sent is closed unused.
+    /// The tensors' fds, from the engine and nobody else (protocol 1.8, §3.6): connects
+    /// to the region's fd socket and checks who answers before it shows anything of its
+    /// own: the server runs as this user (`SO_PEERCRED`), is the engine's process where
+    /// this PID namespace shows the engine, and proves it owns the region (the
+    /// descriptor its hello carries holds the engine's proof byte). Anything else is a
+    /// `Protocol` error naming who answered, and this client's proof never left it. Then
+    /// it sends its proof (a descriptor holding the client's proof byte: the engine sends
+    /// fds only to its attached client) and takes the fds.
     fn receive_from_the_engine(
         &self,
         layout: &Layout,
         region: &dyn ControlMapping,
     ) -> Result<Vec<OwnedFd>> {
-        let me = crate::os::current_pid();
-        let start = crate::os::process_start_time(me)
-            .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
         let path = control::socket_path(&self.name)?;
-        let answer = {
-            let proof = region.client_proof(me, start)?;
-            crate::fdpass::request(
-                &self.name,
-                &path,
-                proof.as_fd(),
-                super::fd_count(layout),
-                self.timeout,
-            )?
-        };
+        let exchange =
+            crate::fdpass::open_exchange(&self.name, &path, super::fd_count(layout), self.timeout)?;
         let not_the_engine = |why: String| Error::Protocol {
             peer: Peer::Engine,
             detail: format!(
                 "the process answering on the fd socket '{path}' ({}) is not the engine of \
-                 region '{}': {why}; none of the fds it sent were imported",
-                answer.server, self.name
+                 region '{}': {why}; this client did not show it its proof, and took no fd \
+                 from it",
+                exchange.server, self.name
             ),
         };
         let euid = crate::fdpass::euid();
-        if answer.server.uid != euid {
+        if exchange.server.uid != euid {
             return Err(not_the_engine(format!(
                 "it runs as uid {}, this process as uid {euid}",
-                answer.server.uid
+                exchange.server.uid
             )));
         }
         let (pid, start) = (layout.engine_pid, layout.engine_start_time);
-        if crate::os::process_seen(pid, start).is_some() && answer.server.pid != Some(pid) {
+        if crate::os::process_seen(pid, start).is_some() && exchange.server.pid != Some(pid) {
             return Err(not_the_engine(format!("the engine is pid {pid}")));
         }
-        match region.proves(answer.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
-            Ok(()) => Ok(answer.fds),
-            Err(why) => Err(not_the_engine(format!(
+        if let Err(why) = region.proves(exchange.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
+            return Err(not_the_engine(format!(
                 "its proof of owning the region fails: {why}"
-            ))),
+            )));
         }
+        let proof = region.client_proof()?;
+        exchange.request(proof.as_fd())
     }
 
     /// The name of tensor `index` of the layout this client imported, for messages.
@@ -574,19 +576,38 @@ impl ClientBackend for ClientVulkan {
     /// queued work may still read, and a Vulkan engine cannot wait on a CUDA event, so
     /// the consumer's stream (the legacy default stream if `None`) is drained first.
     /// Reads queued on other streams must be ordered before it by the caller, as for any
-    /// cross-stream use in torch. The CPU importer reads synchronously: nothing to do.
-    fn before_post(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+    /// cross-stream use in torch. With a semaphore the stream may wait for a value the
+    /// engine never signals: the drain then polls, checking the engine between polls, and
+    /// gives up after `timeout` (`Timeout`; the action is not posted). The CPU importer
+    /// reads synchronously: nothing to do.
+    fn before_post(
+        &self,
+        stream: Option<StreamRef<'_>>,
+        timeout: Duration,
+        check: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         match &self.importer {
             #[cfg(feature = "cuda")]
             Importer::Cuda(ctx) => {
                 let raw = stream.map_or(1, StreamRef::raw);
                 // SAFETY: 1 is the legacy default stream; otherwise the caller hands a
                 // live stream of this device for the call (`ClientBackend::before_post`).
-                unsafe { driver::Stream::borrowed(ctx, raw) }.synchronize()
+                let consumer = unsafe { driver::Stream::borrowed(ctx, raw) };
+                if self
+                    .imports
+                    .as_ref()
+                    .is_some_and(|i| i.semaphores().next().is_some())
+                {
+                    let what = "the consumer's CUDA stream, which waits for the engine's \
+                                timeline semaphore to reach the last frame's number";
+                    crate::sync::poll_until(timeout, what, || consumer.is_idle(), check)
+                } else {
+                    consumer.synchronize()
+                }
             }
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => {
-                let _ = stream;
+                let _ = (stream, timeout, check);
                 Ok(())
             }
         }

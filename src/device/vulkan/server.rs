@@ -1,21 +1,27 @@
 //! The engine's fd server: a small thread that accepts connections on the region's
-//! socket and answers each with the fds, after checking who connected.
+//! socket, says hello to each with the engine's proof, and answers the attached client's
+//! request with the fds.
 //!
 //! A thread rather than the step loop: a client connects while it attaches, which may
 //! be before frame 0 or while the engine is busy in a long step or asleep in
 //! `wait_actions`; its attach must not depend on where the engine's loop is. The thread
-//! blocks in `accept` and costs nothing between attaches; `stop` wakes it (`shutdown`)
-//! and joins it. Every wait of the thread is bounded: a peer gets
-//! [`fdpass::PEER_TIMEOUT`] to send its request and take the reply.
+//! sleeps in `poll` on the socket and the connections it waits on, and costs nothing
+//! between attaches; `stop` wakes it (`shutdown`) and joins it. No peer holds up
+//! another: it waits on up to [`fdpass::MAX_PEERS`] connections at once, each for at
+//! most [`fdpass::PEER_TIMEOUT`], drops the oldest to make room for a new one, and
+//! never blocks on a peer's socket.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::control::{client_proof_byte, ClientState, ControlMapping, EngineState};
+use rustix::event::{PollFd, PollFlags};
+
+use crate::control::{ClientState, ControlMapping, EngineState, CLIENT_PROOF_BYTE};
 use crate::error::Result;
-use crate::fdpass::{self, Conn, Listener, PeerCred, ReplyStatus};
+use crate::fdpass::{self, Accepted, Conn, Listener, PeerCred, ReplyStatus};
 use crate::layout::vulkan::SharedFd;
 use crate::os;
 
@@ -30,14 +36,16 @@ pub struct FdServer {
 }
 
 impl FdServer {
-    /// Serves `fds` (in protocol order) on `listener` to the region's attached client:
-    /// the peer must run as this process's user (`SO_PEERCRED` uid), prove it is the
-    /// process in the control block's client slot (the descriptor it sends holds the
-    /// lock of that client's proof byte, [`client_proof_byte`]) and, where that
-    /// process is visible in this PID namespace, be it (its `SO_PEERCRED` pid). It then
-    /// gets the engine's own proof, then `fds`. The thread reads the control words and
-    /// checks the proofs through a second mapping of its own (which keeps the engine's
-    /// proof), valid for as long as it runs, whatever becomes of the engine's.
+    /// Serves `fds` (in protocol order) on `listener` to the region's attached client.
+    /// Every peer of this process's user (`SO_PEERCRED` uid) is greeted with the
+    /// engine's own proof, so that a client checks who answers before it shows its
+    /// proof; the peer gets `fds` if the descriptor it then sends holds the client's
+    /// proof byte ([`CLIENT_PROOF_BYTE`], which the attached client holds from before it
+    /// claims the slot until it closes, and nobody else can hold meanwhile) while a
+    /// client is attached. Nothing the control block says about who the client is
+    /// counts. The thread reads the control words and checks the proofs through a second
+    /// mapping of its own (which keeps the engine's proof), valid for as long as it
+    /// runs, whatever becomes of the engine's.
     pub fn start(
         listener: Listener,
         region: &dyn ControlMapping,
@@ -78,18 +86,26 @@ impl Drop for FdServer {
     }
 }
 
-/// Whether the peer of `conn` is the region's attached client, as [`FdServer::start`]
-/// says. Nothing of the control block is read once the region is found truncated.
-fn judge(conn: &Conn, region: &dyn ControlMapping, me: u32) -> ReplyStatus {
-    if region.check_size().is_err() {
+/// What the engine says first to a new peer: `Ok` (it gets the engine's proof) unless
+/// it runs as another user or the engine is closing. Nothing of the control block is read
+/// once the region is found truncated.
+fn greet(conn: &Conn, region: &dyn ControlMapping, me: u32) -> ReplyStatus {
+    if region.check_size().is_err() || region.control().engine_state() == EngineState::Closed {
         return ReplyStatus::Closing;
     }
     if conn.peer.uid != me {
         return ReplyStatus::WrongUser;
     }
-    let Ok(proof) = conn.read_request() else {
-        return ReplyStatus::BadRequest;
-    };
+    ReplyStatus::Ok
+}
+
+/// Whether the peer that sent `proof` is the region's attached client: a client is
+/// attached (`ATTACHED`, the engine not closing) and `proof` is the open file description
+/// that holds [`CLIENT_PROOF_BYTE`] ([`ControlMapping::proves`]). The kernel lets one
+/// description hold that lock at a time, and the attached client takes it before it
+/// claims the slot and keeps it until it closes: a process that writes itself into the
+/// slot, or takes locks derived from what the slot says, proves nothing.
+fn judge(proof: BorrowedFd<'_>, region: &dyn ControlMapping) -> ReplyStatus {
     // The peer may have taken its time: look again before reading the control block.
     if region.check_size().is_err() {
         return ReplyStatus::Closing;
@@ -101,42 +117,121 @@ fn judge(conn: &Conn, region: &dyn ControlMapping, me: u32) -> ReplyStatus {
     if control.client_state() != ClientState::Attached {
         return ReplyStatus::NotTheClient;
     }
-    let (pid, start) = control.client_identity();
-    // A dead client's proof byte is free for anyone to take: only a live one's counts.
-    if !region.client_alive(pid, start) {
-        return ReplyStatus::NotTheClient;
-    }
-    // A client this PID namespace shows (the same namespace, or a descendant in which
-    // the pid it recorded happens to name it) must be the very peer: the kernel's pid
-    // cannot be handed on, a descriptor can.
-    if os::process_seen(pid, start).is_some() && conn.peer.pid != Some(pid) {
-        return ReplyStatus::NotTheClient;
-    }
-    match region.proves(proof.as_fd(), client_proof_byte(pid, start)) {
+    match region.proves(proof, CLIENT_PROOF_BYTE) {
         Ok(Ok(())) => ReplyStatus::Ok,
         _ => ReplyStatus::NotTheClient,
     }
 }
 
+/// A greeted peer the server waits on for its request.
+struct Waiting {
+    conn: Conn,
+    deadline: Instant,
+}
+
 fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
     let me = fdpass::euid();
     let mut refusals = Refusals::new(region.name());
-    while let Some(conn) = listener.accept() {
-        let status = judge(&conn, region, me);
-        let mut out: Vec<BorrowedFd<'_>> = Vec::with_capacity(fds.len() + 1);
-        if status == ReplyStatus::Ok {
-            match region.engine_proof() {
-                Some(proof) => out.push(proof),
-                // Not the creator's mapping: nothing to prove with (never the case for an
-                // engine's server).
-                None => continue,
-            }
-            out.extend(fds.iter().map(|f| f.as_fd()));
-        } else {
-            refusals.note(status, &conn.peer);
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    // Not the creator's mapping: nothing to prove with (never the case for an engine's
+    // server): nobody is served.
+    let Some(proof) = region.engine_proof() else {
+        return;
+    };
+    let tensor_fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        // Peers past their time are answered and dropped (a late request is refused).
+        let now = Instant::now();
+        while waiting.front().is_some_and(|w| w.deadline <= now) {
+            let w = waiting.pop_front().expect("looked at");
+            let _ = w.conn.reply(ReplyStatus::BadRequest, &[]);
+            refusals.note(ReplyStatus::BadRequest, &w.conn.peer);
         }
-        // A peer that left before the reply is its own problem.
-        let _ = conn.reply(status, &out);
+        // Deadlines are in arrival order: the first is the nearest.
+        let timeout = waiting
+            .front()
+            .map(|w| w.deadline.saturating_duration_since(now) + Duration::from_millis(1));
+        let ready: Vec<bool> = {
+            let mut polled: Vec<PollFd<'_>> = Vec::with_capacity(waiting.len() + 1);
+            polled.push(PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN));
+            for w in &waiting {
+                polled.push(PollFd::from_borrowed_fd(w.conn.as_fd(), PollFlags::IN));
+            }
+            let ts = timeout.and_then(|t| rustix::time::Timespec::try_from(t).ok());
+            match rustix::event::poll(&mut polled, ts.as_ref()) {
+                Ok(_) => polled.iter().map(|p| !p.revents().is_empty()).collect(),
+                // EINTR, or no memory for the poll: look again.
+                Err(_) => continue,
+            }
+        };
+        // Requests first (in arrival order), then new peers.
+        let mut kept = VecDeque::with_capacity(waiting.len());
+        for (w, ready) in waiting.drain(..).zip(ready.iter().skip(1)) {
+            if !ready {
+                kept.push_back(w);
+                continue;
+            }
+            let status = match w.conn.try_read_request() {
+                Ok(proof) => judge(proof.as_fd(), region),
+                Err(_) => ReplyStatus::BadRequest,
+            };
+            if status != ReplyStatus::Ok {
+                refusals.note(status, &w.conn.peer);
+            }
+            // A peer that left before the reply is its own problem.
+            let _ = w.conn.reply(status, &tensor_fds);
+        }
+        waiting = kept;
+        if ready[0] {
+            // Whatever is queued now, at most one place's worth per round.
+            for _ in 0..fdpass::MAX_PEERS {
+                let conn = match listener.try_accept() {
+                    Accepted::Conn(c) => {
+                        pause = Duration::from_millis(1);
+                        c
+                    }
+                    Accepted::Nothing => break,
+                    Accepted::Stopped => {
+                        refusals.summarise();
+                        return;
+                    }
+                    // Out of fds or memory: the connection stays queued; a pause (the
+                    // peers already waiting are looked at again after it).
+                    Accepted::Failed => {
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(fdpass::ACCEPT_PAUSE_MAX);
+                        break;
+                    }
+                };
+                let status = greet(&conn, region, me);
+                if status != ReplyStatus::Ok {
+                    refusals.note(status, &conn.peer);
+                    let _ = conn.hello(status, None, 0);
+                    continue;
+                }
+                if conn
+                    .hello(ReplyStatus::Ok, Some(proof), tensor_fds.len())
+                    .is_err()
+                {
+                    continue;
+                }
+                if waiting.len() >= fdpass::MAX_PEERS {
+                    // The oldest has had the longest to speak: it makes room.
+                    if let Some(w) = waiting.pop_front() {
+                        let _ = w.conn.reply(ReplyStatus::BadRequest, &[]);
+                        refusals.note(ReplyStatus::BadRequest, &w.conn.peer);
+                    }
+                }
+                waiting.push_back(Waiting {
+                    conn,
+                    deadline: Instant::now() + fdpass::PEER_TIMEOUT,
+                });
+            }
+        }
+        if listener.is_stopped() {
+            break;
+        }
     }
     refusals.summarise();
 }

@@ -615,12 +615,23 @@ pub struct ImportedMemory {
     memory: vk::DeviceMemory,
     mapped: NonNull<u8>,
     size: u64,
-    /// The engine's fd, kept when it is a file that may still shrink (a memfd without
-    /// `F_SEAL_SHRINK`): its size is checked where the region's is
-    /// ([`ImportedMemory::check_size`]). `None` for sealed memory and driver fds whose
-    /// size the kernel does not know.
-    size_guard: Option<OwnedFd>,
+    /// The engine's fd, kept when it is a regular file (a memfd: the CPU driver's memory,
+    /// or a renderer's own): its size is checked where the region's is when it may
+    /// shrink ([`ImportedMemory::check_size`]), and its bookkeeping bytes before the
+    /// memory is freed. `None` for driver fds whose size the kernel does not know.
+    file: Option<OwnedFd>,
+    /// Whether `file` may shrink (not sealed with `F_SEAL_SHRINK`; lavapipe's exports
+    /// are).
+    may_shrink: bool,
+    /// The bytes of `file` before the memory's first byte as they were at import: the
+    /// driver's bookkeeping (lavapipe's header, which it reads again in `vkFreeMemory` to
+    /// unmap), which any process holding the fd can rewrite. Empty when the driver does
+    /// not map the file itself (nothing to compare).
+    bookkeeping: Vec<u8>,
 }
+
+/// The most bookkeeping bytes an import keeps to compare (lavapipe's are one page).
+const MAX_BOOKKEEPING: u64 = 64 << 10;
 
 impl std::fmt::Debug for ImportedMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -640,8 +651,12 @@ impl ImportedMemory {
     /// Imports `fd` (`OPAQUE_FD`, the engine's export of `table`) and maps it. The fd is
     /// untrusted: its size is checked first where the kernel knows it (a memfd: the CPU
     /// driver's memory), so that a mapping never reaches past the file (SIGBUS); its
-    /// memory type must be host-visible and coherent on this device. The driver owns
-    /// the fd once the import succeeded; on any error it is closed here.
+    /// memory type must be host-visible and coherent on this device. Once mapped, where
+    /// the driver mapped the file itself, the memory's bytes must lie inside the file
+    /// (a file whose driver header says otherwise is refused before anything reads it),
+    /// and the file's bytes before them (the driver's bookkeeping) are kept to compare
+    /// at free ([`Drop`]). The driver owns the fd once the import succeeded; on any
+    /// error it is closed here.
     pub fn import(
         ctx: &Arc<Context>,
         fd: OwnedFd,
@@ -724,7 +739,7 @@ impl ImportedMemory {
                 )));
             }
         };
-        let size_guard = may_shrink(fd.as_fd()).then_some(fd);
+        let file = crate::fdpass::fd_size(fd.as_fd()).is_some().then_some(fd);
         let free = |m| {
             // SAFETY: an allocation of this device that nothing uses any more.
             unsafe { d.free_memory(m, None) }
@@ -745,14 +760,42 @@ impl ImportedMemory {
                 return Err(e);
             }
         };
+        let bookkeeping = match &file {
+            Some(f) => match driver_bookkeeping(f.as_fd(), mapped, table.alloc_size) {
+                Ok(bytes) => bytes,
+                Err(why) => {
+                    // SAFETY: mapped above; nothing read it.
+                    unsafe { d.unmap_memory(memory) };
+                    destroy(buffer);
+                    free(memory);
+                    return Err(invalid(why));
+                }
+            },
+            None => Vec::new(),
+        };
         Ok(ImportedMemory {
             ctx: ctx.clone(),
             buffer,
             memory,
             mapped,
             size: table.alloc_size,
-            size_guard,
+            may_shrink: file.as_ref().is_some_and(|f| may_shrink(f.as_fd())),
+            file,
+            bookkeeping,
         })
+    }
+
+    /// Whether the driver's bookkeeping bytes of the file (`bookkeeping`) changed since
+    /// the import: a process holding the memory's fd rewrote them, and the driver, which
+    /// reads them to unmap the memory, would unmap what they now say (lavapipe died of
+    /// SIGSEGV in `vkFreeMemory`).
+    fn bookkeeping_changed(&self) -> bool {
+        let Some(f) = self.file.as_ref().filter(|_| !self.bookkeeping.is_empty()) else {
+            return false;
+        };
+        let mut now = vec![0u8; self.bookkeeping.len()];
+        !matches!(rustix::io::pread(f, &mut now, 0), Ok(n) if n == now.len())
+            || now != self.bookkeeping
     }
 
     /// `Err(size)` when the engine's memory is a file that is now shorter than the
@@ -761,8 +804,9 @@ impl ImportedMemory {
     /// is not looked at.
     pub fn check_size(&self) -> std::result::Result<(), u64> {
         match self
-            .size_guard
+            .file
             .as_ref()
+            .filter(|_| self.may_shrink)
             .and_then(|f| crate::fdpass::fd_size(f.as_fd()))
         {
             Some(now) if now < self.size => Err(now),
@@ -786,6 +830,40 @@ impl ImportedMemory {
     }
 }
 
+/// Where the driver mapped the regular file `fd` of an import whose memory of `size`
+/// bytes it maps at `mapped`: the memory must lie inside the file (`InvalidTensor`'s
+/// reason otherwise: a crafted driver header placed it past the file's end, where a read
+/// is a SIGBUS), and the file's bytes before it (at most [`MAX_BOOKKEEPING`]) are the
+/// driver's bookkeeping, returned to compare at free. Empty when the driver does not map
+/// this file at `mapped` itself (a driver that copies, or another file).
+fn driver_bookkeeping(
+    fd: std::os::fd::BorrowedFd<'_>,
+    mapped: NonNull<u8>,
+    size: u64,
+) -> std::result::Result<Vec<u8>, String> {
+    let Ok((file_size, dev, ino)) = crate::os::file_identity(fd) else {
+        return Ok(Vec::new());
+    };
+    let Some((at, mdev, mino)) = crate::os::mapped_file_at(mapped.as_ptr() as usize) else {
+        return Ok(Vec::new());
+    };
+    if (mdev, mino) != (dev, ino) {
+        return Ok(Vec::new());
+    }
+    if at.checked_add(size).is_none_or(|end| end > file_size) {
+        return Err(format!(
+            "the file behind its memory fd holds {file_size} bytes, and the driver maps the \
+             memory's {size} bytes at its offset {at}: past its end (not memory the engine \
+             exported as the table says)"
+        ));
+    }
+    let mut bytes = vec![0u8; at.min(MAX_BOOKKEEPING) as usize];
+    match rustix::io::pread(fd, &mut bytes, 0) {
+        Ok(n) if n == bytes.len() => Ok(bytes),
+        _ => Err("its memory fd could not be read".into()),
+    }
+}
+
 /// Whether the file behind `fd` may shrink under a mapping: a regular file (a memfd)
 /// not sealed against it.
 fn may_shrink(fd: std::os::fd::BorrowedFd<'_>) -> bool {
@@ -804,6 +882,17 @@ impl Drop for ImportedMemory {
         // and the device with it (destroying a device frees what is left on it): the
         // process's exit frees both.
         if self.check_size().is_err() {
+            std::mem::forget(self.ctx.clone());
+            return;
+        }
+        // The driver's bookkeeping bytes were rewritten by a process holding the fd: the
+        // driver would unmap what they now say (lavapipe: SIGSEGV). Leaked the same way.
+        if self.bookkeeping_changed() {
+            eprintln!(
+                "shmbridge: the driver's bookkeeping bytes of an imported Vulkan memory were \
+                 changed by another process holding its fd: the import is left unfreed until \
+                 this process exits (freeing it would crash the driver)"
+            );
             std::mem::forget(self.ctx.clone());
             return;
         }
