@@ -80,7 +80,9 @@ bash tests/install_c.sh
 
 step "rust tests under cargo-nextest (cuda and vulkan features), examples built"
 cargo build --locked --features cuda,vulkan --examples
-cargo nextest run --locked --features cuda,vulkan --lib --bins --tests
+profile=default
+if [ -e /dev/nvidiactl ]; then profile=gpu; fi   # .config/nextest.toml: GPU tests alone
+cargo nextest run --locked --features cuda,vulkan --profile "$profile" --lib --bins --tests
 
 step "rust doc tests"
 cargo test --locked --features cuda,vulkan --doc

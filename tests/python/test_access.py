@@ -1,7 +1,8 @@
 """Access control from Python: a region of another user is refused with
 PermissionDeniedError (root included: the library opens only regions of its own uid),
 ``ls`` lists it as unreadable, and ``gc`` leaves it alone, even once its engine is dead.
-Needs root, to run an engine as ``nobody``; skipped with the reason elsewhere."""
+Needs root, to run an engine as ``nobody``; skipped with the reason elsewhere. The test's
+``gc`` sweeps its own region namespace (conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import pytest
 import shmbridge
 
 NOBODY = 65534
-# Set in the re-run inside a private /dev/shm (this test runs gc).
-PRIVATE_SHM = "SHMBRIDGE_ACCESS_PRIVATE_SHM"
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="running an engine as another user needs root"
@@ -48,17 +47,6 @@ def engine_as_nobody():
 
 
 def test_another_users_region_is_refused_listed_unreadable_and_left_by_gc():
-    if not os.environ.get(PRIVATE_SHM):
-        # Again in a private mount namespace with its own tmpfs on /dev/shm.
-        test = f"{__file__}::test_another_users_region_is_refused_listed_unreadable_and_left_by_gc"
-        run = subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c",
-             'mount -t tmpfs -o size=64m,mode=1777 shmbridge-access /dev/shm && exec "$0" "$@"',
-             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-            env={**os.environ, PRIVATE_SHM: "1"}, capture_output=True, text=True,
-        )
-        assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
-        return
     pid, name = engine_as_nobody()
     path = os.path.join("/dev/shm", name)
     try:
