@@ -114,11 +114,11 @@ enum Cmd {
     /// Attach (or launch an engine and attach) and step it with a random policy; prints
     /// steps/s and, for cartpole, the mean episode return.
     Client(ClientArgs),
-    /// List live regions.
+    /// List the regions of this region namespace (SHMBRIDGE_NAMESPACE; unset: all).
     Ls,
     /// Print a region's whole header and tensor table.
     Inspect { name: String },
-    /// Remove regions whose engine is dead.
+    /// Remove the regions of this region namespace whose engine is dead.
     Gc,
     /// Serve a page on 127.0.0.1 that shows a running engine live: its frames, episode
     /// returns and step rate, read-only (the Python package's `shmbridge view NAME`;

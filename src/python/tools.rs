@@ -42,13 +42,15 @@ fn cuda_probe(py: Python<'_>) -> (bool, String) {
     }
 }
 
-/// Names of the shmbridge regions in /dev/shm.
+/// Names of the shmbridge regions in /dev/shm of this process's region namespace
+/// (`SHMBRIDGE_NAMESPACE`; unset: every one).
 #[pyfunction]
 pub(super) fn list_regions(py: Python<'_>) -> PyResult<Vec<String>> {
     region::list_names().py_err(py)
 }
 
-/// Removes regions whose engine is dead; returns their names.
+/// Removes the regions of this process's region namespace whose engine is dead; returns
+/// their names.
 #[pyfunction]
 pub(super) fn gc(py: Python<'_>) -> PyResult<Vec<String>> {
     region::sweep().py_err(py)
