@@ -220,6 +220,7 @@ impl Row {
 
 /// Every phase with every fault, through `case`.
 fn matrix(case: impl Fn(Phase, Fault) -> Row) -> Vec<Row> {
+    peer::own_namespace();
     PHASES
         .iter()
         .flat_map(|&p| FAULTS.iter().map(move |&f| (p, f)))
@@ -654,6 +655,7 @@ fn cli_client_case(iso: Isolation, fault: Fault) -> Row {
 }
 
 fn cli_rows(iso: Isolation) -> Vec<Row> {
+    peer::own_namespace();
     let mut rows = Vec::new();
     for phase in [Phase::BeforeAttach, Phase::Step] {
         for fault in FAULTS {
