@@ -60,12 +60,12 @@ fn isolated_engine(args: &[&str]) -> (PeerProc, String) {
 
 /// Runs the `shmbridge` CLI with `args`, in namespaces of its own or here.
 fn cli(isolated: bool, args: &[&str]) -> std::process::Output {
-    let mut cmd = if isolated {
+    let cmd = if isolated {
         peer::isolated(BIN)
     } else {
         std::process::Command::new(BIN)
     };
-    cmd.args(args).output().unwrap()
+    common::in_namespace(cmd).args(args).output().unwrap()
 }
 
 /// Steps a `null` engine's region `steps` times checking every observation, resets it
@@ -364,6 +364,7 @@ fn ls_and_gc_from_other_namespaces_judge_by_the_lock() {
     if unavailable() {
         return;
     }
+    common::own_namespace();
     let vulkan = vulkan().is_ok();
     let mut args = vec!["--env", "null", "--num-envs", "2", "--blocking"];
     if vulkan {

@@ -220,7 +220,7 @@ impl Row {
 
 /// Every phase with every fault, through `case`.
 fn matrix(case: impl Fn(Phase, Fault) -> Row) -> Vec<Row> {
-    peer::own_namespace();
+    common::own_namespace();
     PHASES
         .iter()
         .flat_map(|&p| FAULTS.iter().map(move |&f| (p, f)))
@@ -655,7 +655,7 @@ fn cli_client_case(iso: Isolation, fault: Fault) -> Row {
 }
 
 fn cli_rows(iso: Isolation) -> Vec<Row> {
-    peer::own_namespace();
+    common::own_namespace();
     let mut rows = Vec::new();
     for phase in [Phase::BeforeAttach, Phase::Step] {
         for fault in FAULTS {

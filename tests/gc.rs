@@ -64,7 +64,10 @@ fn region(published: bool) -> Vec<u8> {
 }
 
 fn run(args: &[&str]) -> String {
-    let out = Command::new(common::BIN).args(args).output().unwrap();
+    let out = common::in_namespace(Command::new(common::BIN))
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -85,6 +88,7 @@ fn line<'a>(output: &'a str, name: &str) -> &'a str {
 /// of other programs, empty or zero-filled ones, garbage with a nonzero first word.
 #[test]
 fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
+    common::own_namespace();
     let n = common::ns_name;
     let mut planted = Planted::default();
     for name in [
@@ -151,6 +155,7 @@ fn gc_removes_only_regions_of_dead_engines_and_says_why_it_left_the_rest() {
 /// Root's `gc` leaves another user's region even when its engine is dead.
 #[test]
 fn gc_leaves_another_users_dead_region() {
+    common::own_namespace();
     if !common::is_root() {
         eprintln!("SKIPPED: giving a file to another user needs root (chown)");
         return;
@@ -178,6 +183,7 @@ fn gc_leaves_another_users_dead_region() {
 /// as control characters: both print it escaped. Before the fix they printed it raw.
 #[test]
 fn ls_and_gc_print_planted_names_escaped() {
+    common::own_namespace();
     let mut planted = Planted::default();
     let forged = planted.add(&format!(
         "{}x\nremoved  shmbridge-victim                         its engine is dead{}",
@@ -214,6 +220,7 @@ fn ls_and_gc_print_planted_names_escaped() {
 /// on, another user's, or a socket of a region that exists is left.
 #[test]
 fn gc_removes_fd_sockets_whose_region_is_gone() {
+    common::own_namespace();
     if !common::is_root() {
         eprintln!("SKIPPED: giving a file to another user needs root (chown)");
         return;
@@ -279,8 +286,9 @@ fn gc_removes_fd_sockets_whose_region_is_gone() {
 /// `shmbridge-*` region, so tests removed each other's.
 #[test]
 fn a_sweep_touches_only_its_own_namespace() {
+    common::own_namespace();
     let mut planted = Planted::default();
-    let ns = shmbridge::region::namespace().unwrap().unwrap();
+    let ns = common::namespace();
     // Another namespace: `<ours>o` (its prefix `shmbridge-<ours>o-` is not ours).
     let theirs = planted.add(&format!("shmbridge-{ns}o-dead"));
     let ours = planted.add(&common::ns_name("dead"));

@@ -12,6 +12,7 @@ use shmbridge::{AttachOptions, Client, Engine, Error, Peer};
 
 #[test]
 fn engine_killed_while_client_waits() {
+    common::own_namespace();
     let engine = EngineProc::start(&["--env", "null", "--num-envs", "2"]);
     let name = engine.name.clone();
     let mut client = Client::attach(&name, AttachOptions::default()).unwrap();
@@ -102,6 +103,7 @@ fn client_killed_while_engine_waits() {
 
 #[test]
 fn attach_to_dead_engine_is_peer_died_and_cleans_up() {
+    common::own_namespace();
     let engine = EngineProc::start(&["--env", "null", "--num-envs", "1"]);
     let name = engine.name.clone();
     signal(engine.pid(), Signal::KILL);

@@ -20,8 +20,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_shmbridge");
 /// which no later engine start of the namespace would remove.
 #[used]
 #[link_section = ".init_array"]
-static OWN_NAMESPACE: extern "C" fn() = own_namespace;
-extern "C" fn own_namespace() {
+static PROCESS_NAMESPACE: extern "C" fn() = set_process_namespace;
+extern "C" fn set_process_namespace() {
     let outer = std::env::var(shmbridge::region::NAMESPACE_ENV).unwrap_or_default();
     let outer = if outer.is_empty() { "t" } else { &outer };
     let ns = format!("{outer}_{}", std::process::id());
@@ -29,19 +29,71 @@ extern "C" fn own_namespace() {
 }
 #[used]
 #[link_section = ".fini_array"]
-static SWEEP_OWN_NAMESPACE: extern "C" fn() = sweep_own_namespace;
-extern "C" fn sweep_own_namespace() {
+static SWEEP_PROCESS_NAMESPACE: extern "C" fn() = sweep_process_namespace;
+extern "C" fn sweep_process_namespace() {
     let _ = shmbridge::region::sweep();
 }
 
-/// The prefix of this test process's region names: `shmbridge-<namespace>-`.
-pub fn prefix() -> String {
-    shmbridge::region::namespace_prefix().unwrap()
+thread_local! {
+    /// This thread's region namespace, once it asked for one ([`own_namespace`]).
+    static THREAD_NAMESPACE: std::cell::RefCell<Option<ThreadNamespace>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// `short` as a region name of this test's namespace (`shmbridge-<namespace>-short`).
+/// A test's own region namespace; when the test's thread ends, `shmbridge gc` sweeps it
+/// (the regions of the engines the test killed).
+struct ThreadNamespace(String);
+
+impl Drop for ThreadNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN)
+            .arg("gc")
+            .env(shmbridge::region::NAMESPACE_ENV, &self.0)
+            .output();
+    }
+}
+
+/// From now on, the processes this thread (a test) starts and the names [`ns_name`] makes
+/// are in a region namespace of the test's own, `<this process's>_<n>`, swept when the
+/// thread ends: plain `cargo test` runs a file's tests as threads of one process, in one
+/// namespace, where one test's `gc` or engine start would see another's regions (under
+/// cargo-nextest a process runs one test). What the test does in this process
+/// (`Engine::create`) stays in the process's namespace.
+pub fn own_namespace() {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = ThreadNamespace(format!("{}_{n}", process_namespace()));
+    THREAD_NAMESPACE.with(|t| *t.borrow_mut() = Some(ns));
+}
+
+fn process_namespace() -> String {
+    shmbridge::region::namespace()
+        .unwrap()
+        .expect("set before main")
+}
+
+/// The region namespace of what this thread starts: its own ([`own_namespace`]) or the
+/// process's.
+pub fn namespace() -> String {
+    THREAD_NAMESPACE
+        .with(|t| t.borrow().as_ref().map(|ns| ns.0.clone()))
+        .unwrap_or_else(process_namespace)
+}
+
+/// `command` with this thread's region namespace ([`namespace`]) in its environment.
+pub fn in_namespace(mut command: Command) -> Command {
+    command.env(shmbridge::region::NAMESPACE_ENV, namespace());
+    command
+}
+
+/// The prefix of this thread's region names: `shmbridge-<namespace>-`.
+pub fn prefix() -> String {
+    format!("{}{}-", shmbridge::region::PREFIX, namespace())
+}
+
+/// `short` as a region name of this thread's namespace (`shmbridge-<namespace>-short`).
 pub fn ns_name(short: &str) -> String {
-    shmbridge::region::canonical_name(short).unwrap()
+    format!("{}{short}", prefix())
 }
 
 /// `command` with SIGINT and SIGQUIT at their default actions, as for a program a
@@ -71,7 +123,7 @@ impl EngineProc {
     /// Starts `shmbridge engine ARGS...` and reads the region name it prints once frame 0
     /// is published; the engine's stderr in the panic message if it does not serve.
     pub fn start(args: &[&str]) -> EngineProc {
-        let mut child = foreground(Command::new(BIN))
+        let mut child = foreground(in_namespace(Command::new(BIN)))
             .arg("engine")
             .args(args)
             .stdout(Stdio::piped())

@@ -18,27 +18,6 @@ const SAYS: &str = "PEER ";
 /// A hang guard, not a timing check: a wait past this is reported as a hang.
 pub const HANG: Duration = Duration::from_secs(60);
 
-thread_local! {
-    /// The region namespace of the peers this thread starts, once it asked for one
-    /// ([`own_namespace`]).
-    static PEER_NAMESPACE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The peers this thread starts from now on name their regions in a namespace of the
-/// thread's own (`<this process's>_p<n>`), so a region a peer leaves when it dies (an
-/// engine killed before its client attached) is in no other test's sweep until the
-/// survivor finds it: plain `cargo test` runs a file's tests as threads of one process,
-/// in one namespace (under cargo-nextest a process runs one test). The survivor attaches
-/// by the whole name the peer printed.
-pub fn own_namespace() {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let ours = shmbridge::region::namespace()
-        .unwrap()
-        .unwrap_or_else(|| "t".into());
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    PEER_NAMESPACE.with(|ns| *ns.borrow_mut() = Some(format!("{ours}_p{n}")));
-}
-
 /// The role this process was started with as a peer, if it was.
 pub fn role() -> Option<String> {
     std::env::var(PEER_ROLE).ok()
@@ -238,11 +217,8 @@ impl PeerProc {
     }
 
     /// Any program, with `args`, and `role` in its environment.
-    pub fn spawn(mut command: Command, role: &str, args: &[&str]) -> PeerProc {
-        if let Some(ns) = PEER_NAMESPACE.with(|ns| ns.borrow().clone()) {
-            command.env(shmbridge::region::NAMESPACE_ENV, ns);
-        }
-        let mut child = super::foreground(command)
+    pub fn spawn(command: Command, role: &str, args: &[&str]) -> PeerProc {
+        let mut child = super::foreground(super::in_namespace(command))
             .args(args)
             .env(PEER_ROLE, role)
             .stdin(Stdio::piped())
