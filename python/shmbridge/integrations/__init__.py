@@ -1,7 +1,8 @@
 """Adapters from shmbridge engines to the learning libraries people train with, one module
 each, importable without its library (which is imported when an adapter is first used):
 
-* :mod:`shmbridge.integrations.sb3`: a Stable-Baselines3 ``VecEnv`` (extra ``sb3``).
+* :mod:`shmbridge.integrations.sb3`: a Stable-Baselines3 ``VecEnv`` (extra ``sb3``);
+* :mod:`shmbridge.integrations.torchrl`: a TorchRL ``EnvBase`` (extra ``torchrl``).
 
 Each adapter takes the name of a reference engine to launch with its arguments, or any
 :class:`shmbridge.Client` (``shmbridge.launch``, ``shmbridge.launch_gym`` shards, an engine
