@@ -52,10 +52,10 @@ def _make_class() -> type:
     import numpy as np
     import torch
     from gymnasium import spaces
-    from gymnasium.vector import AutoresetMode
     from tensordict import TensorDict
 
     from ..gym import ShmVectorEnv
+    from ._torch import TorchFrames
 
     class RslRlVecEnv(rsl_env.VecEnv):
         """An rsl_rl ``VecEnv`` whose environments run in a shmbridge engine (see the
@@ -107,33 +107,15 @@ def _make_class() -> type:
                     f"engine {vec.client.engine_kind!r} has actions {act}: rsl_rl's policies are "
                     "continuous (Gaussian, Beta); use an engine with a Box action space"
                 )
-            client = vec.client
+            self._frames = frames = TorchFrames(vec, clip_actions)
             self.num_envs = n = vec.num_envs
             self.num_actions = int(np.prod(act.shape, dtype=np.int64))
-            self.device = torch.device(client.device)
+            self.device = frames.device
             self.max_episode_length = vec.max_episode_steps if vec.max_episode_steps is not None else 2**31 - 1
             self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=self.device)
-            self.cfg: Dict[str, Any] = {"engine": client.engine_kind, "num_envs": n, **vec.schema.get("metadata", {})}
+            self.cfg: Dict[str, Any] = {"engine": vec.client.engine_kind, "num_envs": n, **vec.schema.get("metadata", {})}
             self._copy = bool(copy)
-            self._timeout = vec._step_timeout
-
-            def view(name: str) -> Any:
-                return torch.from_dlpack(client[name])
-
-            self._obs, self._action = view("obs"), view("actions")
-            self._rewards, self._terminated, self._truncated = view("rewards"), view("terminated"), view("truncated")
-            self.shared = TensorDict(
-                {"obs": self._obs, "rewards": self._rewards, "terminated": self._terminated, "truncated": self._truncated},
-                batch_size=[n],
-                device=self.device,
-            )
-            self._bounds = None
-            low, high = np.asarray(act.low, dtype=np.float64), np.asarray(act.high, dtype=np.float64)
-            if clip_actions and (np.isfinite(low).any() or np.isfinite(high).any()):
-                as_tensor = lambda b: torch.as_tensor(b.reshape(-1), dtype=self._action.dtype, device=self.device)  # noqa: E731
-                self._bounds = (as_tensor(low), as_tensor(high))
-            mode = vec.metadata["autoreset_mode"]
-            self._engine_resets = mode is AutoresetMode.SAME_STEP
+            self.shared = TensorDict(frames.shared(), batch_size=[n], device=self.device)
 
         @property
         def client(self) -> Any:
@@ -141,32 +123,26 @@ def _make_class() -> type:
             return self._vec.client
 
         def _observations(self) -> Any:
-            obs = self._obs.clone() if self._copy else self._obs
-            return TensorDict({"policy": obs}, batch_size=[self.num_envs], device=self.device)
+            obs = self._frames.obs
+            return TensorDict({"policy": obs.clone() if self._copy else obs}, batch_size=[self.num_envs], device=self.device)
 
         def get_observations(self) -> Any:
             return self._observations()
 
         def step(self, actions: Any) -> Any:
-            vec = self._vec
-            a = actions.reshape(self.num_envs, self.num_actions)
-            if self._bounds is not None:
-                a = torch.clamp(a, self._bounds[0], self._bounds[1])
-            self._action.view(self.num_envs, self.num_actions).copy_(a)
-            vec._live_client().step(None, self._timeout)
-            terminated, truncated = self._terminated, self._truncated
+            frames = self._frames
+            frames.step(actions)
+            terminated, truncated, rewards = frames.terminated, frames.truncated, frames.rewards
             dones = terminated | truncated
             time_outs = truncated & ~terminated
             self.episode_length_buf += 1
-            rewards = self._rewards
             if bool(dones.any()):
                 self.episode_length_buf[dones] = 0
-                if not self._engine_resets:
+                if not frames.same_step:
                     # Next-step or no autoreset: the engine left them as they ended.
-                    # (Copies: an engine's reset may rewrite the frame's tensors.)
-                    rewards = self._rewards.clone()
-                    ids = dones.nonzero().flatten().tolist()
-                    vec._engine_reset(ids, None)
+                    # (A copy of the rewards: an engine's reset may rewrite the frame.)
+                    rewards = rewards.clone()
+                    frames.reset(dones.nonzero().flatten().tolist())
             return self._observations(), rewards, dones, {"time_outs": time_outs}
 
         def close(self) -> None:

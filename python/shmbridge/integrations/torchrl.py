@@ -54,11 +54,11 @@ def _make_class() -> type:
     import numpy as np
     import torch
     from gymnasium import spaces
-    from gymnasium.vector import AutoresetMode
     from tensordict import TensorDict
     from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
     from ..gym import ShmVectorEnv
+    from ._torch import TorchFrames
 
     def box_spec(space: Any, n: int, device: Any) -> Any:
         dtype = getattr(torch, np.dtype(space.dtype).name)
@@ -112,22 +112,14 @@ def _make_class() -> type:
         def _setup(self, vec: ShmVectorEnv, device: Any, copy: bool) -> None:
             self._vec = vec
             self._copy = bool(copy)
-            client, n = vec.client, vec.num_envs
-            self._timeout = vec._step_timeout
-
-            def view(name: str) -> Any:
-                return torch.from_dlpack(client[name])
-
-            self._obs = view("obs")
-            self._action = view("actions")
+            n = vec.num_envs
+            # TorchRL's own specs bound the actions: no clipping here.
+            self._frames = frames = TorchFrames(vec, clip_actions=False)
+            self._obs = frames.obs
             # [N] -> [N, 1]: views, the same memory.
-            self._reward = view("rewards").unsqueeze(-1)
-            self._terminated = view("terminated").unsqueeze(-1)
-            self._truncated = view("truncated").unsqueeze(-1)
-            if self._terminated.dtype != torch.bool:
-                raise ValueError(f"engine's terminated tensor is {self._terminated.dtype}, not bool")
-            self._final = view(vec.schema["metadata"]["final_obs"]) if vec._final_view is not None else None
-            self._same_step = vec.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+            self._reward = frames.rewards.unsqueeze(-1)
+            self._terminated = frames.terminated.unsqueeze(-1)
+            self._truncated = frames.truncated.unsqueeze(-1)
             #: The envs the engine has reset in the last step (same-step autoreset).
             self._fresh: Optional[Any] = None
 
@@ -149,7 +141,7 @@ def _make_class() -> type:
             if isinstance(act, spaces.Discrete):
                 # One index per env (a [N] spec, as TorchRL's Categorical policies
                 # sample), whether the engine's tensor is [N] or [N, 1].
-                self.action_spec = Categorical(int(act.n), shape=(n,), dtype=self._action.dtype, device=device)
+                self.action_spec = Categorical(int(act.n), shape=(n,), dtype=frames.actions.dtype, device=device)
             else:
                 self.action_spec = box_spec(act, n, device)
             self.reward_spec = Unbounded(shape=(n, 1), dtype=self._reward.dtype, device=device)
@@ -180,9 +172,7 @@ def _make_class() -> type:
                 fresh = self._fresh
                 if fresh is not None:
                     wanted = wanted & ~fresh  # the engine reset these in the last step
-                ids = wanted.nonzero().flatten().tolist()
-                if ids:
-                    vec._engine_reset(ids, None)
+                self._frames.reset(wanted.nonzero().flatten().tolist())
             self._fresh = None
             zeros = torch.zeros_like(self._terminated)
             obs = self._obs.clone() if self._copy else self._obs
@@ -193,16 +183,15 @@ def _make_class() -> type:
             )
 
         def _step(self, tensordict: Any) -> Any:
-            action = tensordict.get("action")
-            self._action.copy_(action.reshape(self._action.shape))
-            self._vec._live_client().step(None, self._timeout)
+            frames = self._frames
+            frames.step(tensordict.get("action"))
             done = self._terminated | self._truncated
             obs = self._obs
-            if self._same_step:
+            if frames.same_step:
                 self._fresh = done.reshape(-1)
-                if self._final is not None and bool(done.any()):
+                if frames.final is not None and bool(done.any()):
                     # The finished episodes' last observations (a new tensor).
-                    obs = torch.where(done, self._final, obs)
+                    obs = torch.where(done, frames.final, obs)
             out = TensorDict(
                 {
                     "observation": obs,
