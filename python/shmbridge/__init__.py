@@ -18,7 +18,7 @@ A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 ``shmbridge.gym.ShmVectorEnv`` is a Gymnasium vector env over a client; ``import shmbridge``
 registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)`` (and ``gymnasium.make``
 of it: one env, ``shmbridge.gym.ShmEnv``). ``shmbridge.integrations`` adapts engines to the
-learning libraries (``shmbridge.integrations.sb3``, ``.torchrl``, ``.rsl_rl``).
+learning libraries (``shmbridge.integrations.sb3``, ``.torchrl``, ``.rsl_rl``, ``.skrl``).
 """
 
 # The face of the package: the native types, the exceptions and the launchers, re-exported.
