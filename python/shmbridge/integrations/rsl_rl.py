@@ -1,4 +1,4 @@
-"""rsl_rl (the PPO behind Isaac Lab) on a shmbridge engine: :class:`RslRlVecEnv`, an
+"""rsl_rl (the PPO behind Isaac Lab) on a shmbridge engine: ``RslRlVecEnv``, an
 ``rsl_rl.env.VecEnv``.
 
     from rsl_rl.runners import OnPolicyRunner
@@ -15,7 +15,7 @@ This module imports without rsl_rl; ``RslRlVecEnv`` needs it (``pip install
   ``"policy"`` (what rsl_rl's ``obs_groups`` fall back to for the actor and the critic),
   ``[num_envs, *obs_shape]`` on the engine's device (``cpu``, or ``cuda:N`` for an
   engine that exports CUDA memory: the learner then never touches the host).
-* **Shared memory**: :attr:`RslRlVecEnv.shared` holds the region's tensors themselves
+* **Shared memory**: ``RslRlVecEnv.shared`` holds the region's tensors themselves
   (``obs``, ``rewards``, ``terminated``, ``truncated``: their ``data_ptr()`` is the
   client's tensors' address); actions are written straight into the region's action
   tensor (clipped to the engine's bounds where it has finite ones: a Gaussian policy's

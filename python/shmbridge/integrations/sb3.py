@@ -1,4 +1,4 @@
-"""Stable-Baselines3 on a shmbridge engine: :class:`SB3VecEnv`, a
+"""Stable-Baselines3 on a shmbridge engine: ``SB3VecEnv``, a
 ``stable_baselines3.common.vec_env.VecEnv``.
 
     from stable_baselines3 import PPO

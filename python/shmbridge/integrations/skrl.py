@@ -1,4 +1,4 @@
-"""skrl on a shmbridge engine: :class:`SkrlEnv`, a ``skrl.envs.wrappers.torch.Wrapper`` (what
+"""skrl on a shmbridge engine: ``SkrlEnv``, a ``skrl.envs.wrappers.torch.Wrapper`` (what
 ``skrl.envs.wrappers.torch.wrap_env`` returns for the environments it knows), which skrl's
 agents and trainers take.
 
@@ -21,7 +21,7 @@ an ``ImportError`` says so otherwise).
   flags ``[N, 1]`` views of the region (skrl records them before the next step), the
   observations one copy (skrl's trainers hold the previous and the next observations at
   once, which one view cannot be; ``copy=False`` returns the region's tensor for loops
-  that use each step before the next). :attr:`SkrlEnv.shared` holds the region's tensors
+  that use each step before the next). ``SkrlEnv.shared`` holds the region's tensors
   themselves (their ``data_ptr()`` is the client's tensors' address).
 * **Autoreset** as skrl expects of vectorized environments (its trainers never reset
   them after the first ``reset()``): a finished env's observation is its next episode's

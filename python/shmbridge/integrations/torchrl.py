@@ -1,4 +1,4 @@
-"""TorchRL on a shmbridge engine: :class:`TorchRLEnv`, a ``torchrl.envs.EnvBase`` whose batch
+"""TorchRL on a shmbridge engine: ``TorchRLEnv``, a ``torchrl.envs.EnvBase`` whose batch
 is the engine's envs.
 
     from torchrl.envs.utils import check_env_specs
@@ -18,7 +18,7 @@ This module imports without TorchRL; ``TorchRLEnv`` needs it (``pip install
   ``[N, 1]``, and ``done``/``terminated``/``truncated`` ``[N, 1]`` bools; batch size
   ``[N]``, device the engine's (``cpu``, or ``cuda:N`` for an engine that exports CUDA
   memory).
-* **Shared memory**: :attr:`TorchRLEnv.shared` is a TensorDict whose ``observation``,
+* **Shared memory**: ``TorchRLEnv.shared`` is a TensorDict whose ``observation``,
   ``reward``, ``terminated`` and ``truncated`` entries *are* the region's tensors (their
   ``data_ptr()`` is the client's tensors' address), overwritten in place by each step;
   ``action`` is written straight into the region's action tensor. ``step`` returns one
