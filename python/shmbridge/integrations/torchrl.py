@@ -122,6 +122,8 @@ def _make_class() -> type:
             self._truncated = frames.truncated.unsqueeze(-1)
             #: The envs the engine has reset in the last step (same-step autoreset).
             self._fresh: Optional[Any] = None
+            #: The seed of ``set_seed``, for the next full reset.
+            self._seed: Optional[int] = None
 
             self.shared = TensorDict(
                 {
@@ -158,15 +160,15 @@ def _make_class() -> type:
         def _set_seed(self, seed: Optional[int]) -> None:
             if seed is not None:
                 ShmVectorEnv._check_seed(seed)
-            self._vec._pending_seed = seed
+            self._seed = seed
 
         def _reset(self, tensordict: Any = None, **kwargs: Any) -> Any:
             vec, n = self._vec, self.batch_size[0]
             mask = None if tensordict is None else tensordict.get("_reset", None)
             if mask is None or bool(mask.all()):
-                seed = vec._pending_seed
-                vec._engine_reset(list(range(n)), vec._seeds(seed))
-                vec._pending_seed = None
+                # (The constructor's seed, pending in vec, serves the first reset without one.)
+                vec.reset(seed=self._seed)
+                self._seed = None
             else:
                 wanted = mask.reshape(n)
                 fresh = self._fresh
@@ -207,10 +209,7 @@ def _make_class() -> type:
 
         def close(self, *, raise_if_closed: bool = True) -> None:
             self._vec.close()
-            try:
-                super().close(raise_if_closed=raise_if_closed)
-            except TypeError:
-                super().close()
+            super().close(raise_if_closed=raise_if_closed)
 
         def __repr__(self) -> str:
             return f"TorchRLEnv(engine={self._vec.schema.get('engine_kind')!r}, num_envs={self.batch_size[0]}, device={self.device})"
