@@ -6,9 +6,6 @@ each, importable without its library (which is imported when an adapter is first
 * :mod:`shmbridge.integrations.rsl_rl`: an rsl_rl ``VecEnv`` (extra ``rsl_rl``);
 * :mod:`shmbridge.integrations.skrl`: an skrl environment wrapper (extra ``skrl``).
 
-CleanRL needs no adapter: its scripts run on ``gymnasium.make_vec`` of shmbridge's ids
-(``docs/learners/cleanrl.md``).
-
 Each adapter takes the name of a reference engine to launch with its arguments, or any
 :class:`shmbridge.Client` (``shmbridge.launch``, ``shmbridge.launch_gym`` shards, an engine
 of your own attached with ``shmbridge.attach``). Guides: ``docs/learners/``.
