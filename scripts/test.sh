@@ -101,6 +101,8 @@ wait_deps
 fresh_venv_with_wheel target/test-venv target/dist/shmbridge-*.whl
 py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
+# The kernels compile in CI for real: a missing libnvrtc is a failure there, not a skip.
+export SHMBRIDGE_REQUIRE_NVRTC=1
 
 # Beside cargo test and pytest (much of both on one core; pytest runs without Rust on
 # PATH): the loom models, the fuzz targets' build, the benchmarks' smoke runs and the soak
