@@ -193,6 +193,9 @@ fi
 step "the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
 without_rust "$py" -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
 
+step "examples/deploy's Dockerfile, Compose file and Kubernetes Job, run as written with their containers emulated by namespaces (scripts/docker-check.sh --emulate)"
+bash scripts/docker-check.sh --emulate target/dist/shmbridge-*.whl
+
 step "the Python API reference (scripts/api-docs.sh: a broken docstring reference fails)"
 bash scripts/api-docs.sh "$py"
 
