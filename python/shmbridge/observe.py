@@ -201,7 +201,10 @@ class Observer:
         """A consistent copy of ``names`` (default: every engine->client host tensor) as
         NumPy arrays, with the frame number they hold. ``envs``: the first ``envs`` envs,
         a ``(start, stop)`` pair or a ``range`` (default: all). Tries again until
-        ``timeout`` seconds pass (``None``: no limit), then raises ``TimeoutError``."""
+        ``timeout`` seconds pass (``None``: no limit), then raises ``TimeoutError``;
+        ``ValueError`` if another thread closes the observer meanwhile, ``MemoryError``
+        for a copy larger than this process can hold. bfloat16 tensors come back as
+        float32 (exactly; NumPy has no bfloat16)."""
         names = list(self.observable if names is None else names)
         start, stop = self._envs(envs)
         number, buffers = self._raw.read(names, start, stop, timeout)
