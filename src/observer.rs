@@ -1,7 +1,7 @@
 //! Read-only observers of a live region (protocol 1.7, `docs/protocol.md` §5.9): any
 //! number of processes that watch an engine serve its client, without being either.
 //!
-//! An observer opens the region `O_RDONLY`, maps it `PROT_READ` and takes no lock: it is
+//! An observer opens the region `O_RDONLY`, maps nothing and takes no lock: it is
 //! not the client, nobody waits for it, it cannot change a byte, and liveness checks and
 //! `gc` never see it. It copies engine→client tensors between the engine's writes: an
 //! engine writes them during a step, from the client's action `n` to its frame `n`, and

@@ -1,7 +1,8 @@
 //! Read-only observers (protocol 1.7): every copy an observer accepts holds one frame
 //! while the engine steps and answers resets; its episode totals are the ones the
-//! client saw; it opens and maps the region read-only and nobody sees it; a dead, closed
-//! or truncated region is a typed error. (Attaching and detaching a thousand times:
+//! client saw; it opens the region read-only, maps nothing, and nobody sees it; a dead,
+//! closed or truncated region is a typed error, and a region cut during its copies never
+//! kills it (a race run 200 times). (Attaching and detaching a thousand times:
 //! `tests/observer_cycles.rs`, a process of its own.)
 
 mod common;
