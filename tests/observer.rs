@@ -370,9 +370,9 @@ fn observers_of_what_is_not_there_or_not_theirs_get_clear_errors() {
     let err = observer.pick("nothing", 0..2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NoSuchTensor);
     // One env's rows only.
-    let pick = observer.pick("big", 1..2).unwrap();
-    let mut out = observer.buffers(&[pick.clone()]).unwrap();
-    assert_eq!(observer.read(&[pick.clone()], &mut out, T).unwrap(), 0);
+    let picks = [observer.pick("big", 1..2).unwrap()];
+    let mut out = observer.buffers(&picks).unwrap();
+    assert_eq!(observer.read(&picks, &mut out, T).unwrap(), 0);
     assert_eq!(out[0].len(), BIG / 2 * 4);
 }
 
@@ -403,7 +403,8 @@ fn a_region_of_an_earlier_engine_is_refused_with_the_reason() {
 /// reads the stats in a loop while the region is cut under it, to one page (the tensor
 /// and the stats block gone: the copy's `pread` comes up short) or by its last page (the
 /// stats block), in turn, 200 times (an engine each: one whose region was cut ends).
-/// Every run must end with `RegionTooSmall`, never a signal. Before every word came
+/// Every run must end with `RegionTooSmall` (or the engine's end, which the cut brings
+/// about), never a signal. Before every word came
 /// from `pread`, the sequence words loaded through the mapping after a short copy, or
 /// the stats block's, killed the observer with SIGBUS (in about one run in three).
 #[test]
@@ -442,7 +443,8 @@ fn an_observer_racing_a_truncation_never_dies_of_a_signal() {
 
 /// Not a test: the observer process of the truncation race (role `truncated NAME`).
 /// Says `reading` after its first whole copy, then copies and reads the stats without
-/// pause until an error; exits 0 on `RegionTooSmall`, 1 on any other.
+/// pause until an error; exits 0 on `RegionTooSmall` (or the engine's end), 1 on any
+/// other.
 #[test]
 #[ignore = "a peer process the truncation race starts itself"]
 fn observer_peer() {
@@ -466,9 +468,12 @@ fn observer_peer() {
         }
     };
     eprintln!("observer: {err}");
-    std::process::exit(if err.kind() == ErrorKind::RegionTooSmall {
-        0
-    } else {
-        1
-    });
+    // The cut, or the engine's end, which the cut brings about (it checks its region's
+    // size too) and which the observer may see first.
+    let expected = [
+        ErrorKind::RegionTooSmall,
+        ErrorKind::EngineDied,
+        ErrorKind::EngineClosed,
+    ];
+    std::process::exit(if expected.contains(&err.kind()) { 0 } else { 1 });
 }
