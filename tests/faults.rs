@@ -102,7 +102,9 @@ impl<F: FnMut(&str)> CommandHandler for Holding<F> {
 /// take this lock and run one at a time (those in namespaces have a /dev/shm of their own).
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static SHARED_DEV_SHM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SHARED_DEV_SHM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SHARED_DEV_SHM
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn spec() -> EngineSpec {
@@ -167,7 +169,7 @@ fn peer_observer(phase: &str, name: &str) -> ! {
         block();
     }
     let picks = [observer.pick("obs", 0..4).expect("pick")];
-    let mut out = vec![Vec::new()];
+    let mut out = observer.buffers(&picks).expect("buffers");
     say("reading");
     loop {
         let _ = observer.try_read(&picks, &mut out);
