@@ -593,7 +593,8 @@ impl ClientBackend for ClientVulkan {
     /// Reads queued on other streams must be ordered before it by the caller, as for any
     /// cross-stream use in torch. With a semaphore the stream may wait for a value the
     /// engine never signals: the drain then polls, checking the engine between polls, and
-    /// gives up after `timeout` (`Timeout`; the action is not posted). The CPU importer
+    /// gives up after `timeout` (`Timeout`, which the client's step reports as
+    /// `NotPosted`: the action is not posted, nothing is in flight). The CPU importer
     /// reads synchronously: nothing to do.
     fn before_post(
         &self,
