@@ -53,6 +53,16 @@ def edits(base, *records):
     return bytes([base << 1 | 1]) + b"".join(records)
 
 
+LAYOUT_HASH_CUDA_SESSIONS = 0x1899948B5E67EEF5
+
+
+def fd_entry(minor=9, flags=1):
+    """The host base's tensor 0 on CUDA, shared by fd (flags), no IPC handle, in a header
+    of `minor` with the session hash and an engine event handle."""
+    return [edit(LOCATION, 1), edit(EXPORT_SIZE, U64), edit(FLAGS, flags), edit(VERSION_MINOR, minor),
+            edit(LAYOUT_HASH, LAYOUT_HASH_CUDA_SESSIONS), edit(ENGINE_EVENT_HANDLE, 7, element=3)]
+
+
 def name(tensor, text):
     raw = text.encode().ljust(32, b"\0")
     return [edit(NAME, raw[i], tensor=tensor, element=i) for i in range(32)]
@@ -127,6 +137,16 @@ CASES = {
     "cuda-without-ipc-handle": edits(HOST, edit(LOCATION, 1), edit(EXPORT_SIZE, U64)),
     "cuda-without-event-handle": edits(HOST, edit(LOCATION, 1), edit(EXPORT_SIZE, U64),
                                        edit(IPC_MEM_HANDLE, 7, element=3)),
+    # CUDA memory shared by fd (1.9 draft): flags bit 0, no IPC handle, minor 9. fd_entry()
+    # makes the host base's first tensor a valid one (tests/hostile_headers.rs checks that
+    # it is accepted); each case breaks one rule.
+    "cuda-fd-flag-in-1-5-header": edits(HOST, *fd_entry(minor=5)),
+    "cuda-fd-flag-in-1-8-header": edits(HOST, *fd_entry(minor=8)),
+    "cuda-fd-and-unknown-flags": edits(HOST, *fd_entry(flags=0x81)),
+    "cuda-ipc-in-1-9-header-without-handle": edits(HOST, *fd_entry(flags=0)),
+    "cuda-fd-with-ipc-handle": edits(CUDA, edit(VERSION_MINOR, 9), edit(FLAGS, 1, tensor=0),
+                                     edit(FLAGS, 1, tensor=1)),
+    "cuda-unknown-flags": edits(CUDA, edit(VERSION_MINOR, 9), edit(FLAGS, 2, tensor=1)),
     # Shards (1.4).
     "shards-in-1-3-header": edits(SHARDS, edit(VERSION_MINOR, 3)),
     "shards-unsharded-layout-hash": edits(SHARDS, edit(LAYOUT_HASH, 0x1A78E44FF49AC1E5)),

@@ -133,6 +133,13 @@ typedef enum {
    */
   SHMB_COMMAND_BACKLOG = 39,
   /**
+   * A step ran out of time before its action was sent (a CUDA consumer stream of a
+   * Vulkan engine's tensors did not drain): nothing is in flight, the frame is
+   * unchanged; step again (not `shmb_client_wait_frame`). `SHMB_TIMEOUT` is the other
+   * case: the action was sent and its frame is still to come.
+   */
+  SHMB_NOT_POSTED = 40,
+  /**
    * A null pointer where one is required, a size or count that does not fit, a string
    * that is not UTF-8, an unknown enum value.
    */
@@ -401,7 +408,7 @@ uint32_t shmb_abi_version(void);
 
 /**
  * The library's release and the wire protocol it speaks, `"<release> (protocol
- * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.7)"`: built from the crate version and
+ * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.8)"`: built from the crate version and
  * the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
  */
 const char *shmb_version(void);
@@ -473,9 +480,12 @@ shmb_status shmb_client_tensor(shmb_client *client,
 /**
  * Sends the actions written into the client→engine tensors and waits up to
  * `timeout_ms` for the engine's frame; `*frame` (may be NULL): its number. The
- * engine→client tensors then hold it, in place. `SHMB_ENGINE_CLOSED`,
- * `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death), `SHMB_TIMEOUT` (the step
- * is still in flight: `shmb_client_wait_frame` finishes it).
+ * engine→client tensors then hold it, in place. `timeout_ms` bounds the whole step.
+ * `SHMB_ENGINE_CLOSED`, `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death),
+ * `SHMB_TIMEOUT` (the action was sent and the step is still in flight:
+ * `shmb_client_wait_frame` finishes it), `SHMB_NOT_POSTED` (the action was not sent:
+ * a CUDA consumer stream of a Vulkan engine's tensors did not drain in time; nothing
+ * is in flight, the frame is unchanged: call `shmb_client_step` again).
  */
 shmb_status shmb_client_step(shmb_client *client, uint64_t timeout_ms, uint64_t *frame);
 

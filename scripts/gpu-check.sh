@@ -5,7 +5,12 @@
 # vulkan`, `python -m shmbridge.bench gpu`, the GPU tests again under compute-sanitizer
 # where the machine has it, and PPO at 4096 envs on CUDA: zero copy (--device cuda) and
 # host-staged (--host-staged), each to the 475 target. Unlike scripts/test.sh, a GPU
-# test that skips here is a failure: on a GPU machine they must run.
+# test that skips here is a failure: on a GPU machine they must run. The rust-cuda step
+# covers both ways CUDA memory is shared: CUDA IPC (another_process_sees_the_bytes, the
+# engine tests) and memory shared by fd (fd_memory_round_trip_and_export,
+# fd_import_refuses_impostors_and_oversized_spans, and
+# fd_memory_crosses_processes_and_pid_namespaces, whose importer runs in a PID namespace
+# of its own, as a learner in another container: it needs `unshare`).
 #
 #   bash scripts/gpu-check.sh [--bundle DIR] [--only STEP,...] [OUT]
 #   --bundle DIR  on a machine with a driver, python3 with torch and pytest, and nothing

@@ -67,18 +67,31 @@ ensure_nextest() {
     fi
 }
 
-# python3 with venv and pip.
+# python3 with venv and pip. `python3 -m venv --help` is not enough: Debian's python3
+# (which other packages, Chromium's among them, bring in) has the venv module without
+# ensurepip, so a venv made there has no pip.
 ensure_python() {
-    if ! python3 -m venv --help >/dev/null 2>&1; then
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        echo "python3 with venv and ensurepip not found" >&2
         apt_install python3 python3-venv python3-pip
     fi
+}
+
+# `make_venv DIR`: a virtual environment with pip in DIR, made anew where one is there
+# without pip (an earlier run's, made before python3-venv was installed).
+make_venv() {
+    ensure_python
+    if [ -x "$1/bin/python" ] && "$1/bin/python" -m pip --version >/dev/null 2>&1; then
+        return
+    fi
+    rm -rf "$1"
+    python3 -m venv "$1"
 }
 
 # A virtual environment in .venv with the package built from this checkout and what
 # its tests need. Prints nothing on success but pip's errors.
 ensure_venv() {
-    ensure_python
-    [ -x .venv/bin/python ] || python3 -m venv .venv
+    make_venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "$@"
 }
@@ -105,8 +118,7 @@ PY
 # Starts installing the requirements of the extras named into .venv in the background
 # (pip's output in target/deps.log); `wait_deps` waits for it and fails with that output.
 start_deps() {
-    ensure_python
-    [ -x .venv/bin/python ] || python3 -m venv .venv
+    make_venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     mkdir -p target
     local reqs

@@ -386,9 +386,64 @@ impl Client {
         timeout: Duration,
     ) -> Result<u64> {
         self.check_can_step()?;
-        self.device
-            .before_post(Some(stream.into()), timeout, &|| self.check_engine())?;
-        self.post_and_wait(timeout)
+        let left = self.drain_before_post(Some(stream.into()), timeout)?;
+        self.post_and_wait(left)
+    }
+
+    /// [`step`](Client::step) (or [`step_on`](Client::step_on) `stream`) for a caller
+    /// that must look at something else while the device work before the post drains
+    /// (Python: Ctrl-C): the drain is tried in slices of at most `slice`, `between`
+    /// runs after each slice that did not finish it (its error ends the step, nothing
+    /// posted), until `deadline` (`None`: none), after which the step is `NotPosted`.
+    /// Once drained the action is posted once and the frame awaited for at most the
+    /// rest of that slice: a `Timeout` then means it is in flight, as for `step`.
+    pub fn step_sliced(
+        &mut self,
+        stream: Option<StreamRef<'_>>,
+        deadline: Option<Instant>,
+        slice: Duration,
+        mut between: impl FnMut() -> Result<()>,
+    ) -> Result<u64> {
+        let start = Instant::now();
+        loop {
+            let now = Instant::now();
+            let this = deadline.map_or(slice, |d| d.saturating_duration_since(now).min(slice));
+            let got = match stream {
+                Some(s) => self.step_on(s, this),
+                None => self.step(this),
+            };
+            match got {
+                Err(Error::NotPosted { what, .. }) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Error::NotPosted {
+                            waited: start.elapsed(),
+                            what,
+                        });
+                    }
+                    between()?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs the backend's `before_post` for a step, bounded by `timeout`: returns what is
+    /// left of it for the frame (one deadline for the whole step). A drain that did not
+    /// finish in time is `NotPosted`: nothing was sent.
+    fn drain_before_post(
+        &self,
+        stream: Option<StreamRef<'_>>,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        match self
+            .device
+            .before_post(stream, timeout, &|| self.check_engine())
+        {
+            Ok(()) => Ok(timeout.saturating_sub(start.elapsed())),
+            Err(Error::Timeout { waited, what }) => Err(Error::NotPosted { waited, what }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Number of the frame the tensors hold now.
@@ -512,18 +567,19 @@ impl Client {
     /// for the engine's frame. Returns the frame number; the tensors hold that frame.
     ///
     /// Errors: `PeerClosed`, `PeerDied` (noticed within ~10 ms of the engine's death),
-    /// `Timeout`. After a timeout the step is still in flight: call
-    /// [`wait_frame`](Client::wait_frame) to finish it before the next step. (One
-    /// timeout comes before anything is posted: a CUDA import of Vulkan memory with a
+    /// `Timeout`, `NotPosted`. After a `Timeout` the step is still in flight: call
+    /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
+    /// `NotPosted` comes before anything is posted (a CUDA import of Vulkan memory with a
     /// semaphore whose consumer stream did not drain in `timeout`, its `what` naming that
-    /// stream. Nothing is in flight then: `wait_frame` returns the current frame at once.)
+    /// stream): nothing is in flight, the frame is unchanged; step again. `timeout`
+    /// bounds the whole step, the drain and the frame together.
     pub fn step(&mut self, timeout: Duration) -> Result<u64> {
         self.check_can_step()?;
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
         if self.device_hooks {
-            self.device
-                .before_post(None, timeout, &|| self.check_engine())?;
+            let left = self.drain_before_post(None, timeout)?;
+            return self.post_and_wait(left);
         }
         self.post_and_wait(timeout)
     }
@@ -1007,5 +1063,196 @@ fn unexpected_frame(layout: &Layout, shard: &ShardInfo, seen: u64, target: u64) 
 impl Drop for Client {
     fn drop(&mut self) {
         self.shut();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::control::ControlMapping;
+    use crate::device::DevicePlace;
+    use crate::layout::TensorInfo;
+    use crate::{DType, Engine, EngineSpec};
+
+    const T: Duration = Duration::from_secs(30);
+
+    /// A device whose work before a post drains only at the `timeouts + 1`th try (a
+    /// consumer stream still busy for the first ones), or, `slow`, only once the whole
+    /// timeout it was given has passed.
+    #[derive(Debug, Default)]
+    struct Draining {
+        timeouts: AtomicU32,
+        slow: bool,
+    }
+
+    impl ClientBackend for Draining {
+        fn open(&mut self, _: &Layout, _: &dyn ControlMapping) -> Result<()> {
+            Ok(())
+        }
+        fn before_post(
+            &self,
+            _: Option<StreamRef<'_>>,
+            timeout: Duration,
+            _: &dyn Fn() -> Result<()>,
+        ) -> Result<()> {
+            if self.slow {
+                std::thread::sleep(timeout);
+                return Ok(());
+            }
+            let left = self.timeouts.load(Ordering::Relaxed);
+            if left == 0 {
+                return Ok(());
+            }
+            self.timeouts.store(left - 1, Ordering::Relaxed);
+            Err(Error::Timeout {
+                waited: timeout,
+                what: "a busy test stream",
+            })
+        }
+        fn device_ptr(&self, _: usize, t: &TensorInfo) -> Result<u64> {
+            Err(Error::NotOnHost {
+                tensor: t.name.clone(),
+                location: "host",
+            })
+        }
+        fn place(&self, _: usize, _: &TensorInfo) -> Result<Option<DevicePlace>> {
+            Ok(None)
+        }
+        fn order_after_frame(&self, _: StreamRef<'_>) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn copy_into(&self, _: u64, _: u64, _: usize, _: StreamRef<'_>) -> Result<()> {
+            Err(Error::OutOfOrder("no device copies in this test"))
+        }
+        fn release(&mut self, _: &dyn ControlMapping) {}
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    /// An engine at frame 0 and a client attached to it whose device is `device`.
+    fn pair(device: Draining) -> (Engine, Client) {
+        let spec = EngineSpec::standard("client-unit", 1, 1, 1, DType::F32);
+        let mut engine = Engine::create(spec).unwrap();
+        engine.publish().unwrap();
+        let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+        client.device = Box::new(device);
+        client.device_hooks = true;
+        (engine, client)
+    }
+
+    /// Serves steps until the client closes: each frame's `obs` is the action's number.
+    /// Returns how many actions it saw.
+    fn serve(mut engine: Engine) -> std::thread::JoinHandle<u64> {
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            loop {
+                match engine.wait_actions(T) {
+                    Ok(n) => {
+                        seen += 1;
+                        engine.io().write::<f32>("obs").unwrap().fill(n as f32);
+                        engine.publish().unwrap();
+                    }
+                    Err(Error::PeerClosed { peer: Peer::Client }) => return seen,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn a_drain_that_times_out_posts_nothing_and_says_so() {
+        let (engine, mut client) = pair(Draining {
+            timeouts: AtomicU32::new(1),
+            slow: false,
+        });
+        let server = serve(engine);
+        let e = client.step(T).unwrap_err();
+        assert!(matches!(e, Error::NotPosted { .. }), "{e}");
+        assert_eq!(client.counters().0, 0, "an action was posted");
+        assert_eq!(client.frame(), 0);
+        // Nothing in flight: the step itself may be repeated, and posts once.
+        assert_eq!(client.step(T).unwrap(), 1);
+        assert_eq!(client.tensor::<f32>("obs").unwrap(), &[1.0]);
+        client.close();
+        assert_eq!(server.join().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_sliced_step_retries_the_drain_and_posts_once() {
+        let (engine, mut client) = pair(Draining {
+            timeouts: AtomicU32::new(3),
+            slow: false,
+        });
+        let server = serve(engine);
+        let mut between = 0;
+        let slice = Duration::from_millis(50);
+        let frame = client
+            .step_sliced(None, None, slice, || {
+                between += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(frame, 1);
+        assert_eq!(between, 3);
+        assert_eq!(
+            client.tensor::<f32>("obs").unwrap(),
+            &[1.0],
+            "a stale frame"
+        );
+        // What `between` returns ends the step, with nothing posted.
+        client.device = Box::new(Draining {
+            timeouts: AtomicU32::new(1),
+            slow: false,
+        });
+        let e = client
+            .step_sliced(None, None, slice, || Err(Error::Interrupted))
+            .unwrap_err();
+        assert!(matches!(e, Error::Interrupted), "{e}");
+        // A deadline already past: one try, then `NotPosted`.
+        client.device = Box::new(Draining {
+            timeouts: AtomicU32::new(u32::MAX),
+            slow: false,
+        });
+        let e = client
+            .step_sliced(None, Some(Instant::now()), slice, || {
+                panic!("retried past the deadline")
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::NotPosted { .. }), "{e}");
+        assert_eq!(client.counters().0, 1);
+        client.close();
+        assert_eq!(server.join().unwrap(), 1, "actions posted");
+    }
+
+    #[test]
+    fn the_drain_and_the_frame_share_one_timeout() {
+        // The drain takes the whole timeout; the engine never answers. The frame wait
+        // must not start a timeout of its own: with nothing left it looks at the engine
+        // once or twice and times out, where a fresh second in 10 ms sleep slices would
+        // look about 100 times.
+        let (engine, mut client) = pair(Draining {
+            timeouts: AtomicU32::new(0),
+            slow: true,
+        });
+        let looks = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&looks);
+        client.set_interrupt(Some(Arc::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })));
+        let e = client.step(Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        assert_eq!(client.counters().0, 1, "drained, so posted: in flight");
+        let looks = looks.load(Ordering::Relaxed);
+        assert!(
+            looks < 10,
+            "the frame wait had a timeout of its own: {looks} looks"
+        );
+        drop(engine);
     }
 }

@@ -225,6 +225,17 @@ pub enum Error {
     #[error("the engine's command ring is full: {queued} of its {capacity} bytes hold requests it has not read yet (it is busy, or does not serve commands while it steps); nothing was sent, the session can keep stepping: call again later")]
     CommandBacklog { queued: u64, capacity: u64 },
 
+    /// A step gave up before posting its action: the device work the action waits on
+    /// (a CUDA consumer stream of a Vulkan engine with a timeline semaphore) did not
+    /// drain within the timeout. Unlike [`Error::Timeout`] nothing is in flight: the
+    /// action was not sent, the frame did not change, and the step may simply be
+    /// repeated (not followed by `wait_frame`).
+    #[error("the action was not sent: timed out after {} waiting for {what}; nothing is in flight, step again", Rounded(*waited))]
+    NotPosted {
+        waited: Duration,
+        what: &'static str,
+    },
+
     /// The filesystem of shm objects (`/dev/shm`, a tmpfs) has no room for the region.
     #[error("no room in /dev/shm for region '{name}': it needs {needed} bytes ({}), /dev/shm has {free} bytes free of {total} ({} of {}); free some (`shmbridge gc` removes regions of dead engines), serve fewer or smaller tensors, or give /dev/shm more room (Docker: `docker run --shm-size=2g`, Compose: `shm_size`; Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)", Mib(*needed), Mib(*free), Mib(*total))]
     NoSpace {
@@ -297,12 +308,13 @@ pub enum ErrorKind {
     NotOnHost,
     NoSpace,
     CommandBacklog,
+    NotPosted,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 39] = [
+    pub const ALL: [ErrorKind; 40] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -341,6 +353,7 @@ impl ErrorKind {
         ErrorKind::NotOnHost,
         ErrorKind::NoSpace,
         ErrorKind::CommandBacklog,
+        ErrorKind::NotPosted,
         ErrorKind::Io,
     ];
 }
@@ -393,6 +406,7 @@ impl Error {
             Error::NotOnHost { .. } => ErrorKind::NotOnHost,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
             Error::CommandBacklog { .. } => ErrorKind::CommandBacklog,
+            Error::NotPosted { .. } => ErrorKind::NotPosted,
             Error::Io { .. } => ErrorKind::Io,
         }
     }

@@ -397,7 +397,8 @@ fn send(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>], wait: bool) -> R
 }
 
 /// Receives one message of [`MESSAGE_SIZE`] bytes and the fds riding with it (each owned
-/// at once, so that each is closed exactly once whatever is wrong), within the socket's
+/// at once as [`Untrusted`], so that each is closed exactly once whatever is wrong, and
+/// never by the caller's thread), within the socket's
 /// receive timeout. `Err` when no complete message arrived, or more fds than fit. With
 /// `wait` false it takes what is there (`MSG_DONTWAIT`): a message sent whole (as every
 /// side of the exchange sends it) is there whole once the socket reads as readable; a
@@ -406,7 +407,7 @@ fn receive(
     fd: BorrowedFd<'_>,
     what: &'static str,
     wait: bool,
-) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
+) -> Result<([u8; MESSAGE_SIZE], Vec<Untrusted>)> {
     let mut msg = [0u8; MESSAGE_SIZE];
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -431,10 +432,10 @@ fn receive(
             Err(e) => return Err(Error::io("recvmsg", e)),
         }
     };
-    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut fds: Vec<Untrusted> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = m {
-            fds.extend(received);
+            fds.extend(received.map(Untrusted::new));
         }
     }
     if got.flags.contains(ReturnFlags::CTRUNC) {
@@ -486,7 +487,7 @@ impl Conn {
     /// The peer's request: the one fd it proves itself with. `BadMessage` for anything
     /// else (wrong magic or version, other than one fd), `Timeout` when nothing came
     /// within [`PEER_TIMEOUT`].
-    pub fn read_request(&self) -> Result<OwnedFd> {
+    pub fn read_request(&self) -> Result<Untrusted> {
         self.request_of(receive(
             self.fd.as_fd(),
             "a client's request on the fd socket",
@@ -497,7 +498,7 @@ impl Conn {
     /// [`Conn::read_request`] of what is there now, for a server that polls: call it once
     /// the connection reads as readable (a request that came in part, or not at all, is
     /// `BadMessage` or `Timeout`).
-    pub fn try_read_request(&self) -> Result<OwnedFd> {
+    pub fn try_read_request(&self) -> Result<Untrusted> {
         self.request_of(receive(
             self.fd.as_fd(),
             "a client's request on the fd socket",
@@ -505,7 +506,10 @@ impl Conn {
         )?)
     }
 
-    fn request_of(&self, (msg, mut fds): ([u8; MESSAGE_SIZE], Vec<OwnedFd>)) -> Result<OwnedFd> {
+    fn request_of(
+        &self,
+        (msg, mut fds): ([u8; MESSAGE_SIZE], Vec<Untrusted>),
+    ) -> Result<Untrusted> {
         if msg[..4] != REQUEST_MAGIC || msg[4] != MESSAGE_VERSION || fds.len() != 1 {
             return Err(Error::BadMessage(format!(
                 "not a request of version {MESSAGE_VERSION} with one fd ({:02x?}, {} fds)",
@@ -537,9 +541,48 @@ impl Conn {
 pub struct Answer {
     pub server: PeerCred,
     /// The server's proof of owning the region.
-    pub proof: OwnedFd,
+    pub proof: Untrusted,
     /// The tensors' fds, in protocol order.
     pub fds: Vec<OwnedFd>,
+}
+
+/// A descriptor received from a peer and not trusted (yet): dropped, it is closed by
+/// [`os::close_untrusted`], so that nobody waits on what its sender made its close do.
+#[derive(Debug)]
+pub struct Untrusted(Option<OwnedFd>);
+
+impl Untrusted {
+    fn new(fd: OwnedFd) -> Untrusted {
+        Untrusted(Some(fd))
+    }
+
+    /// The descriptor, once its sender is trusted (its close then is the caller's).
+    pub fn into_owned(mut self) -> OwnedFd {
+        self.0.take().expect("held until dropped or taken")
+    }
+}
+
+impl AsFd for Untrusted {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0
+            .as_ref()
+            .expect("held until dropped or taken")
+            .as_fd()
+    }
+}
+
+impl Drop for Untrusted {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            os::close_untrusted(fd);
+        }
+    }
+}
+
+/// Waits (at most `timeout`) until every [`Untrusted`] dropped so far is closed; whether
+/// it is. For tests that count this process's descriptors.
+pub fn untrusted_closed(timeout: Duration) -> bool {
+    os::untrusted_closed(timeout)
 }
 
 /// The client's side of an exchange once the server said hello: who the server is (as
@@ -552,29 +595,53 @@ pub struct Exchange {
     region: String,
     path: String,
     expected: usize,
-    deadline: Instant,
+    /// `None`: no time limit (a timeout too long to add to now).
+    deadline: Option<Instant>,
     timeout: Duration,
     pub server: PeerCred,
     /// The server's proof of owning the region.
-    pub proof: OwnedFd,
+    pub proof: Untrusted,
 }
 
 /// Opens an exchange: connects to the socket at `path` (of region `region`, for
 /// messages) and receives the server's hello, which must announce exactly `expected`
-/// tensor fds, all within `timeout` (which bounds the whole exchange). A refusal is a
-/// typed error (`PermissionDenied` for another user, `PeerClosed` for a closing engine,
-/// `Protocol` otherwise); any fd received with a wrong message is closed.
+/// tensor fds, all within `timeout` (which bounds the whole exchange; `Duration::MAX`
+/// for none). A refusal is a typed error (`PermissionDenied` for another user,
+/// `PeerClosed` for a closing engine, `Protocol` otherwise); any fd received with a wrong
+/// message is closed.
 pub fn open_exchange(
     region: &str,
     path: &str,
     expected: usize,
     timeout: Duration,
 ) -> Result<Exchange> {
-    let start = Instant::now();
-    let deadline = start.checked_add(timeout).unwrap_or(start);
-    let fd = connect(region, path, timeout)?;
+    open_until(
+        region,
+        path,
+        expected,
+        timeout,
+        Instant::now().checked_add(timeout),
+    )
+}
+
+/// Time left until `deadline` (`None`: no limit).
+fn left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
+}
+
+/// [`open_exchange`] by `deadline` (for messages: of an exchange of `timeout`).
+fn open_until(
+    region: &str,
+    path: &str,
+    expected: usize,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<Exchange> {
+    let fd = connect(region, path, timeout, deadline)?;
     let server = peer_credentials(fd.as_fd())?;
-    set_timeouts(fd.as_fd(), timeout.saturating_sub(start.elapsed()))?;
+    set_timeouts(fd.as_fd(), left(deadline))?;
     let (msg, mut fds) =
         receive_from_engine(fd.as_fd(), timeout, "the engine's hello on the fd socket")?;
     let count = check_message(region, path, &msg, HELLO_MAGIC)?;
@@ -600,8 +667,21 @@ pub fn open_exchange(
 impl Exchange {
     /// Sends the request carrying `proof` and receives the reply with exactly the
     /// expected tensor fds (typed refusals as [`open_exchange`]'s).
-    pub fn request(self, proof: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
+    pub fn request(&self, proof: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+        tensor_fds(
+            &self.region,
+            &self.path,
+            self.expected,
+            self.reply_to(proof)?,
+        )
+    }
+
+    /// Sends the request carrying `proof`; the reply as it came. A server that refused the
+    /// request and hung up before it was sent (it made room for newer peers) leaves its
+    /// reply queued: a send that finds the connection closed (`EPIPE`, `ECONNRESET`)
+    /// reads it.
+    fn reply_to(&self, proof: BorrowedFd<'_>) -> Result<([u8; MESSAGE_SIZE], Vec<Untrusted>)> {
+        let left = left(self.deadline);
         if left.is_zero() {
             return Err(Error::Timeout {
                 waited: self.timeout,
@@ -609,26 +689,81 @@ impl Exchange {
             });
         }
         set_timeouts(self.fd.as_fd(), left)?;
-        send(
+        match send(
             self.fd.as_fd(),
             &message(REQUEST_MAGIC, 0, 0),
             &[proof],
             true,
-        )?;
-        let (msg, fds) = receive_from_engine(
+        ) {
+            Ok(()) => {}
+            Err(Error::Io { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::EPIPE) | Some(libc::ECONNRESET)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        receive_from_engine(
             self.fd.as_fd(),
             self.timeout,
             "the engine's reply on the fd socket",
-        )?;
-        let count = check_message(&self.region, &self.path, &msg, REPLY_MAGIC)?;
-        if count != self.expected || fds.len() != count {
-            return Err(protocol(format!(
-                "the reply announces {count} fds and carries {}; the tensor table calls for {}",
-                fds.len(),
-                self.expected
-            )));
+        )
+    }
+}
+
+/// The tensors' fds of a reply (of the engine, checked before the request): exactly
+/// `expected` with status 0, else its typed refusal.
+fn tensor_fds(
+    region: &str,
+    path: &str,
+    expected: usize,
+    (msg, fds): ([u8; MESSAGE_SIZE], Vec<Untrusted>),
+) -> Result<Vec<OwnedFd>> {
+    let count = check_message(region, path, &msg, REPLY_MAGIC)?;
+    if count != expected || fds.len() != count {
+        return Err(protocol(format!(
+            "the reply announces {count} fds and carries {}; the tensor table calls for {expected}",
+            fds.len(),
+        )));
+    }
+    Ok(fds.into_iter().map(Untrusted::into_owned).collect())
+}
+
+/// A whole exchange, from the engine and nobody else: opens it ([`open_exchange`]),
+/// lets `check` look at who answered and what it proves (an `Err` ends it, before this
+/// side showed anything), sends `proof`, and takes the reply, all within `timeout`
+/// (`Duration::MAX` for none). A server that refused the request as unread (status 4:
+/// it made room for newer peers, or had no fd left) is asked again, on a new
+/// connection, while time is left (after a pause of 1 ms, doubling to 50 ms).
+pub fn exchange(
+    region: &str,
+    path: &str,
+    expected: usize,
+    timeout: Duration,
+    proof: BorrowedFd<'_>,
+    check: &mut dyn FnMut(&Exchange) -> Result<()>,
+) -> Result<Answer> {
+    let deadline = Instant::now().checked_add(timeout);
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let exchange = open_until(region, path, expected, timeout, deadline)?;
+        check(&exchange)?;
+        let (msg, fds) = exchange.reply_to(proof)?;
+        let unread = msg[..4] == REPLY_MAGIC
+            && msg[4] == MESSAGE_VERSION
+            && msg[5] == ReplyStatus::BadRequest as u8;
+        let wait = pause.min(left(deadline));
+        if unread && !wait.is_zero() {
+            drop(fds);
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(50));
+            continue;
         }
-        Ok(fds)
+        return Ok(Answer {
+            server: exchange.server,
+            proof: exchange.proof,
+            fds: tensor_fds(region, path, expected, (msg, fds))?,
+        });
     }
 }
 
@@ -645,7 +780,7 @@ fn receive_from_engine(
     fd: BorrowedFd<'_>,
     timeout: Duration,
     what: &'static str,
-) -> Result<([u8; MESSAGE_SIZE], Vec<OwnedFd>)> {
+) -> Result<([u8; MESSAGE_SIZE], Vec<Untrusted>)> {
     receive(fd, what, true).map_err(|e| match e {
         Error::Timeout { what, .. } => Error::Timeout {
             waited: timeout,
@@ -692,11 +827,9 @@ fn check_message(
     }
 }
 
-/// Both steps of an exchange without checking the server in between: connects, takes
-/// the hello, sends a request carrying `proof`, and receives the reply with exactly
-/// `expected` tensor fds, within `timeout`. What a client must not do (it shows its
-/// proof to whoever answers: [`open_exchange`] first); for tests and tools that play a
-/// peer.
+/// Both steps of an exchange without checking the server in between ([`exchange`] with
+/// no check): what a client must not do (it shows its proof to whoever answers); for
+/// tests and tools that play a peer.
 pub fn request(
     region: &str,
     path: &str,
@@ -704,25 +837,19 @@ pub fn request(
     expected: usize,
     timeout: Duration,
 ) -> Result<Answer> {
-    let exchange = open_exchange(region, path, expected, timeout)?;
-    let server = exchange.server;
-    let engine_proof = exchange
-        .proof
-        .try_clone()
-        .map_err(|e| Error::io("dup", e))?;
-    let fds = exchange.request(proof)?;
-    Ok(Answer {
-        server,
-        proof: engine_proof,
-        fds,
-    })
+    exchange(region, path, expected, timeout, proof, &mut |_| Ok(()))
 }
 
-/// Connects to the socket at `path` within `timeout`. A listener whose queue is full
-/// answers a non-blocking `connect` with EAGAIN at once (a Unix socket has no connect in
-/// progress): tried again after a pause (1 ms, doubling to 50 ms) until the deadline.
-fn connect(region: &str, path: &str, timeout: Duration) -> Result<OwnedFd> {
-    let deadline = Instant::now().checked_add(timeout);
+/// Connects to the socket at `path` by `deadline` (`None`: no limit; `timeout` for
+/// messages). A listener whose queue is full answers a non-blocking `connect` with EAGAIN
+/// at once (a Unix socket has no connect in progress): tried again after a pause (1 ms,
+/// doubling to 50 ms) until the deadline.
+fn connect(
+    region: &str,
+    path: &str,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<OwnedFd> {
     let addr = address(path)?;
     let fd = unix_stream(SocketFlags::NONBLOCK)?;
     let mut pause = Duration::from_millis(1);

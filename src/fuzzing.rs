@@ -13,7 +13,7 @@ use crate::layout::{
     DATA_ALIGN, DESC_SIZE, LAYOUT_HASH_SHARDED, MAGIC, MAX_NDIM, MAX_SHARDS, MAX_TENSORS,
     MIN_RING_CAPACITY, NAME_LEN, PAGE, SHARD_ENTRY_SIZE, VERSION_MAJOR,
 };
-use crate::layout::{ShardEntry, ShardWords};
+use crate::layout::{CudaSharing, ShardEntry, ShardWords, CUDA_FLAG_FD, VERSION_MINOR_CUDA_FD};
 use crate::ring::HeapRing;
 use crate::wire::Envelope;
 
@@ -209,7 +209,20 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
                     l.version.1
                 );
                 assert!(dev.ordinal >= 0);
-                assert!(c.ipc_mem_handle.iter().any(|&b| b != 0));
+                match c.sharing {
+                    CudaSharing::Ipc => {
+                        assert!(c.ipc_mem_handle.iter().any(|&b| b != 0));
+                        assert_eq!(d.flags, 0, "'{}': flags of an IPC entry", t.name);
+                    }
+                    CudaSharing::Fd => {
+                        assert!(
+                            l.version.1 >= VERSION_MINOR_CUDA_FD,
+                            "fd sharing before 1.9"
+                        );
+                        assert_eq!(c.ipc_mem_handle, [0; 64], "'{}': fd and handle", t.name);
+                        assert_eq!(d.flags, CUDA_FLAG_FD, "'{}': flags", t.name);
+                    }
+                }
                 assert!(
                     end.is_some_and(|e| e <= c.alloc_size),
                     "'{}' past its allocation",

@@ -526,9 +526,13 @@ fn copy_between_writes(
     s: &crate::control::Stats<'_>,
     data: &Data,
 ) -> Option<(u64, [u64; 2])> {
-    crate::control::read_between_writes(&[s.write_seq()], &c.action_seq, &[&c.frame_seq], |frame| {
-        (frame, data.copy())
-    })
+    let Ok(copied) = crate::control::read_between_writes(
+        &[s.write_seq()],
+        &c.action_seq,
+        &[&c.frame_seq],
+        |frame| (frame, data.copy()),
+    );
+    copied
 }
 
 /// What `Engine::wait_actions` does once its wait saw action 1.
@@ -656,7 +660,7 @@ fn episode_totals_are_read_whole() {
                 let s = stats.view();
                 let words = &stats.0;
                 progress.wait(k);
-                let seen = crate::control::read_consistent(&[s.stats_seq()], || {
+                let Ok(seen) = crate::control::read_consistent(&[s.stats_seq()], || {
                     [1, 2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed))
                 });
                 if let Some([episodes, return_bits, lengths]) = seen {
@@ -709,7 +713,7 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
                 let views = [shards[0].view(), shards[1].view()];
                 progress.wait(k);
                 let seqs = [views[0].write_seq(), views[1].write_seq()];
-                let seen = crate::control::read_between_writes(
+                let Ok(seen) = crate::control::read_between_writes(
                     &seqs,
                     &c.action_seq,
                     &[&words[0], &words[1]],

@@ -1,7 +1,7 @@
 //! Read-only observers of a live region (protocol 1.7, `docs/protocol.md` §5.9): any
 //! number of processes that watch an engine serve its client, without being either.
 //!
-//! An observer opens the region `O_RDONLY`, maps it `PROT_READ` and takes no lock: it is
+//! An observer opens the region `O_RDONLY`, maps nothing and takes no lock: it is
 //! not the client, nobody waits for it, it cannot change a byte, and liveness checks and
 //! `gc` never see it. It copies engine→client tensors between the engine's writes: an
 //! engine writes them during a step, from the client's action `n` to its frame `n`, and
@@ -9,29 +9,35 @@
 //! block of the stats area (odd while it writes). A copy counts only if, before it,
 //! every shard's frame was the client's last action and every write sequence even, and
 //! nothing of that moved after it ([`crate::control::read_between_writes`]); otherwise it
-//! is thrown away and tried again later. The copies go through `pread` of the region file, so a file truncated under
-//! the observer is a short read (`RegionTooSmall`), never a SIGBUS; only the few control
-//! words (the sequences, states and frame counters) are loaded through the mapping,
-//! right after a size check. Whether the engine lives is judged by the lock it holds on
-//! byte 0 of the region file (each shard on its own byte), asked with `F_OFD_GETLK`,
-//! which takes nothing.
+//! is thrown away and tried again later. An observer does not map the region: every byte
+//! it reads, the control words (the sequences, states and frame counters, each one
+//! 8-byte-aligned `pread`, [`SeqWord`]) as much as the copies, comes from `pread` of the
+//! region file, so a file truncated under the observer at any moment is a short read
+//! (`RegionTooSmall`), never a SIGBUS. Buffers are sized by the validated header and
+//! allocated fallibly ([`Observer::buffers`]): a header that promises more than this
+//! process can hold is an `Io` error of kind `OutOfMemory`, never an abort. Whether the
+//! engine lives is judged by the lock it holds on byte 0 of the region file (each shard
+//! on its own byte), asked with `F_OFD_GETLK`, which takes nothing.
 //!
 //! Retries sleep (tens of microseconds, then up to a millisecond) rather than spin: a
 //! reader spinning on the engine's cache line would make each of the engine's stores to
 //! it a cache miss.
 
+use std::fs::File;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use crate::control::{read_between_writes, read_consistent, EngineState, Stats};
+use crate::control::{read_between_writes, read_consistent, EngineState, SeqWord};
 use crate::error::{Error, Peer, PidNamespace, Result};
 use crate::layout::{
-    Direction, EpisodeEntry, Layout, Location, StatsArea, StatsBlock, TensorId, TensorInfo,
-    RECENT_EPISODES, STATS_BLOCK_SIZE,
+    offsets, stats_offsets, Direction, EpisodeEntry, Layout, Location, ShardInfo, StatsArea,
+    StatsBlock, TensorId, TensorInfo, RECENT_EPISODES, STATS_BLOCK_SIZE,
 };
 use crate::os;
+use crate::primitive::{fence, Ordering};
 use crate::region::{self, Region};
-use crate::shard::{self, ShardSlot};
+use crate::shard;
 use crate::sync::Backoff;
 
 /// Rows `envs` (along the first axis, the env axis) of one engine→client host tensor.
@@ -70,7 +76,9 @@ pub struct StatsSnapshot {
 /// A read-only observer of one region.
 #[derive(Debug)]
 pub struct Observer {
-    region: Region,
+    name: String,
+    /// The region file, open `O_RDONLY`: read with `pread` only, never mapped.
+    file: File,
     layout: Layout,
     stats: StatsArea,
     /// Where the engine's pid means something: this PID namespace if it showed the
@@ -93,7 +101,7 @@ impl Observer {
     pub fn attach(name: &str, timeout: Duration) -> Result<Observer> {
         let name = region::canonical_name(name)?;
         let start = Instant::now();
-        let (region, layout) = Region::open_observer(&name, timeout)?;
+        let (file, layout) = Region::open_observer(&name, timeout)?;
         let Some(stats) = layout.stats else {
             return Err(Error::InvalidHeader {
                 field: "flags",
@@ -105,17 +113,25 @@ impl Observer {
                 ),
             });
         };
+        // The words read as one aligned `pread` each (validation placed them so: checked
+        // again, a word that straddles two pages could be read torn).
         for s in &layout.shards {
-            region.stats_block(stats.block(s.index))?;
-            ShardSlot::new(&region, s)?;
+            let w = &s.words;
+            if stats.block(s.index) % 8 != 0 || w.frame_seq % 8 != 0 || w.state % 4 != 0 {
+                return Err(Error::InvalidHeader {
+                    field: "shard table",
+                    reason: format!("shard {}'s words are not aligned", s.index),
+                });
+            }
         }
         // Alive (it holds its lock) and not shown here: it lives in another PID namespace.
-        let engine_pid_ns = match os::byte_locked(region.file()?, 0)? {
+        let engine_pid_ns = match os::byte_locked(&file, 0)? {
             true => os::pid_namespace(layout.engine_pid, layout.engine_start_time),
             false => PidNamespace::This,
         };
         let observer = Observer {
-            region,
+            name,
+            file,
             layout,
             stats,
             engine_pid_ns,
@@ -136,7 +152,7 @@ impl Observer {
 
     /// The region's name.
     pub fn name(&self) -> &str {
-        self.region.name()
+        &self.name
     }
 
     /// The region's layout: its tensors, envs and shards.
@@ -144,11 +160,68 @@ impl Observer {
         &self.layout
     }
 
+    /// Reads `out.len()` bytes at byte `offset` of the region file with `pread`: a file
+    /// truncated meanwhile gives `RegionTooSmall`, not a SIGBUS.
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let mut filled = 0;
+        while filled < out.len() {
+            let at = offset.saturating_add(filled as u64);
+            match self.file.read_at(&mut out[filled..], at) {
+                Ok(0) => return Err(self.too_small(os::file_identity(&self.file)?.0)),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(format!("reading '{}'", self.name), e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn too_small(&self, actual: u64) -> Error {
+        Error::RegionTooSmall {
+            needed: self.layout.region_size,
+            actual,
+        }
+    }
+
+    /// `RegionTooSmall` if the file is now shorter than the header says.
+    fn check_size(&self) -> Result<()> {
+        let (size, _, _) = os::file_identity(&self.file)?;
+        if size < self.layout.region_size {
+            return Err(self.too_small(size));
+        }
+        Ok(())
+    }
+
+    /// The u32 word at byte `offset`, with one `pread`.
+    fn u32_at(&self, offset: usize) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.read_at(offset as u64, &mut b)?;
+        Ok(u32::from_ne_bytes(b))
+    }
+
+    /// The u64 word at byte `offset`, with one `pread`.
+    fn u64_at(&self, offset: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read_at(offset, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    fn word(&self, offset: u64) -> FileWord<'_> {
+        FileWord {
+            observer: self,
+            offset,
+        }
+    }
+
+    fn state_of(&self, s: &ShardInfo) -> Result<EngineState> {
+        Ok(EngineState::from_code(self.u32_at(s.words.state)?))
+    }
+
     /// Whether every shard has published frame 0.
     fn ready(&self) -> Result<bool> {
-        self.region.check_size()?;
+        self.check_size()?;
         for s in &self.layout.shards {
-            if ShardSlot::new(&self.region, s)?.state() != EngineState::Ready {
+            if self.state_of(s)? != EngineState::Ready {
                 return Ok(false);
             }
         }
@@ -160,14 +233,16 @@ impl Observer {
     /// a sharded region) once it is gone. Takes no lock and removes nothing: that is
     /// the client's and `gc`'s business.
     pub fn check(&self) -> Result<()> {
-        self.region.check_size()?;
-        if self.region.control().engine_state() == EngineState::Closed {
+        self.check_size()?;
+        if EngineState::from_code(self.u32_at(offsets::ENGINE_STATE)?) == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
         if self.layout.is_sharded() {
-            return shard::check_shards(&self.region, &self.layout, None);
+            return shard::check_shards_by(&self.file, &self.layout, None, |s| {
+                Ok((self.state_of(s)?, self.u32_at(s.words.pid)?))
+            });
         }
-        if !os::byte_locked(self.region.file()?, 0)? {
+        if !os::byte_locked(&self.file, 0)? {
             return Err(Error::PeerDied {
                 peer: Peer::Engine,
                 pid: self.layout.engine_pid,
@@ -180,26 +255,12 @@ impl Observer {
 
     /// The frame published last (every shard's; the lowest while a step is under way).
     pub fn frame(&self) -> Result<u64> {
-        self.region.check_size()?;
+        self.check_size()?;
         let mut frame = u64::MAX;
         for s in &self.layout.shards {
-            frame = frame.min(ShardSlot::new(&self.region, s)?.frame());
+            frame = frame.min(self.u64_at(s.words.frame_seq as u64)?);
         }
         Ok(frame)
-    }
-
-    /// The lowest frame the shards last published (`None` if a word cannot be read).
-    fn lowest_frame(&self) -> Option<u64> {
-        self.layout
-            .shards
-            .iter()
-            .map(|s| {
-                ShardSlot::new(&self.region, s)
-                    .ok()
-                    .map(|slot| slot.frame())
-            })
-            .min()
-            .flatten()
     }
 
     /// Names rows `envs` of tensor `name` for [`Observer::read`]: an engine→client tensor
@@ -260,45 +321,73 @@ impl Observer {
         self.span(pick).1 as usize
     }
 
-    fn blocks(&self) -> Result<Vec<Stats<'_>>> {
-        self.layout
-            .shards
+    /// One zeroed buffer per pick, of its length, for [`Observer::read`]: allocated
+    /// fallibly, so a tensor larger than this process can hold (a hostile header over a
+    /// sparse file may promise any size) is an `Io` error of kind `OutOfMemory`, not an
+    /// abort.
+    pub fn buffers(&self, picks: &[Pick]) -> Result<Vec<Vec<u8>>> {
+        picks
             .iter()
-            .map(|s| self.region.stats_block(self.stats.block(s.index)))
+            .map(|pick| {
+                let len = self.pick_len(pick);
+                let mut buf = Vec::new();
+                buf.try_reserve_exact(len).map_err(|_| {
+                    Error::io(
+                        format!(
+                            "allocating {len} bytes to copy tensor '{}' of '{}'",
+                            self.layout.tensors[pick.tensor.index()].name,
+                            self.name
+                        ),
+                        std::io::ErrorKind::OutOfMemory,
+                    )
+                })?;
+                buf.resize(len, 0);
+                Ok(buf)
+            })
             .collect()
     }
 
-    /// One try at copying `picks` into `out` (resized to each pick's length) while no
-    /// engine writes: the frame they hold, or `None` when a step was under way (the
-    /// client's last action not yet answered by every shard) or a write overlapped the
-    /// copy, and nothing in `out` is to be trusted.
-    /// The engine's end is an error first ([`Observer::check`]): what a dead engine left
-    /// is not a live frame.
-    pub fn try_read(&self, picks: &[Pick], out: &mut [Vec<u8>]) -> Result<Option<u64>> {
-        assert_eq!(picks.len(), out.len(), "one buffer per pick");
+    /// One try at copying `picks` into `out` (one buffer per pick, each of its
+    /// [`Observer::pick_len`]; [`Observer::buffers`] makes them) while no engine writes:
+    /// the frame they hold, or `None` when a step was under way (the client's last
+    /// action not yet answered by every shard) or a write overlapped the copy, and
+    /// nothing in `out` is to be trusted. The engine's end is an error first
+    /// ([`Observer::check`]): what a dead engine left is not a live frame.
+    pub fn try_read<B: AsMut<[u8]>>(&self, picks: &[Pick], out: &mut [B]) -> Result<Option<u64>> {
+        if picks.len() != out.len() {
+            return Err(Error::InvalidSpec(format!(
+                "{} buffers for {} picks: one buffer per pick",
+                out.len(),
+                picks.len()
+            )));
+        }
+        for (pick, buf) in picks.iter().zip(out.iter_mut()) {
+            let (len, want) = (buf.as_mut().len(), self.pick_len(pick));
+            if len != want {
+                return Err(Error::InvalidTensor {
+                    tensor: self.layout.tensors[pick.tensor.index()].name.clone(),
+                    reason: format!("a {len}-byte buffer for a {want}-byte copy"),
+                });
+            }
+        }
         self.check()?;
-        let blocks = self.blocks()?;
-        let seqs: Vec<_> = blocks.iter().map(|b| b.write_seq()).collect();
-        let slots = self
-            .layout
-            .shards
-            .iter()
-            .map(|s| ShardSlot::new(&self.region, s))
-            .collect::<Result<Vec<_>>>()?;
-        let frames: Vec<_> = slots.iter().map(|s| s.frame_seq().counter).collect();
-        let action_seq = self.region.control().action_seq().counter;
+        let seqs: Vec<_> = (self.layout.shards.iter())
+            .map(|s| self.word(self.stats.block(s.index) + stats_offsets::WRITE_SEQ as u64))
+            .collect();
+        let frames: Vec<_> = (self.layout.shards.iter())
+            .map(|s| self.word(s.words.frame_seq as u64))
+            .collect();
+        let action = self.word(offsets::ACTION_SEQ as u64);
         let mut failed = None;
-        let copied = read_between_writes(&seqs, action_seq, &frames, |frame| {
+        let copied = read_between_writes(&seqs, action, &frames, |frame| {
             for (pick, buf) in picks.iter().zip(out.iter_mut()) {
-                let (offset, len) = self.span(pick);
-                buf.resize(len as usize, 0);
-                if let Err(e) = self.region.read_at(offset, buf) {
+                if let Err(e) = self.read_at(self.span(pick).0, buf.as_mut()) {
                     failed = Some(e);
                     break;
                 }
             }
             frame
-        });
+        })?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -310,7 +399,12 @@ impl Observer {
     /// if none is within `timeout` (an engine that writes all the time, or a learner
     /// that posts its next action the moment a frame is out, leaves gaps shorter than
     /// the copy); the engine's end is an error as [`Observer::check`] says.
-    pub fn read(&self, picks: &[Pick], out: &mut [Vec<u8>], timeout: Duration) -> Result<u64> {
+    pub fn read<B: AsMut<[u8]>>(
+        &self,
+        picks: &[Pick],
+        out: &mut [B],
+        timeout: Duration,
+    ) -> Result<u64> {
         self.retrying(timeout, "a frame between the engine's writes", || {
             self.try_read(picks, out)
         })
@@ -321,21 +415,23 @@ impl Observer {
     /// frame the shards had published.
     pub fn try_stats(&self) -> Result<Option<StatsSnapshot>> {
         self.check()?;
-        let blocks = self.blocks()?;
-        let seqs: Vec<_> = blocks.iter().map(|b| b.stats_seq()).collect();
+        let seqs: Vec<_> = (self.layout.shards.iter())
+            .map(|s| self.word(self.stats.block(s.index) + stats_offsets::STATS_SEQ as u64))
+            .collect();
+        // At most MAX_SHARDS blocks: validation bounds the area.
         let mut bytes = vec![0u8; self.stats.len() as usize];
         let mut failed = None;
         let frame = read_consistent(&seqs, || {
-            let frame = self.lowest_frame();
-            if let Err(e) = self.region.read_at(self.stats.offset, &mut bytes) {
+            let frame = self.frame();
+            if let Err(e) = self.read_at(self.stats.offset, &mut bytes) {
                 failed = Some(e);
             }
             frame
-        });
+        })?;
         if let Some(e) = failed {
             return Err(e);
         }
-        let Some(Some(frame)) = frame else {
+        let Some(frame) = frame.transpose()? else {
             return Ok(None);
         };
         let mut snapshot = StatsSnapshot {
@@ -403,5 +499,29 @@ impl Observer {
             std::thread::sleep(pause.min(timeout.saturating_sub(now.duration_since(start))));
             pause = (pause * 2).min(RETRY_MAX);
         }
+    }
+}
+
+/// A sequence word of the region, loaded with one `pread` ([`SeqWord`]): `RegionTooSmall`
+/// where a load through a mapping of the truncated file would be a SIGBUS. A word is
+/// 8-aligned, so it never straddles two pages, and the kernel copies it with whole-word
+/// loads on the machines this runs on; were one torn by a store during the copy, its
+/// value would differ from the one loaded after the copy (the sequences only grow), and
+/// the seqlock would throw the copy away.
+struct FileWord<'a> {
+    observer: &'a Observer,
+    offset: u64,
+}
+
+impl SeqWord for FileWord<'_> {
+    type Error = Error;
+    fn load(&self, order: Ordering) -> Result<u64> {
+        let value = self.observer.u64_at(self.offset)?;
+        if !matches!(order, Ordering::Relaxed) {
+            // What the caller reads next is ordered after this word, as after an Acquire
+            // load of it.
+            fence(Ordering::Acquire);
+        }
+        Ok(value)
     }
 }

@@ -89,10 +89,100 @@ pub fn shm_unlink(name: &str) -> Result<()> {
     rustix::shm::unlink(name).map_err(|e| map_open_err(name, e))
 }
 
-/// (size, device, inode) of an open file.
+/// (size, device, inode) of an open file. Safe on a descriptor from another process:
+/// `statx` with `AT_STATX_DONT_SYNC` answers from what the kernel has cached, so a file
+/// on a network or FUSE filesystem (whose server may be the peer, and never answer) is
+/// not asked; `fstat` (which may ask) only where `statx` is missing (before Linux 4.11,
+/// or a seccomp filter that refuses it). Device numbers as `fstat` gives them.
 pub fn file_identity(file: impl AsFd) -> Result<(u64, u64, u64)> {
-    let st = rustix::fs::fstat(file).map_err(|e| Error::io("fstat", e))?;
-    Ok((st.st_size as u64, st.st_dev, st.st_ino))
+    use rustix::fs::{AtFlags, StatxFlags};
+    let file = file.as_fd();
+    match rustix::fs::statx(
+        file,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        StatxFlags::SIZE | StatxFlags::INO,
+    ) {
+        Ok(st) => Ok((
+            st.stx_size,
+            rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+            st.stx_ino,
+        )),
+        Err(Errno::NOSYS) | Err(Errno::PERM) => {
+            let st = rustix::fs::fstat(file).map_err(|e| Error::io("fstat", e))?;
+            Ok((st.st_size as u64, st.st_dev, st.st_ino))
+        }
+        Err(e) => Err(Error::io("statx", e)),
+    }
+}
+
+/// What the closer of untrusted descriptors is asked to do.
+enum Reap {
+    Close(OwnedFd),
+    /// Answer once everything sent before is closed.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The closer of untrusted descriptors: its process (a forked child has no such thread)
+/// and its queue; `None` if the thread could not be started.
+static REAPER: std::sync::OnceLock<Option<(u32, std::sync::mpsc::Sender<Reap>)>> =
+    std::sync::OnceLock::new();
+
+/// Closes `fd`, which came from another process, without ever making the caller wait.
+/// Closing may block for as long as the sender chooses: a TCP socket with unsent data
+/// and `SO_LINGER` set waits out its linger time, the last close of a file on FUSE asks
+/// the filesystem's server (`FLUSH`), which may be the sender and never answer. So the
+/// close happens on a thread of its own (started on first use), and a socket gets
+/// `SO_LINGER {on, 0}` first (its close then resets the connection at once: nothing
+/// waits). What remains: a close that blocks for good (FUSE) holds up the closes queued
+/// behind it, whose descriptors then stay open. In a child forked from the process that
+/// started the thread, or if it could not be started, the close happens here.
+pub fn close_untrusted(fd: OwnedFd) {
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Reap>();
+        std::thread::Builder::new()
+            .name("shmbridge-close".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Reap::Close(fd) => close_now(fd),
+                        Reap::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .ok()
+            .map(|_| (current_pid(), tx))
+    });
+    match reaper {
+        Some((pid, tx)) if *pid == current_pid() => {
+            if let Err(std::sync::mpsc::SendError(Reap::Close(fd))) = tx.send(Reap::Close(fd)) {
+                close_now(fd);
+            }
+        }
+        _ => close_now(fd),
+    }
+}
+
+/// Closes an untrusted `fd` here: a socket with `SO_LINGER {on, 0}` first.
+fn close_now(fd: OwnedFd) {
+    if rustix::net::sockopt::socket_type(&fd).is_ok() {
+        let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(Duration::ZERO));
+    }
+    drop(fd);
+}
+
+/// Waits (at most `timeout`) until every descriptor handed to [`close_untrusted`] so far
+/// is closed; whether they are. For tests that count this process's descriptors.
+pub fn untrusted_closed(timeout: Duration) -> bool {
+    match REAPER.get() {
+        Some(Some((pid, tx))) if *pid == current_pid() => {
+            let (done, wait) = std::sync::mpsc::channel();
+            tx.send(Reap::Flush(done)).is_ok() && wait.recv_timeout(timeout).is_ok()
+        }
+        _ => true,
+    }
 }
 
 /// Where a mapping of this process that contains address `addr` comes from, as
@@ -266,6 +356,37 @@ pub fn try_lock_byte(file: impl AsFd, index: u64) -> Result<bool> {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
         Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
     }
+}
+
+/// Makes `file`'s open file description hold the write lock on byte `index` and no
+/// other lock: whoever else has that description (it was handed to a peer) may have
+/// released the byte or locked others through it. `Ok(false)` when another description
+/// holds `index` now (the byte was released through this one, and taken by someone
+/// else).
+// The engine's fd server (Vulkan) is its one user.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+pub fn hold_only_byte(file: impl AsFd, index: u64) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let file = file.as_fd();
+    // Everything but `index`: [0, index) and [index + 1, end of any file).
+    for (start, len) in [(0, index), (index + 1, 0)] {
+        // SAFETY: `flock` is plain data; all-zero is a valid value of it.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_UNLCK as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = start as libc::off_t;
+        lock.l_len = len as libc::off_t;
+        // SAFETY: `file` is an open descriptor for the whole call; `lock` is a valid,
+        // initialised `struct flock` the kernel reads; l_pid is 0 as OFD commands require.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) };
+        if rc == -1 {
+            return Err(Error::io(
+                "fcntl(F_OFD_SETLK, F_UNLCK)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    try_lock_byte(file, index)
 }
 
 /// Whether an open file description other than `file`'s holds a lock on byte `index`

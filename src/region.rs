@@ -319,12 +319,12 @@ impl Region {
         Ok((region, layout))
     }
 
-    /// Opens region `name` for an observer (1.7): read-only, never a lock. The header
-    /// is read with `pread` (a file that shrinks gives a short read, never a SIGBUS),
-    /// waiting up to `timeout` for the engine to publish it, and validated; then the
-    /// region is mapped `PROT_READ` through the same descriptor (the name may name
-    /// another object by then). `NotFound` at once when nothing has the name.
-    pub fn open_observer(name: &str, timeout: Duration) -> Result<(Region, layout::Layout)> {
+    /// Opens region `name` for an observer (1.7): read-only, never a lock, never a
+    /// mapping (an observer reads every byte with `pread`: a file that shrinks gives a
+    /// short read, never a SIGBUS). The header is read, waiting up to `timeout` for the
+    /// engine to publish it, and validated against the file's size. `NotFound` at once
+    /// when nothing has the name.
+    pub fn open_observer(name: &str, timeout: Duration) -> Result<(File, layout::Layout)> {
         let deadline = Instant::now().checked_add(timeout);
         let expired = || deadline.is_some_and(|d| Instant::now() >= d);
         let file = os::shm_open(name, false)?;
@@ -350,8 +350,7 @@ impl Region {
             backoff.snooze();
         };
         let layout = layout::validate(name, &bytes, size)?;
-        let region = Region::map_file(name, file, layout.region_size, false)?;
-        Ok((region, layout))
+        Ok((file, layout))
     }
 
     /// The stats block at byte `offset` of the region (1.7), checked to lie inside the
@@ -376,27 +375,6 @@ impl Region {
         // access its words only atomically.
         let base = unsafe { self.ptr().add(offset as usize) };
         Ok(unsafe { Stats::new(NonNull::new(base).expect("inside a mapping")) })
-    }
-
-    /// Reads `out.len()` bytes at byte `offset` of the region file with `pread`, never
-    /// through the mapping: a file truncated meanwhile gives `RegionTooSmall`, not a
-    /// SIGBUS.
-    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        let file = self.file()?;
-        let mut filled = 0;
-        while filled < out.len() {
-            match file.read_at(&mut out[filled..], offset + filled as u64) {
-                Ok(0) => {
-                    let (size, _, _) = os::file_identity(file)?;
-                    return Err(self.too_small(size));
-                }
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(format!("reading '{}'", self.name), e)),
-            }
-        }
-        Ok(())
     }
 
     /// Maps a region read-only; nothing is validated beyond the size. A mapping of a file

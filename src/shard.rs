@@ -240,19 +240,28 @@ pub fn close_shard(region: &Region, shard: u32) -> Result<()> {
 /// checking its siblings passes its own index as `me` (its own lock does not conflict
 /// with itself, so it would look free).
 pub fn check_shards(region: &Region, layout: &Layout, me: Option<u32>) -> Result<()> {
+    check_shards_by(region.file()?, layout, me, |s| {
+        let slot = ShardSlot::new(region, s)?;
+        Ok((slot.state(), slot.identity().0))
+    })
+}
+
+/// [`check_shards`], with each shard's state and pid read by `read` (an observer reads
+/// them with `pread`, never through a mapping) and the locks asked on `file`.
+pub fn check_shards_by(
+    file: &std::fs::File,
+    layout: &Layout,
+    me: Option<u32>,
+    read: impl Fn(&ShardInfo) -> Result<(EngineState, u32)>,
+) -> Result<()> {
     // A death is reported before a closure: when one shard dies its siblings close in
     // turn (they check each other), and the death is what the user must hear about.
     let mut closed = None;
     for s in layout.shards.iter().filter(|s| Some(s.index) != me) {
-        let slot = ShardSlot::new(region, s)?;
-        let state = slot.state();
+        let (state, pid) = read(s)?;
         let envs = s.envs();
-        let (pid, _) = slot.identity();
         let joined = state != EngineState::Starting || pid != 0;
-        if joined
-            && !os::byte_locked(region.file()?, u64::from(s.index))?
-            && state != EngineState::Closed
-        {
+        if joined && !os::byte_locked(file, u64::from(s.index))? && state != EngineState::Closed {
             return Err(Error::ShardDied {
                 shard: s.index,
                 pid,

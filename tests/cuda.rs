@@ -2,6 +2,8 @@
 //! `cuda` feature, a loadable driver, a device) and otherwise prints why and returns:
 //! they pass vacuously on CPU-only machines (CI) and run for real on a GPU machine.
 //! Run there with `cargo test --features cuda --test cuda -- --nocapture --test-threads=1`.
+//! The kernel tests need only libnvrtc (no driver, no GPU): they run in CI, where
+//! `SHMBRIDGE_REQUIRE_NVRTC=1` makes a missing libnvrtc a failure rather than a skip.
 //!
 //! Cross-process checks re-run this test binary as a child (`SHMBRIDGE_CUDA_CHILD`), since
 //! a CUDA IPC handle cannot be opened in the process that exported it.
@@ -156,6 +158,202 @@ fn another_process_sees_the_bytes() {
         ],
     );
     assert!(out.contains("CHILD-OK"), "{out}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory shared by file descriptor (cuMemCreate with POSIX fd handles): the path that
+// crosses PID namespaces, where CUDA IPC handles do not.
+
+use shmbridge::device::cuda::driver::FdMemory;
+
+/// [`parent_gpu`], and a device that shares memory by fd (else `None`, after printing
+/// why: scripts/gpu-check.sh counts that as a failure).
+fn fd_gpu(test: &str) -> Option<(&'static Driver, Arc<PrimaryContext>)> {
+    let (d, ctx) = parent_gpu(test)?;
+    match ctx.fd_sharing(d).expect("device attributes") {
+        Ok(()) => Some((d, ctx)),
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+    }
+}
+
+/// Byte `i` of the pattern the fd tests write.
+fn fd_pattern(i: usize) -> u8 {
+    (i.wrapping_mul(131) ^ (i >> 8)) as u8
+}
+
+#[test]
+fn fd_memory_round_trip_and_export() {
+    let Some((d, ctx)) = fd_gpu("fd_memory_round_trip_and_export") else {
+        return;
+    };
+    let g = ctx.fd_granularity().unwrap();
+    let m = FdMemory::allocate(d, &ctx, 1000).unwrap();
+    assert!(m.size() >= 1000 && m.size() % g == 0, "{} / {g}", m.size());
+    let mut back = vec![1u8; m.size()];
+    m.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "zeroed");
+    let data: Vec<u8> = (0..m.size()).map(fd_pattern).collect();
+    m.write(0, &data).unwrap();
+    m.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert!(m.read(1, &mut back).is_err(), "span past the end");
+    assert_eq!(m.span(0, m.size() as u64), Some(m.ptr()));
+    assert_eq!(m.span(1, m.size() as u64), None);
+    let (a, b) = (m.export_fd().unwrap(), m.export_fd().unwrap());
+    use std::os::fd::{AsFd, AsRawFd};
+    assert_ne!(a.as_raw_fd(), b.as_raw_fd());
+    for fd in [&a, &b] {
+        let flags = rustix::io::fcntl_getfd(fd).unwrap();
+        assert!(
+            flags.contains(rustix::io::FdFlags::CLOEXEC),
+            "close-on-exec"
+        );
+    }
+    // The memory outlives the exporter's handle while an import holds it.
+    let imported = FdMemory::import(d, &ctx, a.as_fd(), m.size() as u64).unwrap();
+    drop((m, a, b));
+    let mut again = vec![0u8; imported.size()];
+    imported.read(0, &mut again).unwrap();
+    assert_eq!(again, data, "the import keeps the allocation alive");
+}
+
+/// What is not the engine's allocation, or asks for more than it holds, is a typed
+/// error before anything is mapped, never a panic.
+#[test]
+fn fd_import_refuses_impostors_and_oversized_spans() {
+    let Some((d, ctx)) = fd_gpu("fd_import_refuses_impostors_and_oversized_spans") else {
+        return;
+    };
+    use std::os::fd::AsFd;
+    let g = ctx.fd_granularity().unwrap();
+    let memfd = rustix::fs::memfd_create("impostor", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, g as u64).unwrap();
+    match FdMemory::import(d, &ctx, memfd.as_fd(), g as u64) {
+        Err(Error::Cuda { call, .. }) => assert_eq!(call, "cuMemImportFromShareableHandle"),
+        other => panic!(
+            "a memfd imported as CUDA memory: {:?}",
+            other.map(|m| m.size())
+        ),
+    }
+    let m = FdMemory::allocate(d, &ctx, g).unwrap();
+    let fd = m.export_fd().unwrap();
+    match FdMemory::import(d, &ctx, fd.as_fd(), 2 * g as u64) {
+        Err(Error::Cuda { call, .. }) => assert_eq!(call, "cuMemMap"),
+        other => panic!("mapped past the allocation: {:?}", other.map(|m| m.size())),
+    }
+    for size in [0, g as u64 - 1, g as u64 + 1] {
+        assert!(
+            matches!(
+                FdMemory::import(d, &ctx, fd.as_fd(), size),
+                Err(Error::InvalidSpec(_))
+            ),
+            "size {size}"
+        );
+    }
+}
+
+/// Child side of `fd_memory_crosses_processes_and_pid_namespaces`: imports the inherited
+/// fd, checks the pattern, writes its marker, and prints its pid as it sees it.
+#[test]
+fn child_fd_import() {
+    if std::env::var_os("SHMBRIDGE_FD_CHILD").is_none() {
+        return;
+    }
+    let (d, ctx) = gpu("child_fd_import").unwrap();
+    let raw: i32 = std::env::var("FD").unwrap().parse().unwrap();
+    let size: u64 = std::env::var("SIZE").unwrap().parse().unwrap();
+    // SAFETY: the parent left this fd open (without close-on-exec) for this process,
+    // which owns it from here on.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    use std::os::fd::AsFd;
+    let m = FdMemory::import(d, &ctx, fd.as_fd(), size).unwrap();
+    drop(fd);
+    let mut got = vec![0u8; m.size()];
+    m.read(0, &mut got).unwrap();
+    assert!(
+        got[..got.len() - 4096]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == fd_pattern(i)),
+        "the parent's bytes"
+    );
+    m.write(m.size() - 4096, &[0x5A; 4096]).unwrap();
+    println!("CHILD-FD-OK pid {}", std::process::id());
+}
+
+/// The engine's side exports an fd; a process that inherits it imports the same memory
+/// and writes into it. Then again from a child in a PID namespace of its own (`unshare
+/// --pid --fork --mount-proc`, with a user namespace where this is not root), as an
+/// engine and a learner in two containers: where CUDA IPC handles fail, the fd works.
+#[test]
+fn fd_memory_crosses_processes_and_pid_namespaces() {
+    let Some((d, ctx)) = fd_gpu("fd_memory_crosses_processes_and_pid_namespaces") else {
+        return;
+    };
+    let m = FdMemory::allocate(d, &ctx, 1 << 20).unwrap();
+    let data: Vec<u8> = (0..m.size() - 4096).map(fd_pattern).collect();
+    m.write(0, &data).unwrap();
+    let root = rustix::process::geteuid().is_root();
+    for own_namespace in [false, true] {
+        m.write(m.size() - 4096, &[0u8; 4096]).unwrap();
+        let fd = m.export_fd().unwrap();
+        // Inherited by the child (and by `unshare`, which keeps its fds open).
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let mut c = if own_namespace {
+            let mut c = Command::new("unshare");
+            if !root {
+                c.args(["--user", "--map-root-user"]);
+            }
+            c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+            c.arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        c.args([
+            "child_fd_import",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        use std::os::fd::AsRawFd;
+        c.env("SHMBRIDGE_FD_CHILD", "1")
+            .env("SHMBRIDGE_CUDA_CHILD", "1")
+            .env("FD", fd.as_raw_fd().to_string())
+            .env("SIZE", m.size().to_string());
+        let out = match c.output() {
+            Ok(out) => out,
+            Err(e) if own_namespace => {
+                eprintln!(
+                    "SKIPPED fd_memory_crosses_processes_and_pid_namespaces (PID namespace \
+                     half): unshare: {e}"
+                );
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        drop(fd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("CHILD-FD-OK"),
+            "child (own PID namespace: {own_namespace}) failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if own_namespace {
+            // The first process of a new PID namespace is its pid 1.
+            assert!(stdout.contains("CHILD-FD-OK pid 1\n"), "{stdout}");
+        }
+        let mut marker = vec![0u8; 4096];
+        m.read(m.size() - 4096, &mut marker).unwrap();
+        assert!(
+            marker.iter().all(|&b| b == 0x5A),
+            "the child's write is seen here"
+        );
+    }
 }
 
 #[test]
@@ -574,15 +772,43 @@ fn cuda_engine_killed_while_client_holds_pointers() {
 // ---------------------------------------------------------------------------------------
 // The kernels' entry points, with NVRTC alone (no driver, no GPU needed).
 
+/// Whether libnvrtc loads; when it does not, prints why `test` skips, or fails it where
+/// `SHMBRIDGE_REQUIRE_NVRTC=1` (CI sets it: there the NVRTC wheel is on the loader path,
+/// so a skip means the kernels went unchecked).
+fn nvrtc_present(test: &str) -> bool {
+    // SAFETY: only dlopen()s the candidate library names and drops the handles.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return true;
+    }
+    let why = "no libnvrtc on the loader path (LD_LIBRARY_PATH)";
+    assert!(
+        std::env::var_os("SHMBRIDGE_REQUIRE_NVRTC").is_none_or(|v| v != "1"),
+        "{test}: {why}, and SHMBRIDGE_REQUIRE_NVRTC=1"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    false
+}
+
+/// Compiles `src` with the kernels' options to `target`; fails the test on an error or
+/// a warning (NVRTC's log is empty unless it warned).
+fn compile_clean(file: &str, src: &str, target: kernel::Target) -> Vec<u8> {
+    let out = kernel::compile_to(file, src, shmbridge::envs::kernels::COMPILE_OPTIONS, target)
+        .unwrap_or_else(|e| panic!("{file} ({target:?}): {e}"));
+    assert!(
+        out.log.is_empty(),
+        "{file} ({target:?}): NVRTC warned:\n{}",
+        out.log
+    );
+    out.image
+}
+
 /// Each kernel compiles with NVRTC and its PTX entry takes the parameters the engines
 /// launch it with (src/envs/gpu.rs: `Arg::Ptr`/`U64` are 8-byte `.u64`, `U32` `.u32`,
 /// `F64` `.f64`). Needs only libnvrtc on the loader path (e.g. the
 /// nvidia-cuda-nvrtc-cu12 wheel's lib folder in LD_LIBRARY_PATH).
 #[test]
 fn kernels_compile_and_take_the_launched_parameters() {
-    // SAFETY: only dlopen()s the candidate library names and drops the handles.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("SKIPPED kernels_compile_and_take_the_launched_parameters: no libnvrtc");
+    if !nvrtc_present("kernels_compile_and_take_the_launched_parameters") {
         return;
     }
     let u = |n: usize| vec!["u64"; n];
@@ -596,17 +822,10 @@ fn kernels_compile_and_take_the_launched_parameters() {
         ("cartpole_write_obs", u(4)),
         ("cartpole_step", cat(&[u(11), vec!["f64"], u(1)])),
     ];
-    use shmbridge::envs::kernels::{COMPILE_OPTIONS, SOURCES};
+    use shmbridge::envs::kernels::SOURCES;
     let mut seen = 0;
     for (file, src, kernels) in SOURCES {
-        let opts = cudarc::nvrtc::CompileOptions {
-            name: Some(file.to_string()),
-            options: COMPILE_OPTIONS.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(*src, opts)
-            .unwrap_or_else(|e| panic!("{file}: {e:?}"))
-            .to_src();
+        let ptx = String::from_utf8(compile_clean(file, src, kernel::Target::Ptx)).unwrap();
         for k in *kernels {
             let start = ptx
                 .find(&format!(".entry {k}("))
@@ -635,9 +854,7 @@ fn kernels_compile_and_take_the_launched_parameters() {
 /// [`COMPILE_OPTIONS`]: shmbridge::envs::kernels::COMPILE_OPTIONS
 #[test]
 fn cartpole_kernels_compile_without_contracted_multiply_adds() {
-    // SAFETY: only dlopen()s the candidate library names and drops the handles.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("SKIPPED cartpole_kernels_compile_without_contracted_multiply_adds: no libnvrtc");
+    if !nvrtc_present("cartpole_kernels_compile_without_contracted_multiply_adds") {
         return;
     }
     use shmbridge::envs::kernels::{CARTPOLE_CU, COMPILE_OPTIONS};
@@ -674,16 +891,13 @@ fn cartpole_kernels_compile_without_contracted_multiply_adds() {
 /// typed error (the engine then falls back to PTX). Needs libnvrtc only, no GPU.
 #[test]
 fn kernels_compile_to_cubins() {
-    // SAFETY: only dlopen()s the candidate library names and drops the handles.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("SKIPPED kernels_compile_to_cubins: no libnvrtc");
+    if !nvrtc_present("kernels_compile_to_cubins") {
         return;
     }
-    use shmbridge::envs::kernels::{COMPILE_OPTIONS, SOURCES};
+    use shmbridge::envs::kernels::SOURCES;
     for arch in [(8, 0), (8, 6), (9, 0)] {
         for (file, src, kernels) in SOURCES {
-            let cubin = kernel::compile_cubin(file, src, COMPILE_OPTIONS, arch)
-                .unwrap_or_else(|e| panic!("{file} sm_{}{}: {e}", arch.0, arch.1));
+            let cubin = compile_clean(file, src, kernel::Target::Cubin(arch.0, arch.1));
             assert_eq!(&cubin[..4], b"\x7fELF", "{file}: a cubin is an ELF image");
             for k in *kernels {
                 let name = k.as_bytes();
@@ -701,6 +915,26 @@ fn kernels_compile_to_cubins() {
         }
         other => panic!("sm_10 compiled? {:?}", other.map(|c| c.len())),
     }
+}
+
+/// NVRTC's warnings come back in [`kernel::Compiled::log`] after a successful compile,
+/// for PTX and for cubins alike: what lets the tests above fail on a warning.
+#[test]
+fn nvrtc_warnings_reach_the_log() {
+    if !nvrtc_present("nvrtc_warnings_reach_the_log") {
+        return;
+    }
+    let warns = "extern \"C\" __global__ void k(int *p) { int unused; p[0] = 1; }\n";
+    for target in [kernel::Target::Ptx, kernel::Target::Cubin(8, 0)] {
+        let out = kernel::compile_to("warns.cu", warns, &[], target).expect("compiles");
+        assert!(!out.image.is_empty());
+        assert!(out.log.contains("warning"), "{target:?}: log {:?}", out.log);
+        assert!(out.log.contains("unused"), "{target:?}: log {:?}", out.log);
+    }
+    let clean = "extern \"C\" __global__ void k(int *p) { p[0] = 1; }\n";
+    let out = kernel::compile_to("clean.cu", clean, &[], kernel::Target::Ptx).expect("compiles");
+    assert_eq!(out.log, "", "no warning, an empty log");
+    assert!(String::from_utf8(out.image).unwrap().contains(".entry k("));
 }
 
 // ---------------------------------------------------------------------------------------

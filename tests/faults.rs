@@ -158,7 +158,7 @@ fn peer_observer(phase: &str, name: &str) -> ! {
         block();
     }
     let picks = [observer.pick("obs", 0..4).expect("pick")];
-    let mut out = vec![Vec::new()];
+    let mut out = observer.buffers(&picks).expect("buffers");
     say("reading");
     loop {
         let _ = observer.try_read(&picks, &mut out);

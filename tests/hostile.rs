@@ -39,6 +39,11 @@ fn desc_mut(bytes: &mut [u8], i: usize) -> &mut TensorDesc {
 
 /// Writes `bytes` as a region file, attaches to it, removes it, returns the error.
 fn attach_to(tag: &str, bytes: &[u8]) -> Error {
+    attach_to_and_read(tag, bytes).0
+}
+
+/// [`attach_to`], and the region's bytes after the attempt.
+fn attach_to_and_read(tag: &str, bytes: &[u8]) -> (Error, Vec<u8>) {
     let name = format!("shmbridge-hostile-{tag}-{}", std::process::id());
     let path = format!("/dev/shm/{name}");
     std::fs::write(&path, bytes).unwrap();
@@ -46,10 +51,11 @@ fn attach_to(tag: &str, bytes: &[u8]) -> Error {
         &name,
         AttachOptions::default().timeout(Duration::from_millis(50)),
     );
+    let after = std::fs::read(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     match r {
         Ok(_) => panic!("{tag}: attach succeeded on a hostile region"),
-        Err(e) => e,
+        Err(e) => (e, after),
     }
 }
 
@@ -316,9 +322,19 @@ proptest! {
     }
 }
 
-/// Turns tensor 0 of a valid region into a well-formed CUDA (1.2) entry.
+/// This process's start time (`/proc/self/stat` field 22), as an engine records its own.
+fn my_start_time() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(19).unwrap().parse().unwrap()
+}
+
+/// Turns tensor 0 of a valid region into a well-formed CUDA (1.2) entry, of an engine
+/// this PID namespace shows (this process).
 fn cuda_region() -> Vec<u8> {
     let mut b = valid_region();
+    header_mut(&mut b).engine_pid = std::process::id();
+    header_mut(&mut b).engine_start_time = my_start_time();
     let d = desc_mut(&mut b, 0);
     d.location = 1;
     d.device_ordinal = 0;
@@ -398,6 +414,47 @@ fn cuda_entries_are_checked() {
         ),
         "{e}"
     );
+}
+
+/// The CUDA path is chosen at attach, before the driver is probed or the slot claimed:
+/// IPC handles of an engine this PID namespace does not show (another container) are
+/// refused with the reason, and memory shared by fd (1.9 draft) is validated, then
+/// refused as not imported yet. Neither claims the slot.
+#[test]
+fn cuda_sharing_is_chosen_before_the_claim() {
+    let claimed = |b: &[u8]| {
+        let h: &layout::Header = bytemuck::from_bytes(&b[..CONTROL_SIZE]);
+        h.client_state != 0 || h.client_pid != 0
+    };
+    // The engine recorded as this pid with another start time: not this namespace's.
+    let mut b = cuda_region();
+    header_mut(&mut b).engine_start_time += 1;
+    let (e, after) = attach_to_and_read("cuda-other-pidns", &b);
+    assert!(
+        matches!(&e, Error::CudaUnavailable { reason }
+            if reason.contains("'obs'") && reason.contains("do not cross PID namespaces")),
+        "{e}"
+    );
+    assert!(!claimed(&after), "the slot was claimed");
+    // Shared by fd (1.9): flags bit 0, no IPC handle, wherever the engine is.
+    for other_namespace in [false, true] {
+        let mut b = cuda_region();
+        header_mut(&mut b).engine_start_time += u64::from(other_namespace);
+        header_mut(&mut b).version_minor = 9;
+        header_mut(&mut b).layout_hash = layout::LAYOUT_HASH_CUDA_SESSIONS;
+        let d = desc_mut(&mut b, 0);
+        d.flags = layout::CUDA_FLAG_FD;
+        d.ipc_mem_handle = [0; 64];
+        let l = layout::validate("r", &b, b.len() as u64).unwrap();
+        assert_eq!(l.tensors[0].cuda.unwrap().sharing, layout::CudaSharing::Fd);
+        let (e, after) = attach_to_and_read("cuda-fd", &b);
+        assert!(
+            matches!(&e, Error::CudaUnavailable { reason }
+                if reason.contains("'obs'") && reason.contains("file descriptor")),
+            "{e}"
+        );
+        assert!(!claimed(&after), "the slot was claimed");
+    }
 }
 
 #[test]

@@ -86,3 +86,62 @@ fn stats_area_attacks_are_refused_for_what_they_break() {
     }
     assert_eq!(n, 7);
 }
+
+/// An edit-mode input of the `layout_header` target: `base`, then 13-byte edits (op,
+/// tensor, element, kind 0 = set, anchor 0, value), as fuzz/make_hostile_headers.py
+/// writes them.
+fn edits(base: u8, records: &[(u8, u8, u8, u64)]) -> Vec<u8> {
+    let mut out = vec![base << 1 | 1];
+    for &(op, tensor, element, value) in records {
+        out.extend_from_slice(&[op, tensor, element, 0, 0]);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out
+}
+
+/// The CUDA sharing attacks (1.9 draft) are refused for what they break (the fd flag,
+/// unknown flags, the IPC handle), while the same edits made consistent (minor 9, the
+/// flag on both CUDA entries, no IPC handle) give an accepted layout shared by fd: the
+/// refusals are not an accident of the edits.
+#[test]
+fn cuda_sharing_attacks_are_refused_for_what_they_break() {
+    // Op numbers and the base of fuzz/make_hostile_headers.py, and its fd_entry(): the
+    // host base's tensor 0 on CUDA, shared by fd, in a 1.9 header.
+    const HOST: u8 = 1;
+    let (version_minor, layout_hash, engine_event_handle) = (2u8, 5u8, 15u8);
+    let (location, flags, export_size) = (21u8, 22u8, 26u8);
+    let fd = [
+        (location, 0, 0, 1),
+        (export_size, 0, 0, u64::MAX),
+        (flags, 0, 0, 1),
+        (version_minor, 0, 0, 9),
+        (
+            layout_hash,
+            0,
+            0,
+            shmbridge::layout::LAYOUT_HASH_CUDA_SESSIONS,
+        ),
+        (engine_event_handle, 0, 3, 7),
+    ];
+    let layout = fuzzing::header(&edits(HOST, &fd)).expect("a layout shared by fd");
+    assert_eq!(layout.version, (1, 9));
+    let c = layout.tensors[0].cuda.expect("on CUDA");
+    assert_eq!(
+        (c.sharing, c.ipc_mem_handle),
+        (shmbridge::layout::CudaSharing::Fd, [0; 64])
+    );
+    let mut n = 0;
+    for (name, data) in common::stored_inputs("tests/hostile_headers") {
+        if !(name.starts_with("reject-cuda-fd") || name.contains("flags") || name.contains("1-9")) {
+            continue;
+        }
+        let text = fuzzing::header(&data).unwrap_err().to_string();
+        let why = ["by fd", "CUDA flags", "IPC memory handle"];
+        assert!(
+            why.iter().any(|w| text.contains(w)),
+            "{name}: refused for another reason: {text}"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 6);
+}

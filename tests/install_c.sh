@@ -4,8 +4,14 @@
 #  1. a relative prefix is the caller's directory's, not the checkout's;
 #  2. a missing tool stops the script with its name and the command that installs it,
 #     and nothing is installed from the package manager (apt-get and sudo are stand-ins
-#     that record a call) unless --install-deps is given;
-#  3. (as root) a run under sudo refuses to build as root, before building anything.
+#     that record a call) unless --install-deps is given, and the help says Rust is the
+#     user's to install (rustup), never the script's;
+#  3. (as root) a run under sudo refuses to build as root, before building anything;
+#  4. (as root, in a mount namespace of its own) a prefix the user cannot write: sudo gets
+#     cmake by its path (sudo's secure_path may not have the user's), and the install
+#     manifest sudo writes into the build folder is the user's afterwards (else the next
+#     install as the user fails);
+#  5. (likewise) `/usr/local/`, trailing slash and all, is /usr/local: ldconfig runs.
 set -euo pipefail
 # Run under sudo (as scripts/test.sh may be), the cases below are the tests' user's.
 unset SUDO_USER
@@ -52,6 +58,13 @@ case "$out" in *"apt-get install cmake pkg-config"*"--install-deps"*) ;; *) fail
 [ ! -e "$work/missing" ] || fail "made the prefix though it stopped"
 echo "ok: missing tools are named, nothing is installed unasked"
 
+# The help promises nothing --install-deps cannot do: Rust is the user's (rustup).
+help=$(bash "$script" --help)
+deps_line=$(grep -e '--install-deps PREFIX' <<< "$help")
+case "$deps_line" in *cargo*) fail "the help says --install-deps installs cargo: $deps_line" ;; esac
+case "$help" in *rustup*) ;; *) fail "the help does not say to install Rust with rustup: $help" ;; esac
+echo "ok: the help says Rust is installed with rustup"
+
 # 3. Under sudo (as root, with SUDO_USER set): refused before the build.
 if [ "$(id -u)" = 0 ]; then
     set +e
@@ -65,3 +78,46 @@ if [ "$(id -u)" = 0 ]; then
 else
     echo "skipped: the sudo check needs root (it sets SUDO_USER as sudo would)"
 fi
+
+# 4 and 5 change what root's mounts show, in a mount namespace of their own.
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null 2>&1; then
+    echo "skipped: the sudo-install and ldconfig checks need root and unshare"
+    exit 0
+fi
+stubs=$work/stubs
+mkdir "$stubs"
+manifest=$root/target/cmake-capi/install_manifest.txt
+other=$(id -u nobody)
+# sudo: records its arguments; the install it is asked for is done by a stand-in that
+# leaves a manifest owned by someone else, as root's is to the user; anything else runs.
+cat > "$stubs/sudo" <<EOF
+#!/bin/sh
+echo "\$*" >> "$work/sudo-args"
+case "\$2" in
+    --install) touch "$manifest" && chown $other "$manifest" ;;
+    *) exec "\$@" ;;
+esac
+EOF
+printf '#!/bin/sh\necho ldconfig >> "%s"\n' "$work/ldconfig-called" > "$stubs/ldconfig"
+chmod +x "$stubs/sudo" "$stubs/ldconfig"
+
+# 4. A prefix on a read-only mount (not writable even by root), after an earlier sudo
+# install left its manifest.
+mkdir "$work/readonly"
+touch "$manifest" && chown "$other" "$manifest"
+unshare -m --propagation private env PATH="$stubs:$PATH" SCRIPT="$script" PREFIX="$work/readonly" bash -c '
+    mount -t tmpfs -o ro x "$PREFIX" && bash "$SCRIPT" "$PREFIX" >/dev/null 2>&1' ||
+    fail "the install with sudo failed"
+read -r cmake_path _ < "$work/sudo-args"
+case "$cmake_path" in /*/cmake) ;; *) fail "sudo was not given cmake by its path: $(cat "$work/sudo-args")" ;; esac
+[ "$(stat -c %u "$manifest")" = "$(id -u)" ] ||
+    fail "the install manifest sudo wrote is not the user's: $(stat -c %U "$manifest")"
+echo "ok: sudo runs cmake by its path; the install manifest stays the user's"
+
+# 5. /usr/local/ (its lib and include folders hidden under empty ones).
+unshare -m --propagation private env PATH="$stubs:$PATH" SCRIPT="$script" bash -c '
+    mount -t tmpfs x /usr/local/lib && mount -t tmpfs x /usr/local/include &&
+    bash "$SCRIPT" /usr/local/ >/dev/null && [ -f /usr/local/include/shmbridge.h ]' ||
+    fail "the install into /usr/local/ failed"
+[ -f "$work/ldconfig-called" ] || fail "no ldconfig after installing into /usr/local/"
+echo "ok: /usr/local/ with a trailing slash runs ldconfig"

@@ -1,10 +1,13 @@
 //! Read-only observers (protocol 1.7): every copy an observer accepts holds one frame
 //! while the engine steps and answers resets; its episode totals are the ones the
-//! client saw; it opens and maps the region read-only and nobody sees it; a dead, closed
-//! or truncated region is a typed error. (Attaching and detaching a thousand times:
+//! client saw; it opens the region read-only, maps nothing, and nobody sees it; a dead,
+//! closed or truncated region is a typed error, and a region cut during its copies never
+//! kills it (a race run 200 times). (Attaching and detaching a thousand times:
 //! `tests/observer_cycles.rs`, a process of its own.)
 
 mod common;
+
+use common::peer::{self, PeerProc};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -128,7 +131,7 @@ fn every_accepted_copy_is_one_frame_while_the_engine_steps_and_resets() {
     let watching = {
         let done = done.clone();
         std::thread::spawn(move || {
-            let mut out = vec![Vec::new(), Vec::new()];
+            let mut out = observer.buffers(&picks).unwrap();
             let (mut good, mut torn, mut last) = (0u64, 0u64, 0u64);
             while !done.load(Ordering::Relaxed) {
                 match observer.try_read(&picks, &mut out).unwrap() {
@@ -229,7 +232,8 @@ fn episode_totals_are_what_the_client_saw() {
     );
 }
 
-/// `/proc/self/fdinfo` flags and `/proc/self/maps` permissions of the observer's file.
+/// `/proc/self/fdinfo` flags of the observer's file and the permissions of its mappings
+/// in `/proc/self/maps`.
 fn open_mode_and_mapping(name: &str) -> (u32, Vec<String>) {
     let mut modes = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -268,7 +272,10 @@ fn an_observer_opens_read_only_and_nobody_sees_it() {
     let observer = Observer::attach(&engine.name, T).unwrap();
     let (flags, maps) = open_mode_and_mapping(&engine.name);
     assert_eq!(flags & libc_o_accmode(), 0, "O_RDONLY, flags {flags:o}");
-    assert_eq!(maps, ["r--s"], "one shared mapping, PROT_READ");
+    assert!(
+        maps.is_empty(),
+        "no mapping: every read is a pread ({maps:?})"
+    );
     // Not the client: the slot stays free and a client attaches and steps.
     let (header, _) = region::read_header_bytes(&engine.name).unwrap();
     let h = shmbridge::layout::read_header(&header).unwrap();
@@ -303,7 +310,9 @@ fn a_closed_engine_is_engine_closed_and_a_killed_one_engine_died() {
     let got = observer.check().unwrap_err();
     assert_eq!(got.kind(), ErrorKind::EngineClosed, "{got}");
     let picks = [observer.pick("obs", 0..4).unwrap()];
-    let got = observer.read(&picks, &mut [Vec::new()], T).unwrap_err();
+    let got = observer
+        .read(&picks, &mut observer.buffers(&picks).unwrap(), T)
+        .unwrap_err();
     assert_eq!(got.kind(), ErrorKind::EngineClosed, "{got}");
 
     // Killed: nobody closed the region; its lock on byte 0 went with it.
@@ -329,7 +338,7 @@ fn a_truncated_region_is_region_too_small_never_a_fault() {
         common::EngineProc::start(&["--env", "null", "--num-envs", "4", "--obs-dim", "4096"]);
     let observer = Observer::attach(&engine.name, T).unwrap();
     let picks = [observer.pick("obs", 0..4).unwrap()];
-    let mut out = vec![Vec::new()];
+    let mut out = observer.buffers(&picks).unwrap();
     observer.read(&picks, &mut out, T).unwrap();
     // Someone with the owner's rights cuts the file to one page.
     let file = std::fs::OpenOptions::new()
@@ -361,9 +370,9 @@ fn observers_of_what_is_not_there_or_not_theirs_get_clear_errors() {
     let err = observer.pick("nothing", 0..2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NoSuchTensor);
     // One env's rows only.
-    let mut out = vec![Vec::new()];
-    let pick = observer.pick("big", 1..2).unwrap();
-    assert_eq!(observer.read(&[pick], &mut out, T).unwrap(), 0);
+    let picks = [observer.pick("big", 1..2).unwrap()];
+    let mut out = observer.buffers(&picks).unwrap();
+    assert_eq!(observer.read(&picks, &mut out, T).unwrap(), 0);
     assert_eq!(out[0].len(), BIG / 2 * 4);
 }
 
@@ -388,4 +397,83 @@ fn a_region_of_an_earlier_engine_is_refused_with_the_reason() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(got.kind(), ErrorKind::InvalidHeader, "{got}");
     assert!(got.to_string().contains("predates observers"), "{got}");
+}
+
+/// The truncation race: an observer in a process of its own copies a 1 MiB tensor and
+/// reads the stats in a loop while the region is cut under it, to one page (the tensor
+/// and the stats block gone: the copy's `pread` comes up short) or by its last page (the
+/// stats block), in turn, 200 times (an engine each: one whose region was cut ends).
+/// Every run must end with `RegionTooSmall` (or the engine's end, which the cut brings
+/// about), never a signal. Before every word came
+/// from `pread`, the sequence words loaded through the mapping after a short copy, or
+/// the stats block's, killed the observer with SIGBUS (in about one run in three).
+#[test]
+fn an_observer_racing_a_truncation_never_dies_of_a_signal() {
+    let mut signals = Vec::new();
+    for run in 0..200 {
+        let engine =
+            common::EngineProc::start(&["--env", "null", "--num-envs", "4", "--obs-dim", "65536"]);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(common::shm_path(&engine.name))
+            .unwrap();
+        let size = file.metadata().unwrap().len();
+        let mut peer = PeerProc::start("observer_peer", &format!("truncated {}", engine.name));
+        peer.expect("reading");
+        let cut = if run % 2 == 0 { 4096 } else { size - 4096 };
+        file.set_len(cut).unwrap();
+        let status = peer
+            .wait_end()
+            .expect("the observer ends once the file is cut");
+        if status.code().is_none() {
+            signals.push((run, cut, status, peer.stderr_at_end()));
+        } else {
+            assert!(
+                status.success(),
+                "run {run}: {status}: {}",
+                peer.stderr_at_end()
+            );
+        }
+    }
+    assert!(
+        signals.is_empty(),
+        "observers killed by a signal: {signals:?}"
+    );
+}
+
+/// Not a test: the observer process of the truncation race (role `truncated NAME`).
+/// Says `reading` after its first whole copy, then copies and reads the stats without
+/// pause until an error; exits 0 on `RegionTooSmall` (or the engine's end), 1 on any
+/// other.
+#[test]
+#[ignore = "a peer process the truncation race starts itself"]
+fn observer_peer() {
+    let Some(role) = peer::role() else {
+        return;
+    };
+    let name = role
+        .strip_prefix("truncated ")
+        .expect("role truncated NAME");
+    let observer = Observer::attach(name, T).expect("observe");
+    let picks = [observer.pick("obs", 0..4).expect("pick")];
+    let mut out = observer.buffers(&picks).expect("buffers");
+    observer.read(&picks, &mut out, T).expect("a first copy");
+    peer::say("reading");
+    let err = loop {
+        if let Err(e) = observer.try_read(&picks, &mut out) {
+            break e;
+        }
+        if let Err(e) = observer.try_stats() {
+            break e;
+        }
+    };
+    eprintln!("observer: {err}");
+    // The cut, or the engine's end, which the cut brings about (it checks its region's
+    // size too) and which the observer may see first.
+    let expected = [
+        ErrorKind::RegionTooSmall,
+        ErrorKind::EngineDied,
+        ErrorKind::EngineClosed,
+    ];
+    std::process::exit(if expected.contains(&err.kind()) { 0 } else { 1 });
 }

@@ -32,7 +32,7 @@ fn a_thousand_attach_and_detach_cycles_leave_fds_and_memory_flat() {
     let cycle = || {
         let observer = Observer::attach(&engine.name, T).unwrap();
         let picks = [observer.pick("obs", 0..64).unwrap()];
-        let mut out = vec![Vec::new()];
+        let mut out = observer.buffers(&picks).unwrap();
         observer.read(&picks, &mut out, T).unwrap();
         observer.stats(T).unwrap();
     };

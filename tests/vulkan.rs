@@ -771,6 +771,7 @@ fn an_impostor_on_the_socket_is_refused_and_nothing_is_imported() {
         .write(true)
         .open(format!("/dev/shm/{name}"))
         .unwrap();
+    assert!(fdpass::untrusted_closed(common::peer::HANG));
     let before = open_fds();
     std::fs::remove_file(&path).unwrap();
     let impostor = fdpass::Listener::bind(&path).unwrap();
@@ -804,6 +805,7 @@ fn an_impostor_on_the_socket_is_refused_and_nothing_is_imported() {
     });
     drop(impostor);
     // The listener's fd went with it; everything the client received was closed.
+    assert!(fdpass::untrusted_closed(common::peer::HANG));
     assert_eq!(open_fds(), before, "an fd of the impostor's stayed open");
     // The engine's close removes what is at its socket's path (this user's socket).
     engine.close();
@@ -1677,5 +1679,342 @@ fn a_renderer_with_a_semaphore_publishes_each_frames_number() {
     let name = engine.name().to_string();
     engine.close();
     drop(buffer);
+    assert!(region_gone(&name));
+}
+
+/// An attach with no time limit (`Duration::MAX`; Python's `timeout=float('inf')`, C's
+/// `SHMB_FOREVER`) is served. Before the fix the exchange's deadline became "now" (a
+/// deadline past what an `Instant` holds fell back to the start), and the attach failed
+/// at once with a timeout waiting for the engine's reply.
+#[test]
+fn an_attach_with_no_time_limit_is_served() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let c = Client::attach(&name, AttachOptions::default().timeout(Duration::MAX));
+    match c {
+        Ok(mut c) => {
+            assert_eq!(c.tensor::<u8>("rgb").unwrap().len(), 256);
+            c.close();
+        }
+        Err(e) => panic!("an attach with no time limit failed: {e:?}"),
+    }
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// A TCP socket on loopback whose last close blocks for an hour: `SO_LINGER` {on,
+/// 3600 s} and unsent data its peer (returned: kept open, never read) has no room for.
+fn lingering_socket() -> (OwnedFd, std::net::TcpStream) {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut sender = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (receiver, _) = listener.accept().unwrap();
+    sender.set_nonblocking(true).unwrap();
+    let chunk = [7u8; 1 << 16];
+    loop {
+        match sender.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    rustix::net::sockopt::set_socket_linger(&sender, Some(Duration::from_secs(3600))).unwrap();
+    (OwnedFd::from(sender), receiver)
+}
+
+/// Connects to the fd socket at `path`, takes the hello, and sends a request carrying
+/// `fd` as its proof, then closes this process's copy of `fd` (the engine's is then the
+/// last). The connection, to read the reply on (within [`T`]).
+fn request_with(path: &str, fd: OwnedFd) -> OwnedFd {
+    use rustix::net::{
+        AddressFamily, RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+        SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+    };
+    use std::io::{IoSlice, IoSliceMut};
+    use std::mem::MaybeUninit;
+    let conn = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::connect(&conn, &SocketAddrUnix::new(path).unwrap()).unwrap();
+    rustix::net::sockopt::set_socket_timeout(&conn, rustix::net::sockopt::Timeout::Recv, Some(T))
+        .unwrap();
+    let mut hello = [0u8; fdpass::MESSAGE_SIZE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(
+        &conn,
+        &mut [IoSliceMut::new(&mut hello)],
+        &mut control,
+        RecvFlags::WAITALL | RecvFlags::CMSG_CLOEXEC,
+    )
+    .unwrap();
+    // The engine's proof: closed with the buffer's drain.
+    control.drain().for_each(drop);
+    assert_eq!(&hello[..4], &fdpass::HELLO_MAGIC);
+    let mut request = [0u8; fdpass::MESSAGE_SIZE];
+    request[..4].copy_from_slice(&fdpass::REQUEST_MAGIC);
+    request[4] = fdpass::MESSAGE_VERSION;
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+    rustix::net::sendmsg(
+        &conn,
+        &[IoSlice::new(&request)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .unwrap();
+    drop(fd);
+    conn
+}
+
+/// A same-user peer sends, as its proof, a TCP socket whose close blocks for an hour
+/// (`SO_LINGER` and unsent data), and closes its own copy. The engine's fd server refuses
+/// it at once and goes on serving: the next client attaches. Before the fix the server
+/// closed the socket on its own thread, after judging it and before replying: its thread
+/// (and any `Engine::close`, which joins it) waited out the linger time, and the refusal
+/// and every later attach timed out.
+#[test]
+fn a_lingering_socket_sent_as_a_proof_never_stalls_the_engine() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let engine = EngineProc::start(&SMALL_VULKAN_ENGINE);
+    let name = engine.name.clone();
+    let path = region::socket_path(&name).unwrap();
+    let (lingering, _unread) = lingering_socket();
+    let conn = request_with(&path, lingering);
+    let mut reply = [0u8; fdpass::MESSAGE_SIZE];
+    match rustix::net::recv(&conn, &mut reply, rustix::net::RecvFlags::WAITALL) {
+        Ok((n, _)) => assert_eq!(n, fdpass::MESSAGE_SIZE, "{reply:02x?}"),
+        Err(e) => panic!("no reply to a request with a lingering socket in {T:?}: {e}"),
+    }
+    assert_eq!(&reply[..4], &fdpass::REPLY_MAGIC);
+    assert_eq!(reply[5], fdpass::ReplyStatus::NotTheClient as u8);
+    let c = Client::attach(&name, AttachOptions::default());
+    assert!(c.is_ok(), "{:?}", c.err());
+    c.unwrap().close();
+    let (status, err) = engine.finish();
+    assert!(status.success(), "{err}");
+    assert!(region_gone(&name));
+}
+
+/// An impostor on the socket's path says hello with a TCP socket whose close blocks for
+/// an hour as its "proof", and closes its own copy. The client refuses it (not the
+/// region's file) and returns: it never waits on the close of a descriptor a process not
+/// found to be the engine sent. Before the fix the client closed it on its own thread,
+/// and the attach returned only after the linger time.
+#[test]
+fn an_impostors_lingering_socket_never_stalls_the_attach() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let impostor = fdpass::Listener::bind(&path).unwrap();
+    let (lingering, _unread) = lingering_socket();
+    let server = std::thread::spawn(move || {
+        let conn = impostor.accept().unwrap();
+        conn.hello(fdpass::ReplyStatus::Ok, Some(lingering.as_fd()), 1)
+            .unwrap();
+        drop(lingering);
+        // The client hangs up without a word.
+        let _ = conn.read_request();
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = name.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(Client::attach(&n, AttachOptions::default()).map(|c| c.close()));
+    });
+    match rx.recv_timeout(common::peer::HANG) {
+        Ok(Err(Error::Protocol { detail, .. })) => {
+            assert!(detail.contains("is not the engine of region"), "{detail}")
+        }
+        Ok(other) => panic!("expected Protocol, got {other:?}"),
+        Err(_) => panic!("the attach hung on the close of the impostor's socket"),
+    }
+    server.join().unwrap();
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// Sets an OFD lock of `l_type` on byte `byte` through `fd`; whether the kernel took it.
+fn ofd_set(fd: impl AsFd, byte: u64, l_type: libc::c_int) -> bool {
+    // SAFETY: flock is plain data; all zeroes is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = l_type as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = byte as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: a valid descriptor and a flock the call reads, for its duration.
+    unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_OFD_SETLK, &mut lock) == 0 }
+}
+
+/// The engine's proof byte (1.6): `2^62`.
+const ENGINE_PROOF_BYTE: u64 = 1 << 62;
+
+/// Every peer of the engine's user receives the engine's proof description in the hello,
+/// and may change its locks, which outlive the peer: release the engine's byte, or lock
+/// the client's proof byte, through it. Either is put right: at the next connection (the
+/// engine's server takes its byte back and drops every other lock of that description
+/// before each hello), and within a second without one. Before the fix either change
+/// lasted as long as the engine: every later attach failed, blaming the engine ("nobody
+/// holds the lock") or another process of this user.
+#[test]
+fn locks_changed_through_the_engines_proof_are_put_right() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    for (byte, l_type) in [
+        (ENGINE_PROOF_BYTE, libc::F_UNLCK),
+        (CLIENT_PROOF_BYTE, libc::F_WRLCK),
+    ] {
+        // The engine's description, as any peer of this user gets it.
+        let exchange = fdpass::open_exchange(&name, &path, 1, T).unwrap();
+        assert!(ofd_set(&exchange.proof, byte, l_type));
+        drop(exchange);
+        // The next peer's hello: the description holds the engine's byte alone again.
+        drop(fdpass::open_exchange(&name, &path, 1, T).unwrap());
+        let c = Client::attach(&name, AttachOptions::default());
+        assert!(c.is_ok(), "after {l_type} on {byte}: {:?}", c.err());
+        c.unwrap().close();
+    }
+    // With no connection in between: the server looks at least every second.
+    let exchange = fdpass::open_exchange(&name, &path, 1, T).unwrap();
+    assert!(ofd_set(&exchange.proof, CLIENT_PROOF_BYTE, libc::F_WRLCK));
+    drop(exchange);
+    let probe = open_region(&name);
+    let deadline = std::time::Instant::now() + common::peer::HANG;
+    while !ofd_lock(&probe, CLIENT_PROOF_BYTE) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client's proof byte stayed locked through the engine's description"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(probe);
+    let c = Client::attach(&name, AttachOptions::default());
+    assert!(c.is_ok(), "{:?}", c.err());
+    c.unwrap().close();
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// Connects `n` silent same-user connections to the fd socket at `path` (waiting for
+/// room in its queue): once they are all in, the server accepted and greeted at least
+/// `n - 65` of them (its queue holds 64 and one), each after every connection before.
+fn flood(path: &str, n: usize) -> Vec<OwnedFd> {
+    let addr = rustix::net::SocketAddrUnix::new(path).unwrap();
+    let mut silent = Vec::new();
+    let deadline = std::time::Instant::now() + common::peer::HANG;
+    while silent.len() < n {
+        let fd = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => silent.push(fd),
+            Err(rustix::io::Errno::AGAIN) => std::thread::yield_now(),
+            Err(e) => panic!("connect: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} connections",
+            silent.len()
+        );
+    }
+    silent
+}
+
+/// A peer greeted, then dropped by the server to make room for a flood of newer ones
+/// before it sent its request, gets the refusal the docs promise (status 4: a typed
+/// `Protocol` error saying its request was not read), not an `Io` error. Made certain:
+/// after the peer's hello, `3 * MAX_PEERS` more connections get in, so more than
+/// `MAX_PEERS` were greeted after it. Before the fix the request's send found the
+/// connection closed and the exchange ended with `Io("sendmsg: Broken pipe")`, the
+/// queued refusal unread.
+#[test]
+fn a_peer_dropped_to_make_room_gets_a_typed_refusal() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let not_a_proof = open_region(&name);
+    let exchange = fdpass::open_exchange(&name, &path, 1, T).unwrap();
+    let silent = flood(&path, 3 * fdpass::MAX_PEERS);
+    match exchange.request(not_a_proof.as_fd()) {
+        Err(Error::Protocol { detail, .. }) => {
+            assert!(detail.contains("request unreadable or late"), "{detail}")
+        }
+        other => panic!("expected the typed refusal of status 4, got {other:?}"),
+    }
+    drop(silent);
+    engine.close();
+    assert!(region_gone(&name));
+}
+
+/// An exchange whose peer was dropped to make room (as above) is asked again on a new
+/// connection, and the server's checks run again on it: the second time the engine
+/// judges the request (here: not the attached client's proof). A client attaching
+/// through such a flood is served the same way.
+#[test]
+fn an_exchange_dropped_to_make_room_is_asked_again() {
+    let _serial = serial();
+    if vulkan().is_none() {
+        return;
+    }
+    let mut engine = Engine::create(allocated_spec()).unwrap();
+    engine.publish().unwrap();
+    let name = engine.name().to_string();
+    let path = region::socket_path(&name).unwrap();
+    let not_a_proof = open_region(&name);
+    let mut silent = Vec::new();
+    let mut checks = 0;
+    let got = fdpass::exchange(&name, &path, 1, T, not_a_proof.as_fd(), &mut |_| {
+        checks += 1;
+        if checks == 1 {
+            silent = flood(&path, 3 * fdpass::MAX_PEERS);
+        }
+        Ok(())
+    });
+    match got {
+        Err(Error::Protocol { detail, .. }) => {
+            assert!(detail.contains("not the attached client"), "{detail}")
+        }
+        other => panic!("expected the engine's judgement, got {other:?}"),
+    }
+    assert_eq!(checks, 2, "the exchange was not asked again");
+    drop(silent);
+    let c = Client::attach(&name, AttachOptions::default());
+    assert!(c.is_ok(), "{:?}", c.err());
+    c.unwrap().close();
+    engine.close();
     assert!(region_gone(&name));
 }

@@ -167,9 +167,12 @@ pub unsafe extern "C" fn shmb_client_tensor(
 
 /// Sends the actions written into the client→engine tensors and waits up to
 /// `timeout_ms` for the engine's frame; `*frame` (may be NULL): its number. The
-/// engine→client tensors then hold it, in place. `SHMB_ENGINE_CLOSED`,
-/// `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death), `SHMB_TIMEOUT` (the step
-/// is still in flight: `shmb_client_wait_frame` finishes it).
+/// engine→client tensors then hold it, in place. `timeout_ms` bounds the whole step.
+/// `SHMB_ENGINE_CLOSED`, `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death),
+/// `SHMB_TIMEOUT` (the action was sent and the step is still in flight:
+/// `shmb_client_wait_frame` finishes it), `SHMB_NOT_POSTED` (the action was not sent:
+/// a CUDA consumer stream of a Vulkan engine's tensors did not drain in time; nothing
+/// is in flight, the frame is unchanged: call `shmb_client_step` again).
 #[no_mangle]
 pub unsafe extern "C" fn shmb_client_step(
     client: *mut shmb_client,

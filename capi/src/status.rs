@@ -65,6 +65,11 @@ pub enum shmb_status {
     /// The command request ring stayed full for the whole call timeout: the engine is not
     /// reading commands. The session can go on stepping.
     SHMB_COMMAND_BACKLOG = 39,
+    /// A step ran out of time before its action was sent (a CUDA consumer stream of a
+    /// Vulkan engine's tensors did not drain): nothing is in flight, the frame is
+    /// unchanged; step again (not `shmb_client_wait_frame`). `SHMB_TIMEOUT` is the other
+    /// case: the action was sent and its frame is still to come.
+    SHMB_NOT_POSTED = 40,
     /// A null pointer where one is required, a size or count that does not fit, a string
     /// that is not UTF-8, an unknown enum value.
     SHMB_INVALID_ARGUMENT = 1000,
@@ -124,11 +129,12 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
         ErrorKind::Io => SHMB_IO,
         ErrorKind::NoSpace => SHMB_NO_SPACE,
         ErrorKind::CommandBacklog => SHMB_COMMAND_BACKLOG,
+        ErrorKind::NotPosted => SHMB_NOT_POSTED,
     }
 }
 
 /// Every status, for `shmb_status_name` and the tests.
-pub(crate) const ALL: [shmb_status; 45] = {
+pub(crate) const ALL: [shmb_status; 46] = {
     use shmb_status::*;
     [
         SHMB_OK,
@@ -171,6 +177,7 @@ pub(crate) const ALL: [shmb_status; 45] = {
         SHMB_IO,
         SHMB_NO_SPACE,
         SHMB_COMMAND_BACKLOG,
+        SHMB_NOT_POSTED,
         SHMB_INVALID_ARGUMENT,
         SHMB_INVALID_HANDLE,
         SHMB_BUSY,
@@ -224,6 +231,7 @@ impl shmb_status {
             SHMB_IO => c"IO",
             SHMB_NO_SPACE => c"NO_SPACE",
             SHMB_COMMAND_BACKLOG => c"COMMAND_BACKLOG",
+            SHMB_NOT_POSTED => c"NOT_POSTED",
             SHMB_INVALID_ARGUMENT => c"INVALID_ARGUMENT",
             SHMB_INVALID_HANDLE => c"INVALID_HANDLE",
             SHMB_BUSY => c"BUSY",
@@ -359,5 +367,19 @@ mod tests {
             text.to_str().unwrap(),
             "timed out after 5ms waiting for a test"
         );
+    }
+
+    #[test]
+    fn nothing_posted_is_not_in_flight() {
+        // A step that sent nothing must be told from one whose frame is still to come:
+        // the caller steps again after the one, calls `shmb_client_wait_frame` after the
+        // other.
+        let waited = std::time::Duration::from_millis(5);
+        let what = "a test stream";
+        let not_posted = guard(|| Err(Error::NotPosted { waited, what }.into()));
+        let in_flight = guard(|| Err(Error::Timeout { waited, what }.into()));
+        assert_eq!(not_posted, shmb_status::SHMB_NOT_POSTED);
+        assert_eq!(in_flight, shmb_status::SHMB_TIMEOUT);
+        assert_ne!(not_posted, in_flight);
     }
 }

@@ -16,7 +16,9 @@ A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 ``observe(name)`` watches a running engine read-only (frames, episode stats, video), and
 ``shmbridge view NAME`` serves a page that shows it live.
 ``shmbridge.gym.ShmVectorEnv`` is a Gymnasium vector env over a client; ``import shmbridge``
-registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)``.
+registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)`` (and ``gymnasium.make``
+of it: one env, ``shmbridge.gym.ShmEnv``). ``shmbridge.integrations`` adapts engines to the
+learning libraries (``shmbridge.integrations.sb3``, ``.torchrl``, ``.rsl_rl``, ``.skrl``).
 """
 
 # The face of the package: the native types, the exceptions and the launchers, re-exported.

@@ -24,8 +24,24 @@ ENVS: Dict[str, Dict[str, Any]] = {
 }
 
 VECTOR_ENTRY_POINT = "shmbridge.gym:ShmVectorEnv"
+#: What ``gymnasium.make`` (one env) of an id of :data:`ENVS` makes.
+ENTRY_POINT = "shmbridge.gym:ShmEnv"
 #: Where ``shmbridge/<any Gymnasium id>`` leads: the env behind sharded engines.
 SHARDED_ENTRY_POINT = "shmbridge.gym_shards:make_vec"
+#: ``gymnasium.make`` of a sharded id: an error that says what to call instead.
+SHARDED_SINGLE_ENTRY_POINT = "shmbridge._gym_registration:no_single_env"
+
+
+def no_single_env(env_id: str, **kwargs: Any) -> Any:
+    """The entry point of ``gymnasium.make("shmbridge/<env_id>")`` for a sharded id: there
+    is no one-env form (one env behind a shard process is that env with a process in
+    between), so it raises ``gymnasium.error.Error`` naming ``make_vec`` and ``make(env_id)``."""
+    import gymnasium
+
+    raise gymnasium.error.Error(
+        f"shmbridge/{env_id} is a vector env: use gymnasium.make_vec('shmbridge/{env_id}', "
+        f"num_envs=N), or gymnasium.make({env_id!r}) for one env in this process"
+    )
 
 
 def register_sharded(env_id: str) -> str:
@@ -39,7 +55,10 @@ def register_sharded(env_id: str) -> str:
     sharded_id = f"shmbridge/{env_id}"
     if sharded_id not in gymnasium.registry:
         gymnasium.register(
-            id=sharded_id, vector_entry_point=SHARDED_ENTRY_POINT, kwargs={"env_id": env_id}
+            id=sharded_id,
+            entry_point=SHARDED_SINGLE_ENTRY_POINT,
+            vector_entry_point=SHARDED_ENTRY_POINT,
+            kwargs={"env_id": env_id},
         )
     return sharded_id
 
@@ -53,7 +72,7 @@ def register_envs() -> None:
 
     for env_id, args in ENVS.items():
         if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, vector_entry_point=VECTOR_ENTRY_POINT, **args)
+            gymnasium.register(id=env_id, entry_point=ENTRY_POINT, vector_entry_point=VECTOR_ENTRY_POINT, **args)
     for env_id in list(gymnasium.registry):
         if "/" not in env_id and f"shmbridge/{env_id}" not in ENVS:
             register_sharded(env_id)

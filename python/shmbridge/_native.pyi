@@ -91,7 +91,10 @@ class Client:
         the frame; returns ``(obs, rewards, terminated, truncated)``, the same objects
         every time. CUDA engines: ordered on ``stream`` (an int ``CUstream``, a
         ``torch.cuda.Stream``; default torch's current stream), which afterwards waits
-        on the engine's event; ``actions`` must then be a CUDA tensor on the device."""
+        on the engine's event; ``actions`` must then be a CUDA tensor on the device.
+        ``timeout`` bounds the whole step; ``NotPostedError`` (a ``TimeoutError``): the
+        action was not sent (a CUDA stream of a Vulkan engine's tensors did not drain),
+        nothing is in flight."""
     def reset(
         self,
         seed: Union[None, int, Sequence[int]] = None,

@@ -51,6 +51,7 @@ __all__ = [
     "NotOnHostError",
     "NoSpaceError",
     "CommandBacklogError",
+    "NotPostedError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -237,6 +238,13 @@ class CommandBacklogError(ShmBridgeError):
     """The engine's command ring stayed full for the whole call timeout: it has not read
     earlier requests (busy in a long step or handler). Nothing was sent; the session can
     keep stepping, and a later call goes through once the engine serves commands again."""
+
+
+class NotPostedError(TimeoutError):
+    """A step ran out of time before its action could be sent: the device work the
+    action waits on (a CUDA stream of a Vulkan engine's tensors) did not drain. Nothing
+    was sent and nothing is in flight; the frame is unchanged. Step again. A
+    ``TimeoutError``, so ``except TimeoutError`` still catches it."""
 
 
 class NoSpaceError(ShmBridgeError, OSError):

@@ -11,6 +11,9 @@
 
 or, explicitly: ``shmbridge.gym.ShmVectorEnv("cartpole", num_envs=256, seed=42)``, or
 around a client attached elsewhere: ``ShmVectorEnv(client=shmbridge.attach(name))``.
+``gymnasium.make("shmbridge/CartPole-v1")`` makes one env (:class:`ShmEnv`, an engine of
+one env, for single-env tools and checkers); ``gymnasium.make("shmbridge/<Gymnasium id>")``
+of a sharded id raises an error that names ``make_vec``.
 
 Semantics, where they differ from or refine Gymnasium's:
 
@@ -79,7 +82,7 @@ from . import _gym_registration
 from ._native import Client
 from .errors import RemoteError
 
-__all__ = ["ShmVectorEnv", "AUTORESET_MODES"]
+__all__ = ["ShmEnv", "ShmVectorEnv", "AUTORESET_MODES"]
 
 #: Engine metadata ``autoreset_mode`` values and the Gymnasium modes they mean.
 AUTORESET_MODES: Dict[str, AutoresetMode] = {
@@ -558,6 +561,126 @@ class ShmVectorEnv(VectorEnv):
     def __repr__(self) -> str:
         base = super().__repr__()
         return base if self.closed else base[:-1] + f", engine={self.schema.get('engine_kind')!r})"
+
+
+class ShmEnv(gymnasium.Env):
+    """A one-env :class:`gymnasium.Env` over a shmbridge engine of one env: what
+    ``gymnasium.make("shmbridge/CartPole-v1")`` makes (wrapped, as ``make`` wraps every env,
+    in ``TimeLimit`` at the engine's own limit, ``OrderEnforcing`` and the passive checker).
+    For many envs use :class:`ShmVectorEnv` (``gymnasium.make_vec``): one env per engine
+    round trip is the slowest way to use an engine.
+
+    It is :class:`ShmVectorEnv` with ``num_envs=1`` underneath (same arguments, spaces,
+    seeding and action checks), returning Gymnasium's single-env values: the observation
+    of the env (a fresh array), the reward as a ``float``, the flags as ``bool``, ``{}``
+    as infos. When an episode ends, ``step`` returns its last observation (the engine's
+    ``final_obs`` under same-step autoreset, the frame itself otherwise) and the next
+    call must be ``reset()``: a ``step`` before it raises ``gymnasium.error.ResetNeeded``
+    (the engine may already have started the next episode, or would start it in place of
+    that step). An engine that resets in the same step but serves no final observations
+    is refused (``ValueError``): its last observations are lost.
+
+    Args: those of :class:`ShmVectorEnv` but ``num_envs`` (always 1) and ``copy``; a
+    ``client`` passed in must serve exactly one env.
+    """
+
+    metadata: Dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        env: str = "cartpole",
+        *,
+        client: Optional[Client] = None,
+        seed: Optional[int] = None,
+        close_client: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        max_episode_steps: Optional[int] = None,
+        render_mode: Optional[str] = None,
+        **launch_args: Any,
+    ) -> None:
+        if "num_envs" in launch_args:
+            raise TypeError("ShmEnv serves one env: no num_envs (use ShmVectorEnv for more)")
+        if client is not None and client.num_envs != 1:
+            raise ValueError(
+                f"ShmEnv serves one env but the client's engine has {client.num_envs}: use ShmVectorEnv"
+            )
+        self._done = False
+        self._vec = ShmVectorEnv(
+            env,
+            None if client is not None else 1,
+            client=client,
+            seed=seed,
+            copy=True,
+            close_client=close_client,
+            timeout=timeout,
+            max_episode_steps=max_episode_steps,
+            render_mode=render_mode,
+            **launch_args,
+        )
+        vec = self._vec
+        try:
+            mode = vec.metadata["autoreset_mode"]
+            self._final = mode is AutoresetMode.SAME_STEP
+            if self._final and vec._final_view is None:
+                raise ValueError(
+                    f"engine {vec.client.engine_kind!r} resets an env in the step it finishes but serves "
+                    "no final observations (metadata final_obs): a one-env view would lose every "
+                    "episode's last observation; use ShmVectorEnv (gymnasium.make_vec)"
+                )
+        except BaseException:
+            vec.close()
+            raise
+        self.observation_space = vec.single_observation_space
+        self.action_space = vec.single_action_space
+        self.metadata = dict(vec.metadata)
+        self.render_mode = None
+        self.max_episode_steps = vec.max_episode_steps
+
+    @property
+    def client(self) -> Client:
+        """The shmbridge client (its other tensors, ``call``, ``ping``, ...)."""
+        return self._vec.client
+
+    @property
+    def schema(self) -> Dict[str, Any]:
+        return self._vec.schema
+
+    def reset(
+        self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None
+    ) -> Tuple[np.ndarray, Dict[str, Any]]:
+        """Resets the env (with ``seed``, if given: the engine's generator for it, and
+        ``np_random``) and returns ``(obs, {})``. ``options`` must be empty."""
+        if seed is not None:
+            ShmVectorEnv._check_seed(seed)
+        if options:
+            raise ValueError(f"unsupported reset options {sorted(options)}: ShmEnv takes none")
+        super().reset(seed=seed)
+        obs, _ = self._vec.reset(seed=seed)
+        self._done = False
+        return obs[0], {}
+
+    def step(self, action: Any) -> Tuple[np.ndarray, float, bool, bool, Dict[str, Any]]:
+        """Sends ``action`` (an element of ``action_space``; anything else raises
+        ``ValueError`` and nothing is sent) and returns ``(obs, reward, terminated,
+        truncated, {})``."""
+        if self._done:
+            raise gymnasium.error.ResetNeeded("the episode has ended: call reset() before step()")
+        obs, rewards, terminated, truncated, infos = self._vec.step(np.asarray(action)[None])
+        term, trunc = bool(terminated[0]), bool(truncated[0])
+        self._done = term or trunc
+        last = infos["final_obs"][0] if self._done and self._final else obs[0]
+        return last, float(rewards[0]), term, trunc, {}
+
+    def render(self) -> None:
+        """Not supported: the engines render nothing for Gymnasium."""
+        raise NotImplementedError("ShmEnv does not render")
+
+    def close(self) -> None:
+        """Closes the vector env underneath (and so the client, if it owns it)."""
+        self._vec.close()
+
+    def __repr__(self) -> str:
+        return f"ShmEnv({self._vec!r})"
 
 
 # `import shmbridge.gym` registers the ids too (a no-op if `import shmbridge` already did),

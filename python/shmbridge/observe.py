@@ -30,7 +30,7 @@ import numpy as np
 
 from ._native import RawObserver
 
-__all__ = ["observe", "Observer", "Frame", "Stats", "Episode", "tile_images", "to_rgb"]
+__all__ = ["observe", "Observer", "Frame", "Stats", "Episode", "tile_images", "to_rgb", "image_shape_problem"]
 
 
 def tile_images(images: np.ndarray) -> np.ndarray:
@@ -48,20 +48,43 @@ def tile_images(images: np.ndarray) -> np.ndarray:
     return padded.reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
 
 
+def image_shape_problem(shape: Sequence[int]) -> Optional[str]:
+    """Why ``to_rgb`` cannot show images of ``shape``, or None if it can."""
+    if len(shape) == 5 and shape[-1] in (1, 3, 4) or len(shape) == 4:
+        return None
+    return (f"shape {list(shape)} is not [N, H, W, C] (C 1, 3 or 4), [N, K, H, W] (a stack of K grey "
+            f"frames) or [N, K, H, W, C]")
+
+
 def to_rgb(images: np.ndarray) -> np.ndarray:
     """Frames as ``[N, H, W, 3]`` uint8 RGB: ``[N, H, W, C]`` with C 1 (grey), 3 (RGB) or 4
-    (RGBA: alpha dropped), or ``[N, K, H, W, C]`` (a frame stack: its newest, last
-    frame). Float images in [0, 1] are scaled to 0..255."""
+    (RGBA: alpha dropped), or a frame stack, of which the newest (last) frame is shown:
+    ``[N, K, H, W, C]``, or ``[N, K, H, W]`` of grey frames (Atari's ``[N, 4, 84, 84]``;
+    a 4-dimensional shape whose last axis is not 1, 3 or 4 is read so). Float images in
+    [0, 1] are scaled to 0..255."""
     images = np.asarray(images)
+    problem = image_shape_problem(images.shape)
+    if problem is not None:
+        raise ValueError(f"cannot show these images: {problem}")
     if images.ndim == 5:
         images = images[:, -1]
-    if images.ndim != 4 or images.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"expected [N, H, W, C] or [N, K, H, W, C] images with C 1, 3 or 4, got {images.shape}")
+    elif images.shape[-1] not in (1, 3, 4):
+        images = images[:, -1, :, :, None]
     if images.dtype != np.uint8:
         images = np.clip(np.asarray(images, dtype=np.float64) * 255.0, 0, 255).astype(np.uint8)
     if images.shape[-1] == 1:
         return np.repeat(images, 3, axis=-1)
     return np.ascontiguousarray(images[..., :3])
+
+
+def _as_array(buf: bytearray, dtype: str) -> np.ndarray:
+    """The bytes of a copy as a flat array of ``dtype`` (the region's name for it).
+    NumPy has no bfloat16: those come back as float32, exactly (a bfloat16 is the top
+    half of the float32 of the same value)."""
+    if dtype == "bfloat16":
+        bits = np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    return np.frombuffer(buf, dtype=np.bool_ if dtype == "bool" else np.dtype(dtype))
 
 
 @dataclass(frozen=True)
@@ -178,7 +201,10 @@ class Observer:
         """A consistent copy of ``names`` (default: every engine->client host tensor) as
         NumPy arrays, with the frame number they hold. ``envs``: the first ``envs`` envs,
         a ``(start, stop)`` pair or a ``range`` (default: all). Tries again until
-        ``timeout`` seconds pass (``None``: no limit), then raises ``TimeoutError``."""
+        ``timeout`` seconds pass (``None``: no limit), then raises ``TimeoutError``;
+        ``ValueError`` if another thread closes the observer meanwhile, ``MemoryError``
+        for a copy larger than this process can hold. bfloat16 tensors come back as
+        float32 (exactly; NumPy has no bfloat16)."""
         names = list(self.observable if names is None else names)
         start, stop = self._envs(envs)
         number, buffers = self._raw.read(names, start, stop, timeout)
@@ -189,8 +215,7 @@ class Observer:
             shape = list(t["shape"])  # type: ignore[call-overload]
             if shape and shape[0] == self.num_envs:
                 shape[0] = stop - start
-            dtype = np.bool_ if t["dtype"] == "bool" else np.dtype(str(t["dtype"]))
-            tensors[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+            tensors[name] = _as_array(buf, str(t["dtype"])).reshape(shape)
         return Frame(number, tensors, now)
 
     def frames(

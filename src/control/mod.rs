@@ -30,4 +30,4 @@ pub use proof::{
 };
 pub use release::{engine_may_free, CudaWord, DeviceImport, ReleaseAck};
 pub use state::{ClientState, EngineState};
-pub use stats::{read_between_writes, read_consistent, step_writes_begin, Stats};
+pub use stats::{read_between_writes, read_consistent, step_writes_begin, SeqWord, Stats};

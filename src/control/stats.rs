@@ -156,58 +156,83 @@ pub fn step_writes_begin() {
     fence(Ordering::Release);
 }
 
+/// A sequence word as a reader loads it: an atomic of a mapping (the loom models, the
+/// unit tests), or, for an observer, one `pread` of the region file, which fails
+/// (`RegionTooSmall`) where a load through a mapping of a truncated file would be a
+/// SIGBUS.
+pub trait SeqWord {
+    type Error;
+    /// The word's value, loaded with `order` (Acquire or Relaxed).
+    fn load(&self, order: Ordering) -> Result<u64, Self::Error>;
+}
+
+impl SeqWord for &AtomicU64 {
+    type Error = std::convert::Infallible;
+    #[inline]
+    fn load(&self, order: Ordering) -> Result<u64, Self::Error> {
+        Ok(primitive::load(*self, order))
+    }
+}
+
 /// One attempt at copying engine→client tensors while no engine writes them: the
 /// engines' write sequences `write_seqs` are even, and the frame every engine published
 /// (`frame_seqs`) is the client's last action (`action_seq`), so no step is under way;
 /// `read` copies, given that frame number; then nothing may have moved. `None` if an
 /// engine was writing when it began or wrote while `read` ran (the caller tries again
 /// later); else what `read` returned. `read` may see torn values, which are then thrown
-/// away: it must not trust them (bounds, lengths) beyond copying.
-pub fn read_between_writes<T>(
-    write_seqs: &[&AtomicU64],
-    action_seq: &AtomicU64,
-    frame_seqs: &[&AtomicU64],
+/// away: it must not trust them (bounds, lengths) beyond copying. A word that cannot be
+/// loaded is an error at once.
+pub fn read_between_writes<W: SeqWord, T>(
+    write_seqs: &[W],
+    action_seq: W,
+    frame_seqs: &[W],
     read: impl FnOnce(u64) -> T,
-) -> Option<T> {
+) -> Result<Option<T>, W::Error> {
     let mut before = [0u64; MAX_SHARDS];
     for (seen, seq) in before.iter_mut().zip(write_seqs) {
-        *seen = primitive::load(*seq, Ordering::Acquire);
+        *seen = seq.load(Ordering::Acquire)?;
         if *seen & 1 == 1 {
-            return None;
+            return Ok(None);
         }
     }
-    let action = primitive::load(action_seq, Ordering::Acquire);
+    let action = action_seq.load(Ordering::Acquire)?;
     // Acquire: frame `action` published means all of its writes are seen.
-    if frame_seqs
-        .iter()
-        .any(|f| primitive::load(*f, Ordering::Acquire) != action)
-    {
-        return None;
+    for f in frame_seqs {
+        if f.load(Ordering::Acquire)? != action {
+            return Ok(None);
+        }
     }
     let value = read(action);
     // As in `read_consistent`. An engine that wrote a byte `read` saw had seen a later
     // action before it (`step_writes_begin` orders its stores after that load), so the
     // load of `action_seq` below sees that action or a later one.
     fence(Ordering::Acquire);
-    let moved = primitive::load(action_seq, Ordering::Relaxed) != action
-        || before
-            .iter()
-            .zip(write_seqs)
-            .any(|(seen, seq)| primitive::load(*seq, Ordering::Relaxed) != *seen);
-    (!moved).then_some(value)
+    if action_seq.load(Ordering::Relaxed)? != action {
+        return Ok(None);
+    }
+    for (seen, seq) in before.iter().zip(write_seqs) {
+        if seq.load(Ordering::Relaxed)? != *seen {
+            return Ok(None);
+        }
+    }
+    Ok(Some(value))
 }
 
 /// One attempt at reading what the engines write under `seqs` (their blocks' stats
 /// sequences, or write sequences), with none of them writing: `None` if one was
 /// writing when it began, or wrote while `read` ran (the caller tries again later); else
 /// what `read` returned. `read` may see torn values, which are then thrown away: it must
-/// not trust them (bounds, lengths) beyond copying.
-pub fn read_consistent<T>(seqs: &[&AtomicU64], read: impl FnOnce() -> T) -> Option<T> {
+/// not trust them (bounds, lengths) beyond copying. A word that cannot be loaded is an
+/// error at once.
+pub fn read_consistent<W: SeqWord, T>(
+    seqs: &[W],
+    read: impl FnOnce() -> T,
+) -> Result<Option<T>, W::Error> {
     let mut before = [0u64; MAX_SHARDS];
     for (seen, seq) in before.iter_mut().zip(seqs) {
-        *seen = primitive::load(*seq, Ordering::Acquire);
+        *seen = seq.load(Ordering::Acquire)?;
         if *seen & 1 == 1 {
-            return None;
+            return Ok(None);
         }
     }
     let value = read();
@@ -215,11 +240,11 @@ pub fn read_consistent<T>(seqs: &[&AtomicU64], read: impl FnOnce() -> T) -> Opti
     // value that it saw makes them see that odd value or a later one.
     fence(Ordering::Acquire);
     for (seen, seq) in before.iter().zip(seqs) {
-        if primitive::load(*seq, Ordering::Relaxed) != *seen {
-            return None;
+        if seq.load(Ordering::Relaxed)? != *seen {
+            return Ok(None);
         }
     }
-    Some(value)
+    Ok(Some(value))
 }
 
 #[cfg(all(test, not(loom)))]
@@ -280,16 +305,16 @@ mod tests {
         s.begin_write();
         assert_eq!(
             read_consistent(&[s.write_seq()], || ()),
-            None,
+            Ok(None),
             "a window is open"
         );
         assert_eq!(
             read_consistent(&[s.stats_seq()], || 7),
-            Some(7),
+            Ok(Some(7)),
             "not for the stats"
         );
         s.end_write();
-        assert_eq!(read_consistent(&[s.write_seq()], || ()), Some(()));
+        assert_eq!(read_consistent(&[s.write_seq()], || ()), Ok(Some(())));
     }
 
     /// A copy is taken only while every frame is the client's last action and no write
@@ -300,7 +325,10 @@ mod tests {
         let s = view(&mut b);
         let (action, frames) = (AtomicU64::new(7), [AtomicU64::new(7), AtomicU64::new(7)]);
         let frame_seqs = [&frames[0], &frames[1]];
-        let copy = || read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| f);
+        let copy = || {
+            let Ok(copied) = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| f);
+            copied
+        };
         assert_eq!(copy(), Some(7));
         primitive::store(&action, 8, Ordering::Relaxed);
         assert_eq!(copy(), None, "action 8 posted, no shard published it");
@@ -311,7 +339,7 @@ mod tests {
         s.begin_write();
         assert_eq!(copy(), None, "a command's handler writes");
         s.end_write();
-        let moved = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| {
+        let Ok(moved) = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| {
             primitive::store(&action, 9, Ordering::Relaxed);
             f
         });

@@ -125,8 +125,9 @@ pub trait ClientBackend: Any + Send + Sync + std::fmt::Debug {
     /// Before an action or a request is posted: orders the client's device writes (on
     /// `stream`, the default stream if `None`) before the engine's reads. A backend that
     /// waits on the host here for device work the engine may never let finish (a stream
-    /// waiting on the engine's semaphore) waits at most `timeout` (`Timeout`), and runs
-    /// `check` (the engine's liveness, an interrupt) between polls.
+    /// waiting on the engine's semaphore) waits at most `timeout` (`Timeout`, which a
+    /// step reports as `NotPosted`: nothing was sent), and runs `check` (the engine's
+    /// liveness, an interrupt) between polls.
     fn before_post(
         &self,
         stream: Option<StreamRef<'_>>,

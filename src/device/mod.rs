@@ -174,6 +174,18 @@ pub fn client_backend(
     else {
         return Ok(Box::new(host::HostClient));
     };
+    // Chosen before anything else (no driver needed): IPC handles of an engine in
+    // another PID namespace are refused here, with the reason.
+    let engine = crate::os::pid_namespace(layout.engine_pid, layout.engine_start_time);
+    if cuda::choose_sharing(layout, engine)? == Some(crate::layout::CudaSharing::Fd) {
+        return Err(crate::error::Error::CudaUnavailable {
+            reason: format!(
+                "tensor '{}' lives on CUDA, shared by file descriptor (protocol 1.9, a \
+                 draft): this shmbridge validates such tables but does not import them yet",
+                t.name
+            ),
+        });
+    }
     #[cfg(feature = "cuda")]
     {
         let _ = t;

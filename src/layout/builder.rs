@@ -11,8 +11,8 @@ use super::shard::{
 };
 use super::stats::StatsArea;
 use super::tensor::{
-    contiguous_strides, CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
-    MIN_RING_CAPACITY,
+    contiguous_strides, CudaExport, CudaSharing, Direction, Rings, TensorInfo, TensorSpec,
+    VulkanTable, MIN_RING_CAPACITY,
 };
 use std::os::fd::AsFd;
 
@@ -103,6 +103,25 @@ impl HeaderBuilder {
             }
         }
         self.header.engine_event_handle = engine_event_handle;
+    }
+
+    /// Fills in a CUDA export shared by file descriptor (1.9 draft) once the engine
+    /// allocated [`Self::cuda_alloc`] with `cuMemCreate`: [`CUDA_FLAG_FD`] and the device
+    /// UUID in every CUDA entry (their `ipc_mem_handle` stays zero: the fd travels over
+    /// the region's socket), the engine's event handle in the control block, and
+    /// `version_minor` 9. Nothing happens without CUDA tensors.
+    pub fn set_cuda_fd_export(&mut self, device_uuid: [u8; 16], engine_event_handle: [u8; 64]) {
+        if self.cuda_alloc.is_none() {
+            return;
+        }
+        self.set_cuda_export([0; 64], device_uuid, engine_event_handle);
+        for (d, t) in self.descs.iter_mut().zip(self.tensors.iter_mut()) {
+            if let Some(c) = t.cuda.as_mut() {
+                d.flags = CUDA_FLAG_FD;
+                c.sharing = CudaSharing::Fd;
+            }
+        }
+        self.header.version_minor = VERSION_MINOR_CUDA_FD;
     }
 
     /// `ring_capacity`: bytes of each command ring, a power of two ≥ 64, or 0 for none.
@@ -215,6 +234,7 @@ impl HeaderBuilder {
                     // The allocation's handle and size are set once every tensor is placed.
                     let export = CudaExport {
                         ipc_mem_handle: [0; 64],
+                        sharing: CudaSharing::Ipc,
                         alloc_size: 0,
                     };
                     (offset, Some(export))

@@ -51,6 +51,11 @@ pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
 /// whose engines say hello with their proof first and ask for the fixed client proof
 /// byte: the only Vulkan engines a client of this version takes fds from.
 pub const VERSION_MINOR_FD_HELLO: u16 = 8;
+/// The lowest minor whose CUDA entries may say, by [`CUDA_FLAG_FD`], that their memory is
+/// shared by file descriptor instead of an IPC handle (1.9, a draft: validated by
+/// readers; not yet written by this library's engine nor imported by its client).
+/// Below it, a CUDA entry's `flags` must be 0.
+pub const VERSION_MINOR_CUDA_FD: u16 = 9;
 /// 1.7: what the builder writes in `version_minor` does not change for the stats area
 /// (earlier readers ignore it entirely, and a 1.5 or 1.6 reader expects the CUDA-session
 /// hash of every region of minor 5 or more): its presence is told by [`FLAG_OBSERVABLE`].
@@ -218,7 +223,7 @@ pub struct TensorDesc {
     /// [`Location`](super::Location) as u8.
     pub location: u8,
     /// Vulkan (1.3): [`VK_FLAG_DEDICATED`], [`VK_FLAG_SEMAPHORE`], [`VK_FLAG_TIMELINE`].
-    /// Zero for host and CUDA tensors.
+    /// CUDA (1.9 draft): [`CUDA_FLAG_FD`]. Zero for host tensors.
     pub flags: u8,
     pub device_ordinal: i32,
     pub _reserved0: u32,
@@ -257,6 +262,12 @@ pub const VK_FLAG_DEDICATED: u8 = 1;
 pub const VK_FLAG_SEMAPHORE: u8 = 2;
 /// `TensorDesc::flags` of a Vulkan tensor: that semaphore is a timeline semaphore.
 pub const VK_FLAG_TIMELINE: u8 = 4;
+
+/// `TensorDesc::flags` of a CUDA tensor (1.9 draft): its allocation was made with
+/// `cuMemCreate` (POSIX fd handles) and is shared by file descriptor over the region's fd
+/// socket, which crosses PID namespaces; `ipc_mem_handle` is then all zero. Without it,
+/// the allocation is shared by `ipc_mem_handle` (CUDA IPC, one PID namespace).
+pub const CUDA_FLAG_FD: u8 = 1;
 
 const _: () = assert!(size_of::<Header>() == CONTROL_SIZE);
 const _: () = assert!(size_of::<TensorDesc>() == DESC_SIZE);

@@ -44,8 +44,8 @@ pub use stats::{
     stats_offsets, EpisodeEntry, StatsArea, StatsBlock, RECENT_EPISODES, STATS_BLOCK_SIZE,
 };
 pub use tensor::{
-    CudaExport, Direction, Rings, TensorInfo, TensorSpec, VulkanTable, DEFAULT_RING_CAPACITY,
-    MIN_RING_CAPACITY,
+    CudaExport, CudaSharing, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
+    DEFAULT_RING_CAPACITY, MIN_RING_CAPACITY,
 };
 pub use validate::{check_identity, validate};
 pub use validated::{Layout, TensorId, TensorKey};

@@ -76,10 +76,26 @@ pub struct VulkanTable {
 /// The export of a CUDA tensor's allocation (1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaExport {
-    /// IPC handle of the allocation's base (the engine fills it in after allocating).
+    /// IPC handle of the allocation's base (the engine fills it in after allocating);
+    /// all zero when the allocation is shared by fd.
     pub ipc_mem_handle: [u8; 64],
+    /// How the allocation is shared (1.9 draft: [`CudaSharing::Fd`] where the entry has
+    /// `CUDA_FLAG_FD`).
+    pub sharing: CudaSharing,
     /// Size of that allocation (`offset + nbytes <= alloc_size`).
     pub alloc_size: u64,
+}
+
+/// How an engine shares a CUDA allocation (the tensor table says which, per entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CudaSharing {
+    /// CUDA IPC (1.2): `ipc_mem_handle`, opened with `cuIpcOpenMemHandle`. Works only
+    /// between processes of one PID namespace.
+    Ipc,
+    /// A file descriptor of a `cuMemCreate` allocation passed over the region's fd
+    /// socket and imported with `cuMemImportFromShareableHandle` (1.9 draft). Works
+    /// across PID namespaces (containers).
+    Fd,
 }
 
 impl TensorInfo {

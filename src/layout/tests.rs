@@ -138,6 +138,56 @@ fn cuda_tensors_share_one_allocation() {
     assert!(HeaderBuilder::new("k", 1, &neg, 0).is_err());
 }
 
+/// The 1.9 draft's words: a CUDA entry shared by fd carries `CUDA_FLAG_FD` and no IPC
+/// handle, in a header of minor 9; every other combination is refused, naming why.
+#[test]
+fn cuda_entries_say_how_their_allocation_is_shared() {
+    let specs = [
+        TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient).on(Device::cuda(0)),
+        TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine)
+            .on(Device::cuda(0)),
+    ];
+    let mut b = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+    b.set_cuda_fd_export([2; 16], [3; 64]);
+    let l = validate("r", &published(&b), b.header.region_size).unwrap();
+    assert_eq!(l.tensors, b.tensors);
+    assert_eq!(l.version, (1, VERSION_MINOR_CUDA_FD));
+    for t in &l.tensors {
+        let c = t.cuda.unwrap();
+        assert_eq!((c.sharing, c.ipc_mem_handle), (CudaSharing::Fd, [0; 64]));
+    }
+    assert_eq!(b.descs[0].flags, CUDA_FLAG_FD);
+    // Legacy exports are IPC, flags 0, as before.
+    let mut ipc = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+    ipc.set_cuda_export([1; 64], [2; 16], [3; 64]);
+    let l = validate("r", &published(&ipc), ipc.header.region_size).unwrap();
+    assert_eq!(l.tensors[0].cuda.unwrap().sharing, CudaSharing::Ipc);
+    assert_eq!(ipc.descs[0].flags, 0);
+    let refused = |edit: &dyn Fn(&mut HeaderBuilder), why: &str| {
+        let mut h = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+        h.set_cuda_fd_export([2; 16], [3; 64]);
+        edit(&mut h);
+        match validate("r", &published(&h), h.header.region_size) {
+            Err(e @ Error::InvalidTensor { .. }) => {
+                assert!(e.to_string().contains(why), "{why}: {e}")
+            }
+            other => panic!("{why}: {other:?}"),
+        }
+    };
+    refused(&|h| h.header.version_minor = 8, "needs 1.9");
+    refused(&|h| h.header.version_minor = 5, "needs 1.9");
+    refused(
+        &|h| h.descs[1].ipc_mem_handle[7] = 1,
+        "also names an IPC memory handle",
+    );
+    refused(
+        &|h| h.descs[0].flags = CUDA_FLAG_FD | 2,
+        "unknown CUDA flags",
+    );
+    refused(&|h| h.descs[0].flags = 0x80, "unknown CUDA flags");
+    refused(&|h| h.descs[0].flags = 0, "without an IPC memory handle");
+}
+
 #[test]
 fn host_only_layouts_are_what_1_1_wrote() {
     // A host-only 1.3 header differs from a 1.1 one only in `version_minor`: every

@@ -8,7 +8,8 @@ use super::location::{CudaDevice, Device, Location, VulkanDevice};
 use super::shard::{layout_hash_for, table_offset, validate_table};
 use super::stats::validate_area;
 use super::tensor::{
-    contiguous_strides, CudaExport, Direction, Rings, TensorInfo, VulkanTable, MIN_RING_CAPACITY,
+    contiguous_strides, CudaExport, CudaSharing, Direction, Rings, TensorInfo, VulkanTable,
+    MIN_RING_CAPACITY,
 };
 use super::validated::Layout;
 use super::vulkan::SemaphoreKind;
@@ -337,9 +338,7 @@ fn validate_desc(
                 d.device_ordinal
             )));
         }
-        if d.ipc_mem_handle.iter().all(|&b| b == 0) {
-            return Err(invalid("CUDA tensor without an IPC memory handle".into()));
-        }
+        let sharing = cuda_sharing(d, version_minor).map_err(invalid)?;
         if d.export_size == 0 || end.is_none_or(|e| e > d.export_size) {
             return Err(invalid(format!(
                 "CUDA span {} + {} lies outside its {}-byte allocation",
@@ -352,6 +351,7 @@ fn validate_desc(
         });
         let export = CudaExport {
             ipc_mem_handle: d.ipc_mem_handle,
+            sharing,
             alloc_size: d.export_size,
         };
         (device, Some(export))
@@ -377,6 +377,35 @@ fn validate_desc(
         cuda,
         vulkan,
     })
+}
+
+/// How a CUDA entry's allocation is shared, from its `flags` and `ipc_mem_handle`: an
+/// IPC handle (no flag, a non-zero handle), or, from 1.9, a file descriptor
+/// ([`CUDA_FLAG_FD`], the handle all zero). Anything else (another flag bit, the flag
+/// before 1.9, both or neither) is refused with the reason.
+fn cuda_sharing(d: &TensorDesc, version_minor: u16) -> std::result::Result<CudaSharing, String> {
+    let has_handle = d.ipc_mem_handle.iter().any(|&b| b != 0);
+    if d.flags & !CUDA_FLAG_FD != 0 {
+        return Err(format!("unknown CUDA flags {:#04x}", d.flags));
+    }
+    if d.flags & CUDA_FLAG_FD == 0 {
+        return match has_handle {
+            true => Ok(CudaSharing::Ipc),
+            false => Err("CUDA tensor without an IPC memory handle".into()),
+        };
+    }
+    if version_minor < VERSION_MINOR_CUDA_FD {
+        return Err(format!(
+            "CUDA memory shared by fd (flags bit 0) in a protocol 1.{version_minor} header \
+             (it needs 1.{VERSION_MINOR_CUDA_FD})"
+        ));
+    }
+    if has_handle {
+        return Err(
+            "CUDA tensor shared by fd (flags bit 0) that also names an IPC memory handle".into(),
+        );
+    }
+    Ok(CudaSharing::Fd)
 }
 
 /// Checks identity fields only: magic, version, layout hash.

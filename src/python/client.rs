@@ -15,7 +15,7 @@ use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
 use super::tensor::{client_place, no_such_tensor, tensor_named, PyTensor};
-use super::waits::{duration, next_slice, wait_policy, SignalCheck};
+use super::waits::{duration, next_slice, wait_policy, SignalCheck, SIGNAL_SLICE};
 use crate::actions::array_dtype_name;
 use crate::device::VulkanImporter;
 use crate::error::{Error, Peer};
@@ -300,10 +300,37 @@ impl PyClient {
                 .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
             copy_actions(py, client, self.tensors[index].get(), a, cuda_stream)?;
         }
-        let first = next_slice(deadline);
         let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
-        match py.detach(|| step_on(client, cuda_stream, first)) {
+        // The device work the action waits on (a CUDA consumer stream of a Vulkan engine
+        // with a semaphore) drains in slices, with Ctrl-C and close() looked at between
+        // them; only then is the action posted, once. `NotPosted` (the deadline passed
+        // first): nothing is in flight.
+        let mut raised: Option<PyErr> = None;
+        let closing = &self.closing;
+        let between = || {
+            if closing.load(Ordering::Acquire) {
+                return Err(Error::Closed(Peer::Client));
+            }
+            Python::attach(|py| py.check_signals()).map_err(|e| {
+                raised = Some(e);
+                Error::Interrupted
+            })
+        };
+        let stepped = py.detach(|| step_on(client, cuda_stream, deadline, SIGNAL_SLICE, between));
+        match stepped {
             Ok(_) => {}
+            Err(Error::Interrupted) => {
+                return Err(raised.unwrap_or_else(|| to_pyerr(py, Error::Interrupted)))
+            }
+            Err(Error::NotPosted { what, .. }) => {
+                return Err(to_pyerr(
+                    py,
+                    Error::NotPosted {
+                        waited: limit,
+                        what,
+                    },
+                ))
+            }
             Err(Error::Timeout { .. }) => {
                 core.pending = true;
                 if deadline.is_some_and(|d| Instant::now() >= d) {

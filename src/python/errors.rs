@@ -51,6 +51,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::NotOnHost => "NotOnHostError",
         ErrorKind::NoSpace => "NoSpaceError",
         ErrorKind::CommandBacklog => "CommandBacklogError",
+        ErrorKind::NotPosted => "NotPostedError",
         ErrorKind::Io => "ShmBridgeOSError",
     }
 }
@@ -104,7 +105,7 @@ pub(super) fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
                 exc.setattr("method", method.as_str())?;
                 exc.setattr("code", *code)?;
             }
-            Error::Timeout { waited, .. } => {
+            Error::Timeout { waited, .. } | Error::NotPosted { waited, .. } => {
                 exc.setattr("waited", waited.as_secs_f64())?;
             }
             _ => {}

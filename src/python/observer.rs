@@ -1,9 +1,16 @@
 //! `shmbridge._native.RawObserver`: a read-only observer of a live region
 //! ([`crate::observer::Observer`]), which `shmbridge.observe()` wraps with NumPy arrays,
-//! tiling and video. Copies come back as `bytearray`s, one per tensor picked; every
-//! wait runs without the GIL, in slices, so Ctrl-C is noticed.
+//! tiling and video. Copies come back as `bytearray`s, one per tensor picked, which the
+//! copy fills in place (made by Python's allocator: a size it cannot hold is
+//! `MemoryError`); every wait runs without the GIL, in slices, so Ctrl-C is noticed.
+//!
+//! Threads: the observer is shared (`Arc`), and the mutex around it is held only to
+//! clone or take that `Arc`, never across a wait: a thread that holds the GIL never
+//! waits for one that gave the GIL up (the deadlock of holding the lock through a
+//! `detach`). Reads from several threads run side by side; `close()` returns at once,
+//! and a read in flight ends at its next slice with `ValueError`.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
@@ -20,33 +27,57 @@ use crate::observer::{Observer, Pick};
 /// A read-only observer of one region.
 #[pyclass(module = "shmbridge._native", name = "RawObserver", frozen)]
 pub struct PyObserver {
-    observer: Mutex<Option<Observer>>,
+    /// Held only to clone or take the `Arc` (never across a wait or a call into Python).
+    observer: Mutex<Option<Arc<Observer>>>,
+}
+
+fn closed_err() -> PyErr {
+    PyValueError::new_err("this observer is closed")
 }
 
 impl PyObserver {
-    fn lock(&self) -> MutexGuard<'_, Option<Observer>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<Observer>>> {
         self.observer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The observer, shared with whatever else uses it now; `ValueError` once closed.
+    fn get(&self) -> PyResult<Arc<Observer>> {
+        self.lock().clone().ok_or_else(closed_err)
+    }
+
     fn with<T>(&self, f: impl FnOnce(&Observer) -> PyResult<T>) -> PyResult<T> {
-        match self.lock().as_ref() {
-            Some(o) => f(o),
-            None => Err(PyValueError::new_err("this observer is closed")),
-        }
+        f(self.get()?.as_ref())
+    }
+
+    /// Runs `attempt` (one native try of at most a slice, without the GIL) until it
+    /// gives a value, `timeout` passes (None: never), a signal arrives, or `close()`
+    /// (another thread) closes the observer: `ValueError`.
+    fn sliced<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Seconds>,
+        what: &'static str,
+        attempt: impl FnMut(Duration) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        sliced(py, timeout, what, attempt, || self.lock().is_none())
     }
 }
 
 /// Runs `attempt` (one native try of at most a slice, without the GIL) until it gives a
-/// value, `timeout` passes (None: never) or a signal arrives.
+/// value, `timeout` passes (None: never), a signal arrives or `closed()` says so.
 fn sliced<T: Send>(
     py: Python<'_>,
     timeout: Option<Seconds>,
     what: &'static str,
     mut attempt: impl FnMut(Duration) -> Result<T, Error> + Send,
+    closed: impl Fn() -> bool,
 ) -> PyResult<T> {
     let limit = timeout.map(|t| duration(t, "timeout")).transpose()?;
     let deadline = limit.and_then(|t| Instant::now().checked_add(t));
     loop {
+        if closed() {
+            return Err(closed_err());
+        }
         let slice = next_slice(deadline);
         match py.detach(|| attempt(slice)) {
             Ok(v) => return Ok(v),
@@ -72,7 +103,7 @@ impl PyObserver {
         let timeout = duration(timeout, "timeout")?;
         let observer = py.detach(|| Observer::attach(&name, timeout)).py_err(py)?;
         Ok(PyObserver {
-            observer: Mutex::new(Some(observer)),
+            observer: Mutex::new(Some(Arc::new(observer))),
         })
     }
 
@@ -149,10 +180,7 @@ impl PyObserver {
         env_end: Option<Count<u32>>,
         timeout: Option<Seconds>,
     ) -> PyResult<(u64, Vec<Bound<'py, PyByteArray>>)> {
-        let guard = self.lock();
-        let o = guard
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("this observer is closed"))?;
+        let o = self.get()?;
         let n = o.layout().num_envs;
         let envs = env_start.map_or(0, |c| c.0)..env_end.map_or(n, |c| c.0);
         let picks: Vec<Pick> = names
@@ -160,17 +188,22 @@ impl PyObserver {
             .map(|name| o.pick(name, envs.clone()))
             .collect::<Result<_, _>>()
             .py_err(py)?;
-        let mut out: Vec<Vec<u8>> = picks
+        // The copies land in the bytearrays returned, not in a buffer copied again
+        // (`MemoryError` from Python's allocator for a size it cannot hold).
+        let arrays: Vec<Bound<'py, PyByteArray>> = picks
             .iter()
-            .map(|p| Vec::with_capacity(o.pick_len(p)))
-            .collect();
-        let frame = sliced(
+            .map(|p| PyByteArray::new_with(py, o.pick_len(p), |_| Ok(())))
+            .collect::<PyResult<_>>()?;
+        // SAFETY: the bytearrays were made here and no other reference to them exists
+        // until they are returned, so no Python code (another thread's included) can
+        // resize, free or read them while the copy writes into their buffers.
+        let mut out: Vec<&mut [u8]> = arrays.iter().map(|a| unsafe { a.as_bytes_mut() }).collect();
+        let frame = self.sliced(
             py,
             timeout,
             "a frame between the engine's writes",
             |slice| o.read(&picks, &mut out, slice),
         )?;
-        let arrays = out.iter().map(|b| PyByteArray::new(py, b)).collect();
         Ok((frame, arrays))
     }
 
@@ -182,11 +215,8 @@ impl PyObserver {
         py: Python<'py>,
         timeout: Option<Seconds>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let guard = self.lock();
-        let o = guard
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("this observer is closed"))?;
-        let s = sliced(
+        let o = self.get()?;
+        let s = self.sliced(
             py,
             timeout,
             "the stats area between the engine's writes",
@@ -206,9 +236,12 @@ impl PyObserver {
         Ok(d)
     }
 
-    /// Unmaps the region and closes its descriptor; later calls raise `ValueError`.
+    /// Closes the region's descriptor (once no read of another thread is under way:
+    /// such a read ends with `ValueError` at its next slice); later calls raise
+    /// `ValueError`. Returns at once.
     fn close(&self) {
-        self.lock().take();
+        let taken = self.lock().take();
+        drop(taken);
     }
 
     #[getter]

@@ -7,7 +7,7 @@ use dlpark::ffi::DLDevice;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::client::Client;
 use crate::device::StreamRef;
@@ -96,19 +96,19 @@ unsafe impl dlpark::python::DlpackStream for ConsumerStream {
     }
 }
 
-/// `Client::step`, or for a device client `step_on` the consumer stream `raw` (the
-/// client's event is recorded there, after the action writes queued on it).
+/// `Client::step_sliced`, for a device client on the consumer stream `raw` (the client's
+/// event is recorded there, after the action writes queued on it).
 pub(super) fn step_on(
     client: &mut Client,
     stream: Option<u64>,
-    timeout: Duration,
+    deadline: Option<Instant>,
+    slice: Duration,
+    between: impl FnMut() -> Result<(), Error>,
 ) -> Result<u64, Error> {
-    match stream {
-        // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
-        // (`consumer_stream`), used for this call only.
-        Some(raw) => client.step_on(unsafe { StreamRef::from_raw(raw) }, timeout),
-        None => client.step(timeout),
-    }
+    // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
+    // (`consumer_stream`), used for this call only.
+    let stream = stream.map(|raw| unsafe { StreamRef::from_raw(raw) });
+    client.step_sliced(stream, deadline, slice, between)
 }
 
 /// Runs a command that may write device tensors (reset, engine methods) ordered after

@@ -14,7 +14,7 @@ use crate::WaitPolicy;
 
 /// How long one native wait lasts before the GIL is taken back to check for signals
 /// (Ctrl-C): the latency of `KeyboardInterrupt` during a long `step()`.
-const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+pub(super) const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 
 /// The next native wait: [`SIGNAL_SLICE`], or less when `deadline` comes sooner.
 pub(super) fn next_slice(deadline: Option<Instant>) -> Duration {

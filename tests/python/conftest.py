@@ -177,3 +177,13 @@ def descendant_running(root: int, exe: str, hang: float = 60.0) -> int:
                 todo.append(c)
         assert time.monotonic() < deadline, f"no process of {exe} under pid {root}"
         os.sched_yield()
+
+
+def doc_example(path: str) -> str:
+    """The first ```python block of the markdown file ``path`` (relative to the
+    repository's root): guides' examples are tested as written."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, path)) as f:
+        text = f.read()
+    start = text.index("```python\n") + len("```python\n")
+    return text[start:text.index("\n```", start) + 1]

@@ -246,6 +246,9 @@ def test_error_hierarchy():
     assert issubclass(shmbridge.TimeoutError, TimeoutError)
     assert issubclass(shmbridge.EngineDiedError, shmbridge.ShmBridgeError)
     assert issubclass(shmbridge.NotFoundError, FileNotFoundError)
+    # Nothing sent is told from in flight, and still caught as a timeout.
+    assert issubclass(shmbridge.NotPostedError, shmbridge.TimeoutError)
+    assert "NotPostedError" in shmbridge._native._error_classes()
     # Every Rust variant maps to a class that exists and derives from ShmBridgeError.
     names = shmbridge._native._error_classes()
     assert len(names) >= 30

@@ -99,6 +99,90 @@ def test_module_colon_id_form_works_too():
         env.close()
 
 
+# --- gymnasium.make: the one-env view ------------------------------------------------------
+
+def test_make_serves_a_one_env_view_that_passes_gymnasiums_check_env():
+    from shmbridge.gym import ShmEnv
+
+    env = gym.make(ENV_ID)
+    try:
+        assert isinstance(env.unwrapped, ShmEnv) and env.unwrapped.client.num_envs == 1
+        assert env.spec.max_episode_steps == 500
+        assert env.observation_space == gym.make("CartPole-v1").observation_space
+        assert env.action_space == spaces.Discrete(2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            # Infinite velocity bounds, as Gymnasium's own CartPole-v1 has: only warned of.
+            warnings.filterwarnings("ignore", message=".*value is (-)?infinity")
+            # Its close check makes a second env from the spec and closes it twice.
+            env_checker.check_env(env.unwrapped)
+        obs, info = env.reset(seed=3)
+        assert info == {} and obs.shape == (4,) and obs.dtype == np.float32
+        obs, reward, terminated, truncated, info = env.step(1)
+        assert type(reward) is float and type(terminated) is bool and type(truncated) is bool
+        assert info == {} and env.observation_space.contains(obs)
+    finally:
+        env.close()
+
+
+def test_make_episode_matches_gymnasium_cartpole_to_its_last_observation():
+    """An episode of the one-env view is Gymnasium's CartPole-v1 step by step, the last
+    (terminal) observation included although the engine resets in that same step; a step
+    after it raises ResetNeeded, and reset() starts the next episode."""
+    env = gym.make(ENV_ID)
+    ref = gym.make("CartPole-v1").unwrapped
+    ref.reset(seed=0)
+    try:
+        for episode in range(3):
+            obs, _ = env.reset(seed=10 + episode)
+            steps = 0
+            while True:
+                ref.state = obs.astype(np.float64)
+                ref.steps_beyond_terminated = None
+                expected, ref_reward, ref_terminated, _, _ = ref.step(0)
+                obs, reward, terminated, truncated, _ = env.step(0)  # always left: falls soon
+                steps += 1
+                np.testing.assert_allclose(obs, expected, rtol=1e-6, atol=1e-6)
+                assert (reward, terminated, truncated) == (ref_reward, ref_terminated, False)
+                if terminated:
+                    break
+            assert 5 < steps < 100 and (np.abs(obs[[0, 2]]) > [2.4, 0.2095]).any()
+            with pytest.raises(gym.error.ResetNeeded):
+                env.step(0)
+        again, _ = env.reset(seed=12)
+        assert (np.abs(again) < 0.05).all()
+    finally:
+        env.close()
+
+
+def test_make_one_env_view_is_seeded_like_the_vector_env():
+    env = gym.make(ENV_ID)
+    vec = ShmVectorEnv(num_envs=3)
+    try:
+        one, _ = env.reset(seed=77)
+        many, _ = vec.reset(seed=[5, 77, 6])
+        assert np.array_equal(one, many[1])
+        with pytest.raises(ValueError):
+            env.step(2)  # not in Discrete(2): refused, nothing sent
+        with pytest.raises(ValueError):
+            env.reset(options={"reset_mask": np.ones(1, dtype=bool)})
+    finally:
+        env.close()
+        vec.close()
+
+
+def test_one_env_view_refuses_a_client_of_many_envs(cartpole_client):
+    from shmbridge.gym import ShmEnv
+
+    with pytest.raises(ValueError, match="ShmVectorEnv"):
+        ShmEnv(client=cartpole_client)
+
+
+def test_make_of_a_sharded_id_says_to_use_make_vec():
+    with pytest.raises(gym.error.Error, match=r"make_vec\('shmbridge/Pendulum-v1'"):
+        gym.make("shmbridge/Pendulum-v1")
+
+
 # --- spaces, metadata, Gymnasium's checkers -----------------------------------------------
 
 def test_make_vec_spaces_and_dtypes_match_gymnasium_cartpole():

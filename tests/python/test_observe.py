@@ -12,7 +12,7 @@ import pytest
 import shmbridge
 from shmbridge.observe import tile_images, to_rgb
 
-from conftest import pattern
+from conftest import needs_root, pattern, run_in_private_shm
 
 
 def test_latest_is_the_frame_the_client_sees(null_client):
@@ -173,3 +173,115 @@ def test_a_sharded_gymnasium_region_is_observed_whole():
             assert s.return_sum == s.length_sum, "CartPole: reward 1 per step"
     finally:
         client.close()
+
+
+# A learner's action in flight that the engine never answers: every copy waits for the
+# step to end, so a read with no timeout stays inside the native call (without the GIL)
+# until the observer is closed. Each round: a reader thread waits in ``latest()``; the
+# main thread, holding the GIL, reads properties and the stats and closes the observer.
+# Before the fix the reader held the observer's mutex while it waited, and the main
+# thread blocked on that mutex with the GIL held: both hung (Ctrl-C did nothing). The
+# run is a process of its own, so a hang is a failed test, not a hung suite.
+TWO_THREADS = r"""
+import sys, threading
+import shmbridge
+
+spec = shmbridge.EngineSpec.standard("pyeng", 2, 1, 1)
+with shmbridge.Engine(spec) as e:
+    e.publish()
+    c = shmbridge.Client.attach(e.name)
+    try:
+        c.step(timeout=0.01)
+    except shmbridge.TimeoutError:
+        pass  # action 1 stays posted: a step under way, for good
+    for _ in range(30):
+        o = shmbridge.observe(e.name)
+        got = []
+
+        def reader():
+            try:
+                o.latest(timeout=None)
+            except ValueError as err:
+                got.append(err)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        # Until the reader is in latest() (in the native read, or about to be).
+        while True:
+            frame = sys._current_frames().get(t.ident)
+            if frame is not None and frame.f_code.co_name == "latest":
+                break
+            if not t.is_alive():
+                sys.exit(f"the reader ended early: {got}")
+        for _ in range(100):
+            assert o.num_envs == 2 and o.name == e.name
+        assert o.stats().frame == 0
+        o.close()
+        t.join()
+        assert len(got) == 1 and "closed" in str(got[0]), got
+    c.close()
+print("ok")
+"""
+
+
+def test_an_observer_used_by_two_threads_never_deadlocks():
+    import subprocess
+    import sys
+
+    # The hang guard: a deadlock never ends; a run that works takes a second or two.
+    done = subprocess.run([sys.executable, "-c", TWO_THREADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_bfloat16_tensors_are_copied_as_float32():
+    import ctypes
+
+    spec = shmbridge.EngineSpec.standard("pyeng", 2, 1, 1).tensor("half", "bf16", (2, 3), "engine->client")
+    with shmbridge.Engine(spec) as e:
+        # 1, -2.5, 0.5, 3, inf, nan as bfloat16 bits (NumPy cannot write bfloat16).
+        bits = np.array([0x3F80, 0xC020, 0x3F00, 0x4040, 0x7F80, 0x7FC0], dtype=np.uint16)
+        ctypes.memmove(e["half"].data_ptr, bits.ctypes.data, bits.nbytes)
+        e.publish()
+        with shmbridge.observe(e.name) as o:
+            assert o.tensors["half"]["dtype"] == "bfloat16"
+            half = o.latest(["half", "obs"])["half"]
+            assert half.dtype == np.float32 and half.shape == (2, 3)
+            np.testing.assert_array_equal(half.reshape(-1)[:5], [1.0, -2.5, 0.5, 3.0, np.inf])
+            assert np.isnan(half[1, 2])
+
+
+# An engine whose header promises a tensor larger than the observer's process may
+# allocate (a hostile header over a sparse file may promise any size; here a real 512 MiB
+# tensor, and an observer whose data segment is capped 256 MiB above what it uses). The
+# copy must be MemoryError; before the fix the buffer was an infallible Rust allocation
+# and the observer died of SIGABRT.
+HUGE_OBSERVER = r"""
+import resource, sys
+import shmbridge
+with open("/proc/self/status") as f:
+    data = next(int(l.split()[1]) for l in f if l.startswith("VmData:")) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (256 << 20), resource.getrlimit(resource.RLIMIT_DATA)[1]))
+with shmbridge.observe(sys.argv[1]) as o:
+    try:
+        o.latest(["big"])
+    except MemoryError:
+        print("MemoryError")
+    assert o.latest(["obs"])["obs"].shape == (2, 1), "and it goes on"
+"""
+HUGE_COPY = f"""
+import subprocess, sys
+import shmbridge
+
+spec = shmbridge.EngineSpec.standard("pyeng", 2, 1, 1).tensor("big", "u8", (2, 256 << 20), "engine->client")
+with shmbridge.Engine(spec) as e:
+    e.publish()
+    child = subprocess.run([sys.executable, "-c", {HUGE_OBSERVER!r}, e.name], capture_output=True, text=True)
+    print(child.returncode, child.stdout.strip(), child.stderr[-2000:])
+"""
+
+
+@needs_root
+def test_a_copy_too_large_to_hold_is_memory_error_not_an_abort():
+    done = run_in_private_shm(HUGE_COPY, "1g")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("0 MemoryError"), done.stdout

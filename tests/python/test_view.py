@@ -5,16 +5,29 @@ when the engine ends and come back when a new one serves the name. A screenshot 
 saved (``SHMBRIDGE_VIEW_SCREENSHOT=path`` keeps it there; docs/view.png is one). For a
 state-only engine (cartpole) the page plots the chosen observation components instead.
 
-Also without a browser: the token keeps other users out, ``--help`` lists ``view``."""
+Also without a browser, through the page's WebSocket (every message parsed as strictly
+as the page's ``JSON.parse``): the token keeps other users out (a malformed one is a 403,
+not a 500), idle connections of another user do not keep the page from loading,
+``--open`` puts no token on a command line and does not wait for the browser, bad
+arguments are refused up front, and the watcher reports what it cannot watch (a frame
+stack, a file of another user, no descriptors left) instead of dying while the page says
+"live"; values that are not finite go out as null. ``--help`` lists ``view``."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import queue
+import resource
 import secrets
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -31,10 +44,10 @@ pytest.importorskip("PIL")
 WAIT = 60.0
 
 
-def start_view(name: str, *args: str) -> tuple:
+def start_view(name: str, *args: str, **popen) -> tuple:
     """`python -m shmbridge view NAME ARGS`: the process and the URL it printed."""
     proc = subprocess.Popen([sys.executable, "-m", "shmbridge", "view", name, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     url = proc.stdout.readline().strip()
     if not url.startswith("http://127.0.0.1:"):
         proc.kill()
@@ -83,7 +96,9 @@ def test_the_token_keeps_others_out_and_help_lists_view():
         try:
             base, token = url.split("/?token=")
             assert len(token) >= 32
-            for bad in (base + "/", base + "/?token=" + secrets.token_urlsafe(24), base + "/ws"):
+            # Not ASCII: compare_digest refuses such a str (it was HTTP 500 and a traceback).
+            for bad in (base + "/", base + "/?token=" + secrets.token_urlsafe(24), base + "/ws",
+                        base + "/?token=%C3%A9", base + "/ws?token=%C3%A9" + token[2:], base + "/?token=%FF"):
                 with pytest.raises(urllib.error.HTTPError) as e:
                     urllib.request.urlopen(bad, timeout=10)
                 assert e.value.code == 403
@@ -189,3 +204,212 @@ def test_a_state_only_engine_shows_the_chosen_observation_components():
         learner.close()
         client.close()
         stop_view(proc)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (the page's JSON.parse rejects it)")
+
+
+class PageSocket:
+    """The page's WebSocket, read in a thread of its own: each text message parsed as
+    strictly as the page does (``NaN`` or ``Infinity`` is an error), each binary one (a
+    JPEG frame) noted as ``{"type": "jpeg"}``."""
+
+    def __init__(self, url: str):
+        base, token = url.split("/?token=")
+        self.url = base.replace("http://", "ws://") + "/ws?token=" + token
+        self.messages: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=asyncio.run, args=(self._read(),), daemon=True)
+        self.thread.start()
+
+    async def _read(self) -> None:
+        import aiohttp
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(self.url) as ws:
+                    async for msg in ws:
+                        if msg.type == aiohttp.WSMsgType.TEXT:
+                            self.messages.put(json.loads(msg.data, parse_constant=_no_constant))
+                        elif msg.type == aiohttp.WSMsgType.BINARY:
+                            self.messages.put({"type": "jpeg", "size": len(msg.data)})
+        except Exception as e:  # handed to the test
+            self.messages.put(e)
+        self.messages.put(None)
+
+    def wait_for(self, what: str, test) -> dict:
+        """The first message (from now) that passes ``test``; fails after ``WAIT`` s."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                m = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the page never got {what}") from None
+            if m is None or isinstance(m, Exception):
+                raise AssertionError(f"the page's socket ended waiting for {what}: {m!r}")
+            if test(m):
+                return m
+
+    def status(self, state: str, reason: str = "") -> dict:
+        return self.wait_for(f"status {state} ({reason})",
+                             lambda m: m["type"] == "status" and m["state"] == state and reason in (m["reason"] or ""))
+
+
+def test_bad_arguments_are_refused_up_front():
+    for args in (["--quality", "0"], ["--quality", "101"], ["--quality", "x"], ["--tensor", ""], ["--port", "70000"],
+                 ["--env", "-1"]):
+        out = subprocess.run([sys.executable, "-m", "shmbridge", "view", "shmbridge-any", *args],
+                             capture_output=True, text=True, timeout=WAIT)
+        assert out.returncode == 2 and "error: argument" in out.stderr, (args, out.returncode, out.stderr)
+
+
+def test_a_stack_of_grey_frames_shows_its_newest_frame():
+    spec = shmbridge.EngineSpec.standard("stacks", 2, 1, 1).tensor("frames", "u8", (2, 4, 84, 84), "engine->client")
+    with shmbridge.Engine(spec) as e:
+        frames = np.asarray(e["frames"])
+        frames[:, -1] = 200  # the newest frame of each stack
+        e.publish()
+        proc, url = start_view(e.name)
+        try:
+            page = PageSocket(url)
+            live = page.status("live")
+            assert live["image"] == "frames" and live["note"] is None
+            page.wait_for("a frame", lambda m: m["type"] == "jpeg")
+            jpeg = urllib.request.urlopen(url.replace("/?token=", "/frame.jpg?token="), timeout=WAIT).read()
+            from PIL import Image
+            import io
+
+            grid = np.asarray(Image.open(io.BytesIO(jpeg)).convert("L"))
+            assert grid.shape == (2 * 84, 84), "two envs, one above the other, one frame each"
+            assert abs(float(grid.mean()) - 200) < 8, "the newest frame, grey 200"
+        finally:
+            stop_view(proc)
+
+
+def test_a_file_of_another_user_is_said_and_the_watcher_goes_on():
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another user needs root")
+    name = "shmbridge-viewtest-" + secrets.token_hex(6)
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)
+    os.chown(path, 65534, 65534)
+    proc, url = start_view(name)
+    client = None
+    try:
+        page = PageSocket(url)
+        page.status("error", "PermissionDenied")
+        os.unlink(path)
+        client = shmbridge.launch("null", num_envs=2, name=name)
+        page.status("live")
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+        if client is not None:
+            client.close()
+        stop_view(proc)
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(n) for n in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_no_descriptors_left_is_said_and_the_watcher_goes_on():
+    name = "shmbridge-viewtest-" + secrets.token_hex(6)
+    proc, url = start_view(name)
+    client = None
+    try:
+        page = PageSocket(url)
+        page.status("waiting")
+        limits = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        # Its next open fails with EMFILE: the region's, once an engine serves the name.
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (_lowest_free_fd(proc.pid), limits[1]))
+        client = shmbridge.launch("null", num_envs=2, name=name)
+        page.status("error", "Too many open files")
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, limits)
+        page.status("live")
+    finally:
+        if client is not None:
+            client.close()
+        stop_view(proc)
+
+
+def test_values_that_are_not_finite_go_out_as_null():
+    spec = shmbridge.EngineSpec.standard("nans", 2, 3, 1)
+    with shmbridge.Engine(spec) as e:
+        np.asarray(e["obs"])[0] = [np.nan, np.inf, 1.5]
+        e.publish()
+        proc, url = start_view(e.name, "--components", "0,1,2")
+        try:
+            page = PageSocket(url)
+            page.status("live")
+            page.wait_for("values", lambda m: m["type"] == "point" and m["values"] == [None, None, 1.5])
+            e.record_episode(0, float("nan"), 3)
+            e.record_episode(1, 2.0, 4)
+            # One point, or two if a sample fell between the episodes.
+            returns = []
+            while len(returns) < 2:
+                point = page.wait_for("the episodes", lambda m: m["type"] == "point" and m["returns"])
+                returns += point["returns"]
+                if None in point["returns"]:
+                    assert point["mean_return"] is None, point
+            assert returns == [None, 2.0]
+        finally:
+            stop_view(proc)
+
+
+def test_idle_connections_of_another_user_do_not_keep_the_page_from_loading():
+    def few_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    with shmbridge.launch("null", num_envs=2) as c:
+        proc, url = start_view(c.name, preexec_fn=few_descriptors)
+        port = int(url.split(":")[2].split("/")[0])
+        idle = []
+        try:
+            # More connections than the viewer has descriptors: open, and never a request.
+            for _ in range(300):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT))
+            page = urllib.request.urlopen(url, timeout=WAIT).read().decode()
+            assert "shmbridge view" in page
+        finally:
+            for s in idle:
+                s.close()
+            stop_view(proc)
+
+
+def test_open_passes_no_token_on_a_command_line_and_does_not_wait_for_the_browser(tmp_path):
+    # A browser command that records how it was started and then never returns (as a
+    # console browser, or a $BROWSER script, may not).
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nprintf '%s\\n' \"$@\" > {tmp_path}/args.tmp\n"
+                       f"mv {tmp_path}/args.tmp {tmp_path}/args\nexec tail -f /dev/null\n")
+    browser.chmod(0o755)
+    env = dict(os.environ, BROWSER=str(browser))
+    with shmbridge.launch("null", num_envs=2) as c:
+        proc, url = start_view(c.name, "--open", env=env)
+        token = url.split("token=")[1]
+        try:
+            # The page loads while the browser command still runs.
+            page = urllib.request.urlopen(url, timeout=WAIT).read().decode()
+            assert "shmbridge view" in page
+            deadline = time.monotonic() + WAIT
+            while not (tmp_path / "args").exists():
+                assert time.monotonic() < deadline, "the browser was never started"
+                time.sleep(0.01)
+            args = (tmp_path / "args").read_text()
+            assert token not in args
+            opened = args.strip()
+            assert opened.startswith("file://"), args
+            path = opened[len("file://"):]
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+            with open(path) as f:
+                assert url in f.read()
+        finally:
+            pid = (tmp_path / "pid").read_text().strip() if (tmp_path / "pid").exists() else None
+            if pid:
+                os.kill(int(pid), 9)
+            stop_view(proc)
+        assert not os.path.exists(path), "the file is removed when the viewer stops"

@@ -41,6 +41,25 @@ def _positive(kind):
     return parse
 
 
+def _in_range(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text}: must be from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _tensor_name(text: str) -> str:
+    if not text.strip() or len(text) > 255:
+        raise argparse.ArgumentTypeError(f"{text!r}: the name of one of the engine's tensors, e.g. rgb")
+    return text
+
+
 def parser(prog: str = "shmbridge view") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -48,16 +67,21 @@ def parser(prog: str = "shmbridge view") -> argparse.ArgumentParser:
         "its frames, episode returns and step rate (read-only: the engine and learner never wait for it).",
     )
     p.add_argument("name", help="the region name the engine printed")
-    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--port", type=_in_range(0, 65535), default=0, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--grid", type=_positive(int), default=16, help="image engines: tile the first G envs (default 16)")
     p.add_argument("--fps", type=_positive(float), default=30.0, help="most frames a second sent to the page (default 30)")
-    p.add_argument("--tensor", default=None, help="the image tensor (default: rgb, or the first u8 image)")
+    p.add_argument("--tensor", type=_tensor_name, default=None,
+                   help="the image tensor (default: rgb, or the first u8 image); one the engine does not serve, "
+                        "or that is no image, is said on the page")
     p.add_argument("--obs", default="obs", help="state-only engines: the tensor whose values are plotted (default obs)")
-    p.add_argument("--env", type=int, default=0, help="state-only engines: the env whose values are plotted (default 0)")
+    p.add_argument("--env", type=_in_range(0, 2**32 - 1), default=0,
+                   help="state-only engines: the env whose values are plotted (default 0)")
     p.add_argument("--components", type=_components, default=None,
                    help="state-only engines: the components plotted, e.g. 0,2 (default: the first four)")
-    p.add_argument("--quality", type=int, default=85, help="JPEG quality of the frames (default 85)")
-    p.add_argument("--open", action="store_true", help="open the page in the default browser")
+    p.add_argument("--quality", type=_in_range(1, 95), default=85, help="JPEG quality of the frames, 1 to 95 (default 85)")
+    p.add_argument("--open", action="store_true",
+                   help="open the page in the default browser (through a file only this user can read: the token "
+                        "never appears on a command line)")
     return p
 
 

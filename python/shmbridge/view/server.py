@@ -6,7 +6,16 @@ tiles the first envs, encodes one JPEG (Pillow) and keeps the newest; each conne
 sends the newest it has not sent, so a slow browser skips frames instead of queueing
 them (aiohttp's ``send_bytes`` waits for the socket to drain). Plot points (episode
 returns, steps per second, observation values) are small and all delivered, from a
-bounded history that a late or lagging page gets whole.
+bounded history that a late or lagging page gets whole. Every message is strict JSON:
+a NaN or infinite value goes out as ``null``.
+
+The watcher never dies quietly: what it cannot watch (a file of another user under the
+name, no descriptors left, a tensor it cannot show) is the page's ``error`` state with
+the reason, and it tries again; were the thread itself to end, the page says that
+too, never "live". Other local users (who have no token) can neither crash a route
+nor starve the page of connections: at most ``MAX_CONNECTIONS`` (fewer where the
+descriptor limit is low) are kept, the oldest idle ones closed to make room, and a
+connection that sends no request is closed after ``IDLE_TIMEOUT`` seconds.
 """
 
 from __future__ import annotations
@@ -18,19 +27,22 @@ import importlib.resources
 import io
 import json
 import math
+import os
+import resource
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from PIL import Image
 
 from .. import errors
-from ..observe import Observer, observe, tile_images, to_rgb
+from ..observe import Observer, image_shape_problem, observe, tile_images, to_rgb
 
 # What ends an observation: the engine closed, died or was truncated, or the name now
 # holds something that is not a region we can watch.
@@ -41,10 +53,23 @@ STATS_EVERY = 0.2
 HISTORY = 3000
 # How often a name with no live engine is looked at again.
 RETRY_EVERY = 0.5
+# Connections the server keeps at most (the oldest idle ones are closed to make room),
+# and how long one may stay idle (no request, or none since its last answer).
+MAX_CONNECTIONS = 256
+IDLE_TIMEOUT = 15.0
+BACKLOG = 16
 
 
-def _finite(x: float) -> Optional[float]:
-    return x if isinstance(x, float) and math.isfinite(x) else None
+def _finite(x: Any) -> Optional[float]:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _json(message: Dict[str, Any]) -> str:
+    """``message`` as strict JSON (what ``JSON.parse`` reads): no NaN or Infinity, ever
+    (``allow_nan=False`` raises rather than send one; the values that may be non-finite
+    are mapped to null before)."""
+    return json.dumps(message, allow_nan=False)
 
 
 class Watcher:
@@ -77,7 +102,7 @@ class Watcher:
             self.loop.call_soon_threadsafe(self._wake)
 
     def _say(self, message: Dict[str, Any]) -> None:
-        text = json.dumps(message)
+        text = _json(message)
         with self.lock:
             self.messages.append((self.next_message, message["session"], message["type"], text))
             self.next_message += 1
@@ -99,29 +124,58 @@ class Watcher:
         with self.lock:
             session = self.status["session"]
             points = [m[3] for m in self.messages if m[1] == session and m[2] == "point"]
-            return [json.dumps(self.status), *points], self.next_message
+            return [_json(self.status), *points], self.next_message
 
     # --- The observer thread ---
 
     def run(self) -> None:
+        try:
+            self._watch()
+        except BaseException as e:
+            # The page must not say "live" over a watcher that is gone.
+            self._error(f"the viewer stopped watching ({type(e).__name__}: {e}); restart shmbridge view")
+            raise
+
+    def _watch(self) -> None:
         observer: Optional[Observer] = None
         session = 0
         while not self.stop.is_set():
-            if observer is None:
-                observer = self._attach()
-                if observer is None:
-                    self.stop.wait(RETRY_EVERY)
-                    continue
-                session += 1
-                self._start(observer, session)
             try:
+                if observer is None:
+                    observer = self._attach()
+                    if observer is None:
+                        self.stop.wait(RETRY_EVERY)
+                        continue
+                    session += 1
+                    self._start(observer, session)
                 self._sample(observer, session)
             except _ENDED as e:
+                assert observer is not None
                 self._end(observer, session, e)
                 observer.close()
                 observer = None
+            except Exception as e:
+                # Not the engine's end: something this viewer cannot read or show (a file
+                # of another user under the name, no descriptors left, ...). Said on the
+                # page and on stderr; tried again, as for a new engine.
+                if observer is not None:
+                    observer.close()
+                    observer = None
+                self._error(f"cannot watch {self.args.name}: {type(e).__name__}: {e}")
+                self.stop.wait(RETRY_EVERY)
         if observer is not None:
             observer.close()
+
+    def _error(self, reason: str) -> None:
+        """The page's error state (said once while it lasts), with ``reason``."""
+        with self.lock:
+            same = self.status["state"] == "error" and self.status["reason"] == reason
+            session = self.status["session"]
+        if same:
+            return
+        print(f"shmbridge view: {reason}", file=sys.stderr, flush=True)
+        self._say({"type": "status", "state": "error", "session": session, "name": self.args.name,
+                   "image": None, "labels": [], "note": None, "reason": reason})
 
     def _attach(self) -> Optional[Observer]:
         try:
@@ -140,11 +194,25 @@ class Watcher:
         a = self.args
         image = a.tensor or o.image
         note = None
-        if image is not None and image not in o.observable:
-            where = o.tensors[image]["location"] if image in o.tensors else "no"
-            note = (f"the frames ('{image}') live in {where} memory, which observers cannot read: "
-                    f"serve them on the host (shmbridge engine --image-device host) to see them here")
+        if image is not None and image not in o.tensors:
+            note = f"the engine serves no tensor '{image}' (it has {', '.join(o.tensors)})"
             image = None
+        elif image is not None and image not in o.observable:
+            t = o.tensors[image]
+            if t["direction"] != "engine->client":
+                note = f"'{image}' is written by the learner, not an image the engine shows"
+            else:
+                note = (f"the frames ('{image}') live in {t['location']} memory, which observers cannot read: "
+                        f"serve them on the host (shmbridge engine --image-device host) to see them here")
+            image = None
+        elif image is not None:
+            problem = image_shape_problem(o.tensors[image]["shape"])  # type: ignore[arg-type]
+            if problem is None and o.tensors[image]["dtype"] not in ("uint8", "float16", "bfloat16", "float32",
+                                                                     "float64"):
+                problem = f"dtype {o.tensors[image]['dtype']} (images are uint8, or floats in [0, 1])"
+            if problem is not None:
+                note = f"'{image}' cannot be shown as images: {problem}"
+                image = None
         self.image_name = image
         self.values: Optional[Tuple[str, int, List[int]]] = None
         labels: List[str] = []
@@ -198,13 +266,13 @@ class Watcher:
             name, env, picked = self.values
             try:
                 row = o.latest([name], (env, env + 1), timeout=STATS_EVERY)[name].reshape(-1)
-                values = [float(row[c]) for c in picked]
+                values = [_finite(row[c]) for c in picked]
             except errors.TimeoutError:
                 pass
         self._say({"type": "point", "session": session, "t": round(s.time - self.session_start, 3),
                    "frame": s.frame, "episodes": s.episodes, "sps": _finite(s.steps_per_second),
                    "mean_return": _finite(s.mean_return), "mean_length": _finite(s.mean_length),
-                   "returns": [e.episode_return for e in s.new_episodes], "values": values})
+                   "returns": [_finite(e.episode_return) for e in s.new_episodes], "values": values})
 
     def _frame(self, o: Observer) -> None:
         name = self.image_name
@@ -230,8 +298,12 @@ def _page() -> str:
 def make_app(watcher: Watcher, token: str) -> web.Application:
     page = _page()
 
+    expected = token.encode()
+
     def allowed(request: web.Request) -> bool:
-        return secrets.compare_digest(request.query.get("token", ""), token)
+        # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError, then
+        # HTTP 500, for ?token=%C3%A9).
+        return secrets.compare_digest(request.query.get("token", "").encode("utf-8", "surrogateescape"), expected)
 
     async def index(request: web.Request) -> web.StreamResponse:
         if not allowed(request):
@@ -252,6 +324,7 @@ def make_app(watcher: Watcher, token: str) -> web.Application:
         ws = web.WebSocketResponse(heartbeat=20.0)
         await ws.prepare(request)
         watcher.clients += 1
+        sockets.add(ws)
 
         async def drain() -> None:
             # Reading is what notices the page's close.
@@ -270,14 +343,14 @@ def make_app(watcher: Watcher, token: str) -> web.Application:
                 texts_or_none, next_seen = watcher.since(seen)
                 if texts_or_none is None:
                     texts_or_none, next_seen = watcher.history()
-                    await ws.send_str(json.dumps({"type": "reset"}))
+                    await ws.send_str(_json({"type": "reset"}))
                 seen = next_seen
                 for text in texts_or_none:
                     await ws.send_str(text)
                 version, number, jpeg = watcher.image
                 if version != sent_image and jpeg is not None:
                     sent_image = version
-                    await ws.send_str(json.dumps({"type": "image", "frame": number}))
+                    await ws.send_str(_json({"type": "image", "frame": number}))
                     await ws.send_bytes(jpeg)
                     continue  # newer ones may have come while this one went out
                 try:
@@ -288,37 +361,108 @@ def make_app(watcher: Watcher, token: str) -> web.Application:
             pass
         finally:
             watcher.clients -= 1
+            sockets.discard(ws)
             reader.cancel()
         return ws
 
+    async def close_sockets(app: web.Application) -> None:
+        # On the way out: an open page would otherwise hold the shutdown for its timeout.
+        for ws in list(sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"the viewer stops")
+
+    sockets: "set[web.WebSocketResponse]" = set()
     app = web.Application()
+    app.on_shutdown.append(close_sockets)
     app.add_routes([web.get("/", index), web.get("/frame.jpg", frame), web.get("/ws", socket)])
     return app
+
+
+def _connection_limit() -> int:
+    """The connections to keep at most: ``MAX_CONNECTIONS``, or fewer where the
+    descriptor limit would not hold them (the soft limit raised to the hard one first)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    # Half of what is left after the descriptors the process holds besides (Python, the
+    # observer, the event loop): the rest stays free for them.
+    return max(8, min(MAX_CONNECTIONS, (int(soft) - 64 - BACKLOG) // 2))
+
+
+class _Bounded:
+    """A protocol factory around aiohttp's server that keeps at most ``limit``
+    connections: each new one past it first closes the oldest connections that are idle
+    (no request in hand: one that never sent one, or is between requests), so idle
+    connections of another local user cannot use up the descriptors and keep the page
+    from loading. WebSockets and requests in hand are never closed. (The server is
+    made with a small ``BACKLOG``, which asyncio also takes as the most connections it
+    accepts at once, before any of them is counted here.)"""
+
+    def __init__(self, server: web.Server, limit: int):
+        self.server = server
+        self.limit = limit
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        open_ = [h for h in self.server.connections if not getattr(h, "_force_close", False)]
+        excess = len(open_) + 1 - self.limit
+        for h in open_:  # oldest first
+            if excess <= 0:
+                break
+            if getattr(h, "_current_request", None) is None and not getattr(h, "_messages", None):
+                h.force_close()
+                excess -= 1
+        return self.server()
+
+
+def _open_in_browser(url: str) -> Tuple[threading.Thread, str]:
+    """Opens ``url`` in the default browser without its token on any command line (which
+    every local user can read in ``ps``): the browser is given a file, readable by this
+    user only in a folder of its own, that sends it on to ``url``. ``webbrowser.open``
+    runs in a thread of its own (a console browser, or ``$BROWSER``, may not return until
+    it ends). Returns the thread and the folder (removed when the viewer stops)."""
+    import webbrowser
+    from html import escape
+
+    folder = tempfile.mkdtemp(prefix="shmbridge-view-")  # mode 0700
+    path = os.path.join(folder, "open.html")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        target = escape(url, quote=True)
+        f.write(f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
+                f'<title>shmbridge view</title><a href="{target}">shmbridge view</a>\n')
+    thread = threading.Thread(target=webbrowser.open, args=("file://" + path,), name="shmbridge-view-browser",
+                              daemon=True)
+    thread.start()
+    return thread, folder
 
 
 async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     token = secrets.token_urlsafe(24)
     watcher = Watcher(args, loop)
-    runner = web.AppRunner(make_app(watcher, token), handle_signals=False, access_log=None)
+    runner = web.AppRunner(make_app(watcher, token), handle_signals=False, access_log=None,
+                           keepalive_timeout=IDLE_TIMEOUT)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    assert runner.server is not None
     try:
-        await site.start()
+        server = await loop.create_server(_Bounded(runner.server, _connection_limit()), "127.0.0.1", args.port,
+                                          backlog=BACKLOG)
     except OSError as e:
         await runner.cleanup()
         print(f"shmbridge view: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 1
-    port = runner.addresses[0][1]
+    port = server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}/?token={token}"
     thread = threading.Thread(target=watcher.run, name="shmbridge-view-watcher", daemon=True)
     thread.start()
     print(url, flush=True)
     print(f"shmbridge view: watching {args.name} at {url} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    if args.open:
-        import webbrowser
-
-        webbrowser.open(url)
+    opened = _open_in_browser(url) if args.open else None
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -326,8 +470,13 @@ async def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
     finally:
         watcher.stop.set()
+        server.close()
         await runner.cleanup()
         await loop.run_in_executor(None, thread.join, 5.0)
+        if opened is not None:
+            import shutil
+
+            shutil.rmtree(opened[1], ignore_errors=True)
     return 0
 
 

@@ -14,6 +14,9 @@
 //!   `cuIpcGetMemHandle` works on its base), exported by [`DeviceAllocation::ipc_handle`];
 //! - client: [`import_memory`] (`cuIpcOpenMemHandle`, once per process, context and
 //!   handle: cached; closed exactly once, when the last user drops it);
+//! - memory shared by file descriptor: [`FdMemory`] (`cuMemCreate` with POSIX fd handles,
+//!   exported with [`FdMemory::export_fd`], imported by a client with
+//!   [`FdMemory::import`]), which crosses PID namespaces where CUDA IPC does not;
 //! - client of Vulkan tensors: [`ExternalMemory`] (`cuImportExternalMemory` of an
 //!   `OPAQUE_FD` and its mapped buffer) and [`ExternalSemaphore`] (waited on a stream).
 //!
@@ -83,7 +86,25 @@ const DRIVER_SYMBOLS: &[&str] = &[
 #[derive(Debug)]
 pub struct Driver {
     info: CudaInfo,
+    /// The entry points of [`VMM_SYMBOLS`] this driver lacks (an old driver still serves
+    /// CUDA IPC; only memory shared by fd needs them).
+    vmm_absent: Vec<&'static str>,
 }
+
+/// The driver symbols of memory shared by file descriptor ([`FdMemory`]): checked
+/// apart from [`DRIVER_SYMBOLS`], so that a driver without them still serves CUDA IPC.
+const VMM_SYMBOLS: &[&str] = &[
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+];
 
 static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 
@@ -136,6 +157,10 @@ fn probe_uncached() -> std::result::Result<Driver, String> {
             absent.join(", ")
         ));
     }
+    let vmm_absent = missing(VMM_SYMBOLS, |n| {
+        // SAFETY: a dlsym lookup only; the pointer is never called or dereferenced.
+        unsafe { lib.get::<*const c_void>(n.as_bytes()) }.is_ok()
+    });
     // SAFETY (this and the two calls below): the symbols are present (checked above), so
     // cudarc's loader does not panic; the out-pointers are valid locals.
     let r = unsafe { sys::cuInit(0) };
@@ -165,6 +190,7 @@ fn probe_uncached() -> std::result::Result<Driver, String> {
             driver_version: version,
             device_count: count,
         },
+        vmm_absent,
     })
 }
 
@@ -820,6 +846,334 @@ impl Drop for ImportedMemory {
             // exactly once (here; the Arc ensures a single owner drops it).
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
             CLOSES.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory shared by file descriptor (the virtual memory management API): crosses PID
+// namespaces, where CUDA IPC handles do not
+
+/// The allocation properties of memory shareable as a POSIX fd on device `dev`.
+fn fd_shareable_props(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct of integers and a null pointer; all zero is "no flags,
+    // no compression, reserved 0", as the driver documents its defaults.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    };
+    p
+}
+
+impl PrimaryContext {
+    /// `Ok(())` when this device can share memory by fd ([`FdMemory`]): the driver has
+    /// the entry points and the device supports virtual memory management and POSIX fd
+    /// handles; else `Err` with the reason (the caller falls back to CUDA IPC or
+    /// refuses). Driver errors are `Error::Cuda`.
+    pub fn fd_sharing(&self, driver: &Driver) -> Result<std::result::Result<(), String>> {
+        if !driver.vmm_absent.is_empty() {
+            return Ok(Err(format!(
+                "the CUDA driver lacks {}",
+                driver.vmm_absent.join(", ")
+            )));
+        }
+        for (attr, what) in [
+            (
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                "virtual memory management",
+            ),
+            (
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                "POSIX file descriptor handles",
+            ),
+        ] {
+            let mut v = 0;
+            // SAFETY: valid out-pointer; `dev` came from cuDeviceGet; a defined attribute.
+            check("cuDeviceGetAttribute", unsafe {
+                sys::cuDeviceGetAttribute(&mut v, attr, self.dev)
+            })?;
+            if v == 0 {
+                return Ok(Err(format!(
+                    "CUDA device {} does not support {what}",
+                    self.ordinal
+                )));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// The granularity (bytes) of fd-shareable allocations on this device: their sizes
+    /// are multiples of it.
+    pub fn fd_granularity(&self) -> Result<usize> {
+        let props = fd_shareable_props(self.dev);
+        let mut g = 0usize;
+        // SAFETY: valid out-pointer and properties; the symbol was checked by the
+        // caller's `fd_sharing` (FdMemory's constructors check it again).
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &props,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        if g == 0 {
+            return Err(Error::Cuda {
+                call: "cuMemGetAllocationGranularity",
+                detail: "a granularity of 0 bytes".into(),
+            });
+        }
+        Ok(g)
+    }
+}
+
+/// Device memory made with `cuMemCreate` (requested handle type
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) by the engine, or imported from such an
+/// allocation's fd by a client (`cuMemImportFromShareableHandle`), and mapped whole at an
+/// address range reserved for it (`cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
+/// read-write for the context's device). Unlike a CUDA IPC handle, the fd works in any
+/// process that receives it (over a Unix socket: `SCM_RIGHTS`), whatever its PID
+/// namespace. Unmapped, the range freed and the handle released on drop (after the
+/// context's queued work), unless [`leak`](FdMemory::leak)ed.
+#[derive(Debug)]
+pub struct FdMemory {
+    handle: sys::CUmemGenericAllocationHandle,
+    /// 0 until mapped.
+    ptr: sys::CUdeviceptr,
+    /// The reserved and mapped size (the allocation's).
+    size: usize,
+    /// Whether `ptr..ptr+size` is reserved, and whether it is mapped.
+    reserved: bool,
+    mapped: bool,
+    ctx: Arc<PrimaryContext>,
+}
+
+// SAFETY: a generic allocation handle and a device address are numbers the driver
+// interprets; usable from any thread.
+unsafe impl Send for FdMemory {}
+// SAFETY: `&self` methods only read them or hand them to the driver.
+unsafe impl Sync for FdMemory {}
+
+impl FdMemory {
+    /// `size` bytes (≥ 1, rounded up to the device's granularity), zeroed, shareable as
+    /// an fd. `CudaUnavailable` where the device cannot share memory by fd.
+    pub fn allocate(driver: &Driver, ctx: &Arc<PrimaryContext>, size: usize) -> Result<FdMemory> {
+        if size == 0 {
+            return Err(Error::InvalidSpec(
+                "a device allocation needs ≥ 1 byte".into(),
+            ));
+        }
+        Self::supported(driver, ctx)?;
+        let g = ctx.fd_granularity()?;
+        let size = size
+            .checked_next_multiple_of(g)
+            .ok_or_else(|| Error::InvalidSpec(format!("a device allocation of {size} bytes")))?;
+        let _current = ctx.bind()?;
+        let props = fd_shareable_props(ctx.dev);
+        let mut handle = 0;
+        // SAFETY: valid out-pointer and properties; `size` is a multiple of the
+        // granularity for these properties; the symbols are present (`supported`).
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &props, 0)
+        })?;
+        let mut m = FdMemory {
+            handle,
+            ptr: 0,
+            size,
+            reserved: false,
+            mapped: false,
+            ctx: ctx.clone(),
+        };
+        // On an error below, `m`'s drop undoes what was done.
+        m.map()?;
+        // SAFETY: `ptr..ptr+size` is mapped read-write for this context's device.
+        check("cuMemsetD8_v2", unsafe {
+            sys::cuMemsetD8_v2(m.ptr, 0, size)
+        })?;
+        finish_legacy_stream()?;
+        Ok(m)
+    }
+
+    /// Imports the allocation behind `fd` (from [`FdMemory::export_fd`] in another
+    /// process) and maps `size` bytes of it: the engine's `export_size`, a multiple of
+    /// this device's granularity. An fd that is not such an allocation, or an allocation
+    /// smaller than `size`, is an `Error::Cuda` from the driver (nothing mapped). The fd
+    /// stays the caller's: the import holds the memory, not the fd.
+    pub fn import(
+        driver: &Driver,
+        ctx: &Arc<PrimaryContext>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: u64,
+    ) -> Result<FdMemory> {
+        use std::os::fd::AsRawFd;
+        Self::supported(driver, ctx)?;
+        let g = ctx.fd_granularity()?;
+        let size = usize::try_from(size)
+            .ok()
+            .filter(|&s| s > 0 && s % g == 0)
+            .ok_or_else(|| {
+                Error::InvalidSpec(format!(
+                    "a shared CUDA allocation of {size} bytes (not a positive multiple of the \
+                 device's {g}-byte granularity)"
+                ))
+            })?;
+        let _current = ctx.bind()?;
+        let mut handle = 0;
+        // SAFETY: valid out-pointer; for a POSIX fd handle the driver takes the fd's
+        // number in the pointer argument (`(void *)(uintptr_t)fd`) and only reads it;
+        // the fd is open (borrowed) across the call; the symbols are present.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        let mut m = FdMemory {
+            handle,
+            ptr: 0,
+            size,
+            reserved: false,
+            mapped: false,
+            ctx: ctx.clone(),
+        };
+        m.map()?;
+        Ok(m)
+    }
+
+    fn supported(driver: &Driver, ctx: &PrimaryContext) -> Result<()> {
+        ctx.fd_sharing(driver)?
+            .map_err(|reason| Error::CudaUnavailable {
+                reason: format!("CUDA memory cannot be shared by file descriptor here: {reason}"),
+            })
+    }
+
+    /// Reserves an address range of `size` bytes, maps the allocation there and makes it
+    /// readable and writable by the context's device. The context is current (callers).
+    fn map(&mut self) -> Result<()> {
+        let g = self.ctx.fd_granularity()?;
+        // SAFETY: valid out-pointer; `size` is a multiple of the granularity; no fixed
+        // address, no flags.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut self.ptr, self.size, g, 0, 0)
+        })?;
+        self.reserved = true;
+        // SAFETY: the range was just reserved with this size; `handle` is a live
+        // allocation handle (the driver refuses an allocation smaller than `size`).
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(self.ptr, self.size, 0, self.handle, 0)
+        })?;
+        self.mapped = true;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ctx.dev,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole mapped range; one valid descriptor.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(self.ptr, self.size, &access, 1)
+        })
+    }
+
+    /// A new fd of the allocation (`cuMemExportToShareableHandle`), close-on-exec, for
+    /// the fd socket. Each call makes another fd; the receiver's import keeps the memory
+    /// alive on its own.
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let _current = self.ctx.bind()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for a POSIX fd handle the driver writes an `int` through the pointer;
+        // `handle` is a live allocation made with that handle type requested.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::Cuda {
+                call: "cuMemExportToShareableHandle",
+                detail: format!("returned fd {fd}"),
+            });
+        }
+        // SAFETY: a new fd the driver just opened for us and nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // Drivers hand out exported fds without close-on-exec.
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))?;
+        Ok(fd)
+    }
+
+    /// Device address of the first byte, in this process.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The mapped size (the allocation's, a multiple of the granularity).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device address of `offset..offset+len`, checked against the mapping.
+    pub fn span(&self, offset: u64, len: u64) -> Option<u64> {
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= self.size as u64)
+            .map(|_| self.ptr + offset)
+    }
+
+    /// Synchronous host→device copy into `offset..offset+bytes.len()`.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        check_span(offset, bytes.len(), self.size)?;
+        let _current = self.ctx.bind()?;
+        // SAFETY: the span lies inside the mapping (checked); `bytes` is valid host
+        // memory of that length.
+        check("cuMemcpyHtoD_v2", unsafe {
+            sys::cuMemcpyHtoD_v2(
+                self.ptr + offset as u64,
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+            )
+        })?;
+        finish_legacy_stream()
+    }
+
+    /// Synchronous device→host copy of `offset..offset+out.len()`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_span(offset, out.len(), self.size)?;
+        read_device(&self.ctx, self.ptr + offset as u64, out)
+    }
+
+    /// Gives the memory up without unmapping or releasing it (as
+    /// [`DeviceAllocation::leak`]: the driver reclaims it when this process exits).
+    pub fn leak(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for FdMemory {
+    fn drop(&mut self) {
+        let Ok(_current) = self.ctx.bind() else {
+            return;
+        };
+        // SAFETY (the four calls): the context's queued work is finished before the
+        // mapping goes; each undoes one step that succeeded, once, in reverse order.
+        unsafe {
+            let _ = sys::cuCtxSynchronize();
+            if self.mapped {
+                let _ = sys::cuMemUnmap(self.ptr, self.size);
+            }
+            if self.reserved {
+                let _ = sys::cuMemAddressFree(self.ptr, self.size);
+            }
+            let _ = sys::cuMemRelease(self.handle);
         }
     }
 }

@@ -26,32 +26,31 @@ const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcGetCUBIN",
 ];
 
+/// What NVRTC compiles to: PTX (for the driver to compile) or a cubin (machine code)
+/// for one compute capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Ptx,
+    Cubin(i32, i32),
+}
+
+/// A successful NVRTC compilation: the image and NVRTC's program log, which is empty
+/// unless NVRTC warned (CI fails on a non-empty one: tests/cuda.rs).
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The PTX text (without its NUL) or the cubin (an ELF image).
+    pub image: Vec<u8>,
+    /// NVRTC's warnings, trimmed; empty when there were none.
+    pub log: String,
+}
+
 /// Compiles CUDA C to PTX with NVRTC (loaded dynamically; `CudaUnavailable` if absent).
 pub fn compile(_driver: &Driver, name: &str, source: &str, options: &[&str]) -> Result<String> {
-    nvrtc_usable()?;
-    if source.contains('\0') || name.contains('\0') {
-        return Err(Error::InvalidSpec(format!(
-            "kernel source '{name}' contains NUL"
-        )));
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        name: Some(name.to_string()),
-        options: options.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    };
-    let source = source.to_string();
-    // cudarc unwraps the program log on a compile error; guard that path too.
-    let compiled =
-        std::panic::catch_unwind(move || cudarc::nvrtc::compile_ptx_with_opts(source, opts))
-            .map_err(|_| Error::Cuda {
-                call: "nvrtcCompileProgram",
-                detail: format!("NVRTC panicked compiling {name}"),
-            })?;
-    let ptx = compiled.map_err(|e| Error::Cuda {
-        call: "nvrtcCompileProgram",
-        detail: format!("{name}: {e}"),
-    })?;
-    Ok(ptx.to_src())
+    let ptx = compile_to(name, source, options, Target::Ptx)?.image;
+    String::from_utf8(ptx).map_err(|_| Error::Cuda {
+        call: "nvrtcGetPTX",
+        detail: format!("{name}: NVRTC produced PTX that is not UTF-8"),
+    })
 }
 
 /// Compiles CUDA C to a cubin (machine code) for compute capability `arch` with NVRTC.
@@ -66,19 +65,33 @@ pub fn compile_cubin(
     options: &[&str],
     arch: (i32, i32),
 ) -> Result<Vec<u8>> {
+    Ok(compile_to(name, source, options, Target::Cubin(arch.0, arch.1))?.image)
+}
+
+/// Compiles CUDA C with NVRTC to `target`, and returns the image with NVRTC's log (its
+/// warnings). Needs NVRTC only, no driver or device. A compile error is an `Error::Cuda`
+/// that quotes the log; `CudaUnavailable` where NVRTC is missing.
+pub fn compile_to(name: &str, source: &str, options: &[&str], target: Target) -> Result<Compiled> {
     use cudarc::nvrtc::{result, sys as nv};
     nvrtc_usable()?;
-    let (src, cname) = match (CString::new(source), CString::new(name)) {
-        (Ok(s), Ok(n)) => (s, n),
-        _ => {
-            return Err(Error::InvalidSpec(format!(
-                "kernel source '{name}' contains NUL"
-            )))
+    let nul = |what: &str| Error::InvalidSpec(format!("kernel '{name}': {what} contains NUL"));
+    let src = CString::new(source).map_err(|_| nul("the source"))?;
+    let cname = CString::new(name).map_err(|_| nul("the name"))?;
+    let mut opts: Vec<String> = options.iter().map(|s| s.to_string()).collect();
+    let what = match target {
+        Target::Ptx => "PTX".to_string(),
+        Target::Cubin(major, minor) => {
+            opts.push(format!("--gpu-architecture=sm_{major}{minor}"));
+            format!("sm_{major}{minor}")
         }
     };
+    // cudarc's compile_program unwraps each option's conversion to a C string.
+    if opts.iter().any(|o| o.contains('\0')) {
+        return Err(nul("an option"));
+    }
     let nv_err = |call: &'static str, e: result::NvrtcError| Error::Cuda {
         call,
-        detail: format!("{name}: {e:?}"),
+        detail: format!("{name} for {what}: {e:?}"),
     };
     let prog =
         result::create_program(&src, Some(&cname)).map_err(|e| nv_err("nvrtcCreateProgram", e))?;
@@ -91,46 +104,61 @@ pub fn compile_cubin(
         }
     }
     let prog = Program(prog);
-    let mut opts: Vec<String> = options.iter().map(|s| s.to_string()).collect();
-    opts.push(format!("--gpu-architecture=sm_{}{}", arch.0, arch.1));
-    // SAFETY: a live program; the options are converted to C strings by cudarc.
-    if let Err(e) = unsafe { result::compile_program(prog.0, &opts) } {
-        // SAFETY: a live program whose compilation ran.
-        let log = unsafe { result::get_program_log(prog.0) }
-            .map(|l| {
-                let bytes: Vec<u8> = l
-                    .iter()
-                    .take_while(|&&c| c != 0)
-                    .map(|&c| c as u8)
-                    .collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
-            .unwrap_or_default();
+    // SAFETY: a live program; the options hold no NUL (checked above).
+    let compiled = unsafe { result::compile_program(prog.0, &opts) };
+    // SAFETY: a live program whose compilation ran.
+    let log = unsafe { result::get_program_log(prog.0) }
+        .map(|l| {
+            let bytes: Vec<u8> = l
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).trim().to_string()
+        })
+        .unwrap_or_default();
+    if let Err(e) = compiled {
         return Err(Error::Cuda {
             call: "nvrtcCompileProgram",
-            detail: format!("{name} for sm_{}{}: {e:?} {}", arch.0, arch.1, log.trim()),
+            detail: format!("{name} for {what}: {e:?} {log}"),
         });
     }
+    type SizeOf = unsafe fn(nv::nvrtcProgram, *mut usize) -> nv::nvrtcResult;
+    type Get = unsafe fn(nv::nvrtcProgram, *mut std::ffi::c_char) -> nv::nvrtcResult;
+    let (size_of, get, calls): (SizeOf, Get, _) = match target {
+        Target::Ptx => (
+            nv::nvrtcGetPTXSize,
+            nv::nvrtcGetPTX,
+            ("nvrtcGetPTXSize", "nvrtcGetPTX"),
+        ),
+        Target::Cubin(..) => (
+            nv::nvrtcGetCUBINSize,
+            nv::nvrtcGetCUBIN,
+            ("nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
+        ),
+    };
     let mut size = 0usize;
     // SAFETY: a live, compiled program; valid out-pointer.
-    unsafe { nv::nvrtcGetCUBINSize(prog.0, &mut size) }
+    unsafe { size_of(prog.0, &mut size) }
         .result()
-        .map_err(|e| nv_err("nvrtcGetCUBINSize", e))?;
+        .map_err(|e| nv_err(calls.0, e))?;
     if size == 0 {
         return Err(Error::Cuda {
-            call: "nvrtcGetCUBIN",
-            detail: format!(
-                "{name}: NVRTC produced no cubin for sm_{}{}",
-                arch.0, arch.1
-            ),
+            call: calls.1,
+            detail: format!("{name}: NVRTC produced no image for {what}"),
         });
     }
-    let mut cubin = vec![0u8; size];
-    // SAFETY: `cubin` has the `size` bytes NVRTC asked for.
-    unsafe { nv::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` has the `size` bytes NVRTC asked for.
+    unsafe { get(prog.0, image.as_mut_ptr().cast()) }
         .result()
-        .map_err(|e| nv_err("nvrtcGetCUBIN", e))?;
-    Ok(cubin)
+        .map_err(|e| nv_err(calls.1, e))?;
+    if target == Target::Ptx {
+        // PTX is a C string: its size counts the NUL.
+        let text = image.iter().position(|&b| b == 0).unwrap_or(image.len());
+        image.truncate(text);
+    }
+    Ok(Compiled { image, log })
 }
 
 /// `CudaUnavailable` unless libnvrtc loads and has every entry point used here.

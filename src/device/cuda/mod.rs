@@ -11,7 +11,8 @@
 //!
 //! All CUDA FFI and its `unsafe` live in [`driver`].
 
-use crate::error::Error;
+use crate::error::{Error, PidNamespace, Result};
+use crate::layout::{CudaSharing, Layout};
 
 #[cfg(feature = "cuda")]
 pub mod driver;
@@ -34,6 +35,48 @@ pub fn pick_device(uuid: [u8; 16], ordinal: i32, visible: &[[u8; 16]]) -> Option
         .ok()
         .filter(|&o| o < visible.len())
         .map(|_| ordinal)
+}
+
+/// How this client takes the engine's CUDA memory, chosen at attach (before the driver
+/// is probed or the slot claimed) from what the tensor table offers and where the engine
+/// lives (`engine`: whether this PID namespace shows its process, `os::pid_namespace`).
+/// `Ok(None)` without CUDA tensors.
+///
+/// - IPC handles (1.2) in this PID namespace: [`CudaSharing::Ipc`], the simpler path.
+/// - IPC handles of an engine in another PID namespace (another container): refused,
+///   `CudaUnavailable` naming the tensor and why (`cuIpcOpenMemHandle` does not cross PID
+///   namespaces), before anything is claimed, instead of a driver error after.
+/// - Memory shared by fd (1.9 draft): [`CudaSharing::Fd`], wherever the engine lives (the
+///   fds come over the region's socket, which crosses PID namespaces).
+/// - Both in one table: `InvalidHeader` (an engine shares its CUDA memory one way).
+pub fn choose_sharing(layout: &Layout, engine: PidNamespace) -> Result<Option<CudaSharing>> {
+    let mut cuda = layout.tensors.iter().filter_map(|t| t.cuda.map(|c| (t, c)));
+    let Some((first, c)) = cuda.next() else {
+        return Ok(None);
+    };
+    if let Some((t, _)) = cuda.find(|(_, o)| o.sharing != c.sharing) {
+        return Err(Error::InvalidHeader {
+            field: "flags",
+            reason: format!(
+                "CUDA tensors '{}' and '{}' are shared in two ways (IPC handle, fd): an \
+                 engine shares its CUDA memory one way",
+                first.name, t.name
+            ),
+        });
+    }
+    match (c.sharing, engine) {
+        (CudaSharing::Ipc, PidNamespace::This) | (CudaSharing::Fd, _) => Ok(Some(c.sharing)),
+        (CudaSharing::Ipc, PidNamespace::Other) => Err(Error::CudaUnavailable {
+            reason: format!(
+                "tensor '{}' lives on CUDA, shared by a CUDA IPC handle, and the engine (pid \
+                 {} in its own PID namespace) is not in this process's PID namespace (another \
+                 container): CUDA IPC handles do not cross PID namespaces. Run both in one \
+                 PID namespace (docker --pid=container:<engine>, or a pod with \
+                 shareProcessNamespace), or read the tensors from host memory",
+                first.name, layout.engine_pid
+            ),
+        }),
+    }
 }
 
 /// The blocks `driver::Module::launch` makes for `threads` threads of `block` (≥ 1):
@@ -75,6 +118,50 @@ pub fn unavailable_without_feature() -> Error {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::layout::{DType, Direction, HeaderBuilder, TensorSpec};
+
+    /// A validated layout of a CUDA engine that shares by IPC handle, or by fd.
+    fn layout(fd: bool) -> Layout {
+        let specs = [
+            TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient)
+                .on(crate::device::Device::cuda(0)),
+            TensorSpec::new("reward", DType::F32, &[4], Direction::EngineToClient),
+        ];
+        let mut b = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+        match fd {
+            true => b.set_cuda_fd_export([2; 16], [3; 64]),
+            false => b.set_cuda_export([1; 64], [2; 16], [3; 64]),
+        }
+        let mut bytes = b.bytes();
+        bytes.resize(b.header.region_size as usize, 0);
+        bytes[..8].copy_from_slice(&crate::layout::MAGIC.to_le_bytes());
+        crate::layout::validate("r", &bytes, b.header.region_size).unwrap()
+    }
+
+    #[test]
+    fn the_sharing_is_chosen_by_the_table_and_the_engines_pid_namespace() {
+        use PidNamespace::{Other, This};
+        let (ipc, fd) = (layout(false), layout(true));
+        assert_eq!(choose_sharing(&ipc, This).unwrap(), Some(CudaSharing::Ipc));
+        assert_eq!(choose_sharing(&fd, This).unwrap(), Some(CudaSharing::Fd));
+        assert_eq!(choose_sharing(&fd, Other).unwrap(), Some(CudaSharing::Fd));
+        match choose_sharing(&ipc, Other) {
+            Err(Error::CudaUnavailable { reason }) => {
+                assert!(reason.contains("'obs'"), "{reason}");
+                assert!(reason.contains("PID namespace"), "{reason}");
+            }
+            other => panic!("IPC handles across PID namespaces: {other:?}"),
+        }
+        let mut host = ipc.clone();
+        host.tensors.retain(|t| t.cuda.is_none());
+        assert_eq!(choose_sharing(&host, Other).unwrap(), None);
+        let mut mixed = ipc.clone();
+        mixed.tensors.push(fd.tensors[0].clone());
+        assert!(matches!(
+            choose_sharing(&mixed, This),
+            Err(Error::InvalidHeader { field: "flags", .. })
+        ));
+    }
 
     #[test]
     fn devices_are_matched_by_uuid_then_ordinal() {

@@ -435,42 +435,57 @@ impl ClientVulkan {
     /// descriptor its hello carries holds the engine's proof byte). Anything else is a
     /// `Protocol` error naming who answered, and this client's proof never left it. Then
     /// it sends its proof (a descriptor holding the client's proof byte: the engine sends
-    /// fds only to its attached client) and takes the fds.
+    /// fds only to its attached client) and takes the fds. An exchange the server refused
+    /// as unread (it made room for newer peers) is tried again while the timeout allows
+    /// ([`crate::fdpass::exchange`]); every descriptor received from a process not found
+    /// to be the engine is closed off this thread (`os::close_untrusted`).
     fn receive_from_the_engine(
         &self,
         layout: &Layout,
         region: &dyn ControlMapping,
     ) -> Result<Vec<OwnedFd>> {
         let path = control::socket_path(&self.name)?;
-        let exchange =
-            crate::fdpass::open_exchange(&self.name, &path, super::fd_count(layout), self.timeout)?;
-        let not_the_engine = |why: String| Error::Protocol {
-            peer: Peer::Engine,
-            detail: format!(
-                "the process answering on the fd socket '{path}' ({}) is not the engine of \
-                 region '{}': {why}; this client did not show it its proof, and took no fd \
-                 from it",
-                exchange.server, self.name
-            ),
-        };
-        let euid = crate::fdpass::euid();
-        if exchange.server.uid != euid {
-            return Err(not_the_engine(format!(
-                "it runs as uid {}, this process as uid {euid}",
-                exchange.server.uid
-            )));
-        }
-        let (pid, start) = (layout.engine_pid, layout.engine_start_time);
-        if crate::os::process_seen(pid, start).is_some() && exchange.server.pid != Some(pid) {
-            return Err(not_the_engine(format!("the engine is pid {pid}")));
-        }
-        if let Err(why) = region.proves(exchange.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
-            return Err(not_the_engine(format!(
-                "its proof of owning the region fails: {why}"
-            )));
-        }
         let proof = region.client_proof()?;
-        exchange.request(proof.as_fd())
+        let euid = crate::fdpass::euid();
+        let (pid, start) = (layout.engine_pid, layout.engine_start_time);
+        let mut check = |exchange: &crate::fdpass::Exchange| -> Result<()> {
+            let not_the_engine = |why: String| Error::Protocol {
+                peer: Peer::Engine,
+                detail: format!(
+                    "the process answering on the fd socket '{path}' ({}) is not the engine of \
+                     region '{}': {why}; this client did not show it its proof, and took no fd \
+                     from it",
+                    exchange.server, self.name
+                ),
+            };
+            if exchange.server.uid != euid {
+                return Err(not_the_engine(format!(
+                    "it runs as uid {}, this process as uid {euid}",
+                    exchange.server.uid
+                )));
+            }
+            if crate::os::process_seen(pid, start).is_some() && exchange.server.pid != Some(pid) {
+                return Err(not_the_engine(format!("the engine is pid {pid}")));
+            }
+            if let Err(why) = region.proves(exchange.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
+                return Err(not_the_engine(format!(
+                    "its proof of owning the region fails: {why}"
+                )));
+            }
+            Ok(())
+        };
+        let answer = crate::fdpass::exchange(
+            &self.name,
+            &path,
+            super::fd_count(layout),
+            self.timeout,
+            proof.as_fd(),
+            &mut check,
+        )?;
+        // The engine's proof, found to be the region's file: its close cannot block
+        // (tmpfs), and it is closed here, now.
+        drop(answer.proof.into_owned());
+        Ok(answer.fds)
     }
 
     /// The name of tensor `index` of the layout this client imported, for messages.
@@ -578,7 +593,8 @@ impl ClientBackend for ClientVulkan {
     /// Reads queued on other streams must be ordered before it by the caller, as for any
     /// cross-stream use in torch. With a semaphore the stream may wait for a value the
     /// engine never signals: the drain then polls, checking the engine between polls, and
-    /// gives up after `timeout` (`Timeout`; the action is not posted). The CPU importer
+    /// gives up after `timeout` (`Timeout`, which the client's step reports as
+    /// `NotPosted`: the action is not posted, nothing is in flight). The CPU importer
     /// reads synchronously: nothing to do.
     fn before_post(
         &self,

@@ -5,11 +5,13 @@
 //! A thread rather than the step loop: a client connects while it attaches, which may
 //! be before frame 0 or while the engine is busy in a long step or asleep in
 //! `wait_actions`; its attach must not depend on where the engine's loop is. The thread
-//! sleeps in `poll` on the socket and the connections it waits on, and costs nothing
-//! between attaches; `stop` wakes it (`shutdown`) and joins it. No peer holds up
-//! another: it waits on up to [`fdpass::MAX_PEERS`] connections at once, each for at
-//! most [`fdpass::PEER_TIMEOUT`], drops the oldest to make room for a new one, and
-//! never blocks on a peer's socket.
+//! sleeps in `poll` on the socket and the connections it waits on, waking between
+//! attaches once a second to look after the engine's proof ([`KEEP_PROOF_EVERY`]);
+//! `stop` wakes it (`shutdown`) and joins it. No peer holds up another: it waits on up
+//! to [`fdpass::MAX_PEERS`] connections at once, each for at most
+//! [`fdpass::PEER_TIMEOUT`], answers the requests already there and then drops the
+//! oldest to make room for a new one, and never blocks on a peer: not on its socket,
+//! and not on the close of a descriptor it sent (`fdpass::Untrusted`).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -19,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::control::{ClientState, ControlMapping, EngineState, CLIENT_PROOF_BYTE};
+use crate::control::{
+    ClientState, ControlMapping, EngineState, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE,
+};
 use crate::error::Result;
 use crate::fdpass::{self, Accepted, Conn, Listener, PeerCred, ReplyStatus};
 use crate::layout::vulkan::SharedFd;
@@ -129,6 +133,95 @@ struct Waiting {
     deadline: Instant,
 }
 
+/// How often at least the server makes its proof description hold the engine's proof
+/// byte and nothing else ([`Proof::keep`]), whether or not a peer connects.
+const KEEP_PROOF_EVERY: Duration = Duration::from_secs(1);
+
+/// The engine's proof: the open file description every greeted peer receives, and so
+/// may change the locks of (release the engine's byte, or lock the client's proof byte
+/// through it, for as long as the engine lives). Before each hello and each judgement,
+/// and at least every [`KEEP_PROOF_EVERY`], it is made to hold the engine's byte and
+/// nothing else again; a byte it cannot take back (someone else took it meanwhile) is
+/// said loudly, once.
+struct Proof<'a> {
+    fd: BorrowedFd<'a>,
+    region: &'a str,
+    lost: bool,
+}
+
+impl Proof<'_> {
+    fn keep(&mut self) {
+        let held = os::hold_only_byte(self.fd, ENGINE_PROOF_BYTE);
+        match (&held, self.lost) {
+            (Ok(true), true) => {
+                self.lost = false;
+                eprintln!(
+                    "shmbridge: the engine of region '{}' holds its proof of ownership again",
+                    self.region
+                );
+            }
+            (Ok(false), false) | (Err(_), false) => {
+                self.lost = true;
+                eprintln!(
+                    "shmbridge: ERROR: the engine of region '{}' lost its proof of ownership (a \
+                     process of this user released it through the descriptor the fd socket hands \
+                     out, {}): no client can attach until it is back",
+                    self.region,
+                    match held {
+                        Ok(_) => "and another descriptor holds it now".to_string(),
+                        Err(e) => format!("and taking it back failed: {e}"),
+                    }
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Judges the request of `w`, which reads as readable, and answers it.
+fn answer(
+    w: Waiting,
+    region: &dyn ControlMapping,
+    proof: &mut Proof<'_>,
+    tensor_fds: &[BorrowedFd<'_>],
+    refusals: &mut Refusals<'_>,
+) {
+    let status = match w.conn.try_read_request() {
+        Ok(theirs) => {
+            proof.keep();
+            let status = judge(theirs.as_fd(), region);
+            if status == ReplyStatus::Ok {
+                // The client's proof, found to be the region's file: its close cannot
+                // block (tmpfs), and it is closed here, now.
+                drop(theirs.into_owned());
+            }
+            // Anything else is closed off this thread (`fdpass::Untrusted`): its sender
+            // chooses how long its close takes.
+            status
+        }
+        Err(_) => ReplyStatus::BadRequest,
+    };
+    if status != ReplyStatus::Ok {
+        refusals.note(status, &w.conn.peer);
+    }
+    // A peer that left before the reply is its own problem.
+    let _ = w.conn.reply(status, tensor_fds);
+}
+
+/// Which of `conns` read as readable now (or hung up), without waiting.
+fn readable_now(conns: &VecDeque<Waiting>) -> Option<Vec<bool>> {
+    let mut polled: Vec<PollFd<'_>> = conns
+        .iter()
+        .map(|w| PollFd::from_borrowed_fd(w.conn.as_fd(), PollFlags::IN))
+        .collect();
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut polled, Some(&zero)).ok()?;
+    Some(polled.iter().map(|p| !p.revents().is_empty()).collect())
+}
+
 fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
     let me = fdpass::euid();
     let mut refusals = Refusals::new(region.name());
@@ -138,9 +231,15 @@ fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
     let Some(proof) = region.engine_proof() else {
         return;
     };
+    let mut proof = Proof {
+        fd: proof,
+        region: region.name(),
+        lost: false,
+    };
     let tensor_fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     let mut pause = Duration::from_millis(1);
     loop {
+        proof.keep();
         // Peers past their time are answered and dropped (a late request is refused).
         let now = Instant::now();
         while waiting.front().is_some_and(|w| w.deadline <= now) {
@@ -149,16 +248,17 @@ fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
             refusals.note(ReplyStatus::BadRequest, &w.conn.peer);
         }
         // Deadlines are in arrival order: the first is the nearest.
-        let timeout = waiting
-            .front()
-            .map(|w| w.deadline.saturating_duration_since(now) + Duration::from_millis(1));
+        let timeout = waiting.front().map_or(KEEP_PROOF_EVERY, |w| {
+            (w.deadline.saturating_duration_since(now) + Duration::from_millis(1))
+                .min(KEEP_PROOF_EVERY)
+        });
         let ready: Vec<bool> = {
             let mut polled: Vec<PollFd<'_>> = Vec::with_capacity(waiting.len() + 1);
             polled.push(PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN));
             for w in &waiting {
                 polled.push(PollFd::from_borrowed_fd(w.conn.as_fd(), PollFlags::IN));
             }
-            let ts = timeout.and_then(|t| rustix::time::Timespec::try_from(t).ok());
+            let ts = rustix::time::Timespec::try_from(timeout).ok();
             match rustix::event::poll(&mut polled, ts.as_ref()) {
                 Ok(_) => polled.iter().map(|p| !p.revents().is_empty()).collect(),
                 // EINTR, or no memory for the poll: look again.
@@ -168,19 +268,11 @@ fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
         // Requests first (in arrival order), then new peers.
         let mut kept = VecDeque::with_capacity(waiting.len());
         for (w, ready) in waiting.drain(..).zip(ready.iter().skip(1)) {
-            if !ready {
+            if *ready {
+                answer(w, region, &mut proof, &tensor_fds, &mut refusals);
+            } else {
                 kept.push_back(w);
-                continue;
             }
-            let status = match w.conn.try_read_request() {
-                Ok(proof) => judge(proof.as_fd(), region),
-                Err(_) => ReplyStatus::BadRequest,
-            };
-            if status != ReplyStatus::Ok {
-                refusals.note(status, &w.conn.peer);
-            }
-            // A peer that left before the reply is its own problem.
-            let _ = w.conn.reply(status, &tensor_fds);
         }
         waiting = kept;
         if ready[0] {
@@ -210,11 +302,27 @@ fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
                     let _ = conn.hello(status, None, 0);
                     continue;
                 }
+                proof.keep();
                 if conn
-                    .hello(ReplyStatus::Ok, Some(proof), tensor_fds.len())
+                    .hello(ReplyStatus::Ok, Some(proof.fd), tensor_fds.len())
                     .is_err()
                 {
                     continue;
+                }
+                if waiting.len() >= fdpass::MAX_PEERS {
+                    // Full: first the requests that came meanwhile are answered (a client
+                    // that spoke is never the one made room with).
+                    if let Some(ready) = readable_now(&waiting) {
+                        let mut kept = VecDeque::with_capacity(waiting.len());
+                        for (w, ready) in waiting.drain(..).zip(ready) {
+                            if ready {
+                                answer(w, region, &mut proof, &tensor_fds, &mut refusals);
+                            } else {
+                                kept.push_back(w);
+                            }
+                        }
+                        waiting = kept;
+                    }
                 }
                 if waiting.len() >= fdpass::MAX_PEERS {
                     // The oldest has had the longest to speak: it makes room.

@@ -1,0 +1,29 @@
+"""Adapters from shmbridge engines to the learning libraries people train with, one module
+each, importable without its library (which is imported when an adapter is first used):
+
+* :mod:`shmbridge.integrations.sb3`: a Stable-Baselines3 ``VecEnv`` (extra ``sb3``);
+* :mod:`shmbridge.integrations.torchrl`: a TorchRL ``EnvBase`` (extra ``torchrl``);
+* :mod:`shmbridge.integrations.rsl_rl`: an rsl_rl ``VecEnv`` (extra ``rsl_rl``);
+* :mod:`shmbridge.integrations.skrl`: an skrl environment wrapper (extra ``skrl``).
+
+Each adapter takes the name of a reference engine to launch with its arguments, or any
+:class:`shmbridge.Client` (``shmbridge.launch``, ``shmbridge.launch_gym`` shards, an engine
+of your own attached with ``shmbridge.attach``). Guides: ``docs/learners/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def require(module: str, extra: str, what: str) -> ModuleType:
+    """Imports ``module``, or raises :class:`ImportError` naming the package extra that
+    installs it (``pip install 'shmbridge[extra]'``) and what needed it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"{what} needs {module.split('.')[0]}, which is not installed ({e}): "
+            f"pip install 'shmbridge[{extra}]'"
+        ) from e
