@@ -78,16 +78,7 @@ env -u SUDO_USER bash scripts/install-c.sh target/c-prefix
 step "scripts/install-c.sh: a relative prefix is the caller's, no package installed unasked, no build under sudo"
 bash tests/install_c.sh
 
-step "rust tests under cargo-nextest (cuda and vulkan features), examples built"
-cargo build --locked --features cuda,vulkan --examples
-profile=default
-if [ -e /dev/nvidiactl ]; then profile=gpu; fi   # .config/nextest.toml: GPU tests alone
-cargo nextest run --locked --features cuda,vulkan --profile "$profile" --lib --bins --tests
-
-step "rust doc tests"
-cargo test --locked --features cuda,vulkan --doc
-
-step "the Python environment: the wheel (built in the background) in a fresh venv, with the dependencies and NVRTC"
+step "the Python environment: the wheel (built in the background) in a fresh venv, with the dependencies and NVRTC (the Rust tests compile their kernels with it too)"
 if ! wait "$wheel_pid"; then
     cat target/wheel.log >&2
     echo "error: scripts/build-wheel.sh failed (above)" >&2
@@ -100,6 +91,15 @@ py=target/test-venv/bin/python
 use_nvrtc_wheel "$py"
 # The kernels compile in CI for real: a missing libnvrtc is a failure there, not a skip.
 export SHMBRIDGE_REQUIRE_NVRTC=1
+
+step "rust tests under cargo-nextest (cuda and vulkan features), examples built"
+cargo build --locked --features cuda,vulkan --examples
+profile=default
+if [ -e /dev/nvidiactl ]; then profile=gpu; fi   # .config/nextest.toml: GPU tests alone
+cargo nextest run --locked --features cuda,vulkan --profile "$profile" --lib --bins --tests
+
+step "rust doc tests"
+cargo test --locked --features cuda,vulkan --doc
 
 step "python tests: pytest -n auto against the installed wheel, with no cargo or rustc on PATH"
 without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
