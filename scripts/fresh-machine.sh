@@ -19,7 +19,8 @@
 # so nothing installed by an earlier run is there. The "machine" is that root in mount,
 # PID and UTS namespaces of its own (unshare): its own /proc, /dev/shm (as large as this
 # machine's), /tmp and /run, so the tests find their peers in /proc and can make private
-# mounts of their own (the root is a mount point there, as on a machine). It shares this
+# mounts of their own (its root is the mount namespace's root, pivot_root, as on a
+# machine). It shares this
 # machine's network (the package registries) and kernel. Root only.
 #
 # Exit status: 0 when both commands passed; otherwise the first failure's. The logs are in
@@ -171,7 +172,14 @@ machine() {
         mount -t tmpfs -o mode=1777 tmp "$ROOT/tmp"
         mount -t tmpfs -o mode=755 run "$ROOT/run"
         hostname fresh-machine
-        exec chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+        # pivot_root, not chroot: the root file system becomes the mount namespace'"'"'s
+        # root, as on a machine, so paths the kernel prints (/proc/PID/exe of a process
+        # in a namespace of its own) are the same from every namespace.
+        cd "$ROOT"
+        mkdir -p .old-root
+        pivot_root . .old-root
+        exec /usr/sbin/chroot . /bin/sh -c '"'"'umount -l /.old-root && rmdir /.old-root && exec "$@"'"'"' sh \
+            /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
             PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             ${CI_FLAG:+CI=$CI_FLAG} $CA_ENV \
             /bin/bash -c "cd /root/shmbridge && $CMD"'
