@@ -209,6 +209,14 @@ ensure_namespace_tools() {
 
 # Debian's headless-capable Chromium and its WebDriver, so the viewer's browser test
 # (tests/python/test_view.py, selenium from the test extra) drives a real browser.
+# git, which rsl_rl's runner imports (GitPython, to log the repository's state) and which
+# fails at import without it: a machine that got the checkout some other way may have none.
+ensure_git() {
+    if ! command -v git >/dev/null 2>&1; then
+        apt_install git
+    fi
+}
+
 ensure_chromium() {
     if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
         apt_install chromium chromium-driver
