@@ -578,10 +578,18 @@ impl Client {
         // CUDA: the device actions were written on the default stream (or use `step_on`);
         // record the client event after them, before `action_seq` moves.
         if self.device_hooks {
-            let left = self.drain_before_post(None, timeout)?;
-            return self.post_and_wait(left);
+            return self.step_after_drain(timeout);
         }
         self.post_and_wait(timeout)
+    }
+
+    /// `step` where the device orders its work before the post: kept out of the host
+    /// step's code (whose prologue it would otherwise grow).
+    #[cold]
+    #[inline(never)]
+    fn step_after_drain(&mut self, timeout: Duration) -> Result<u64> {
+        let left = self.drain_before_post(None, timeout)?;
+        self.post_and_wait(left)
     }
 
     /// `Closed` after `close()`; `RegionTooSmall` once a check found the region
@@ -608,7 +616,7 @@ impl Client {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)] // the step path: one function with `step`, as before it had two callers
     fn post_and_wait(&mut self, timeout: Duration) -> Result<u64> {
         self.action += 1;
         if self.layout.is_sharded() {

@@ -194,6 +194,10 @@ pub struct Engine {
     /// Whether `device` orders device work at the protocol's hook points (false for host
     /// memory, whose hooks do nothing): the step path skips the calls entirely.
     device_hooks: bool,
+    /// Whether a Vulkan tensor has a timeline semaphore: then every frame is published
+    /// with the value signalled for it (`publish_signaled`), and a plain `publish` is
+    /// refused. Known at creation, so the step path checks one bool, not the table.
+    semaphore: bool,
     /// What became of exported device memory at close.
     release: DeviceRelease,
     /// 1.7: byte offset of this engine's block in the stats area, whose write sequence
@@ -201,6 +205,14 @@ pub struct Engine {
     /// `step_writes_begin`); `None` when the region has none (a shard joining a region an
     /// earlier version created).
     stats: Option<u64>,
+}
+
+/// Whether any Vulkan tensor of `layout` has a timeline semaphore.
+fn has_semaphore(layout: &Layout) -> bool {
+    layout
+        .tensors
+        .iter()
+        .any(|t| t.vulkan.is_some_and(|v| v.semaphore.is_some()))
 }
 
 impl std::fmt::Debug for Engine {
@@ -270,6 +282,7 @@ impl Engine {
             shards,
             stats: Some(builder.stats),
         };
+        let semaphore = has_semaphore(&layout);
         Ok(Engine {
             region,
             slice: layout.narrowed(&shard),
@@ -287,6 +300,7 @@ impl Engine {
             ready: false,
             closed: false,
             device_hooks: device.needs_hooks(),
+            semaphore,
             device,
             release: DeviceRelease::NothingHeld,
             stats,
@@ -345,6 +359,7 @@ impl Engine {
         if let Some(at) = stats {
             region.stats_block(at)?;
         }
+        let semaphore = has_semaphore(&layout);
         Ok(Engine {
             region,
             slice: layout.narrowed(&shard),
@@ -362,6 +377,7 @@ impl Engine {
             ready: false,
             closed: false,
             device_hooks: false,
+            semaphore,
             device: Box::new(device::host::HostEngine),
             release: DeviceRelease::NothingHeld,
             stats,
@@ -595,10 +611,14 @@ impl Engine {
     /// [`Engine::publish_signaled`] instead: here it gets `InvalidSpec` and nothing is
     /// published (a CUDA client's stream would wait for a value no one signalled).
     pub fn publish(&mut self) -> Result<u64> {
-        self.publish_signaled(None)
+        if self.semaphore {
+            return self.publish_signaled(None); // InvalidSpec, saying why
+        }
+        self.publish_checked()
     }
 
     /// [`Engine::publish`] once the semaphore value (if any) was checked.
+    #[inline(always)] // the step path: one function with `publish`
     fn publish_checked(&mut self) -> Result<u64> {
         self.check_usable()?;
         if !self.ready {
