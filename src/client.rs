@@ -404,21 +404,30 @@ impl Client {
         slice: Duration,
         mut between: impl FnMut() -> Result<()>,
     ) -> Result<u64> {
-        let start = Instant::now();
+        // One clock read per step where there is a deadline, none without (the Python
+        // step's path): more only while the drain is retried.
+        let start = deadline.map(|_| Instant::now());
+        let mut now = start;
         loop {
-            let now = Instant::now();
-            let this = deadline.map_or(slice, |d| d.saturating_duration_since(now).min(slice));
+            let this = match (deadline, now) {
+                (Some(d), Some(n)) => d.saturating_duration_since(n).min(slice),
+                _ => slice,
+            };
             let got = match stream {
                 Some(s) => self.step_on(s, this),
                 None => self.step(this),
             };
             match got {
                 Err(Error::NotPosted { what, .. }) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(Error::NotPosted {
-                            waited: start.elapsed(),
-                            what,
-                        });
+                    if let (Some(d), Some(s)) = (deadline, start) {
+                        let n = Instant::now();
+                        if n >= d {
+                            return Err(Error::NotPosted {
+                                waited: n - s,
+                                what,
+                            });
+                        }
+                        now = Some(n);
                     }
                     between()?;
                 }
