@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any, Callable, Dict
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:
@@ -27,3 +28,19 @@ def require(module: str, extra: str, what: str) -> ModuleType:
             f"{what} needs {module.split('.')[0]}, which is not installed ({e}): "
             f"pip install 'shmbridge[{extra}]'"
         ) from e
+
+
+def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving the class ``name``, made by ``make`` on first use
+    (it subclasses the library's, imported then) and kept: the module imports without
+    its library."""
+    made: Dict[str, type] = {}
+
+    def __getattr__(attr: str) -> Any:
+        if attr != name:
+            raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+        if name not in made:
+            made[name] = make()
+        return made[name]
+
+    return __getattr__

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from . import require
+from . import lazy_class, require
 
 __all__ = ["RslRlVecEnv"]
 
@@ -154,12 +154,4 @@ def _make_class() -> type:
     return RslRlVecEnv
 
 
-_classes: Dict[str, type] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "RslRlVecEnv":
-        if name not in _classes:
-            _classes[name] = _make_class()
-        return _classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, "RslRlVecEnv", _make_class)

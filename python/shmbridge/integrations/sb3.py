@@ -47,7 +47,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Optional
 
-from . import require
+from . import lazy_class, require
 
 __all__ = ["SB3VecEnv"]
 
@@ -266,12 +266,4 @@ def _make_class() -> type:
     return SB3VecEnv
 
 
-_classes: Dict[str, type] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SB3VecEnv":
-        if name not in _classes:
-            _classes[name] = _make_class()
-        return _classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, "SB3VecEnv", _make_class)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from . import require
+from . import lazy_class, require
 
 __all__ = ["SkrlEnv"]
 
@@ -155,12 +155,4 @@ def _make_class() -> type:
     return SkrlEnv
 
 
-_classes: Dict[str, type] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SkrlEnv":
-        if name not in _classes:
-            _classes[name] = _make_class()
-        return _classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, "SkrlEnv", _make_class)

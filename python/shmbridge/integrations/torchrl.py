@@ -40,9 +40,9 @@ This module imports without TorchRL; ``TorchRLEnv`` needs it (``pip install
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
-from . import require
+from . import lazy_class, require
 
 __all__ = ["TorchRLEnv"]
 
@@ -217,12 +217,4 @@ def _make_class() -> type:
     return TorchRLEnv
 
 
-_classes: Dict[str, type] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TorchRLEnv":
-        if name not in _classes:
-            _classes[name] = _make_class()
-        return _classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, "TorchRLEnv", _make_class)
