@@ -90,6 +90,10 @@ rm -rf "$root"
 cp -a "$base" "$root"
 rm -f "$root/.complete"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# Its name, resolvable as Debian's installer makes it (torchrun's rendezvous looks it up).
+echo fresh-machine > "$root/etc/hostname"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\tfresh-machine\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+    > "$root/etc/hosts"
 # This machine's network trust, as any machine here has it: its local CA certificates
 # (a registry's TLS may be re-signed by one) and pip's configuration of them.
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
