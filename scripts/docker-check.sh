@@ -40,8 +40,11 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 if [ "${1:-}" = --emulate ]; then
-    work=$PWD/target/deploy-check
-    mkdir -p "$work"
+    # Outside the checkout: the containers run as the files' user, who cannot reach a
+    # checkout under a home folder of mode 0700 (root's, on a fresh Debian machine).
+    work=$(mktemp -d "${TMPDIR:-/tmp}/shmbridge-deploy-check.XXXXXX")
+    chmod 755 "$work"
+    trap 'rm -rf "$work"' EXIT
     wheel=${2:-}
     if [ -z "$wheel" ]; then
         bash scripts/build-wheel.sh --out "$work/dist"
@@ -55,8 +58,10 @@ if [ "${1:-}" = --emulate ]; then
     /usr/bin/python3 -m venv "$work/venv"
     "$work/venv/bin/pip" install -q "$wheel" pyyaml
     # Its own mount namespace: the check mounts a tmpfs per file on /dev/shm.
-    exec unshare --mount --propagation private "$work/venv/bin/python" scripts/deploy_check.py \
-        examples/deploy "$work/image" "$work/venv/bin"
+    status=0
+    unshare --mount --propagation private "$work/venv/bin/python" scripts/deploy_check.py \
+        examples/deploy "$work/image" "$work/venv/bin" || status=$?
+    exit "$status"
 fi
 
 command -v dockerd >/dev/null 2>&1 || apt_install docker.io
