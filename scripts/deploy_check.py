@@ -32,7 +32,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -190,8 +189,10 @@ def main() -> None:
         target = app_root / dst.lstrip("/")
         target.write_bytes((repo / src).read_bytes())
         target.chmod(0o644)
-    logs = Path(tempfile.mkdtemp(prefix="deploy-check-"))
-    os.chmod(logs, 0o755)
+    # Beside the image, in the folder docker-check.sh removes when it exits: a failure
+    # prints the log that says why, so nothing needs to outlive the run.
+    logs = app_root.parent / "logs"
+    logs.mkdir(mode=0o755, exist_ok=True)
     for label, (containers, shm_size) in (
         ("compose.yaml", compose_containers(deploy / "compose.yaml", image)),
         ("k8s-job.yaml", job_containers(deploy / "k8s-job.yaml", image)),

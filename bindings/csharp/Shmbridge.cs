@@ -68,6 +68,14 @@ namespace Shmbridge
         public TimeoutException(Status s, string m) : base(s, m) { }
     }
 
+    /// <summary>A step ran out of time before its action was sent (NotPosted): nothing is
+    /// in flight and the frame is unchanged, so step again; a plain TimeoutException means
+    /// the action was sent and its frame is still to come.</summary>
+    public class NotPostedException : TimeoutException
+    {
+        public NotPostedException(Status s, string m) : base(s, m) { }
+    }
+
     /// <summary>The engine answered a command with an error.</summary>
     public class RemoteException : ShmbridgeException
     {
@@ -288,6 +296,7 @@ namespace Shmbridge
                 case Status.EngineClosed: case Status.ClientClosed: throw new PeerClosedException(status, message);
                 case Status.EngineDied: case Status.ClientDied: throw new PeerDiedException(status, message);
                 case Status.Timeout: throw new TimeoutException(status, message);
+                case Status.NotPosted: throw new NotPostedException(status, message);
                 case Status.Remote: throw new RemoteException(status, message);
                 case Status.NotFound: case Status.NoSuchTensor: throw new NotFoundException(status, message);
                 case Status.Closed: throw new ClosedException(status, message);

@@ -3,6 +3,7 @@
 // engine of the same seed; every line printed here must be the one Python computes.
 //
 //   LD_LIBRARY_PATH=target/debug mono ClientCheck.exe NAME STEPS
+//   LD_LIBRARY_PATH=target/debug mono ClientCheck.exe --exceptions
 //
 // Prints: the zero-copy check (the obs span's address inside this process's mapping of
 // /dev/shm/NAME), then one line per frame (frame number, then obs, rewards, terminated
@@ -39,8 +40,29 @@ static class ClientCheck
         return false;
     }
 
+    /// <summary>Each status's exception: the class Native.Check throws, and whether a
+    /// `catch (Shmbridge.TimeoutException)` catches it.</summary>
+    static int Exceptions()
+    {
+        foreach (Status status in Enum.GetValues(typeof(Status)))
+        {
+            if (status == Status.Ok) continue;
+            try
+            {
+                Native.Check(status);
+                Console.WriteLine($"{status} nothing thrown");
+            }
+            catch (ShmbridgeException e)
+            {
+                Console.WriteLine($"{status} {e.GetType().Name} timeout={e is Shmbridge.TimeoutException}");
+            }
+        }
+        return 0;
+    }
+
     static int Main(string[] argv)
     {
+        if (argv.Length == 1 && argv[0] == "--exceptions") return Exceptions();
         if (argv.Length != 2)
         {
             Console.Error.WriteLine("usage: ClientCheck.exe NAME STEPS");

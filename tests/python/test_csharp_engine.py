@@ -123,6 +123,24 @@ def test_csharp_client_steps_resets_and_calls_frame_for_frame_with_a_python_clie
     assert name not in shmbridge.list_regions()
 
 
+def test_each_status_throws_its_exception_and_a_step_not_posted_is_a_timeout(tmp_path, capi_on_loader_path):
+    """Native.Check's status -> exception table, as Python's errors.py has it: NotPosted (a
+    step that timed out before its action was sent) is its own class, caught by a
+    `catch (TimeoutException)` as Python's NotPostedError is by `except TimeoutError`."""
+    client = build_csharp("tests/csharp/ClientCheck.cs", tmp_path)
+    out = subprocess.run(["mono", str(client), "--exceptions"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    thrown = {status: rest for status, rest in (line.split(" ", 1) for line in out.stdout.splitlines())}
+    assert thrown["NotPosted"] == "NotPostedException timeout=True"
+    assert thrown["Timeout"] == "TimeoutException timeout=True"
+    assert thrown["EngineDied"] == thrown["ClientDied"] == "PeerDiedException timeout=False"
+    assert thrown["EngineClosed"] == thrown["ClientClosed"] == "PeerClosedException timeout=False"
+    assert thrown["NoSuchTensor"] == "NotFoundException timeout=False"
+    # Every other status is still an exception (nothing returns quietly), and only those two are timeouts.
+    assert all(" timeout=" in rest for rest in thrown.values()), out.stdout
+    assert sorted(s for s, rest in thrown.items() if rest.endswith("timeout=True")) == ["NotPosted", "Timeout"]
+
+
 def test_the_engine_references_the_binding_assembly_and_finds_the_library_by_the_loader_rules(tmp_path, monkeypatch):
     """The engine is built against Shmbridge.dll (mcs -r:), not the binding's source;
     DllImport("shmbridge") finds libshmbridge.so where docs/c-api.md says: through
