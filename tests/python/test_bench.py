@@ -23,13 +23,13 @@ TIMEOUT = 600
 
 # Transport keys -> the modules they need (mirrors shmbridge.bench.peers).
 NEEDS = {
-    "grpc-seeds": ("grpc", "grpc_tools"),
+    "grpc-floats": ("grpc", "grpc_tools"),
     "grpc-bytes": ("grpc", "grpc_tools"),
     "iceoryx2-rr": ("iceoryx2",),
     "iceoryx2-ps": ("iceoryx2",),
     "gym-async": ("gymnasium",),
 }
-PER_WORKLOAD = ("shmbridge-spin", "shmbridge-blocking", "grpc-seeds", "grpc-bytes",
+PER_WORKLOAD = ("shmbridge-spin", "shmbridge-blocking", "grpc-floats", "grpc-bytes",
                 "iceoryx2-rr", "iceoryx2-ps", "shm-pipe", "floor")
 CARTPOLE = ("shmbridge-spin", "shmbridge-blocking", "gym-async")
 

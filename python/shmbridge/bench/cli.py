@@ -40,7 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="comma-separated, from 64B, 4096x100, images, cartpole (default: all)")
     q.add_argument("--transports", default=None,
                    help="comma-separated subset (shmbridge-spin always runs, as the reference): "
-                        "shmbridge-spin, shmbridge-blocking, grpc-seeds, grpc-bytes, iceoryx2-rr, "
+                        "shmbridge-spin, shmbridge-blocking, grpc-floats, grpc-bytes, iceoryx2-rr, "
                         "iceoryx2-ps, shm-pipe, floor, gym-async")
     q.add_argument("--cartpole-envs", type=int, default=None,
                    help="num_envs of the CartPole comparison (default 16; quick 4)")

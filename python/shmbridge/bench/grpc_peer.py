@@ -1,11 +1,11 @@
-"""gRPC (`grpcio`), Python client and server on loopback, as the seeds' API is used.
+"""gRPC (`grpcio`), Python client and server on loopback, as the founding gRPC API is used.
 
-`bench_step.proto` (next to this file) keeps the seeds' message shape: `Step` carries
+`bench_step.proto` (next to this file) keeps the founding API's message shape: `Step` carries
 the actions as `repeated float` and answers with an `AgentFrame` whose observations are a
 `repeated float` (camera frames, for the images workload, are `CameraFrame` messages with
 a `bytes` payload, one per env), plus reward signals and terminated/truncated flags.
 `StepBytes` is the same exchange with every tensor as one `bytes` field, the cheapest
-encoding protobuf offers. Stubs are generated with `grpc_tools.protoc` as the seeds'
+encoding protobuf offers. Stubs are generated with `grpc_tools.protoc` as the founding API's
 page and gRPC's Python quick start say, here at run time into a temporary directory so
 that they always match the installed protobuf runtime.
 
@@ -157,8 +157,8 @@ class _GrpcPeer(Peer):
 
 
 class GrpcSeeds(_GrpcPeer):
-    key = "grpc-seeds"
-    label = "gRPC, seeds' proto"
+    key = "grpc-floats"
+    label = "gRPC, founding proto"
 
     def run(self, n: int, out: List[int]) -> None:
         StepRequest = self.pb.StepRequest

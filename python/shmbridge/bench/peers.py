@@ -40,7 +40,7 @@ from .report import (
 PACKAGE_OF = {"grpc": "grpcio", "grpc_tools": "grpcio-tools", "iceoryx2": "iceoryx2",
               "gymnasium": "gymnasium"}
 
-TRANSPORT_KEYS = ("shmbridge-spin", "shmbridge-blocking", "grpc-seeds", "grpc-bytes",
+TRANSPORT_KEYS = ("shmbridge-spin", "shmbridge-blocking", "grpc-floats", "grpc-bytes",
                   "iceoryx2-rr", "iceoryx2-ps", "shm-pipe", "floor", "gym-async")
 
 
@@ -100,7 +100,7 @@ def _make_peers(wl_key: str, plan: Plan, only: Optional[Sequence[str]]) -> List[
         for key, cls, args in (
             ("shmbridge-spin", S, {}),
             ("shmbridge-blocking", S, {"blocking": True}),
-            ("grpc-seeds", grpc_peer.GrpcSeeds, {}),
+            ("grpc-floats", grpc_peer.GrpcSeeds, {}),
             ("grpc-bytes", grpc_peer.GrpcBytes, {}),
             ("iceoryx2-rr", iceoryx2_peer.Iceoryx2RequestResponse, {}),
             ("iceoryx2-ps", iceoryx2_peer.Iceoryx2PubSub, {}),
@@ -246,7 +246,7 @@ def targets(results: List[Tuple[str, List[Row]]]) -> str:
         lines.append(f"- {what}: {fmt_ratio(r)} faster (target ≥ {goal:g}×): {'met' if r >= goal else 'NOT met'}")
 
     ratio_line("shmbridge vs iceoryx2 request/response, 4096×100", "4096x100", "iceoryx2-rr", 5)
-    ratio_line("shmbridge vs gRPC with the seeds' proto, 4096×100", "4096x100", "grpc-seeds", 500)
+    ratio_line("shmbridge vs gRPC with a repeated-float proto, 4096×100", "4096x100", "grpc-floats", 500)
     for wl_key, _rows in results:
         if wl_key == "cartpole":
             continue
@@ -349,7 +349,7 @@ def main(args: Any) -> int:
         f"(for CartPole, steps of the whole vector: × {plan.cartpole_envs} for env steps). "
         "Every server writes the first and last element of each tensor (gRPC: builds the whole "
         "message); the client touches the first and last element of each tensor it receives. "
-        "gRPC, seeds' proto: `repeated float` actions and observations as in the seeds' "
+        "gRPC, founding proto: `repeated float` actions and observations as in the founding API's "
         "`AgentService.Step` (images: one `CameraFrame` with a `bytes` payload per env); "
         "gRPC, bytes fields: each tensor as one `bytes` field.",
         "",
