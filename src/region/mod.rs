@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::MmapRaw;
 
 use crate::control::{Control, ControlMapping, Stats};
 use crate::error::{Error, PidNamespace, Result};
@@ -119,22 +119,8 @@ impl Region {
         // A sweep may hold the lock for a moment while it looks at the new file: wait.
         os::lock_exclusive(&file)?;
         let len = builder.header.region_size;
-        os::reserve(&file, len).map_err(|e| match e {
-            rustix::io::Errno::NOSPC | rustix::io::Errno::FBIG => {
-                let (free, total) = os::shm_space().unwrap_or((0, 0));
-                Error::NoSpace {
-                    name: name.to_string(),
-                    needed: len,
-                    free,
-                    total,
-                }
-            }
-            e => Error::io(format!("reserving {len} bytes for '{name}'"), e),
-        })?;
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .populate()
-            .map_raw(&file)
+        os::reserve(&file, name, len)?;
+        let map = os::map_shared(&file, len as usize, os::MapAccess::Prefaulted)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         let (_, dev, ino) = os::file_identity(&file)?;
         // The proof of ownership: a descriptor of its own (not a dup: locks belong to
@@ -310,14 +296,12 @@ impl Region {
     /// Maps `len` bytes of the open object `file` (named `name`), never as its owner.
     fn map_file(name: &str, file: File, len: u64, writable: bool) -> Result<Region> {
         let (_, dev, ino) = os::file_identity(&file)?;
-        let mut opts = MmapOptions::new();
-        opts.len(len as usize);
-        let map = if writable {
-            opts.map_raw(&file)
-        } else {
-            opts.map_raw_read_only(&file)
-        }
-        .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+        let access = match writable {
+            true => os::MapAccess::ReadWrite,
+            false => os::MapAccess::ReadOnly,
+        };
+        let map = os::map_shared(&file, len as usize, access)
+            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         Ok(Region {
             name: name.to_string(),
             file: Some(file),
@@ -373,10 +357,7 @@ impl Region {
                 std::io::Error::other("this mapping has no descriptor"),
             )
         })?;
-        let mut opts = MmapOptions::new();
-        opts.len(self.len());
-        let map = opts
-            .map_raw(file)
+        let map = os::map_shared(file, self.len(), os::MapAccess::ReadWrite)
             .map_err(|e| Error::io(format!("mmap '{}' again", self.name), e))?;
         Ok(Region {
             name: self.name.clone(),

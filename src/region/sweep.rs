@@ -31,18 +31,10 @@ pub fn read_header_bytes(name: &str) -> Result<(Vec<u8>, u64)> {
 
 /// [`read_header_bytes`] of an open region file.
 pub(super) fn read_header_from(name: &str, file: &File) -> Result<(Vec<u8>, u64)> {
-    use std::os::unix::fs::FileExt;
     let (size, _, _) = os::file_identity(file)?;
     let mut out = vec![0u8; (size as usize).min(MAX_HEADER)];
-    let mut filled = 0;
-    while filled < out.len() {
-        match file.read_at(&mut out[filled..], filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(format!("reading '{name}'"), e)),
-        }
-    }
+    let filled =
+        os::read_at(file, 0, &mut out).map_err(|e| Error::io(format!("reading '{name}'"), e))?;
     out.truncate(filled);
     Ok((out, size))
 }
@@ -77,15 +69,7 @@ pub fn list_names() -> Result<Vec<String>> {
 
 /// Every name of this process's namespace in /dev/shm (regions and fd sockets), sorted.
 fn shm_names() -> Result<Vec<String>> {
-    let prefix = namespace_prefix()?;
-    let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
-    let mut names: Vec<String> = dir
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    names.sort();
-    Ok(names)
+    os::shm_names(&namespace_prefix()?)
 }
 
 /// What a sweep did with one name in /dev/shm.
@@ -242,7 +226,7 @@ fn remove_orphan_socket(name: &str) -> Option<Swept> {
         found => found,
     };
     let verdict = (|| -> Result<Verdict> {
-        let me = rustix::process::geteuid().as_raw();
+        let me = os::euid();
         let (uid, dev, ino) = match found? {
             os::AtPath::Socket { uid, dev, ino } => (uid, dev, ino),
             os::AtPath::Other(what) => {
@@ -262,11 +246,10 @@ fn remove_orphan_socket(name: &str) -> Option<Swept> {
         if !same || os::name_identity(region)?.is_some() {
             return Ok(Verdict::Changed);
         }
-        match rustix::fs::unlink(path.as_str()) {
-            Ok(()) => Ok(Verdict::OrphanSocket),
-            Err(rustix::io::Errno::NOENT) => Ok(Verdict::Changed),
-            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
-        }
+        Ok(match os::unlink(&path)? {
+            true => Verdict::OrphanSocket,
+            false => Verdict::Changed,
+        })
     })()
     .unwrap_or_else(|e| Verdict::Left(e.to_string()));
     Some(Swept {
