@@ -152,7 +152,7 @@ impl EngineBackend for EngineVulkan {
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
         Err(Error::NotOnHost {
             tensor: t.name.clone(),
-            location: "vulkan (use its buffer: Tensors::engine_device()?.as_vulkan())",
+            location: "vulkan (use its buffer: Tensors::engine_backend()?.as_vulkan())",
         })
     }
 
