@@ -97,7 +97,7 @@ const FLOOR_LINES: [&str; 6] = ["ping", "pong", "stop", "ready", "req", "resp"];
 /// Views the first 8 bytes of a tensor as an `AtomicU64` that lives as long as `owner`.
 ///
 /// # Safety
-/// `addr` must come from `owner.io().address(..)` of a tensor of at least 8 bytes (the
+/// `addr` must come from `owner.tensors().address(..)` of a tensor of at least 8 bytes (the
 /// engine or client that owns the mapping), and no Rust slice of that tensor may be made
 /// while the returned reference lives.
 unsafe fn atomic_at<O>(_owner: &O, addr: *const u8) -> &AtomicU64 {
@@ -134,8 +134,8 @@ impl Floor {
         // Frame 0 marks the region ready, so the partner's attach returns at once.
         engine.publish().expect("publishing the floor page");
         let [ping, pong, stop, ready, req, resp] = FLOOR_LINES.map(|n| {
-            let addr = engine.io().address(n).expect("floor tensor");
-            // SAFETY: `addr` is from `engine.io().address` of a 64-byte tensor; no slice
+            let addr = engine.tensors().address(n).expect("floor tensor");
+            // SAFETY: `addr` is from `engine.tensors().address` of a 64-byte tensor; no slice
             // of the floor tensors is ever made. The reference is turned into a raw
             // pointer that `Floor` only dereferences while it holds `engine` (below).
             unsafe { atomic_at(&engine, addr) as *const AtomicU64 }
@@ -255,13 +255,13 @@ fn partner_floor(name: &str, data: bool) -> Result<(), String> {
         Client::attach(name, AttachOptions::default()).map_err(|e| format!("attach: {e}"))?;
     let mut addrs = [std::ptr::null::<u8>(); 6];
     for (a, n) in addrs.iter_mut().zip(FLOOR_LINES) {
-        *a = client.io().address(n).map_err(|e| e.to_string())?;
+        *a = client.tensors().address(n).map_err(|e| e.to_string())?;
     }
     let (parent_pid, parent_start) = (
         client.layout().engine_pid,
         client.layout().engine_start_time,
     );
-    // SAFETY: each address is from `client.io().address` of a 64-byte tensor, and this
+    // SAFETY: each address is from `client.tensors().address` of a 64-byte tensor, and this
     // process never makes a slice of the floor tensors.
     let [ping, pong, stop, ready, req, resp] = addrs.map(|a| unsafe { atomic_at(&client, a) });
     ready.store(1, Ordering::Release);
@@ -409,9 +409,9 @@ impl NullBench {
         let (actions, obs) = self.ids.expect("attached");
         self.count += 1;
         let action = (self.count & 0xF_FFFF) as f32; // exact in f32
-        client.io().write::<f32>(actions).expect("actions")[0] = action;
+        client.tensors().write::<f32>(actions).expect("actions")[0] = action;
         client.step(STEP_TIMEOUT).expect("step");
-        let mut io = client.io();
+        let mut io = client.tensors();
         let obs = io.read::<f32>(obs).expect("obs");
         std::hint::black_box(obs[0]);
         std::hint::black_box(obs[obs.len() - 1]);
@@ -423,7 +423,7 @@ impl NullBench {
         let action = self.last_action;
         let client = self.client.as_mut().expect("attached");
         let frame = client.frame();
-        let mut io = client.io();
+        let mut io = client.tensors();
         let obs = io.read::<f32>("obs").expect("obs");
         let rewards = io.read::<f32>("rewards").expect("rewards");
         let last = obs.len() - 1;

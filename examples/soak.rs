@@ -65,7 +65,8 @@ fn stable_engine(env_name: &str, name: &str, seed: u64) -> Result<(), Fail> {
     };
     let mut env = envs::by_name(env_name, NUM_ENVS, &options).map_err(|e| e.to_string())?;
     let mut engine = Engine::create(env.spec().name(name)).map_err(|e| e.to_string())?;
-    env.reset_all(&mut engine.io()).map_err(|e| e.to_string())?;
+    env.reset_all(&mut engine.tensors())
+        .map_err(|e| e.to_string())?;
     engine.publish().map_err(|e| e.to_string())?;
     println!("{}", engine.name());
     let stop = Arc::new(AtomicBool::new(false));
@@ -77,7 +78,8 @@ fn stable_engine(env_name: &str, name: &str, seed: u64) -> Result<(), Fail> {
     while !stop.load(Ordering::Acquire) {
         match engine.wait_actions_with(Duration::from_millis(100), &mut EnvCommands(&mut *env)) {
             Ok(seq) => {
-                env.step(seq, &mut engine.io()).map_err(|e| e.to_string())?;
+                env.step(seq, &mut engine.tensors())
+                    .map_err(|e| e.to_string())?;
                 engine.publish().map_err(|e| e.to_string())?;
             }
             Err(Error::Timeout { .. }) => {}
@@ -372,7 +374,7 @@ impl Soak {
                 let frame = client
                     .step(TIMEOUT)
                     .map_err(|e| format!("null step: {e}"))?;
-                let mut io = client.io();
+                let mut io = client.tensors();
                 let obs = io.read::<f32>("obs").map_err(|e| e.to_string())?;
                 if let Some(i) = (0..obs.len()).find(|&i| obs[i] != pattern(frame, i as u64)) {
                     return fail(format!(

@@ -109,11 +109,11 @@ fn time_steps(name: &str, steps: usize) -> Result<Vec<f64>, String> {
     let mut step = |client: &mut Client| -> Result<(), String> {
         n += 1;
         client
-            .io()
+            .tensors()
             .write::<f32>(actions)
             .map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
         client.step(TIMEOUT).map_err(|e| e.to_string())?;
-        let mut io = client.io();
+        let mut io = client.tensors();
         let o = io.read::<f32>(obs).map_err(|e| e.to_string())?;
         std::hint::black_box(o[0]);
         std::hint::black_box(o[o.len() - 1]);
@@ -151,7 +151,7 @@ fn count(steps: u64) -> Result<Duration, String> {
     let actions = layout.id("actions").map_err(|e| e.to_string())?;
     let obs = layout.id("obs").map_err(|e| e.to_string())?;
     let obs_offset = layout.tensor("obs").map_err(|e| e.to_string())?.1.offset as usize;
-    let obs_addr = client.io().address(obs).map_err(|e| e.to_string())?;
+    let obs_addr = client.tensors().address(obs).map_err(|e| e.to_string())?;
     // SAFETY: `obs_addr` is `obs_offset` bytes into the client's mapping of the region,
     // whose control block starts the mapping; `action_seq` is an 8-aligned u64 of the
     // control block, accessed only atomically by every side, and the mapping outlives
@@ -165,7 +165,7 @@ fn count(steps: u64) -> Result<Duration, String> {
         action_seq.store(n, Ordering::Release);
         let a = engine.wait_actions(TIMEOUT).map_err(|e| e.to_string())?;
         {
-            let mut io = engine.io();
+            let mut io = engine.tensors();
             let act = io.read::<f32>(actions).map_err(|e| e.to_string())?[0];
             let o = io.write::<f32>(obs).map_err(|e| e.to_string())?;
             o[0] = act;
@@ -174,11 +174,11 @@ fn count(steps: u64) -> Result<Duration, String> {
         }
         engine.publish().map_err(|e| e.to_string())?;
         client
-            .io()
+            .tensors()
             .write::<f32>(actions)
             .map_err(|e| e.to_string())?[0] = (n & 0xFFFFF) as f32;
         client.step(TIMEOUT).map_err(|e| e.to_string())?;
-        let mut io = client.io();
+        let mut io = client.tensors();
         let o = io.read::<f32>(obs).map_err(|e| e.to_string())?;
         if o[o.len() - 1] != n as f32 {
             return Err(format!(

@@ -140,6 +140,11 @@ typedef enum {
    */
   SHMB_NOT_POSTED = 40,
   /**
+   * A device-side call on views that have none (the engine's backend asked of a
+   * client's views): the wrong views for the call, whatever the device.
+   */
+  SHMB_NO_DEVICE_SIDE = 41,
+  /**
    * A null pointer where one is required, a size or count that does not fit, a string
    * that is not UTF-8, an unknown enum value.
    */

@@ -443,7 +443,7 @@ fn drive(
             }
         }
         {
-            let mut io = client.io();
+            let mut io = client.tensors();
             match act.dtype {
                 DType::I64 => io
                     .write::<i64>("actions")?
@@ -461,7 +461,7 @@ fn drive(
             }
         }
         client.step(timeout)?;
-        let mut io = client.io();
+        let mut io = client.tensors();
         let rewards = io.read::<f32>("rewards")?;
         let term = io.read::<u8>("terminated")?;
         let trunc = io.read::<u8>("truncated")?;

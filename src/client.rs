@@ -326,24 +326,24 @@ impl Client {
     }
 
     /// Views of the tensors: read engine→client ones, write client→engine ones.
-    pub fn io(&mut self) -> Tensors<'_> {
+    pub fn tensors(&mut self) -> Tensors<'_> {
         Tensors::new(&self.region, &self.layout, Peer::Client).with_client_device(&*self.device)
     }
 
     /// A view of one tensor.
     pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
-        self.io().read(key)
+        self.tensors().read(key)
     }
 
     /// A mutable view of one client→engine tensor (`actions`, `reset_mask`).
     pub fn tensor_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<&mut [T]> {
-        self.io().write(key)
+        self.tensors().write(key)
     }
 
     /// The device backend of this client's tensors: where each lives in this process
     /// ([`ClientBackend::place`]), and the ordering of a consumer's stream after the
     /// engine's last publication ([`ClientBackend::order_after_frame`]).
-    pub fn device(&self) -> &dyn ClientBackend {
+    pub fn backend(&self) -> &dyn ClientBackend {
         &*self.device
     }
 
@@ -1171,7 +1171,7 @@ mod tests {
                 match engine.wait_actions(T) {
                     Ok(n) => {
                         seen += 1;
-                        engine.io().write::<f32>("obs").unwrap().fill(n as f32);
+                        engine.tensors().write::<f32>("obs").unwrap().fill(n as f32);
                         engine.publish().unwrap();
                     }
                     Err(Error::PeerClosed { peer: Peer::Client }) => return seen,

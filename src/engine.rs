@@ -426,9 +426,15 @@ impl Engine {
     }
 
     /// Views of the tensors: write engine→client ones, read client→engine ones, and the
-    /// engine's device side (`Tensors::engine_device`, `Tensors::device_ptr`).
-    pub fn io(&mut self) -> Tensors<'_> {
+    /// engine's device side (`Tensors::engine_backend`, `Tensors::device_ptr`).
+    pub fn tensors(&mut self) -> Tensors<'_> {
         self.views()
+    }
+
+    /// [`Engine::tensors`] under the name it had in 0.1.0's documentation.
+    #[deprecated(note = "renamed `Engine::tensors`")]
+    pub fn io(&mut self) -> Tensors<'_> {
+        self.tensors()
     }
 
     /// The engine's views. Callers hold `&mut self` (or, in `answer_all`, are only
@@ -439,17 +445,17 @@ impl Engine {
 
     /// A mutable view of one engine→client tensor.
     pub fn tensor_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<&mut [T]> {
-        self.io().write(key)
+        self.tensors().write(key)
     }
 
     /// A view of any tensor (the actions the client sent, for example).
     pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
-        self.io().read(key)
+        self.tensors().read(key)
     }
 
     /// The device backend of this engine's tensors: the stream a frame's kernels go on
     /// ([`EngineBackend::stream`]; CUDA), the device addresses of its tensors.
-    pub fn device(&self) -> &dyn EngineBackend {
+    pub fn backend(&self) -> &dyn EngineBackend {
         &*self.device
     }
 
@@ -479,7 +485,7 @@ impl Engine {
     /// stats area.
     pub fn record_episode(&mut self, env: usize, episode_return: f64, length: u64) -> Result<()> {
         self.check_usable()?;
-        self.io().episode_ended(env, episode_return, length)
+        self.tensors().episode_ended(env, episode_return, length)
     }
 
     /// Makes the device work that wrote a frame (or a reply) complete before the peer

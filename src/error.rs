@@ -236,6 +236,12 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// A device-side call on tensor views that have no device side: the engine's backend
+    /// asked of a client's views, a device address of views without a backend. Whatever
+    /// the device (host, CUDA, Vulkan): the views are the wrong ones for the call.
+    #[error("{0}")]
+    NoDeviceSide(String),
+
     /// The filesystem of shm objects (`/dev/shm`, a tmpfs) has no room for the region.
     #[error("no room in /dev/shm for region '{name}': it needs {needed} bytes ({}), /dev/shm has {free} bytes free of {total} ({} of {}); free some (`shmbridge gc` removes regions of dead engines), serve fewer or smaller tensors, or give /dev/shm more room (Docker: `docker run --shm-size=2g`, Compose: `shm_size`; Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)", Mib(*needed), Mib(*free), Mib(*total))]
     NoSpace {
@@ -309,12 +315,13 @@ pub enum ErrorKind {
     NoSpace,
     CommandBacklog,
     NotPosted,
+    NoDeviceSide,
     Io,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 40] = [
+    pub const ALL: [ErrorKind; 41] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -354,6 +361,7 @@ impl ErrorKind {
         ErrorKind::NoSpace,
         ErrorKind::CommandBacklog,
         ErrorKind::NotPosted,
+        ErrorKind::NoDeviceSide,
         ErrorKind::Io,
     ];
 }
@@ -407,6 +415,7 @@ impl Error {
             Error::NoSpace { .. } => ErrorKind::NoSpace,
             Error::CommandBacklog { .. } => ErrorKind::CommandBacklog,
             Error::NotPosted { .. } => ErrorKind::NotPosted,
+            Error::NoDeviceSide(_) => ErrorKind::NoDeviceSide,
             Error::Io { .. } => ErrorKind::Io,
         }
     }

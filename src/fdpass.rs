@@ -13,11 +13,14 @@
 //! and the lock an fd it hands over holds on the region (`region::Region::proves`);
 //! those rules are the callers' (`device::vulkan`). This module moves the bytes and fds,
 //! and bounds every wait: `connect` has a deadline, every send and receive a timeout.
-//! All calls go through rustix, except `SO_PEERCRED` (see [`peer_credentials`]).
+//! The socket calls of the exchange (`socket`, `bind`, `listen`, `accept`, `connect`,
+//! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, the timeouts) are made here, through rustix: this
+//! is the socket half of the platform layer, beside `os`, which has the rest (the peer's
+//! credentials, the socket file's mode, `poll`, the files' checks).
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,7 +31,9 @@ use rustix::net::{
 };
 
 use crate::error::{Error, Peer, Result};
-use crate::os;
+use crate::os::{self, peer_credentials};
+// Part of this module's interface (the callers' checks and tests use them).
+pub use crate::os::{euid, fd_size, PeerCred};
 
 /// The engine's hello's first bytes (1.8).
 pub const HELLO_MAGIC: [u8; 4] = *b"SBFE";
@@ -98,65 +103,6 @@ impl ReplyStatus {
     }
 }
 
-/// Who a connected peer is, as the kernel says (`SO_PEERCRED`: the credentials it had
-/// when it connected).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerCred {
-    /// Its pid in this process's PID namespace; `None` when it is not visible here (it
-    /// lives in a PID namespace that is not this one's or a descendant's: the kernel
-    /// says 0).
-    pub pid: Option<u32>,
-    pub uid: u32,
-}
-
-impl std::fmt::Display for PeerCred {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pid {
-            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
-            None => write!(
-                f,
-                "a process in another PID namespace (uid {}; its pid is not visible here)",
-                self.uid
-            ),
-        }
-    }
-}
-
-/// The peer credentials of a connected Unix socket. Read with `getsockopt` into
-/// `struct ucred` here rather than with rustix's `socket_peercred`, whose `UCred` keeps
-/// the pid as a non-zero integer: the kernel reports 0 for a peer in a PID namespace this
-/// process cannot see (a learner in another container), and building a non-zero integer
-/// from 0 is undefined behaviour.
-pub fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `fd` is an open socket for the call; `cred` is a writable `struct ucred`
-    // of `len` bytes, which the kernel fills (every bit pattern is a valid `ucred`).
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::io(
-            "getsockopt(SO_PEERCRED)",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(PeerCred {
-        pid: u32::try_from(cred.pid).ok().filter(|&p| p != 0),
-        uid: cred.uid,
-    })
-}
-
 /// A new Unix-domain stream socket, close-on-exec.
 fn unix_stream(flags: SocketFlags) -> Result<OwnedFd> {
     net::socket_with(
@@ -170,11 +116,6 @@ fn unix_stream(flags: SocketFlags) -> Result<OwnedFd> {
 
 fn address(path: &str) -> Result<SocketAddrUnix> {
     SocketAddrUnix::new(path).map_err(|e| Error::io(format!("socket address '{path}'"), e))
-}
-
-/// This process's effective uid.
-pub fn euid() -> u32 {
-    rustix::process::geteuid().as_raw()
 }
 
 /// Send and receive timeouts of a connected socket.
@@ -241,8 +182,7 @@ impl Listener {
         // The file takes the umask's mode at bind; connecting needs write permission on
         // it, so other users are refused by the kernel from here on (and by the uid
         // check of every connection before: the mode is defence in depth).
-        rustix::fs::chmod(path, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR)
-            .map_err(|e| Error::io(format!("chmod('{path}')"), e))?;
+        os::owner_only(path)?;
         net::listen(&fd, BACKLOG).map_err(|e| Error::io("listen", e))?;
         Ok(Listener {
             fd: os::HeldFd::new(fd),
@@ -265,11 +205,7 @@ impl Listener {
                 Accepted::Conn(c) => return Some(c),
                 Accepted::Stopped => return None,
                 Accepted::Nothing => {
-                    let mut poll = [rustix::event::PollFd::from_borrowed_fd(
-                        self.fd.as_fd(),
-                        rustix::event::PollFlags::IN,
-                    )];
-                    let _ = rustix::event::poll(&mut poll, None);
+                    let _ = os::poll_readable(&[self.fd.as_fd()], None);
                 }
                 Accepted::Failed => {
                     std::thread::sleep(pause);
@@ -886,23 +822,13 @@ fn connect(
         }
     }
     // Blocking again: the exchange's waits are bounded by the socket's timeouts.
-    rustix::io::ioctl_fionbio(&fd, false).map_err(|e| Error::io("ioctl(FIONBIO)", e))?;
+    os::set_blocking(&fd, true)?;
     Ok(fd)
 }
 
 /// Whether a socket file is at `path` now, for checks that nothing was left behind.
 pub fn socket_file_exists(path: &str) -> bool {
     matches!(os::socket_file(path), Ok(os::AtPath::Socket { .. }))
-}
-
-/// Size of the file behind `fd` when the kernel knows it: `st_size` of a regular file
-/// (a memfd), else `None` (an opaque driver fd: the driver's import is then the check).
-pub fn fd_size(fd: BorrowedFd<'_>) -> Option<u64> {
-    let st = rustix::fs::fstat(fd).ok()?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile {
-        return u64::try_from(st.st_size).ok();
-    }
-    None
 }
 
 #[cfg(all(test, not(loom)))]
@@ -1038,61 +964,5 @@ mod tests {
         assert!(e.to_string().contains("not a socket"), "{e}");
         assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
         std::fs::remove_file(&path).unwrap();
-    }
-
-    /// `SO_PEERCRED` of a peer this process cannot see: a child in a PID namespace of its
-    /// own reads the credentials of its parent, which is outside it. The kernel says pid
-    /// 0 (rustix's `UCred` would hold it as a non-zero integer: undefined behaviour);
-    /// [`peer_credentials`] says `None`.
-    #[test]
-    fn a_peer_in_another_pid_namespace_has_no_pid() {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("SKIPPED: a PID namespace of its own needs root");
-            return;
-        }
-        let (a, b) = net::socketpair(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        // SAFETY: the child makes system calls only (unshare, fork, getsockopt through
-        // `peer_credentials`, write, _exit) before it exits; nothing it runs takes a lock
-        // another thread of the parent could hold, beyond the allocator, which glibc
-        // keeps usable after fork.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let code = (|| {
-                // SAFETY: a system call with no pointers.
-                if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-                    return 2;
-                }
-                // SAFETY: as above; the grandchild is the first process of the namespace.
-                let inner = unsafe { libc::fork() };
-                if inner == 0 {
-                    let cred = peer_credentials(b.as_fd());
-                    let ok = matches!(cred, Ok(PeerCred { pid: None, uid: 0 }));
-                    // SAFETY: ends the grandchild without unwinding.
-                    unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-                }
-                let mut status = 0;
-                // SAFETY: waits for the grandchild forked above.
-                unsafe { libc::waitpid(inner, &mut status, 0) };
-                libc::WEXITSTATUS(status)
-            })();
-            // SAFETY: ends the child without unwinding into the test harness.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert_eq!(libc::WEXITSTATUS(status), 0, "status {status:#x}");
-        // Seen from here, the same socket names its peer (ourselves).
-        assert_eq!(
-            peer_credentials(a.as_fd()).unwrap().pid,
-            Some(std::process::id())
-        );
     }
 }

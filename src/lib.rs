@@ -7,7 +7,8 @@
 //! bytes live: host memory, CUDA IPC or Vulkan external memory, behind one backend seam)
 //! → [`region`] (the shm object) → [`tensor`] (typed views) → [`engine`] and [`client`]
 //! (the two public faces), and [`observer`] (read-only watchers of a live region, 1.7)
-//! → [`envs`] (reference engines). All system calls are in `os`.
+//! → [`envs`] (reference engines). The library's system calls are in `os` (and the socket
+//! calls of fd passing in [`fdpass`]; `os`'s module doc says what else stays outside).
 //! The wire format is documented in `docs/protocol.md`; how to add a device backend in
 //! `docs/backends.md`.
 //!

@@ -25,7 +25,6 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use crate::control::{read_between_writes, read_consistent, EngineState, SeqWord};
@@ -163,15 +162,10 @@ impl Observer {
     /// Reads `out.len()` bytes at byte `offset` of the region file with `pread`: a file
     /// truncated meanwhile gives `RegionTooSmall`, not a SIGBUS.
     fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let mut filled = 0;
-        while filled < out.len() {
-            let at = offset.saturating_add(filled as u64);
-            match self.file.read_at(&mut out[filled..], at) {
-                Ok(0) => return Err(self.too_small(os::file_identity(&self.file)?.0)),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(format!("reading '{}'", self.name), e)),
-            }
+        let filled = os::read_at(&self.file, offset, out)
+            .map_err(|e| Error::io(format!("reading '{}'", self.name), e))?;
+        if filled < out.len() {
+            return Err(self.too_small(os::file_identity(&self.file)?.0));
         }
         Ok(())
     }

@@ -1,12 +1,26 @@
-//! The OS layer: POSIX shm, mapping, flock, futex and process liveness. Every system
-//! call the crate makes goes through here (via rustix), so the rest stays portable in
-//! shape and free of OS details.
+//! The OS layer: POSIX shm, mapping, flock and byte locks, futex, file and descriptor
+//! checks, `poll`, process liveness. The library's own system calls are made here, through
+//! rustix where it has them (libc for what it lacks: OFD byte locks, the fork handler's
+//! calls, `SO_PEERCRED` into a plain `ucred`, `_exit`), so the rest stays free of OS
+//! details. What is made elsewhere, and why:
+//!
+//! - `fdpass`: the Unix-socket calls of fd passing (`socket`, `bind`, `listen`, `accept`,
+//!   `connect`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, the timeouts), through rustix: the
+//!   socket half of this layer, a module of its own at the same layer for one protocol;
+//! - the device drivers' APIs (the CUDA driver, loaded with `libloading`, and Vulkan,
+//!   through `ash`): calls into the drivers, which make their own system calls; the fds
+//!   they hand over are handled here (`set_cloexec`, `fd_size`, ...);
+//! - what `std` and well-kept crates do portably: threads, `std::process::Command` (its
+//!   `pre_exec` calls this module), reading files by path (`std::fs`), signal handling
+//!   (`signal_hook`, in `envs::runner`);
+//! - tests, which build their fixtures (`fork`, `unshare`, memfds) with rustix or libc.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize};
 use std::time::Duration;
 
+use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{FlockOperation, Mode};
 use rustix::io::Errno;
 use rustix::shm::OFlags;
@@ -72,7 +86,7 @@ pub fn shm_open(name: &str, writable: bool) -> Result<File> {
         }
         _ => return Err(not_a_region(name, "not a regular file")),
     }
-    if st.st_uid != rustix::process::geteuid().as_raw() {
+    if st.st_uid != euid() {
         return Err(Error::PermissionDenied { name: name.into() });
     }
     Ok(File::from(fd))
@@ -188,6 +202,7 @@ pub fn untrusted_closed(timeout: Duration) -> bool {
 /// Where a mapping of this process that contains address `addr` comes from, as
 /// `/proc/self/maps` says: `(file offset of addr, st_dev, st_ino)` of the file mapped
 /// there; `None` when no file mapping contains it (or /proc is not mounted).
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub fn mapped_file_at(addr: usize) -> Option<(u64, u64, u64)> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     for line in maps.lines() {
@@ -261,20 +276,33 @@ pub fn fd_kind(fd: BorrowedFd<'_>) -> Result<(FdKind, u64)> {
 }
 
 /// Sizes a new shm object to `len` bytes and reserves them: `posix_fallocate` charges
-/// every page to the tmpfs now, so a region that does not fit is `Err(ENOSPC)` here. After
+/// every page to the tmpfs now, so a region that does not fit is refused here. After
 /// a bare `ftruncate` the file would be sparse, and the first write past the free space
-/// (`MAP_POPULATE` does not reserve either) would kill the process with SIGBUS.
-pub fn reserve(file: &File, len: u64) -> std::result::Result<(), Errno> {
-    loop {
+/// (`MAP_POPULATE` does not reserve either) would kill the process with SIGBUS. `NoSpace`
+/// (with the space there is) when they do not fit; `name` is the object's, for errors.
+pub fn reserve(file: &File, name: &str, len: u64) -> Result<()> {
+    let reserved = loop {
         match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
             // A signal arrived while the kernel was allocating: what it allocated stays,
             // so asking again finishes the job.
             Err(Errno::INTR) => continue,
             // A filesystem without fallocate (not tmpfs): size it the old way.
-            Err(Errno::OPNOTSUPP) => return rustix::fs::ftruncate(file, len),
-            other => return other,
+            Err(Errno::OPNOTSUPP) => break rustix::fs::ftruncate(file, len),
+            other => break other,
         }
-    }
+    };
+    reserved.map_err(|e| match e {
+        Errno::NOSPC | Errno::FBIG => {
+            let (free, total) = shm_space().unwrap_or((0, 0));
+            Error::NoSpace {
+                name: name.to_string(),
+                needed: len,
+                free,
+                total,
+            }
+        }
+        e => Error::io(format!("reserving {len} bytes for '{name}'"), e),
+    })
 }
 
 /// `(free, total)` bytes of the filesystem holding shm objects (`/dev/shm`), for messages.
@@ -697,13 +725,12 @@ pub fn socket_listening(path: &str) -> Result<bool> {
 /// (`true`); leaves anything else (another user's, not a socket) and says what it is.
 /// Never follows a link.
 pub fn remove_socket_file(path: &str) -> Result<std::result::Result<bool, String>> {
-    let me = rustix::process::geteuid().as_raw();
     match socket_file(path)? {
         AtPath::Nothing => Ok(Ok(false)),
-        AtPath::Socket { uid, .. } if uid == me => match rustix::fs::unlink(path) {
-            Ok(()) | Err(Errno::NOENT) => Ok(Ok(true)),
-            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
-        },
+        AtPath::Socket { uid, .. } if uid == euid() => {
+            unlink(path)?;
+            Ok(Ok(true))
+        }
         AtPath::Socket { uid, .. } => Ok(Err(format!("a socket of uid {uid}"))),
         AtPath::Other(what) => Ok(Err(what.to_string())),
     }
@@ -740,6 +767,205 @@ pub fn release_mapping(slot: usize) {
         m.fd.store(-1, Ordering::Relaxed);
         m.state.store(0, Ordering::Release);
     }
+}
+
+// ---- Files: names in /dev/shm, reads, mappings, descriptor flags ----
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// The names in /dev/shm that start with `prefix`, sorted.
+pub fn shm_names(prefix: &str) -> Result<Vec<String>> {
+    let dir = std::fs::read_dir(SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Removes the name `path` (never what a link points to); `Ok(false)` if nothing was
+/// there.
+pub fn unlink(path: &str) -> Result<bool> {
+    match rustix::fs::unlink(path) {
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
+    }
+}
+
+/// Reads into `out` from byte `offset` of `file` with `pread` (never through a mapping,
+/// so a file that shrinks meanwhile cannot kill the reader with SIGBUS), until `out` is
+/// full or the file ends: the number of bytes read, short at the end of the file.
+pub fn read_at(file: impl AsFd, offset: u64, out: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < out.len() {
+        match rustix::io::pread(
+            &file,
+            &mut out[filled..],
+            offset.saturating_add(filled as u64),
+        ) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(filled)
+}
+
+/// How [`map_shared`] maps a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapAccess {
+    ReadOnly,
+    ReadWrite,
+    /// Read-write, every page faulted in now (`MAP_POPULATE`): a new region's.
+    Prefaulted,
+}
+
+/// A shared mapping of the first `len` bytes of `file`, unmapped when it drops.
+pub fn map_shared(file: &File, len: usize, access: MapAccess) -> std::io::Result<MmapRaw> {
+    let mut opts = MmapOptions::new();
+    opts.len(len);
+    match access {
+        MapAccess::ReadOnly => opts.map_raw_read_only(file),
+        MapAccess::ReadWrite => opts.map_raw(file),
+        MapAccess::Prefaulted => opts.populate().map_raw(file),
+    }
+}
+
+/// Size of the file behind `fd` when the kernel knows it: `st_size` of a regular file
+/// (a memfd), else `None` (an opaque driver fd: the driver's import is then the check).
+pub fn fd_size(fd: BorrowedFd<'_>) -> Option<u64> {
+    let st = rustix::fs::fstat(fd).ok()?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile {
+        return u64::try_from(st.st_size).ok();
+    }
+    None
+}
+
+/// Whether the file behind `fd` is sealed against shrinking (`F_SEAL_SHRINK`, a memfd's
+/// seal); `false` for a file that takes no seals.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+pub fn sealed_against_shrink(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|seals| seals.contains(rustix::fs::SealFlags::SHRINK))
+}
+
+/// Sets `FD_CLOEXEC` on `fd`: drivers hand out exported memory fds without it, and a
+/// program this process runs must not inherit them.
+#[cfg_attr(not(any(feature = "cuda", feature = "vulkan")), allow(dead_code))]
+pub fn set_cloexec(fd: impl AsFd) -> Result<()> {
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))
+}
+
+/// A new descriptor of what `fd` refers to, close-on-exec.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+pub fn dup_cloexec(fd: impl AsFd) -> Result<OwnedFd> {
+    rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|e| Error::io("fcntl(F_DUPFD_CLOEXEC)", e))
+}
+
+/// Makes `fd` blocking (`blocking`) or non-blocking (`FIONBIO`).
+pub fn set_blocking(fd: impl AsFd, blocking: bool) -> Result<()> {
+    rustix::io::ioctl_fionbio(fd, !blocking).map_err(|e| Error::io("ioctl(FIONBIO)", e))
+}
+
+/// Gives the file at `path` mode 0600: only its owner may read or write it.
+pub fn owner_only(path: &str) -> Result<()> {
+    rustix::fs::chmod(path, Mode::RUSR | Mode::WUSR)
+        .map_err(|e| Error::io(format!("chmod('{path}')"), e))
+}
+
+/// Which of `fds` are readable (or hung up), waiting up to `timeout` for one to be
+/// (`None`: as long as it takes; a timeout too long to express also waits so). An
+/// interrupted or failed `poll` is an `Err` the caller may simply retry.
+pub fn poll_readable(
+    fds: &[BorrowedFd<'_>],
+    timeout: Option<Duration>,
+) -> std::result::Result<Vec<bool>, Errno> {
+    use rustix::event::{PollFd, PollFlags};
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
+        .collect();
+    let ts = timeout.and_then(|t| rustix::time::Timespec::try_from(t).ok());
+    rustix::event::poll(&mut polled, ts.as_ref())?;
+    Ok(polled.iter().map(|p| !p.revents().is_empty()).collect())
+}
+
+// ---- Sockets ----
+
+/// Who a connected peer is, as the kernel says (`SO_PEERCRED`: the credentials it had
+/// when it connected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its pid in this process's PID namespace; `None` when it is not visible here (it
+    /// lives in a PID namespace that is not this one's or a descendant's: the kernel
+    /// says 0).
+    pub pid: Option<u32>,
+    pub uid: u32,
+}
+
+impl std::fmt::Display for PeerCred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
+            None => write!(
+                f,
+                "a process in another PID namespace (uid {}; its pid is not visible here)",
+                self.uid
+            ),
+        }
+    }
+}
+
+/// The peer credentials of a connected Unix socket (`fdpass`'s peers). Read with `getsockopt` into
+/// `struct ucred` here rather than with rustix's `socket_peercred`, whose `UCred` keeps
+/// the pid as a non-zero integer: the kernel reports 0 for a peer in a PID namespace this
+/// process cannot see (a learner in another container), and building a non-zero integer
+/// from 0 is undefined behaviour.
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket for the call; `cred` is a writable `struct ucred`
+    // of `len` bytes, which the kernel fills (every bit pattern is a valid `ucred`).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::io(
+            "getsockopt(SO_PEERCRED)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).ok().filter(|&p| p != 0),
+        uid: cred.uid,
+    })
+}
+
+// ---- Processes ----
+
+/// Ends this process at once with `code` (`_exit`): no exit handlers, no destructors,
+/// no flushing; for a signal's handler thread while another thread may be exiting.
+/// (rustix has `_exit` only in its unstable `runtime` module.)
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: ends the process at once; the caller depends on nothing it skips.
+    unsafe { libc::_exit(code) }
 }
 
 /// Sends SIGTERM to process `pid` (a launched engine: it closes and removes its region).
@@ -1105,5 +1331,236 @@ mod tests {
         let b = random_hex128().unwrap();
         assert_eq!(a.len(), 32);
         assert_ne!(a, b);
+    }
+
+    /// `SO_PEERCRED` of a peer this process cannot see: a child in a PID namespace of its
+    /// own reads the credentials of its parent, which is outside it. The kernel says pid
+    /// 0 (rustix's `UCred` would hold it as a non-zero integer: undefined behaviour);
+    /// [`peer_credentials`] says `None`.
+    #[test]
+    fn a_peer_in_another_pid_namespace_has_no_pid() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: a PID namespace of its own needs root");
+            return;
+        }
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        // SAFETY: the child makes system calls only (unshare, fork, getsockopt through
+        // `peer_credentials`, write, _exit) before it exits; nothing it runs takes a lock
+        // another thread of the parent could hold, beyond the allocator, which glibc
+        // keeps usable after fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = (|| {
+                // SAFETY: a system call with no pointers.
+                if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+                    return 2;
+                }
+                // SAFETY: as above; the grandchild is the first process of the namespace.
+                let inner = unsafe { libc::fork() };
+                if inner == 0 {
+                    let cred = peer_credentials(b.as_fd());
+                    let ok = matches!(cred, Ok(PeerCred { pid: None, uid: 0 }));
+                    // SAFETY: ends the grandchild without unwinding.
+                    unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                }
+                let mut status = 0;
+                // SAFETY: waits for the grandchild forked above.
+                unsafe { libc::waitpid(inner, &mut status, 0) };
+                libc::WEXITSTATUS(status)
+            })();
+            // SAFETY: ends the child without unwinding into the test harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(libc::WEXITSTATUS(status), 0, "status {status:#x}");
+        // Seen from here, the same socket names its peer (ourselves).
+        assert_eq!(
+            peer_credentials(a.as_fd()).unwrap().pid,
+            Some(std::process::id())
+        );
+    }
+
+    fn memfd(name: &str, flags: rustix::fs::MemfdFlags, bytes: &[u8]) -> File {
+        let fd = rustix::fs::memfd_create(name, flags).expect("memfd");
+        rustix::io::write(&fd, bytes).expect("write");
+        File::from(fd)
+    }
+
+    #[test]
+    fn read_at_reads_up_to_the_end_of_the_file() {
+        let f = memfd("r", rustix::fs::MemfdFlags::CLOEXEC, b"0123456789");
+        let mut buf = [0u8; 8];
+        assert_eq!(read_at(&f, 4, &mut buf).unwrap(), 6, "short at the end");
+        assert_eq!(&buf[..6], b"456789");
+        assert_eq!(read_at(&f, 0, &mut buf).unwrap(), 8);
+        assert_eq!(&buf, b"01234567");
+        assert_eq!(read_at(&f, 10, &mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn shm_names_lists_a_prefix_sorted_and_unlink_says_what_it_removed() {
+        let ns = std::env::var("SHMBRIDGE_NAMESPACE").unwrap_or_default();
+        let prefix = format!("shmbridge-{ns}-os_names-");
+        for n in ["b", "a"] {
+            shm_create(&format!("{prefix}{n}")).unwrap();
+        }
+        let (a, b) = (format!("{prefix}a"), format!("{prefix}b"));
+        assert_eq!(shm_names(&prefix).unwrap(), [a.clone(), b.clone()]);
+        let path = format!("{SHM_DIR}/{a}");
+        assert!(unlink(&path).unwrap(), "removed");
+        assert!(!unlink(&path).unwrap(), "nothing there any more");
+        assert_eq!(shm_names(&prefix).unwrap(), std::slice::from_ref(&b));
+        assert!(unlink(&format!("{SHM_DIR}/{b}")).unwrap());
+        assert!(shm_names(&prefix).unwrap().is_empty());
+    }
+
+    #[test]
+    fn map_shared_maps_what_the_file_holds() {
+        let f = memfd("m", rustix::fs::MemfdFlags::CLOEXEC, &[0u8; 4096]);
+        let rw = map_shared(&f, 4096, MapAccess::Prefaulted).unwrap();
+        let ro = map_shared(&f, 4096, MapAccess::ReadOnly).unwrap();
+        let rw2 = map_shared(&f, 4096, MapAccess::ReadWrite).unwrap();
+        assert_eq!((rw.len(), ro.len(), rw2.len()), (4096, 4096, 4096));
+        // SAFETY: the mappings are 4096 bytes of this test's own memfd; nothing else
+        // touches them.
+        unsafe {
+            rw.as_mut_ptr().add(7).write(42);
+            rw2.as_mut_ptr().add(9).write(43);
+            assert_eq!(ro.as_ptr().add(7).read(), 42, "one file behind both");
+            assert_eq!(ro.as_ptr().add(9).read(), 43);
+        }
+        let mut byte = [0u8; 1];
+        read_at(&f, 7, &mut byte).unwrap();
+        assert_eq!(byte, [42], "shared, not private");
+        let writable = |addr: *const u8| {
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            let line = maps
+                .lines()
+                .find(|l| l.starts_with(&format!("{:x}-", addr as usize)))
+                .expect("the mapping is listed")
+                .to_string();
+            line.split_whitespace().nth(1).unwrap().starts_with("rw")
+        };
+        assert!(writable(rw.as_ptr()));
+        assert!(!writable(ro.as_ptr()), "read-only");
+    }
+
+    #[test]
+    fn descriptor_flags_seals_and_sizes() {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        use rustix::io::{fcntl_getfd, FdFlags};
+        let f = memfd("f", MemfdFlags::ALLOW_SEALING, b"abc");
+        assert!(!fcntl_getfd(&f).unwrap().contains(FdFlags::CLOEXEC));
+        set_cloexec(&f).unwrap();
+        assert!(fcntl_getfd(&f).unwrap().contains(FdFlags::CLOEXEC));
+        let copy = dup_cloexec(&f).unwrap();
+        assert!(fcntl_getfd(&copy).unwrap().contains(FdFlags::CLOEXEC));
+        assert_eq!(file_identity(&copy).unwrap(), file_identity(&f).unwrap());
+        assert_eq!(fd_size(copy.as_fd()), Some(3));
+        assert!(!sealed_against_shrink(f.as_fd()));
+        rustix::fs::fcntl_add_seals(&f, SealFlags::SHRINK).unwrap();
+        assert!(sealed_against_shrink(f.as_fd()));
+        assert!(
+            sealed_against_shrink(copy.as_fd()),
+            "the seal is the file's"
+        );
+        let (a, _b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        assert_eq!(fd_size(a.as_fd()), None, "a socket has no size");
+        assert!(!sealed_against_shrink(a.as_fd()), "nor seals");
+    }
+
+    #[test]
+    fn poll_readable_and_blocking_mode() {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let (c, _d) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let fds = [a.as_fd(), c.as_fd()];
+        assert_eq!(
+            poll_readable(&fds, Some(Duration::ZERO)).unwrap(),
+            [false, false]
+        );
+        rustix::io::write(&b, b"x").unwrap();
+        assert_eq!(
+            poll_readable(&fds, Some(Duration::ZERO)).unwrap(),
+            [true, false]
+        );
+        // Readable now: a wait with no deadline returns.
+        assert_eq!(poll_readable(&fds, None).unwrap(), [true, false]);
+        drop(b);
+        let mut buf = [0u8; 4];
+        assert_eq!(rustix::io::read(&a, &mut buf).unwrap(), 1);
+        assert_eq!(poll_readable(&fds, None).unwrap(), [true, false], "hung up");
+        let nonblock = |fd: BorrowedFd<'_>| {
+            rustix::fs::fcntl_getfl(fd)
+                .unwrap()
+                .contains(rustix::fs::OFlags::NONBLOCK)
+        };
+        assert!(!nonblock(c.as_fd()));
+        set_blocking(&c, false).unwrap();
+        assert!(nonblock(c.as_fd()));
+        assert_eq!(rustix::io::read(&c, &mut buf), Err(Errno::AGAIN));
+        set_blocking(&c, true).unwrap();
+        assert!(!nonblock(c.as_fd()));
+    }
+
+    #[test]
+    fn owner_only_leaves_the_owner_alone_with_the_file() {
+        let ns = std::env::var("SHMBRIDGE_NAMESPACE").unwrap_or_default();
+        let path = format!("{SHM_DIR}/shmbridge-{ns}-os_mode");
+        let f = rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        rustix::fs::fchmod(&f, Mode::from_raw_mode(0o644)).unwrap();
+        owner_only(&path).unwrap();
+        let st = rustix::fs::fstat(&f).unwrap();
+        assert_eq!(st.st_mode & 0o777, 0o600);
+        assert_eq!(st.st_uid, euid(), "made by this user");
+        assert!(unlink(&path).unwrap());
+    }
+
+    #[test]
+    fn exit_now_ends_the_process_with_its_code() {
+        // SAFETY: the child calls `exit_now` (a system call) and nothing else.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            exit_now(7);
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 7);
     }
 }

@@ -54,7 +54,7 @@ fn not_on_host(t: &TensorInfo) -> Error {
 
 /// Borrowed access to the tensors of one region, for one side.
 ///
-/// An engine's views also hand out the engine's device backend ([`Tensors::engine_device`]:
+/// An engine's views also hand out the engine's device backend ([`Tensors::engine_backend`]:
 /// for CUDA tensors, its `stream()` is the one a frame's kernels go on) and device
 /// addresses ([`Tensors::device_ptr`]), so that an env steps on the GPU
 /// through the same `&mut Tensors` its steps and commands get.
@@ -128,16 +128,16 @@ impl<'a> Tensors<'a> {
     }
 
     /// The engine's device backend: launch the kernels that write a frame (or a
-    /// command's reset) on its stream (`engine_device()?.stream()`), so that the
+    /// command's reset) on its stream (`engine_backend()?.stream()`), so that the
     /// engine's event, recorded before `frame_seq` or the reply is published, follows
     /// them. An error for a client's views.
-    pub fn engine_device(&self) -> Result<&'a dyn EngineBackend> {
-        self.device.ok_or_else(|| Error::CudaUnavailable {
-            reason: format!(
+    pub fn engine_backend(&self) -> Result<&'a dyn EngineBackend> {
+        self.device.ok_or_else(|| {
+            Error::NoDeviceSide(format!(
                 "these are the {} views of engine '{}': only an engine's views have its \
                  device backend",
                 self.side, self.layout.engine_kind
-            ),
+            ))
         })
     }
 
@@ -148,13 +148,10 @@ impl<'a> Tensors<'a> {
         let (_, t) = key.resolve(self.layout)?;
         match self.device {
             Some(d) => d.device_ptr(t),
-            None => Err(Error::Cuda {
-                call: "device pointer",
-                detail: format!(
-                    "tensor '{}': these {} views have no device side",
-                    t.name, self.side
-                ),
-            }),
+            None => Err(Error::NoDeviceSide(format!(
+                "tensor '{}': these {} views have no device side",
+                t.name, self.side
+            ))),
         }
     }
 

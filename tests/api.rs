@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use shmbridge::error::ErrorKind;
 use shmbridge::region;
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Peer};
 
@@ -40,7 +41,7 @@ fn frame_zero_then_lock_step_in_two_threads() {
         match engine.wait_actions(T) {
             Ok(n) => {
                 let a = engine.tensor::<f32>("actions").unwrap()[0];
-                let mut io = engine.io();
+                let mut io = engine.tensors();
                 io.write::<f32>("obs").unwrap().fill(a + n as f32);
                 io.write::<u8>("rgb").unwrap().fill(n as u8);
                 engine.publish().unwrap();
@@ -153,7 +154,7 @@ fn tensor_access_is_checked() {
         matches!(&e, Error::NoSuchTensor { available, .. } if available.contains("rgb")),
         "{e}"
     );
-    let mut io = engine.io();
+    let mut io = engine.tensors();
     let _obs = io.write::<f32>("obs").unwrap();
     assert!(matches!(
         io.write::<f32>("obs").unwrap_err(),
@@ -165,6 +166,29 @@ fn tensor_access_is_checked() {
     ));
     // bool tensors are viewed as u8.
     assert_eq!(io.read::<u8>("terminated").unwrap().len(), 2);
+}
+
+/// A client's views have no device side, whatever the device (host memory here): asking
+/// them for the engine's backend or a device address is a neutral error, not a CUDA one.
+#[test]
+fn a_clients_views_have_no_device_side() {
+    let mut engine = ready_engine();
+    assert!(
+        engine.tensors().engine_backend().is_ok(),
+        "an engine's views have one"
+    );
+    let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    let io = client.tensors();
+    let e = match io.engine_backend() {
+        Ok(_) => panic!("a client's views gave the engine's backend"),
+        Err(e) => e,
+    };
+    assert!(matches!(e, Error::NoDeviceSide(_)), "{e}");
+    assert_eq!(e.kind(), ErrorKind::NoDeviceSide);
+    assert!(e.to_string().contains("only an engine's views"), "{e}");
+    let e = io.device_ptr("obs").unwrap_err();
+    assert!(matches!(e, Error::NoDeviceSide(_)), "{e}");
+    assert!(e.to_string().contains("'obs'"), "{e}");
 }
 
 #[test]

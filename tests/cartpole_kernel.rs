@@ -127,7 +127,7 @@ fn run(exe: &Path, dir: &Path, mut input: Input, n: usize) -> Vec<Frame> {
 }
 
 fn cpu_frame(client: &mut Client) -> Frame {
-    let mut io = client.io();
+    let mut io = client.tensors();
     Frame {
         obs: io.read::<f32>("obs").unwrap().to_vec(),
         final_obs: io.read::<f32>("final_obs").unwrap().to_vec(),
@@ -243,7 +243,7 @@ fn the_cartpole_kernel_on_the_host_matches_the_cpu_engine_bit_for_bit() {
             .map(|e| u8::from(next_random(&mut rng) % 97 == 0 && e < n / 2))
             .collect();
         {
-            let mut io = cpu.io();
+            let mut io = cpu.tensors();
             io.write::<i64>("actions")
                 .unwrap()
                 .copy_from_slice(&actions);

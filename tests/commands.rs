@@ -244,7 +244,7 @@ fn calls_interleaved_with_steps() {
         c.tensor_mut::<f32>("actions").unwrap()[0] = n as f32;
         assert_eq!(c.step(T).unwrap(), n);
         {
-            let mut io = c.io();
+            let mut io = c.tensors();
             let obs = io.read::<f32>("obs").unwrap();
             assert!(obs
                 .iter()

@@ -149,7 +149,7 @@ fn rewards<B: Backend>(client: &mut Client) -> Vec<f32> {
         #[cfg(feature = "cuda")]
         return common::f32s(&cuda_backend::fetch(client, "rewards"));
     }
-    client.io().read::<f32>("rewards").unwrap().to_vec()
+    client.tensors().read::<f32>("rewards").unwrap().to_vec()
 }
 
 fn peer_death_mid_frame<B: Backend>() {
@@ -293,7 +293,7 @@ fn in_mapping_of(addr: usize, region: &str) -> bool {
 }
 
 fn host_read_rgb(client: &mut Client) -> Vec<u8> {
-    client.io().read::<u8>("rgb").unwrap().to_vec()
+    client.tensors().read::<u8>("rgb").unwrap().to_vec()
 }
 
 fn host_step_within(client: &mut Client, value: f32, timeout: Duration) -> Result<u64, Error> {
@@ -315,7 +315,7 @@ impl Backend for Host {
         host_step_within(client, value, timeout)
     }
     fn assert_zero_copy(client: &mut Client, region: &str) -> u64 {
-        let addr = client.io().address("rgb").unwrap() as usize;
+        let addr = client.tensors().address("rgb").unwrap() as usize;
         assert!(
             in_mapping_of(addr, region),
             "rgb at {addr:#x} is not in the region's mapping"
@@ -361,7 +361,7 @@ impl Backend for Vulkan {
             shmbridge::Location::Vulkan
         );
         let ptr = client.device_ptr(rgb).unwrap();
-        let mut io = client.io();
+        let mut io = client.tensors();
         // The view is the mapping of the imported memory, not the region, not a copy.
         assert_eq!(io.address(rgb).unwrap() as u64, ptr);
         assert_eq!(io.read::<u8>(rgb).unwrap().as_ptr() as u64, ptr);
@@ -387,7 +387,7 @@ mod cuda_backend {
     /// The bytes of the client's CUDA tensor `name` in the current frame: a stream waits
     /// on the engine's event, then they are read through an import of the tensor.
     pub fn fetch(client: &Client, name: &str) -> Vec<u8> {
-        let cuda = client.device().as_cuda().unwrap();
+        let cuda = client.backend().as_cuda().unwrap();
         let s = Stream::create(cuda.context()).unwrap();
         cuda.wait_frame_on(&s).unwrap();
         s.synchronize().unwrap();
@@ -425,7 +425,7 @@ mod cuda_backend {
             let bytes: Vec<u8> = std::iter::repeat_n(value, t.nbytes as usize / 4)
                 .flat_map(f32::to_le_bytes)
                 .collect();
-            let context = client.device().as_cuda().unwrap().context().clone();
+            let context = client.backend().as_cuda().unwrap().context().clone();
             let stream = Stream::create(&context).unwrap();
             let staging = DeviceAllocation::new(&context, bytes.len()).unwrap();
             staging.write(0, &bytes).unwrap();

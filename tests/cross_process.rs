@@ -37,7 +37,7 @@ fn null_engine_frames_follow_actions() {
             }
         }
         assert_eq!(client.step(T).unwrap(), n);
-        let mut io = client.io();
+        let mut io = client.tensors();
         let obs = io.read::<f32>("obs").unwrap();
         assert!(
             obs.iter()
@@ -85,7 +85,7 @@ fn null_engine_serves_an_image_tensor() {
     assert_eq!(rgb.shape, vec![3, 5, 4, 3]);
     for n in 1..=20u64 {
         assert_eq!(client.step(T).unwrap(), n);
-        let mut io = client.io();
+        let mut io = client.tensors();
         let bytes = io.read::<u8>("rgb").unwrap();
         assert_eq!(bytes.len(), 3 * 5 * 4 * 3);
         assert!(
@@ -127,7 +127,7 @@ fn cartpole_engine_steps_resets_and_is_seeded() {
         client.step(T).unwrap();
         steps += 1;
         assert!(steps < 200, "pushing right must topple every pole");
-        let mut io = client.io();
+        let mut io = client.tensors();
         let rewards = io.read::<f32>("rewards").unwrap();
         let term = io.read::<u8>("terminated").unwrap();
         let trunc = io.read::<u8>("truncated").unwrap();
@@ -160,7 +160,7 @@ fn cartpole_engine_steps_resets_and_is_seeded() {
     client.tensor_mut::<u8>("reset_mask").unwrap()[0] = 1;
     client.step(T).unwrap();
     {
-        let mut io = client.io();
+        let mut io = client.tensors();
         assert_eq!(io.read::<f32>("rewards").unwrap()[0], 0.0);
         assert_eq!(io.read::<f32>("rewards").unwrap()[1], 1.0);
         assert!(io.read::<f32>("obs").unwrap()[..4]

@@ -458,7 +458,7 @@ fn child_cuda_engine() {
         )
         .name(&name);
     let mut engine = Engine::create(spec).unwrap();
-    let cuda = engine.device().as_cuda().unwrap();
+    let cuda = engine.backend().as_cuda().unwrap();
     // A cubin for this device first, as the GPU engines load their kernels.
     let module = kernel::build(
         d,
@@ -475,7 +475,7 @@ fn child_cuda_engine() {
     );
     let n = ENVS * OBS_DIM;
     let frame = |engine: &Engine, seq: u64| {
-        let s = engine.device().as_cuda().unwrap().stream().unwrap();
+        let s = engine.backend().as_cuda().unwrap().stream().unwrap();
         // SAFETY: null_step(float*, u64, u64, const float*, u64, float*, u64); the
         // pointers are the engine's tensors of those sizes, alive until close.
         unsafe {
@@ -607,7 +607,7 @@ fn step_and_read(
     let seq = client.step_on(&s, T).unwrap();
     let reader = Stream::create(ctx).unwrap();
     client
-        .device()
+        .backend()
         .as_cuda()
         .unwrap()
         .wait_frame_on(&reader)
@@ -665,7 +665,7 @@ fn cuda_engine_and_client_lock_step() {
     for name in ["obs", "actions", "rewards"] {
         let (_, t) = client.layout().tensor(name).unwrap();
         let placement = t.cuda.unwrap();
-        let c = client.device().as_cuda().unwrap();
+        let c = client.backend().as_cuda().unwrap();
         let m = driver::import_memory(c.context(), &placement.ipc_mem_handle).unwrap();
         assert_eq!(
             client.device_ptr(name).unwrap(),
@@ -970,7 +970,7 @@ fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
 /// command reply): a stream waits on the engine's event, then the bytes are read through
 /// the client's import (the cached one: no second open).
 fn fetch(client: &Client, name: &str) -> Vec<u8> {
-    let cuda = client.device().as_cuda().unwrap();
+    let cuda = client.backend().as_cuda().unwrap();
     let s = Stream::create(cuda.context()).unwrap();
     cuda.wait_frame_on(&s).unwrap();
     s.synchronize().unwrap();
@@ -991,7 +991,7 @@ struct DeviceWriter {
 impl DeviceWriter {
     fn new(client: &Client) -> DeviceWriter {
         DeviceWriter {
-            stream: Stream::create(client.device().as_cuda().unwrap().context()).unwrap(),
+            stream: Stream::create(client.backend().as_cuda().unwrap().context()).unwrap(),
             staging: None,
         }
     }
@@ -1002,7 +1002,8 @@ impl DeviceWriter {
         let total: usize = tensors.iter().map(|(_, b)| b.len()).sum();
         if self.staging.as_ref().is_none_or(|s| s.size() < total) {
             self.staging = Some(
-                DeviceAllocation::new(client.device().as_cuda().unwrap().context(), total).unwrap(),
+                DeviceAllocation::new(client.backend().as_cuda().unwrap().context(), total)
+                    .unwrap(),
             );
         }
         let staging = self.staging.as_ref().unwrap();
@@ -1189,7 +1190,7 @@ impl CartPair {
             terminated: fetch(g, "terminated"),
             truncated: fetch(g, "truncated"),
         };
-        let mut io = self.cpu.io();
+        let mut io = self.cpu.tensors();
         let cpu = CartFrame {
             obs: io.read::<f32>("obs").unwrap().to_vec(),
             final_obs: io.read::<f32>("final_obs").unwrap().to_vec(),
@@ -1206,7 +1207,7 @@ impl CartPair {
             .writer
             .step(&mut self.gpu, &[("actions", &act), ("reset_mask", mask)]);
         {
-            let mut io = self.cpu.io();
+            let mut io = self.cpu.tensors();
             io.write::<i64>("actions").unwrap().copy_from_slice(actions);
             io.write::<u8>("reset_mask").unwrap().copy_from_slice(mask);
         }

@@ -102,7 +102,7 @@ fn check_copy(frame: u64, big: &[u8], tag: &[u8]) -> Result<(), String> {
 #[test]
 fn every_accepted_copy_is_one_frame_while_the_engine_steps_and_resets() {
     let mut engine = Engine::create(spec()).unwrap();
-    Writer::step(&mut engine.io(), 0);
+    Writer::step(&mut engine.tensors(), 0);
     engine.publish().unwrap();
     let name = engine.name().to_string();
     let serving = std::thread::spawn(move || {
@@ -110,7 +110,7 @@ fn every_accepted_copy_is_one_frame_while_the_engine_steps_and_resets() {
         loop {
             match engine.wait_actions_with(T, &mut writer) {
                 Ok(n) => {
-                    Writer::step(&mut engine.io(), n);
+                    Writer::step(&mut engine.tensors(), n);
                     engine.publish().unwrap();
                 }
                 Err(Error::PeerClosed { .. }) => return writer.resets,

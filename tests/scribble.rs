@@ -45,7 +45,7 @@ fn operate(client: &mut Client, name: &str, i: u32, in_flight: &mut bool) -> Res
                 r?;
             }
             *in_flight = false;
-            let obs = client.io().read::<f32>("obs")?;
+            let obs = client.tensors().read::<f32>("obs")?;
             std::hint::black_box(obs.iter().sum::<f32>());
             Ok(())
         }

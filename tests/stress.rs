@@ -39,7 +39,7 @@ fn one_million_steps_every_step_checked() {
         assert_eq!(frame, n);
         let (action_seq, frame_seq) = client.counters();
         assert_eq!((action_seq, frame_seq), (n, n), "counters at step {n}");
-        let mut io = client.io();
+        let mut io = client.tensors();
         let obs = io.read::<f32>("obs").unwrap();
         for (k, &v) in obs.iter().enumerate() {
             assert_eq!(v, pattern(n, k as u64), "obs[{k}] at step {n}");
@@ -104,7 +104,7 @@ fn sharded_steps_every_step_checked() {
             }
         }
         assert_eq!(client.step(Duration::from_secs(30)).unwrap(), n);
-        let mut io = client.io();
+        let mut io = client.tensors();
         let obs = io.read::<f32>("obs").unwrap();
         assert_eq!(obs.len(), 21);
         for (k, &v) in obs.iter().enumerate() {

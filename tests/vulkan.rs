@@ -93,7 +93,7 @@ fn engine_frames_reach_the_client_through_its_mapping() {
     assert!(info.vulkan.unwrap().alloc_size >= info.nbytes);
     assert_eq!(c.dlpack_device(rgb).unwrap(), (DL_CPU, 0));
     let reason = c
-        .device()
+        .backend()
         .as_vulkan()
         .unwrap()
         .importer_reason()
@@ -105,7 +105,7 @@ fn engine_frames_reach_the_client_through_its_mapping() {
             c.tensor_mut::<f32>("actions").unwrap().fill(step as f32);
             assert_eq!(c.step(T).unwrap(), step);
         }
-        let mut io = c.io();
+        let mut io = c.tensors();
         // No client-side copy: the view is the mapping of the engine's memory.
         assert_eq!(io.address(rgb).unwrap() as u64, ptr);
         let bytes = io.read::<u8>(rgb).unwrap();
@@ -201,7 +201,7 @@ fn fds_do_not_grow_over_200_attach_close_cycles() {
         );
     let mut engine = Engine::create(spec).unwrap();
     let name = engine.name().to_string();
-    engine.io().write::<u8>("rgb").unwrap().fill(42);
+    engine.tensors().write::<u8>("rgb").unwrap().fill(42);
     engine.publish().unwrap();
     // Warm up (the loader and driver open what they keep for the process).
     Client::attach(&name, AttachOptions::default())
@@ -400,7 +400,7 @@ impl ReferenceStacks {
 
     /// The updates of a step: an env reset by the mask or done this step restarts.
     fn after_step(c: &mut Client) -> Vec<StackUpdate> {
-        let mut io = c.io();
+        let mut io = c.tensors();
         let mask = io.read::<u8>("reset_mask").unwrap();
         let term = io.read::<u8>("terminated").unwrap();
         let trunc = io.read::<u8>("truncated").unwrap();
@@ -426,7 +426,7 @@ fn pixels_frame_matches_reference(
     updates: &[StackUpdate],
     what: &str,
 ) -> Vec<u8> {
-    let mut io = c.io();
+    let mut io = c.tensors();
     let obs = io.read::<f32>("obs").unwrap().to_vec();
     let rgb = io.read::<u8>("rgb").unwrap();
     // No client-side copy.
@@ -494,7 +494,7 @@ fn pixels_stacks_equal_the_cpu_reference(image: &str, stack: &str, image_device:
     let want = [6, stack.parse().unwrap(), dims[0], dims[1], dims[2]];
     assert_eq!(shape, want);
     assert_eq!(c.dlpack_device(rgb).unwrap(), (DL_CPU, 0));
-    let ptr = c.io().address("rgb").unwrap() as u64;
+    let ptr = c.tensors().address("rgb").unwrap() as u64;
     let mut reference = ReferenceStacks::new(&c);
     let all = |u| vec![u; 6];
     let mut previous = pixels_frame_matches_reference(
@@ -507,7 +507,7 @@ fn pixels_stacks_equal_the_cpu_reference(image: &str, stack: &str, image_device:
     let (mut resets, mut ended) = (0, 0);
     for step in 1..=200u64 {
         {
-            let mut io = c.io();
+            let mut io = c.tensors();
             // Push every env the same way for 6 steps, then the other way: the poles
             // swing and the carts travel (and episodes end).
             let push = (step / 6) % 2;
@@ -643,7 +643,7 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
     };
     let rgb = c.layout().id("rgb").unwrap();
     let info = c.layout().tensors[rgb.index()].clone();
-    let vk = c.device().as_vulkan().unwrap();
+    let vk = c.backend().as_vulkan().unwrap();
     assert!(vk.is_cuda(), "{}", vk.importer_reason());
     assert_eq!(c.dlpack_device(rgb).unwrap().0, DL_CUDA);
     let ptr = c.device_ptr(rgb).unwrap();
@@ -661,7 +661,7 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
         };
         assert_eq!(c.device_ptr(rgb).unwrap(), ptr, "the import is not re-made");
         let obs = c.tensor::<f32>("obs").unwrap().to_vec();
-        c.device()
+        c.backend()
             .as_vulkan()
             .unwrap()
             .read_tensor(rgb.index(), &info, &mut frame)
@@ -1252,7 +1252,7 @@ fn a_forked_child_dropping_a_vulkan_engine_and_client_leaves_them_to_the_parent(
         return;
     }
     let mut engine = Engine::create(allocated_spec()).unwrap();
-    engine.io().write::<u8>("rgb").unwrap().fill(5);
+    engine.tensors().write::<u8>("rgb").unwrap().fill(5);
     engine.publish().unwrap();
     let name = engine.name().to_string();
     let mut client = Client::attach(&name, AttachOptions::default()).unwrap();

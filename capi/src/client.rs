@@ -413,7 +413,7 @@ pub unsafe extern "C" fn shmb_client_wait_frame_on(
         // SAFETY: as in `shmb_client_step_on`.
         let s = unsafe { StreamRef::from_raw(stream) };
         with(client, |h| {
-            Ok(h.named.side.device().order_after_frame(s)?)
+            Ok(h.named.side.backend().order_after_frame(s)?)
         })
     })
 }

@@ -274,7 +274,7 @@ pub unsafe extern "C" fn shmb_engine_cuda_stream(
     guard(|| {
         need(stream, "stream")?;
         let s = with(engine, |h| {
-            Ok(shmbridge_core::device::cuda_stream(h.side.device(), h.side.name())?.raw())
+            Ok(shmbridge_core::device::cuda_stream(h.side.backend(), h.side.name())?.raw())
         })?;
         // SAFETY: checked non-null; writable per the caller's contract.
         unsafe { put(stream, s, "stream") }

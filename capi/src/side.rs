@@ -27,7 +27,7 @@ impl Side for Engine {
         self.name()
     }
     fn address(&mut self, id: TensorId) -> Result<*const u8, Error> {
-        self.io().address(id)
+        self.tensors().address(id)
     }
     fn device_ptr(&self, id: TensorId) -> Result<u64, Error> {
         Engine::device_ptr(self, id)
@@ -42,7 +42,7 @@ impl Side for Client {
         self.name()
     }
     fn address(&mut self, id: TensorId) -> Result<*const u8, Error> {
-        self.io().address(id)
+        self.tensors().address(id)
     }
     fn device_ptr(&self, id: TensorId) -> Result<u64, Error> {
         Client::device_ptr(self, id)

@@ -70,6 +70,9 @@ pub enum shmb_status {
     /// unchanged; step again (not `shmb_client_wait_frame`). `SHMB_TIMEOUT` is the other
     /// case: the action was sent and its frame is still to come.
     SHMB_NOT_POSTED = 40,
+    /// A device-side call on views that have none (the engine's backend asked of a
+    /// client's views): the wrong views for the call, whatever the device.
+    SHMB_NO_DEVICE_SIDE = 41,
     /// A null pointer where one is required, a size or count that does not fit, a string
     /// that is not UTF-8, an unknown enum value.
     SHMB_INVALID_ARGUMENT = 1000,
@@ -130,11 +133,12 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
         ErrorKind::NoSpace => SHMB_NO_SPACE,
         ErrorKind::CommandBacklog => SHMB_COMMAND_BACKLOG,
         ErrorKind::NotPosted => SHMB_NOT_POSTED,
+        ErrorKind::NoDeviceSide => SHMB_NO_DEVICE_SIDE,
     }
 }
 
 /// Every status, for `shmb_status_name` and the tests.
-pub(crate) const ALL: [shmb_status; 46] = {
+pub(crate) const ALL: [shmb_status; 47] = {
     use shmb_status::*;
     [
         SHMB_OK,
@@ -178,6 +182,7 @@ pub(crate) const ALL: [shmb_status; 46] = {
         SHMB_NO_SPACE,
         SHMB_COMMAND_BACKLOG,
         SHMB_NOT_POSTED,
+        SHMB_NO_DEVICE_SIDE,
         SHMB_INVALID_ARGUMENT,
         SHMB_INVALID_HANDLE,
         SHMB_BUSY,
@@ -232,6 +237,7 @@ impl shmb_status {
             SHMB_NO_SPACE => c"NO_SPACE",
             SHMB_COMMAND_BACKLOG => c"COMMAND_BACKLOG",
             SHMB_NOT_POSTED => c"NOT_POSTED",
+            SHMB_NO_DEVICE_SIDE => c"NO_DEVICE_SIDE",
             SHMB_INVALID_ARGUMENT => c"INVALID_ARGUMENT",
             SHMB_INVALID_HANDLE => c"INVALID_HANDLE",
             SHMB_BUSY => c"BUSY",

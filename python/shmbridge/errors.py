@@ -52,6 +52,7 @@ __all__ = [
     "NoSpaceError",
     "CommandBacklogError",
     "NotPostedError",
+    "NoDeviceSideError",
     "ShmBridgeOSError",
     "EngineStartError",
 ]
@@ -232,6 +233,11 @@ class VulkanError(ShmBridgeError, RuntimeError):
 
 class NotOnHostError(ShmBridgeError, TypeError):
     """A host view was asked of a tensor whose bytes live on a device."""
+
+
+class NoDeviceSideError(ShmBridgeError, RuntimeError):
+    """A device-side call on tensor views that have none (the engine's device backend
+    asked of a client's views), whatever the device."""
 
 
 class CommandBacklogError(ShmBridgeError):

@@ -257,15 +257,3 @@ pub enum DeviceRelease {
     /// undefined behaviour in the driver; the driver reclaims it when this process exits.
     Leaked,
 }
-
-/// The name [`DeviceRelease`] had while only CUDA memory was exported.
-#[deprecated(note = "renamed `DeviceRelease` (`NoCuda` is `DeviceRelease::NothingHeld`)")]
-pub type CudaRelease = DeviceRelease;
-
-impl DeviceRelease {
-    /// [`DeviceRelease::NothingHeld`] under its old name, for code that names
-    /// `CudaRelease::NoCuda`.
-    #[deprecated(note = "renamed `DeviceRelease::NothingHeld`")]
-    #[allow(non_upper_case_globals)]
-    pub const NoCuda: DeviceRelease = DeviceRelease::NothingHeld;
-}

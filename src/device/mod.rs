@@ -33,8 +33,6 @@ pub mod location {
     pub use crate::layout::location::*;
 }
 
-#[allow(deprecated)]
-pub use backend::CudaRelease;
 pub use backend::{
     ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
 };

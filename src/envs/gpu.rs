@@ -7,7 +7,7 @@
 //! They are [`VecEnv`]s like the CPU engines, serve the same tensors (names, dtypes,
 //! shapes, metadata: the CPU engines' specs, placed on the device) and are served by the
 //! same [`serve`](super::serve) loop. What they need from the engine comes through the
-//! `&mut Tensors` every step and command gets: the stream of [`Tensors::engine_device`]
+//! `&mut Tensors` every step and command gets: the stream of [`Tensors::engine_backend`]
 //! ([`EngineBackend::stream`](crate::device::EngineBackend::stream)) and
 //! [`Tensors::device_ptr`]. Their kernels and their own state (cartpole's f64 states, step
 //! counts and generators, in device memory the env owns; it is not exported) come from
@@ -71,7 +71,7 @@ fn on_device(mut spec: EngineSpec, ordinal: i32) -> EngineSpec {
 /// The engine's stream, where a frame's (or a command's) kernels go: a stream of the
 /// env's device, whose tensors the engine placed there.
 fn stream<'a>(io: &Tensors<'a>) -> Result<StreamRef<'a>> {
-    io.engine_device()?
+    io.engine_backend()?
         .stream()
         .ok_or_else(|| Error::CudaUnavailable {
             reason: "these engine views have no CUDA side: the engine has no CUDA tensors".into(),
@@ -630,7 +630,7 @@ mod tests {
             req(None, vec![]),
             req(Some(vec![]), vec![4]),
         ] {
-            CommandHandler::reset(&mut cpu, &mut engine.io(), &r).unwrap();
+            CommandHandler::reset(&mut cpu, &mut engine.tensors(), &r).unwrap();
             let (ids, seeds) = r.plan(n).unwrap();
             reset_listed_mirror(
                 &mut states,

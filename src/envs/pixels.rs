@@ -627,7 +627,7 @@ struct Renderer {
 impl Renderer {
     /// The engine's `rgb` buffer in `io`.
     fn target(io: &Tensors<'_>) -> Result<ShaderTarget> {
-        let engine = io.engine_device()?;
+        let engine = io.engine_backend()?;
         ShaderTarget::of(engine, io.id("rgb")?.index()).map_err(|why| {
             Error::InvalidSpec(
                 match why {

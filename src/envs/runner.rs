@@ -205,8 +205,7 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> Sig
             // (a Vulkan device's destruction) that `exit` would run again here at the
             // same time: the engine died of SIGSEGV. The region is closed and removed;
             // what is left, the kernel frees.
-            // SAFETY: ends the process at once; nothing here depends on what it skips.
-            unsafe { libc::_exit(128 + sig) };
+            crate::os::exit_now(128 + sig);
         }
     });
     gate

@@ -13,7 +13,7 @@ use crate::tensor::Tensors;
 /// `Reset` and its engine-defined methods.
 ///
 /// An env whose spec puts tensors on a CUDA device steps on the GPU through the same
-/// `Tensors`: `Tensors::engine_device` gives the engine's backend and the stream to launch on (ordered
+/// `Tensors`: `Tensors::engine_backend` gives the engine's backend and the stream to launch on (ordered
 /// after the wait on the client's event and before the engine's event record) and
 /// `Tensors::device_ptr` the tensors' device addresses (`envs::gpu`).
 pub trait VecEnv: CommandHandler {
@@ -60,13 +60,13 @@ pub fn serve(
     idle_timeout: Duration,
     on_ready: impl FnOnce(&str),
 ) -> Result<ServeEnd> {
-    env.reset_all(&mut engine.io())?;
+    env.reset_all(&mut engine.tensors())?;
     engine.publish()?;
     on_ready(engine.name());
     loop {
         match engine.wait_actions_with(idle_timeout, &mut EnvCommands(env)) {
             Ok(seq) => {
-                env.step(seq, &mut engine.io())?;
+                env.step(seq, &mut engine.tensors())?;
                 engine.publish()?;
             }
             Err(Error::PeerClosed { peer: Peer::Client }) => {

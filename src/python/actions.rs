@@ -182,7 +182,7 @@ fn copy_device_actions(
     // producer keeps `src` alive for work ordered on its stream; a caller passing a
     // foreign stream keeps it alive until the step returns (documented on `step`).
     unsafe {
-        client.device().copy_into(
+        client.backend().copy_into(
             dst,
             src as usize as u64,
             slot.nbytes(),

@@ -207,7 +207,7 @@ impl PyClient {
             other => other.py_err(py)?,
         };
         let layout = client.layout().clone();
-        let importer = client.device().importer_reason().map(str::to_string);
+        let importer = client.backend().importer_reason().map(str::to_string);
         let place = |i: usize, info: &TensorInfo| client_place(&client, i, info);
         let tensors = PyTensor::all(py, &region, &layout, Peer::Client, place)?;
         let device = tensors

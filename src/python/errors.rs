@@ -52,6 +52,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::NoSpace => "NoSpaceError",
         ErrorKind::CommandBacklog => "CommandBacklogError",
         ErrorKind::NotPosted => "NotPostedError",
+        ErrorKind::NoDeviceSide => "NoDeviceSideError",
         ErrorKind::Io => "ShmBridgeOSError",
     }
 }

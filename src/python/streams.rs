@@ -143,7 +143,7 @@ pub(super) fn order_after_engine(client: &Client, stream: Option<u64>) -> Result
         // SAFETY: `raw` is 0, 1, 2 or a live stream of the engine's device
         // (`consumer_stream`), used for this call only.
         Some(raw) => client
-            .device()
+            .backend()
             .order_after_frame(unsafe { StreamRef::from_raw(raw) }),
         None => Ok(()),
     }

@@ -71,7 +71,7 @@ pub(super) fn client_place(
     index: usize,
     info: &TensorInfo,
 ) -> Result<Place, Error> {
-    Ok(match client.device().place(index, info)? {
+    Ok(match client.backend().place(index, info)? {
         None => Place::Host,
         Some(DevicePlace { ptr, device, lease }) => Place::Device {
             ptr,

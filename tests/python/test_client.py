@@ -249,6 +249,9 @@ def test_error_hierarchy():
     # Nothing sent is told from in flight, and still caught as a timeout.
     assert issubclass(shmbridge.NotPostedError, shmbridge.TimeoutError)
     assert "NotPostedError" in shmbridge._native._error_classes()
+    # Views without a device side: a neutral error, not a CUDA one.
+    assert "NoDeviceSideError" in shmbridge._native._error_classes()
+    assert not issubclass(shmbridge.NoDeviceSideError, shmbridge.CudaUnavailableError)
     # Every Rust variant maps to a class that exists and derives from ShmBridgeError.
     names = shmbridge._native._error_classes()
     assert len(names) >= 30

@@ -1106,8 +1106,7 @@ impl FdMemory {
         // SAFETY: a new fd the driver just opened for us and nobody else owns.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         // Drivers hand out exported fds without close-on-exec.
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
-            .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))?;
+        crate::os::set_cloexec(&fd)?;
         Ok(fd)
     }
 

@@ -446,7 +446,7 @@ impl ClientVulkan {
     ) -> Result<Vec<OwnedFd>> {
         let path = control::socket_path(&self.name)?;
         let proof = region.client_proof()?;
-        let euid = crate::fdpass::euid();
+        let euid = crate::os::euid();
         let (pid, start) = (layout.engine_pid, layout.engine_start_time);
         let mut check = |exchange: &crate::fdpass::Exchange| -> Result<()> {
             let not_the_engine = |why: String| Error::Protocol {

@@ -14,6 +14,7 @@ use crate::fdpass::Listener;
 use crate::layout::location::Device;
 use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
+use crate::os;
 
 /// Called before every frame is published: a renderer with its own queue (path b)
 /// waits for its frame's work here.
@@ -151,7 +152,7 @@ impl EngineBackend for EngineVulkan {
     fn device_ptr(&self, t: &TensorInfo) -> Result<u64> {
         Err(Error::NotOnHost {
             tensor: t.name.clone(),
-            location: "vulkan (use its buffer: Tensors::engine_device()?.as_vulkan())",
+            location: "vulkan (use its buffer: Tensors::engine_backend()?.as_vulkan())",
         })
     }
 
@@ -203,8 +204,7 @@ impl EngineBackend for EngineVulkan {
 /// Sets `FD_CLOEXEC` on an fd the engine keeps: drivers and renderers hand out exported
 /// memory fds without it, and a program the engine runs must not inherit them.
 fn close_on_exec(fd: &SharedFd) -> Result<()> {
-    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)
-        .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))
+    os::set_cloexec(fd)
 }
 
 impl dyn EngineBackend {

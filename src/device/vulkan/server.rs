@@ -19,8 +19,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags};
-
 use crate::control::{
     ClientState, ControlMapping, EngineState, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE,
 };
@@ -210,20 +208,12 @@ fn answer(
 
 /// Which of `conns` read as readable now (or hung up), without waiting.
 fn readable_now(conns: &VecDeque<Waiting>) -> Option<Vec<bool>> {
-    let mut polled: Vec<PollFd<'_>> = conns
-        .iter()
-        .map(|w| PollFd::from_borrowed_fd(w.conn.as_fd(), PollFlags::IN))
-        .collect();
-    let zero = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    rustix::event::poll(&mut polled, Some(&zero)).ok()?;
-    Some(polled.iter().map(|p| !p.revents().is_empty()).collect())
+    let fds: Vec<BorrowedFd<'_>> = conns.iter().map(|w| w.conn.as_fd()).collect();
+    os::poll_readable(&fds, Some(Duration::ZERO)).ok()
 }
 
 fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
-    let me = fdpass::euid();
+    let me = os::euid();
     let mut refusals = Refusals::new(region.name());
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     // Not the creator's mapping: nothing to prove with (never the case for an engine's
@@ -253,14 +243,11 @@ fn serve(listener: &Listener, region: &dyn ControlMapping, fds: &[SharedFd]) {
                 .min(KEEP_PROOF_EVERY)
         });
         let ready: Vec<bool> = {
-            let mut polled: Vec<PollFd<'_>> = Vec::with_capacity(waiting.len() + 1);
-            polled.push(PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN));
-            for w in &waiting {
-                polled.push(PollFd::from_borrowed_fd(w.conn.as_fd(), PollFlags::IN));
-            }
-            let ts = rustix::time::Timespec::try_from(timeout).ok();
-            match rustix::event::poll(&mut polled, ts.as_ref()) {
-                Ok(_) => polled.iter().map(|p| !p.revents().is_empty()).collect(),
+            let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(waiting.len() + 1);
+            fds.push(listener.as_fd());
+            fds.extend(waiting.iter().map(|w| w.conn.as_fd()));
+            match os::poll_readable(&fds, Some(timeout)) {
+                Ok(ready) => ready,
                 // EINTR, or no memory for the poll: look again.
                 Err(_) => continue,
             }

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::layout::location::VulkanDevice;
 use crate::layout::vulkan::SharedFd;
 use crate::layout::VulkanTable;
+use crate::os;
 
 pub(super) fn call(call: &'static str) -> impl Fn(vk::Result) -> Error {
     move |e| Error::Vulkan {
@@ -564,8 +565,7 @@ impl ExportedBuffer {
                 let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
                 // Drivers do not set it (lavapipe does not): a program this process runs
                 // must not inherit the memory.
-                rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
-                    .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))?;
+                os::set_cloexec(&fd)?;
                 SharedFd::new(fd)
             }
             Ok(_) | Err(_) => {
@@ -667,7 +667,7 @@ impl ImportedMemory {
             tensor: tensor.to_string(),
             reason,
         };
-        if let Some(size) = crate::fdpass::fd_size(fd.as_fd()) {
+        if let Some(size) = os::fd_size(fd.as_fd()) {
             if size < table.alloc_size {
                 return Err(invalid(format!(
                     "the engine declares a {}-byte allocation; the fd it sent holds {size} bytes",
@@ -711,8 +711,7 @@ impl ImportedMemory {
         // left it to us, but lavapipe closes it then too, so a failed import leaves the
         // copy to the driver either way: at most one fd leaked per failed import, never
         // a second close of an fd number another thread may have reused meanwhile.
-        let copy = rustix::io::fcntl_dupfd_cloexec(&fd, 0)
-            .map_err(|e| Error::io("fcntl(F_DUPFD_CLOEXEC)", e))?;
+        let copy = os::dup_cloexec(&fd)?;
         let copy = copy.into_raw_fd();
         let mut import = vk::ImportMemoryFdInfoKHR::default()
             .handle_type(OPAQUE_FD)
@@ -739,7 +738,7 @@ impl ImportedMemory {
                 )));
             }
         };
-        let file = crate::fdpass::fd_size(fd.as_fd()).is_some().then_some(fd);
+        let file = os::fd_size(fd.as_fd()).is_some().then_some(fd);
         let free = |m| {
             // SAFETY: an allocation of this device that nothing uses any more.
             unsafe { d.free_memory(m, None) }
@@ -794,8 +793,7 @@ impl ImportedMemory {
             return false;
         };
         let mut now = vec![0u8; self.bookkeeping.len()];
-        !matches!(rustix::io::pread(f, &mut now, 0), Ok(n) if n == now.len())
-            || now != self.bookkeeping
+        !matches!(os::read_at(f, 0, &mut now), Ok(n) if n == now.len()) || now != self.bookkeeping
     }
 
     /// `Err(size)` when the engine's memory is a file that is now shorter than the
@@ -807,7 +805,7 @@ impl ImportedMemory {
             .file
             .as_ref()
             .filter(|_| self.may_shrink)
-            .and_then(|f| crate::fdpass::fd_size(f.as_fd()))
+            .and_then(|f| os::fd_size(f.as_fd()))
         {
             Some(now) if now < self.size => Err(now),
             _ => Ok(()),
@@ -858,7 +856,7 @@ fn driver_bookkeeping(
         ));
     }
     let mut bytes = vec![0u8; at.min(MAX_BOOKKEEPING) as usize];
-    match rustix::io::pread(fd, &mut bytes, 0) {
+    match os::read_at(fd, 0, &mut bytes) {
         Ok(n) if n == bytes.len() => Ok(bytes),
         _ => Err("its memory fd could not be read".into()),
     }
@@ -867,9 +865,7 @@ fn driver_bookkeeping(
 /// Whether the file behind `fd` may shrink under a mapping: a regular file (a memfd)
 /// not sealed against it.
 fn may_shrink(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    crate::fdpass::fd_size(fd).is_some()
-        && !rustix::fs::fcntl_get_seals(fd)
-            .is_ok_and(|seals| seals.contains(rustix::fs::SealFlags::SHRINK))
+    os::fd_size(fd).is_some() && !os::sealed_against_shrink(fd)
 }
 
 impl Drop for ImportedMemory {

@@ -20,6 +20,9 @@
 //! A name is removed only under the engine's lock (its owner, or whoever took the lock of
 //! a dead engine), and only if it still names the very object judged (same device and
 //! inode): a new engine may have taken the name meanwhile.
+//!
+//! Naming and namespaces are in `name.rs`, the sweep in `sweep.rs`; both are re-exported
+//! here.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -28,119 +31,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::MmapRaw;
 
 use crate::control::{Control, ControlMapping, Stats};
 use crate::error::{Error, PidNamespace, Result};
-use crate::layout::{
-    self, Header, HeaderBuilder, CONTROL_SIZE, DESC_SIZE, MAX_SHARDS, MAX_TENSORS,
-    SHARD_ENTRY_SIZE, STATS_BLOCK_SIZE,
-};
+use crate::layout::{self, Header, HeaderBuilder, CONTROL_SIZE, STATS_BLOCK_SIZE};
 use crate::os;
 use crate::sync::Backoff;
 
-/// Every region name starts with this, so `ls` and `gc` can find them.
-pub const PREFIX: &str = "shmbridge-";
-/// The environment variable that names the region namespace of a process: with
-/// `SHMBRIDGE_NAMESPACE=ns`, the names it makes are `shmbridge-ns-…`, and its sweep, `ls`
-/// and `gc` look only at those (docs/protocol.md 1.1). Unset or empty: the default
-/// namespace, `shmbridge-…`, whose sweep looks at every `shmbridge-*` name.
-pub const NAMESPACE_ENV: &str = "SHMBRIDGE_NAMESPACE";
-/// The longest namespace: a region name still fits a socket address (1.6, 95 bytes).
-const MAX_NAMESPACE: usize = 40;
 // The fd socket's path and the bytes of the ownership proofs (1.6) live in the control
 // layer, where the device backends that use them see them too.
 pub use crate::control::{
     client_lock_byte, socket_path, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE, SOCKET_SUFFIX,
 };
-/// The most header bytes a snapshot copies: control block, a full tensor table and a
-/// full shard table (1.4).
-const MAX_HEADER: usize = CONTROL_SIZE + MAX_TENSORS * DESC_SIZE + MAX_SHARDS * SHARD_ENTRY_SIZE;
-/// A region younger than this, not yet claimed by its engine, is left alone by the sweep:
-/// its engine may be between `shm_open` and `flock`.
-const CREATE_GRACE: Duration = Duration::from_secs(5);
 
-/// The region namespace of this process ([`NAMESPACE_ENV`]), `None` for the default one.
-pub fn namespace() -> Result<Option<String>> {
-    namespace_from(std::env::var_os(NAMESPACE_ENV))
-}
+mod name;
+mod sweep;
 
-/// A namespace is 1..=40 characters from `[A-Za-z0-9_]`: no `-`, so no namespace's prefix
-/// (`shmbridge-ns-`) is the start of another's. Empty is the default namespace.
-fn namespace_from(value: Option<std::ffi::OsString>) -> Result<Option<String>> {
-    const WHY: &str = "SHMBRIDGE_NAMESPACE: use 1..40 characters from [A-Za-z0-9_]";
-    let Some(ns) = value else {
-        return Ok(None);
-    };
-    let ns = ns.into_string().map_err(|ns| Error::InvalidName {
-        name: ns.to_string_lossy().into_owned(),
-        reason: WHY,
-    })?;
-    if ns.is_empty() {
-        return Ok(None);
-    }
-    if ns.len() > MAX_NAMESPACE || !ns.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-        return Err(Error::InvalidName {
-            name: ns,
-            reason: WHY,
-        });
-    }
-    Ok(Some(ns))
-}
-
-/// What every name of this process's namespace starts with: `shmbridge-ns-`, or
-/// [`PREFIX`] in the default namespace (which therefore holds every `shmbridge-*` name).
-pub fn namespace_prefix() -> Result<String> {
-    Ok(prefix_of(namespace()?.as_deref()))
-}
-
-fn prefix_of(namespace: Option<&str>) -> String {
-    match namespace {
-        Some(ns) => format!("{PREFIX}{ns}-"),
-        None => PREFIX.to_string(),
-    }
-}
-
-/// Turns a user-given name into a region name: a name that starts with [`PREFIX`] is
-/// whole already (an engine printed it; it reaches the region from any namespace); any
-/// other gets this process's [`namespace_prefix`]. Checks the characters (the name
-/// becomes a file in /dev/shm).
-pub fn canonical_name(name: &str) -> Result<String> {
-    canonical_name_in(name, &namespace_prefix()?)
-}
-
-fn canonical_name_in(name: &str, prefix: &str) -> Result<String> {
-    let name = name.strip_prefix('/').unwrap_or(name);
-    let (full, prefix_len) = if name.starts_with(PREFIX) {
-        (name.to_string(), PREFIX.len())
-    } else {
-        (format!("{prefix}{name}"), prefix.len())
-    };
-    let ok = full.len() <= 200
-        && full.len() > prefix_len
-        && full
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if !ok {
-        return Err(Error::InvalidName {
-            name: name.to_string(),
-            reason: "use 1..190 characters from [A-Za-z0-9._-]",
-        });
-    }
-    if full.ends_with(SOCKET_SUFFIX) {
-        return Err(Error::InvalidName {
-            name: name.to_string(),
-            reason: "names ending in .fd are the fd sockets' (`<region>.fd`)",
-        });
-    }
-    Ok(full)
-}
-
-/// A fresh random name in this process's namespace: 128 bits, so two engines never
-/// collide.
-pub fn random_name() -> Result<String> {
-    Ok(format!("{}{}", namespace_prefix()?, os::random_hex128()?))
-}
+pub use name::{canonical_name, namespace, namespace_prefix, random_name, NAMESPACE_ENV, PREFIX};
+pub use sweep::{engine_alive, list_names, read_header_bytes, sweep, sweep_report, Swept, Verdict};
+use sweep::{read_header_from, remove_if_dead, unlink_if_same, MAX_HEADER};
 
 /// A mapped region. Dropping it unmaps; the engine's handle also unlinks the name.
 pub struct Region {
@@ -209,22 +119,8 @@ impl Region {
         // A sweep may hold the lock for a moment while it looks at the new file: wait.
         os::lock_exclusive(&file)?;
         let len = builder.header.region_size;
-        os::reserve(&file, len).map_err(|e| match e {
-            rustix::io::Errno::NOSPC | rustix::io::Errno::FBIG => {
-                let (free, total) = os::shm_space().unwrap_or((0, 0));
-                Error::NoSpace {
-                    name: name.to_string(),
-                    needed: len,
-                    free,
-                    total,
-                }
-            }
-            e => Error::io(format!("reserving {len} bytes for '{name}'"), e),
-        })?;
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .populate()
-            .map_raw(&file)
+        os::reserve(&file, name, len)?;
+        let map = os::map_shared(&file, len as usize, os::MapAccess::Prefaulted)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         let (_, dev, ino) = os::file_identity(&file)?;
         // The proof of ownership: a descriptor of its own (not a dup: locks belong to
@@ -400,14 +296,12 @@ impl Region {
     /// Maps `len` bytes of the open object `file` (named `name`), never as its owner.
     fn map_file(name: &str, file: File, len: u64, writable: bool) -> Result<Region> {
         let (_, dev, ino) = os::file_identity(&file)?;
-        let mut opts = MmapOptions::new();
-        opts.len(len as usize);
-        let map = if writable {
-            opts.map_raw(&file)
-        } else {
-            opts.map_raw_read_only(&file)
-        }
-        .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
+        let access = match writable {
+            true => os::MapAccess::ReadWrite,
+            false => os::MapAccess::ReadOnly,
+        };
+        let map = os::map_shared(&file, len as usize, access)
+            .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
         Ok(Region {
             name: name.to_string(),
             file: Some(file),
@@ -463,10 +357,7 @@ impl Region {
                 std::io::Error::other("this mapping has no descriptor"),
             )
         })?;
-        let mut opts = MmapOptions::new();
-        opts.len(self.len());
-        let map = opts
-            .map_raw(file)
+        let map = os::map_shared(file, self.len(), os::MapAccess::ReadWrite)
             .map_err(|e| Error::io(format!("mmap '{}' again", self.name), e))?;
         Ok(Region {
             name: self.name.clone(),
@@ -743,32 +634,6 @@ impl Region {
     }
 }
 
-/// The header bytes of region `name` (control block and the largest possible table, or
-/// the whole file if shorter) and the file's size, read with `pread`, never through a
-/// mapping: a file that shrinks while it is read gives a short read here (validation
-/// then says `RegionTooSmall`), where a mapping would kill the reader with SIGBUS.
-pub fn read_header_bytes(name: &str) -> Result<(Vec<u8>, u64)> {
-    read_header_from(name, &os::shm_open(name, false)?)
-}
-
-/// [`read_header_bytes`] of an open region file.
-fn read_header_from(name: &str, file: &File) -> Result<(Vec<u8>, u64)> {
-    use std::os::unix::fs::FileExt;
-    let (size, _, _) = os::file_identity(file)?;
-    let mut out = vec![0u8; (size as usize).min(MAX_HEADER)];
-    let mut filled = 0;
-    while filled < out.len() {
-        match file.read_at(&mut out[filled..], filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(format!("reading '{name}'"), e)),
-        }
-    }
-    out.truncate(filled);
-    Ok((out, size))
-}
-
 impl Region {
     /// Whether this process made this mapping (false in a child forked after it was
     /// made, which must leave the region to its parent).
@@ -853,25 +718,6 @@ impl Drop for UnlinkOnDrop<'_> {
     }
 }
 
-/// Removes `name` if it names the object `identity`. Whoever calls this holds that
-/// object's engine lock (its owner, or the judge of a dead engine), so no other caller
-/// acts on the object at the same time. The window left: between the `stat` and the
-/// `unlink`, something that takes no lock (a user's `rm`, a sweep of an earlier version)
-/// could remove the name and a new engine create it again; the new one would then lose
-/// its name (not its mapping). Every path of this version unlinks under the lock.
-fn unlink_if_same(name: &str, identity: (u64, u64)) -> Result<bool> {
-    if os::name_identity(name)? != Some(identity) {
-        return Ok(false);
-    }
-    // The region's fd socket first (1.6): whoever may remove the region owns its socket
-    // path, and no new engine can bind there before the region's name is free again.
-    if let Ok(path) = socket_path(name) {
-        let _ = os::remove_socket_file(&path);
-    }
-    os::shm_unlink(name)?;
-    Ok(true)
-}
-
 impl Region {
     /// For an engine exiting without its `Engine` value (a signal handler), on a mapping
     /// of its own region ([`Region::map_again`], made while serving): marks the region
@@ -882,263 +728,5 @@ impl Region {
     pub fn close_and_remove(&self) {
         self.control().close_engine();
         self.unlink_if_same();
-    }
-}
-
-/// Names of the shmbridge regions of this process's namespace ([`namespace_prefix`]) in
-/// /dev/shm, sorted.
-pub fn list_names() -> Result<Vec<String>> {
-    Ok(shm_names()?
-        .into_iter()
-        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
-        .collect())
-}
-
-/// Every name of this process's namespace in /dev/shm (regions and fd sockets), sorted.
-fn shm_names() -> Result<Vec<String>> {
-    let prefix = namespace_prefix()?;
-    let dir = std::fs::read_dir(os::SHM_DIR).map_err(|e| Error::io("reading /dev/shm", e))?;
-    let mut names: Vec<String> = dir
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-/// What a sweep did with one name in /dev/shm.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Swept {
-    pub name: String,
-    pub verdict: Verdict,
-}
-
-/// Why a sweep removed a name, or left it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// A region of this library whose engine is gone: removed.
-    Removed,
-    /// Its engine holds the region's lock (or another sweep holds it for a moment).
-    Alive,
-    /// The name was removed, or taken by another object, while the sweep looked at it.
-    Changed,
-    /// Left: what could not be proven, in words.
-    Left(String),
-    /// An fd socket file (`<region>.fd`) of this user whose region is gone and on which
-    /// nobody listens (its region was removed by something that did not know of it):
-    /// removed.
-    OrphanSocket,
-}
-
-impl Swept {
-    pub fn removed(&self) -> bool {
-        matches!(self.verdict, Verdict::Removed | Verdict::OrphanSocket)
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Verdict::Removed => f.write_str("its engine is dead"),
-            Verdict::Alive => f.write_str(
-                "its engine is alive (it holds the region's lock; or another sweep does)",
-            ),
-            Verdict::Changed => f.write_str("removed or replaced meanwhile"),
-            Verdict::Left(why) => f.write_str(why),
-            Verdict::OrphanSocket => {
-                f.write_str("an fd socket whose region is gone, nobody listens on it")
-            }
-        }
-    }
-}
-
-/// Whether the engine of region `name` lives: it holds the region's `flock` (for `ls`; a
-/// dead engine's lock, taken to ask, is let go at once).
-pub fn engine_alive(name: &str) -> Result<bool> {
-    let file = os::shm_open(name, false)?;
-    Ok(!os::try_lock_exclusive(&file)?)
-}
-
-/// Whether the header bytes `bytes` of a file `age` old prove it is a region this library
-/// wrote: its magic, or (an engine that died before publishing it) the rest of a header
-/// of this layout, older than the creation grace. `Err(why not)` otherwise.
-fn identify(bytes: &[u8], age: Duration) -> std::result::Result<(), String> {
-    let h = layout::read_header(bytes)
-        .map_err(|_| format!("too short for a region header ({} bytes)", bytes.len()))?;
-    if h.magic == layout::MAGIC {
-        return Ok(());
-    }
-    let ours_unpublished = h.magic == 0
-        && matches!(
-            h.layout_hash,
-            layout::LAYOUT_HASH | layout::LAYOUT_HASH_CUDA_SESSIONS
-        )
-        && h.version_major == layout::VERSION_MAJOR;
-    match (ours_unpublished, age > CREATE_GRACE) {
-        (true, true) => Ok(()),
-        (true, false) => Err("being created (not published yet)".into()),
-        (false, _) => Err(format!(
-            "not a shmbridge region (magic {:#018x}): remove it yourself if nothing uses it",
-            h.magic
-        )),
-    }
-}
-
-/// Removes `name` if it can prove it is a region whose engine is gone: a regular file of
-/// the caller's ([`os::shm_open`]), the engine's `flock` free (never a pid), and a header
-/// this library wrote ([`identify`], read with `pread` from the same descriptor); the name
-/// is removed only if it still names that very object, while the lock is held
-/// ([`unlink_if_same`]). Anything it cannot prove is left, with the reason.
-fn remove_if_dead(name: &str) -> Swept {
-    let verdict = (|| -> Result<Verdict> {
-        let file = os::shm_open(name, false)?;
-        if !os::try_lock_exclusive(&file)? {
-            return Ok(Verdict::Alive);
-        }
-        // From here until `file` drops, the engine is known dead and no other sweep or
-        // client acts on this object.
-        let (_, dev, ino) = os::file_identity(&file)?;
-        let (bytes, _) = read_header_from(name, &file)?;
-        let age = file
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .unwrap_or_default();
-        if let Err(why) = identify(&bytes, age) {
-            return Ok(Verdict::Left(why));
-        }
-        Ok(match unlink_if_same(name, (dev, ino))? {
-            true => Verdict::Removed,
-            false => Verdict::Changed,
-        })
-    })();
-    let verdict = verdict.unwrap_or_else(|e| match e {
-        Error::NotFound { .. } => Verdict::Changed,
-        Error::PermissionDenied { .. } => Verdict::Left("belongs to another user".into()),
-        Error::NotARegionFile { what, .. } => Verdict::Left(format!("{what}, not a region file")),
-        e => Verdict::Left(e.to_string()),
-    });
-    Swept {
-        name: name.to_string(),
-        verdict,
-    }
-}
-
-/// Looks at every name of this process's namespace in /dev/shm (every `shmbridge-*` name
-/// in the default namespace, `shmbridge-ns-*` in namespace `ns`): removes each region it can prove
-/// belongs to a dead engine, and says why it left every other one (a live engine, a file
-/// it cannot identify, another user's, a FIFO or link, one being created).
-pub fn sweep_report() -> Result<Vec<Swept>> {
-    let names = shm_names()?;
-    let mut report: Vec<Swept> = names
-        .iter()
-        .filter(|n| !n.ends_with(SOCKET_SUFFIX))
-        .map(|n| remove_if_dead(n))
-        .collect();
-    // Then the fd sockets whose region is gone (removed above, or long before by
-    // something that did not know of them). A socket of a live region is its engine's.
-    report.extend(names.iter().filter_map(|n| remove_orphan_socket(n)));
-    Ok(report)
-}
-
-/// Removes `name` (`<region>.fd`) if it is a socket file of this user whose region does
-/// not exist and on which nobody listens; says why it left it otherwise. `None` when it
-/// is no socket's name or its region exists (the region's engine owns the path). The
-/// window left: an engine that takes the region's name and replaces this stale socket
-/// between the last look and the `unlink` (the looks before compare the socket's inode
-/// and the region's absence).
-fn remove_orphan_socket(name: &str) -> Option<Swept> {
-    let region = name.strip_suffix(SOCKET_SUFFIX)?;
-    if !matches!(os::name_identity(region), Ok(None)) {
-        return None;
-    }
-    let path = format!("{}/{name}", os::SHM_DIR);
-    let found = match os::socket_file(&path) {
-        // Gone already (removed with its region by this sweep): nothing to say.
-        Ok(os::AtPath::Nothing) => return None,
-        found => found,
-    };
-    let verdict = (|| -> Result<Verdict> {
-        let me = rustix::process::geteuid().as_raw();
-        let (uid, dev, ino) = match found? {
-            os::AtPath::Socket { uid, dev, ino } => (uid, dev, ino),
-            os::AtPath::Other(what) => {
-                return Ok(Verdict::Left(format!("{what}, not a socket")))
-            }
-            os::AtPath::Nothing => return Ok(Verdict::Changed),
-        };
-        if uid != me {
-            return Ok(Verdict::Left("belongs to another user".into()));
-        }
-        if os::socket_listening(&path)? {
-            return Ok(Verdict::Left(
-                "a socket something listens on, with no region".into(),
-            ));
-        }
-        let same = matches!(os::socket_file(&path)?, os::AtPath::Socket { dev: d, ino: i, .. } if (d, i) == (dev, ino));
-        if !same || os::name_identity(region)?.is_some() {
-            return Ok(Verdict::Changed);
-        }
-        match rustix::fs::unlink(path.as_str()) {
-            Ok(()) => Ok(Verdict::OrphanSocket),
-            Err(rustix::io::Errno::NOENT) => Ok(Verdict::Changed),
-            Err(e) => Err(Error::io(format!("unlink('{path}')"), e)),
-        }
-    })()
-    .unwrap_or_else(|e| Verdict::Left(e.to_string()));
-    Some(Swept {
-        name: name.to_string(),
-        verdict,
-    })
-}
-
-/// [`sweep_report`], returning the names removed.
-pub fn sweep() -> Result<Vec<String>> {
-    Ok(sweep_report()?
-        .into_iter()
-        .filter(Swept::removed)
-        .map(|s| s.name)
-        .collect())
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_canonicalised_and_checked() {
-        // In the default namespace.
-        let canonical_name = |n: &str| canonical_name_in(n, PREFIX);
-        assert_eq!(canonical_name("abc").unwrap(), "shmbridge-abc");
-        assert_eq!(canonical_name("/shmbridge-abc").unwrap(), "shmbridge-abc");
-        assert!(canonical_name("a/b").is_err());
-        assert!(canonical_name("").is_err());
-        assert!(canonical_name("shmbridge-").is_err());
-        assert!(canonical_name(&"x".repeat(300)).is_err());
-        let r = random_name().unwrap();
-        assert_eq!(canonical_name(&r).unwrap(), r);
-    }
-
-    #[test]
-    fn a_namespace_prefixes_short_names_and_leaves_whole_ones() {
-        let ns = |v: &str| namespace_from(Some(v.into()));
-        assert_eq!(ns("").unwrap(), None);
-        assert_eq!(namespace_from(None).unwrap(), None);
-        assert_eq!(ns("run_7").unwrap().as_deref(), Some("run_7"));
-        for bad in ["a-b", "a/b", "a.b", &"x".repeat(41)] {
-            assert!(matches!(ns(bad), Err(Error::InvalidName { .. })), "{bad:?}");
-        }
-        let p = prefix_of(Some("run_7"));
-        assert_eq!(p, "shmbridge-run_7-");
-        assert_eq!(prefix_of(None), PREFIX);
-        assert_eq!(canonical_name_in("abc", &p).unwrap(), "shmbridge-run_7-abc");
-        // A whole name (an engine printed it) reaches its region from any namespace.
-        assert_eq!(
-            canonical_name_in("shmbridge-other-abc", &p).unwrap(),
-            "shmbridge-other-abc"
-        );
-        assert!(canonical_name_in("", &p).is_err());
     }
 }
