@@ -132,10 +132,8 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Reference env: null, cartpole, or pixels (cartpole with each env's last frames
-    /// drawn by a Vulkan compute shader into exported memory, or on the host: `rgb`, u8
-    /// (num_envs, K, H, W, C)).
-    #[arg(long, default_value = "cartpole")]
+    /// Reference env (`envs::REFERENCE_ENGINES`, listed by `reference_envs_help`).
+    #[arg(long, default_value = "cartpole", help = reference_envs_help())]
     env: String,
     #[arg(long, default_value_t = 256)]
     num_envs: u32,
@@ -181,6 +179,15 @@ struct EngineArgs {
     /// with the same --env, --num-envs and options. Host memory only.
     #[arg(long, value_name = "k/K", value_parser = parse_shard, default_value = "0/1")]
     shard: (u32, u32),
+}
+
+/// `--env`'s help: every entry of the registry of reference engines, with what it is.
+fn reference_envs_help() -> String {
+    let entries: Vec<String> = envs::REFERENCE_ENGINES
+        .iter()
+        .map(|e| format!("{} ({})", e.name, e.description))
+        .collect();
+    format!("Reference env: {}", entries.join("; "))
 }
 
 fn parse_shard(text: &str) -> Result<(u32, u32), String> {

@@ -79,7 +79,9 @@ pub fn serve(
     }
 }
 
-/// Options of the reference envs (each uses the ones that apply to it).
+/// The flags every front door shares (the CLI's `engine` options, `launch()`'s keyword
+/// arguments): each reference engine reads its own options from them
+/// ([`Reference::options`](super::Reference::options)) and ignores the others.
 #[derive(Debug, Clone, Default)]
 pub struct EnvOptions {
     pub obs_dim: Option<u64>,
@@ -116,11 +118,4 @@ pub fn parse_image_shape(text: &str) -> Result<[u64; 3]> {
         [h, w, c] if h > 0 && w > 0 && c > 0 => Ok([h, w, c]),
         _ => Err(bad()),
     }
-}
-
-/// The error for an env name none of the reference envs has.
-pub(super) fn unknown_env(name: &str) -> Error {
-    Error::InvalidSpec(format!(
-        "unknown env '{name}' (reference envs: null, cartpole, pixels)"
-    ))
 }
