@@ -709,7 +709,7 @@ fn run_inspect(name: &str) -> Result<(), Error> {
                     t.offset,
                     t.nbytes
                 );
-                if let Some(line) = device_line(t) {
+                if let Some(line) = t.export_fields() {
                     println!("{:<16} {line}", "");
                 }
             }
@@ -717,37 +717,6 @@ fn run_inspect(name: &str) -> Result<(), Error> {
         Err(e) => println!("validation    FAILED: {e}"),
     }
     Ok(())
-}
-
-/// The table's device fields of a tensor outside the region (`inspect`), or `None`.
-fn device_line(t: &layout::TensorInfo) -> Option<String> {
-    use crate::layout::{location::uuid_hex, Device};
-    match t.device {
-        Device::Host => None,
-        Device::Cuda(c) => Some(format!(
-            "cuda ordinal {} uuid {} alloc_size {}",
-            c.ordinal,
-            uuid_hex(&c.uuid),
-            t.cuda.map_or(0, |e| e.alloc_size)
-        )),
-        Device::Vulkan(v) => {
-            let table = t.vulkan?;
-            let semaphore = match table.semaphore {
-                None => "none",
-                Some(crate::layout::vulkan::SemaphoreKind::Timeline) => "timeline",
-                Some(crate::layout::vulkan::SemaphoreKind::Binary) => "binary",
-            };
-            Some(format!(
-                "vulkan device_uuid {} driver_uuid {} alloc_size {} memory_type {} dedicated {} \
-                 semaphore {semaphore}",
-                uuid_hex(&v.device_uuid),
-                uuid_hex(&v.driver_uuid),
-                table.alloc_size,
-                table.memory_type_index,
-                if table.dedicated { "yes" } else { "no" },
-            ))
-        }
-    }
 }
 
 fn run_gc() -> Result<(), Error> {
