@@ -558,7 +558,7 @@ fn spec_of_shape(num_envs: u32, shape: FrameShape, device: Device) -> EngineSpec
 /// `pixels`' options ([`Pixels::new`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PixelsOptions {
-    /// `cartpole`'s seed.
+    /// `cartpole`'s seed: env `e` draws from a stream seeded with `seed + e`.
     pub seed: u64,
     /// `[H, W, C]` of a frame (default [`DEFAULT_IMAGE`]).
     pub image: Option<[u64; 3]>,
@@ -574,10 +574,11 @@ impl Reference for Pixels {
         compute shader into exported memory, or on the host: `rgb`, u8 (num_envs, K, H, W, C)";
     type Options = PixelsOptions;
 
-    /// Frames in Vulkan memory unless `image_device` says host.
+    /// Frames in Vulkan memory unless `image_device` says host; a shard's slice
+    /// (`first_env`) seeds its envs as the whole region would, as `cartpole` does.
     fn options(flags: &EnvOptions) -> PixelsOptions {
         PixelsOptions {
-            seed: flags.seed,
+            seed: flags.seed.wrapping_add(u64::from(flags.first_env)),
             image: flags.image,
             frame_stack: flags.frame_stack,
             device: match flags.image_device {

@@ -143,3 +143,49 @@ pub fn by_name_on(
 ) -> Result<Box<dyn VecEnv>> {
     find(name)?.build_on(num_envs, options, device)
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+
+    /// Frame 0 of reference engine `name` with `num_envs` envs: its `obs` and its `rgb`
+    /// (empty without one), per env in order.
+    fn frame_0(name: &str, num_envs: u32, options: &EnvOptions) -> (Vec<f32>, Vec<u8>) {
+        let mut env = by_name(name, num_envs, options).unwrap();
+        let spec = env.spec();
+        let has_rgb = spec.tensors.iter().any(|t| t.name == "rgb");
+        let mut engine = Engine::create(spec).unwrap();
+        env.reset_all(&mut engine.io()).unwrap();
+        let mut io = engine.io();
+        let obs = io.read::<f32>("obs").unwrap().to_vec();
+        let rgb = match has_rgb {
+            true => io.read::<u8>("rgb").unwrap().to_vec(),
+            false => Vec::new(),
+        };
+        (obs, rgb)
+    }
+
+    /// What a sharded region relies on: every reference engine built as a slice
+    /// (`EnvOptions::first_env`, one shard's envs) serves what the whole engine serves
+    /// for those envs. `pixels` seeded every shard's envs from env 0's seed.
+    #[test]
+    fn every_engine_built_as_a_slice_serves_the_slice_of_the_whole() {
+        let options = EnvOptions {
+            seed: 5,
+            image: Some([8, 8, 1]),
+            image_device: Some(Device::Host),
+            ..Default::default()
+        };
+        for entry in REFERENCE_ENGINES {
+            let (obs, rgb) = frame_0(entry.name, 4, &options);
+            let slice = EnvOptions {
+                first_env: 2,
+                ..options.clone()
+            };
+            let (slice_obs, slice_rgb) = frame_0(entry.name, 2, &slice);
+            assert_eq!(slice_obs[..], obs[obs.len() / 2..], "{}: obs", entry.name);
+            assert_eq!(slice_rgb[..], rgb[rgb.len() / 2..], "{}: rgb", entry.name);
+        }
+    }
+}

@@ -98,8 +98,9 @@ pub struct EnvOptions {
     /// exports, mapped on the engine's CPU, path a; `pixels`' default).
     pub image_device: Option<Device>,
     /// The envs built are the region's `first_env..` (a shard's slice, 1.4): `cartpole`
-    /// seeds env `e` of the slice with `seed + first_env + e`, `null` writes the pattern
-    /// at the region's element indices, so a sharded region holds what one engine would.
+    /// and `pixels` seed env `e` of the slice with `seed + first_env + e`, `null` writes
+    /// the pattern at the region's element indices, so a sharded region holds what one
+    /// engine would.
     pub first_env: u32,
 }
 
