@@ -632,7 +632,7 @@ mod tests {
             ordinal: 0,
             uuid: [0; 16],
         });
-        let build = |env| match super::super::by_name_on(env, 4, &Default::default(), cuda) {
+        let build = |env| match crate::envs::by_name_on(env, 4, &Default::default(), cuda) {
             Ok(_) => panic!("{env} built without CUDA"),
             Err(e) => e,
         };
