@@ -132,10 +132,8 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Reference env: null, cartpole, or pixels (cartpole with each env's last frames
-    /// drawn by a Vulkan compute shader into exported memory, or on the host: `rgb`, u8
-    /// (num_envs, K, H, W, C)).
-    #[arg(long, default_value = "cartpole")]
+    /// Reference env (`envs::REFERENCE_ENGINES`, listed by `reference_envs_help`).
+    #[arg(long, default_value = "cartpole", help = reference_envs_help())]
     env: String,
     #[arg(long, default_value_t = 256)]
     num_envs: u32,
@@ -181,6 +179,15 @@ struct EngineArgs {
     /// with the same --env, --num-envs and options. Host memory only.
     #[arg(long, value_name = "k/K", value_parser = parse_shard, default_value = "0/1")]
     shard: (u32, u32),
+}
+
+/// `--env`'s help: every entry of the registry of reference engines, with what it is.
+fn reference_envs_help() -> String {
+    let entries: Vec<String> = envs::REFERENCE_ENGINES
+        .iter()
+        .map(|e| format!("{} ({})", e.name, e.description))
+        .collect();
+    format!("Reference env: {}", entries.join("; "))
 }
 
 fn parse_shard(text: &str) -> Result<(u32, u32), String> {
@@ -702,7 +709,7 @@ fn run_inspect(name: &str) -> Result<(), Error> {
                     t.offset,
                     t.nbytes
                 );
-                if let Some(line) = device_line(t) {
+                if let Some(line) = t.export_fields() {
                     println!("{:<16} {line}", "");
                 }
             }
@@ -710,37 +717,6 @@ fn run_inspect(name: &str) -> Result<(), Error> {
         Err(e) => println!("validation    FAILED: {e}"),
     }
     Ok(())
-}
-
-/// The table's device fields of a tensor outside the region (`inspect`), or `None`.
-fn device_line(t: &layout::TensorInfo) -> Option<String> {
-    use crate::layout::{location::uuid_hex, Device};
-    match t.device {
-        Device::Host => None,
-        Device::Cuda(c) => Some(format!(
-            "cuda ordinal {} uuid {} alloc_size {}",
-            c.ordinal,
-            uuid_hex(&c.uuid),
-            t.cuda.map_or(0, |e| e.alloc_size)
-        )),
-        Device::Vulkan(v) => {
-            let table = t.vulkan?;
-            let semaphore = match table.semaphore {
-                None => "none",
-                Some(crate::layout::vulkan::SemaphoreKind::Timeline) => "timeline",
-                Some(crate::layout::vulkan::SemaphoreKind::Binary) => "binary",
-            };
-            Some(format!(
-                "vulkan device_uuid {} driver_uuid {} alloc_size {} memory_type {} dedicated {} \
-                 semaphore {semaphore}",
-                uuid_hex(&v.device_uuid),
-                uuid_hex(&v.driver_uuid),
-                table.alloc_size,
-                table.memory_type_index,
-                if table.dedicated { "yes" } else { "no" },
-            ))
-        }
-    }
 }
 
 fn run_gc() -> Result<(), Error> {

@@ -181,7 +181,6 @@ impl Backoff {
 /// sleep `check` runs (a dead peer, an interrupt: its error ends the wait; at most once a
 /// millisecond, as the other pollers do), and once `timeout` has passed the wait ends
 /// with `Timeout { what }`. `done`'s error ends it too.
-#[cfg(any(feature = "cuda", test))]
 pub(crate) fn poll_until(
     timeout: Duration,
     what: &'static str,

@@ -68,3 +68,106 @@ fn cli_ls_inspect_and_gc() {
     assert!(gc.contains(&name), "{gc}");
     assert!(!shm_exists(&name));
 }
+
+/// The registry of reference engines is the one lookup: every entry is listed by the
+/// CLI's `engine --help`, found by the catalog (`host_spec`, `by_name`) under its own
+/// name, served by `shmbridge engine --env NAME` (the CLI and the runner, which Python's
+/// `launch()` and `make_vec` start), and named by the error for an unknown env. An entry
+/// that one of them misses, or a lookup that keeps a name list of its own, fails here.
+#[test]
+fn every_reference_engine_is_reachable_by_name() {
+    use shmbridge::device::Device;
+    use shmbridge::envs::{self, EnvOptions, REFERENCE_ENGINES};
+    use shmbridge::{AttachOptions, Client};
+    common::own_namespace();
+    let help = std::process::Command::new(common::BIN)
+        .args(["engine", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let unknown = envs::find("no-such-env").unwrap_err().to_string();
+    let cli_unknown = std::process::Command::new(common::BIN)
+        .args(["engine", "--env", "no-such-env", "--num-envs", "2"])
+        .output()
+        .unwrap();
+    assert!(!cli_unknown.status.success());
+    let cli_unknown = String::from_utf8_lossy(&cli_unknown.stderr).to_string();
+    assert!(cli_unknown.contains(&unknown), "{cli_unknown}");
+    // Host memory throughout: this test is about names, not devices.
+    let options = EnvOptions {
+        image_device: Some(Device::Host),
+        ..Default::default()
+    };
+    assert!(REFERENCE_ENGINES.len() >= 3);
+    for entry in REFERENCE_ENGINES {
+        let name = entry.name;
+        assert!(
+            help.contains(&format!("{name} ({}", entry.description)),
+            "engine --help does not list {name}:\n{help}"
+        );
+        assert!(unknown.contains(name), "{unknown}");
+        let spec = envs::host_spec(name, 2, &options).unwrap();
+        assert_eq!(spec.kind, name);
+        let built = envs::by_name(name, 2, &options).unwrap().spec();
+        assert_eq!(built.kind, name);
+        let engine =
+            EngineProc::start(&["--env", name, "--num-envs", "2", "--image-device", "host"]);
+        let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
+        assert_eq!(client.layout().engine_kind, name);
+        let tensors: Vec<&str> = client
+            .layout()
+            .tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        let expected: Vec<&str> = spec.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(tensors, expected, "{name}");
+        assert_eq!(client.step(std::time::Duration::from_secs(60)).unwrap(), 1);
+        client.close();
+        let (status, err) = engine.finish();
+        assert!(status.success(), "{name}: {status} {err}");
+    }
+}
+
+/// A sharded engine serves host memory only, whichever env puts a tensor elsewhere:
+/// `pixels` by default (its frames in Vulkan memory) and any env's image with
+/// `--image-device vulkan`; refused before a region exists.
+#[test]
+fn sharding_refuses_an_env_whose_spec_leaves_host_memory() {
+    common::own_namespace();
+    let name = common::ns_name("sharded");
+    for args in [
+        &["--env", "pixels"][..],
+        &[
+            "--env",
+            "null",
+            "--image",
+            "4x4x3",
+            "--image-device",
+            "vulkan",
+        ][..],
+        &["--env", "cartpole", "--device", "auto"][..],
+    ] {
+        let out = common::in_namespace(std::process::Command::new(common::BIN))
+            .args([
+                "engine",
+                "--num-envs",
+                "4",
+                "--shard",
+                "0/2",
+                "--name",
+                &name,
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} served");
+        assert!(
+            err.contains("sharded engines serve host memory only"),
+            "{args:?}: {err}"
+        );
+        assert!(!shm_exists(&name), "{args:?}");
+    }
+}

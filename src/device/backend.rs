@@ -8,6 +8,7 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,6 +219,47 @@ pub struct DevicePlace {
 pub trait DeviceLease: Send + Sync + std::fmt::Debug {
     /// Makes `stream` wait, on the device, for the engine's last published frame.
     fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()>;
+}
+
+/// A device that imports memory and timeline semaphores another backend's engine
+/// exported as fds (`OPAQUE_FD`): what the Vulkan client imports into when it hands out
+/// device pointers (CUDA implements it). Picked by
+/// [`fd_importer`](super::fd_importer), so no backend's folder names another's.
+pub trait FdImporter: Send + Sync {
+    /// The device's API, for messages ("CUDA").
+    fn name(&self) -> &'static str;
+    /// What it is, for the client's `importer_reason` ("CUDA importer on device 0
+    /// (kDLCUDA)").
+    fn describe(&self) -> String;
+    /// The device its imports live on ([`DevicePlace::device`]).
+    fn device(&self) -> Result<Device>;
+    /// The DLPack `(device_type, device_id)` of its imports.
+    fn dlpack_device(&self) -> (i32, i32);
+    /// Imports `size` bytes (the exporter's allocation size) from `fd`, as a dedicated
+    /// allocation if it was one, mapped whole. `fd` is the importer's from the call on.
+    fn import_memory(&self, fd: OwnedFd, size: u64, dedicated: bool) -> Result<Box<dyn FdMemory>>;
+    /// Imports `fd`, a timeline semaphore's export.
+    fn import_timeline(&self, fd: OwnedFd) -> Result<Box<dyn FdTimeline>>;
+    /// Waits on the host until `stream` (the device's default stream if `None`) ran all
+    /// the work queued on it.
+    fn synchronize(&self, stream: Option<StreamRef<'_>>) -> Result<()>;
+    /// Whether `stream` (the default stream if `None`) ran all its queued work, without
+    /// waiting: the poll of a bounded drain (`sync::poll_until`).
+    fn is_idle(&self, stream: Option<StreamRef<'_>>) -> Result<bool>;
+}
+
+/// Memory an [`FdImporter`] imported; released on drop (after the device's queued work).
+pub trait FdMemory: Send + Sync + std::fmt::Debug {
+    /// The device address of `offset..offset + len`, if inside the import.
+    fn span(&self, offset: u64, len: u64) -> Option<u64>;
+    /// Synchronous device-to-host copy of `out.len()` bytes from `offset`.
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()>;
+}
+
+/// A timeline semaphore an [`FdImporter`] imported; destroyed on drop.
+pub trait FdTimeline: Send + Sync + std::fmt::Debug {
+    /// Makes `stream` wait, on the device, until the semaphore's value reaches `value`.
+    fn wait(&self, stream: StreamRef<'_>, value: u64) -> Result<()>;
 }
 
 /// A device stream, by its raw handle (CUDA: a `CUstream`, or 1/2 for the legacy and

@@ -9,14 +9,18 @@
 //! - [`host`]: host memory (every hook a no-op); [`cuda`]: CUDA IPC (driver layer,
 //!   exports and imports, events), compiled in every build, served with the `cuda`
 //!   feature; [`vulkan`]: Vulkan external memory passed as fds (1.3), served with the
-//!   `vulkan` feature (and imported into CUDA with the `cuda` feature);
+//!   `vulkan` feature (and imported into a device, CUDA with the `cuda` feature, through
+//!   [`fd_importer`]);
 //! - [`compute`]: device code an env runs on its engine's device (CUDA kernels, a Vulkan
 //!   compute shader), through types that name no backend's own.
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and, with [`built_for`] and [`cuda_stream`], the only code outside the
-//! backends' folders that knows the `cuda` and `vulkan` features; [`compute`] is how the
-//! envs run device code without them. A new kind of memory is one more folder here, one
+//! a layout, and, with [`built_for`], [`cuda_stream`], [`fd_import_devices`] and
+//! [`fd_importer`], the only code outside the backends' folders that knows the `cuda` and
+//! `vulkan` features. No backend's folder names another: what one needs of another (the
+//! Vulkan client importing into CUDA) is a trait of [`backend`] ([`FdImporter`]) that
+//! the other implements, handed out here. [`compute`] is how the envs run device code
+//! without them. A new kind of memory is one more folder here, one
 //! [`Device`] variant and one arm in each: `docs/backends.md` lists every file it
 //! touches, and why.
 
@@ -34,12 +38,12 @@ pub mod location {
 }
 
 pub use backend::{
-    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
+    ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, FdImporter, FdMemory,
+    FdTimeline, StreamRef,
 };
 pub use cuda::CudaInfo;
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
-pub use request::{resolve_with, DeviceChoice, DeviceRequest};
-pub use vulkan::VulkanImporter;
+pub use request::{resolve_with, DeviceChoice, DeviceRequest, VulkanImporter};
 
 use crate::error::Result;
 use crate::layout::{HeaderBuilder, Layout};
@@ -82,6 +86,36 @@ pub fn cuda_stream<'a>(engine: &'a dyn EngineBackend, name: &str) -> Result<Stre
         .ok_or_else(|| crate::error::Error::CudaUnavailable {
             reason: format!("engine '{name}' has no tensor on CUDA"),
         })
+}
+
+/// The devices of this process that can import memory another backend's engine
+/// exported as fds (the Vulkan client's device importer: CUDA), as their UUIDs by
+/// ordinal, or why there are none (a build without the `cuda` feature, no driver).
+pub fn fd_import_devices() -> std::result::Result<Vec<[u8; 16]>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::fd_import::devices()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(match cuda::unavailable_without_feature() {
+            crate::error::Error::CudaUnavailable { reason } => reason,
+            e => e.to_string(),
+        })
+    }
+}
+
+/// The [`FdImporter`] on device `ordinal` of [`fd_import_devices`].
+pub fn fd_importer(ordinal: i32) -> Result<std::sync::Arc<dyn FdImporter>> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::fd_import::importer(ordinal)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err(cuda::unavailable_without_feature())
+    }
 }
 
 /// Resolves a request against this machine: `Host` always works; `Cuda` needs a usable
@@ -144,26 +178,9 @@ pub fn client_backend(
                     .into(),
             });
         }
-        #[cfg(any(feature = "cuda", feature = "vulkan"))]
         return Ok(Box::new(vulkan::client::ClientVulkan::prepare(
             layout, name, importer, timeout,
         )?));
-        #[cfg(not(any(feature = "cuda", feature = "vulkan")))]
-        {
-            let _ = (name, importer, timeout);
-            let first = layout
-                .tensors
-                .iter()
-                .find(|t| t.location() == Location::Vulkan)
-                .map_or("?", |t| t.name.as_str());
-            let reason = match vulkan::unavailable_without_feature() {
-                crate::error::Error::VulkanUnavailable { reason } => reason,
-                e => e.to_string(),
-            };
-            return Err(crate::error::Error::VulkanUnavailable {
-                reason: format!("tensor '{first}' lives in Vulkan memory: {reason}"),
-            });
-        }
     }
     let Some(t) = layout
         .tensors
@@ -206,6 +223,44 @@ pub fn client_backend(
 mod tests {
     use super::*;
     use crate::error::Error;
+
+    /// The seam is the only way between backends: no code (comments aside) in a
+    /// backend's folder names another backend's module or build feature; what one needs
+    /// of another (the Vulkan client's device importer) comes through `backend.rs` and
+    /// this file ([`fd_importer`]).
+    #[test]
+    fn no_backend_folder_names_another() {
+        let folders = ["cuda", "vulkan"];
+        for folder in folders {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("src/device")
+                .join(folder);
+            for file in std::fs::read_dir(&dir).unwrap() {
+                let path = file.unwrap().path();
+                let text = std::fs::read_to_string(&path).unwrap();
+                let code = text
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, l)| !l.trim_start().starts_with("//"));
+                for (n, line) in code {
+                    for other in folders.iter().filter(|o| **o != folder) {
+                        for needle in [
+                            format!("device::{other}"),
+                            format!("super::super::{other}"),
+                            format!("feature = \"{other}\""),
+                        ] {
+                            assert!(
+                                !line.contains(&needle),
+                                "{}:{} names {other}: {line}",
+                                path.display(),
+                                n + 1
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// The real probe on this machine. On a machine without a driver (CI) it must return
     /// `CudaUnavailable` with a reason, never panic; where CUDA works it reports devices.

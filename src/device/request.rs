@@ -41,6 +41,33 @@ impl DeviceRequest {
     }
 }
 
+/// How a client imports Vulkan tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VulkanImporter {
+    /// CUDA when a CUDA device has the engine's Vulkan device UUID, else Vulkan.
+    #[default]
+    Auto,
+    /// A Vulkan device of the client's own, mapped on the CPU (kDLCPU).
+    Vulkan,
+    /// CUDA external memory (kDLCUDA).
+    Cuda,
+}
+
+impl VulkanImporter {
+    /// `auto`, `vulkan` or `cuda` (case-insensitive, surrounding blanks ignored).
+    /// Anything else is `InvalidSpec`.
+    pub fn parse(s: &str) -> Result<VulkanImporter> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(VulkanImporter::Auto),
+            "vulkan" => Ok(VulkanImporter::Vulkan),
+            "cuda" => Ok(VulkanImporter::Cuda),
+            _ => Err(Error::InvalidSpec(format!(
+                "importer '{s}': expected auto, vulkan or cuda"
+            ))),
+        }
+    }
+}
+
 /// The device a request resolved to, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceChoice {
@@ -116,6 +143,26 @@ pub fn resolve_with(requested: DeviceRequest, probed: Result<CudaInfo>) -> Resul
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn importer_names() {
+        assert!(matches!(
+            VulkanImporter::parse(" Auto "),
+            Ok(VulkanImporter::Auto)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("vulkan"),
+            Ok(VulkanImporter::Vulkan)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("CUDA"),
+            Ok(VulkanImporter::Cuda)
+        ));
+        assert!(matches!(
+            VulkanImporter::parse("cpu"),
+            Err(Error::InvalidSpec(m)) if m.contains("auto, vulkan or cuda")
+        ));
+    }
 
     #[test]
     fn parse_requests() {

@@ -29,7 +29,8 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
-use super::vec_env::VecEnv;
+use super::registry::Reference;
+use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 
 fn join(values: [f64; 4]) -> String {
@@ -197,6 +198,43 @@ pub fn call_method(
             Ok(Reply::args(vec![("previous".into(), previous.to_string())]))
         }
         other => Err(CommandError::unknown_method(other, &["set_pole_length"])),
+    }
+}
+
+/// `cartpole`'s options.
+#[derive(Debug, Clone, Copy)]
+pub struct CartPoleOptions {
+    /// Env `e` draws from a stream seeded with `seed + e` (wrapping).
+    pub seed: u64,
+}
+
+impl Reference for CartPole {
+    const NAME: &'static str = "cartpole";
+    const DESCRIPTION: &'static str = "Gymnasium CartPole-v1 dynamics, vectorised";
+    type Options = CartPoleOptions;
+
+    /// A shard's slice (`first_env`) seeds its envs as the whole region would.
+    fn options(flags: &EnvOptions) -> CartPoleOptions {
+        CartPoleOptions {
+            seed: flags.seed.wrapping_add(u64::from(flags.first_env)),
+        }
+    }
+
+    fn spec(num_envs: u32, _: &CartPoleOptions) -> Result<EngineSpec> {
+        Ok(spec(num_envs))
+    }
+
+    fn build(num_envs: u32, options: &CartPoleOptions) -> Result<Box<dyn VecEnv>> {
+        Ok(Box::new(CartPole::new(num_envs, options.seed)?))
+    }
+
+    fn build_on_cuda(
+        num_envs: u32,
+        options: &CartPoleOptions,
+        ordinal: i32,
+    ) -> Result<Box<dyn VecEnv>> {
+        let env = super::gpu::GpuCartPole::new(num_envs, options.seed, ordinal)?;
+        Ok(Box::new(env))
     }
 }
 

@@ -24,7 +24,7 @@
 //! hence drops it last.
 
 use super::kernels::{self, ResetUpload, BLOCK};
-use super::vec_env::{unknown_env, EnvOptions, VecEnv};
+use super::vec_env::VecEnv;
 use super::{cartpole, null};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::device::compute::{Arg, CudaKernels, DeviceMemory};
@@ -33,26 +33,6 @@ use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
 use crate::layout::TensorId;
 use crate::tensor::Tensors;
-
-/// Builds reference env `name` on CUDA device `ordinal`, with the options
-/// [`super::by_name`] takes. `CudaUnavailable` where the driver, the device or NVRTC is
-/// missing (or without the `cuda` feature); `Cuda` where compiling or loading the
-/// kernels fails.
-pub fn by_name(
-    name: &str,
-    num_envs: u32,
-    options: &EnvOptions,
-    ordinal: i32,
-) -> Result<Box<dyn VecEnv>> {
-    match name {
-        "null" => Ok(Box::new(GpuNull::new(
-            null::NullEnv::configured(num_envs, options)?,
-            ordinal,
-        )?)),
-        "cartpole" => Ok(Box::new(GpuCartPole::new(num_envs, options.seed, ordinal)?)),
-        other => Err(unknown_env(other)),
-    }
-}
 
 /// Compiles one of the kernel files with NVRTC ([`kernels::COMPILE_OPTIONS`]) for device
 /// `ordinal` and loads it there.
@@ -648,7 +628,11 @@ mod tests {
             eprintln!("SKIPPED building_without_cuda_is_a_typed_error: CUDA is usable here");
             return;
         }
-        let build = |env| match by_name(env, 4, &EnvOptions::default(), 0) {
+        let cuda = Device::Cuda(crate::device::CudaDevice {
+            ordinal: 0,
+            uuid: [0; 16],
+        });
+        let build = |env| match crate::envs::by_name_on(env, 4, &Default::default(), cuda) {
             Ok(_) => panic!("{env} built without CUDA"),
             Err(e) => e,
         };

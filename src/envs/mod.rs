@@ -4,22 +4,24 @@
 //! and `cartpole` on a CUDA device (`--device cuda`), stepped by the kernels of
 //! [`kernels`].
 //!
-//! Files: `vec_env.rs` (what an env is, its options, the loop that serves one),
-//! `catalog.rs` (the envs by name), `runner.rs` (the process that serves one: signals,
-//! the name on stdout, shards), and one file per env. Device code goes through
+//! Files: `vec_env.rs` (what an env is, the flags the front doors share, the loop that
+//! serves one), `registry.rs` (the one registry of reference engines: every lookup by
+//! name goes through it; a new engine is its file, an `impl Reference` and one entry),
+//! `runner.rs` (the process that serves one: signals, the name on stdout, shards), and
+//! one file per env. Device code goes through
 //! [`crate::device::compute`], so no file here depends on a build feature: without
 //! `cuda` or `vulkan`, the envs that need them are `CudaUnavailable` or
 //! `VulkanUnavailable` at run time.
 
 pub mod cartpole;
-mod catalog;
 pub mod gpu;
 pub mod kernels;
 pub mod null;
 pub mod pixels;
+mod registry;
 mod runner;
 mod vec_env;
 
-pub use catalog::{by_name, by_name_on, host_spec};
+pub use registry::{by_name, by_name_on, find, host_spec, Entry, Reference, REFERENCE_ENGINES};
 pub use runner::{run_reference, ReferenceEngine};
 pub use vec_env::{parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv};

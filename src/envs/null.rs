@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction, TensorId};
 use crate::tensor::Tensors;
 
+use super::registry::Reference;
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 
@@ -34,6 +35,55 @@ pub fn pattern_u8(seq: u64, index: u64) -> u8 {
 #[inline]
 fn pattern_bits(seq: u64, index: u64) -> u32 {
     (seq.wrapping_mul(2_654_435_761).wrapping_add(index) & 0x00FF_FFFF) as u32
+}
+
+/// `null`'s options ([`NullEnv::configured`]).
+#[derive(Debug, Clone)]
+pub struct NullOptions {
+    /// Observation size per env, in f32 elements (default 16).
+    pub obs_dim: u64,
+    /// Action size per env, in f32 elements (default 1).
+    pub act_dim: u64,
+    /// Write the pattern to the first and last element of each tensor only.
+    pub sparse: bool,
+    /// Also serve an `rgb` u8 tensor of shape `(num_envs, h, w, c)`.
+    pub image: Option<[u64; 3]>,
+    /// The envs are the region's `first_env..` (a shard's slice).
+    pub first_env: u32,
+}
+
+impl Reference for NullEnv {
+    const NAME: &'static str = "null";
+    const DESCRIPTION: &'static str =
+        "the transport floor and integrity check: a known pattern in every frame";
+    type Options = NullOptions;
+
+    fn options(flags: &EnvOptions) -> NullOptions {
+        NullOptions {
+            obs_dim: flags.obs_dim.unwrap_or(16),
+            act_dim: flags.act_dim.unwrap_or(1),
+            sparse: flags.sparse,
+            image: flags.image,
+            first_env: flags.first_env,
+        }
+    }
+
+    fn spec(num_envs: u32, options: &NullOptions) -> Result<EngineSpec> {
+        Ok(NullEnv::configured(num_envs, options)?.spec())
+    }
+
+    fn build(num_envs: u32, options: &NullOptions) -> Result<Box<dyn VecEnv>> {
+        Ok(Box::new(NullEnv::configured(num_envs, options)?))
+    }
+
+    fn build_on_cuda(
+        num_envs: u32,
+        options: &NullOptions,
+        ordinal: i32,
+    ) -> Result<Box<dyn VecEnv>> {
+        let cfg = NullEnv::configured(num_envs, options)?;
+        Ok(Box::new(super::gpu::GpuNull::new(cfg, ordinal)?))
+    }
 }
 
 #[derive(Debug)]
@@ -74,13 +124,9 @@ impl NullEnv {
 
     /// The `null` env `options` describe (its configuration; the GPU `null` serves the
     /// same).
-    pub fn configured(num_envs: u32, options: &EnvOptions) -> Result<NullEnv> {
-        let env = NullEnv::new(
-            num_envs,
-            options.obs_dim.unwrap_or(16),
-            options.act_dim.unwrap_or(1),
-            options.sparse,
-        )?;
+    pub fn configured(num_envs: u32, options: &NullOptions) -> Result<NullEnv> {
+        let env = NullEnv::new(num_envs, options.obs_dim, options.act_dim, options.sparse)?
+            .with_first_env(options.first_env);
         match options.image {
             Some(shape) => env.with_image(shape),
             None => Ok(env),

@@ -39,7 +39,8 @@ use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
 use super::cartpole::{self, CartPole};
-use super::vec_env::VecEnv;
+use super::registry::Reference;
+use super::vec_env::{EnvOptions, VecEnv};
 
 /// Words before the per-env parameters (the shader's `HEADER`).
 pub const HEADER: usize = 16;
@@ -552,6 +553,49 @@ fn spec_of_shape(num_envs: u32, shape: FrameShape, device: Device) -> EngineSpec
             Direction::EngineToClient,
         )
         .place("rgb", device)
+}
+
+/// `pixels`' options ([`Pixels::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PixelsOptions {
+    /// `cartpole`'s seed: env `e` draws from a stream seeded with `seed + e`.
+    pub seed: u64,
+    /// `[H, W, C]` of a frame (default [`DEFAULT_IMAGE`]).
+    pub image: Option<[u64; 3]>,
+    /// Frames per env (default [`DEFAULT_STACK`]).
+    pub frame_stack: Option<u32>,
+    /// Where the frames live: Vulkan memory (the default) or the host.
+    pub device: Device,
+}
+
+impl Reference for Pixels {
+    const NAME: &'static str = "pixels";
+    const DESCRIPTION: &'static str = "cartpole with each env's last frames drawn by a Vulkan \
+        compute shader into exported memory, or on the host: `rgb`, u8 (num_envs, K, H, W, C)";
+    type Options = PixelsOptions;
+
+    /// Frames in Vulkan memory unless `image_device` says host; a shard's slice
+    /// (`first_env`) seeds its envs as the whole region would, as `cartpole` does.
+    fn options(flags: &EnvOptions) -> PixelsOptions {
+        PixelsOptions {
+            seed: flags.seed.wrapping_add(u64::from(flags.first_env)),
+            image: flags.image,
+            frame_stack: flags.frame_stack,
+            device: match flags.image_device {
+                Some(Device::Host) => Device::Host,
+                _ => Device::Vulkan(VulkanDevice::ANY),
+            },
+        }
+    }
+
+    fn spec(num_envs: u32, o: &PixelsOptions) -> Result<EngineSpec> {
+        spec(num_envs, o.image, o.frame_stack, o.device)
+    }
+
+    fn build(num_envs: u32, o: &PixelsOptions) -> Result<Box<dyn VecEnv>> {
+        let env = Pixels::new(num_envs, o.seed, o.image, o.frame_stack, o.device)?;
+        Ok(Box::new(env))
+    }
 }
 
 impl VecEnv for Pixels {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::catalog::{by_name, by_name_on, host_spec};
+use super::registry::{find, Entry};
 use super::vec_env::{serve, EnvOptions, ServeEnd, VecEnv};
 use crate::device::{Device, DeviceRequest};
 use crate::engine::{Engine, EngineSpec};
@@ -53,14 +53,15 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
         }
         spec
     };
+    let entry = find(&r.env)?;
     let build = |device| -> Result<(Box<dyn VecEnv>, Engine)> {
         if device == Device::Host {
             // The region (reserved in /dev/shm) before the env's state, which is as large.
-            let engine = Engine::create(serving(host_spec(&r.env, r.num_envs, &r.options)?))?;
-            let env = by_name(&r.env, r.num_envs, &r.options)?;
+            let engine = Engine::create(serving(entry.host_spec(r.num_envs, &r.options)?))?;
+            let env = entry.build_on(r.num_envs, &r.options, device)?;
             return Ok((env, engine));
         }
-        let env = by_name_on(&r.env, r.num_envs, &r.options, device)?;
+        let env = entry.build_on(r.num_envs, &r.options, device)?;
         let engine = Engine::create(serving(env.spec()))?;
         Ok((env, engine))
     };
@@ -102,10 +103,8 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             "shard {k}/{count}: k must be below K"
         )));
     }
-    if r.device != DeviceRequest::Host
-        || matches!(r.options.image_device, Some(Device::Vulkan(_)))
-        || (r.env == "pixels" && r.options.image_device.is_none())
-    {
+    let entry = find(&r.env)?;
+    if r.device != DeviceRequest::Host || !serves_host_memory_only(entry, r)? {
         return Err(Error::InvalidSpec(
             "sharded engines serve host memory only (--device cpu, no --image-device vulkan; \
              pixels: --image-device host)"
@@ -117,9 +116,9 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         first_env,
         ..r.options.clone()
     };
-    let mut env = by_name(&r.env, envs, &options)?;
+    let mut env = entry.build_on(envs, &options, Device::Host)?;
     let mut engine = if k == 0 {
-        let whole = by_name(&r.env, r.num_envs, &r.options)?;
+        let whole = entry.build_on(r.num_envs, &r.options, Device::Host)?;
         let spec = whole.spec().policy(r.policy).name(name).shards(count);
         Engine::create(spec)?
     } else {
@@ -142,6 +141,15 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         env.as_mut(),
         r.idle_timeout,
     ))
+}
+
+/// Whether `r`'s env, as its options place it, keeps every tensor in host memory (what
+/// a sharded region serves): `pixels` draws into Vulkan memory unless `--image-device
+/// host`, and `--image-device vulkan` moves any env's `rgb` there.
+fn serves_host_memory_only(entry: &Entry, r: &ReferenceEngine) -> Result<bool> {
+    let spec = entry.host_spec(r.num_envs, &r.options)?;
+    let image_on_vulkan = matches!(r.options.image_device, Some(Device::Vulkan(_)));
+    Ok(!image_on_vulkan && spec.tensors.iter().all(|t| t.device == Device::Host))
 }
 
 /// [`serve`], printing the region name on stdout once frame 0 is published (what a

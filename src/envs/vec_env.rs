@@ -79,7 +79,9 @@ pub fn serve(
     }
 }
 
-/// Options of the reference envs (each uses the ones that apply to it).
+/// The flags every front door shares (the CLI's `engine` options, `launch()`'s keyword
+/// arguments): each reference engine reads its own options from them
+/// ([`Reference::options`](super::Reference::options)) and ignores the others.
 #[derive(Debug, Clone, Default)]
 pub struct EnvOptions {
     pub obs_dim: Option<u64>,
@@ -96,8 +98,9 @@ pub struct EnvOptions {
     /// exports, mapped on the engine's CPU, path a; `pixels`' default).
     pub image_device: Option<Device>,
     /// The envs built are the region's `first_env..` (a shard's slice, 1.4): `cartpole`
-    /// seeds env `e` of the slice with `seed + first_env + e`, `null` writes the pattern
-    /// at the region's element indices, so a sharded region holds what one engine would.
+    /// and `pixels` seed env `e` of the slice with `seed + first_env + e`, `null` writes
+    /// the pattern at the region's element indices, so a sharded region holds what one
+    /// engine would.
     pub first_env: u32,
 }
 
@@ -116,11 +119,4 @@ pub fn parse_image_shape(text: &str) -> Result<[u64; 3]> {
         [h, w, c] if h > 0 && w > 0 && c > 0 => Ok([h, w, c]),
         _ => Err(bad()),
     }
-}
-
-/// The error for an env name none of the reference envs has.
-pub(super) fn unknown_env(name: &str) -> Error {
-    Error::InvalidSpec(format!(
-        "unknown env '{name}' (reference envs: null, cartpole, pixels)"
-    ))
 }

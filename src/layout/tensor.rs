@@ -103,6 +103,38 @@ impl TensorInfo {
     pub fn location(&self) -> Location {
         self.device.location()
     }
+
+    /// The table's fields of a tensor outside the region, as one line (what `shmbridge
+    /// inspect` prints under it); `None` in host memory.
+    pub fn export_fields(&self) -> Option<String> {
+        use super::location::uuid_hex;
+        match self.device {
+            Device::Host => None,
+            Device::Cuda(c) => Some(format!(
+                "cuda ordinal {} uuid {} alloc_size {}",
+                c.ordinal,
+                uuid_hex(&c.uuid),
+                self.cuda.map_or(0, |e| e.alloc_size)
+            )),
+            Device::Vulkan(v) => {
+                let table = self.vulkan?;
+                let semaphore = match table.semaphore {
+                    None => "none",
+                    Some(SemaphoreKind::Timeline) => "timeline",
+                    Some(SemaphoreKind::Binary) => "binary",
+                };
+                Some(format!(
+                    "vulkan device_uuid {} driver_uuid {} alloc_size {} memory_type {} \
+                     dedicated {} semaphore {semaphore}",
+                    uuid_hex(&v.device_uuid),
+                    uuid_hex(&v.driver_uuid),
+                    table.alloc_size,
+                    table.memory_type_index,
+                    if table.dedicated { "yes" } else { "no" },
+                ))
+            }
+        }
+    }
     pub fn numel(&self) -> u64 {
         self.shape.iter().product()
     }

@@ -17,6 +17,8 @@ use crate::layout::{CudaSharing, Layout};
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
+pub mod fd_import;
+#[cfg(feature = "cuda")]
 pub mod ipc;
 #[cfg(feature = "cuda")]
 pub mod kernel;

@@ -3,19 +3,21 @@
 //! at open, and imports each tensor's memory once.
 //!
 //! The importers:
-//! - **CUDA** (the `cuda` feature, a CUDA device whose UUID is the engine's Vulkan device
-//!   UUID): `cuImportExternalMemory(OPAQUE_FD)` and a mapped buffer, handed out as device
+//! - **a device** (an [`FdImporter`] the seam hands out, [`crate::device::fd_importer`]:
+//!   CUDA, with the `cuda` feature, on a device whose UUID is the engine's Vulkan device
+//!   UUID): the memory imported and mapped as one device buffer, handed out as device
 //!   pointers (kDLCUDA). An exported timeline semaphore is imported too and waited on
 //!   the consumer's stream before a frame is read ([`ClientBackend::order_after_frame`]):
 //!   stream-ordered, no host sync. Without one the seq counters order frames (the engine
 //!   completed the frame's work before it published it). Before an action is posted the
-//!   consumer's stream is drained, since the engine then overwrites the frame.
+//!   consumer's stream is drained, since the engine then overwrites the frame. This
+//!   folder names no other backend: the device importer is reached through the seam.
 //! - **Vulkan** (the `vulkan` feature): a Vulkan device of the client's own maps
 //!   host-visible memory and hands out host pointers (kDLCPU). Semaphores are closed:
 //!   the CPU reads after `frame_seq`, which the engine publishes once the frame is done.
 //!
-//! Either way the views are the engine's bytes, never a copy. `auto` takes CUDA when the
-//! UUIDs match a CUDA device, else Vulkan, and says which and why
+//! Either way the views are the engine's bytes, never a copy. `auto` takes the device
+//! importer when the UUIDs match one of its devices, else Vulkan, and says which and why
 //! ([`ClientVulkan::importer_reason`]).
 
 use std::any::Any;
@@ -26,37 +28,39 @@ use std::time::Duration;
 
 use super::VulkanImporter;
 use crate::control::{self, ControlMapping};
-use crate::device::backend::{ClientBackend, DeviceLease, DevicePlace, StreamRef};
+use crate::device::backend::{
+    ClientBackend, DeviceLease, DevicePlace, FdImporter, FdMemory, FdTimeline, StreamRef,
+};
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::{uuid_hex, Device, Location, VulkanDevice};
 use crate::layout::{Layout, TensorInfo};
 
 #[cfg(feature = "vulkan")]
 use super::vk::{Context, ImportedMemory};
-#[cfg(feature = "cuda")]
-use crate::device::cuda::driver::{self, ExternalMemory, ExternalSemaphore, PrimaryContext};
 
 /// Which importer serves a client, decided before anything is imported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImporterChoice {
-    /// CUDA device `ordinal` (as this process numbers them) has the engine's UUID.
-    Cuda {
+    /// Device `ordinal` of the device importer (as this process numbers them: CUDA's)
+    /// has the engine's UUID.
+    Device {
         ordinal: i32,
     },
     Vulkan,
 }
 
 /// Picks the importer for `requested`, given the engine's Vulkan device and what this
-/// process sees of CUDA: the UUIDs of its devices by ordinal, or why there is no CUDA
-/// (`Err`). Returns the choice and the reason to report. `Cuda` requested but not
-/// possible is `CudaUnavailable` with the reason; `auto` then takes Vulkan.
+/// process sees of the device importer ([`crate::device::fd_import_devices`]): the UUIDs
+/// of its devices by ordinal, or why there is none (`Err`). Returns the choice and the
+/// reason to report. The device importer requested but not possible is
+/// `CudaUnavailable` with the reason; `auto` then takes Vulkan.
 pub fn choose_importer(
     requested: VulkanImporter,
     engine: VulkanDevice,
-    cuda: std::result::Result<Vec<[u8; 16]>, String>,
+    devices: std::result::Result<Vec<[u8; 16]>, String>,
 ) -> Result<(ImporterChoice, String)> {
     let engine_uuid = uuid_hex(&engine.device_uuid);
-    let cuda_answer = match cuda {
+    let matching = match devices {
         Ok(uuids) => match uuids.iter().position(|u| *u == engine.device_uuid) {
             Some(i) => Ok(i as i32),
             None => Err(format!(
@@ -68,10 +72,10 @@ pub fn choose_importer(
         },
         Err(why) => Err(why),
     };
-    match (requested, cuda_answer) {
+    match (requested, matching) {
         (VulkanImporter::Vulkan, _) => Ok((ImporterChoice::Vulkan, "requested".into())),
         (VulkanImporter::Cuda | VulkanImporter::Auto, Ok(ordinal)) => Ok((
-            ImporterChoice::Cuda { ordinal },
+            ImporterChoice::Device { ordinal },
             format!("CUDA device {ordinal} has the engine's Vulkan device UUID {engine_uuid}"),
         )),
         (VulkanImporter::Cuda, Err(why)) => Err(Error::CudaUnavailable {
@@ -81,29 +85,10 @@ pub fn choose_importer(
     }
 }
 
-/// What this process sees of CUDA, for [`choose_importer`].
-fn cuda_devices() -> std::result::Result<Vec<[u8; 16]>, String> {
-    #[cfg(feature = "cuda")]
-    {
-        let d = driver::Driver::get().map_err(|e| e.to_string())?;
-        (0..d.info().device_count)
-            .map(|o| driver::device_uuid(d, o))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| e.to_string())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(match crate::device::cuda::unavailable_without_feature() {
-            Error::CudaUnavailable { reason } => reason,
-            e => e.to_string(),
-        })
-    }
-}
-
 /// The device a client imports into.
 enum Importer {
-    #[cfg(feature = "cuda")]
-    Cuda(Arc<PrimaryContext>),
+    /// The seam's device importer (CUDA).
+    Device(Arc<dyn FdImporter>),
     #[cfg(feature = "vulkan")]
     Vulkan(Arc<Context>),
 }
@@ -114,23 +99,22 @@ enum Import {
     /// Mapped on the CPU by the client's Vulkan device.
     #[cfg(feature = "vulkan")]
     Mapped(ImportedMemory),
-    /// Imported into CUDA, with the engine's semaphore if it exported one.
-    #[cfg(feature = "cuda")]
-    Cuda {
-        memory: ExternalMemory,
-        semaphore: Option<ExternalSemaphore>,
+    /// Imported into the device importer's device, with the engine's semaphore if it
+    /// exported one.
+    Device {
+        memory: Box<dyn FdMemory>,
+        semaphore: Option<Box<dyn FdTimeline>>,
     },
 }
 
 impl Import {
     /// `(size now, size mapped)` when the file behind a CPU mapping shrank under it
-    /// ([`ImportedMemory::check_size`]). A CUDA import maps no file on the CPU.
+    /// ([`ImportedMemory::check_size`]). A device import maps no file on the CPU.
     fn shrunk(&self) -> Option<(u64, u64)> {
         match self {
             #[cfg(feature = "vulkan")]
             Import::Mapped(m) => m.check_size().err().map(|now| (now, m.size())),
-            #[cfg(feature = "cuda")]
-            Import::Cuda { .. } => None,
+            Import::Device { .. } => None,
         }
     }
 }
@@ -188,55 +172,43 @@ impl Imports {
         match self.get(index)? {
             #[cfg(feature = "vulkan")]
             Import::Mapped(m) => m.span(t.offset, t.nbytes),
-            #[cfg(feature = "cuda")]
-            Import::Cuda { .. } => {
+            Import::Device { .. } => {
                 let _ = t;
                 None
             }
         }
     }
 
-    /// Device (CUDA) address of tensor `index`'s first byte.
+    /// Device address of tensor `index`'s first byte (the CPU's, when mapped).
     fn device_ptr(&self, index: usize, t: &TensorInfo) -> Option<u64> {
         match self.get(index)? {
             #[cfg(feature = "vulkan")]
             Import::Mapped(m) => m.span(t.offset, t.nbytes).map(|p| p.as_ptr() as u64),
-            #[cfg(feature = "cuda")]
-            Import::Cuda { memory, .. } => memory.span(t.offset, t.nbytes),
+            Import::Device { memory, .. } => memory.span(t.offset, t.nbytes),
         }
     }
 
-    /// The CUDA imports' context and timeline semaphores (none for the CPU importer).
-    #[cfg(feature = "cuda")]
-    fn semaphores(&self) -> impl Iterator<Item = (&Arc<PrimaryContext>, &ExternalSemaphore)> {
+    /// The device imports' timeline semaphores (none for the CPU importer).
+    fn semaphores(&self) -> impl Iterator<Item = &dyn FdTimeline> {
         self.tensors.iter().filter_map(|i| match i.as_ref()? {
-            Import::Cuda {
-                memory,
-                semaphore: Some(s),
-            } => Some((memory.context(), s)),
+            Import::Device {
+                semaphore: Some(s), ..
+            } => Some(s.as_ref()),
             _ => None,
         })
     }
 }
 
 impl DeviceLease for Imports {
-    /// CUDA imports with a timeline semaphore: `stream` waits on the device until the
+    /// Device imports with a timeline semaphore: `stream` waits on the device until the
     /// semaphore reached the last frame that arrived. Mapped on the CPU, or without a
     /// semaphore: the engine published the frame once its work was complete and the
     /// client reads after `frame_seq` moved, so there is nothing to wait for.
     fn order_after_frame(&self, stream: StreamRef<'_>) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        {
-            let frame = self.latest_frame.load(std::sync::atomic::Ordering::Acquire);
-            for (ctx, s) in self.semaphores() {
-                // SAFETY: the caller of `order_after_frame` hands a stream of this
-                // device (the DLPack consumer's), live for the call.
-                let consumer = unsafe { driver::Stream::borrowed(ctx, stream.raw()) };
-                s.wait(&consumer, frame)?;
-            }
+        let frame = self.latest_frame.load(std::sync::atomic::Ordering::Acquire);
+        for s in self.semaphores() {
+            s.wait(stream, frame)?;
         }
-        #[cfg(not(feature = "cuda"))]
-        let _ = stream;
         Ok(())
     }
 }
@@ -318,29 +290,20 @@ impl ClientVulkan {
                 },
             });
         }
-        let (choice, why) = choose_importer(importer, dev, cuda_devices())?;
+        let (choice, why) = choose_importer(importer, dev, crate::device::fd_import_devices())?;
         let (importer, reason) = match choice {
-            #[cfg(feature = "cuda")]
-            ImporterChoice::Cuda { ordinal } => {
-                match driver::Driver::get().and_then(|d| PrimaryContext::retain(d, ordinal)) {
-                    Ok(ctx) => (
-                        Importer::Cuda(ctx),
-                        format!("CUDA importer on device {ordinal} (kDLCUDA): {why}"),
-                    ),
-                    Err(e) if importer == VulkanImporter::Auto => Self::vulkan_importer(
-                        layout,
-                        dev,
-                        &format!("CUDA device {ordinal} matches but is not usable: {e}"),
-                    )?,
-                    Err(e) => return Err(e),
+            ImporterChoice::Device { ordinal } => match crate::device::fd_importer(ordinal) {
+                Ok(device) => {
+                    let reason = format!("{}: {why}", device.describe());
+                    (Importer::Device(device), reason)
                 }
-            }
-            // `choose_importer` picks CUDA only when `cuda_devices` listed a device,
-            // which a build without the feature never does.
-            #[cfg(not(feature = "cuda"))]
-            ImporterChoice::Cuda { .. } => {
-                return Err(crate::device::cuda::unavailable_without_feature())
-            }
+                Err(e) if importer == VulkanImporter::Auto => Self::vulkan_importer(
+                    layout,
+                    dev,
+                    &format!("CUDA device {ordinal} matches but is not usable: {e}"),
+                )?,
+                Err(e) => return Err(e),
+            },
             ImporterChoice::Vulkan => Self::vulkan_importer(layout, dev, &why)?,
         };
         Ok(ClientVulkan {
@@ -409,8 +372,7 @@ impl ClientVulkan {
                 out.copy_from_slice(unsafe { std::slice::from_raw_parts(p.as_ptr(), out.len()) });
                 Ok(())
             }
-            #[cfg(feature = "cuda")]
-            Some(Import::Cuda { memory, .. }) => memory.read(t.offset, out),
+            Some(Import::Device { memory, .. }) => memory.read(t.offset, out),
             None => Err(Error::InvalidTensor {
                 tensor: t.name.clone(),
                 reason: "not imported".into(),
@@ -418,11 +380,11 @@ impl ClientVulkan {
         }
     }
 
-    /// Whether the CUDA importer serves this client (its views are kDLCUDA).
-    pub fn is_cuda(&self) -> bool {
+    /// Whether the device importer (CUDA) serves this client: its views are device
+    /// pointers (kDLCUDA), not host-mapped.
+    pub fn imports_into_device(&self) -> bool {
         match self.importer {
-            #[cfg(feature = "cuda")]
-            Importer::Cuda(_) => true,
+            Importer::Device(_) => true,
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => false,
         }
@@ -527,24 +489,22 @@ impl ClientVulkan {
                     drop(semaphore);
                     Import::Mapped(ImportedMemory::import(ctx, memory, &table, &t.name)?)
                 }
-                #[cfg(feature = "cuda")]
-                Importer::Cuda(ctx) => {
-                    let memory = ExternalMemory::import_opaque_fd(
-                        ctx,
-                        memory,
-                        table.alloc_size,
-                        table.dedicated,
-                    )
-                    .map_err(|e| Error::InvalidTensor {
-                        tensor: t.name.clone(),
-                        reason: format!("importing the engine's memory into CUDA: {e}"),
-                    })?;
+                Importer::Device(device) => {
+                    let memory = device
+                        .import_memory(memory, table.alloc_size, table.dedicated)
+                        .map_err(|e| Error::InvalidTensor {
+                            tensor: t.name.clone(),
+                            reason: format!(
+                                "importing the engine's memory into {}: {e}",
+                                device.name()
+                            ),
+                        })?;
                     // Validation let only timeline semaphores through.
                     let semaphore = match semaphore {
-                        Some((fd, _)) => Some(ExternalSemaphore::import_timeline(ctx, fd)?),
+                        Some((fd, _)) => Some(device.import_timeline(fd)?),
                         None => None,
                     };
-                    Import::Cuda { memory, semaphore }
+                    Import::Device { memory, semaphore }
                 }
             };
             imports.tensors[i] = Some(import);
@@ -587,7 +547,7 @@ impl ClientBackend for ClientVulkan {
         self.imports.as_ref()?.shrunk_error()
     }
 
-    /// The CUDA importer: the engine's next frame overwrites the memory the consumer's
+    /// The device importer: the engine's next frame overwrites the memory the consumer's
     /// queued work may still read, and a Vulkan engine cannot wait on a CUDA event, so
     /// the consumer's stream (the legacy default stream if `None`) is drained first.
     /// Reads queued on other streams must be ordered before it by the caller, as for any
@@ -603,12 +563,7 @@ impl ClientBackend for ClientVulkan {
         check: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         match &self.importer {
-            #[cfg(feature = "cuda")]
-            Importer::Cuda(ctx) => {
-                let raw = stream.map_or(1, StreamRef::raw);
-                // SAFETY: 1 is the legacy default stream; otherwise the caller hands a
-                // live stream of this device for the call (`ClientBackend::before_post`).
-                let consumer = unsafe { driver::Stream::borrowed(ctx, raw) };
+            Importer::Device(device) => {
                 if self
                     .imports
                     .as_ref()
@@ -616,9 +571,9 @@ impl ClientBackend for ClientVulkan {
                 {
                     let what = "the consumer's CUDA stream, which waits for the engine's \
                                 timeline semaphore to reach the last frame's number";
-                    crate::sync::poll_until(timeout, what, || consumer.is_idle(), check)
+                    crate::sync::poll_until(timeout, what, || device.is_idle(stream), check)
                 } else {
-                    consumer.synchronize()
+                    device.synchronize(stream)
                 }
             }
             #[cfg(feature = "vulkan")]
@@ -667,11 +622,7 @@ impl ClientBackend for ClientVulkan {
             // open by the lease.
             #[cfg(feature = "vulkan")]
             Importer::Vulkan(_) => Device::Host,
-            #[cfg(feature = "cuda")]
-            Importer::Cuda(ctx) => Device::Cuda(crate::layout::location::CudaDevice {
-                ordinal: ctx.ordinal(),
-                uuid: ctx.uuid()?,
-            }),
+            Importer::Device(device) => device.device()?,
         };
         Ok(Some(DevicePlace {
             ptr,
@@ -698,8 +649,7 @@ impl ClientBackend for ClientVulkan {
             &self.importer,
             self.imports.as_ref().and_then(|i| i.get(index)),
         ) {
-            #[cfg(feature = "cuda")]
-            (Importer::Cuda(ctx), Some(_)) => (crate::layout::location::DL_CUDA, ctx.ordinal()),
+            (Importer::Device(device), Some(_)) => device.dlpack_device(),
             #[cfg(feature = "vulkan")]
             (Importer::Vulkan(_), Some(_)) => (crate::layout::location::DL_CPU, 0),
             _ => t.device.dlpack(),
@@ -727,6 +677,7 @@ impl dyn ClientBackend {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::layout::VulkanTable;
 
     const ENGINE: VulkanDevice = VulkanDevice {
         device_uuid: [7; 16],
@@ -734,10 +685,10 @@ mod tests {
     };
 
     #[test]
-    fn auto_takes_cuda_only_for_the_engines_device() {
+    fn auto_takes_the_device_importer_only_for_the_engines_device() {
         let (c, why) =
             choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16], [7; 16]])).unwrap();
-        assert_eq!(c, ImporterChoice::Cuda { ordinal: 1 });
+        assert_eq!(c, ImporterChoice::Device { ordinal: 1 });
         assert!(why.contains("CUDA device 1"), "{why}");
         let (c, why) = choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16]])).unwrap();
         assert_eq!(c, ImporterChoice::Vulkan);
@@ -763,5 +714,247 @@ mod tests {
         );
         let e = choose_importer(VulkanImporter::Cuda, ENGINE, Err("no driver".into()));
         assert!(matches!(e, Err(Error::CudaUnavailable { .. })));
+    }
+
+    /// A device importer that maps nothing: each import holds the bytes read from its
+    /// fd, and its "device addresses" are theirs. It records what the client asks of it.
+    #[derive(Default)]
+    struct Recorder(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Recorder {
+        fn say(&self, what: String) {
+            self.0.lock().unwrap().push(what);
+        }
+        fn said(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    #[derive(Debug)]
+    struct HeldBytes(Vec<u8>);
+
+    impl FdMemory for HeldBytes {
+        fn span(&self, offset: u64, len: u64) -> Option<u64> {
+            let end = offset.checked_add(len)?;
+            (end <= self.0.len() as u64).then(|| self.0.as_ptr() as u64 + offset)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+            let at = offset as usize;
+            out.copy_from_slice(&self.0[at..at + out.len()]);
+            Ok(())
+        }
+    }
+
+    #[derive(Debug)]
+    struct Waits(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl FdTimeline for Waits {
+        fn wait(&self, stream: StreamRef<'_>, value: u64) -> Result<()> {
+            let what = format!("wait stream {} for {value}", stream.raw());
+            self.0.lock().unwrap().push(what);
+            Ok(())
+        }
+    }
+
+    impl FdImporter for Recorder {
+        fn name(&self) -> &'static str {
+            "the recorder"
+        }
+        fn describe(&self) -> String {
+            "the recorder's importer".into()
+        }
+        fn device(&self) -> Result<Device> {
+            Ok(Device::Cuda(crate::layout::location::CudaDevice {
+                ordinal: 3,
+                uuid: [9; 16],
+            }))
+        }
+        fn dlpack_device(&self) -> (i32, i32) {
+            (crate::layout::location::DL_CUDA, 3)
+        }
+        fn import_memory(
+            &self,
+            fd: OwnedFd,
+            size: u64,
+            dedicated: bool,
+        ) -> Result<Box<dyn FdMemory>> {
+            use std::os::unix::fs::FileExt;
+            self.say(format!("memory of {size} bytes, dedicated {dedicated}"));
+            let mut bytes = vec![0; size as usize];
+            std::fs::File::from(fd)
+                .read_exact_at(&mut bytes, 0)
+                .unwrap();
+            Ok(Box::new(HeldBytes(bytes)))
+        }
+        fn import_timeline(&self, _fd: OwnedFd) -> Result<Box<dyn FdTimeline>> {
+            self.say("timeline".into());
+            Ok(Box::new(Waits(self.0.clone())))
+        }
+        fn synchronize(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+            self.say(format!("synchronize {:?}", stream.map(StreamRef::raw)));
+            Ok(())
+        }
+        fn is_idle(&self, stream: Option<StreamRef<'_>>) -> Result<bool> {
+            self.say(format!("is idle {:?}", stream.map(StreamRef::raw)));
+            Ok(true)
+        }
+    }
+
+    fn memfd(bytes: &[u8]) -> OwnedFd {
+        let fd = rustix::fs::memfd_create("m", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::io::write(&fd, bytes).unwrap();
+        fd
+    }
+
+    fn vulkan_tensor(name: &str, offset: u64, nbytes: u64, table: VulkanTable) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            dtype: crate::layout::DType::U8,
+            shape: vec![nbytes],
+            direction: crate::layout::Direction::EngineToClient,
+            device: Device::Vulkan(ENGINE),
+            offset,
+            nbytes,
+            cuda: None,
+            vulkan: Some(table),
+        }
+    }
+
+    fn layout_of(tensors: Vec<TensorInfo>) -> Layout {
+        Layout {
+            version: (crate::layout::VERSION_MAJOR, crate::layout::VERSION_MINOR),
+            header_size: 0,
+            region_size: 0,
+            num_envs: 1,
+            engine_pid: 0,
+            engine_start_time: 0,
+            engine_kind: "test".into(),
+            tensors,
+            rings: None,
+            engine_event_handle: None,
+            shards: Vec::new(),
+            stats: None,
+        }
+    }
+
+    fn client_on(recorder: &Recorder, layout: &Layout) -> ClientVulkan {
+        ClientVulkan {
+            name: "test".into(),
+            timeout: Duration::from_secs(5),
+            reason: "test".into(),
+            imports: None,
+            importer: Importer::Device(Arc::new(Recorder(recorder.0.clone()))),
+            names: layout.tensors.iter().map(|t| t.name.clone()).collect(),
+        }
+    }
+
+    /// The device importer is reached through the seam only: whatever implements
+    /// `FdImporter` takes each tensor's memory fd (and its timeline semaphore's), hands
+    /// out device pointers into the import, places the views on its device, orders the
+    /// consumer's stream after the last frame, and drains it before an action is posted.
+    #[test]
+    fn any_fd_importer_serves_the_vulkan_client() {
+        use crate::layout::SemaphoreKind;
+        let table = |alloc_size, semaphore: Option<SemaphoreKind>| VulkanTable {
+            alloc_size,
+            memory_type_index: 0,
+            dedicated: semaphore.is_some(),
+            semaphore,
+        };
+        let layout = layout_of(vec![
+            vulkan_tensor("rgb", 8, 16, table(32, Some(SemaphoreKind::Timeline))),
+            vulkan_tensor("depth", 0, 4, table(4, None)),
+        ]);
+        let rgb_bytes: Vec<u8> = (0..32).collect();
+        let recorder = Recorder::default();
+        let mut client = client_on(&recorder, &layout);
+        assert!(client.imports_into_device());
+        let fds = vec![memfd(&rgb_bytes), memfd(b"s"), memfd(&[7, 7, 7, 7])];
+        client.import_all(&layout, fds).unwrap();
+        assert_eq!(
+            recorder.said(),
+            [
+                "memory of 32 bytes, dedicated true",
+                "timeline",
+                "memory of 4 bytes, dedicated false"
+            ]
+        );
+        let rgb = &layout.tensors[0];
+        let ptr = client.device_ptr(0, rgb).unwrap();
+        // SAFETY: the recorder's "device addresses" are those of the bytes its import
+        // holds, alive while the client holds its imports.
+        assert_eq!(
+            unsafe { *(ptr as *const u8) },
+            rgb_bytes[8],
+            "the tensor's offset"
+        );
+        let place = client.place(0, rgb).unwrap().unwrap();
+        assert_eq!(place.ptr, ptr);
+        assert!(matches!(place.device, Device::Cuda(c) if c.ordinal == 3));
+        assert_eq!(
+            client.dlpack_device(0, rgb),
+            (crate::layout::location::DL_CUDA, 3)
+        );
+        assert!(
+            client.host_ptr(0, rgb).is_none(),
+            "device memory is not host memory"
+        );
+        let mut out = [0u8; 16];
+        client.read_tensor(0, rgb, &mut out).unwrap();
+        assert_eq!(out[..], rgb_bytes[8..24]);
+        // SAFETY: the recorder never touches a stream; 77 only travels as a number.
+        let stream = unsafe { StreamRef::from_raw(77) };
+        client.after_frame(5).unwrap();
+        client.after_frame(4).unwrap();
+        client.order_after_frame(stream).unwrap();
+        assert_eq!(recorder.said(), ["wait stream 77 for 5"]);
+        // A semaphore the stream waits on: a bounded poll, not a blocking drain.
+        client
+            .before_post(Some(stream), Duration::from_secs(5), &|| Ok(()))
+            .unwrap();
+        assert_eq!(recorder.said(), ["is idle Some(77)"]);
+        drop(client);
+
+        // Without a semaphore: the consumer's stream (the default one) is drained.
+        let layout = layout_of(vec![vulkan_tensor("depth", 0, 4, table(4, None))]);
+        let mut client = client_on(&recorder, &layout);
+        client
+            .import_all(&layout, vec![memfd(&[1, 2, 3, 4])])
+            .unwrap();
+        recorder.said();
+        client.order_after_frame(stream).unwrap();
+        client
+            .before_post(None, Duration::from_secs(5), &|| Ok(()))
+            .unwrap();
+        assert_eq!(recorder.said(), ["synchronize None"]);
+    }
+
+    /// The fds the engine sends must be the ones the table calls for, through any
+    /// importer: fewer or more is the engine's `Protocol` error.
+    #[test]
+    fn the_fd_count_is_checked_whatever_the_importer() {
+        let table = VulkanTable {
+            alloc_size: 4,
+            memory_type_index: 0,
+            dedicated: false,
+            semaphore: None,
+        };
+        let layout = layout_of(vec![vulkan_tensor("depth", 0, 4, table)]);
+        let recorder = Recorder::default();
+        for fds in [vec![], vec![memfd(&[0; 4]), memfd(&[0; 4])]] {
+            let e = client_on(&recorder, &layout)
+                .import_all(&layout, fds)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Protocol {
+                        peer: Peer::Engine,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
     }
 }

@@ -8,13 +8,14 @@
 //! - [`export`]: what a spec hands over (the layout's `vulkan` module, re-exported);
 //! - `vk` (the `vulkan` feature): all Vulkan FFI, through ash with the loader opened at
 //!   run time, so a machine without `libvulkan.so.1` gets `VulkanUnavailable`;
-//! - `engine`, `client`: the two backends (`client` imports into CUDA with the `cuda`
-//!   feature and into Vulkan with `vulkan`; a build with neither refuses Vulkan tensors).
+//! - `engine`, `client`: the two backends (`client` imports into a Vulkan device of its
+//!   own with `vulkan`, or into the device of an [`FdImporter`](crate::device::FdImporter)
+//!   the seam hands it, [`crate::device::fd_importer`]; a build with neither refuses
+//!   Vulkan tensors).
 
 use crate::error::Error;
 use crate::layout::{Layout, Location};
 
-#[cfg(any(feature = "cuda", feature = "vulkan"))]
 pub mod client;
 #[cfg(feature = "vulkan")]
 pub mod compute;
@@ -30,32 +31,8 @@ mod server;
 #[cfg(feature = "vulkan")]
 pub mod vk;
 
-/// How a client imports Vulkan tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum VulkanImporter {
-    /// CUDA when a CUDA device has the engine's Vulkan device UUID, else Vulkan.
-    #[default]
-    Auto,
-    /// A Vulkan device of the client's own, mapped on the CPU (kDLCPU).
-    Vulkan,
-    /// CUDA external memory (kDLCUDA).
-    Cuda,
-}
-
-impl VulkanImporter {
-    /// `auto`, `vulkan` or `cuda` (case-insensitive, surrounding blanks ignored).
-    /// Anything else is `InvalidSpec`.
-    pub fn parse(s: &str) -> Result<VulkanImporter, Error> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(VulkanImporter::Auto),
-            "vulkan" => Ok(VulkanImporter::Vulkan),
-            "cuda" => Ok(VulkanImporter::Cuda),
-            _ => Err(Error::InvalidSpec(format!(
-                "importer '{s}': expected auto, vulkan or cuda"
-            ))),
-        }
-    }
-}
+/// Which importer a client asks for: a request, defined with the others.
+pub use crate::device::request::VulkanImporter;
 
 /// The error every Vulkan path gives in a build without the `vulkan` feature.
 pub fn unavailable_without_feature() -> Error {
@@ -75,29 +52,4 @@ pub fn fd_count(layout: &Layout) -> usize {
         .filter(|t| t.location() == Location::Vulkan)
         .map(|t| 1 + usize::from(t.vulkan.is_some_and(|v| v.semaphore.is_some())))
         .sum()
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn importer_names() {
-        assert!(matches!(
-            VulkanImporter::parse(" Auto "),
-            Ok(VulkanImporter::Auto)
-        ));
-        assert!(matches!(
-            VulkanImporter::parse("vulkan"),
-            Ok(VulkanImporter::Vulkan)
-        ));
-        assert!(matches!(
-            VulkanImporter::parse("CUDA"),
-            Ok(VulkanImporter::Cuda)
-        ));
-        assert!(matches!(
-            VulkanImporter::parse("cpu"),
-            Err(Error::InvalidSpec(m)) if m.contains("auto, vulkan or cuda")
-        ));
-    }
 }

@@ -1,0 +1,109 @@
+//! CUDA as an [`FdImporter`]: memory and timeline semaphores another backend's engine
+//! exported as fds (Vulkan, protocol 1.3) imported with `cuImportExternalMemory` and
+//! `cuImportExternalSemaphore` ([`driver::ExternalMemory`], [`driver::ExternalSemaphore`]).
+//! The Vulkan client reaches it through [`crate::device::fd_importer`] only.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::driver::{self, Driver, ExternalMemory, ExternalSemaphore, PrimaryContext, Stream};
+use crate::device::backend::{FdImporter, FdMemory, FdTimeline, StreamRef};
+use crate::error::Result;
+use crate::layout::location::{CudaDevice, Device, DL_CUDA};
+
+/// The UUIDs of this process's CUDA devices, by ordinal, or why there are none.
+pub fn devices() -> std::result::Result<Vec<[u8; 16]>, String> {
+    let d = Driver::get().map_err(|e| e.to_string())?;
+    (0..d.info().device_count)
+        .map(|o| driver::device_uuid(d, o))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| e.to_string())
+}
+
+/// CUDA device `ordinal`'s primary context, importing fds.
+pub fn importer(ordinal: i32) -> Result<Arc<dyn FdImporter>> {
+    let ctx = PrimaryContext::retain(Driver::get()?, ordinal)?;
+    Ok(Arc::new(CudaFdImporter(ctx)))
+}
+
+struct CudaFdImporter(Arc<PrimaryContext>);
+
+impl CudaFdImporter {
+    /// `stream` of this device, or the legacy default stream (DLPack's 1).
+    fn stream(&self, stream: Option<StreamRef<'_>>) -> Stream {
+        let raw = stream.map_or(1, StreamRef::raw);
+        // SAFETY: 1 is the legacy default stream; otherwise a `StreamRef` is a live stream
+        // of the device the backend serves for its lifetime (`StreamRef::from_raw`), which
+        // covers the use of the returned value within the caller's call.
+        unsafe { Stream::borrowed(&self.0, raw) }
+    }
+}
+
+impl FdImporter for CudaFdImporter {
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn describe(&self) -> String {
+        format!("CUDA importer on device {} (kDLCUDA)", self.0.ordinal())
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(Device::Cuda(CudaDevice {
+            ordinal: self.0.ordinal(),
+            uuid: self.0.uuid()?,
+        }))
+    }
+
+    fn dlpack_device(&self) -> (i32, i32) {
+        (DL_CUDA, self.0.ordinal())
+    }
+
+    fn import_memory(&self, fd: OwnedFd, size: u64, dedicated: bool) -> Result<Box<dyn FdMemory>> {
+        Ok(Box::new(ExternalMemory::import_opaque_fd(
+            &self.0, fd, size, dedicated,
+        )?))
+    }
+
+    fn import_timeline(&self, fd: OwnedFd) -> Result<Box<dyn FdTimeline>> {
+        let semaphore = ExternalSemaphore::import_timeline(&self.0, fd)?;
+        Ok(Box::new(Timeline {
+            ctx: self.0.clone(),
+            semaphore,
+        }))
+    }
+
+    fn synchronize(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
+        self.stream(stream).synchronize()
+    }
+
+    fn is_idle(&self, stream: Option<StreamRef<'_>>) -> Result<bool> {
+        self.stream(stream).is_idle()
+    }
+}
+
+impl FdMemory for ExternalMemory {
+    fn span(&self, offset: u64, len: u64) -> Option<u64> {
+        ExternalMemory::span(self, offset, len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        ExternalMemory::read(self, offset, out)
+    }
+}
+
+/// An imported timeline semaphore and the context its waits' streams belong to.
+#[derive(Debug)]
+struct Timeline {
+    ctx: Arc<PrimaryContext>,
+    semaphore: ExternalSemaphore,
+}
+
+impl FdTimeline for Timeline {
+    fn wait(&self, stream: StreamRef<'_>, value: u64) -> Result<()> {
+        // SAFETY: a `StreamRef` is a live stream of the device the backend serves for its
+        // lifetime (`StreamRef::from_raw`), which covers this call.
+        let consumer = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
+        self.semaphore.wait(&consumer, value)
+    }
+}

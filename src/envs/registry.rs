@@ -1,0 +1,191 @@
+//! The one registry of reference engines: [`REFERENCE_ENGINES`], each a [`Reference`]
+//! (its name, what it is, its own options type, how it is built on the host and on a
+//! CUDA device) made into an [`Entry`]. Every lookup by name goes through [`find`]: the
+//! CLI's `engine --env`, the runner ([`run_reference`](super::run_reference), which
+//! Python's `launch()` and `make_vec` start), and the catalog functions [`by_name`],
+//! [`by_name_on`] and [`host_spec`]. A new reference engine is its file, one
+//! `impl Reference`, and one line in [`REFERENCE_ENGINES`].
+
+use super::vec_env::{EnvOptions, VecEnv};
+use super::{cartpole, null, pixels};
+use crate::device::{self, Device};
+use crate::engine::EngineSpec;
+use crate::error::{Error, Result};
+
+/// A reference engine, as the registry knows it.
+pub trait Reference {
+    /// Its name (`--env`, `launch(env=...)`, the spec's `kind`).
+    const NAME: &'static str;
+    /// One line on what it serves (`shmbridge engine --help`).
+    const DESCRIPTION: &'static str;
+    /// The options it takes, read from the flags every front door shares.
+    type Options;
+    /// Its options among `flags` (those that do not apply to it are ignored).
+    fn options(flags: &EnvOptions) -> Self::Options;
+    /// The spec it serves in host memory, without building it (its state is about as
+    /// large as its region, which is reserved first).
+    fn spec(num_envs: u32, options: &Self::Options) -> Result<EngineSpec>;
+    /// Builds it in host memory.
+    fn build(num_envs: u32, options: &Self::Options) -> Result<Box<dyn VecEnv>>;
+    /// Builds it on CUDA device `ordinal`; by default it has no CUDA form.
+    fn build_on_cuda(
+        num_envs: u32,
+        options: &Self::Options,
+        ordinal: i32,
+    ) -> Result<Box<dyn VecEnv>> {
+        let _ = (num_envs, options, ordinal);
+        Err(Error::InvalidSpec(format!(
+            "{} steps on the host only (--device cpu)",
+            Self::NAME
+        )))
+    }
+}
+
+/// A [`Reference`] with its options type erased: what [`REFERENCE_ENGINES`] holds.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub name: &'static str,
+    pub description: &'static str,
+    spec: fn(u32, &EnvOptions) -> Result<EngineSpec>,
+    build: fn(u32, &EnvOptions) -> Result<Box<dyn VecEnv>>,
+    build_on_cuda: fn(u32, &EnvOptions, i32) -> Result<Box<dyn VecEnv>>,
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Entry {
+    /// The entry of reference engine `R`.
+    pub const fn of<R: Reference>() -> Entry {
+        Entry {
+            name: R::NAME,
+            description: R::DESCRIPTION,
+            spec: |n, flags| R::spec(n, &R::options(flags)),
+            build: |n, flags| R::build(n, &R::options(flags)),
+            build_on_cuda: |n, flags, ordinal| R::build_on_cuda(n, &R::options(flags), ordinal),
+        }
+    }
+
+    /// The spec it serves in host memory with `options`, without building it.
+    pub fn host_spec(&self, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+        (self.spec)(num_envs, options)
+    }
+
+    /// Builds it on `device`: host memory, or a CUDA device (without the `cuda` feature,
+    /// `CudaUnavailable`). A reference engine steps on the host or on CUDA; only its
+    /// image goes to Vulkan (`--image-device vulkan`).
+    pub fn build_on(
+        &self,
+        num_envs: u32,
+        options: &EnvOptions,
+        device: Device,
+    ) -> Result<Box<dyn VecEnv>> {
+        match device {
+            Device::Host => (self.build)(num_envs, options),
+            Device::Cuda(c) => {
+                device::built_for(device::Location::Cuda)?;
+                (self.build_on_cuda)(num_envs, options, c.ordinal)
+            }
+            // Any other device (not a `Device` arm of its own: a new backend adds none here).
+            _ => Err(Error::InvalidSpec(
+                "a reference env steps on the host or on CUDA; only its image goes to Vulkan \
+                 (--image-device vulkan)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// Every reference engine, in the order `--help` and errors list them.
+pub const REFERENCE_ENGINES: &[Entry] = &[
+    Entry::of::<null::NullEnv>(),
+    Entry::of::<cartpole::CartPole>(),
+    Entry::of::<pixels::Pixels>(),
+];
+
+/// The reference engine called `name`; `InvalidSpec` naming the known ones otherwise.
+pub fn find(name: &str) -> Result<&'static Entry> {
+    REFERENCE_ENGINES
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = REFERENCE_ENGINES.iter().map(|e| e.name).collect();
+            Error::InvalidSpec(format!(
+                "unknown env '{name}' (reference envs: {})",
+                known.join(", ")
+            ))
+        })
+}
+
+/// Builds a reference env by name (host memory).
+pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
+    find(name)?.build_on(num_envs, options, Device::Host)
+}
+
+/// The spec the host env `name` serves, without building the env: its state is about
+/// as large as its region, so [`run_reference`](super::run_reference) reserves the region first, and a size
+/// that does not fit /dev/shm is `NoSpace` before any of that memory is touched.
+pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+    find(name)?.host_spec(num_envs, options)
+}
+
+/// Builds a reference env by name on `device` ([`Entry::build_on`]).
+pub fn by_name_on(
+    name: &str,
+    num_envs: u32,
+    options: &EnvOptions,
+    device: Device,
+) -> Result<Box<dyn VecEnv>> {
+    find(name)?.build_on(num_envs, options, device)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+
+    /// Frame 0 of reference engine `name` with `num_envs` envs: its `obs` and its `rgb`
+    /// (empty without one), per env in order.
+    fn frame_0(name: &str, num_envs: u32, options: &EnvOptions) -> (Vec<f32>, Vec<u8>) {
+        let mut env = by_name(name, num_envs, options).unwrap();
+        let spec = env.spec();
+        let has_rgb = spec.tensors.iter().any(|t| t.name == "rgb");
+        let mut engine = Engine::create(spec).unwrap();
+        env.reset_all(&mut engine.tensors()).unwrap();
+        let mut io = engine.tensors();
+        let obs = io.read::<f32>("obs").unwrap().to_vec();
+        let rgb = match has_rgb {
+            true => io.read::<u8>("rgb").unwrap().to_vec(),
+            false => Vec::new(),
+        };
+        (obs, rgb)
+    }
+
+    /// What a sharded region relies on: every reference engine built as a slice
+    /// (`EnvOptions::first_env`, one shard's envs) serves what the whole engine serves
+    /// for those envs. `pixels` seeded every shard's envs from env 0's seed.
+    #[test]
+    fn every_engine_built_as_a_slice_serves_the_slice_of_the_whole() {
+        let options = EnvOptions {
+            seed: 5,
+            image: Some([8, 8, 1]),
+            image_device: Some(Device::Host),
+            ..Default::default()
+        };
+        for entry in REFERENCE_ENGINES {
+            let (obs, rgb) = frame_0(entry.name, 4, &options);
+            let slice = EnvOptions {
+                first_env: 2,
+                ..options.clone()
+            };
+            let (slice_obs, slice_rgb) = frame_0(entry.name, 2, &slice);
+            assert_eq!(slice_obs[..], obs[obs.len() / 2..], "{}: obs", entry.name);
+            assert_eq!(slice_rgb[..], rgb[rgb.len() / 2..], "{}: rgb", entry.name);
+        }
+    }
+}
