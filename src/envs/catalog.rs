@@ -24,8 +24,30 @@ pub fn by_name(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dy
             options.frame_stack,
             pixels_device(options),
         )?)),
+        other if other.starts_with("mujoco/") => mujoco_env(other, num_envs, options),
         other => Err(unknown_env(other)),
     }
+}
+
+/// `mujoco/<Task>` (the `mujoco` feature, src/envs/mujoco/).
+#[cfg(feature = "mujoco")]
+fn mujoco_env(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
+    Ok(Box::new(super::mujoco::MujocoEnv::new(
+        name, num_envs, options,
+    )?))
+}
+
+#[cfg(not(feature = "mujoco"))]
+fn mujoco_env(name: &str, _: u32, _: &EnvOptions) -> Result<Box<dyn VecEnv>> {
+    Err(no_mujoco(name))
+}
+
+/// A MuJoCo env asked of a build without the `mujoco` feature.
+#[cfg(not(feature = "mujoco"))]
+fn no_mujoco(name: &str) -> Error {
+    Error::InvalidSpec(format!(
+        "'{name}': this shmbridge was built without the `mujoco` feature (docs/mujoco.md)"
+    ))
 }
 
 /// The spec the host env `name` serves, without building the env: its state is about
@@ -41,6 +63,10 @@ pub fn host_spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Engi
             options.frame_stack,
             pixels_device(options),
         ),
+        #[cfg(feature = "mujoco")]
+        other if other.starts_with("mujoco/") => super::mujoco::spec(other, num_envs),
+        #[cfg(not(feature = "mujoco"))]
+        other if other.starts_with("mujoco/") => Err(no_mujoco(other)),
         other => Err(unknown_env(other)),
     }
 }

@@ -15,6 +15,8 @@ pub mod cartpole;
 mod catalog;
 pub mod gpu;
 pub mod kernels;
+#[cfg(feature = "mujoco")]
+pub mod mujoco;
 pub mod null;
 pub mod pixels;
 mod runner;

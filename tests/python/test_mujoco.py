@@ -1,0 +1,135 @@
+"""The native MuJoCo engine (``launch("mujoco/<Task>")``, the ``mujoco`` cargo feature;
+docs/mujoco.md) against Gymnasium's own env: both start from the same ``qpos``/``qvel``
+(Gymnasium's reset state, set on the engine with the ``set_state`` command) and take the
+same random actions for 1,000 steps; observations, rewards, terminations and truncations
+agree. After an episode ends, Gymnasium is reset and its new state set on the engine's
+env (whose own autoreset drew other noise: the two generators differ), and on they go.
+
+Tolerance: 1e-5, absolute. Both step the same MuJoCo 3.17 build on the same model file,
+so the physics agrees to the bit; what differs is that the engine serves ``float32``
+(Gymnasium returns ``float64``): a rounding of at most half an ulp of ``float32`` (6e-8
+relative; below 1e-5 for any value under 80, and the observed values stay far below).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbridge
+from shmbridge.errors import EngineStartError
+
+gymnasium = pytest.importorskip("gymnasium", reason="the alignment tests compare with gymnasium[mujoco]")
+pytest.importorskip("mujoco", reason="the alignment tests compare with gymnasium[mujoco]")
+
+TOL = 1e-5
+STEPS = 1000
+TASKS = ["HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5"]
+
+
+def launch_mujoco(task: str, num_envs: int, **kwargs):
+    try:
+        return shmbridge.launch(f"mujoco/{task}", num_envs=num_envs, **kwargs)
+    except EngineStartError as e:
+        if "without the `mujoco` feature" in str(e):
+            pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)")
+        raise
+
+
+def numbers(values) -> str:
+    """Comma-separated, each float as Python's shortest round-trip repr: exact."""
+    return ",".join(repr(float(v)) for v in values)
+
+
+def set_state(client, env: int, qpos, qvel) -> None:
+    client.call("set_state", env=env, qpos=numbers(qpos), qvel=numbers(qvel))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_native_engine_matches_gymnasium_for_1000_steps(task: str) -> None:
+    genv = gymnasium.make(task)
+    sim = genv.unwrapped
+    rng = np.random.default_rng(7)
+    # Two envs: the compared one is env 1, so a wrong index would show.
+    with launch_mujoco(task, 2, seed=3) as client:
+        low, high = genv.action_space.low, genv.action_space.high
+        gobs, _ = genv.reset(seed=11)
+        set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        np.testing.assert_allclose(np.asarray(client.obs)[1], gobs, rtol=0, atol=TOL)
+        final_obs = client["final_obs"]
+        worst = 0.0
+        episodes = 0
+        for step in range(STEPS):
+            actions = rng.uniform(low, high, size=(2, len(low))).astype(np.float32)
+            gobs, greward, gterm, gtrunc, _ = genv.step(actions[1])
+            _, rewards, terminated, truncated = client.step(actions)
+            ours = np.asarray(final_obs)[1]
+            where = f"{task}, step {step}"
+            np.testing.assert_allclose(ours, gobs, rtol=0, atol=TOL, err_msg=where)
+            assert abs(float(np.asarray(rewards)[1]) - greward) <= TOL, where
+            assert bool(np.asarray(terminated)[1]) == gterm, where
+            assert bool(np.asarray(truncated)[1]) == gtrunc, where
+            worst = max(worst, float(np.max(np.abs(ours - gobs))))
+            if gterm or gtrunc:
+                episodes += 1
+                genv.reset()
+                set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        print(f"{task}: {STEPS} steps, {episodes} episodes ended, largest |obs difference| {worst:.3g}")
+    genv.close()
+
+
+def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
+    with launch_mujoco("Hopper-v5", 3) as client:
+        info = client.call("model_info")
+        assert (info["nq"], info["nv"], info["nu"]) == ("6", "6", "3")
+        assert info["joints"] == "rootx,rootz,rooty,thigh_joint,leg_joint,foot_joint"
+        assert info["actuators"] == ",,"  # hopper.xml names none of its motors
+        state = client.call("get_state", env=2)
+        qpos = [float(v) for v in state["qpos"].split(",")]
+        assert len(qpos) == 6 and abs(qpos[1] - 1.25) < 0.01
+        qpos[3] = 0.1 + 1e-17 * 3  # any double: written and read back exactly
+        client.call("set_state", env=2, qpos=numbers(qpos), qvel=state["qvel"], time="1.5")
+        back = client.call("get_state", env=2)
+        assert back["qpos"] == numbers(qpos)
+        assert back["qvel"] == state["qvel"]
+        assert float(back["time"]) == 1.5
+        # The served observation follows: qpos[1:] then qvel.
+        np.testing.assert_allclose(np.asarray(client.obs)[2][:5], np.array(qpos[1:], np.float32))
+        bad = [
+            dict(env=3, qpos=state["qpos"], qvel=state["qvel"]),  # no such env
+            dict(env=0, qpos="1,2", qvel=state["qvel"]),  # wrong length
+            dict(env=0, qpos=state["qpos"].replace(state["qpos"].split(",")[0], "nan", 1), qvel=state["qvel"]),
+            dict(env=0, qpos="a,b,c,d,e,f", qvel=state["qvel"]),
+            dict(env=0, qvel=state["qvel"]),  # qpos missing
+        ]
+        before = client.call("get_state", env=0)
+        for args in bad:
+            with pytest.raises(shmbridge.errors.RemoteError):
+                client.call("set_state", **args)
+        assert client.call("get_state", env=0) == before
+        with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
+            client.call("set_control")
+
+
+def test_sharded_engines_serve_their_own_envs() -> None:
+    with launch_mujoco("HalfCheetah-v5", 4, shards=2, seed=5) as client:
+        assert client.shards == [(0, 2), (2, 4)]
+        obs = np.asarray(client.obs).copy()
+        # Each shard answers for its own slice, by region index.
+        s2 = client.call("get_state", env=2, shard=1)
+        qpos = np.array([float(v) for v in s2["qpos"].split(",")])
+        np.testing.assert_allclose(obs[2][:8], qpos[1:].astype(np.float32))
+        with pytest.raises(shmbridge.errors.RemoteError, match="not served here"):
+            client.call("get_state", env=2, shard=0)
+        # One engine with the same seed starts its envs where the two shards did.
+    with launch_mujoco("HalfCheetah-v5", 4, seed=5) as whole:
+        np.testing.assert_array_equal(np.asarray(whole.obs), obs)
+        for _ in range(3):
+            _, rewards, _, _ = whole.step(np.zeros((4, 6), np.float32))
+        assert np.all(np.isfinite(np.asarray(rewards)))
+
+
+def test_an_unknown_task_is_refused_with_the_list() -> None:
+    with pytest.raises(EngineStartError, match="HalfCheetah-v5") as e:
+        launch_mujoco("Nope-v0", 1)
+    assert "unknown MuJoCo env" in str(e.value)
