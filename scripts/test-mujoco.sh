@@ -2,7 +2,7 @@
 # The native MuJoCo engine (cargo feature `mujoco`, docs/mujoco.md): installs MuJoCo
 # (PyPI's mujoco==3.17.0 wheel) and Gymnasium into target/mujoco-venv, builds the Python
 # extension with the feature into that venv, and runs its tests (the alignment with
-# Gymnasium's envs). `--release`: the extension in the wheel's release profile (for
+# Gymnasium's envs), after the engine's Rust unit tests. `--release`: the extension in the wheel's release profile (for
 # benchmarks; minutes longer to build), else the dev profile. Extra arguments go to pytest.
 #
 #   bash scripts/test-mujoco.sh [--release] [pytest arguments]
@@ -22,11 +22,13 @@ ensure_python
 ensure_build_tools
 step "mujoco and gymnasium into $venv"
 ensure_mujoco "$venv"
+step "the engine's unit tests (cargo test --features mujoco)"
+cargo test --locked --features mujoco --lib envs::mujoco
 step "the extension with --features mujoco ($profile profile)"
 rm -rf target/mujoco-wheel
 # --auditwheel skip: libmujoco.so stays the mujoco wheel's (found through the run path
 # $ORIGIN/../mujoco), not copied into this wheel.
-target/build-tools/bin/maturin build --profile "$profile" -F python,cuda,vulkan,mujoco \
+target/build-tools/bin/maturin build --locked --profile "$profile" -F python,cuda,vulkan,mujoco \
     --auditwheel skip --out target/mujoco-wheel
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps target/mujoco-wheel/shmbridge-*.whl \
     2>&1 | { grep -v "Running pip as the 'root' user" || true; }
