@@ -10,7 +10,9 @@
 //! f32` (the controls, `ctrl`; MuJoCo clamps them to `ctrlrange`, the reward's control
 //! cost uses them as given, as Gymnasium does), `rewards`, `terminated`, `truncated`,
 //! `reset_mask`, and `final_obs` (the observation before an autoreset, as `cartpole`).
-//! Autoreset in the same step, like `cartpole`.
+//! Autoreset in the same step, like `cartpole`. `EnvOptions::threads` (`--threads`,
+//! `launch(..., threads=T)`): T scoped threads per step, each stepping a contiguous run
+//! of envs and writing only its rows; the ended episodes are recorded after they join.
 //!
 //! Commands (`client.call`): `model_info` (sizes, timestep, frame skip and the names of
 //! bodies, joints, actuators, sensors and cameras), `get_state(env)` and
@@ -53,6 +55,34 @@ struct Env {
     rng: Pcg32,
 }
 
+impl Env {
+    /// Gymnasium's `reset`: `mj_resetData`, then `qpos0`/zero velocities plus the task's
+    /// noise, then `mj_forward`.
+    fn reset(&mut self, task: &Task) {
+        self.data.reset();
+        self.steps = 0;
+        self.episode_return = 0.0;
+        let (rng, data) = (&mut self.rng, &mut self.data);
+        let scale = match task.noise {
+            ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
+        };
+        for q in data.qpos_mut() {
+            *q += rng.random_range(-scale..scale);
+        }
+        for v in data.qvel_mut() {
+            *v += match task.noise {
+                ResetNoise::Uniform(s) => rng.random_range(-s..s),
+                ResetNoise::UniformNormal(s) => s * standard_normal(rng),
+            };
+        }
+        data.forward();
+    }
+
+    fn observe(&self, task: &Task, out: &mut [f32]) {
+        task.observe(self.data.qpos(), self.data.qvel(), out);
+    }
+}
+
 pub struct MujocoEnv {
     task: &'static Task,
     model: Arc<MjModel>,
@@ -62,6 +92,8 @@ pub struct MujocoEnv {
     nu: usize,
     /// `timestep * frame_skip`, Gymnasium's `dt`.
     dt: f64,
+    /// Threads stepping the envs, each a contiguous run of them.
+    threads: usize,
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
@@ -179,6 +211,7 @@ impl MujocoEnv {
             obs_dim: task.obs_dim(nq, nv),
             nu,
             dt,
+            threads: options.threads.unwrap_or(1).max(1) as usize,
         };
         for i in 0..num_envs as usize {
             env.reset_one(i);
@@ -186,32 +219,12 @@ impl MujocoEnv {
         Ok(env)
     }
 
-    /// Gymnasium's `reset`: `mj_resetData`, then `qpos0`/zero velocities plus the task's
-    /// noise, then `mj_forward`.
     fn reset_one(&mut self, i: usize) {
-        let env = &mut self.envs[i];
-        env.data.reset();
-        env.steps = 0;
-        env.episode_return = 0.0;
-        let (rng, data) = (&mut env.rng, &mut env.data);
-        let scale = match self.task.noise {
-            ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
-        };
-        for q in data.qpos_mut() {
-            *q += rng.random_range(-scale..scale);
-        }
-        for v in data.qvel_mut() {
-            *v += match self.task.noise {
-                ResetNoise::Uniform(s) => rng.random_range(-s..s),
-                ResetNoise::UniformNormal(s) => s * standard_normal(rng),
-            };
-        }
-        data.forward();
+        self.envs[i].reset(self.task);
     }
 
     fn observe(&self, i: usize, out: &mut [f32]) {
-        let data = &self.envs[i].data;
-        self.task.observe(data.qpos(), data.qvel(), out);
+        self.envs[i].observe(self.task, out);
     }
 
     fn write_all_obs(&self, io: &mut Tensors<'_>) -> Result<()> {
@@ -393,56 +406,143 @@ impl VecEnv for MujocoEnv {
     }
 
     fn step(&mut self, _seq: u64, io: &mut Tensors<'_>) -> Result<()> {
-        let actions = io.read::<f32>("actions")?;
-        let reset_mask = io.read::<u8>("reset_mask")?;
-        let rewards = io.write::<f32>("rewards")?;
-        let terminated = io.write::<u8>("terminated")?;
-        let truncated = io.write::<u8>("truncated")?;
-        let final_obs = io.write::<f32>("final_obs")?;
-        let obs = io.write::<f32>("obs")?;
         let (d, nu) = (self.obs_dim, self.nu);
-        for i in 0..self.envs.len() {
-            let obs_i = &mut obs[i * d..(i + 1) * d];
-            let final_i = &mut final_obs[i * d..(i + 1) * d];
-            if reset_mask[i] != 0 {
-                self.reset_one(i);
-                rewards[i] = 0.0;
-                terminated[i] = 0;
-                truncated[i] = 0;
-                self.observe(i, obs_i);
+        let all = Slice {
+            actions: io.read::<f32>("actions")?,
+            reset_mask: io.read::<u8>("reset_mask")?,
+            rewards: io.write::<f32>("rewards")?,
+            terminated: io.write::<u8>("terminated")?,
+            truncated: io.write::<u8>("truncated")?,
+            final_obs: io.write::<f32>("final_obs")?,
+            obs: io.write::<f32>("obs")?,
+        };
+        let stepper = Stepper {
+            task: self.task,
+            dt: self.dt,
+            obs_dim: d,
+            nu,
+        };
+        let n = self.envs.len();
+        let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
+        let ended: Vec<(usize, f64, u64)> = if per >= n {
+            stepper.step(&mut self.envs, all, 0)
+        } else {
+            // Contiguous slices, one per thread; each writes only its own rows.
+            let slices = all.split(per, d, nu);
+            std::thread::scope(|scope| {
+                let running: Vec<_> = self
+                    .envs
+                    .chunks_mut(per)
+                    .zip(slices)
+                    .enumerate()
+                    .map(|(k, (envs, slice))| {
+                        scope.spawn(move || stepper.step(envs, slice, k * per))
+                    })
+                    .collect();
+                running
+                    .into_iter()
+                    .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            })
+        };
+        for (i, ret, len) in ended {
+            io.episode_ended(i, ret, len)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rows of the step's tensors for a run of envs.
+struct Slice<'a> {
+    actions: &'a [f32],
+    reset_mask: &'a [u8],
+    rewards: &'a mut [f32],
+    terminated: &'a mut [u8],
+    truncated: &'a mut [u8],
+    final_obs: &'a mut [f32],
+    obs: &'a mut [f32],
+}
+
+impl<'a> Slice<'a> {
+    /// Split into runs of `per` envs (`d` observation and `nu` action elements each).
+    fn split(self, per: usize, d: usize, nu: usize) -> Vec<Slice<'a>> {
+        let mut rewards = self.rewards.chunks_mut(per);
+        let mut terminated = self.terminated.chunks_mut(per);
+        let mut truncated = self.truncated.chunks_mut(per);
+        let mut final_obs = self.final_obs.chunks_mut(per * d);
+        let mut obs = self.obs.chunks_mut(per * d);
+        self.actions
+            .chunks(per * nu)
+            .zip(self.reset_mask.chunks(per))
+            .filter_map(|(actions, reset_mask)| {
+                Some(Slice {
+                    actions,
+                    reset_mask,
+                    rewards: rewards.next()?,
+                    terminated: terminated.next()?,
+                    truncated: truncated.next()?,
+                    final_obs: final_obs.next()?,
+                    obs: obs.next()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// What a step of any run of envs needs to know (copied to each thread).
+#[derive(Clone, Copy)]
+struct Stepper {
+    task: &'static Task,
+    dt: f64,
+    obs_dim: usize,
+    nu: usize,
+}
+
+impl Stepper {
+    /// Steps `envs` (the region's envs `first..`) with their rows of `io`; returns the
+    /// episodes that ended: `(env, return, length)`, env the engine's index.
+    fn step(&self, envs: &mut [Env], io: Slice<'_>, first: usize) -> Vec<(usize, f64, u64)> {
+        let (d, nu, task) = (self.obs_dim, self.nu, self.task);
+        let mut ended = Vec::new();
+        for (i, env) in envs.iter_mut().enumerate() {
+            let obs_i = &mut io.obs[i * d..(i + 1) * d];
+            let final_i = &mut io.final_obs[i * d..(i + 1) * d];
+            if io.reset_mask[i] != 0 {
+                env.reset(task);
+                io.rewards[i] = 0.0;
+                io.terminated[i] = 0;
+                io.truncated[i] = 0;
+                env.observe(task, obs_i);
                 final_i.copy_from_slice(obs_i);
                 continue;
             }
-            let action = &actions[i * nu..(i + 1) * nu];
-            let env = &mut self.envs[i];
+            let action = &io.actions[i * nu..(i + 1) * nu];
             let x_before = env.data.qpos()[0];
             for (c, a) in env.data.ctrl_mut().iter_mut().zip(action) {
                 *c = f64::from(*a);
             }
-            for _ in 0..self.task.frame_skip {
+            for _ in 0..task.frame_skip {
                 env.data.step();
             }
             env.data.rne_post_constraint();
             let (reward, term) =
-                self.task
-                    .outcome(x_before, self.dt, action, env.data.qpos(), env.data.qvel());
+                task.outcome(x_before, self.dt, action, env.data.qpos(), env.data.qvel());
             env.steps += 1;
             env.episode_return += reward;
-            let trunc = env.steps >= self.task.max_steps;
-            rewards[i] = reward as f32;
-            terminated[i] = term as u8;
-            truncated[i] = trunc as u8;
-            let (ret, len) = (env.episode_return, u64::from(env.steps));
-            self.observe(i, final_i);
+            let trunc = env.steps >= task.max_steps;
+            io.rewards[i] = reward as f32;
+            io.terminated[i] = term as u8;
+            io.truncated[i] = trunc as u8;
+            env.observe(task, final_i);
             if term || trunc {
-                io.episode_ended(i, ret, len)?;
-                self.reset_one(i);
-                self.observe(i, obs_i);
+                ended.push((first + i, env.episode_return, u64::from(env.steps)));
+                env.reset(task);
+                env.observe(task, obs_i);
             } else {
                 obs_i.copy_from_slice(final_i);
             }
         }
-        Ok(())
+        ended
     }
 }
 
