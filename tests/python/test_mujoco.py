@@ -5,10 +5,15 @@ same random actions for 1,000 steps; observations, rewards, terminations and tru
 agree. After an episode ends, Gymnasium is reset and its new state set on the engine's
 env (whose own autoreset drew other noise: the two generators differ), and on they go.
 
-Tolerance: 1e-5, absolute. Both step the same MuJoCo 3.17 build on the same model file,
-so the physics agrees to the bit; what differs is that the engine serves ``float32``
-(Gymnasium returns ``float64``): a rounding of at most half an ulp of ``float32`` (6e-8
-relative; below 1e-5 for any value under 80, and the observed values stay far below).
+Observations: bit for bit those of Gymnasium rounded to ``float32`` (what the engine
+serves). Both step the same MuJoCo 3.17 build on the same model file, so the state agrees
+to the bit, and so does every observation element (``qpos``, ``qvel``, ``cfrc_ext``,
+``cinert``, ...) read from it. Rewards: within 1e-5, plus half an ulp of the served
+``float32`` (2**-24 relative: it matters only above about 160). The reward is arithmetic
+on that state where the order of operations differs: NumPy sums the control cost of the
+``float32`` action in ``float32`` and pairwise, the engine in ``float64`` and in order
+(HalfCheetah and Ant differ from ``float32(gymnasium's reward)`` by an ulp or so on a
+third of their steps or more).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ gymnasium = pytest.importorskip("gymnasium", reason="the alignment tests compare
 pytest.importorskip("mujoco", reason="the alignment tests compare with gymnasium[mujoco]")
 
 TOL = 1e-5
+RTOL = 2.0**-24  # half an ulp of float32, relative
 STEPS = 1000
-TASKS = ["HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5"]
+TASKS = ["HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
 
 
 def launch_mujoco(task: str, num_envs: int, **kwargs):
@@ -55,9 +61,8 @@ def test_the_native_engine_matches_gymnasium_for_1000_steps(task: str) -> None:
         low, high = genv.action_space.low, genv.action_space.high
         gobs, _ = genv.reset(seed=11)
         set_state(client, 1, sim.data.qpos, sim.data.qvel)
-        np.testing.assert_allclose(np.asarray(client.obs)[1], gobs, rtol=0, atol=TOL)
+        np.testing.assert_array_equal(np.asarray(client.obs)[1], gobs.astype(np.float32))
         final_obs = client["final_obs"]
-        worst = 0.0
         episodes = 0
         for step in range(STEPS):
             actions = rng.uniform(low, high, size=(2, len(low))).astype(np.float32)
@@ -65,16 +70,15 @@ def test_the_native_engine_matches_gymnasium_for_1000_steps(task: str) -> None:
             _, rewards, terminated, truncated = client.step(actions)
             ours = np.asarray(final_obs)[1]
             where = f"{task}, step {step}"
-            np.testing.assert_allclose(ours, gobs, rtol=0, atol=TOL, err_msg=where)
-            assert abs(float(np.asarray(rewards)[1]) - greward) <= TOL, where
+            np.testing.assert_array_equal(ours, gobs.astype(np.float32), err_msg=where)
+            assert abs(float(np.asarray(rewards)[1]) - greward) <= TOL + RTOL * abs(greward), where
             assert bool(np.asarray(terminated)[1]) == gterm, where
             assert bool(np.asarray(truncated)[1]) == gtrunc, where
-            worst = max(worst, float(np.max(np.abs(ours - gobs))))
             if gterm or gtrunc:
                 episodes += 1
                 genv.reset()
                 set_state(client, 1, sim.data.qpos, sim.data.qvel)
-        print(f"{task}: {STEPS} steps, {episodes} episodes ended, largest |obs difference| {worst:.3g}")
+        print(f"{task}: {STEPS} steps, {episodes} episodes ended")
     genv.close()
 
 

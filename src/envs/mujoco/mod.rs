@@ -29,7 +29,7 @@ use mujoco_rs::wrappers::{MjData, MjModel, MjtObjBase};
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg32;
 
-use self::tasks::{ResetNoise, Task};
+use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::EngineSpec;
@@ -79,7 +79,33 @@ impl Env {
     }
 
     fn observe(&self, task: &Task, out: &mut [f32]) {
-        task.observe(self.data.qpos(), self.data.qvel(), out);
+        task.observe(&self.state(), out);
+    }
+
+    fn state(&self) -> State<'_> {
+        let d = &self.data;
+        State {
+            qpos: d.qpos(),
+            qvel: d.qvel(),
+            cinert: d.cinert(),
+            cvel: d.cvel(),
+            qfrc_actuator: d.qfrc_actuator(),
+            cfrc_ext: d.cfrc_ext(),
+        }
+    }
+
+    /// The x position whose change the task rewards.
+    fn x_position(&self, task: &Task) -> f64 {
+        let d = &self.data;
+        match task.position {
+            Position::Qpos0 => d.qpos()[0],
+            Position::Body(b) => d.xpos()[b][0],
+            Position::MassCenter => {
+                let mass = d.model().body_mass();
+                let moment: f64 = mass.iter().zip(d.xipos()).map(|(m, p)| m * p[0]).sum();
+                moment / mass.iter().sum::<f64>()
+            }
+        }
     }
 }
 
@@ -148,7 +174,7 @@ pub fn spec(name: &str, num_envs: u32) -> Result<EngineSpec> {
 fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
     let m = model.ffi();
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
-    let obs_dim = task.obs_dim(nq, nv) as u64;
+    let obs_dim = task.obs_dim(nq, nv, m.nbody as usize) as u64;
     let ranges = model.actuator_ctrlrange();
     let bound = |k: usize| {
         ranges
@@ -187,6 +213,7 @@ impl MujocoEnv {
         let model = Arc::new(load_model(task)?);
         let m = model.ffi();
         let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
+        let obs_dim = task.obs_dim(nq, nv, m.nbody as usize);
         let dt = m.opt.timestep * f64::from(task.frame_skip);
         let mut envs = Vec::new();
         envs.try_reserve_exact(num_envs as usize)
@@ -208,7 +235,7 @@ impl MujocoEnv {
             model,
             envs,
             first_env: options.first_env,
-            obs_dim: task.obs_dim(nq, nv),
+            obs_dim,
             nu,
             dt,
             threads: options.threads.unwrap_or(1).max(1) as usize,
@@ -517,7 +544,7 @@ impl Stepper {
                 continue;
             }
             let action = &io.actions[i * nu..(i + 1) * nu];
-            let x_before = env.data.qpos()[0];
+            let x_before = env.x_position(task);
             for (c, a) in env.data.ctrl_mut().iter_mut().zip(action) {
                 *c = f64::from(*a);
             }
@@ -525,8 +552,8 @@ impl Stepper {
                 env.data.step();
             }
             env.data.rne_post_constraint();
-            let (reward, term) =
-                task.outcome(x_before, self.dt, action, env.data.qpos(), env.data.qvel());
+            let x_after = env.x_position(task);
+            let (reward, term) = task.outcome(x_before, x_after, self.dt, action, &env.state());
             env.steps += 1;
             env.episode_return += reward;
             let trunc = env.steps >= task.max_steps;

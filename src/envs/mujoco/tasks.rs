@@ -1,6 +1,7 @@
 //! The Gymnasium MuJoCo tasks the native engine serves, each as Gymnasium 1.x's `-v5`
 //! class defines it (`gymnasium/envs/mujoco/*_v5.py`, default arguments): the model file,
-//! the frame skip, the observation, the reward, the termination and the reset noise.
+//! the frame skip, the observation, the reward, the termination and the reset noise:
+//! HalfCheetah, InvertedPendulum, Hopper, Walker2d, Ant and Humanoid.
 
 /// How a task perturbs `init_qpos`/`init_qvel` (the model's `qpos0` and zeros) at reset.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -9,6 +10,46 @@ pub enum ResetNoise {
     Uniform(f64),
     /// `qpos += U(-s, s)`, `qvel += s * N(0, 1)` (HalfCheetah).
     UniformNormal(f64),
+}
+
+/// Whose x position the forward reward differentiates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Position {
+    /// `qpos[0]` (HalfCheetah, Hopper, Walker2d).
+    Qpos0,
+    /// The x of body `b`'s frame, `xpos[b][0]` (Ant: the torso, body 1).
+    Body(usize),
+    /// The x of the mass centre, `sum(body_mass * xipos) / sum(body_mass)` (Humanoid).
+    MassCenter,
+}
+
+/// What the observation holds after `qpos[skip_qpos..]` and `qvel`, in this order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Extra {
+    /// `cinert[1..]`, 10 per body.
+    Cinert,
+    /// `cvel[1..]`, 6 per body.
+    Cvel,
+    /// `qfrc_actuator[6..]`.
+    QfrcActuator,
+    /// `cfrc_ext[1..]`, 6 per body, clipped to the range where given.
+    CfrcExt(Option<(f64, f64)>),
+}
+
+/// The contact cost subtracted from the reward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Contact {
+    None,
+    /// Ant: `weight * sum(clip(cfrc_ext, lo, hi)^2)` over every body.
+    Clipped {
+        weight: f64,
+        range: (f64, f64),
+    },
+    /// Humanoid: `min(weight * sum(cfrc_ext^2), max)` over every body.
+    Capped {
+        weight: f64,
+        max: f64,
+    },
 }
 
 /// When an episode terminates, and the reward it adds for staying alive.
@@ -28,6 +69,25 @@ pub enum Health {
         angle: (f64, f64),
         state: Option<(f64, f64)>,
     },
+    /// Ant, Humanoid: healthy while `z = qpos[2]` lies in `z` (bounds included for Ant,
+    /// `inclusive`, excluded for Humanoid) and (Ant, `finite`) `(qpos, qvel)` is finite.
+    Height {
+        reward: f64,
+        z: (f64, f64),
+        inclusive: bool,
+        finite: bool,
+    },
+}
+
+/// What a task reads of one env's `mjData` for its observation, reward and termination.
+#[derive(Debug, Clone, Copy)]
+pub struct State<'a> {
+    pub qpos: &'a [f64],
+    pub qvel: &'a [f64],
+    pub cinert: &'a [[f64; 10]],
+    pub cvel: &'a [[f64; 6]],
+    pub qfrc_actuator: &'a [f64],
+    pub cfrc_ext: &'a [[f64; 6]],
 }
 
 /// One Gymnasium task.
@@ -48,6 +108,9 @@ pub struct Task {
     /// Weight of `sum(action^2)`, subtracted from the reward.
     pub ctrl_cost_weight: f64,
     pub health: Health,
+    pub position: Position,
+    pub extras: &'static [Extra],
+    pub contact: Contact,
     /// Truncation (the registered `max_episode_steps`).
     pub max_steps: u32,
 }
@@ -63,6 +126,9 @@ pub const TASKS: &[Task] = &[
         forward_weight: 1.0,
         ctrl_cost_weight: 0.1,
         health: Health::Always,
+        position: Position::Qpos0,
+        extras: &[],
+        contact: Contact::None,
         max_steps: 1000,
     },
     Task {
@@ -75,6 +141,9 @@ pub const TASKS: &[Task] = &[
         forward_weight: 0.0,
         ctrl_cost_weight: 0.0,
         health: Health::Pendulum,
+        position: Position::Qpos0,
+        extras: &[],
+        contact: Contact::None,
         max_steps: 1000,
     },
     Task {
@@ -92,6 +161,9 @@ pub const TASKS: &[Task] = &[
             angle: (-0.2, 0.2),
             state: Some((-100.0, 100.0)),
         },
+        position: Position::Qpos0,
+        extras: &[],
+        contact: Contact::None,
         max_steps: 1000,
     },
     Task {
@@ -109,6 +181,60 @@ pub const TASKS: &[Task] = &[
             angle: (-1.0, 1.0),
             state: None,
         },
+        position: Position::Qpos0,
+        extras: &[],
+        contact: Contact::None,
+        max_steps: 1000,
+    },
+    Task {
+        id: "Ant-v5",
+        xml: "ant.xml",
+        frame_skip: 5,
+        noise: ResetNoise::UniformNormal(0.1),
+        skip_qpos: 2,
+        clip_qvel: None,
+        forward_weight: 1.0,
+        ctrl_cost_weight: 0.5,
+        health: Health::Height {
+            reward: 1.0,
+            z: (0.2, 1.0),
+            inclusive: true,
+            finite: true,
+        },
+        position: Position::Body(1),
+        extras: &[Extra::CfrcExt(Some((-1.0, 1.0)))],
+        contact: Contact::Clipped {
+            weight: 5e-4,
+            range: (-1.0, 1.0),
+        },
+        max_steps: 1000,
+    },
+    Task {
+        id: "Humanoid-v5",
+        xml: "humanoid.xml",
+        frame_skip: 5,
+        noise: ResetNoise::Uniform(1e-2),
+        skip_qpos: 2,
+        clip_qvel: None,
+        forward_weight: 1.25,
+        ctrl_cost_weight: 0.1,
+        health: Health::Height {
+            reward: 5.0,
+            z: (1.0, 2.0),
+            inclusive: false,
+            finite: false,
+        },
+        position: Position::MassCenter,
+        extras: &[
+            Extra::Cinert,
+            Extra::Cvel,
+            Extra::QfrcActuator,
+            Extra::CfrcExt(None),
+        ],
+        contact: Contact::Capped {
+            weight: 5e-7,
+            max: 10.0,
+        },
         max_steps: 1000,
     },
 ];
@@ -119,50 +245,98 @@ pub fn task(id: &str) -> Option<&'static Task> {
 }
 
 impl Task {
-    /// The observation's length for a model with `nq` positions and `nv` velocities.
-    pub fn obs_dim(&self, nq: usize, nv: usize) -> usize {
-        nq - self.skip_qpos + nv
+    /// The observation's length for a model with `nq` positions, `nv` velocities and
+    /// `nbody` bodies (the world included).
+    pub fn obs_dim(&self, nq: usize, nv: usize, nbody: usize) -> usize {
+        let bodies = nbody.saturating_sub(1);
+        let extra: usize = self
+            .extras
+            .iter()
+            .map(|e| match e {
+                Extra::Cinert => 10 * bodies,
+                Extra::Cvel | Extra::CfrcExt(_) => 6 * bodies,
+                Extra::QfrcActuator => nv.saturating_sub(6),
+            })
+            .sum();
+        nq - self.skip_qpos + nv + extra
     }
 
-    /// Writes the observation of `(qpos, qvel)` into `out` (`obs_dim` elements).
-    pub fn observe(&self, qpos: &[f64], qvel: &[f64], out: &mut [f32]) {
-        let (pos, vel) = out.split_at_mut(qpos.len() - self.skip_qpos);
-        for (o, q) in pos.iter_mut().zip(&qpos[self.skip_qpos..]) {
-            *o = *q as f32;
-        }
-        for (o, v) in vel.iter_mut().zip(qvel) {
-            let v = match self.clip_qvel {
-                Some(c) => v.clamp(-c, c),
-                None => *v,
+    /// Writes the observation of `s` into `out` (`obs_dim` elements).
+    pub fn observe(&self, s: &State<'_>, out: &mut [f32]) {
+        let clip = |v: f64, range: Option<(f64, f64)>| match range {
+            Some((lo, hi)) => v.clamp(lo, hi),
+            None => v,
+        };
+        let qvel = s
+            .qvel
+            .iter()
+            .map(|v| clip(*v, self.clip_qvel.map(|c| (-c, c))));
+        let mut values: Box<dyn Iterator<Item = f64> + '_> =
+            Box::new(s.qpos[self.skip_qpos..].iter().copied().chain(qvel));
+        for extra in self.extras {
+            values = match *extra {
+                Extra::Cinert => Box::new(values.chain(s.cinert.iter().skip(1).flatten().copied())),
+                Extra::Cvel => Box::new(values.chain(s.cvel.iter().skip(1).flatten().copied())),
+                Extra::QfrcActuator => {
+                    Box::new(values.chain(s.qfrc_actuator.iter().skip(6).copied()))
+                }
+                Extra::CfrcExt(range) => Box::new(
+                    values.chain(
+                        s.cfrc_ext
+                            .iter()
+                            .skip(1)
+                            .flatten()
+                            .map(move |v| clip(*v, range)),
+                    ),
+                ),
             };
+        }
+        for (o, v) in out.iter_mut().zip(values) {
             *o = v as f32;
         }
     }
 
     /// `(reward, terminated)` of a step that moved the x position from `x_before` to
-    /// the current `qpos[0]` in `dt` seconds with `action`, in Gymnasium's order of
-    /// operations.
+    /// `x_after` in `dt` seconds with `action`, ending in `s`, in Gymnasium's order of
+    /// operations: `(forward + healthy) - (control + contact)`.
     pub fn outcome(
         &self,
         x_before: f64,
+        x_after: f64,
         dt: f64,
         action: &[f32],
-        qpos: &[f64],
-        qvel: &[f64],
+        s: &State<'_>,
     ) -> (f64, bool) {
+        let (qpos, qvel) = (s.qpos, s.qvel);
         let ctrl_cost =
             self.ctrl_cost_weight * action.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>();
         let forward = if self.forward_weight != 0.0 {
-            self.forward_weight * ((qpos[0] - x_before) / dt)
+            self.forward_weight * ((x_after - x_before) / dt)
         } else {
             0.0
         };
-        match self.health {
-            Health::Always => (forward - ctrl_cost, false),
+        let squares = |range: Option<(f64, f64)>| {
+            s.cfrc_ext
+                .iter()
+                .flatten()
+                .map(|v| match range {
+                    Some((lo, hi)) => v.clamp(lo, hi).powi(2),
+                    None => v.powi(2),
+                })
+                .sum::<f64>()
+        };
+        let contact_cost = match self.contact {
+            Contact::None => 0.0,
+            Contact::Clipped { weight, range } => weight * squares(Some(range)),
+            Contact::Capped { weight, max } => (weight * squares(None)).min(max),
+        };
+        let inside = |v: f64, (lo, hi): (f64, f64)| lo < v && v < hi;
+        let (alive, terminated) = match self.health {
+            Health::Always => (0.0, false),
             Health::Pendulum => {
                 let finite = qpos.iter().chain(qvel).all(|v| v.is_finite());
                 let terminated = !finite || qpos[1].abs() > 0.2;
-                (if terminated { 0.0 } else { 1.0 }, terminated)
+                return (if terminated { 0.0 } else { 1.0 }, terminated);
             }
             Health::Upright {
                 reward,
@@ -170,16 +344,30 @@ impl Task {
                 angle,
                 state,
             } => {
-                let inside = |v: f64, (lo, hi): (f64, f64)| lo < v && v < hi;
                 let healthy = inside(qpos[1], z)
                     && inside(qpos[2], angle)
                     && state.is_none_or(|range| {
                         qpos.iter().chain(qvel).skip(2).all(|v| inside(*v, range))
                     });
-                let alive = if healthy { reward } else { 0.0 };
-                ((forward + alive) - ctrl_cost, !healthy)
+                (if healthy { reward } else { 0.0 }, !healthy)
             }
-        }
+            Health::Height {
+                reward,
+                z,
+                inclusive,
+                finite,
+            } => {
+                let in_range = if inclusive {
+                    z.0 <= qpos[2] && qpos[2] <= z.1
+                } else {
+                    inside(qpos[2], z)
+                };
+                let healthy =
+                    in_range && (!finite || qpos.iter().chain(qvel).all(|v| v.is_finite()));
+                (if healthy { reward } else { 0.0 }, !healthy)
+            }
+        };
+        ((forward + alive) - (ctrl_cost + contact_cost), terminated)
     }
 }
 
@@ -193,13 +381,14 @@ mod tests {
         let up = [0.0, 1.25, 0.0, 0.0, 0.0, 0.0];
         let fallen = [0.0, 0.5, 0.0, 0.0, 0.0, 0.0];
         let still = [0.0; 6];
-        let (r, t) = hopper.outcome(0.0, 0.008, &[0.0; 3], &up, &still);
-        assert_eq!((r, t), (1.0, false));
-        let (r, t) = hopper.outcome(0.0, 0.008, &[0.0; 3], &fallen, &still);
-        assert_eq!((r, t), (0.0, true));
+        let step = |qpos: &[f64], qvel: &[f64]| {
+            hopper.outcome(0.0, 0.0, 0.008, &[0.0; 3], &joints(qpos, qvel))
+        };
+        assert_eq!(step(&up, &still), (1.0, false));
+        assert_eq!(step(&fallen, &still), (0.0, true));
         // A velocity out of the state range ends it too.
         let fast = [0.0, 0.0, 0.0, 200.0, 0.0, 0.0];
-        assert!(hopper.outcome(0.0, 0.008, &[0.0; 3], &up, &fast).1);
+        assert!(step(&up, &fast).1);
     }
 
     #[test]
@@ -208,10 +397,57 @@ mod tests {
         let mut out = [0f32; 11];
         let qpos = [5.0, 1.0, 2.0, 3.0, 4.0, 5.0];
         let qvel = [20.0, -20.0, 1.0, 0.0, 0.0, 0.0];
-        hopper.observe(&qpos, &qvel, &mut out);
+        hopper.observe(&joints(&qpos, &qvel), &mut out);
         assert_eq!(
             out,
             [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, -10.0, 1.0, 0.0, 0.0, 0.0]
         );
+    }
+
+    #[test]
+    fn ant_clips_contact_forces_in_its_observation_and_cost() {
+        let ant = task("Ant-v5").unwrap();
+        let (qpos, qvel) = ([0.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0], [0.0; 6]);
+        // World, then two bodies: the world's row is in the cost, not the observation.
+        let forces = [[3.0; 6], [-2.0, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0; 6]];
+        let s = State {
+            cfrc_ext: &forces,
+            ..joints(&qpos, &qvel)
+        };
+        assert_eq!(ant.obs_dim(7, 6, 3), 5 + 6 + 12);
+        let mut out = [9f32; 23];
+        ant.observe(&s, &mut out);
+        assert_eq!(out[11..17], [-1.0, 0.5, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(out[17..], [0.0; 6]);
+        let (r, t) = ant.outcome(0.0, 0.0, 0.05, &[0.0; 2], &s);
+        assert!(!t);
+        assert_eq!(r, 1.0 - 5e-4 * (6.0 + 1.0 + 0.25));
+        // Out of its height range (bounds included), or not finite: terminated.
+        let low = [0.0, 0.0, 0.1, 1.0, 0.0, 0.0, 0.0];
+        assert!(
+            ant.outcome(0.0, 0.0, 0.05, &[0.0; 2], &joints(&low, &qvel))
+                .1
+        );
+        let edge = [0.0, 0.0, 0.2, 1.0, 0.0, 0.0, 0.0];
+        assert!(
+            !ant.outcome(0.0, 0.0, 0.05, &[0.0; 2], &joints(&edge, &qvel))
+                .1
+        );
+        let nan = [f64::NAN, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert!(
+            ant.outcome(0.0, 0.0, 0.05, &[0.0; 2], &joints(&qpos, &nan))
+                .1
+        );
+    }
+
+    fn joints<'a>(qpos: &'a [f64], qvel: &'a [f64]) -> State<'a> {
+        State {
+            qpos,
+            qvel,
+            cinert: &[],
+            cvel: &[],
+            qfrc_actuator: &[],
+            cfrc_ext: &[],
+        }
     }
 }
