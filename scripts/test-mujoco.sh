@@ -17,6 +17,8 @@ if [ "${1:-}" = "--release" ]; then
 fi
 venv=target/mujoco-venv
 step "rust, python, build tools"
+# mujoco-rs 7 needs Rust 1.95 (the crate without the feature: 1.82).
+RUST_MIN=1.95.0
 ensure_rust
 ensure_python
 ensure_build_tools

@@ -157,6 +157,24 @@ def test_threads_step_the_same_episodes_as_one_thread() -> None:
     assert ended > n  # many episodes ended and restarted on every thread's run of envs
 
 
+def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
+    """Env ``i`` draws its reset noise from a stream seeded ``seed + i``, at launch and
+    on ``client.reset(seed=...)``: the same seed gives the same starts, another seed other
+    ones, every env its own."""
+    with launch_mujoco("HalfCheetah-v5", 3, seed=4) as client:
+        first = np.asarray(client.obs).copy()
+        assert not np.array_equal(first[0], first[1])
+        for _ in range(5):
+            client.step(np.ones((3, 6), np.float32))
+        assert not np.array_equal(np.asarray(client.obs), first)
+        client.reset(seed=4)
+        np.testing.assert_array_equal(np.asarray(client.obs), first)
+        client.reset(seed=5)
+        assert not np.array_equal(np.asarray(client.obs)[0], first[0])
+        # Seed 5 for env 0 is seed 4's stream for env 1.
+        np.testing.assert_array_equal(np.asarray(client.obs)[0], first[1])
+
+
 def test_an_unknown_task_is_refused_with_the_list() -> None:
     with pytest.raises(EngineStartError, match="HalfCheetah-v5") as e:
         launch_mujoco("Nope-v0", 1)

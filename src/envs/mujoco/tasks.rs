@@ -261,38 +261,32 @@ impl Task {
         nq - self.skip_qpos + nv + extra
     }
 
-    /// Writes the observation of `s` into `out` (`obs_dim` elements).
+    /// Writes the observation of `s` into `out` (`obs_dim` elements; a shorter `out`
+    /// gets the first ones).
     pub fn observe(&self, s: &State<'_>, out: &mut [f32]) {
         let clip = |v: f64, range: Option<(f64, f64)>| match range {
             Some((lo, hi)) => v.clamp(lo, hi),
             None => v,
         };
-        let qvel = s
-            .qvel
-            .iter()
-            .map(|v| clip(*v, self.clip_qvel.map(|c| (-c, c))));
-        let mut values: Box<dyn Iterator<Item = f64> + '_> =
-            Box::new(s.qpos[self.skip_qpos..].iter().copied().chain(qvel));
+        let mut slots = out.iter_mut();
+        let mut put = |values: &mut dyn Iterator<Item = f64>| {
+            // `values` first: zip stops at its end without taking another slot.
+            for (v, o) in values.zip(&mut slots) {
+                *o = v as f32;
+            }
+        };
+        put(&mut s.qpos[self.skip_qpos..].iter().copied());
+        let qvel_range = self.clip_qvel.map(|c| (-c, c));
+        put(&mut s.qvel.iter().map(|v| clip(*v, qvel_range)));
         for extra in self.extras {
-            values = match *extra {
-                Extra::Cinert => Box::new(values.chain(s.cinert.iter().skip(1).flatten().copied())),
-                Extra::Cvel => Box::new(values.chain(s.cvel.iter().skip(1).flatten().copied())),
-                Extra::QfrcActuator => {
-                    Box::new(values.chain(s.qfrc_actuator.iter().skip(6).copied()))
+            match *extra {
+                Extra::Cinert => put(&mut s.cinert.iter().skip(1).flatten().copied()),
+                Extra::Cvel => put(&mut s.cvel.iter().skip(1).flatten().copied()),
+                Extra::QfrcActuator => put(&mut s.qfrc_actuator.iter().skip(6).copied()),
+                Extra::CfrcExt(range) => {
+                    put(&mut s.cfrc_ext.iter().skip(1).flatten().map(|v| clip(*v, range)))
                 }
-                Extra::CfrcExt(range) => Box::new(
-                    values.chain(
-                        s.cfrc_ext
-                            .iter()
-                            .skip(1)
-                            .flatten()
-                            .map(move |v| clip(*v, range)),
-                    ),
-                ),
-            };
-        }
-        for (o, v) in out.iter_mut().zip(values) {
-            *o = v as f32;
+            }
         }
     }
 
