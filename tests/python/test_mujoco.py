@@ -104,6 +104,8 @@ def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
             dict(env=0, qpos="1,2", qvel=state["qvel"]),  # wrong length
             dict(env=0, qpos=state["qpos"].replace(state["qpos"].split(",")[0], "nan", 1), qvel=state["qvel"]),
             dict(env=0, qpos="a,b,c,d,e,f", qvel=state["qvel"]),
+            dict(env=0, qpos=state["qpos"], qvel="1e300,0,0,0,0,0"),  # past MuJoCo's mjMAXVAL
+            dict(env=0, qpos=state["qpos"], qvel=state["qvel"], time="inf"),
             dict(env=0, qvel=state["qvel"]),  # qpos missing
         ]
         before = client.call("get_state", env=0)
@@ -113,6 +115,22 @@ def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
         assert client.call("get_state", env=0) == before
         with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
             client.call("set_control")
+
+
+def test_hostile_actions_do_not_stop_the_engine() -> None:
+    """NaN, infinite and huge controls: MuJoCo zeroes bad controls (its mjWARN_BADCTRL)
+    and the engine serves on; the reward is what Gymnasium's formula gives for them (NaN,
+    -inf); the next steps with good actions are finite everywhere."""
+    with launch_mujoco("Hopper-v5", 3) as client:
+        bad = np.array([[np.nan, 0, 0], [np.inf, -np.inf, 1e30], [0.1, 0.1, 0.1]], np.float32)
+        _, rewards, _, _ = client.step(bad)
+        rewards = np.asarray(rewards).copy()
+        assert np.isnan(rewards[0]) and rewards[1] == -np.inf and np.isfinite(rewards[2])
+        assert np.isfinite(np.asarray(client.obs)).all()
+        for _ in range(5):
+            _, rewards, _, _ = client.step(np.zeros((3, 3), np.float32))
+            assert np.isfinite(np.asarray(rewards)).all()
+        assert np.isfinite(np.asarray(client.obs)).all()
 
 
 def test_sharded_engines_serve_their_own_envs() -> None:

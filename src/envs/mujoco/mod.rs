@@ -367,12 +367,16 @@ fn missing(key: &str) -> CommandError {
     CommandError::bad_request(format!("missing argument '{key}'"))
 }
 
+/// MuJoCo's `mjMAXVAL`: a state past it makes `mj_step` warn and reset the env.
+const MAX_VALUE: f64 = 1e10;
+
+/// `v` if finite and within [`MAX_VALUE`], else a bad request.
 fn finite(v: f64, key: &str) -> Result<f64, CommandError> {
-    if v.is_finite() {
+    if v.is_finite() && v.abs() <= MAX_VALUE {
         Ok(v)
     } else {
         Err(CommandError::bad_request(format!(
-            "{key}: {v} is not finite"
+            "{key}: {v} is not a finite number within ±{MAX_VALUE:e} (MuJoCo's mjMAXVAL)"
         )))
     }
 }
