@@ -147,21 +147,38 @@ fn load_model(task: &Task) -> Result<MjModel> {
             task.id
         ))
     })?;
-    let path = PathBuf::from(dir).join(task.xml);
+    load_model_from(task, &PathBuf::from(dir))
+}
+
+/// Loads `task`'s model file from `dir` and checks that it has what the task reads (a
+/// file there may be another model than Gymnasium's): the positions, bodies and
+/// velocities the task indexes.
+fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
+    let path = dir.join(task.xml);
+    let bad = |what: String| {
+        Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
+    };
     if !path.is_file() {
-        return Err(Error::InvalidSpec(format!(
-            "{PREFIX}{}: no model file {} (is gymnasium[mujoco] >= 1.0 installed?)",
-            task.id,
-            path.display()
+        return Err(bad(
+            "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
+        ));
+    }
+    let model = MjModel::from_xml(&path).map_err(|e| bad(format!("loading: {e}")))?;
+    let m = model.ffi();
+    let (nq, nv, nu, nbody) = (
+        m.nq as usize,
+        m.nv as usize,
+        m.nu as usize,
+        m.nbody as usize,
+    );
+    let (need_nq, need_nbody) = task.needs();
+    if nq < need_nq || nv == 0 || nbody < need_nbody || nu == 0 {
+        return Err(bad(format!(
+            "not the task's model: nq {nq}, nv {nv}, nu {nu}, nbody {nbody}; the task reads \
+             at least {need_nq} positions, {need_nbody} bodies and one actuator"
         )));
     }
-    MjModel::from_xml(&path).map_err(|e| {
-        Error::InvalidSpec(format!(
-            "{PREFIX}{}: loading {}: {e}",
-            task.id,
-            path.display()
-        ))
-    })
+    Ok(model)
 }
 
 /// The spec of engine `name` with `num_envs` envs (loads the model, builds no env).
@@ -610,5 +627,30 @@ impl CommandHandler for MujocoEnv {
                 &["model_info", "get_state", "set_state"],
             )),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A model file that is not the task's (one slide joint) is refused, not indexed past
+    /// its end.
+    #[test]
+    fn a_model_without_what_the_task_reads_is_refused() {
+        let dir = std::env::temp_dir().join(format!("shmbridge-mujoco-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("hopper.xml"),
+            r#"<mujoco><worldbody><body><joint name="j" type="slide"/><geom size="0.1"/></body></worldbody>
+               <actuator><motor joint="j"/></actuator></mujoco>"#,
+        )
+        .unwrap();
+        let hopper = tasks::task("Hopper-v5").unwrap();
+        let e = load_model_from(hopper, &dir).unwrap_err();
+        assert!(e.to_string().contains("not the task's model"), "{e}");
+        let e = load_model_from(tasks::task("Ant-v5").unwrap(), &dir).unwrap_err();
+        assert!(e.to_string().contains("no such model file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -245,6 +245,21 @@ pub fn task(id: &str) -> Option<&'static Task> {
 }
 
 impl Task {
+    /// The positions (`qpos` elements) and bodies (the world included) a model needs for
+    /// this task: what its observation, reward and health read by index.
+    pub fn needs(&self) -> (usize, usize) {
+        let health = match self.health {
+            Health::Always => 1,
+            Health::Pendulum => 2,
+            Health::Upright { .. } | Health::Height { .. } => 3,
+        };
+        let bodies = match self.position {
+            Position::Body(b) => b + 1,
+            Position::Qpos0 | Position::MassCenter => 1,
+        };
+        (health.max(self.skip_qpos), bodies)
+    }
+
     /// The observation's length for a model with `nq` positions, `nv` velocities and
     /// `nbody` bodies (the world included).
     pub fn obs_dim(&self, nq: usize, nv: usize, nbody: usize) -> usize {
