@@ -193,6 +193,36 @@ def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
         np.testing.assert_array_equal(np.asarray(client.obs)[0], first[1])
 
 
+def test_gymnasium_make_vec_native_serves_the_native_engine() -> None:
+    """``gymnasium.make_vec("shmbridge/<id>", native=True)``: a Gymnasium vector env over
+    the native engine, same-step autoreset (``final_obs`` in the infos), the spaces from
+    the engine; what it cannot honour is refused before anything starts."""
+    with pytest.raises(ValueError, match="same-step"):
+        gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=2, native=True, autoreset_mode="next-step")
+    with pytest.raises(TypeError, match="ctrl_cost_weight"):
+        gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=2, native=True, ctrl_cost_weight=0.0)
+    try:
+        envs = gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=3, native=True, seed=2, threads=2)
+    except EngineStartError as e:
+        if "without the `mujoco` feature" in str(e):
+            pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)")
+        raise
+    try:
+        assert envs.single_observation_space.shape == (11,)
+        assert envs.single_action_space.shape == (3,)
+        assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
+        obs, _ = envs.reset(seed=2)
+        ended = False
+        for _ in range(200):
+            obs, rewards, terminated, truncated, infos = envs.step(envs.action_space.sample())
+            if terminated.any():
+                ended = True
+                assert "final_obs" in infos
+        assert ended and obs.shape == (3, 11) and np.isfinite(obs).all()
+    finally:
+        envs.close()
+
+
 def test_an_unknown_task_is_refused_with_the_list() -> None:
     with pytest.raises(EngineStartError, match="HalfCheetah-v5") as e:
         launch_mujoco("Nope-v0", 1)
