@@ -4,6 +4,7 @@
 //! the `pixels` engine (`VulkanUnavailable`) before any shader is made, and the env's
 //! source needs no feature of its own. Nothing outside Cargo is run or downloaded.
 //! With the `loom` feature: `cfg(loom)` for this crate (src/primitive.rs).
+//! With the `mujoco` feature: run paths to libmujoco.so for what links it (docs/mujoco.md).
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels/pixels.wgsl");
@@ -11,6 +12,15 @@ fn main() {
     // The `loom` feature: `cfg(loom)` for this crate only (see Cargo.toml).
     if std::env::var_os("CARGO_FEATURE_LOOM").is_some() {
         println!("cargo:rustc-cfg=loom");
+    }
+    // The `mujoco` feature: the loader finds libmujoco.so.3.17.0 next to the extension
+    // module (site-packages/mujoco/, the `mujoco` wheel's) or where it was linked from.
+    if std::env::var_os("CARGO_FEATURE_MUJOCO").is_some() {
+        println!("cargo:rerun-if-env-changed=MUJOCO_DYNAMIC_LINK_DIR");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../mujoco");
+        if let Some(dir) = std::env::var_os("MUJOCO_DYNAMIC_LINK_DIR") {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.to_string_lossy());
+        }
     }
     #[cfg(feature = "vulkan")]
     pixels_spirv();

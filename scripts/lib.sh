@@ -153,6 +153,24 @@ ensure_build_tools() {
     fi
 }
 
+# The native MuJoCo engine's library (the `mujoco` cargo feature, docs/mujoco.md):
+# `ensure_mujoco VENV` installs PyPI's mujoco wheel, which ships libmujoco.so.3.17.0 and
+# its headers, and Gymnasium (the model files and the reference the alignment tests
+# compare with) into VENV, links the library into target/mujoco-lib under the names
+# mujoco-rs's build script and the loader look for, and exports MUJOCO_DYNAMIC_LINK_DIR.
+MUJOCO_PIN="mujoco==3.17.0"
+ensure_mujoco() {
+    local venv=$1 lib
+    make_venv "$venv"
+    "$venv/bin/python" -m pip install -q "$MUJOCO_PIN" "gymnasium[mujoco]>=1.0" numpy pytest \
+        2>&1 | { grep -v "Running pip as the 'root' user" || true; }
+    lib=$("$venv/bin/python" -c 'import glob, os, mujoco; print(glob.glob(os.path.join(os.path.dirname(mujoco.__file__), "libmujoco.so.*"))[0])')
+    mkdir -p target/mujoco-lib
+    ln -sf "$lib" target/mujoco-lib/libmujoco.so
+    ln -sf "$lib" "target/mujoco-lib/$(basename "$lib")"
+    export MUJOCO_DYNAMIC_LINK_DIR=$PWD/target/mujoco-lib
+}
+
 # A Vulkan loader and Mesa's CPU driver lavapipe, so the Vulkan tests (tests/vulkan.rs)
 # run on a machine without a GPU.
 ensure_vulkan() {

@@ -29,6 +29,8 @@
 #                   of fuzzing (the command reader and the header validation).
 #   smoke runs      the benchmarks (no timing checked), a 1-minute soak, the build without
 #                   the cuda and vulkan features.
+#   mujoco          the native MuJoCo engine built with the `mujoco` feature, against
+#                   Gymnasium's envs for 1,000 steps per task (scripts/test-mujoco.sh).
 #   leftovers       nothing of this run left in /dev/shm or bound as an fd socket.
 # Everything runs in the region namespace SHMBRIDGE_NAMESPACE (docs/protocol.md 1.1) given
 # to the script, or a fresh one, so two runs on one machine never touch each other's
@@ -133,6 +135,9 @@ cargo run --locked -q -p shmbridge-header -- --check
 
 step "the build without the cuda and vulkan features"
 cargo check --locked --all-targets
+
+step "the native MuJoCo engine (cargo feature mujoco; MuJoCo from PyPI's wheel): its unit tests and the alignment with Gymnasium's envs (scripts/test-mujoco.sh)"
+bash scripts/test-mujoco.sh
 
 step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
 # The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies

@@ -162,6 +162,9 @@ struct EngineArgs {
     /// and a Vulkan driver; pixels' default, drawn by its compute shader).
     #[arg(long, value_parser = ["host", "vulkan"])]
     image_device: Option<String>,
+    /// mujoco/<Task>: threads that step a shard's envs, each a contiguous slice (default 1).
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=256))]
+    threads: Option<u32>,
     /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -288,6 +291,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             seed: a.seed,
             image: a.image,
             frame_stack: a.frame_stack,
+            threads: a.threads,
             image_device: a.image_device.as_deref().map(|d| match d {
                 "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),
                 _ => crate::device::Device::Host,

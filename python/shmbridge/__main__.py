@@ -20,10 +20,28 @@ def main(argv=None, prog: str = "shmbridge") -> int:
         from .view import main as _view
 
         return _view(args[1:], prog=f"{prog} view")
+    if args[:1] == ["engine"]:
+        _mujoco_assets()
     try:
         return _cli([prog, *args])
     except KeyboardInterrupt:
         return 130
+
+
+def _mujoco_assets() -> None:
+    """The native MuJoCo engines (``--env mujoco/<Task>``) read Gymnasium's model files
+    at run time: ``SHMBRIDGE_MUJOCO_ASSETS`` names their folder, taken from the installed
+    ``gymnasium`` package (found without importing it) unless already set."""
+    import os
+    from importlib.util import find_spec
+
+    if "SHMBRIDGE_MUJOCO_ASSETS" in os.environ:
+        return
+    spec = find_spec("gymnasium")
+    if spec is not None and spec.submodule_search_locations:
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "envs", "mujoco", "assets")
+        if os.path.isdir(folder):
+            os.environ["SHMBRIDGE_MUJOCO_ASSETS"] = folder
 
 
 if __name__ == "__main__":

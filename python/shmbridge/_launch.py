@@ -159,7 +159,7 @@ def _attach_shards(
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
-     "idle_timeout"}
+     "idle_timeout", "threads"}
 )
 
 
@@ -223,7 +223,7 @@ def _check_device(device: str) -> str:
 # bool is not an int here), strings passed as they are.
 _ENGINE_ARG_TYPES = {
     "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str, "frame_stack": int,
-    "image_device": str, "name": str, "idle_timeout": float,
+    "image_device": str, "name": str, "idle_timeout": float, "threads": int,
 }
 
 
@@ -299,7 +299,8 @@ def launch(
     (pixels: ``rgb`` is ``[num_envs, frame_stack, H, W, C]``, the last frames of each
     env, oldest first; default 2), ``image_device`` (``"vulkan"``: ``rgb`` in Vulkan
     memory the engine exports, pixels' default; ``"host"``: in the region, null's
-    default), ``name``, ``idle_timeout``). ``importer``: as for
+    default), ``threads`` (``mujoco/<Task>``: threads stepping each shard's envs, default
+    1; docs/mujoco.md), ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm. The engine

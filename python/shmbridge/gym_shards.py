@@ -72,26 +72,60 @@ def make_vec(
     num_envs: int = 16,
     shards: Optional[int] = None,
     seed: Optional[int] = None,
-    autoreset_mode: str = "next-step",
+    autoreset_mode: Optional[str] = None,
     copy: bool = True,
     render_mode: Optional[str] = None,
+    native: bool = False,
     **kwargs: Any,
 ) -> Any:
     """A :class:`shmbridge.gym.ShmVectorEnv` over :func:`launch_gym` (what
     ``gymnasium.make_vec("shmbridge/<id>", num_envs=N, **kwargs)`` makes: Gymnasium hands
     a vector entry point the keyword arguments of ``make_vec`` (``shards``, ``seed``,
-    ``autoreset_mode``, ``copy``, ``spin_us``, ``blocking``, ``timeout``; the others go to
-    ``gymnasium.make``), not ``vector_kwargs``)."""
+    ``autoreset_mode`` (default ``"next-step"``), ``copy``, ``spin_us``, ``blocking``,
+    ``timeout``; the others go to ``gymnasium.make``), not ``vector_kwargs``).
+
+    ``native=True``: over the native MuJoCo engine instead, ``launch("mujoco/<id>")``
+    (docs/mujoco.md; a build with the cargo feature ``mujoco``): the task with Gymnasium's
+    default arguments (no ``gymnasium.make`` arguments), same-step autoreset, ``threads``
+    as well as ``shards``."""
     from .gym import ShmVectorEnv
 
     if render_mode is not None:
         raise ValueError(f"render_mode={render_mode!r}: shmbridge vector envs do not render")
     launch_keys = {"spin_us", "blocking", "timeout"}
     launch = {k: kwargs.pop(k) for k in list(kwargs) if k in launch_keys}
-    client = launch_gym(
-        env_id, num_envs, shards, seed=seed, autoreset_mode=autoreset_mode, **launch, **kwargs
-    )
+    if native:
+        client = _launch_native(env_id, num_envs, shards, seed, autoreset_mode, launch, kwargs)
+    else:
+        client = launch_gym(
+            env_id, num_envs, shards, seed=seed, autoreset_mode=autoreset_mode or "next-step", **launch, **kwargs
+        )
     return ShmVectorEnv(client=client, close_client=True, seed=seed, copy=copy)
+
+
+def _launch_native(
+    env_id: EnvTarget, num_envs: int, shards: Optional[int], seed: Optional[int],
+    autoreset_mode: Optional[str], launch_args: Dict[str, Any], kwargs: Dict[str, Any],
+) -> Any:
+    """``make_vec(..., native=True)``'s client: ``launch("mujoco/<env_id>")``, or
+    ``TypeError``/``ValueError`` for what the native engine does not take."""
+    from ._launch import launch
+
+    if not isinstance(env_id, str):
+        raise TypeError(f"native=True needs a Gymnasium id such as 'HalfCheetah-v5', not {type(env_id).__name__}")
+    if autoreset_mode not in (None, "same-step"):
+        raise ValueError(
+            f"native=True: the native MuJoCo engine resets an env in the step it ends "
+            f"(autoreset_mode='same-step'), not {autoreset_mode!r}"
+        )
+    threads = kwargs.pop("threads", None)
+    if kwargs:
+        raise TypeError(
+            f"native=True takes no arguments of gymnasium.make ({sorted(kwargs)}): the native "
+            f"engine runs {env_id} with Gymnasium's defaults"
+        )
+    engine_args: Dict[str, Any] = {k: v for k, v in (("seed", seed), ("threads", threads)) if v is not None}
+    return launch(f"mujoco/{env_id}", num_envs, shards=shards or 1, **launch_args, **engine_args)
 
 
 # ---- the shard process ---------------------------------------------------------------

@@ -16,6 +16,8 @@
 pub mod cartpole;
 pub mod gpu;
 pub mod kernels;
+#[cfg(feature = "mujoco")]
+pub mod mujoco;
 pub mod null;
 pub mod pixels;
 mod registry;

@@ -106,7 +106,23 @@ pub const REFERENCE_ENGINES: &[Entry] = &[
     Entry::of::<null::NullEnv>(),
     Entry::of::<cartpole::CartPole>(),
     Entry::of::<pixels::Pixels>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::HalfCheetah>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::InvertedPendulum>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::Hopper>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::Walker2d>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::Ant>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::Humanoid>(),
 ];
+
+/// What the names of the native MuJoCo engines (src/envs/mujoco/) start with: a build
+/// without the `mujoco` feature has no entry of theirs and says why.
+const MUJOCO_PREFIX: &str = "mujoco/";
 
 /// The reference engine called `name`; `InvalidSpec` naming the known ones otherwise.
 pub fn find(name: &str) -> Result<&'static Entry> {
@@ -114,6 +130,12 @@ pub fn find(name: &str) -> Result<&'static Entry> {
         .iter()
         .find(|e| e.name == name)
         .ok_or_else(|| {
+            if name.starts_with(MUJOCO_PREFIX) && !cfg!(feature = "mujoco") {
+                return Error::InvalidSpec(format!(
+                    "'{name}': this shmbridge was built without the `mujoco` feature \
+                     (docs/mujoco.md)"
+                ));
+            }
             let known: Vec<&str> = REFERENCE_ENGINES.iter().map(|e| e.name).collect();
             Error::InvalidSpec(format!(
                 "unknown env '{name}' (reference envs: {})",

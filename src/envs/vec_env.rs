@@ -93,6 +93,8 @@ pub struct EnvOptions {
     pub image: Option<[u64; 3]>,
     /// `pixels`: the frames per env in `rgb` (default `pixels::DEFAULT_STACK`).
     pub frame_stack: Option<u32>,
+    /// `mujoco/<Task>`: threads stepping the envs (default 1).
+    pub threads: Option<u32>,
     /// Where `rgb` lives: `Host` (with the env's other tensors; `null`'s default) or
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
     /// exports, mapped on the engine's CPU, path a; `pixels`' default).

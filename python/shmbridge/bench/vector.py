@@ -13,7 +13,11 @@ Gymnasium default everywhere):
   process per env (Gymnasium's default);
 * ``SyncVectorEnv``: every env in this process (the one-core baseline);
 * ``EnvPool``: ``envpool.make("CartPole-v1", env_type="gymnasium")`` (C++ threads in this
-  process; the ceiling), CartPole only, when envpool is installed.
+  process; the ceiling), CartPole only, when envpool is installed;
+* ``native K=k``: ``ShmVectorEnv`` over ``shmbridge.launch("mujoco/<id>", N, shards=k)``,
+  the native MuJoCo engine (docs/mujoco.md), and ``native K=1 T=2`` (one shard, 2
+  threads), for the MuJoCo workloads where shmbridge was built with the ``mujoco``
+  feature (else left out, saying so).
 
 Every contender of a workload is started first, then the rounds interleave them (each
 runs a block of steps per round, the order rotated every round), so load on the machine
@@ -125,7 +129,10 @@ class NullContender:
         self.client.close()
 
 
-CONTENDERS = ("shmbridge", "async", "sync", "envpool")
+CONTENDERS = ("shmbridge", "native", "async", "sync", "envpool")
+
+#: The workloads the native MuJoCo engine serves (``mujoco/<id>``).
+NATIVE = ("HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5")
 
 
 def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[str]) -> List[Any]:
@@ -143,6 +150,21 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[st
             lambda k=k: ShmVectorEnv(client=shmbridge.launch_gym(env_id, n, k), close_client=True),
             n, k,
         ))
+    native = [(k, 1) for k in shard_counts if k <= n] + ([(1, 2)] if n > 1 else [])
+    for k, t in native if "native" in which and env_id in NATIVE else []:
+        label = f"native K={k}" + (f" T={t}" if t > 1 else "")
+        try:
+            out.append(Contender(
+                label,
+                lambda k=k, t=t: ShmVectorEnv(
+                    client=shmbridge.launch(f"mujoco/{env_id}", n, shards=k, threads=t), close_client=True),
+                n, k * t,
+            ))
+        except shmbridge.errors.EngineStartError as e:
+            if "without the `mujoco` feature" not in str(e):
+                raise
+            log(f"bench vector: no native {env_id}: shmbridge was built without the `mujoco` feature")
+            break
     fns = [lambda: gymnasium.make(env_id) for _ in range(n)]
     if "async" in which:
         out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The native MuJoCo engine (cargo feature `mujoco`, docs/mujoco.md): installs MuJoCo
+# (PyPI's mujoco==3.17.0 wheel) and Gymnasium into target/mujoco-venv, builds the Python
+# extension with the feature into that venv, and runs its tests (the alignment with
+# Gymnasium's envs), after the engine's Rust unit tests. `--release`: the extension in the wheel's release profile (for
+# benchmarks; minutes longer to build), else the dev profile. Extra arguments go to pytest.
+#
+#   bash scripts/test-mujoco.sh [--release] [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+profile=dev
+if [ "${1:-}" = "--release" ]; then
+    profile=wheel
+    shift
+fi
+venv=target/mujoco-venv
+step "rust, python, build tools"
+# mujoco-rs 7 needs Rust 1.95 (the crate without the feature: 1.82).
+RUST_MIN=1.95.0
+ensure_rust
+ensure_python
+ensure_build_tools
+step "mujoco and gymnasium into $venv"
+ensure_mujoco "$venv"
+step "the engine's unit tests and the registry's with its tasks (cargo test --features mujoco)"
+# Gymnasium's model files, as `python -m shmbridge engine` finds them.
+SHMBRIDGE_MUJOCO_ASSETS=$("$venv/bin/python" -c 'import os, gymnasium; print(os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets"))')
+export SHMBRIDGE_MUJOCO_ASSETS
+cargo test --locked --features mujoco --lib envs::
+step "the extension with --features mujoco ($profile profile)"
+rm -rf target/mujoco-wheel
+# --auditwheel skip: libmujoco.so stays the mujoco wheel's (found through the run path
+# $ORIGIN/../mujoco), not copied into this wheel.
+target/build-tools/bin/maturin build --locked --profile "$profile" -F python,cuda,vulkan,mujoco \
+    --auditwheel skip --out target/mujoco-wheel
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps target/mujoco-wheel/shmbridge-*.whl \
+    2>&1 | { grep -v "Running pip as the 'root' user" || true; }
+step "pytest tests/python/test_mujoco.py"
+export SHMBRIDGE_NAMESPACE=${SHMBRIDGE_NAMESPACE:-mujoco}
+cd tests/python
+"../../$venv/bin/python" -m pytest -q -rs test_mujoco.py "$@"

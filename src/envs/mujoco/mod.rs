@@ -1,0 +1,691 @@
+//! `mujoco/<Task>`: a native MuJoCo engine (the `mujoco` feature; docs/mujoco.md). One
+//! MJCF model, N `mjData`, stepped in this process through MuJoCo 3.17's C API
+//! (`mujoco-rs`), with Gymnasium's `-v5` tasks ([`tasks`]): same model files (read at run
+//! time from the installed `gymnasium` package), frame skip, observations, rewards,
+//! terminations, truncation at 1000 steps and reset noise. Reset noise comes from each
+//! env's own PCG stream (env `i` seeded with `seed + first_env + i`): the same seed gives
+//! the same episodes here, not the ones Gymnasium's NumPy generator gives.
+//!
+//! Tensors: `obs [N, obs_dim] f32` (Gymnasium's observation, as f32), `actions [N, nu]
+//! f32` (the controls, `ctrl`; MuJoCo clamps them to `ctrlrange`, the reward's control
+//! cost uses them as given, as Gymnasium does), `rewards`, `terminated`, `truncated`,
+//! `reset_mask`, and `final_obs` (the observation before an autoreset, as `cartpole`).
+//! Autoreset in the same step, like `cartpole`. `EnvOptions::threads` (`--threads`,
+//! `launch(..., threads=T)`): T scoped threads per step, each stepping a contiguous run
+//! of envs and writing only its rows; the ended episodes are recorded after they join.
+//!
+//! Commands (`client.call`): `model_info` (sizes, timestep, frame skip and the names of
+//! bodies, joints, actuators, sensors and cameras), `get_state(env)` and
+//! `set_state(env, qpos, qvel[, act][, time])` (comma-separated numbers, written with
+//! Rust's shortest round-trip formatting, so a get/set pair is exact), and `Reset`
+//! (seeded as `cartpole`). `env` is the region's env index; a shard answers for its own.
+
+pub mod tasks;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mujoco_rs::wrappers::{MjData, MjModel, MjtObjBase};
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg32;
+
+use self::tasks::{Position, ResetNoise, State, Task};
+use super::vec_env::{EnvOptions, VecEnv};
+use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
+use crate::engine::EngineSpec;
+use crate::error::{Error, Result};
+use crate::layout::{DType, Direction};
+use crate::tensor::Tensors;
+
+/// The variable naming the folder of Gymnasium's MuJoCo model files
+/// (`.../gymnasium/envs/mujoco/assets`). `python -m shmbridge engine` sets it from the
+/// installed `gymnasium` package when it is not set.
+pub const ASSETS_VAR: &str = "SHMBRIDGE_MUJOCO_ASSETS";
+
+/// The prefix of the engine names (`mujoco/HalfCheetah-v5`).
+pub const PREFIX: &str = "mujoco/";
+
+type Data = MjData<Arc<MjModel>>;
+
+/// One env: its MuJoCo data, episode counters and noise stream.
+struct Env {
+    data: Data,
+    steps: u32,
+    episode_return: f64,
+    rng: Pcg32,
+}
+
+impl Env {
+    /// Gymnasium's `reset`: `mj_resetData`, then `qpos0`/zero velocities plus the task's
+    /// noise, then `mj_forward`.
+    fn reset(&mut self, task: &Task) {
+        self.data.reset();
+        self.steps = 0;
+        self.episode_return = 0.0;
+        let (rng, data) = (&mut self.rng, &mut self.data);
+        let scale = match task.noise {
+            ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
+        };
+        for q in data.qpos_mut() {
+            *q += rng.random_range(-scale..scale);
+        }
+        for v in data.qvel_mut() {
+            *v += match task.noise {
+                ResetNoise::Uniform(s) => rng.random_range(-s..s),
+                ResetNoise::UniformNormal(s) => s * standard_normal(rng),
+            };
+        }
+        data.forward();
+    }
+
+    fn observe(&self, task: &Task, out: &mut [f32]) {
+        task.observe(&self.state(), out);
+    }
+
+    fn state(&self) -> State<'_> {
+        let d = &self.data;
+        State {
+            qpos: d.qpos(),
+            qvel: d.qvel(),
+            cinert: d.cinert(),
+            cvel: d.cvel(),
+            qfrc_actuator: d.qfrc_actuator(),
+            cfrc_ext: d.cfrc_ext(),
+        }
+    }
+
+    /// The x position whose change the task rewards.
+    fn x_position(&self, task: &Task) -> f64 {
+        let d = &self.data;
+        match task.position {
+            Position::Qpos0 => d.qpos()[0],
+            Position::Body(b) => d.xpos()[b][0],
+            Position::MassCenter => {
+                let mass = d.model().body_mass();
+                let moment: f64 = mass.iter().zip(d.xipos()).map(|(m, p)| m * p[0]).sum();
+                moment / mass.iter().sum::<f64>()
+            }
+        }
+    }
+}
+
+/// The registry's entries ([`super::registry::REFERENCE_ENGINES`]): one type per task,
+/// named `mujoco/<Task>`, whose options are the flags every front door shares (the seed,
+/// the slice, `threads`).
+macro_rules! references {
+    ($($ty:ident => $name:literal),* $(,)?) => {$(
+        #[doc = concat!("`", $name, "` as a reference engine.")]
+        pub struct $ty;
+
+        impl super::registry::Reference for $ty {
+            const NAME: &'static str = $name;
+            const DESCRIPTION: &'static str =
+                "Gymnasium's MuJoCo task of that name, stepped natively (docs/mujoco.md)";
+            type Options = EnvOptions;
+            fn options(flags: &EnvOptions) -> EnvOptions {
+                flags.clone()
+            }
+            fn spec(num_envs: u32, _: &EnvOptions) -> Result<EngineSpec> {
+                spec($name, num_envs)
+            }
+            fn build(num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
+                Ok(Box::new(MujocoEnv::new($name, num_envs, options)?))
+            }
+        }
+    )*};
+}
+
+references! {
+    HalfCheetah => "mujoco/HalfCheetah-v5",
+    InvertedPendulum => "mujoco/InvertedPendulum-v5",
+    Hopper => "mujoco/Hopper-v5",
+    Walker2d => "mujoco/Walker2d-v5",
+    Ant => "mujoco/Ant-v5",
+    Humanoid => "mujoco/Humanoid-v5",
+}
+
+pub struct MujocoEnv {
+    task: &'static Task,
+    model: Arc<MjModel>,
+    envs: Vec<Env>,
+    first_env: u32,
+    obs_dim: usize,
+    nu: usize,
+    /// `timestep * frame_skip`, Gymnasium's `dt`.
+    dt: f64,
+    /// Threads stepping the envs, each a contiguous run of them.
+    threads: usize,
+}
+
+/// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
+fn task_of(name: &str) -> Result<&'static Task> {
+    name.strip_prefix(PREFIX)
+        .and_then(tasks::task)
+        .ok_or_else(|| {
+            let known: Vec<String> = tasks::TASKS
+                .iter()
+                .map(|t| format!("{PREFIX}{}", t.id))
+                .collect();
+            Error::InvalidSpec(format!(
+                "unknown MuJoCo env '{name}' (native MuJoCo envs: {})",
+                known.join(", ")
+            ))
+        })
+}
+
+/// Loads the model file of `task` from Gymnasium's assets folder ([`ASSETS_VAR`]).
+fn load_model(task: &Task) -> Result<MjModel> {
+    let dir = std::env::var_os(ASSETS_VAR).ok_or_else(|| {
+        Error::InvalidSpec(format!(
+            "{PREFIX}{}: {ASSETS_VAR} is not set: it names Gymnasium's MuJoCo assets folder \
+             (python -m shmbridge engine and launch() set it where gymnasium is installed)",
+            task.id
+        ))
+    })?;
+    load_model_from(task, &PathBuf::from(dir))
+}
+
+/// Loads `task`'s model file from `dir` and checks that it has what the task reads (a
+/// file there may be another model than Gymnasium's): the positions, bodies and
+/// velocities the task indexes.
+fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
+    let path = dir.join(task.xml);
+    let bad = |what: String| {
+        Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
+    };
+    if !path.is_file() {
+        return Err(bad(
+            "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
+        ));
+    }
+    let model = MjModel::from_xml(&path).map_err(|e| bad(format!("loading: {e}")))?;
+    let m = model.ffi();
+    let (nq, nv, nu, nbody) = (
+        m.nq as usize,
+        m.nv as usize,
+        m.nu as usize,
+        m.nbody as usize,
+    );
+    let (need_nq, need_nbody) = task.needs();
+    if nq < need_nq || nv == 0 || nbody < need_nbody || nu == 0 {
+        return Err(bad(format!(
+            "not the task's model: nq {nq}, nv {nv}, nu {nu}, nbody {nbody}; the task reads \
+             at least {need_nq} positions, {need_nbody} bodies and one actuator"
+        )));
+    }
+    Ok(model)
+}
+
+/// The spec of engine `name` with `num_envs` envs (loads the model, builds no env).
+pub fn spec(name: &str, num_envs: u32) -> Result<EngineSpec> {
+    let task = task_of(name)?;
+    let model = load_model(task)?;
+    Ok(spec_of(task, &model, num_envs))
+}
+
+fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
+    let m = model.ffi();
+    let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
+    let obs_dim = task.obs_dim(nq, nv, m.nbody as usize) as u64;
+    let ranges = model.actuator_ctrlrange();
+    let bound = |k: usize| {
+        ranges
+            .iter()
+            .map(|r| format!("{}", r[k] as f32))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let n = u64::from(num_envs);
+    EngineSpec::standard(
+        &format!("{PREFIX}{}", task.id),
+        num_envs,
+        obs_dim,
+        nu as u64,
+        DType::F32,
+    )
+    .metadata("env_id", task.id)
+    .metadata("autoreset_mode", "same-step")
+    .metadata("action_space", "box")
+    .metadata("action_low", &bound(0))
+    .metadata("action_high", &bound(1))
+    .metadata("max_episode_steps", &task.max_steps.to_string())
+    .metadata("final_obs", "final_obs")
+    .tensor(
+        "final_obs",
+        DType::F32,
+        &[n, obs_dim],
+        Direction::EngineToClient,
+    )
+}
+
+impl MujocoEnv {
+    /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
+    pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
+        let task = task_of(name)?;
+        let model = Arc::new(load_model(task)?);
+        let m = model.ffi();
+        let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
+        let obs_dim = task.obs_dim(nq, nv, m.nbody as usize);
+        let dt = m.opt.timestep * f64::from(task.frame_skip);
+        let mut envs = Vec::new();
+        envs.try_reserve_exact(num_envs as usize)
+            .map_err(|_| Error::InvalidSpec(format!("{name}: no memory for {num_envs} envs")))?;
+        let seed = options.seed.wrapping_add(u64::from(options.first_env));
+        for i in 0..u64::from(num_envs) {
+            let data = MjData::try_new(Arc::clone(&model)).map_err(|e| {
+                Error::InvalidSpec(format!("{name}: MuJoCo could not allocate env {i}: {e}"))
+            })?;
+            envs.push(Env {
+                data,
+                steps: 0,
+                episode_return: 0.0,
+                rng: Pcg32::seed_from_u64(seed.wrapping_add(i)),
+            });
+        }
+        let mut env = MujocoEnv {
+            task,
+            model,
+            envs,
+            first_env: options.first_env,
+            obs_dim,
+            nu,
+            dt,
+            threads: options.threads.unwrap_or(1).max(1) as usize,
+        };
+        for i in 0..num_envs as usize {
+            env.reset_one(i);
+        }
+        Ok(env)
+    }
+
+    fn reset_one(&mut self, i: usize) {
+        self.envs[i].reset(self.task);
+    }
+
+    fn observe(&self, i: usize, out: &mut [f32]) {
+        self.envs[i].observe(self.task, out);
+    }
+
+    fn write_all_obs(&self, io: &mut Tensors<'_>) -> Result<()> {
+        let d = self.obs_dim;
+        for name in ["obs", "final_obs"] {
+            let out = io.write::<f32>(name)?;
+            for (i, o) in out.chunks_exact_mut(d).enumerate() {
+                self.observe(i, o);
+            }
+        }
+        Ok(())
+    }
+
+    /// The local index of region env `env`, or a bad request.
+    fn local(&self, args: &[(String, String)]) -> Result<usize, CommandError> {
+        let env: u32 = arg(args, "env")?;
+        let n = self.envs.len() as u32;
+        env.checked_sub(self.first_env)
+            .filter(|&i| i < n)
+            .map(|i| i as usize)
+            .ok_or_else(|| {
+                CommandError::bad_request(format!(
+                    "env {env} is not served here (envs {}..{})",
+                    self.first_env,
+                    self.first_env + n
+                ))
+            })
+    }
+
+    fn model_info(&self) -> Reply {
+        let m = self.model.ffi();
+        let names = |kind: MjtObjBase, count: i64| {
+            (0..count.max(0) as usize)
+                .map(|id| self.model.id_to_name(kind, id).unwrap_or("").to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let sizes = [
+            ("nq", m.nq),
+            ("nv", m.nv),
+            ("nu", m.nu),
+            ("na", m.na),
+            ("nbody", m.nbody),
+            ("njnt", m.njnt),
+            ("nsensor", m.nsensor),
+            ("nsensordata", m.nsensordata),
+            ("ncam", m.ncam),
+        ];
+        let mut args: Vec<(String, String)> = sizes
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        args.extend([
+            ("timestep".into(), m.opt.timestep.to_string()),
+            ("frame_skip".into(), self.task.frame_skip.to_string()),
+            ("bodies".into(), names(MjtObjBase::mjOBJ_BODY, m.nbody)),
+            ("joints".into(), names(MjtObjBase::mjOBJ_JOINT, m.njnt)),
+            ("actuators".into(), names(MjtObjBase::mjOBJ_ACTUATOR, m.nu)),
+            ("sensors".into(), names(MjtObjBase::mjOBJ_SENSOR, m.nsensor)),
+            ("cameras".into(), names(MjtObjBase::mjOBJ_CAMERA, m.ncam)),
+        ]);
+        Reply::args(args)
+    }
+
+    fn get_state(&self, i: usize) -> Reply {
+        let data = &self.envs[i].data;
+        Reply::args(vec![
+            ("qpos".into(), join(data.qpos())),
+            ("qvel".into(), join(data.qvel())),
+            ("act".into(), join(data.act())),
+            ("time".into(), data.ffi().time.to_string()),
+        ])
+    }
+
+    /// Gymnasium's `set_state` (and `act`, `time` where given): the values, checked
+    /// (lengths, finite) before any is written, then `mj_forward`; the env's observation
+    /// is rewritten in `obs` and `final_obs`. Its episode goes on (steps and return kept).
+    fn set_state(
+        &mut self,
+        io: &mut Tensors<'_>,
+        i: usize,
+        args: &[(String, String)],
+    ) -> Result<(), CommandError> {
+        let m = self.model.ffi();
+        let qpos = numbers(args, "qpos", m.nq)?.ok_or_else(|| missing("qpos"))?;
+        let qvel = numbers(args, "qvel", m.nv)?.ok_or_else(|| missing("qvel"))?;
+        let act = numbers(args, "act", m.na)?;
+        let time = match args.iter().any(|(k, _)| k == "time") {
+            true => Some(finite(arg::<f64>(args, "time")?, "time")?),
+            false => None,
+        };
+        let data = &mut self.envs[i].data;
+        data.qpos_mut().copy_from_slice(&qpos);
+        data.qvel_mut().copy_from_slice(&qvel);
+        if let Some(act) = act {
+            data.act_mut().copy_from_slice(&act);
+        }
+        if let Some(t) = time {
+            // SAFETY: `time` is a plain f64 of mjData that no wrapper invariant covers.
+            unsafe { data.ffi_mut().time = t };
+        }
+        data.forward();
+        let d = self.obs_dim;
+        for name in ["obs", "final_obs"] {
+            let out = io.write::<f32>(name).map_err(CommandError::engine)?;
+            self.observe(i, &mut out[i * d..(i + 1) * d]);
+        }
+        Ok(())
+    }
+}
+
+fn missing(key: &str) -> CommandError {
+    CommandError::bad_request(format!("missing argument '{key}'"))
+}
+
+/// MuJoCo's `mjMAXVAL`: a state past it makes `mj_step` warn and reset the env.
+const MAX_VALUE: f64 = 1e10;
+
+/// `v` if finite and within [`MAX_VALUE`], else a bad request.
+fn finite(v: f64, key: &str) -> Result<f64, CommandError> {
+    if v.is_finite() && v.abs() <= MAX_VALUE {
+        Ok(v)
+    } else {
+        Err(CommandError::bad_request(format!(
+            "{key}: {v} is not a finite number within ±{MAX_VALUE:e} (MuJoCo's mjMAXVAL)"
+        )))
+    }
+}
+
+/// Argument `key` as `len` comma-separated finite numbers (`None` if absent).
+fn numbers(
+    args: &[(String, String)],
+    key: &str,
+    len: i64,
+) -> Result<Option<Vec<f64>>, CommandError> {
+    let Some((_, text)) = args.iter().find(|(k, _)| k == key) else {
+        return Ok(None);
+    };
+    let values: Vec<f64> = if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        text.split(',')
+            .map(|v| {
+                let v: f64 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| CommandError::bad_request(format!("{key}: cannot parse '{v}'")))?;
+                finite(v, key)
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if values.len() != len.max(0) as usize {
+        return Err(CommandError::bad_request(format!(
+            "{key}: {} numbers, the model has {len}",
+            values.len()
+        )));
+    }
+    Ok(Some(values))
+}
+
+fn join(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A standard normal sample (Box-Muller).
+fn standard_normal(rng: &mut Pcg32) -> f64 {
+    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln is finite
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+impl VecEnv for MujocoEnv {
+    fn spec(&self) -> EngineSpec {
+        spec_of(self.task, &self.model, self.envs.len() as u32)
+    }
+
+    fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
+        self.write_all_obs(io)
+    }
+
+    fn step(&mut self, _seq: u64, io: &mut Tensors<'_>) -> Result<()> {
+        let (d, nu) = (self.obs_dim, self.nu);
+        let all = Slice {
+            actions: io.read::<f32>("actions")?,
+            reset_mask: io.read::<u8>("reset_mask")?,
+            rewards: io.write::<f32>("rewards")?,
+            terminated: io.write::<u8>("terminated")?,
+            truncated: io.write::<u8>("truncated")?,
+            final_obs: io.write::<f32>("final_obs")?,
+            obs: io.write::<f32>("obs")?,
+        };
+        let stepper = Stepper {
+            task: self.task,
+            dt: self.dt,
+            obs_dim: d,
+            nu,
+        };
+        let n = self.envs.len();
+        let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
+        let ended: Vec<(usize, f64, u64)> = if per >= n {
+            stepper.step(&mut self.envs, all, 0)
+        } else {
+            // Contiguous slices, one per thread; each writes only its own rows.
+            let slices = all.split(per, d, nu);
+            std::thread::scope(|scope| {
+                let running: Vec<_> = self
+                    .envs
+                    .chunks_mut(per)
+                    .zip(slices)
+                    .enumerate()
+                    .map(|(k, (envs, slice))| {
+                        scope.spawn(move || stepper.step(envs, slice, k * per))
+                    })
+                    .collect();
+                running
+                    .into_iter()
+                    .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            })
+        };
+        for (i, ret, len) in ended {
+            io.episode_ended(i, ret, len)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rows of the step's tensors for a run of envs.
+struct Slice<'a> {
+    actions: &'a [f32],
+    reset_mask: &'a [u8],
+    rewards: &'a mut [f32],
+    terminated: &'a mut [u8],
+    truncated: &'a mut [u8],
+    final_obs: &'a mut [f32],
+    obs: &'a mut [f32],
+}
+
+impl<'a> Slice<'a> {
+    /// Split into runs of `per` envs (`d` observation and `nu` action elements each).
+    fn split(self, per: usize, d: usize, nu: usize) -> Vec<Slice<'a>> {
+        let mut rewards = self.rewards.chunks_mut(per);
+        let mut terminated = self.terminated.chunks_mut(per);
+        let mut truncated = self.truncated.chunks_mut(per);
+        let mut final_obs = self.final_obs.chunks_mut(per * d);
+        let mut obs = self.obs.chunks_mut(per * d);
+        self.actions
+            .chunks(per * nu)
+            .zip(self.reset_mask.chunks(per))
+            .filter_map(|(actions, reset_mask)| {
+                Some(Slice {
+                    actions,
+                    reset_mask,
+                    rewards: rewards.next()?,
+                    terminated: terminated.next()?,
+                    truncated: truncated.next()?,
+                    final_obs: final_obs.next()?,
+                    obs: obs.next()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// What a step of any run of envs needs to know (copied to each thread).
+#[derive(Clone, Copy)]
+struct Stepper {
+    task: &'static Task,
+    dt: f64,
+    obs_dim: usize,
+    nu: usize,
+}
+
+impl Stepper {
+    /// Steps `envs` (the region's envs `first..`) with their rows of `io`; returns the
+    /// episodes that ended: `(env, return, length)`, env the engine's index.
+    fn step(&self, envs: &mut [Env], io: Slice<'_>, first: usize) -> Vec<(usize, f64, u64)> {
+        let (d, nu, task) = (self.obs_dim, self.nu, self.task);
+        let mut ended = Vec::new();
+        for (i, env) in envs.iter_mut().enumerate() {
+            let obs_i = &mut io.obs[i * d..(i + 1) * d];
+            let final_i = &mut io.final_obs[i * d..(i + 1) * d];
+            if io.reset_mask[i] != 0 {
+                env.reset(task);
+                io.rewards[i] = 0.0;
+                io.terminated[i] = 0;
+                io.truncated[i] = 0;
+                env.observe(task, obs_i);
+                final_i.copy_from_slice(obs_i);
+                continue;
+            }
+            let action = &io.actions[i * nu..(i + 1) * nu];
+            let x_before = env.x_position(task);
+            for (c, a) in env.data.ctrl_mut().iter_mut().zip(action) {
+                *c = f64::from(*a);
+            }
+            for _ in 0..task.frame_skip {
+                env.data.step();
+            }
+            env.data.rne_post_constraint();
+            let x_after = env.x_position(task);
+            let (reward, term) = task.outcome(x_before, x_after, self.dt, action, &env.state());
+            env.steps += 1;
+            env.episode_return += reward;
+            let trunc = env.steps >= task.max_steps;
+            io.rewards[i] = reward as f32;
+            io.terminated[i] = term as u8;
+            io.truncated[i] = trunc as u8;
+            env.observe(task, final_i);
+            if term || trunc {
+                ended.push((first + i, env.episode_return, u64::from(env.steps)));
+                env.reset(task);
+                env.observe(task, obs_i);
+            } else {
+                obs_i.copy_from_slice(final_i);
+            }
+        }
+        ended
+    }
+}
+
+impl CommandHandler for MujocoEnv {
+    /// `Reset`: the listed envs (all if none), reseeded where seeds are given.
+    fn reset(&mut self, io: &mut Tensors<'_>, req: &ResetRequest) -> Result<(), CommandError> {
+        let (ids, seeds) = req.plan(self.envs.len() as u32)?;
+        for (k, &i) in ids.iter().enumerate() {
+            if let Some(seeds) = &seeds {
+                self.envs[i as usize].rng = Pcg32::seed_from_u64(seeds[k]);
+            }
+            self.reset_one(i as usize);
+        }
+        self.write_all_obs(io).map_err(CommandError::engine)
+    }
+
+    fn call(
+        &mut self,
+        io: &mut Tensors<'_>,
+        method: &str,
+        args: &[(String, String)],
+        _payload: &[u8],
+    ) -> Result<Reply, CommandError> {
+        match method {
+            "model_info" => Ok(self.model_info()),
+            "get_state" => Ok(self.get_state(self.local(args)?)),
+            "set_state" => {
+                let i = self.local(args)?;
+                self.set_state(io, i, args)?;
+                Ok(Reply::args(Vec::new()))
+            }
+            other => Err(CommandError::unknown_method(
+                other,
+                &["model_info", "get_state", "set_state"],
+            )),
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A model file that is not the task's (one slide joint) is refused, not indexed past
+    /// its end.
+    #[test]
+    fn a_model_without_what_the_task_reads_is_refused() {
+        let dir = std::env::temp_dir().join(format!("shmbridge-mujoco-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("hopper.xml"),
+            r#"<mujoco><worldbody><body><joint name="j" type="slide"/><geom size="0.1"/></body></worldbody>
+               <actuator><motor joint="j"/></actuator></mujoco>"#,
+        )
+        .unwrap();
+        let hopper = tasks::task("Hopper-v5").unwrap();
+        let e = load_model_from(hopper, &dir).unwrap_err();
+        assert!(e.to_string().contains("not the task's model"), "{e}");
+        let e = load_model_from(tasks::task("Ant-v5").unwrap(), &dir).unwrap_err();
+        assert!(e.to_string().contains("no such model file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,229 @@
+"""The native MuJoCo engine (``launch("mujoco/<Task>")``, the ``mujoco`` cargo feature;
+docs/mujoco.md) against Gymnasium's own env: both start from the same ``qpos``/``qvel``
+(Gymnasium's reset state, set on the engine with the ``set_state`` command) and take the
+same random actions for 1,000 steps; observations, rewards, terminations and truncations
+agree. After an episode ends, Gymnasium is reset and its new state set on the engine's
+env (whose own autoreset drew other noise: the two generators differ), and on they go.
+
+Observations: bit for bit those of Gymnasium rounded to ``float32`` (what the engine
+serves). Both step the same MuJoCo 3.17 build on the same model file, so the state agrees
+to the bit, and so does every observation element (``qpos``, ``qvel``, ``cfrc_ext``,
+``cinert``, ...) read from it. Rewards: within 1e-5, plus half an ulp of the served
+``float32`` (2**-24 relative: it matters only above about 160). The reward is arithmetic
+on that state where the order of operations differs: NumPy sums the control cost of the
+``float32`` action in ``float32`` and pairwise, the engine in ``float64`` and in order
+(HalfCheetah and Ant differ from ``float32(gymnasium's reward)`` by an ulp or so on a
+third of their steps or more).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbridge
+from shmbridge.errors import EngineStartError
+
+gymnasium = pytest.importorskip("gymnasium", reason="the alignment tests compare with gymnasium[mujoco]")
+pytest.importorskip("mujoco", reason="the alignment tests compare with gymnasium[mujoco]")
+
+TOL = 1e-5
+RTOL = 2.0**-24  # half an ulp of float32, relative
+STEPS = 1000
+TASKS = ["HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
+
+
+def launch_mujoco(task: str, num_envs: int, **kwargs):
+    try:
+        return shmbridge.launch(f"mujoco/{task}", num_envs=num_envs, **kwargs)
+    except EngineStartError as e:
+        if "without the `mujoco` feature" in str(e):
+            pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)")
+        raise
+
+
+def numbers(values) -> str:
+    """Comma-separated, each float as Python's shortest round-trip repr: exact."""
+    return ",".join(repr(float(v)) for v in values)
+
+
+def set_state(client, env: int, qpos, qvel) -> None:
+    client.call("set_state", env=env, qpos=numbers(qpos), qvel=numbers(qvel))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_native_engine_matches_gymnasium_for_1000_steps(task: str) -> None:
+    genv = gymnasium.make(task)
+    sim = genv.unwrapped
+    rng = np.random.default_rng(7)
+    # Two envs: the compared one is env 1, so a wrong index would show.
+    with launch_mujoco(task, 2, seed=3) as client:
+        low, high = genv.action_space.low, genv.action_space.high
+        gobs, _ = genv.reset(seed=11)
+        set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        np.testing.assert_array_equal(np.asarray(client.obs)[1], gobs.astype(np.float32))
+        final_obs = client["final_obs"]
+        episodes = 0
+        for step in range(STEPS):
+            actions = rng.uniform(low, high, size=(2, len(low))).astype(np.float32)
+            gobs, greward, gterm, gtrunc, _ = genv.step(actions[1])
+            _, rewards, terminated, truncated = client.step(actions)
+            ours = np.asarray(final_obs)[1]
+            where = f"{task}, step {step}"
+            np.testing.assert_array_equal(ours, gobs.astype(np.float32), err_msg=where)
+            assert abs(float(np.asarray(rewards)[1]) - greward) <= TOL + RTOL * abs(greward), where
+            assert bool(np.asarray(terminated)[1]) == gterm, where
+            assert bool(np.asarray(truncated)[1]) == gtrunc, where
+            if gterm or gtrunc:
+                episodes += 1
+                genv.reset()
+                set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        print(f"{task}: {STEPS} steps, {episodes} episodes ended")
+    genv.close()
+
+
+def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
+    with launch_mujoco("Hopper-v5", 3) as client:
+        info = client.call("model_info")
+        assert (info["nq"], info["nv"], info["nu"]) == ("6", "6", "3")
+        assert info["joints"] == "rootx,rootz,rooty,thigh_joint,leg_joint,foot_joint"
+        assert info["actuators"] == ",,"  # hopper.xml names none of its motors
+        state = client.call("get_state", env=2)
+        qpos = [float(v) for v in state["qpos"].split(",")]
+        assert len(qpos) == 6 and abs(qpos[1] - 1.25) < 0.01
+        qpos[3] = 0.1 + 1e-17 * 3  # any double: written and read back exactly
+        client.call("set_state", env=2, qpos=numbers(qpos), qvel=state["qvel"], time="1.5")
+        back = client.call("get_state", env=2)
+        assert back["qpos"] == numbers(qpos)
+        assert back["qvel"] == state["qvel"]
+        assert float(back["time"]) == 1.5
+        # The served observation follows: qpos[1:] then qvel.
+        np.testing.assert_allclose(np.asarray(client.obs)[2][:5], np.array(qpos[1:], np.float32))
+        bad = [
+            dict(env=3, qpos=state["qpos"], qvel=state["qvel"]),  # no such env
+            dict(env=0, qpos="1,2", qvel=state["qvel"]),  # wrong length
+            dict(env=0, qpos=state["qpos"].replace(state["qpos"].split(",")[0], "nan", 1), qvel=state["qvel"]),
+            dict(env=0, qpos="a,b,c,d,e,f", qvel=state["qvel"]),
+            dict(env=0, qpos=state["qpos"], qvel="1e300,0,0,0,0,0"),  # past MuJoCo's mjMAXVAL
+            dict(env=0, qpos=state["qpos"], qvel=state["qvel"], time="inf"),
+            dict(env=0, qvel=state["qvel"]),  # qpos missing
+        ]
+        before = client.call("get_state", env=0)
+        for args in bad:
+            with pytest.raises(shmbridge.errors.RemoteError):
+                client.call("set_state", **args)
+        assert client.call("get_state", env=0) == before
+        with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
+            client.call("set_control")
+
+
+def test_hostile_actions_do_not_stop_the_engine() -> None:
+    """NaN, infinite and huge controls: MuJoCo zeroes bad controls (its mjWARN_BADCTRL)
+    and the engine serves on; the reward is what Gymnasium's formula gives for them (NaN,
+    -inf); the next steps with good actions are finite everywhere."""
+    with launch_mujoco("Hopper-v5", 3) as client:
+        bad = np.array([[np.nan, 0, 0], [np.inf, -np.inf, 1e30], [0.1, 0.1, 0.1]], np.float32)
+        _, rewards, _, _ = client.step(bad)
+        rewards = np.asarray(rewards).copy()
+        assert np.isnan(rewards[0]) and rewards[1] == -np.inf and np.isfinite(rewards[2])
+        assert np.isfinite(np.asarray(client.obs)).all()
+        for _ in range(5):
+            _, rewards, _, _ = client.step(np.zeros((3, 3), np.float32))
+            assert np.isfinite(np.asarray(rewards)).all()
+        assert np.isfinite(np.asarray(client.obs)).all()
+
+
+def test_sharded_engines_serve_their_own_envs() -> None:
+    with launch_mujoco("HalfCheetah-v5", 4, shards=2, seed=5) as client:
+        assert client.shards == [(0, 2), (2, 4)]
+        obs = np.asarray(client.obs).copy()
+        # Each shard answers for its own slice, by region index.
+        s2 = client.call("get_state", env=2, shard=1)
+        qpos = np.array([float(v) for v in s2["qpos"].split(",")])
+        np.testing.assert_allclose(obs[2][:8], qpos[1:].astype(np.float32))
+        with pytest.raises(shmbridge.errors.RemoteError, match="not served here"):
+            client.call("get_state", env=2, shard=0)
+        # One engine with the same seed starts its envs where the two shards did.
+    with launch_mujoco("HalfCheetah-v5", 4, seed=5) as whole:
+        np.testing.assert_array_equal(np.asarray(whole.obs), obs)
+        for _ in range(3):
+            _, rewards, _, _ = whole.step(np.zeros((4, 6), np.float32))
+        assert np.all(np.isfinite(np.asarray(rewards)))
+
+
+def test_threads_step_the_same_episodes_as_one_thread() -> None:
+    """``threads``: each thread steps a contiguous run of envs; with the same seed and
+    actions every output agrees to the bit with one thread, through the ends and
+    autoresets of many episodes (Hopper, random actions: about 25 steps each)."""
+    n, steps = 7, 200
+    rng = np.random.default_rng(1)
+    actions = rng.uniform(-1, 1, size=(steps, n, 3)).astype(np.float32)
+    runs = []
+    for threads in (1, 3):
+        with launch_mujoco("Hopper-v5", n, seed=9, threads=threads) as client:
+            out = []
+            for a in actions:
+                _, rewards, terminated, truncated = client.step(a)
+                out.append((np.asarray(client.obs).copy(), np.asarray(client["final_obs"]).copy(),
+                            np.asarray(rewards).copy(), np.asarray(terminated).copy(), np.asarray(truncated).copy()))
+            runs.append(out)
+    ended = 0
+    for one, three in zip(*runs):
+        for x, y in zip(one, three):
+            np.testing.assert_array_equal(x, y)
+        ended += int(one[3].sum())
+    assert ended > n  # many episodes ended and restarted on every thread's run of envs
+
+
+def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
+    """Env ``i`` draws its reset noise from a stream seeded ``seed + i``, at launch and
+    on ``client.reset(seed=...)``: the same seed gives the same starts, another seed other
+    ones, every env its own."""
+    with launch_mujoco("HalfCheetah-v5", 3, seed=4) as client:
+        first = np.asarray(client.obs).copy()
+        assert not np.array_equal(first[0], first[1])
+        for _ in range(5):
+            client.step(np.ones((3, 6), np.float32))
+        assert not np.array_equal(np.asarray(client.obs), first)
+        client.reset(seed=4)
+        np.testing.assert_array_equal(np.asarray(client.obs), first)
+        client.reset(seed=5)
+        assert not np.array_equal(np.asarray(client.obs)[0], first[0])
+        # Seed 5 for env 0 is seed 4's stream for env 1.
+        np.testing.assert_array_equal(np.asarray(client.obs)[0], first[1])
+
+
+def test_gymnasium_make_vec_native_serves_the_native_engine() -> None:
+    """``gymnasium.make_vec("shmbridge/<id>", native=True)``: a Gymnasium vector env over
+    the native engine, same-step autoreset (``final_obs`` in the infos), the spaces from
+    the engine; what it cannot honour is refused before anything starts."""
+    with pytest.raises(ValueError, match="same-step"):
+        gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=2, native=True, autoreset_mode="next-step")
+    with pytest.raises(TypeError, match="ctrl_cost_weight"):
+        gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=2, native=True, ctrl_cost_weight=0.0)
+    try:
+        envs = gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=3, native=True, seed=2, threads=2)
+    except EngineStartError as e:
+        if "without the `mujoco` feature" in str(e):
+            pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)")
+        raise
+    try:
+        assert envs.single_observation_space.shape == (11,)
+        assert envs.single_action_space.shape == (3,)
+        assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
+        obs, _ = envs.reset(seed=2)
+        ended = False
+        for _ in range(200):
+            obs, rewards, terminated, truncated, infos = envs.step(envs.action_space.sample())
+            if terminated.any():
+                ended = True
+                assert "final_obs" in infos
+        assert ended and obs.shape == (3, 11) and np.isfinite(obs).all()
+    finally:
+        envs.close()
+
+
+def test_an_unknown_task_is_refused_with_the_list() -> None:
+    with pytest.raises(EngineStartError, match="HalfCheetah-v5") as e:
+        launch_mujoco("Nope-v0", 1)
+    assert "unknown MuJoCo env" in str(e.value)
