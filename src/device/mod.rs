@@ -28,6 +28,7 @@ pub mod backend;
 pub mod compute;
 pub mod cuda;
 pub mod host;
+pub mod importers;
 pub mod request;
 pub mod vulkan;
 
@@ -42,6 +43,7 @@ pub use backend::{
     FdTimeline, StreamRef,
 };
 pub use cuda::CudaInfo;
+pub use importers::{fd_import_devices, fd_importer};
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest, VulkanImporter};
 
@@ -86,36 +88,6 @@ pub fn cuda_stream<'a>(engine: &'a dyn EngineBackend, name: &str) -> Result<Stre
         .ok_or_else(|| crate::error::Error::CudaUnavailable {
             reason: format!("engine '{name}' has no tensor on CUDA"),
         })
-}
-
-/// The devices of this process that can import memory another backend's engine
-/// exported as fds (the Vulkan client's device importer: CUDA), as their UUIDs by
-/// ordinal, or why there are none (a build without the `cuda` feature, no driver).
-pub fn fd_import_devices() -> std::result::Result<Vec<[u8; 16]>, String> {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::fd_import::devices()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(match cuda::unavailable_without_feature() {
-            crate::error::Error::CudaUnavailable { reason } => reason,
-            e => e.to_string(),
-        })
-    }
-}
-
-/// The [`FdImporter`] on device `ordinal` of [`fd_import_devices`].
-pub fn fd_importer(ordinal: i32) -> Result<std::sync::Arc<dyn FdImporter>> {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::fd_import::importer(ordinal)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = ordinal;
-        Err(cuda::unavailable_without_feature())
-    }
 }
 
 /// Resolves a request against this machine: `Host` always works; `Cuda` needs a usable

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
-use super::registry::Reference;
+use super::reference::Reference;
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 
@@ -226,15 +226,6 @@ impl Reference for CartPole {
 
     fn build(num_envs: u32, options: &CartPoleOptions) -> Result<Box<dyn VecEnv>> {
         Ok(Box::new(CartPole::new(num_envs, options.seed)?))
-    }
-
-    fn build_on_cuda(
-        num_envs: u32,
-        options: &CartPoleOptions,
-        ordinal: i32,
-    ) -> Result<Box<dyn VecEnv>> {
-        let env = super::gpu::GpuCartPole::new(num_envs, options.seed, ordinal)?;
-        Ok(Box::new(env))
     }
 }
 

@@ -24,6 +24,7 @@
 //! hence drops it last.
 
 use super::kernels::{self, ResetUpload, BLOCK};
+use super::reference::CudaReference;
 use super::vec_env::VecEnv;
 use super::{cartpole, null};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
@@ -84,6 +85,17 @@ struct NullIds {
     actions: TensorId,
     rewards: TensorId,
     rgb: Option<TensorId>,
+}
+
+impl CudaReference for null::NullEnv {
+    fn build_on_cuda(
+        num_envs: u32,
+        options: &null::NullOptions,
+        ordinal: i32,
+    ) -> Result<Box<dyn VecEnv>> {
+        let cfg = null::NullEnv::configured(num_envs, options)?;
+        Ok(Box::new(GpuNull::new(cfg, ordinal)?))
+    }
 }
 
 impl GpuNull {
@@ -295,6 +307,16 @@ struct CartIds {
     truncated: TensorId,
     reset_mask: TensorId,
     final_obs: TensorId,
+}
+
+impl CudaReference for cartpole::CartPole {
+    fn build_on_cuda(
+        num_envs: u32,
+        options: &cartpole::CartPoleOptions,
+        ordinal: i32,
+    ) -> Result<Box<dyn VecEnv>> {
+        Ok(Box::new(GpuCartPole::new(num_envs, options.seed, ordinal)?))
+    }
 }
 
 impl GpuCartPole {

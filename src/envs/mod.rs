@@ -5,8 +5,9 @@
 //! [`kernels`].
 //!
 //! Files: `vec_env.rs` (what an env is, the flags the front doors share, the loop that
-//! serves one), `registry.rs` (the one registry of reference engines: every lookup by
-//! name goes through it; a new engine is its file, an `impl Reference` and one entry),
+//! serves one), `reference.rs` (what a reference engine is: `Reference`, `CudaReference`, `Entry`),
+//! `registry.rs` (the one registry of reference engines: every lookup by name goes
+//! through it; a new engine is its file, an `impl Reference` and one entry),
 //! `runner.rs` (the process that serves one: signals, the name on stdout, shards), and
 //! one file per env. Device code goes through
 //! [`crate::device::compute`], so no file here depends on a build feature: without
@@ -20,10 +21,13 @@ pub mod kernels;
 pub mod mujoco;
 pub mod null;
 pub mod pixels;
+mod reference;
 mod registry;
 mod runner;
 mod vec_env;
 
-pub use registry::{by_name, by_name_on, find, host_spec, Entry, Reference, REFERENCE_ENGINES};
+pub use registry::{
+    by_name, by_name_on, find, host_spec, CudaReference, Entry, Reference, REFERENCE_ENGINES,
+};
 pub use runner::{run_reference, ReferenceEngine};
 pub use vec_env::{parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv};

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DType, Direction, TensorId};
 use crate::tensor::Tensors;
 
-use super::registry::Reference;
+use super::reference::Reference;
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 
@@ -74,15 +74,6 @@ impl Reference for NullEnv {
 
     fn build(num_envs: u32, options: &NullOptions) -> Result<Box<dyn VecEnv>> {
         Ok(Box::new(NullEnv::configured(num_envs, options)?))
-    }
-
-    fn build_on_cuda(
-        num_envs: u32,
-        options: &NullOptions,
-        ordinal: i32,
-    ) -> Result<Box<dyn VecEnv>> {
-        let cfg = NullEnv::configured(num_envs, options)?;
-        Ok(Box::new(super::gpu::GpuNull::new(cfg, ordinal)?))
     }
 }
 

@@ -39,7 +39,7 @@ use crate::layout::{DType, Direction};
 use crate::tensor::Tensors;
 
 use super::cartpole::{self, CartPole};
-use super::registry::Reference;
+use super::reference::Reference;
 use super::vec_env::{EnvOptions, VecEnv};
 
 /// Words before the per-env parameters (the shader's `HEADER`).

@@ -117,7 +117,7 @@ macro_rules! references {
         #[doc = concat!("`", $name, "` as a reference engine.")]
         pub struct $ty;
 
-        impl super::registry::Reference for $ty {
+        impl super::reference::Reference for $ty {
             const NAME: &'static str = $name;
             const DESCRIPTION: &'static str =
                 "Gymnasium's MuJoCo task of that name, stepped natively (docs/mujoco.md)";
