@@ -148,7 +148,7 @@ fn cuda_entries_say_how_their_allocation_is_shared() {
             .on(Device::cuda(0)),
     ];
     let mut b = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
-    b.set_cuda_fd_export([2; 16], [3; 64]);
+    b.set_cuda_fd_export([2; 16], b.cuda_alloc.unwrap().1);
     let l = validate("r", &published(&b), b.header.region_size).unwrap();
     assert_eq!(l.tensors, b.tensors);
     assert_eq!(l.version, (1, VERSION_MINOR_CUDA_FD));
@@ -165,7 +165,7 @@ fn cuda_entries_say_how_their_allocation_is_shared() {
     assert_eq!(ipc.descs[0].flags, 0);
     let refused = |edit: &dyn Fn(&mut HeaderBuilder), why: &str| {
         let mut h = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
-        h.set_cuda_fd_export([2; 16], [3; 64]);
+        h.set_cuda_fd_export([2; 16], h.cuda_alloc.unwrap().1);
         edit(&mut h);
         match validate("r", &published(&h), h.header.region_size) {
             Err(e @ Error::InvalidTensor { .. }) => {

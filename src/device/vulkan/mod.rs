@@ -26,8 +26,6 @@ pub mod export {
     pub use crate::layout::vulkan::*;
 }
 #[cfg(feature = "vulkan")]
-mod server;
-#[cfg(feature = "vulkan")]
 pub mod vk;
 
 /// How a client imports Vulkan tensors.
