@@ -110,11 +110,12 @@ impl EngineCuda {
         let ctx = PrimaryContext::retain(d, ordinal)?;
         let size = usize::try_from(size)
             .map_err(|_| Error::InvalidSpec(format!("CUDA allocation of {size} bytes")))?;
-        let sharing = share::decide(
-            request,
-            crate::os::in_initial_pid_namespace(),
-            ctx.fd_sharing(d)?,
-        )?;
+        // The device is asked only when fd sharing may be chosen.
+        let fd_sharing = match request {
+            CudaSharingRequest::Ipc => Err("not asked for".to_string()),
+            _ => ctx.fd_sharing(d)?,
+        };
+        let sharing = share::decide(request, crate::os::in_initial_pid_namespace(), fd_sharing)?;
         let stream = Stream::create(&ctx)?;
         let (alloc, event, fd) = match sharing {
             CudaSharing::Ipc => {
