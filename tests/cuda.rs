@@ -1071,17 +1071,30 @@ fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
 }
 
 /// The bytes of the client's CUDA tensor `name` in the current frame (or after the last
-/// command reply): a stream waits on the engine's event, then the bytes are read through
-/// the client's import (the cached one: no second open).
+/// command reply): a stream waits on the engine's publication (its event; nothing for
+/// memory shared by fd, ordered on the host), copies the tensor from the client's import
+/// into a buffer of its own, and the bytes are read from there. Whichever way the engine
+/// shares its memory (`cuda_sharing` auto may take fd where the engine runs in a
+/// container).
 fn fetch(client: &Client, name: &str) -> Vec<u8> {
     let cuda = client.device().as_cuda().unwrap();
     let s = Stream::create(cuda.context()).unwrap();
     cuda.wait_frame_on(&s).unwrap();
-    s.synchronize().unwrap();
     let (_, t) = client.layout().tensor(name).unwrap();
-    let m = driver::import_memory(cuda.context(), &t.cuda.unwrap().ipc_mem_handle).unwrap();
+    let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
+    // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
+    // checked at attach) and `local`; ordered after the engine's publication on `s`.
+    unsafe {
+        s.copy_dtod(
+            local.ptr(),
+            client.device_ptr(name).unwrap(),
+            t.nbytes as usize,
+        )
+    }
+    .unwrap();
+    s.synchronize().unwrap();
     let mut out = vec![0u8; t.nbytes as usize];
-    m.read(t.offset, &mut out).unwrap();
+    local.read(0, &mut out).unwrap();
     out
 }
 
