@@ -55,6 +55,22 @@
 #define SHMB_SPIN_DEFAULT -1
 
 /**
+ * `shmb_spec_set_cuda_sharing`: by file descriptor in a container, else by IPC handle.
+ */
+#define SHMB_CUDA_SHARING_AUTO 0
+
+/**
+ * `shmb_spec_set_cuda_sharing`: CUDA IPC handles (one PID namespace).
+ */
+#define SHMB_CUDA_SHARING_IPC 1
+
+/**
+ * `shmb_spec_set_cuda_sharing`: file descriptors over the region's socket (any PID
+ * namespace).
+ */
+#define SHMB_CUDA_SHARING_FD 2
+
+/**
  * "No fd": the `semaphore_fd` of a tensor without a semaphore.
  */
 #define SHMB_NO_FD -1
@@ -813,6 +829,17 @@ shmb_status shmb_spec_set_spin(shmb_spec *spec,
  * channel, so clients cannot reset or call methods).
  */
 shmb_status shmb_spec_set_ring_capacity(shmb_spec *spec, uint64_t bytes);
+
+/**
+ * How the engine shares its CUDA tensors: `SHMB_CUDA_SHARING_AUTO` (0, the default: by
+ * file descriptor when the engine runs in a container, a PID namespace other than the
+ * host's, and its GPU can; else by IPC handle), `SHMB_CUDA_SHARING_IPC` (1: CUDA IPC
+ * handles, for a learner in the engine's PID namespace) or `SHMB_CUDA_SHARING_FD` (2:
+ * file descriptors over the region's socket, for a learner in any container that shares
+ * /dev/shm; `SHMB_CUDA_UNAVAILABLE` at engine creation where the GPU cannot). Any other
+ * value: `SHMB_INVALID_SPEC`.
+ */
+shmb_status shmb_spec_set_cuda_sharing(shmb_spec *spec, uint32_t sharing);
 
 /**
  * Frees a spec. The handle is invalid afterwards (a second free: `SHMB_CLOSED`).

@@ -10,7 +10,11 @@
 # engine tests) and memory shared by fd (fd_memory_round_trip_and_export,
 # fd_import_refuses_impostors_and_oversized_spans, and
 # fd_memory_crosses_processes_and_pid_namespaces, whose importer runs in a PID namespace
-# of its own, as a learner in another container: it needs `unshare`).
+# of its own, as a learner in another container: it needs `unshare`), the engine and
+# client serving and importing it over the region's fd socket (protocol 1.9:
+# cuda_fd_sharing_engine_and_client_lock_step_across_pid_namespaces, the engine once in
+# a PID namespace of its own), and the refusal of IPC handles across PID namespaces at
+# attach (cuda_ipc_handles_of_an_engine_in_another_pid_namespace_are_refused_at_attach).
 #
 #   bash scripts/gpu-check.sh [--bundle DIR] [--only STEP,...] [OUT]
 #   --bundle DIR  on a machine with a driver, python3 with torch and pytest, and nothing

@@ -192,10 +192,11 @@ impl Client {
         // The lock that tells the engine this client lives (whatever PID namespace it is
         // in), held until this client's descriptor closes.
         region.hold_client_lock(me, my_start)?;
-        // Vulkan tensors: the proof the engine's fd socket asks for (1.8), taken before
+        // Vulkan tensors, CUDA memory shared by fd: the proof the engine's fd socket asks
+        // for (1.8), taken before
         // the claim and held until this client closes, so whoever holds the attached slot
         // holds it.
-        if crate::device::vulkan::fd_count(&layout) > 0 && !region.hold_client_proof()? {
+        if crate::device::fd_count(&layout) > 0 && !region.hold_client_proof()? {
             return Err(proof_taken(&region, &name));
         }
         let control = region.control();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::{self, BuiltinsOnly, CommandHandler};
 use crate::control::{ClientState, Control, EngineState};
-use crate::device::{self, Device, DeviceRelease, EngineBackend};
+use crate::device::{self, CudaSharingRequest, Device, DeviceRelease, EngineBackend};
 use crate::error::{Error, Peer, Result};
 use crate::layout::TensorKey;
 use crate::layout::{DType, Direction, HeaderBuilder, Layout, ShardInfo, TensorSpec};
@@ -37,6 +37,9 @@ pub struct EngineSpec {
     /// Engine processes serving the region (1.4): the creator serves shard 0 and the
     /// others [`Engine::join`] it. 1: an ordinary region.
     pub shards: u32,
+    /// How CUDA tensors are shared: by IPC handle, by file descriptor (across PID
+    /// namespaces, 1.9), or `Auto` ([`crate::device::cuda::share::decide`]).
+    pub cuda_sharing: CudaSharingRequest,
 }
 
 impl EngineSpec {
@@ -51,6 +54,7 @@ impl EngineSpec {
             ring_capacity: crate::layout::DEFAULT_RING_CAPACITY,
             metadata: Vec::new(),
             shards: 1,
+            cuda_sharing: CudaSharingRequest::Auto,
         }
     }
 
@@ -126,6 +130,12 @@ impl EngineSpec {
 
     pub fn metadata(mut self, key: &str, value: &str) -> Self {
         self.metadata.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// How CUDA tensors are shared ([`EngineSpec::cuda_sharing`]).
+    pub fn cuda_sharing(mut self, sharing: CudaSharingRequest) -> Self {
+        self.cuda_sharing = sharing;
         self
     }
 
@@ -246,7 +256,7 @@ impl Engine {
         // tensors: allocated or taken over, their table entries filled in; the fd socket
         // is bound by `start`, once the region's name is this engine's and before it is
         // published (so a client that sees the region can connect at once).
-        let mut device = device::engine_backend(&mut builder, &name)?;
+        let mut device = device::engine_backend(&mut builder, &name, spec.cuda_sharing)?;
         let _ = region::sweep();
         let region = Region::create_unpublished(&name, &builder)?;
         device.start(&region)?;
@@ -276,9 +286,11 @@ impl Engine {
             engine_kind: spec.kind.clone(),
             tensors: builder.tensors,
             rings: builder.rings,
+            // None for memory shared by fd (ordered on the host), as validation says.
             engine_event_handle: builder
                 .cuda_alloc
-                .map(|_| builder.header.engine_event_handle),
+                .map(|_| builder.header.engine_event_handle)
+                .filter(|h| *h != [0; 64]),
             shards,
             stats: Some(builder.stats),
         };

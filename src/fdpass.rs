@@ -1,6 +1,6 @@
 //! The platform layer of fd passing (protocol 1.6, `docs/protocol.md` §3.6): the Unix
-//! socket an engine with Vulkan tensors listens on, and the three messages of an
-//! exchange (1.8): the engine's hello (12 bytes, with the engine's proof fd), sent as soon
+//! socket an engine with Vulkan tensors (or, 1.9, CUDA memory shared by fd) listens on,
+//! and the three messages of an exchange (1.8): the engine's hello (12 bytes, with the engine's proof fd), sent as soon
 //! as it accepts, so that a client checks who answers before it shows anything of its
 //! own; the client's request (12 bytes, with its proof fd); the engine's reply (12 bytes,
 //! with the tensors' fds). All passed with `SCM_RIGHTS`.
@@ -11,7 +11,7 @@
 //! and anyone in the learner's could bind the name). Who is at the other end is decided
 //! by what each side proves, not by who bound a name: the peer's uid (`SO_PEERCRED`),
 //! and the lock an fd it hands over holds on the region (`region::Region::proves`);
-//! those rules are the callers' (`device::vulkan`). This module moves the bytes and fds,
+//! those rules are the callers' (`device::server`). This module moves the bytes and fds,
 //! and bounds every wait: `connect` has a deadline, every send and receive a timeout.
 //! The socket calls of the exchange (`socket`, `bind`, `listen`, `accept`, `connect`,
 //! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, the timeouts) are made here, through rustix: this
@@ -808,7 +808,7 @@ fn connect(
                 return Err(Error::Protocol {
                     peer: Peer::Engine,
                     detail: format!(
-                        "no engine listens on the fd socket '{path}' for the Vulkan tensors' fds"
+                        "no engine listens on the fd socket '{path}' for the tensors' fds"
                     ),
                 })
             }

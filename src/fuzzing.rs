@@ -270,14 +270,19 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
             other => panic!("'{}': location and placement disagree: {other:?}", t.name),
         }
     }
-    // The engine's event handle: present (non-zero) exactly when a tensor is on CUDA.
+    // The engine's event handle: present (non-zero) exactly when a tensor is on CUDA and
+    // shared by IPC handle (1.9: memory shared by fd is ordered on the host, no event).
+    let ipc = l
+        .tensors
+        .iter()
+        .any(|t| t.cuda.is_some_and(|c| c.sharing == CudaSharing::Ipc));
     match l.engine_event_handle {
         Some(handle) => {
-            assert!(l.has_cuda());
+            assert!(ipc);
             assert_eq!(handle, h.engine_event_handle);
             assert!(handle.iter().any(|&b| b != 0));
         }
-        None => assert!(!l.has_cuda()),
+        None => assert!(!ipc),
     }
     check_shards(l, &h, &mut spans);
     // 1.7: the stats area, exactly when flags bit 0 says so: one block per shard,

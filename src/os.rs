@@ -1188,6 +1188,20 @@ pub fn pid_namespace(pid: u32, start_time: u64) -> PidNamespace {
     }
 }
 
+/// The inode number of the initial PID namespace (the host's): a constant of the kernel
+/// (`PROC_PID_INIT_INO`, `include/linux/proc_ns.h`), the same on every boot.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const INITIAL_PID_NAMESPACE_INO: u64 = 0xEFFF_FFFC;
+
+/// Whether this process runs in the initial PID namespace (the host's, not a
+/// container's): `/proc/self/ns/pid` is that namespace's inode. `None` when it cannot be
+/// read (no /proc).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn in_initial_pid_namespace() -> Option<bool> {
+    let st = rustix::fs::stat("/proc/self/ns/pid").ok()?;
+    Some(st.st_ino as u64 == INITIAL_PID_NAMESPACE_INO)
+}
+
 /// 128 random bits as 32 lowercase hex digits.
 pub fn random_hex128() -> Result<String> {
     let mut buf = [0u8; 16];

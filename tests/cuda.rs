@@ -415,7 +415,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use shmbridge::device::{Device, DeviceRelease};
+use shmbridge::device::{CudaSharingRequest, Device, DeviceRelease};
 use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Peer};
 
 const ENVS: u64 = 64;
@@ -423,8 +423,9 @@ const OBS_DIM: u64 = 16;
 const T: Duration = Duration::from_secs(30);
 
 /// Child: serves a CUDA `null` engine named `$NAME` until a client closes and `$STOP`
-/// exists (or it is killed). Prints `READY <name>` once frame 0 is published and
-/// `RELEASE <Freed|Leaked|NothingHeld>` after closing.
+/// exists (or it is killed), its memory shared as `$SHARING` says (`ipc` when unset).
+/// Prints `READY <name>` once frame 0 is published and `RELEASE <Freed|Leaked|NothingHeld>`
+/// after closing.
 #[test]
 fn child_cuda_engine() {
     if std::env::var("ROLE").ok().as_deref() != Some("engine") {
@@ -456,7 +457,10 @@ fn child_cuda_engine() {
             Direction::EngineToClient,
             Device::cuda(0),
         )
-        .name(&name);
+        .name(&name)
+        .cuda_sharing(
+            CudaSharingRequest::parse(&std::env::var("SHARING").unwrap_or("ipc".into())).unwrap(),
+        );
     let mut engine = Engine::create(spec).unwrap();
     let cuda = engine.backend().as_cuda().unwrap();
     // A cubin for this device first, as the GPU engines load their kernels.
@@ -537,10 +541,34 @@ struct EngineChild {
 
 impl EngineChild {
     fn spawn(tag: &str) -> EngineChild {
+        EngineChild::spawn_sharing(tag, "ipc", false).unwrap()
+    }
+
+    /// An engine child sharing its memory as `sharing` says; with `own_namespace`, in a
+    /// PID namespace of its own (`unshare --pid --fork --mount-proc`, as an engine in a
+    /// container). `Err(why)` when that namespace cannot be made here.
+    fn spawn_sharing(tag: &str, sharing: &str, own_namespace: bool) -> Result<EngineChild, String> {
         let name = format!("shmbridge-cuda-{tag}-{}", std::process::id());
         let stop = std::env::temp_dir().join(format!("{name}.stop"));
         let _ = std::fs::remove_file(&stop);
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let exe = std::env::current_exe().unwrap();
+        let mut command = if own_namespace {
+            let probe = Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc", "true"])
+                .output()
+                .map_err(|e| format!("unshare: {e}"))?;
+            if !probe.status.success() {
+                return Err(String::from_utf8_lossy(&probe.stderr).into_owned());
+            }
+            let mut c = Command::new("unshare");
+            c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+                .arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let mut child = command
+            .env("SHARING", sharing)
             .args([
                 "child_cuda_engine",
                 "--exact",
@@ -562,12 +590,12 @@ impl EngineChild {
                 break;
             }
         }
-        EngineChild {
+        Ok(EngineChild {
             child,
             out,
             name,
             stop,
-        }
+        })
     }
 
     /// Tells the engine to stop once its client closed; returns its `RELEASE` line.
@@ -698,6 +726,82 @@ fn cuda_engine_and_client_lock_step() {
     );
     let release = engine.finish();
     assert_eq!(release, format!("RELEASE {:?}", DeviceRelease::Freed));
+}
+
+/// Memory shared by file descriptor (protocol 1.9): the engine allocates with
+/// `cuMemCreate` and serves the fd over the region's socket, the client imports it
+/// (`cuMemImportFromShareableHandle`, map, set access) and steps 50 frames, ordered on
+/// the host; close frees on both sides. First with both in this PID namespace
+/// (`cuda_sharing = "fd"`), then with the engine in a PID namespace of its own and
+/// `cuda_sharing = "auto"` (which takes fd there), as an engine and a learner in two
+/// containers: the table says fd, and the same frames arrive.
+#[test]
+fn cuda_fd_sharing_engine_and_client_lock_step_across_pid_namespaces() {
+    let test = "cuda_fd_sharing_engine_and_client_lock_step_across_pid_namespaces";
+    let Some((_, ctx)) = fd_gpu(test) else {
+        return;
+    };
+    for (sharing, own_namespace) in [("fd", false), ("auto", true)] {
+        let engine = match EngineChild::spawn_sharing("fd", sharing, own_namespace) {
+            Ok(e) => e,
+            Err(why) => {
+                eprintln!("SKIPPED {test} (PID namespace half): {why}");
+                return;
+            }
+        };
+        let mut client = Client::attach(&engine.name, AttachOptions::default()).unwrap();
+        assert_eq!(client.layout().version.1, 9, "a 1.9 region");
+        assert_eq!(client.layout().engine_event_handle, None);
+        for name in ["obs", "actions", "rewards"] {
+            let (_, t) = client.layout().tensor(name).unwrap();
+            let c = t.cuda.unwrap();
+            assert_eq!(c.sharing, shmbridge::layout::CudaSharing::Fd, "{name}");
+            assert_eq!(c.ipc_mem_handle, [0; 64]);
+        }
+        if own_namespace {
+            // The first process of a new PID namespace is its pid 1.
+            assert_eq!(client.layout().engine_pid, 1, "the engine's own namespace");
+        }
+        for k in 1..=50u64 {
+            let actions: Vec<f32> = (0..ENVS).map(|e| (e * 1000 + k) as f32).collect();
+            let (seq, obs, rewards) = step_and_read(&mut client, &ctx, &actions);
+            assert_eq!(seq, k);
+            check_frame(seq, &obs, &rewards, &actions);
+        }
+        client.close();
+        let release = engine.finish();
+        assert_eq!(release, format!("RELEASE {:?}", DeviceRelease::Freed));
+    }
+}
+
+/// An engine in a PID namespace of its own that shares by IPC handle is refused by a
+/// client here before the claim, naming the way out (`cuda_sharing "fd"`), instead of
+/// failing in `cuIpcOpenMemHandle`.
+#[test]
+fn cuda_ipc_handles_of_an_engine_in_another_pid_namespace_are_refused_at_attach() {
+    let test = "cuda_ipc_handles_of_an_engine_in_another_pid_namespace_are_refused_at_attach";
+    let Some(_) = parent_gpu(test) else {
+        return;
+    };
+    let engine = match EngineChild::spawn_sharing("ipc-pidns", "ipc", true) {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            return;
+        }
+    };
+    match Client::attach(&engine.name, AttachOptions::default()) {
+        Err(Error::CudaUnavailable { reason }) => {
+            assert!(reason.contains("do not cross PID namespaces"), "{reason}");
+            assert!(reason.contains("cuda_sharing"), "{reason}");
+        }
+        Err(e) => panic!("expected CudaUnavailable, got {e}"),
+        Ok(_) => panic!("IPC handles opened across PID namespaces"),
+    }
+    // A client that attaches and closes lets the engine end (it waits for one).
+    let mut engine = engine;
+    let _ = engine.child.kill();
+    let _ = engine.child.wait();
 }
 
 /// (d) 100 attach/step/close cycles leave device memory unchanged within one
@@ -967,17 +1071,30 @@ fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
 }
 
 /// The bytes of the client's CUDA tensor `name` in the current frame (or after the last
-/// command reply): a stream waits on the engine's event, then the bytes are read through
-/// the client's import (the cached one: no second open).
+/// command reply): a stream waits on the engine's publication (its event; nothing for
+/// memory shared by fd, ordered on the host), copies the tensor from the client's import
+/// into a buffer of its own, and the bytes are read from there. Whichever way the engine
+/// shares its memory (`cuda_sharing` auto may take fd where the engine runs in a
+/// container).
 fn fetch(client: &Client, name: &str) -> Vec<u8> {
     let cuda = client.backend().as_cuda().unwrap();
     let s = Stream::create(cuda.context()).unwrap();
     cuda.wait_frame_on(&s).unwrap();
-    s.synchronize().unwrap();
     let (_, t) = client.layout().tensor(name).unwrap();
-    let m = driver::import_memory(cuda.context(), &t.cuda.unwrap().ipc_mem_handle).unwrap();
+    let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
+    // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
+    // checked at attach) and `local`; ordered after the engine's publication on `s`.
+    unsafe {
+        s.copy_dtod(
+            local.ptr(),
+            client.device_ptr(name).unwrap(),
+            t.nbytes as usize,
+        )
+    }
+    .unwrap();
+    s.synchronize().unwrap();
     let mut out = vec![0u8; t.nbytes as usize];
-    m.read(t.offset, &mut out).unwrap();
+    local.read(0, &mut out).unwrap();
     out
 }
 

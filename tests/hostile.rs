@@ -418,8 +418,11 @@ fn cuda_entries_are_checked() {
 
 /// The CUDA path is chosen at attach, before the driver is probed or the slot claimed:
 /// IPC handles of an engine this PID namespace does not show (another container) are
-/// refused with the reason, and memory shared by fd (1.9 draft) is validated, then
-/// refused as not imported yet. Neither claims the slot.
+/// refused with the reason, before the claim. Memory shared by fd (1.9) is validated
+/// wherever the engine is (no engine event needed: ordered on the host) and taken the fd
+/// path: without a usable driver it is `CudaUnavailable` before the claim; with one, the
+/// claim is made and the fd asked of the engine's socket, which this hand-made region
+/// has none of (a typed error, and the slot let go).
 #[test]
 fn cuda_sharing_is_chosen_before_the_claim() {
     let claimed = |b: &[u8]| {
@@ -436,24 +439,37 @@ fn cuda_sharing_is_chosen_before_the_claim() {
         "{e}"
     );
     assert!(!claimed(&after), "the slot was claimed");
-    // Shared by fd (1.9): flags bit 0, no IPC handle, wherever the engine is.
+    // Shared by fd (1.9): flags bit 0, no IPC handle, no engine event, wherever the
+    // engine is.
+    let gpu = shmbridge::device::probe().is_ok();
     for other_namespace in [false, true] {
         let mut b = cuda_region();
         header_mut(&mut b).engine_start_time += u64::from(other_namespace);
         header_mut(&mut b).version_minor = 9;
         header_mut(&mut b).layout_hash = layout::LAYOUT_HASH_CUDA_SESSIONS;
+        header_mut(&mut b).engine_event_handle = [0; 64];
         let d = desc_mut(&mut b, 0);
         d.flags = layout::CUDA_FLAG_FD;
         d.ipc_mem_handle = [0; 64];
         let l = layout::validate("r", &b, b.len() as u64).unwrap();
         assert_eq!(l.tensors[0].cuda.unwrap().sharing, layout::CudaSharing::Fd);
+        assert_eq!(l.engine_event_handle, None);
         let (e, after) = attach_to_and_read("cuda-fd", &b);
-        assert!(
-            matches!(&e, Error::CudaUnavailable { reason }
-                if reason.contains("'obs'") && reason.contains("file descriptor")),
-            "{e}"
-        );
-        assert!(!claimed(&after), "the slot was claimed");
+        if gpu {
+            assert!(
+                matches!(
+                    &e,
+                    Error::Io { .. } | Error::Protocol { .. } | Error::CudaUnavailable { .. }
+                ),
+                "{e}"
+            );
+        } else {
+            assert!(
+                matches!(&e, Error::CudaUnavailable { reason } if reason.contains("'obs'")),
+                "{e}"
+            );
+            assert!(!claimed(&after), "the slot was claimed");
+        }
     }
 }
 

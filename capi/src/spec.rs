@@ -2,6 +2,7 @@
 
 use std::ffi::c_char;
 
+use shmbridge_core::device::CudaSharingRequest;
 use shmbridge_core::layout::{DType, TensorSpec};
 use shmbridge_core::EngineSpec;
 
@@ -183,6 +184,24 @@ pub extern "C" fn shmb_spec_set_ring_capacity(spec: *mut shmb_spec, bytes: u64) 
     guard(|| {
         SPECS.with(id(spec), |s| {
             s.ring_capacity = bytes;
+            Ok(())
+        })
+    })
+}
+
+/// How the engine shares its CUDA tensors: `SHMB_CUDA_SHARING_AUTO` (0, the default: by
+/// file descriptor when the engine runs in a container, a PID namespace other than the
+/// host's, and its GPU can; else by IPC handle), `SHMB_CUDA_SHARING_IPC` (1: CUDA IPC
+/// handles, for a learner in the engine's PID namespace) or `SHMB_CUDA_SHARING_FD` (2:
+/// file descriptors over the region's socket, for a learner in any container that shares
+/// /dev/shm; `SHMB_CUDA_UNAVAILABLE` at engine creation where the GPU cannot). Any other
+/// value: `SHMB_INVALID_SPEC`.
+#[no_mangle]
+pub extern "C" fn shmb_spec_set_cuda_sharing(spec: *mut shmb_spec, sharing: u32) -> shmb_status {
+    guard(|| {
+        let sharing = CudaSharingRequest::from_code(sharing)?;
+        SPECS.with(id(spec), |s| {
+            s.cuda_sharing = sharing;
             Ok(())
         })
     })

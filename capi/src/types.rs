@@ -97,6 +97,14 @@ pub const SHMB_FOREVER: u64 = u64::MAX;
 /// The spin budget that means "the library's default" (100 µs).
 pub const SHMB_SPIN_DEFAULT: i64 = -1;
 
+/// `shmb_spec_set_cuda_sharing`: by file descriptor in a container, else by IPC handle.
+pub const SHMB_CUDA_SHARING_AUTO: u32 = 0;
+/// `shmb_spec_set_cuda_sharing`: CUDA IPC handles (one PID namespace).
+pub const SHMB_CUDA_SHARING_IPC: u32 = 1;
+/// `shmb_spec_set_cuda_sharing`: file descriptors over the region's socket (any PID
+/// namespace).
+pub const SHMB_CUDA_SHARING_FD: u32 = 2;
+
 pub(crate) fn dtype_from(code: u32) -> CResult<DType> {
     DType::ALL
         .get(code as usize)

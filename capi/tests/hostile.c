@@ -96,6 +96,13 @@ int main(void) {
     EXPECT(shmb_spec_add_tensor(spec, "obs", SHMB_F32, shape, 2, SHMB_ENGINE_TO_CLIENT, SHMB_LOCATION_CUDA, -1),
            SHMB_INVALID_ARGUMENT);
     EXPECT(shmb_spec_add_metadata(spec, "key", NULL), SHMB_INVALID_ARGUMENT);
+    /* How CUDA tensors are shared: the three codes, and nothing else. */
+    EXPECT(shmb_spec_set_cuda_sharing(spec, 3), SHMB_INVALID_SPEC);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, 0xFFFFFFFFu), SHMB_INVALID_SPEC);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, SHMB_CUDA_SHARING_FD), SHMB_OK);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, SHMB_CUDA_SHARING_IPC), SHMB_OK);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, SHMB_CUDA_SHARING_AUTO), SHMB_OK);
+    EXPECT(shmb_spec_set_cuda_sharing(NULL, SHMB_CUDA_SHARING_AUTO), SHMB_INVALID_ARGUMENT);
     /* Vulkan memory the engine exported: a NULL description, fds that are not fds. */
     shmb_vulkan_export exported = {.alloc_size = 4096, .dedicated = 1, .device_uuid = {1}};
     EXPECT(shmb_spec_add_vulkan_export(spec, "rgb", SHMB_U8, shape, 2, 0, NULL, SHMB_NO_FD, 0),
@@ -119,12 +126,15 @@ int main(void) {
     EXPECT(shmb_spec_free(spec), SHMB_OK);
     EXPECT(shmb_spec_free(spec), SHMB_CLOSED);
     EXPECT(shmb_spec_set_spin(spec, 0), SHMB_CLOSED);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, SHMB_CUDA_SHARING_FD), SHMB_CLOSED);
 
     /* A CUDA tensor from a library built without the `cuda` feature (as the tests build
      * it): the reason, not a crash. */
     EXPECT(shmb_spec_new("gpu", 2, &spec), SHMB_OK);
     EXPECT(shmb_spec_add_tensor(spec, "obs", SHMB_F32, shape, 2, SHMB_ENGINE_TO_CLIENT, SHMB_LOCATION_CUDA, 0),
            SHMB_OK);
+    EXPECT(shmb_engine_create(spec, &engine), SHMB_CUDA_UNAVAILABLE);
+    EXPECT(shmb_spec_set_cuda_sharing(spec, SHMB_CUDA_SHARING_FD), SHMB_OK);
     EXPECT(shmb_engine_create(spec, &engine), SHMB_CUDA_UNAVAILABLE);
     EXPECT(shmb_spec_free(spec), SHMB_OK);
 

@@ -224,7 +224,14 @@ class Engine:
     """Serves a region from Python: write engine->client views, ``publish()``,
     ``wait_actions()``, repeat."""
 
-    def __new__(cls, spec: EngineSpec, *, spin_us: Optional[float] = None, blocking: bool = False) -> Engine: ...
+    def __new__(
+        cls,
+        spec: EngineSpec,
+        *,
+        spin_us: Optional[float] = None,
+        blocking: bool = False,
+        cuda_sharing: Literal["auto", "ipc", "fd"] = "auto",
+    ) -> Engine: ...
     @staticmethod
     def join(
         name: str, shard: int, *, timeout: float = 10.0, spin_us: Optional[float] = None, blocking: bool = False

@@ -30,6 +30,7 @@ pub mod cuda;
 pub mod host;
 pub mod importers;
 pub mod request;
+pub mod server;
 pub mod vulkan;
 
 /// Where a tensor lives: layout vocabulary ([`crate::layout::location`]), re-exported
@@ -42,6 +43,7 @@ pub use backend::{
     ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, FdImporter, FdMemory,
     FdTimeline, StreamRef,
 };
+pub use cuda::share::CudaSharingRequest;
 pub use cuda::CudaInfo;
 pub use importers::{fd_import_devices, fd_importer};
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
@@ -99,8 +101,13 @@ pub fn resolve(requested: DeviceRequest) -> Result<DeviceChoice> {
 
 /// The engine's backend for the tensors `builder` placed: host memory, or the CUDA
 /// allocation it creates and exports into `builder` (before the region, hence `magic`,
-/// exists). `CudaUnavailable` without a usable driver or device, or the feature.
-pub fn engine_backend(builder: &mut HeaderBuilder, name: &str) -> Result<Box<dyn EngineBackend>> {
+/// exists), shared as `cuda_sharing` asks ([`cuda::share::decide`]). `CudaUnavailable`
+/// without a usable driver or device, or the feature.
+pub fn engine_backend(
+    builder: &mut HeaderBuilder,
+    name: &str,
+    cuda_sharing: CudaSharingRequest,
+) -> Result<Box<dyn EngineBackend>> {
     if !builder.vulkan.is_empty() {
         #[cfg(feature = "vulkan")]
         {
@@ -119,12 +126,24 @@ pub fn engine_backend(builder: &mut HeaderBuilder, name: &str) -> Result<Box<dyn
     }
     #[cfg(feature = "cuda")]
     {
-        Ok(Box::new(cuda::ipc::EngineCuda::create(builder)?))
+        Ok(Box::new(cuda::ipc::EngineCuda::create(
+            builder,
+            name,
+            cuda_sharing,
+        )?))
     }
     #[cfg(not(feature = "cuda"))]
     {
+        let _ = cuda_sharing;
         Err(cuda::unavailable_without_feature())
     }
+}
+
+/// How many fds the engine of `layout` serves its attached client over the region's
+/// socket: the Vulkan tensors' (1.3) or the CUDA allocation's when it is shared by fd
+/// (1.9). A client of such a layout holds its proof from before its claim.
+pub fn fd_count(layout: &Layout) -> usize {
+    vulkan::fd_count(layout) + cuda::share::fd_count(layout)
 }
 
 /// The client's backend for a validated layout: host memory, CUDA imports (the driver
@@ -164,22 +183,17 @@ pub fn client_backend(
     // Chosen before anything else (no driver needed): IPC handles of an engine in
     // another PID namespace are refused here, with the reason.
     let engine = crate::os::pid_namespace(layout.engine_pid, layout.engine_start_time);
-    if cuda::choose_sharing(layout, engine)? == Some(crate::layout::CudaSharing::Fd) {
-        return Err(crate::error::Error::CudaUnavailable {
-            reason: format!(
-                "tensor '{}' lives on CUDA, shared by file descriptor (protocol 1.9, a \
-                 draft): this shmbridge validates such tables but does not import them yet",
-                t.name
-            ),
-        });
-    }
+    let sharing = cuda::choose_sharing(layout, engine)?.unwrap_or(crate::layout::CudaSharing::Ipc);
     #[cfg(feature = "cuda")]
     {
         let _ = t;
-        Ok(Box::new(cuda::ipc::ClientCuda::prepare(layout)?))
+        Ok(Box::new(cuda::ipc::ClientCuda::prepare(
+            layout, sharing, name, timeout,
+        )?))
     }
     #[cfg(not(feature = "cuda"))]
     {
+        let _ = sharing;
         use crate::error::Error;
         let reason = match cuda::unavailable_without_feature() {
             Error::CudaUnavailable { reason } => reason,

@@ -105,20 +105,24 @@ impl HeaderBuilder {
         self.header.engine_event_handle = engine_event_handle;
     }
 
-    /// Fills in a CUDA export shared by file descriptor (1.9 draft) once the engine
-    /// allocated [`Self::cuda_alloc`] with `cuMemCreate`: [`CUDA_FLAG_FD`] and the device
-    /// UUID in every CUDA entry (their `ipc_mem_handle` stays zero: the fd travels over
-    /// the region's socket), the engine's event handle in the control block, and
+    /// Fills in a CUDA export shared by file descriptor (1.9) once the engine allocated
+    /// [`Self::cuda_alloc`] with `cuMemCreate` (`alloc_size` bytes: the request rounded
+    /// up to the device's granularity): [`CUDA_FLAG_FD`], the device UUID and
+    /// `alloc_size` as `export_size` in every CUDA entry (their `ipc_mem_handle` stays
+    /// zero: the fd travels over the region's socket), no engine event (frames are
+    /// ordered on the host, §3.5.1: `engine_event_handle` stays zero), and
     /// `version_minor` 9. Nothing happens without CUDA tensors.
-    pub fn set_cuda_fd_export(&mut self, device_uuid: [u8; 16], engine_event_handle: [u8; 64]) {
+    pub fn set_cuda_fd_export(&mut self, device_uuid: [u8; 16], alloc_size: u64) {
         if self.cuda_alloc.is_none() {
             return;
         }
-        self.set_cuda_export([0; 64], device_uuid, engine_event_handle);
+        self.set_cuda_export([0; 64], device_uuid, [0; 64]);
         for (d, t) in self.descs.iter_mut().zip(self.tensors.iter_mut()) {
             if let Some(c) = t.cuda.as_mut() {
                 d.flags = CUDA_FLAG_FD;
+                d.export_size = alloc_size;
                 c.sharing = CudaSharing::Fd;
+                c.alloc_size = alloc_size;
             }
         }
         self.header.version_minor = VERSION_MINOR_CUDA_FD;

@@ -36,7 +36,11 @@ pub const VERSION_MAJOR: u16 = 1;
 /// the pid and start time in the client slot. Only a region with Vulkan tensors is
 /// written as 1.8 (with the layout hash of 1.5): a 1.6 or 1.7 client reads its header as
 /// before, and is refused on the socket (its messages are of version 2).
-pub const VERSION_MINOR: u16 = 8;
+/// 1.9: a CUDA entry may say, by [`CUDA_FLAG_FD`], that its allocation is shared by file
+/// descriptor over the fd socket (§3.5.1), its frames ordered on the host; only a region
+/// whose engine shares its CUDA memory that way is written as 1.9 (the layout hash of
+/// 1.5). Every other region is written as before, byte for byte.
+pub const VERSION_MINOR: u16 = 9;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -52,9 +56,8 @@ pub const VERSION_MINOR_FD_SOCKET: u16 = 6;
 /// byte: the only Vulkan engines a client of this version takes fds from.
 pub const VERSION_MINOR_FD_HELLO: u16 = 8;
 /// The lowest minor whose CUDA entries may say, by [`CUDA_FLAG_FD`], that their memory is
-/// shared by file descriptor instead of an IPC handle (1.9, a draft: validated by
-/// readers; not yet written by this library's engine nor imported by its client).
-/// Below it, a CUDA entry's `flags` must be 0.
+/// shared by file descriptor instead of an IPC handle (1.9), and what the builder writes
+/// for such a region. Below it, a CUDA entry's `flags` must be 0.
 pub const VERSION_MINOR_CUDA_FD: u16 = 9;
 /// 1.7: what the builder writes in `version_minor` does not change for the stats area
 /// (earlier readers ignore it entirely, and a 1.5 or 1.6 reader expects the CUDA-session

@@ -148,14 +148,29 @@ fn cuda_entries_say_how_their_allocation_is_shared() {
             .on(Device::cuda(0)),
     ];
     let mut b = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
-    b.set_cuda_fd_export([2; 16], [3; 64]);
+    // The size cuMemCreate got: the tensors' bytes rounded up to the granularity.
+    b.set_cuda_fd_export([2; 16], 2 << 20);
     let l = validate("r", &published(&b), b.header.region_size).unwrap();
     assert_eq!(l.tensors, b.tensors);
     assert_eq!(l.version, (1, VERSION_MINOR_CUDA_FD));
-    for t in &l.tensors {
+    for (t, d) in l.tensors.iter().zip(&b.descs) {
         let c = t.cuda.unwrap();
         assert_eq!((c.sharing, c.ipc_mem_handle), (CudaSharing::Fd, [0; 64]));
+        assert_eq!((c.alloc_size, d.export_size), (2 << 20, 2 << 20));
     }
+    // Ordered on the host: no engine event written, none read.
+    assert_eq!(b.header.engine_event_handle, [0; 64]);
+    assert_eq!(l.engine_event_handle, None);
+    // An IPC table still needs its event.
+    let mut no_event = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+    no_event.set_cuda_export([1; 64], [2; 16], [0; 64]);
+    assert!(matches!(
+        validate("r", &published(&no_event), no_event.header.region_size),
+        Err(Error::InvalidHeader {
+            field: "engine_event_handle",
+            ..
+        })
+    ));
     assert_eq!(b.descs[0].flags, CUDA_FLAG_FD);
     // Legacy exports are IPC, flags 0, as before.
     let mut ipc = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
@@ -165,7 +180,7 @@ fn cuda_entries_say_how_their_allocation_is_shared() {
     assert_eq!(ipc.descs[0].flags, 0);
     let refused = |edit: &dyn Fn(&mut HeaderBuilder), why: &str| {
         let mut h = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
-        h.set_cuda_fd_export([2; 16], [3; 64]);
+        h.set_cuda_fd_export([2; 16], h.cuda_alloc.unwrap().1);
         edit(&mut h);
         match validate("r", &published(&h), h.header.region_size) {
             Err(e @ Error::InvalidTensor { .. }) => {

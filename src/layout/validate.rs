@@ -117,7 +117,11 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         header_size,
         h.region_size,
     )?;
-    let has_cuda = tensors.iter().any(|t| t.location() == Location::Cuda);
+    // IPC tables only: memory shared by fd (1.9) is ordered on the host, and its
+    // `engine_event_handle` (zero as written) is not read.
+    let has_cuda = tensors
+        .iter()
+        .any(|t| t.cuda.is_some_and(|c| c.sharing == CudaSharing::Ipc));
     let engine_event_handle = if has_cuda {
         if h.engine_event_handle.iter().all(|&b| b == 0) {
             return Err(bad(

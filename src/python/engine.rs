@@ -27,6 +27,7 @@ use super::waits::{duration, next_slice, wait_policy};
 use crate::actions::array_dtype_name;
 use crate::command::{CommandError, CommandHandler, Reply, ResetRequest};
 use crate::control::ClientState;
+use crate::device::CudaSharingRequest;
 use crate::engine::{Engine, EngineSpec, JoinOptions};
 use crate::error::{Error, Peer};
 use crate::layout::{DType, Direction, TensorSpec};
@@ -439,15 +440,25 @@ impl PyEngine {
     /// Creates the region for `spec` (sweeping regions of dead engines first). Tensors
     /// start zeroed: write the reset observations, then `publish()` frame 0; clients can
     /// attach from then on. `spin_us`/`blocking`: how `wait_actions()` waits.
+    /// `cuda_sharing`: how CUDA tensors are shared: `"ipc"` (CUDA IPC handles: a learner
+    /// in this PID namespace), `"fd"` (file descriptors over the region's socket: a
+    /// learner in any container that shares /dev/shm), or `"auto"` (fd when this engine
+    /// runs in a container and its GPU can, else ipc).
     #[new]
-    #[pyo3(signature = (spec, *, spin_us=None, blocking=false))]
+    #[pyo3(signature = (spec, *, spin_us=None, blocking=false, cuda_sharing="auto"))]
     fn new(
         py: Python<'_>,
         spec: PyRef<'_, PyEngineSpec>,
         spin_us: Option<Seconds>,
         blocking: bool,
+        cuda_sharing: &str,
     ) -> PyResult<Self> {
-        let spec = spec.spec.clone().policy(wait_policy(spin_us, blocking)?);
+        let sharing = CudaSharingRequest::parse(cuda_sharing).py_err(py)?;
+        let spec = spec
+            .spec
+            .clone()
+            .policy(wait_policy(spin_us, blocking)?)
+            .cuda_sharing(sharing);
         let engine = py.detach(|| Engine::create(spec)).py_err(py)?;
         PyEngine::serving(py, engine)
     }

@@ -497,3 +497,12 @@ def test_example_python_engine_keeps_serving_one_learner_after_another():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cuda_sharing_is_auto_ipc_or_fd_and_nothing_else():
+    # Host tensors only: the choice concerns nothing, and each valid value is taken.
+    for sharing in ("auto", "ipc", "FD"):
+        with shmbridge.Engine(toy_spec(), cuda_sharing=sharing) as engine:
+            assert engine.frame == 0
+    with pytest.raises(shmbridge.InvalidSpecError, match="auto, ipc or fd"):
+        shmbridge.Engine(toy_spec(), cuda_sharing="vmm")

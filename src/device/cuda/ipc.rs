@@ -2,24 +2,35 @@
 //! 1.2, `docs/protocol.md` §3.5): what each side allocates, exports, opens, records and
 //! waits on. No `unsafe` here: every driver call goes through [`super::driver`].
 //!
+//! The allocation is shared one of two ways ([`CudaSharing`], chosen by the engine:
+//! [`super::share::decide`]): by CUDA IPC handle, the frames ordered on the GPU by IPC
+//! events (one PID namespace); or by file descriptor (1.9, §3.5.1: `cuMemCreate`, the fd
+//! served over the region's socket by [`FdServer`]), the frames ordered on the host (the
+//! engine synchronises its stream before each publication, the client its stream before
+//! each post), since IPC events do not cross PID namespaces either.
+//!
 //! Written against the driver layer and checked on CPU only for its refusals
 //! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
 
 use std::any::Any;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::driver::{
-    self, DeviceAllocation, Driver, ImportedMemory, IpcEvent, PrimaryContext, Stream,
+    self, DeviceAllocation, Driver, FdMemory, ImportedMemory, IpcEvent, PrimaryContext, Stream,
 };
+use super::share::{self, CudaSharingRequest};
 use crate::control::{Claim, Control, ControlMapping, ReleaseAck};
 use crate::device::backend::{
     ClientBackend, DeviceLease, DevicePlace, DeviceRelease, EngineBackend, StreamRef,
 };
+use crate::device::server::FdServer;
 use crate::error::{Error, Peer, Result};
 use crate::layout::location::Device;
+use crate::layout::vulkan::SharedFd;
 use crate::layout::{
-    ClientEventHandle, Direction, HeaderBuilder, Layout, Location, TensorInfo,
+    ClientEventHandle, CudaSharing, Direction, HeaderBuilder, Layout, Location, TensorInfo,
     VERSION_MINOR_CUDA_SESSIONS,
 };
 
@@ -27,16 +38,52 @@ use crate::layout::{
 /// it leaks the exported memory instead of freeing it.
 pub const RELEASE_WAIT: Duration = Duration::from_millis(500);
 
+/// The engine's exported allocation, as it is shared.
+#[derive(Debug)]
+enum Exported {
+    /// `cuMemAlloc`, shared by IPC handle.
+    Ipc(DeviceAllocation),
+    /// `cuMemCreate`, shared by fd (1.9).
+    Fd(FdMemory),
+}
+
+impl Exported {
+    fn ptr(&self) -> u64 {
+        match self {
+            Exported::Ipc(a) => a.ptr(),
+            Exported::Fd(m) => m.ptr(),
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Exported::Ipc(a) => a.size(),
+            Exported::Fd(m) => m.size(),
+        }
+    }
+
+    fn leak(self) {
+        match self {
+            Exported::Ipc(a) => a.leak(),
+            Exported::Fd(m) => m.leak(),
+        }
+    }
+}
+
 /// The engine's CUDA state: the one exported allocation, its stream and event, and the
-/// current client's event (opened once per client).
+/// current client's event (opened once per client); shared by fd, the fd and its
+/// server instead of the events.
 #[derive(Debug)]
 pub struct EngineCuda {
-    // Field order is drop order: the client's event and ours, the stream, then the
-    // memory; the context last (each holds an `Arc` of it anyway).
+    // Field order is drop order: the fd server (no more sends), the client's event and
+    // ours, the stream, then the memory; the context last (each holds an `Arc` of it).
+    server: Option<FdServer>,
+    /// Shared by fd: the allocation's fd, served to the attached client.
+    fd: Option<SharedFd>,
     client_event: Option<(ClientEventHandle, IpcEvent)>,
     event: Option<IpcEvent>,
     stream: Option<Stream>,
-    alloc: Option<DeviceAllocation>,
+    alloc: Option<Exported>,
     /// Whether a client→engine tensor lives on the device (then a client must publish
     /// an event, and the engine waits on it before reading actions).
     reads_device_actions: bool,
@@ -44,11 +91,18 @@ pub struct EngineCuda {
 }
 
 impl EngineCuda {
-    /// Allocates [`HeaderBuilder::cuda_alloc`] in one `cuMemAlloc`, creates the stream
-    /// and the interprocess event, and writes the exports into `builder` (before the
-    /// region, hence `magic`, exists). `InvalidSpec` without CUDA tensors;
-    /// `CudaUnavailable` without a usable driver or device.
-    pub fn create(builder: &mut HeaderBuilder) -> Result<EngineCuda> {
+    /// Allocates [`HeaderBuilder::cuda_alloc`] in one allocation, shared as `request`
+    /// asks ([`share::decide`]): by IPC handle (`cuMemAlloc`, with the interprocess
+    /// event), or by fd (`cuMemCreate`; the fd is served once the region exists,
+    /// [`EngineBackend::start`]); creates the stream and writes the exports into
+    /// `builder` (before the region, hence `magic`, exists). `InvalidSpec` without CUDA
+    /// tensors; `CudaUnavailable` without a usable driver or device, or for `fd` where
+    /// the device cannot share by fd. `name`: the region's (its socket's path must fit).
+    pub fn create(
+        builder: &mut HeaderBuilder,
+        name: &str,
+        request: CudaSharingRequest,
+    ) -> Result<EngineCuda> {
         let Some((ordinal, size)) = builder.cuda_alloc else {
             return Err(Error::InvalidSpec("no CUDA tensor in the spec".into()));
         };
@@ -56,22 +110,51 @@ impl EngineCuda {
         let ctx = PrimaryContext::retain(d, ordinal)?;
         let size = usize::try_from(size)
             .map_err(|_| Error::InvalidSpec(format!("CUDA allocation of {size} bytes")))?;
-        let alloc = DeviceAllocation::new(&ctx, size)?;
+        // The device is asked only when fd sharing may be chosen.
+        let fd_sharing = match request {
+            CudaSharingRequest::Ipc => Err("not asked for".to_string()),
+            _ => ctx.fd_sharing(d)?,
+        };
+        let sharing = share::decide(request, crate::os::in_initial_pid_namespace(), fd_sharing)?;
         let stream = Stream::create(&ctx)?;
-        let event = IpcEvent::create(&ctx)?;
-        builder.set_cuda_export(alloc.ipc_handle()?, ctx.uuid()?, event.handle()?);
+        let (alloc, event, fd) = match sharing {
+            CudaSharing::Ipc => {
+                let alloc = DeviceAllocation::new(&ctx, size)?;
+                let event = IpcEvent::create(&ctx)?;
+                builder.set_cuda_export(alloc.ipc_handle()?, ctx.uuid()?, event.handle()?);
+                (Exported::Ipc(alloc), Some(event), None)
+            }
+            CudaSharing::Fd => {
+                // Refused before anything is allocated when the socket's path is too long.
+                crate::control::socket_path(name)?;
+                let memory = FdMemory::allocate(d, &ctx, size)?;
+                let fd = SharedFd::new(memory.export_fd()?);
+                builder.set_cuda_fd_export(ctx.uuid()?, memory.size() as u64);
+                (Exported::Fd(memory), None, Some(fd))
+            }
+        };
         let reads_device_actions = builder
             .tensors
             .iter()
             .any(|t| t.location() == Location::Cuda && t.direction == Direction::ClientToEngine);
         Ok(EngineCuda {
+            server: None,
+            fd,
             client_event: None,
-            event: Some(event),
+            event,
             stream: Some(stream),
             alloc: Some(alloc),
             reads_device_actions,
             ctx,
         })
+    }
+
+    /// How the allocation is shared.
+    pub fn sharing(&self) -> CudaSharing {
+        match self.fd {
+            Some(_) => CudaSharing::Fd,
+            None => CudaSharing::Ipc,
+        }
     }
 
     pub fn context(&self) -> &Arc<PrimaryContext> {
@@ -95,10 +178,12 @@ impl EngineCuda {
     }
 
     /// `cuEventRecord(engine_event, stream)`: called before every `frame_seq` store and
-    /// before `READY`.
+    /// before `READY`. Shared by fd (no event): `cuStreamSynchronize(stream)` instead,
+    /// so the frame is complete on the device before the seq counter says so.
     pub fn record(&self) -> Result<()> {
-        match (&self.event, &self.stream) {
-            (Some(e), Some(s)) => e.record(s),
+        match (&self.event, &self.stream, &self.fd) {
+            (Some(e), Some(s), _) => e.record(s),
+            (None, Some(s), Some(_)) => s.synchronize(),
             _ => Err(Error::Closed(Peer::Engine)),
         }
     }
@@ -108,6 +193,10 @@ impl EngineCuda {
     /// (pid, start time, handle) and cached. `client`: the header's seqlock-read view;
     /// `None` when no client is attached any more (nothing to wait for).
     pub fn wait_client(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
+        if self.fd.is_some() {
+            // Shared by fd: the client synchronised its stream before it posted.
+            return Ok(());
+        }
         let Some(key) = client else {
             self.forget_client();
             return Ok(());
@@ -139,6 +228,9 @@ impl EngineCuda {
     /// an event handle (a host-only foreign client) is answered without waiting rather
     /// than refused.
     pub fn wait_client_for_command(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
+        if self.fd.is_some() {
+            return Ok(());
+        }
         match client {
             Some(key) if key.handle == [0; 64] => Ok(()),
             other => self.wait_client(other),
@@ -162,6 +254,11 @@ impl EngineCuda {
         mut may_free: impl FnMut() -> bool,
         wait: Duration,
     ) -> DeviceRelease {
+        // No more fds go out (a client that has not imported yet gets none).
+        if let Some(mut server) = self.server.take() {
+            server.stop();
+        }
+        self.fd = None;
         if let Some(s) = &self.stream {
             let _ = s.synchronize();
         }
@@ -184,7 +281,7 @@ impl EngineCuda {
         } else {
             let size = self.alloc.as_ref().map_or(0, |a| a.size());
             eprintln!(
-                "shmbridge: engine closed while its client still holds CUDA IPC handles \
+                "shmbridge: engine closed while its client still holds its CUDA memory open \
                  (client_cuda_state = OPEN after {wait:?}); leaking the {size}-byte device \
                  allocation until this process exits rather than freeing it under the client"
             );
@@ -223,9 +320,13 @@ fn not_on_device(t: &TensorInfo) -> Error {
 /// into which the lease's drop stores `RELEASED` once every handle is closed.
 #[derive(Debug)]
 pub struct CudaLease {
-    /// `Some` until the drop, which destroys it before acknowledging.
+    /// `Some` until the drop, which destroys it before acknowledging; `None` for memory
+    /// shared by fd (ordered on the host: nothing to wait on).
     engine_event: Option<IpcEvent>,
     memory: Mutex<Vec<Arc<ImportedMemory>>>,
+    /// Memory shared by fd (1.9): the import, unmapped and released at the drop, before
+    /// the acknowledgement.
+    fd_memory: Mutex<Option<FdMemory>>,
     /// Where to acknowledge at drop (set when the client closed); `None` while the
     /// client is open (it acknowledges itself) or when no mapping could be made.
     ack: Mutex<Option<Box<dyn ControlMapping>>>,
@@ -254,9 +355,24 @@ impl CudaLease {
     /// # Safety
     /// `raw` must be 0, 1, 2 or a live stream of this context.
     pub unsafe fn wait_on(&self, raw: u64) -> Result<()> {
+        if self.host_ordered() {
+            // The engine synchronised its stream before it published the frame.
+            return Ok(());
+        }
         // SAFETY: the caller's contract.
         let stream = unsafe { Stream::borrowed(&self.ctx, raw) };
         stream.wait(self.engine_event()?)
+    }
+
+    /// Whether the engine's frames are ordered on the host (memory shared by fd): then no
+    /// stream waits on anything of the engine's.
+    pub fn host_ordered(&self) -> bool {
+        self.engine_event.is_none()
+            && self
+                .fd_memory
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
     }
 
     /// Stores `RELEASED` into `region` when the last reference drops (after every handle
@@ -271,6 +387,14 @@ impl Drop for CudaLease {
         // Everything this lease opened is closed before the acknowledgement: the engine
         // may free its memory and destroy its event as soon as it sees RELEASED.
         self.engine_event = None;
+        // An fd import is this lease's alone: unmapped and released here (after the
+        // context's queued work).
+        drop(
+            self.fd_memory
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let memory = std::mem::take(&mut *self.memory.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all = true;
         for m in memory {
@@ -302,6 +426,11 @@ pub struct ClientCuda {
     release_ack: ReleaseAck,
     /// Device address of each tensor of the layout (by index); `None` for host ones.
     ptrs: Vec<Option<u64>>,
+    /// How the engine shares its memory; shared by fd, the region's name (its socket)
+    /// and how long the exchange may take.
+    sharing: CudaSharing,
+    name: String,
+    timeout: Duration,
     /// The legacy default stream of `ctx` (what `step()` records on).
     default_stream: Stream,
     ctx: Arc<PrimaryContext>,
@@ -309,9 +438,16 @@ pub struct ClientCuda {
 
 impl ClientCuda {
     /// Before claiming the slot: probes the driver, finds the engine's device (UUID,
-    /// then ordinal), retains its primary context and creates the client's event.
-    /// Nothing in the region is touched, so a failure leaves no trace there.
-    pub fn prepare(layout: &Layout) -> Result<ClientCuda> {
+    /// then ordinal), retains its primary context and, for IPC handles, creates the
+    /// client's event (memory shared by fd is ordered on the host: no event; its fd comes
+    /// over region `name`'s socket within `timeout`, at [`open`](Self::open)). Nothing in
+    /// the region is touched, so a failure leaves no trace there.
+    pub fn prepare(
+        layout: &Layout,
+        sharing: CudaSharing,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<ClientCuda> {
         let mut cuda = layout.tensors.iter().filter_map(|t| match t.device {
             Device::Cuda(c) => Some((t, c)),
             Device::Host | Device::Vulkan(_) => None,
@@ -358,16 +494,34 @@ impl ClientCuda {
                 }
             })?;
         let ctx = PrimaryContext::retain(d, ordinal)?;
-        let event = IpcEvent::create(&ctx)?;
-        let handle = event.handle()?;
+        let (event, handle) = match sharing {
+            CudaSharing::Ipc => {
+                let event = IpcEvent::create(&ctx)?;
+                let handle = event.handle()?;
+                (Some(event), handle)
+            }
+            CudaSharing::Fd => {
+                ctx.fd_sharing(d)?.map_err(|why| Error::CudaUnavailable {
+                    reason: format!(
+                        "tensor '{}' lives on CUDA, shared by file descriptor, which this \
+                         process cannot import: {why}",
+                        first.name
+                    ),
+                })?;
+                (None, [0; 64])
+            }
+        };
         // SAFETY: 1 is CU_STREAM_LEGACY, which `borrowed` accepts.
         let default_stream = unsafe { Stream::borrowed(&ctx, 1) };
         Ok(ClientCuda {
-            event: Some(event),
+            event,
             handle,
             lease: None,
             release_ack: ReleaseAck::Untagged,
             ptrs: vec![None; layout.tensors.len()],
+            sharing,
+            name: name.to_string(),
+            timeout,
             default_stream,
             ctx,
         })
@@ -379,9 +533,58 @@ impl ClientCuda {
         self.handle
     }
 
+    /// After `client_cuda_state = OPEN` is stored and the slot is claimed: shared by fd,
+    /// receives the allocation's fd from the engine (`region` holds this client's proof)
+    /// and imports it ([`FdMemory::import`]: the driver checks it is such an allocation
+    /// of at least `export_size` bytes); else opens the engine's event and the memory of
+    /// every CUDA tensor (each handle once: the driver layer caches). Every span is
+    /// checked against the mapped size.
+    pub fn open_shared(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()> {
+        if self.sharing == CudaSharing::Ipc {
+            return self.open(layout);
+        }
+        let fd = share::receive(&self.name, layout, region, self.timeout)?;
+        let size = layout
+            .tensors
+            .iter()
+            .find_map(|t| t.cuda.map(|c| c.alloc_size))
+            .ok_or_else(|| Error::InvalidSpec("no CUDA tensor in the layout".into()))?;
+        let memory = FdMemory::import(Driver::get()?, &self.ctx, fd.as_fd(), size)?;
+        // The import holds the memory; the fd is not needed any more.
+        drop(fd);
+        for (i, t) in layout.tensors.iter().enumerate() {
+            if t.cuda.is_none() {
+                continue;
+            }
+            self.ptrs[i] =
+                Some(
+                    memory
+                        .span(t.offset, t.nbytes)
+                        .ok_or_else(|| Error::InvalidTensor {
+                            tensor: t.name.clone(),
+                            reason: format!(
+                        "bytes {}..+{} lie outside the {}-byte allocation the driver mapped",
+                        t.offset,
+                        t.nbytes,
+                        memory.size()
+                    ),
+                        })?,
+                );
+        }
+        self.lease = Some(Arc::new(CudaLease {
+            engine_event: None,
+            memory: Mutex::new(Vec::new()),
+            fd_memory: Mutex::new(Some(memory)),
+            ack: Mutex::new(None),
+            release_ack: self.release_ack,
+            ctx: self.ctx.clone(),
+        }));
+        Ok(())
+    }
+
     /// After `client_cuda_state = OPEN` is stored: opens the engine's event and the
     /// memory of every CUDA tensor (each handle once: the driver layer caches), checking
-    /// every span against the size the driver reports.
+    /// every span against the size the driver reports. CUDA IPC only.
     pub fn open(&mut self, layout: &Layout) -> Result<()> {
         let engine_event = layout
             .engine_event_handle
@@ -414,6 +617,7 @@ impl ClientCuda {
         self.lease = Some(Arc::new(CudaLease {
             engine_event: Some(engine_event),
             memory: Mutex::new(memory),
+            fd_memory: Mutex::new(None),
             ack: Mutex::new(None),
             release_ack: self.release_ack,
             ctx: self.ctx.clone(),
@@ -451,15 +655,23 @@ impl ClientCuda {
         self.lease.as_ref().and_then(|l| l.engine_event().ok())
     }
 
-    /// Makes `stream` wait (on the GPU) for the engine's last published frame.
+    /// Makes `stream` wait (on the GPU) for the engine's last published frame; nothing
+    /// for memory shared by fd (the engine synchronised before publishing).
     pub fn wait_frame_on(&self, stream: &Stream) -> Result<()> {
+        if self.sharing == CudaSharing::Fd {
+            return Ok(());
+        }
         let ev = self.engine_event().ok_or(Error::Closed(Peer::Client))?;
         stream.wait(ev)
     }
 
     /// `cuEventRecord(client_event, stream)` (the legacy default stream if `None`):
-    /// before every `action_seq` store.
+    /// before every `action_seq` store. Memory shared by fd: `cuStreamSynchronize` of
+    /// that stream instead (the engine reads the actions once it sees the post).
     pub fn record(&self, stream: Option<&Stream>) -> Result<()> {
+        if self.sharing == CudaSharing::Fd {
+            return stream.unwrap_or(&self.default_stream).synchronize();
+        }
         let ev = self.event.as_ref().ok_or(Error::Closed(Peer::Client))?;
         ev.record(stream.unwrap_or(&self.default_stream))
     }
@@ -532,6 +744,25 @@ impl EngineBackend for EngineCuda {
         self.stream.as_ref().map(StreamRef::from)
     }
 
+    /// Shared by fd: binds the region's socket and serves the allocation's fd to the
+    /// attached client ([`FdServer`], as for Vulkan tensors). IPC: nothing.
+    fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
+        if let (Some(fd), None) = (&self.fd, &self.server) {
+            self.server = Some(FdServer::bind_and_start(region, vec![fd.clone()])?);
+        }
+        Ok(())
+    }
+
+    /// A truncated region: the fd server stops (nobody may connect to a closed engine);
+    /// the rest is leaked whole, as for IPC (the control block cannot say whether a
+    /// client still maps the memory).
+    fn release_truncated(mut self: Box<Self>) {
+        if let Some(mut server) = self.server.take() {
+            server.stop();
+        }
+        std::mem::forget(self);
+    }
+
     fn release(self: Box<Self>, control: Control<'_>) -> DeviceRelease {
         // The SeqCst store of CLOSED (before this call) and the SeqCst load of
         // `client_cuda_state` here pair with the client's SeqCst store of OPEN and load
@@ -558,8 +789,8 @@ impl ClientBackend for ClientCuda {
         Ok(())
     }
 
-    fn open(&mut self, layout: &Layout, _: &dyn ControlMapping) -> Result<()> {
-        ClientCuda::open(self, layout)
+    fn open(&mut self, layout: &Layout, region: &dyn ControlMapping) -> Result<()> {
+        self.open_shared(layout, region)
     }
 
     /// Records the client's event: nothing to wait for on the host.

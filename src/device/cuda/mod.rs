@@ -22,6 +22,7 @@ pub mod fd_import;
 pub mod ipc;
 #[cfg(feature = "cuda")]
 pub mod kernel;
+pub mod share;
 
 /// The ordinal (as this process numbers devices) of the engine's device: the one whose
 /// UUID is `uuid` among `visible` (UUIDs by ordinal), else, when `uuid` is all zero
@@ -48,8 +49,8 @@ pub fn pick_device(uuid: [u8; 16], ordinal: i32, visible: &[[u8; 16]]) -> Option
 /// - IPC handles of an engine in another PID namespace (another container): refused,
 ///   `CudaUnavailable` naming the tensor and why (`cuIpcOpenMemHandle` does not cross PID
 ///   namespaces), before anything is claimed, instead of a driver error after.
-/// - Memory shared by fd (1.9 draft): [`CudaSharing::Fd`], wherever the engine lives (the
-///   fds come over the region's socket, which crosses PID namespaces).
+/// - Memory shared by fd (1.9): [`CudaSharing::Fd`], wherever the engine lives (the fd
+///   comes over the region's socket, which crosses PID namespaces).
 /// - Both in one table: `InvalidHeader` (an engine shares its CUDA memory one way).
 pub fn choose_sharing(layout: &Layout, engine: PidNamespace) -> Result<Option<CudaSharing>> {
     let mut cuda = layout.tensors.iter().filter_map(|t| t.cuda.map(|c| (t, c)));
@@ -72,9 +73,10 @@ pub fn choose_sharing(layout: &Layout, engine: PidNamespace) -> Result<Option<Cu
             reason: format!(
                 "tensor '{}' lives on CUDA, shared by a CUDA IPC handle, and the engine (pid \
                  {} in its own PID namespace) is not in this process's PID namespace (another \
-                 container): CUDA IPC handles do not cross PID namespaces. Run both in one \
-                 PID namespace (docker --pid=container:<engine>, or a pod with \
-                 shareProcessNamespace), or read the tensors from host memory",
+                 container): CUDA IPC handles do not cross PID namespaces. Start the engine \
+                 with cuda_sharing \"fd\" (its CUDA memory then comes over the region's fd \
+                 socket), run both in one PID namespace (docker --pid=container:<engine>, or \
+                 a pod with shareProcessNamespace), or read the tensors from host memory",
                 first.name, layout.engine_pid
             ),
         }),
@@ -131,7 +133,7 @@ mod tests {
         ];
         let mut b = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
         match fd {
-            true => b.set_cuda_fd_export([2; 16], [3; 64]),
+            true => b.set_cuda_fd_export([2; 16], b.cuda_alloc.unwrap().1),
             false => b.set_cuda_export([1; 64], [2; 16], [3; 64]),
         }
         let mut bytes = b.bytes();

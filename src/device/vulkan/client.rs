@@ -21,13 +21,13 @@
 //! ([`ClientVulkan::importer_reason`]).
 
 use std::any::Any;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::VulkanImporter;
-use crate::control::{self, ControlMapping};
+use crate::control::ControlMapping;
 use crate::device::backend::{
     ClientBackend, DeviceLease, DevicePlace, FdImporter, FdMemory, FdTimeline, StreamRef,
 };
@@ -390,64 +390,14 @@ impl ClientVulkan {
         }
     }
 
-    /// The tensors' fds, from the engine and nobody else (protocol 1.8, §3.6): connects
-    /// to the region's fd socket and checks who answers before it shows anything of its
-    /// own: the server runs as this user (`SO_PEERCRED`), is the engine's process where
-    /// this PID namespace shows the engine, and proves it owns the region (the
-    /// descriptor its hello carries holds the engine's proof byte). Anything else is a
-    /// `Protocol` error naming who answered, and this client's proof never left it. Then
-    /// it sends its proof (a descriptor holding the client's proof byte: the engine sends
-    /// fds only to its attached client) and takes the fds. An exchange the server refused
-    /// as unread (it made room for newer peers) is tried again while the timeout allows
-    /// ([`crate::fdpass::exchange`]); every descriptor received from a process not found
-    /// to be the engine is closed off this thread (`os::close_untrusted`).
+    /// The tensors' fds, from the engine and nobody else ([`crate::device::server::receive`]).
     fn receive_from_the_engine(
         &self,
         layout: &Layout,
         region: &dyn ControlMapping,
     ) -> Result<Vec<OwnedFd>> {
-        let path = control::socket_path(&self.name)?;
-        let proof = region.client_proof()?;
-        let euid = crate::os::euid();
-        let (pid, start) = (layout.engine_pid, layout.engine_start_time);
-        let mut check = |exchange: &crate::fdpass::Exchange| -> Result<()> {
-            let not_the_engine = |why: String| Error::Protocol {
-                peer: Peer::Engine,
-                detail: format!(
-                    "the process answering on the fd socket '{path}' ({}) is not the engine of \
-                     region '{}': {why}; this client did not show it its proof, and took no fd \
-                     from it",
-                    exchange.server, self.name
-                ),
-            };
-            if exchange.server.uid != euid {
-                return Err(not_the_engine(format!(
-                    "it runs as uid {}, this process as uid {euid}",
-                    exchange.server.uid
-                )));
-            }
-            if crate::os::process_seen(pid, start).is_some() && exchange.server.pid != Some(pid) {
-                return Err(not_the_engine(format!("the engine is pid {pid}")));
-            }
-            if let Err(why) = region.proves(exchange.proof.as_fd(), control::ENGINE_PROOF_BYTE)? {
-                return Err(not_the_engine(format!(
-                    "its proof of owning the region fails: {why}"
-                )));
-            }
-            Ok(())
-        };
-        let answer = crate::fdpass::exchange(
-            &self.name,
-            &path,
-            super::fd_count(layout),
-            self.timeout,
-            proof.as_fd(),
-            &mut check,
-        )?;
-        // The engine's proof, found to be the region's file: its close cannot block
-        // (tmpfs), and it is closed here, now.
-        drop(answer.proof.into_owned());
-        Ok(answer.fds)
+        let expected = super::fd_count(layout);
+        crate::device::server::receive(&self.name, layout, region, expected, self.timeout)
     }
 
     /// The name of tensor `index` of the layout this client imported, for messages.

@@ -5,12 +5,11 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::server::FdServer;
 use super::vk::{Context, ExportedBuffer};
 use crate::control::{self, Control, ControlMapping};
 use crate::device::backend::{DeviceRelease, EngineBackend};
+use crate::device::server::FdServer;
 use crate::error::{Error, Result};
-use crate::fdpass::Listener;
 use crate::layout::location::Device;
 use crate::layout::vulkan::{SharedFd, VulkanSource};
 use crate::layout::{HeaderBuilder, TensorInfo};
@@ -161,8 +160,7 @@ impl EngineBackend for EngineVulkan {
     /// published, so a client that sees the region finds the socket.
     fn start(&mut self, region: &dyn ControlMapping) -> Result<()> {
         if self.server.is_none() {
-            let listener = Listener::bind(&control::socket_path(region.name())?)?;
-            self.server = Some(FdServer::start(listener, region, self.fds.clone())?);
+            self.server = Some(FdServer::bind_and_start(region, self.fds.clone())?);
         }
         Ok(())
     }

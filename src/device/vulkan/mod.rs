@@ -27,8 +27,6 @@ pub mod export {
     pub use crate::layout::vulkan::*;
 }
 #[cfg(feature = "vulkan")]
-mod server;
-#[cfg(feature = "vulkan")]
 pub mod vk;
 
 /// Which importer a client asks for: a request, defined with the others.

@@ -1,6 +1,9 @@
-//! The engine's fd server: a small thread that accepts connections on the region's
-//! socket, says hello to each with the engine's proof, and answers the attached client's
-//! request with the fds.
+//! The region's fd socket (`docs/protocol.md` §3.6), both ends: the engine's fd server,
+//! a small thread that accepts connections on the region's socket, says hello to each
+//! with the engine's proof, and answers the attached client's request with the fds; and
+//! the client's [`receive`], which checks who answers before it shows its own proof.
+//! Backend-neutral: it serves Vulkan tensors' fds (1.3) and the fd of CUDA memory shared
+//! by file descriptor (1.9) alike.
 //!
 //! A thread rather than the step loop: a client connects while it attaches, which may
 //! be before frame 0 or while the engine is busy in a long step or asleep in
@@ -22,9 +25,10 @@ use std::time::{Duration, Instant};
 use crate::control::{
     ClientState, ControlMapping, EngineState, CLIENT_PROOF_BYTE, ENGINE_PROOF_BYTE,
 };
-use crate::error::Result;
+use crate::error::{Error, Peer, Result};
 use crate::fdpass::{self, Accepted, Conn, Listener, PeerCred, ReplyStatus};
 use crate::layout::vulkan::SharedFd;
+use crate::layout::Layout;
 use crate::os;
 
 #[derive(Debug)]
@@ -59,12 +63,20 @@ impl FdServer {
         let thread = std::thread::Builder::new()
             .name("shmbridge-fds".into())
             .spawn(move || serve(&l, &*region, &fds))
-            .map_err(|e| crate::error::Error::io("starting the fd server thread", e))?;
+            .map_err(|e| Error::io("starting the fd server thread", e))?;
         Ok(FdServer {
             listener,
             thread: Some(thread),
             pid: os::current_pid(),
         })
+    }
+
+    /// Binds the region's socket (1.6: `<name>.fd` beside it in /dev/shm) and serves
+    /// `fds` on it ([`FdServer::start`]). Called once the region's name is this engine's
+    /// and before it is published, so a client that sees the region finds the socket.
+    pub fn bind_and_start(region: &dyn ControlMapping, fds: Vec<SharedFd>) -> Result<FdServer> {
+        let listener = Listener::bind(&crate::control::socket_path(region.name())?)?;
+        FdServer::start(listener, region, fds)
     }
 
     /// Stops accepting and joins the thread. In a child forked from the process that
@@ -86,6 +98,62 @@ impl Drop for FdServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The `expected` fds of region `name`'s engine, from the engine and nobody else
+/// (protocol 1.8, §3.6): connects to the region's fd socket and checks who answers
+/// before it shows anything of its own: the server runs as this user (`SO_PEERCRED`), is
+/// the engine's process where this PID namespace shows the engine, and proves it owns
+/// the region (the descriptor its hello carries holds the engine's proof byte). Anything
+/// else is a `Protocol` error naming who answered, and this client's proof never left
+/// it. Then it sends its proof (`region`'s, a descriptor holding the client's proof
+/// byte: the engine sends fds only to its attached client) and takes the fds. An
+/// exchange the server refused as unread (it made room for newer peers) is tried again
+/// while `timeout` allows ([`fdpass::exchange`]); every descriptor received from a
+/// process not found to be the engine is closed off this thread
+/// (`os::close_untrusted`).
+pub fn receive(
+    name: &str,
+    layout: &Layout,
+    region: &dyn ControlMapping,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Vec<std::os::fd::OwnedFd>> {
+    let path = crate::control::socket_path(name)?;
+    let proof = region.client_proof()?;
+    let euid = fdpass::euid();
+    let (pid, start) = (layout.engine_pid, layout.engine_start_time);
+    let mut check = |exchange: &fdpass::Exchange| -> Result<()> {
+        let not_the_engine = |why: String| Error::Protocol {
+            peer: Peer::Engine,
+            detail: format!(
+                "the process answering on the fd socket '{path}' ({}) is not the engine of \
+                 region '{name}': {why}; this client did not show it its proof, and took no fd \
+                 from it",
+                exchange.server
+            ),
+        };
+        if exchange.server.uid != euid {
+            return Err(not_the_engine(format!(
+                "it runs as uid {}, this process as uid {euid}",
+                exchange.server.uid
+            )));
+        }
+        if os::process_seen(pid, start).is_some() && exchange.server.pid != Some(pid) {
+            return Err(not_the_engine(format!("the engine is pid {pid}")));
+        }
+        if let Err(why) = region.proves(exchange.proof.as_fd(), ENGINE_PROOF_BYTE)? {
+            return Err(not_the_engine(format!(
+                "its proof of owning the region fails: {why}"
+            )));
+        }
+        Ok(())
+    };
+    let answer = fdpass::exchange(name, &path, expected, timeout, proof.as_fd(), &mut check)?;
+    // The engine's proof, found to be the region's file: its close cannot block (tmpfs),
+    // and it is closed here, now.
+    drop(answer.proof.into_owned());
+    Ok(answer.fds)
 }
 
 /// What the engine says first to a new peer: `Ok` (it gets the engine's proof) unless
@@ -361,7 +429,7 @@ impl<'a> Refusals<'a> {
         if !self.printed[i] {
             self.printed[i] = true;
             eprintln!(
-                "shmbridge: refused the Vulkan fds of region '{}' to {peer}: {} (further refusals are counted, and summarised at most once a minute)",
+                "shmbridge: refused the fds of region '{}' to {peer}: {} (further refusals are counted, and summarised at most once a minute)",
                 self.region,
                 status.describe()
             );
@@ -389,7 +457,7 @@ impl<'a> Refusals<'a> {
             })
             .collect();
         eprintln!(
-            "shmbridge: refused the Vulkan fds of region '{}' {total} more time(s): {}",
+            "shmbridge: refused the fds of region '{}' {total} more time(s): {}",
             self.region,
             kinds.join(", ")
         );
