@@ -59,3 +59,19 @@ def test_runner_refuses_a_script_without_the_line_before_running_it(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "not a CleanRL script" in run.stderr, run.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_vec_env_serves_the_engine_ids_and_gymnasium_ids_behind_shards():
+    env = cleanrl.shmbridge_vec_env("shmbridge/CartPole-v1", 2, 0)
+    try:
+        assert env.client.engine_kind == "cartpole" and env.num_envs == 2
+    finally:
+        env.close()
+    env = cleanrl.shmbridge_vec_env("shmbridge/Acrobot-v1", 2, 0)
+    try:
+        assert env.action_space.n == 3 and env.observation_space.shape == (6,)
+        assert env.reset().shape == (2, 6)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="shmbridge/CartPole-v1 or shmbridge/<Gymnasium id>"):
+        cleanrl.shmbridge_vec_env("CartPole-v1", 2, 0)
