@@ -487,6 +487,16 @@ impl Client {
         unsafe { ShardSlot::checked_before(&self.region, shard) }
     }
 
+    /// Each shard's flag of sleeping on the doorbell (1.4): what a post to a sharded
+    /// region looks at to know whether to wake them.
+    #[inline(always)]
+    fn shard_waiting_flags(&self) -> impl Iterator<Item = &crate::primitive::AtomicU32> + '_ {
+        self.layout
+            .shards
+            .iter()
+            .map(|s| self.slot(s).engine_waiting())
+    }
+
     fn engine_state(&self) -> EngineState {
         self.region.control().engine_state()
     }
@@ -631,15 +641,10 @@ impl Client {
         self.action += 1;
         if self.layout.is_sharded() {
             // One action for every shard: each sleeps on the doorbell with its own flag.
-            let slots = self
-                .layout
-                .shards
-                .iter()
-                .map(|s| self.slot(s).engine_waiting());
             sync::post_all(
                 &self.region.control().doorbell_with_action(),
                 self.action,
-                slots,
+                self.shard_waiting_flags(),
             );
         } else if self.layout.version.1 >= 1 {
             // 1.1 engines sleep on the doorbell, which wakes them for commands too.
@@ -751,7 +756,12 @@ impl Client {
             let id = self.push_request(&info, r, timeout.saturating_sub(start.elapsed()))?;
             sent.push((info, id));
         }
-        command::ring_doorbell(&self.region);
+        let bell = self.region.control().doorbell();
+        if self.layout.is_sharded() {
+            command::ring_doorbell(&bell, self.shard_waiting_flags());
+        } else {
+            command::ring_doorbell(&bell, [bell.engine_waiting]);
+        }
         let mut replies = Vec::with_capacity(sent.len());
         for (info, (id, name)) in sent {
             let left = timeout.saturating_sub(start.elapsed());

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Peer, Result};
 use crate::layout::{Layout, ShardInfo};
+use crate::primitive::AtomicU32;
 use crate::region::Region;
 use crate::ring::{Ring, RingCtrl};
 use crate::shard::ShardSlot;
@@ -180,9 +181,16 @@ pub(crate) fn channel<'a>(region: &'a Region, shard: &'a ShardInfo) -> Result<Op
     }))
 }
 
-/// Rings the engine's doorbell after a command push.
-pub(crate) fn ring_doorbell(region: &Region) {
-    sync::post(&region.control().doorbell(), 0);
+/// Rings the engines' doorbell `bell` after a command push. `flags`: the waiter flag of
+/// every engine process that sleeps on it: the doorbell's own for an unsharded region,
+/// each shard's for a sharded one (1.4), since a shard sleeps with a flag of its own and
+/// one whose flag is not looked at is not woken (it would see the command only when its
+/// sleep slice ran out, 10 ms later).
+pub(crate) fn ring_doorbell<'a>(
+    bell: &sync::Doorbell<'a>,
+    flags: impl IntoIterator<Item = &'a AtomicU32>,
+) {
+    sync::post_all(bell, 0, flags);
 }
 
 /// How long the engine waits for room in the reply ring before giving up on a reply.

@@ -175,8 +175,8 @@ fn lock_step_two_rounds() {
 
 #[test]
 fn doorbell_wakes_the_engine_for_a_command_and_an_action() {
-    // The client pushes a command into the real ring and rings the bell (as
-    // `command::ring_doorbell`), then posts an action through the bell. The engine,
+    // The client pushes a command into the real ring and rings the bell
+    // (`command::ring_doorbell`), then posts an action through the bell. The engine,
     // asleep on the bell with nothing but the ring and the action counter to look at
     // (as `Engine` waits), must see both: the command intact, the action once.
     check("sync::doorbell_wakes_for_a_command_and_an_action", || {
@@ -189,7 +189,7 @@ fn doorbell_wakes_the_engine_for_a_command_and_an_action() {
                 let r = ring.ring(Peer::Client);
                 r.push(b"reset", WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
                     .unwrap();
-                post(&c.doorbell(false), 0);
+                crate::command::ring_doorbell(&c.doorbell(false), [&c.engine_waiting]);
                 post(&c.doorbell(true), 1);
             })
         };
@@ -415,6 +415,50 @@ fn every_shard_wakes_for_one_action_and_the_client_waits_for_all() {
             assert_eq!(primitive::load(&s.engine_waiting, Ordering::Relaxed), 0);
             assert_eq!(primitive::load(&s.client_waiting, Ordering::Relaxed), 0);
         }
+    });
+}
+
+#[test]
+fn a_command_wakes_the_shard_it_is_for() {
+    // Shard 1 asleep on the one doorbell with its own flag, waiting for a request in its
+    // ring (as `Engine::wait_actions`); the client pushes one there and rings the bell
+    // (`command::ring_doorbell` over every shard's flag, as `Client::call_shards` for a
+    // sharded region). The shard must wake for it: looking only at the doorbell's base
+    // flag (shard 0's) would leave it asleep, a deadlock here.
+    check("command::ring_doorbell_wakes_the_shard", || {
+        let c = Sharded::new();
+        let ring = Arc::new(HeapRing::new(64).unwrap());
+        ring.track_in_model();
+        let shard = {
+            let (c, ring) = (c.clone(), ring.clone());
+            loom::thread::spawn(move || {
+                let r = ring.ring(Peer::Client);
+                wait_until(
+                    &c.doorbell(1, false),
+                    |_| (!r.is_empty()).then_some(()),
+                    WaitPolicy::BLOCKING,
+                    Duration::MAX,
+                    "a command",
+                    || Ok(()),
+                )
+                .unwrap();
+                let mut out = Vec::new();
+                assert!(r.try_pop(&mut out).unwrap());
+                assert_eq!(out, b"reset");
+            })
+        };
+        let r = ring.ring(Peer::Client);
+        r.push(b"reset", WaitPolicy::BLOCKING, Duration::MAX, || Ok(()))
+            .unwrap();
+        crate::command::ring_doorbell(
+            &c.doorbell(0, false),
+            c.shards.iter().map(|s| &s.engine_waiting),
+        );
+        shard.join().unwrap();
+        assert_eq!(
+            primitive::load(&c.shards[1].engine_waiting, Ordering::Relaxed),
+            0
+        );
     });
 }
 

@@ -179,11 +179,12 @@ def descendant_running(root: int, exe: str, hang: float = 60.0) -> int:
         os.sched_yield()
 
 
-def doc_example(path: str) -> str:
-    """The first ```python block of the markdown file ``path`` (relative to the
-    repository's root): guides' examples are tested as written."""
+def doc_example(path: str, lang: str = "python", after: str = "") -> str:
+    """The first ```<lang> block after the text ``after`` of the markdown file ``path``
+    (relative to the repository's root): guides' examples are tested as written."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, path)) as f:
         text = f.read()
-    start = text.index("```python\n") + len("```python\n")
+    fence = f"```{lang}\n"
+    start = text.index(fence, text.index(after)) + len(fence)
     return text[start:text.index("\n```", start) + 1]

@@ -295,6 +295,30 @@ def test_vector_contenders_subset(tmp_path):
     assert "unknown contenders ['grpc']" in proc.stderr
 
 
+def test_learners_quick(tmp_path):
+    for module in ("gymnasium", "stable_baselines3", "torchrl", "skrl"):
+        pytest.importorskip(module)
+    out = tmp_path / "results"
+    proc = _run("learners", "--quick", "--workloads", "CartPole-v1", "--envs", "2", "--steps", "3",
+                "--rounds", "1", "--out", str(out))
+    rows = json.loads((out / "learners.json").read_text())["rows"]
+    assert [(r["library"], r["own"], r["ours"]) for r in rows] == [
+        ("sb3", "SubprocVecEnv", "shmbridge K=2"),
+        ("torchrl", "GymEnv(num_envs)", "shmbridge K=2"),
+        ("skrl", "wrap_env(AsyncVectorEnv)", "shmbridge K=2"),
+    ]
+    for r in rows:
+        assert r["env_id"] == "CartPole-v1" and r["num_envs"] == 2 and r["steps"] == 3
+        assert len(r["own_rates"]) == len(r["ours_rates"]) == 1
+        assert r["own_median"] > 0 and r["ours_median"] > 0
+        assert r["ratio"] == pytest.approx(r["ours_median"] / r["own_median"])
+    md = (out / "learners.md").read_text()
+    assert "| torchrl | CartPole-v1 | 2 | GymEnv(num_envs) |" in md and "Load average at the end" in md
+    assert "| skrl | CartPole-v1 | 2 |" in proc.stdout
+    proc = _run("learners", "--libraries", "sb3,rllib", status=2)
+    assert "unknown libraries ['rllib']" in proc.stderr
+
+
 # bench pixels: rendered frames to torch against Gymnasium's rgb_array.
 
 

@@ -8,6 +8,10 @@
 - ``vector``: Gymnasium envs (CartPole-v1, HalfCheetah-v5) behind shards against
   ``AsyncVectorEnv``, ``SyncVectorEnv`` and EnvPool, and the ``null`` transport as one
   engine against shards; tables and a PNG plot.
+- ``learners``: Stable-Baselines3, TorchRL and skrl, each on its own process-per-env
+  vector env against the same library on shmbridge shards (CartPole-v1, HalfCheetah-v5,
+  N = 16 and 64), env-steps/s inside the library's own collection loop (needs the extras
+  ``sb3``, ``torchrl``, ``skrl`` and ``gym``).
 - ``gpu``: getting each new frame to a torch consumer on the GPU, CUDA IPC (the engine's
   tensors on the GPU, zero copy) against copies from shared memory (pageable, pinned);
   obs 4096×100 and images. Needs a GPU: without one it prints

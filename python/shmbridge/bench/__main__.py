@@ -1,4 +1,4 @@
-"""``python -m shmbridge.bench {step,peers,vector,gpu,vulkan} [--quick] ...``"""
+"""``python -m shmbridge.bench {step,peers,vector,learners,gpu,vulkan,...} [--quick] ...``"""
 
 import sys
 

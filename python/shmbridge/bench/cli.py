@@ -135,6 +135,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     o.add_argument("--no-browser", action="store_true", help="leave the browser configuration out")
     o.add_argument("--out", default=None, help="also write DIR/observers.md and DIR/observers.json")
 
+    lr = sub.add_parser("learners", help="the learning libraries' own parallel envs against the same library on shmbridge",
+                        description="SB3 (SubprocVecEnv), TorchRL (GymEnv over AsyncVectorEnv) and skrl (its "
+                                    "wrapper of AsyncVectorEnv) against each on shmbridge shards, CartPole-v1 "
+                                    "and HalfCheetah-v5, env-steps/s inside each library's collection loop, "
+                                    "alternated; medians over the rounds. Writes DIR/learners.md and .json.")
+    lr.add_argument("--quick", action="store_true", help="a short smoke run (N = 4, 4 steps, 2 rounds)")
+    lr.add_argument("--out", default=None, help="also write DIR/learners.md and DIR/learners.json")
+    lr.add_argument("--envs", default=None, help="comma-separated num_envs (default 16,64; quick 4)")
+    lr.add_argument("--shards", type=int, default=2, help="shmbridge shard processes (default 2)")
+    lr.add_argument("--workloads", default=None, help="comma-separated Gymnasium ids (default CartPole-v1,HalfCheetah-v5)")
+    lr.add_argument("--libraries", default=None, help="comma-separated subset of sb3, torchrl, skrl (default: all)")
+    lr.add_argument("--steps", type=int, default=None, help="vector steps per block (default 64 CartPole, 16 others)")
+    lr.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3; quick 2)")
+
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
@@ -145,6 +159,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import observers
 
         return observers.main(args)
+    if args.command == "learners":
+        from . import learners
+
+        return learners.main(args)
     if args.command == "vector":
         from . import vector
 

@@ -5,6 +5,8 @@ each, importable without its library (which is imported when an adapter is first
 * :mod:`shmbridge.integrations.torchrl`: a TorchRL ``EnvBase`` (extra ``torchrl``);
 * :mod:`shmbridge.integrations.rsl_rl`: an rsl_rl ``VecEnv`` (extra ``rsl_rl``);
 * :mod:`shmbridge.integrations.skrl`: an skrl environment wrapper (extra ``skrl``).
+* :mod:`shmbridge.integrations.cleanrl`: runs CleanRL's own ``ppo.py`` on an engine
+  (``python -m shmbridge.integrations.cleanrl``; extra ``sb3``).
 
 Each adapter takes the name of a reference engine to launch with its arguments, or any
 :class:`shmbridge.Client` (``shmbridge.launch``, ``shmbridge.launch_gym`` shards, an engine
