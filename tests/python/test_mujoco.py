@@ -175,6 +175,28 @@ def test_threads_step_the_same_episodes_as_one_thread() -> None:
     assert ended > n  # many episodes ended and restarted on every thread's run of envs
 
 
+def test_step_threads_are_started_once_for_the_engines_life() -> None:
+    """``threads=T``: the engine keeps T - 1 step threads (its own is the T-th) from start
+    to end; a step hands them work and starts none. Between steps the engine process has
+    T - 1 threads more than an engine with one thread, the same ones (same thread ids)
+    after the first step and after many."""
+    import os
+
+    def threads_of(client) -> set:
+        return set(os.listdir(f"/proc/{client.engine_process.pid}/task"))
+
+    seen = {}
+    for threads in (1, 3):
+        with launch_mujoco("Hopper-v5", 6, seed=1, threads=threads) as client:
+            client.step(np.zeros((6, 3), np.float32))
+            after_one = threads_of(client)
+            for _ in range(20):
+                client.step(np.zeros((6, 3), np.float32))
+            assert threads_of(client) == after_one
+            seen[threads] = after_one
+    assert len(seen[3]) == len(seen[1]) + 2
+
+
 def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
     """Env ``i`` draws its reset noise from a stream seeded ``seed + i``, at launch and
     on ``client.reset(seed=...)``: the same seed gives the same starts, another seed other

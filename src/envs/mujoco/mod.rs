@@ -11,8 +11,9 @@
 //! cost uses them as given, as Gymnasium does), `rewards`, `terminated`, `truncated`,
 //! `reset_mask`, and `final_obs` (the observation before an autoreset, as `cartpole`).
 //! Autoreset in the same step, like `cartpole`. `EnvOptions::threads` (`--threads`,
-//! `launch(..., threads=T)`): T scoped threads per step, each stepping a contiguous run
-//! of envs and writing only its rows; the ended episodes are recorded after they join.
+//! `launch(..., threads=T)`): T threads per step (the engine's own and a pool of T - 1
+//! started with the engine and kept for its life), each stepping a contiguous run of
+//! envs and writing only its rows; the ended episodes are recorded after they are done.
 //!
 //! Commands (`client.call`): `model_info` (sizes, timestep, frame skip and the names of
 //! bodies, joints, actuators, sensors and cameras), `get_state(env)` and
@@ -155,6 +156,9 @@ pub struct MujocoEnv {
     dt: f64,
     /// Threads stepping the envs, each a contiguous run of them.
     threads: usize,
+    /// The `threads - 1` threads that step all but the first run (`None` with one
+    /// thread), started once: a step hands them work, it starts no thread.
+    pool: Option<rayon::ThreadPool>,
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
@@ -282,6 +286,19 @@ impl MujocoEnv {
                 rng: Pcg32::seed_from_u64(seed.wrapping_add(i)),
             });
         }
+        let threads = (options.threads.unwrap_or(1).max(1) as usize).min(envs.len().max(1));
+        let pool = match threads {
+            1 => None,
+            t => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t - 1)
+                    .thread_name(|k| format!("mujoco-step-{}", k + 1))
+                    .build()
+                    .map_err(|e| {
+                        Error::InvalidSpec(format!("{name}: cannot start {t} step threads: {e}"))
+                    })?,
+            ),
+        };
         let mut env = MujocoEnv {
             task,
             model,
@@ -290,7 +307,8 @@ impl MujocoEnv {
             obs_dim,
             nu,
             dt,
-            threads: options.threads.unwrap_or(1).max(1) as usize,
+            threads,
+            pool,
         };
         for i in 0..num_envs as usize {
             env.reset_one(i);
@@ -507,26 +525,27 @@ impl VecEnv for MujocoEnv {
         };
         let n = self.envs.len();
         let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
-        let ended: Vec<(usize, f64, u64)> = if per >= n {
-            stepper.step(&mut self.envs, all, 0)
-        } else {
-            // Contiguous slices, one per thread; each writes only its own rows.
-            let slices = all.split(per, d, nu);
-            std::thread::scope(|scope| {
-                let running: Vec<_> = self
-                    .envs
-                    .chunks_mut(per)
-                    .zip(slices)
-                    .enumerate()
-                    .map(|(k, (envs, slice))| {
-                        scope.spawn(move || stepper.step(envs, slice, k * per))
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            })
+        let ended: Vec<(usize, f64, u64)> = match &self.pool {
+            Some(pool) if per < n => {
+                // Contiguous slices, one per thread; each writes only its own rows. The
+                // first runs here, the others on the pool; their results are kept in
+                // order, so the episodes are recorded as one thread records them.
+                let runs = self.envs.chunks_mut(per).zip(all.split(per, d, nu));
+                let mut ended: Vec<Vec<(usize, f64, u64)>> = Vec::new();
+                ended.resize_with(n.div_ceil(per), Vec::new);
+                pool.in_place_scope(|scope| {
+                    let mut jobs = runs.zip(ended.iter_mut()).enumerate();
+                    let here = jobs.next();
+                    for (k, ((envs, slice), out)) in jobs {
+                        scope.spawn(move |_| *out = stepper.step(envs, slice, k * per));
+                    }
+                    if let Some((_, ((envs, slice), out))) = here {
+                        *out = stepper.step(envs, slice, 0);
+                    }
+                });
+                ended.into_iter().flatten().collect()
+            }
+            _ => stepper.step(&mut self.envs, all, 0),
         };
         for (i, ret, len) in ended {
             io.episode_ended(i, ret, len)?;
