@@ -3,8 +3,9 @@
 //! (`mujoco-rs`), with Gymnasium's `-v5` tasks ([`tasks`]): same model files (read at run
 //! time from the installed `gymnasium` package), frame skip, observations, rewards,
 //! terminations, truncation at 1000 steps and reset noise. Reset noise comes from each
-//! env's own PCG stream (env `i` seeded with `seed + first_env + i`): the same seed gives
-//! the same episodes here, not the ones Gymnasium's NumPy generator gives.
+//! env's own NumPy generator ([`numpy_random`]), env `i` seeded with `seed + first_env +
+//! i` as Gymnasium seeds it: the same seed gives Gymnasium's initial states (HalfCheetah's
+//! and Ant's normal velocities excepted: docs/mujoco.md).
 //!
 //! Tensors: `obs [N, obs_dim] f32` (Gymnasium's observation, as f32), `actions [N, nu]
 //! f32` (the controls, `ctrl`; MuJoCo clamps them to `ctrlrange`, the reward's control
@@ -21,15 +22,15 @@
 //! Rust's shortest round-trip formatting, so a get/set pair is exact), and `Reset`
 //! (seeded as `cartpole`). `env` is the region's env index; a shard answers for its own.
 
+pub mod numpy_random;
 pub mod tasks;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use mujoco_rs::wrappers::{MjData, MjModel, MjtObjBase};
-use rand::{RngExt, SeedableRng};
-use rand_pcg::Pcg32;
 
+use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
@@ -53,7 +54,7 @@ struct Env {
     data: Data,
     steps: u32,
     episode_return: f64,
-    rng: Pcg32,
+    rng: NumpyRandom,
 }
 
 impl Env {
@@ -68,11 +69,11 @@ impl Env {
             ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
         };
         for q in data.qpos_mut() {
-            *q += rng.random_range(-scale..scale);
+            *q += rng.uniform(-scale, scale);
         }
         for v in data.qvel_mut() {
             *v += match task.noise {
-                ResetNoise::Uniform(s) => rng.random_range(-s..s),
+                ResetNoise::Uniform(s) => rng.uniform(-s, s),
                 ResetNoise::UniformNormal(s) => s * standard_normal(rng),
             };
         }
@@ -283,7 +284,7 @@ impl MujocoEnv {
                 data,
                 steps: 0,
                 episode_return: 0.0,
-                rng: Pcg32::seed_from_u64(seed.wrapping_add(i)),
+                rng: NumpyRandom::new(seed.wrapping_add(i)),
             });
         }
         let threads = (options.threads.unwrap_or(1).max(1) as usize).min(envs.len().max(1));
@@ -490,10 +491,10 @@ fn join(values: &[f64]) -> String {
         .join(",")
 }
 
-/// A standard normal sample (Box-Muller).
-fn standard_normal(rng: &mut Pcg32) -> f64 {
-    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln is finite
-    let u2: f64 = rng.random();
+/// A standard normal sample (Box-Muller, not NumPy's ziggurat: docs/mujoco.md).
+fn standard_normal(rng: &mut NumpyRandom) -> f64 {
+    let u1: f64 = 1.0 - rng.next_f64(); // (0, 1]: ln is finite
+    let u2: f64 = rng.next_f64();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
@@ -654,7 +655,7 @@ impl CommandHandler for MujocoEnv {
         let (ids, seeds) = req.plan(self.envs.len() as u32)?;
         for (k, &i) in ids.iter().enumerate() {
             if let Some(seeds) = &seeds {
-                self.envs[i as usize].rng = Pcg32::seed_from_u64(seeds[k]);
+                self.envs[i as usize].rng = NumpyRandom::new(seeds[k]);
             }
             self.reset_one(i as usize);
         }
