@@ -115,7 +115,76 @@ def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
                 client.call("set_state", **args)
         assert client.call("get_state", env=0) == before
         with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
-            client.call("set_control")
+            client.call("set_qpos")
+
+
+def test_model_info_gives_each_objects_name_and_size() -> None:
+    """``model_info``: per joint its widths in ``qpos``/``qvel``, per sensor its outputs,
+    per camera its resolution, next to the names; they agree with MuJoCo's own model."""
+    import mujoco
+
+    with launch_mujoco("Ant-v5", 1) as client:
+        info = client.call("model_info")
+    model = gymnasium.make("Ant-v5").unwrapped.model
+    assert info["joint_qpos_sizes"] == "7" + ",1" * 8  # the free root, 8 hinges
+    assert info["joint_qvel_sizes"] == "6" + ",1" * 8
+    assert sum(int(v) for v in info["joint_qpos_sizes"].split(",")) == model.nq == int(info["nq"])
+    assert info["sensor_sizes"] == ",".join(str(d) for d in model.sensor_dim)
+    assert info["camera_sizes"] == ",".join(f"{w}x{h}" for w, h in model.cam_resolution)
+    assert len(info["cameras"].split(",")) == model.ncam
+    assert info["bodies"].split(",")[1] == mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, 1)
+
+
+def test_set_control_is_the_envs_ctrl_until_the_next_step() -> None:
+    """``set_control(env, ctrl)``: the env's ``ctrl``, then ``mj_forward``; its observation
+    is rewritten (Humanoid's holds ``qfrc_actuator``: the same as Gymnasium's after the same
+    ``ctrl`` and ``mj_forward``, as float32). The next step sets ``ctrl`` to its action.
+    Bad controls are refused and nothing is written."""
+    import mujoco
+
+    genv = gymnasium.make("Humanoid-v5")
+    sim = genv.unwrapped
+    genv.reset(seed=0)
+    ctrl = np.random.default_rng(3).uniform(-0.4, 0.4, sim.model.nu)
+    with launch_mujoco("Humanoid-v5", 2) as client:
+        set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        before = np.asarray(client.obs)[1].copy()
+        client.call("set_control", env=1, ctrl=numbers(ctrl))
+        sim.data.ctrl[:] = ctrl
+        mujoco.mj_forward(sim.model, sim.data)
+        assert client.call("get_state", env=1)["ctrl"] == numbers(ctrl)
+        obs = np.asarray(client.obs)[1]
+        np.testing.assert_array_equal(obs, sim._get_obs().astype(np.float32))
+        assert not np.array_equal(obs, before)  # the actuator forces are in it
+        for bad in ["1,2", numbers(ctrl).replace(numbers(ctrl).split(",")[0], "nan", 1), ""]:
+            with pytest.raises(shmbridge.errors.RemoteError):
+                client.call("set_control", env=1, ctrl=bad)
+        with pytest.raises(shmbridge.errors.RemoteError):
+            client.call("set_control", env=2, ctrl=numbers(ctrl))
+        assert client.call("get_state", env=1)["ctrl"] == numbers(ctrl)
+        actions = np.zeros((2, sim.model.nu), np.float32)
+        actions[1] = 0.25
+        client.step(actions)
+        assert client.call("get_state", env=1)["ctrl"] == numbers(actions[1])
+
+
+def test_reset_by_env_ids_resets_those_envs_only() -> None:
+    """``client.reset(env_ids=..., seed=...)`` restarts the listed envs (the k-th listed
+    with ``seed + k``, Gymnasium's initial state of that seed) and leaves the others
+    where they are."""
+    genv = gymnasium.make("Hopper-v5")
+    with launch_mujoco("Hopper-v5", 4, seed=0) as client:
+        for _ in range(5):
+            client.step(np.full((4, 3), 0.3, np.float32))
+        states = [client.call("get_state", env=i) for i in range(4)]
+        client.reset(env_ids=[3, 1], seed=40)
+        after = [client.call("get_state", env=i) for i in range(4)]
+        assert after[0] == states[0] and after[2] == states[2]
+        for i, seed in ((3, 40), (1, 41)):
+            genv.reset(seed=seed)
+            assert after[i]["qpos"] == numbers(genv.unwrapped.data.qpos)
+            assert after[i]["qvel"] == numbers(genv.unwrapped.data.qvel)
+            assert after[i]["time"] == "0"
 
 
 def test_hostile_actions_do_not_stop_the_engine() -> None:

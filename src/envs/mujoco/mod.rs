@@ -16,9 +16,10 @@
 //! started with the engine and kept for its life), each stepping a contiguous run of
 //! envs and writing only its rows; the ended episodes are recorded after they are done.
 //!
-//! Commands (`client.call`): `model_info` (sizes, timestep, frame skip and the names of
-//! bodies, joints, actuators, sensors and cameras), `get_state(env)` and
-//! `set_state(env, qpos, qvel[, act][, time])` (comma-separated numbers, written with
+//! Commands (`client.call`): `model_info` (sizes, timestep, frame skip, the names of
+//! bodies, joints, actuators, sensors and cameras and each joint's, sensor's and camera's
+//! size), `get_state(env)`, `set_state(env, qpos, qvel[, act][, time])` and
+//! `set_control(env, ctrl)` (comma-separated numbers, written with
 //! Rust's shortest round-trip formatting, so a get/set pair is exact), and `Reset`
 //! (seeded as `cartpole`). `env` is the region's env index; a shard answers for its own.
 
@@ -28,7 +29,7 @@ pub mod tasks;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mujoco_rs::wrappers::{MjData, MjModel, MjtObjBase};
+use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 
 use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
@@ -384,6 +385,28 @@ impl MujocoEnv {
             ("sensors".into(), names(MjtObjBase::mjOBJ_SENSOR, m.nsensor)),
             ("cameras".into(), names(MjtObjBase::mjOBJ_CAMERA, m.ncam)),
         ]);
+        // Each object's size: a joint's positions and velocities (free 7 and 6, ball 4
+        // and 3, slide and hinge 1), a sensor's outputs, a camera's resolution (WxH).
+        let widths = |pick: fn(&MjtJoint) -> usize| {
+            list(self.model.jnt_type().iter().map(|t| pick(t).to_string()))
+        };
+        args.extend([
+            ("joint_qpos_sizes".into(), widths(|t| joint_widths(*t).0)),
+            ("joint_qvel_sizes".into(), widths(|t| joint_widths(*t).1)),
+            (
+                "sensor_sizes".into(),
+                list(self.model.sensor_dim().iter().map(|d| d.to_string())),
+            ),
+            (
+                "camera_sizes".into(),
+                list(
+                    self.model
+                        .cam_resolution()
+                        .iter()
+                        .map(|[w, h]| format!("{w}x{h}")),
+                ),
+            ),
+        ]);
         Reply::args(args)
     }
 
@@ -393,8 +416,36 @@ impl MujocoEnv {
             ("qpos".into(), join(data.qpos())),
             ("qvel".into(), join(data.qvel())),
             ("act".into(), join(data.act())),
+            ("ctrl".into(), join(data.ctrl())),
             ("time".into(), data.ffi().time.to_string()),
         ])
+    }
+
+    /// `set_control`: the env's `ctrl` (`nu` numbers, checked before any is written),
+    /// then `mj_forward` (what reads `ctrl`: actuator forces, activations' rates) and its
+    /// `obs`/`final_obs` rows rewritten. The next step sets `ctrl` to its action, as
+    /// Gymnasium's `do_simulation` does: a control set here holds until then.
+    fn set_control(
+        &mut self,
+        io: &mut Tensors<'_>,
+        i: usize,
+        args: &[(String, String)],
+    ) -> Result<(), CommandError> {
+        let ctrl = numbers(args, "ctrl", self.model.ffi().nu)?.ok_or_else(|| missing("ctrl"))?;
+        let data = &mut self.envs[i].data;
+        data.ctrl_mut().copy_from_slice(&ctrl);
+        data.forward();
+        self.write_obs_row(io, i)
+    }
+
+    /// Env `i`'s observation into its `obs` and `final_obs` rows.
+    fn write_obs_row(&self, io: &mut Tensors<'_>, i: usize) -> Result<(), CommandError> {
+        let d = self.obs_dim;
+        for name in ["obs", "final_obs"] {
+            let out = io.write::<f32>(name).map_err(CommandError::engine)?;
+            self.observe(i, &mut out[i * d..(i + 1) * d]);
+        }
+        Ok(())
     }
 
     /// Gymnasium's `set_state` (and `act`, `time` where given): the values, checked
@@ -425,13 +476,21 @@ impl MujocoEnv {
             unsafe { data.ffi_mut().time = t };
         }
         data.forward();
-        let d = self.obs_dim;
-        for name in ["obs", "final_obs"] {
-            let out = io.write::<f32>(name).map_err(CommandError::engine)?;
-            self.observe(i, &mut out[i * d..(i + 1) * d]);
-        }
-        Ok(())
+        self.write_obs_row(io, i)
     }
+}
+
+/// The widths in `qpos` and `qvel` of a joint of type `t`.
+fn joint_widths(t: MjtJoint) -> (usize, usize) {
+    match t {
+        MjtJoint::mjJNT_FREE => (7, 6),
+        MjtJoint::mjJNT_BALL => (4, 3),
+        _ => (1, 1),
+    }
+}
+
+fn list(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(",")
 }
 
 fn missing(key: &str) -> CommandError {
@@ -484,11 +543,7 @@ fn numbers(
 }
 
 fn join(values: &[f64]) -> String {
-    values
-        .iter()
-        .map(|v| v.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    list(values.iter().map(|v| v.to_string()))
 }
 
 /// A standard normal sample (Box-Muller, not NumPy's ziggurat: docs/mujoco.md).
@@ -677,9 +732,14 @@ impl CommandHandler for MujocoEnv {
                 self.set_state(io, i, args)?;
                 Ok(Reply::args(Vec::new()))
             }
+            "set_control" => {
+                let i = self.local(args)?;
+                self.set_control(io, i, args)?;
+                Ok(Reply::args(Vec::new()))
+            }
             other => Err(CommandError::unknown_method(
                 other,
-                &["model_info", "get_state", "set_state"],
+                &["model_info", "get_state", "set_state", "set_control"],
             )),
         }
     }
