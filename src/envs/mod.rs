@@ -26,4 +26,6 @@ mod vec_env;
 
 pub use registry::{by_name, by_name_on, find, host_spec, Entry, Reference, REFERENCE_ENGINES};
 pub use runner::{run_reference, ReferenceEngine};
-pub use vec_env::{parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv};
+pub use vec_env::{
+    parse_camera_size, parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv,
+};

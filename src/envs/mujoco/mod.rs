@@ -23,6 +23,7 @@
 //! Rust's shortest round-trip formatting, so a get/set pair is exact), and `Reset`
 //! (seeded as `cartpole`). `env` is the region's env index; a shard answers for its own.
 
+pub mod camera;
 pub mod numpy_random;
 pub mod tasks;
 
@@ -31,6 +32,7 @@ use std::sync::Arc;
 
 use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 
+use self::camera::Camera;
 use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv};
@@ -128,8 +130,8 @@ macro_rules! references {
             fn options(flags: &EnvOptions) -> EnvOptions {
                 flags.clone()
             }
-            fn spec(num_envs: u32, _: &EnvOptions) -> Result<EngineSpec> {
-                spec($name, num_envs)
+            fn spec(num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+                spec($name, num_envs, options)
             }
             fn build(num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
                 Ok(Box::new(MujocoEnv::new($name, num_envs, options)?))
@@ -161,6 +163,35 @@ pub struct MujocoEnv {
     /// The `threads - 1` threads that step all but the first run (`None` with one
     /// thread), started once: a step hands them work, it starts no thread.
     pool: Option<rayon::ThreadPool>,
+    /// `--camera`: its name and `[H, W]`, and its renderer.
+    camera: Option<(String, [u64; 2], Camera)>,
+}
+
+/// The default camera image size, `[H, W]`.
+pub const DEFAULT_CAMERA_SIZE: [u64; 2] = [84, 84];
+
+/// The camera asked for in `options` (name and `[H, W]`), checked against `model`: its
+/// id. `camera_size` without `camera` is refused.
+fn camera_of(
+    task: &Task,
+    model: &MjModel,
+    options: &EnvOptions,
+) -> Result<Option<(String, [u64; 2], usize)>> {
+    match (&options.camera, options.camera_size) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(Error::InvalidSpec(format!(
+            "{PREFIX}{}: a camera size without --camera NAME",
+            task.id
+        ))),
+        (Some(name), size) => {
+            let id = camera::camera_id(model, task.id, name)?;
+            Ok(Some((
+                name.clone(),
+                size.unwrap_or(DEFAULT_CAMERA_SIZE),
+                id,
+            )))
+        }
+    }
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
@@ -223,13 +254,19 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
 }
 
 /// The spec of engine `name` with `num_envs` envs (loads the model, builds no env).
-pub fn spec(name: &str, num_envs: u32) -> Result<EngineSpec> {
+pub fn spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
     let task = task_of(name)?;
     let model = load_model(task)?;
-    Ok(spec_of(task, &model, num_envs))
+    let camera = camera_of(task, &model, options)?.map(|(name, size, _)| (name, size));
+    Ok(spec_of(task, &model, num_envs, camera.as_ref()))
 }
 
-fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
+fn spec_of(
+    task: &Task,
+    model: &MjModel,
+    num_envs: u32,
+    camera: Option<&(String, [u64; 2])>,
+) -> EngineSpec {
     let m = model.ffi();
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
     let obs_dim = task.obs_dim(nq, nv, m.nbody as usize) as u64;
@@ -242,7 +279,7 @@ fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
             .join(",")
     };
     let n = u64::from(num_envs);
-    EngineSpec::standard(
+    let spec = EngineSpec::standard(
         &format!("{PREFIX}{}", task.id),
         num_envs,
         obs_dim,
@@ -261,14 +298,32 @@ fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
         DType::F32,
         &[n, obs_dim],
         Direction::EngineToClient,
-    )
+    );
+    match camera {
+        None => spec,
+        Some((name, [h, w])) => spec.metadata("camera", name).tensor(
+            "rgb",
+            DType::U8,
+            &[n, *h, *w, 3],
+            Direction::EngineToClient,
+        ),
+    }
 }
 
 impl MujocoEnv {
     /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
     pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
         let task = task_of(name)?;
-        let model = Arc::new(load_model(task)?);
+        let mut model = load_model(task)?;
+        let camera = camera_of(task, &model, options)?;
+        if let Some((_, size, _)) = &camera {
+            camera::fit_offscreen(&mut model, *size);
+        }
+        let camera = match camera {
+            Some((cam, size, id)) => Some((cam, size, Camera::new(&model, task.id, id, size)?)),
+            None => None,
+        };
+        let model = Arc::new(model);
         let m = model.ffi();
         let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
         let obs_dim = task.obs_dim(nq, nv, m.nbody as usize);
@@ -311,6 +366,7 @@ impl MujocoEnv {
             dt,
             threads,
             pool,
+            camera,
         };
         for i in 0..num_envs as usize {
             env.reset_one(i);
@@ -326,13 +382,29 @@ impl MujocoEnv {
         self.envs[i].observe(self.task, out);
     }
 
-    fn write_all_obs(&self, io: &mut Tensors<'_>) -> Result<()> {
+    fn write_all_obs(&mut self, io: &mut Tensors<'_>) -> Result<()> {
         let d = self.obs_dim;
         for name in ["obs", "final_obs"] {
             let out = io.write::<f32>(name)?;
             for (i, o) in out.chunks_exact_mut(d).enumerate() {
                 self.observe(i, o);
             }
+        }
+        self.render(io, 0..self.envs.len())
+    }
+
+    /// The camera's view of envs `range` into their rows of `rgb` (nothing without one).
+    fn render(&mut self, io: &mut Tensors<'_>, range: std::ops::Range<usize>) -> Result<()> {
+        let Some((_, _, camera)) = &mut self.camera else {
+            return Ok(());
+        };
+        let f = camera.frame_len();
+        let rgb = io.write::<u8>("rgb")?;
+        for i in range {
+            let row = rgb
+                .get_mut(i * f..(i + 1) * f)
+                .ok_or_else(|| Error::InvalidSpec(format!("rgb has no row for env {i}")))?;
+            camera.render(&mut self.envs[i].data, row)?;
         }
         Ok(())
     }
@@ -438,14 +510,15 @@ impl MujocoEnv {
         self.write_obs_row(io, i)
     }
 
-    /// Env `i`'s observation into its `obs` and `final_obs` rows.
-    fn write_obs_row(&self, io: &mut Tensors<'_>, i: usize) -> Result<(), CommandError> {
+    /// Env `i`'s observation into its `obs` and `final_obs` rows (and its camera's view
+    /// into `rgb`).
+    fn write_obs_row(&mut self, io: &mut Tensors<'_>, i: usize) -> Result<(), CommandError> {
         let d = self.obs_dim;
         for name in ["obs", "final_obs"] {
             let out = io.write::<f32>(name).map_err(CommandError::engine)?;
             self.observe(i, &mut out[i * d..(i + 1) * d]);
         }
-        Ok(())
+        self.render(io, i..i + 1).map_err(CommandError::engine)
     }
 
     /// Gymnasium's `set_state` (and `act`, `time` where given): the values, checked
@@ -555,7 +628,16 @@ fn standard_normal(rng: &mut NumpyRandom) -> f64 {
 
 impl VecEnv for MujocoEnv {
     fn spec(&self) -> EngineSpec {
-        spec_of(self.task, &self.model, self.envs.len() as u32)
+        let camera = self
+            .camera
+            .as_ref()
+            .map(|(name, size, _)| (name.clone(), *size));
+        spec_of(
+            self.task,
+            &self.model,
+            self.envs.len() as u32,
+            camera.as_ref(),
+        )
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
@@ -606,7 +688,9 @@ impl VecEnv for MujocoEnv {
         for (i, ret, len) in ended {
             io.episode_ended(i, ret, len)?;
         }
-        Ok(())
+        // The camera's view of every env's state, as served in `obs` (after an autoreset:
+        // the new episode's), on this thread: the renderer's GL context is current here.
+        self.render(io, 0..n)
     }
 }
 
