@@ -171,6 +171,16 @@ ensure_mujoco() {
     export MUJOCO_DYNAMIC_LINK_DIR=$PWD/target/mujoco-lib
 }
 
+# Mesa's EGL and its OpenGL drivers (llvmpipe on a machine without a GPU), which MuJoCo's
+# offscreen renderer draws the native engine's camera with (docs/mujoco.md), and which
+# `mujoco.Renderer` (MUJOCO_GL=egl) draws the frames the tests compare with.
+ensure_mesa() {
+    if [ ! -e /usr/share/glvnd/egl_vendor.d/50_mesa.json ] || \
+       ! ls /usr/lib/*/dri/swrast_dri.so >/dev/null 2>&1; then
+        apt_install libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
+    fi
+}
+
 # A Vulkan loader and Mesa's CPU driver lavapipe, so the Vulkan tests (tests/vulkan.rs)
 # run on a machine without a GPU.
 ensure_vulkan() {

@@ -22,8 +22,10 @@ RUST_MIN=1.95.0
 ensure_rust
 ensure_python
 ensure_build_tools
-step "mujoco and gymnasium into $venv"
+step "mujoco and gymnasium into $venv, Mesa's EGL (the camera)"
 ensure_mujoco "$venv"
+ensure_mesa
+export MUJOCO_GL=egl
 step "the engine's unit tests and the registry's with its tasks (cargo test --features mujoco)"
 # Gymnasium's model files, as `python -m shmbridge engine` finds them.
 SHMBRIDGE_MUJOCO_ASSETS=$("$venv/bin/python" -c 'import os, gymnasium; print(os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets"))')

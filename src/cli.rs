@@ -165,6 +165,13 @@ struct EngineArgs {
     /// mujoco/<Task>: threads that step a shard's envs, each a contiguous slice (default 1).
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=256))]
     threads: Option<u32>,
+    /// mujoco/<Task>: serve `rgb`, uint8 (num_envs, H, W, 3): each env's view through
+    /// this named camera of the model, rendered by MuJoCo (docs/mujoco.md).
+    #[arg(long, value_name = "NAME")]
+    camera: Option<String>,
+    /// mujoco/<Task>: the camera's image size (default 84x84).
+    #[arg(long, value_name = "HxW", value_parser = parse_camera_size)]
+    camera_size: Option<[u64; 2]>,
     /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -279,6 +286,10 @@ fn parse_image(text: &str) -> Result<[u64; 3], String> {
     envs::parse_image_shape(text).map_err(|e| e.to_string())
 }
 
+fn parse_camera_size(text: &str) -> Result<[u64; 2], String> {
+    envs::parse_camera_size(text).map_err(|e| e.to_string())
+}
+
 fn run_engine(a: EngineArgs) -> Result<(), Error> {
     let steps = envs::run_reference(&envs::ReferenceEngine {
         env: a.env,
@@ -292,6 +303,8 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             image: a.image,
             frame_stack: a.frame_stack,
             threads: a.threads,
+            camera: a.camera,
+            camera_size: a.camera_size,
             image_device: a.image_device.as_deref().map(|d| match d {
                 "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),
                 _ => crate::device::Device::Host,

@@ -159,7 +159,7 @@ def _attach_shards(
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
-     "idle_timeout", "threads"}
+     "idle_timeout", "threads", "camera", "camera_size"}
 )
 
 
@@ -224,6 +224,7 @@ def _check_device(device: str) -> str:
 _ENGINE_ARG_TYPES = {
     "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str, "frame_stack": int,
     "image_device": str, "name": str, "idle_timeout": float, "threads": int,
+    "camera": str, "camera_size": str,
 }
 
 
@@ -300,7 +301,9 @@ def launch(
     env, oldest first; default 2), ``image_device`` (``"vulkan"``: ``rgb`` in Vulkan
     memory the engine exports, pixels' default; ``"host"``: in the region, null's
     default), ``threads`` (``mujoco/<Task>``: threads stepping each shard's envs, default
-    1; docs/mujoco.md), ``name``, ``idle_timeout``). ``importer``: as for
+    1; docs/mujoco.md), ``camera`` and ``camera_size`` (``mujoco/<Task>``: ``rgb``, uint8
+    ``[num_envs, H, W, 3]``, each env's view through that named camera, ``"HxW"``,
+    default ``"84x84"``), ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing
     the client stops the engine and waits for it; nothing is left in /dev/shm. The engine

@@ -87,7 +87,8 @@ def make_vec(
     ``native=True``: over the native MuJoCo engine instead, ``launch("mujoco/<id>")``
     (docs/mujoco.md; a build with the cargo feature ``mujoco``): the task with Gymnasium's
     default arguments (no ``gymnasium.make`` arguments), same-step autoreset, ``threads``
-    as well as ``shards``."""
+    as well as ``shards``, and ``camera``/``camera_size`` (the frames in
+    ``envs.client["rgb"]``)."""
     from .gym import ShmVectorEnv
 
     if render_mode is not None:
@@ -118,13 +119,13 @@ def _launch_native(
             f"native=True: the native MuJoCo engine resets an env in the step it ends "
             f"(autoreset_mode='same-step'), not {autoreset_mode!r}"
         )
-    threads = kwargs.pop("threads", None)
+    native_args = {k: kwargs.pop(k) for k in ("threads", "camera", "camera_size") if k in kwargs}
     if kwargs:
         raise TypeError(
             f"native=True takes no arguments of gymnasium.make ({sorted(kwargs)}): the native "
             f"engine runs {env_id} with Gymnasium's defaults"
         )
-    engine_args: Dict[str, Any] = {k: v for k, v in (("seed", seed), ("threads", threads)) if v is not None}
+    engine_args: Dict[str, Any] = {k: v for k, v in (("seed", seed), *native_args.items()) if v is not None}
     return launch(f"mujoco/{env_id}", num_envs, shards=shards or 1, **launch_args, **engine_args)
 
 

@@ -30,4 +30,6 @@ pub use registry::{
     by_name, by_name_on, find, host_spec, CudaReference, Entry, Reference, REFERENCE_ENGINES,
 };
 pub use runner::{run_reference, ReferenceEngine};
-pub use vec_env::{parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv};
+pub use vec_env::{
+    parse_camera_size, parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv,
+};

@@ -95,6 +95,11 @@ pub struct EnvOptions {
     pub frame_stack: Option<u32>,
     /// `mujoco/<Task>`: threads stepping the envs (default 1).
     pub threads: Option<u32>,
+    /// `mujoco/<Task>`: the named camera of the model whose view of each env is served in
+    /// `rgb`, `uint8 [N, H, W, 3]` (docs/mujoco.md).
+    pub camera: Option<String>,
+    /// `mujoco/<Task>`: the camera's image size `[H, W]` (default 84x84).
+    pub camera_size: Option<[u64; 2]>,
     /// Where `rgb` lives: `Host` (with the env's other tensors; `null`'s default) or
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
     /// exports, mapped on the engine's CPU, path a; `pixels`' default).
@@ -113,12 +118,30 @@ pub fn parse_image_shape(text: &str) -> Result<[u64; 3]> {
             "image shape '{text}': expected HxWxC with positive integers, e.g. 84x84x3"
         ))
     };
-    let dims: Vec<u64> = text
-        .split('x')
-        .map(|d| d.trim().parse::<u64>().map_err(|_| bad()))
-        .collect::<Result<_>>()?;
-    match dims[..] {
+    match sides(text).ok_or_else(bad)?[..] {
         [h, w, c] if h > 0 && w > 0 && c > 0 => Ok([h, w, c]),
         _ => Err(bad()),
     }
+}
+
+/// The largest side of a `mujoco/<Task>` camera image.
+pub const MAX_CAMERA_SIDE: u64 = 4096;
+
+/// Parses a camera image size written `HxW` (e.g. `84x84`), each side in
+/// `1..=MAX_CAMERA_SIDE`.
+pub fn parse_camera_size(text: &str) -> Result<[u64; 2]> {
+    let side = 1..=MAX_CAMERA_SIDE;
+    match sides(text).as_deref() {
+        Some(&[h, w]) if side.contains(&h) && side.contains(&w) => Ok([h, w]),
+        _ => Err(Error::InvalidSpec(format!(
+            "camera size '{text}': expected HxW with integers in 1..={MAX_CAMERA_SIDE}, e.g. 84x84"
+        ))),
+    }
+}
+
+/// The integers of `text` separated by `x`, or `None` if one is not.
+fn sides(text: &str) -> Option<Vec<u64>> {
+    text.split('x')
+        .map(|d| d.trim().parse::<u64>().ok())
+        .collect()
 }

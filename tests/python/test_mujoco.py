@@ -3,7 +3,8 @@ docs/mujoco.md) against Gymnasium's own env: both start from the same ``qpos``/`
 (Gymnasium's reset state, set on the engine with the ``set_state`` command) and take the
 same random actions for 1,000 steps; observations, rewards, terminations and truncations
 agree. After an episode ends, Gymnasium is reset and its new state set on the engine's
-env (whose own autoreset drew other noise: the two generators differ), and on they go.
+env (whose own autoreset drew the same noise for the tasks of uniform noise, other noise
+for HalfCheetah's and Ant's normal velocities), and on they go.
 
 Observations: bit for bit those of Gymnasium rounded to ``float32`` (what the engine
 serves). Both step the same MuJoCo 3.17 build on the same model file, so the state agrees
@@ -114,7 +115,76 @@ def test_state_round_trips_exactly_and_bad_states_are_refused() -> None:
                 client.call("set_state", **args)
         assert client.call("get_state", env=0) == before
         with pytest.raises(shmbridge.errors.RemoteError, match="unknown method"):
-            client.call("set_control")
+            client.call("set_qpos")
+
+
+def test_model_info_gives_each_objects_name_and_size() -> None:
+    """``model_info``: per joint its widths in ``qpos``/``qvel``, per sensor its outputs,
+    per camera its resolution, next to the names; they agree with MuJoCo's own model."""
+    import mujoco
+
+    with launch_mujoco("Ant-v5", 1) as client:
+        info = client.call("model_info")
+    model = gymnasium.make("Ant-v5").unwrapped.model
+    assert info["joint_qpos_sizes"] == "7" + ",1" * 8  # the free root, 8 hinges
+    assert info["joint_qvel_sizes"] == "6" + ",1" * 8
+    assert sum(int(v) for v in info["joint_qpos_sizes"].split(",")) == model.nq == int(info["nq"])
+    assert info["sensor_sizes"] == ",".join(str(d) for d in model.sensor_dim)
+    assert info["camera_sizes"] == ",".join(f"{w}x{h}" for w, h in model.cam_resolution)
+    assert len(info["cameras"].split(",")) == model.ncam
+    assert info["bodies"].split(",")[1] == mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, 1)
+
+
+def test_set_control_is_the_envs_ctrl_until_the_next_step() -> None:
+    """``set_control(env, ctrl)``: the env's ``ctrl``, then ``mj_forward``; its observation
+    is rewritten (Humanoid's holds ``qfrc_actuator``: the same as Gymnasium's after the same
+    ``ctrl`` and ``mj_forward``, as float32). The next step sets ``ctrl`` to its action.
+    Bad controls are refused and nothing is written."""
+    import mujoco
+
+    genv = gymnasium.make("Humanoid-v5")
+    sim = genv.unwrapped
+    genv.reset(seed=0)
+    ctrl = np.random.default_rng(3).uniform(-0.4, 0.4, sim.model.nu)
+    with launch_mujoco("Humanoid-v5", 2) as client:
+        set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        before = np.asarray(client.obs)[1].copy()
+        client.call("set_control", env=1, ctrl=numbers(ctrl))
+        sim.data.ctrl[:] = ctrl
+        mujoco.mj_forward(sim.model, sim.data)
+        assert client.call("get_state", env=1)["ctrl"] == numbers(ctrl)
+        obs = np.asarray(client.obs)[1]
+        np.testing.assert_array_equal(obs, sim._get_obs().astype(np.float32))
+        assert not np.array_equal(obs, before)  # the actuator forces are in it
+        for bad in ["1,2", numbers(ctrl).replace(numbers(ctrl).split(",")[0], "nan", 1), ""]:
+            with pytest.raises(shmbridge.errors.RemoteError):
+                client.call("set_control", env=1, ctrl=bad)
+        with pytest.raises(shmbridge.errors.RemoteError):
+            client.call("set_control", env=2, ctrl=numbers(ctrl))
+        assert client.call("get_state", env=1)["ctrl"] == numbers(ctrl)
+        actions = np.zeros((2, sim.model.nu), np.float32)
+        actions[1] = 0.25
+        client.step(actions)
+        assert client.call("get_state", env=1)["ctrl"] == numbers(actions[1])
+
+
+def test_reset_by_env_ids_resets_those_envs_only() -> None:
+    """``client.reset(env_ids=..., seed=...)`` restarts the listed envs (the k-th listed
+    with ``seed + k``, Gymnasium's initial state of that seed) and leaves the others
+    where they are."""
+    genv = gymnasium.make("Hopper-v5")
+    with launch_mujoco("Hopper-v5", 4, seed=0) as client:
+        for _ in range(5):
+            client.step(np.full((4, 3), 0.3, np.float32))
+        states = [client.call("get_state", env=i) for i in range(4)]
+        client.reset(env_ids=[3, 1], seed=40)
+        after = [client.call("get_state", env=i) for i in range(4)]
+        assert after[0] == states[0] and after[2] == states[2]
+        for i, seed in ((3, 40), (1, 41)):
+            genv.reset(seed=seed)
+            assert after[i]["qpos"] == numbers(genv.unwrapped.data.qpos)
+            assert after[i]["qvel"] == numbers(genv.unwrapped.data.qvel)
+            assert after[i]["time"] == "0"
 
 
 def test_hostile_actions_do_not_stop_the_engine() -> None:
@@ -175,6 +245,111 @@ def test_threads_step_the_same_episodes_as_one_thread() -> None:
     assert ended > n  # many episodes ended and restarted on every thread's run of envs
 
 
+def test_step_threads_are_started_once_for_the_engines_life() -> None:
+    """``threads=T``: the engine keeps T - 1 step threads (its own is the T-th) from start
+    to end; a step hands them work and starts none. Between steps the engine process has
+    T - 1 threads more than an engine with one thread, the same ones (same thread ids)
+    after the first step and after many."""
+    import os
+
+    def threads_of(client) -> set:
+        return set(os.listdir(f"/proc/{client.engine_process.pid}/task"))
+
+    seen = {}
+    for threads in (1, 3):
+        with launch_mujoco("Hopper-v5", 6, seed=1, threads=threads) as client:
+            client.step(np.zeros((6, 3), np.float32))
+            after_one = threads_of(client)
+            for _ in range(20):
+                client.step(np.zeros((6, 3), np.float32))
+            assert threads_of(client) == after_one
+            seen[threads] = after_one
+    assert len(seen[3]) == len(seen[1]) + 2
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_same_seed_gives_gymnasiums_initial_states(task: str) -> None:
+    """Env ``i`` of an engine launched (or reset) with ``seed`` draws its reset noise from
+    NumPy's generator as Gymnasium's ``reset(seed=seed + i)`` seeds it, and its later
+    autoresets go on drawing from it as Gymnasium's ``reset()`` does: the same states, bit
+    for bit. HalfCheetah and Ant draw their velocities from ``standard_normal`` (NumPy's
+    ziggurat, not reproduced: docs/mujoco.md): their positions agree, their velocities
+    not."""
+    normal = task in ("HalfCheetah-v5", "Ant-v5")
+    n, seed = 3, 11
+    genvs = [gymnasium.make(task) for _ in range(n)]
+
+    def check(client, i: int) -> None:
+        sim = genvs[i].unwrapped
+        state = client.call("get_state", env=i)
+        qpos = np.array([float(v) for v in state["qpos"].split(",")])
+        qvel = np.array([float(v) for v in state["qvel"].split(",")])
+        np.testing.assert_array_equal(qpos, sim.data.qpos)
+        if not normal:
+            np.testing.assert_array_equal(qvel, sim.data.qvel)
+
+    with launch_mujoco(task, n, seed=seed) as client:
+        for i, genv in enumerate(genvs):
+            genv.reset(seed=seed + i)
+            check(client, i)
+        client.reset(seed=seed + 5)
+        for i, genv in enumerate(genvs):
+            genv.reset(seed=seed + 5 + i)
+            check(client, i)
+        if normal:
+            return
+        # Env 1's next episodes start where Gymnasium's next reset() starts.
+        zeros = np.zeros((n, genvs[1].action_space.shape[0]), np.float32)
+        for _ in range(2):
+            genvs[1].reset()
+            for _ in range(1000):
+                _, _, terminated, truncated = client.step(zeros)
+                if np.asarray(terminated)[1] or np.asarray(truncated)[1]:
+                    break
+            check(client, 1)
+
+
+@pytest.mark.parametrize("task", ["Hopper-v5", "Humanoid-v5"])
+def test_the_camera_serves_the_frames_of_mujoco_renderer(task: str) -> None:
+    """``camera="track"``: ``rgb [N, H, W, 3] uint8`` holds each env's view through the
+    model's camera, as ``mujoco.Renderer(model, H, W)`` draws it after
+    ``update_scene(data, camera="track")`` from the same state: Gymnasium's env set to
+    the engine's env 1 state (``set_state``), then both stepped with the same actions (so
+    both ``mjData`` agree to the bit, the kinematics of the last substep included). Both
+    draw with MuJoCo 3.17 on Mesa's llvmpipe through EGL: byte for byte the same."""
+    import mujoco
+
+    h, w = 48, 64
+    genv = gymnasium.make(task)
+    sim = genv.unwrapped
+    genv.reset(seed=1)
+    renderer = mujoco.Renderer(sim.model, h, w)
+    rng = np.random.default_rng(0)
+    nu = sim.model.nu
+    with renderer, launch_mujoco(task, 2, seed=0, camera="track", camera_size=f"{h}x{w}") as client:
+        assert client["rgb"].shape == (2, h, w, 3)
+        set_state(client, 1, sim.data.qpos, sim.data.qvel)
+        frames = []
+        for step in range(6):
+            renderer.update_scene(sim.data, camera="track")
+            want = renderer.render()
+            got = np.asarray(client["rgb"])[1]
+            np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+            frames.append(got.copy())
+            action = rng.uniform(-0.2, 0.2, nu)
+            actions = np.zeros((2, nu), np.float32)
+            actions[1] = action
+            _, _, terminated, truncated = client.step(actions)
+            genv.step(actions[1])
+            assert not (np.asarray(terminated)[1] or np.asarray(truncated)[1])
+        assert not np.array_equal(frames[0], frames[-1])  # the body moved in view
+        assert len(np.unique(frames[0].reshape(-1, 3), axis=0)) > 10  # a scene, not a blank
+        with pytest.raises(EngineStartError, match="no camera 'nope'.*track"):
+            launch_mujoco(task, 1, camera="nope")
+        with pytest.raises(ValueError, match="camera size"):
+            launch_mujoco(task, 1, camera="track", camera_size="0x9")
+
+
 def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
     """Env ``i`` draws its reset noise from a stream seeded ``seed + i``, at launch and
     on ``client.reset(seed=...)``: the same seed gives the same starts, another seed other
@@ -202,13 +377,16 @@ def test_gymnasium_make_vec_native_serves_the_native_engine() -> None:
     with pytest.raises(TypeError, match="ctrl_cost_weight"):
         gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=2, native=True, ctrl_cost_weight=0.0)
     try:
-        envs = gymnasium.make_vec("shmbridge/Hopper-v5", num_envs=3, native=True, seed=2, threads=2)
+        envs = gymnasium.make_vec(
+            "shmbridge/Hopper-v5", num_envs=3, native=True, seed=2, threads=2, camera="track", camera_size="24x32"
+        )
     except EngineStartError as e:
         if "without the `mujoco` feature" in str(e):
             pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)")
         raise
     try:
         assert envs.single_observation_space.shape == (11,)
+        assert envs.client["rgb"].shape == (3, 24, 32, 3)  # the camera's frames
         assert envs.single_action_space.shape == (3,)
         assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
         obs, _ = envs.reset(seed=2)
@@ -226,4 +404,4 @@ def test_gymnasium_make_vec_native_serves_the_native_engine() -> None:
 def test_an_unknown_task_is_refused_with_the_list() -> None:
     with pytest.raises(EngineStartError, match="HalfCheetah-v5") as e:
         launch_mujoco("Nope-v0", 1)
-    assert "unknown MuJoCo env" in str(e.value)
+    assert "unknown env" in str(e.value)  # the registry of reference engines answers

@@ -3,32 +3,37 @@
 //! (`mujoco-rs`), with Gymnasium's `-v5` tasks ([`tasks`]): same model files (read at run
 //! time from the installed `gymnasium` package), frame skip, observations, rewards,
 //! terminations, truncation at 1000 steps and reset noise. Reset noise comes from each
-//! env's own PCG stream (env `i` seeded with `seed + first_env + i`): the same seed gives
-//! the same episodes here, not the ones Gymnasium's NumPy generator gives.
+//! env's own NumPy generator ([`numpy_random`]), env `i` seeded with `seed + first_env +
+//! i` as Gymnasium seeds it: the same seed gives Gymnasium's initial states (HalfCheetah's
+//! and Ant's normal velocities excepted: docs/mujoco.md).
 //!
 //! Tensors: `obs [N, obs_dim] f32` (Gymnasium's observation, as f32), `actions [N, nu]
 //! f32` (the controls, `ctrl`; MuJoCo clamps them to `ctrlrange`, the reward's control
 //! cost uses them as given, as Gymnasium does), `rewards`, `terminated`, `truncated`,
 //! `reset_mask`, and `final_obs` (the observation before an autoreset, as `cartpole`).
 //! Autoreset in the same step, like `cartpole`. `EnvOptions::threads` (`--threads`,
-//! `launch(..., threads=T)`): T scoped threads per step, each stepping a contiguous run
-//! of envs and writing only its rows; the ended episodes are recorded after they join.
+//! `launch(..., threads=T)`): T threads per step (the engine's own and a pool of T - 1
+//! started with the engine and kept for its life), each stepping a contiguous run of
+//! envs and writing only its rows; the ended episodes are recorded after they are done.
 //!
-//! Commands (`client.call`): `model_info` (sizes, timestep, frame skip and the names of
-//! bodies, joints, actuators, sensors and cameras), `get_state(env)` and
-//! `set_state(env, qpos, qvel[, act][, time])` (comma-separated numbers, written with
+//! Commands (`client.call`): `model_info` (sizes, timestep, frame skip, the names of
+//! bodies, joints, actuators, sensors and cameras and each joint's, sensor's and camera's
+//! size), `get_state(env)`, `set_state(env, qpos, qvel[, act][, time])` and
+//! `set_control(env, ctrl)` (comma-separated numbers, written with
 //! Rust's shortest round-trip formatting, so a get/set pair is exact), and `Reset`
 //! (seeded as `cartpole`). `env` is the region's env index; a shard answers for its own.
 
+pub mod camera;
+pub mod numpy_random;
 pub mod tasks;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mujoco_rs::wrappers::{MjData, MjModel, MjtObjBase};
-use rand::{RngExt, SeedableRng};
-use rand_pcg::Pcg32;
+use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 
+use self::camera::Camera;
+use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
@@ -42,17 +47,15 @@ use crate::tensor::Tensors;
 /// installed `gymnasium` package when it is not set.
 pub const ASSETS_VAR: &str = "SHMBRIDGE_MUJOCO_ASSETS";
 
-/// The prefix of the engine names (`mujoco/HalfCheetah-v5`).
-pub const PREFIX: &str = "mujoco/";
-
-type Data = MjData<Arc<MjModel>>;
+use self::tasks::Data;
+pub use self::tasks::PREFIX;
 
 /// One env: its MuJoCo data, episode counters and noise stream.
 struct Env {
     data: Data,
     steps: u32,
     episode_return: f64,
-    rng: Pcg32,
+    rng: NumpyRandom,
 }
 
 impl Env {
@@ -67,11 +70,11 @@ impl Env {
             ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
         };
         for q in data.qpos_mut() {
-            *q += rng.random_range(-scale..scale);
+            *q += rng.uniform(-scale, scale);
         }
         for v in data.qvel_mut() {
             *v += match task.noise {
-                ResetNoise::Uniform(s) => rng.random_range(-s..s),
+                ResetNoise::Uniform(s) => rng.uniform(-s, s),
                 ResetNoise::UniformNormal(s) => s * standard_normal(rng),
             };
         }
@@ -125,8 +128,8 @@ macro_rules! references {
             fn options(flags: &EnvOptions) -> EnvOptions {
                 flags.clone()
             }
-            fn spec(num_envs: u32, _: &EnvOptions) -> Result<EngineSpec> {
-                spec($name, num_envs)
+            fn spec(num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
+                spec($name, num_envs, options)
             }
             fn build(num_envs: u32, options: &EnvOptions) -> Result<Box<dyn VecEnv>> {
                 Ok(Box::new(MujocoEnv::new($name, num_envs, options)?))
@@ -155,6 +158,38 @@ pub struct MujocoEnv {
     dt: f64,
     /// Threads stepping the envs, each a contiguous run of them.
     threads: usize,
+    /// The `threads - 1` threads that step all but the first run (`None` with one
+    /// thread), started once: a step hands them work, it starts no thread.
+    pool: Option<rayon::ThreadPool>,
+    /// `--camera`: its name and `[H, W]`, and its renderer.
+    camera: Option<(String, [u64; 2], Camera)>,
+}
+
+/// The default camera image size, `[H, W]`.
+pub const DEFAULT_CAMERA_SIZE: [u64; 2] = [84, 84];
+
+/// The camera asked for in `options` (name and `[H, W]`), checked against `model`: its
+/// id. `camera_size` without `camera` is refused.
+fn camera_of(
+    task: &Task,
+    model: &MjModel,
+    options: &EnvOptions,
+) -> Result<Option<(String, [u64; 2], usize)>> {
+    match (&options.camera, options.camera_size) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(Error::InvalidSpec(format!(
+            "{PREFIX}{}: a camera size without --camera NAME",
+            task.id
+        ))),
+        (Some(name), size) => {
+            let id = camera::camera_id(model, task.id, name)?;
+            Ok(Some((
+                name.clone(),
+                size.unwrap_or(DEFAULT_CAMERA_SIZE),
+                id,
+            )))
+        }
+    }
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
@@ -217,13 +252,19 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
 }
 
 /// The spec of engine `name` with `num_envs` envs (loads the model, builds no env).
-pub fn spec(name: &str, num_envs: u32) -> Result<EngineSpec> {
+pub fn spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
     let task = task_of(name)?;
     let model = load_model(task)?;
-    Ok(spec_of(task, &model, num_envs))
+    let camera = camera_of(task, &model, options)?.map(|(name, size, _)| (name, size));
+    Ok(spec_of(task, &model, num_envs, camera.as_ref()))
 }
 
-fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
+fn spec_of(
+    task: &Task,
+    model: &MjModel,
+    num_envs: u32,
+    camera: Option<&(String, [u64; 2])>,
+) -> EngineSpec {
     let m = model.ffi();
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
     let obs_dim = task.obs_dim(nq, nv, m.nbody as usize) as u64;
@@ -236,7 +277,7 @@ fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
             .join(",")
     };
     let n = u64::from(num_envs);
-    EngineSpec::standard(
+    let spec = EngineSpec::standard(
         &format!("{PREFIX}{}", task.id),
         num_envs,
         obs_dim,
@@ -255,14 +296,32 @@ fn spec_of(task: &Task, model: &MjModel, num_envs: u32) -> EngineSpec {
         DType::F32,
         &[n, obs_dim],
         Direction::EngineToClient,
-    )
+    );
+    match camera {
+        None => spec,
+        Some((name, [h, w])) => spec.metadata("camera", name).tensor(
+            "rgb",
+            DType::U8,
+            &[n, *h, *w, 3],
+            Direction::EngineToClient,
+        ),
+    }
 }
 
 impl MujocoEnv {
     /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
     pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
         let task = task_of(name)?;
-        let model = Arc::new(load_model(task)?);
+        let mut model = load_model(task)?;
+        let camera = camera_of(task, &model, options)?;
+        if let Some((_, size, _)) = &camera {
+            camera::fit_offscreen(&mut model, *size);
+        }
+        let camera = match camera {
+            Some((cam, size, id)) => Some((cam, size, Camera::new(&model, task.id, id, size)?)),
+            None => None,
+        };
+        let model = Arc::new(model);
         let m = model.ffi();
         let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
         let obs_dim = task.obs_dim(nq, nv, m.nbody as usize);
@@ -279,9 +338,22 @@ impl MujocoEnv {
                 data,
                 steps: 0,
                 episode_return: 0.0,
-                rng: Pcg32::seed_from_u64(seed.wrapping_add(i)),
+                rng: NumpyRandom::new(seed.wrapping_add(i)),
             });
         }
+        let threads = (options.threads.unwrap_or(1).max(1) as usize).min(envs.len().max(1));
+        let pool = match threads {
+            1 => None,
+            t => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t - 1)
+                    .thread_name(|k| format!("mujoco-step-{}", k + 1))
+                    .build()
+                    .map_err(|e| {
+                        Error::InvalidSpec(format!("{name}: cannot start {t} step threads: {e}"))
+                    })?,
+            ),
+        };
         let mut env = MujocoEnv {
             task,
             model,
@@ -290,7 +362,9 @@ impl MujocoEnv {
             obs_dim,
             nu,
             dt,
-            threads: options.threads.unwrap_or(1).max(1) as usize,
+            threads,
+            pool,
+            camera,
         };
         for i in 0..num_envs as usize {
             env.reset_one(i);
@@ -306,13 +380,29 @@ impl MujocoEnv {
         self.envs[i].observe(self.task, out);
     }
 
-    fn write_all_obs(&self, io: &mut Tensors<'_>) -> Result<()> {
+    fn write_all_obs(&mut self, io: &mut Tensors<'_>) -> Result<()> {
         let d = self.obs_dim;
         for name in ["obs", "final_obs"] {
             let out = io.write::<f32>(name)?;
             for (i, o) in out.chunks_exact_mut(d).enumerate() {
                 self.observe(i, o);
             }
+        }
+        self.render(io, 0..self.envs.len())
+    }
+
+    /// The camera's view of envs `range` into their rows of `rgb` (nothing without one).
+    fn render(&mut self, io: &mut Tensors<'_>, range: std::ops::Range<usize>) -> Result<()> {
+        let Some((_, _, camera)) = &mut self.camera else {
+            return Ok(());
+        };
+        let f = camera.frame_len();
+        let rgb = io.write::<u8>("rgb")?;
+        for i in range {
+            let row = rgb
+                .get_mut(i * f..(i + 1) * f)
+                .ok_or_else(|| Error::InvalidSpec(format!("rgb has no row for env {i}")))?;
+            camera.render(&mut self.envs[i].data, row)?;
         }
         Ok(())
     }
@@ -365,6 +455,28 @@ impl MujocoEnv {
             ("sensors".into(), names(MjtObjBase::mjOBJ_SENSOR, m.nsensor)),
             ("cameras".into(), names(MjtObjBase::mjOBJ_CAMERA, m.ncam)),
         ]);
+        // Each object's size: a joint's positions and velocities (free 7 and 6, ball 4
+        // and 3, slide and hinge 1), a sensor's outputs, a camera's resolution (WxH).
+        let widths = |pick: fn(&MjtJoint) -> usize| {
+            list(self.model.jnt_type().iter().map(|t| pick(t).to_string()))
+        };
+        args.extend([
+            ("joint_qpos_sizes".into(), widths(|t| joint_widths(*t).0)),
+            ("joint_qvel_sizes".into(), widths(|t| joint_widths(*t).1)),
+            (
+                "sensor_sizes".into(),
+                list(self.model.sensor_dim().iter().map(|d| d.to_string())),
+            ),
+            (
+                "camera_sizes".into(),
+                list(
+                    self.model
+                        .cam_resolution()
+                        .iter()
+                        .map(|[w, h]| format!("{w}x{h}")),
+                ),
+            ),
+        ]);
         Reply::args(args)
     }
 
@@ -374,8 +486,37 @@ impl MujocoEnv {
             ("qpos".into(), join(data.qpos())),
             ("qvel".into(), join(data.qvel())),
             ("act".into(), join(data.act())),
+            ("ctrl".into(), join(data.ctrl())),
             ("time".into(), data.ffi().time.to_string()),
         ])
+    }
+
+    /// `set_control`: the env's `ctrl` (`nu` numbers, checked before any is written),
+    /// then `mj_forward` (what reads `ctrl`: actuator forces, activations' rates) and its
+    /// `obs`/`final_obs` rows rewritten. The next step sets `ctrl` to its action, as
+    /// Gymnasium's `do_simulation` does: a control set here holds until then.
+    fn set_control(
+        &mut self,
+        io: &mut Tensors<'_>,
+        i: usize,
+        args: &[(String, String)],
+    ) -> Result<(), CommandError> {
+        let ctrl = numbers(args, "ctrl", self.model.ffi().nu)?.ok_or_else(|| missing("ctrl"))?;
+        let data = &mut self.envs[i].data;
+        data.ctrl_mut().copy_from_slice(&ctrl);
+        data.forward();
+        self.write_obs_row(io, i)
+    }
+
+    /// Env `i`'s observation into its `obs` and `final_obs` rows (and its camera's view
+    /// into `rgb`).
+    fn write_obs_row(&mut self, io: &mut Tensors<'_>, i: usize) -> Result<(), CommandError> {
+        let d = self.obs_dim;
+        for name in ["obs", "final_obs"] {
+            let out = io.write::<f32>(name).map_err(CommandError::engine)?;
+            self.observe(i, &mut out[i * d..(i + 1) * d]);
+        }
+        self.render(io, i..i + 1).map_err(CommandError::engine)
     }
 
     /// Gymnasium's `set_state` (and `act`, `time` where given): the values, checked
@@ -406,13 +547,21 @@ impl MujocoEnv {
             unsafe { data.ffi_mut().time = t };
         }
         data.forward();
-        let d = self.obs_dim;
-        for name in ["obs", "final_obs"] {
-            let out = io.write::<f32>(name).map_err(CommandError::engine)?;
-            self.observe(i, &mut out[i * d..(i + 1) * d]);
-        }
-        Ok(())
+        self.write_obs_row(io, i)
     }
+}
+
+/// The widths in `qpos` and `qvel` of a joint of type `t`.
+fn joint_widths(t: MjtJoint) -> (usize, usize) {
+    match t {
+        MjtJoint::mjJNT_FREE => (7, 6),
+        MjtJoint::mjJNT_BALL => (4, 3),
+        _ => (1, 1),
+    }
+}
+
+fn list(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(",")
 }
 
 fn missing(key: &str) -> CommandError {
@@ -465,23 +614,28 @@ fn numbers(
 }
 
 fn join(values: &[f64]) -> String {
-    values
-        .iter()
-        .map(|v| v.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    list(values.iter().map(|v| v.to_string()))
 }
 
-/// A standard normal sample (Box-Muller).
-fn standard_normal(rng: &mut Pcg32) -> f64 {
-    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln is finite
-    let u2: f64 = rng.random();
+/// A standard normal sample (Box-Muller, not NumPy's ziggurat: docs/mujoco.md).
+fn standard_normal(rng: &mut NumpyRandom) -> f64 {
+    let u1: f64 = 1.0 - rng.next_f64(); // (0, 1]: ln is finite
+    let u2: f64 = rng.next_f64();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 impl VecEnv for MujocoEnv {
     fn spec(&self) -> EngineSpec {
-        spec_of(self.task, &self.model, self.envs.len() as u32)
+        let camera = self
+            .camera
+            .as_ref()
+            .map(|(name, size, _)| (name.clone(), *size));
+        spec_of(
+            self.task,
+            &self.model,
+            self.envs.len() as u32,
+            camera.as_ref(),
+        )
     }
 
     fn reset_all(&mut self, io: &mut Tensors<'_>) -> Result<()> {
@@ -507,31 +661,34 @@ impl VecEnv for MujocoEnv {
         };
         let n = self.envs.len();
         let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
-        let ended: Vec<(usize, f64, u64)> = if per >= n {
-            stepper.step(&mut self.envs, all, 0)
-        } else {
-            // Contiguous slices, one per thread; each writes only its own rows.
-            let slices = all.split(per, d, nu);
-            std::thread::scope(|scope| {
-                let running: Vec<_> = self
-                    .envs
-                    .chunks_mut(per)
-                    .zip(slices)
-                    .enumerate()
-                    .map(|(k, (envs, slice))| {
-                        scope.spawn(move || stepper.step(envs, slice, k * per))
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            })
+        let ended: Vec<(usize, f64, u64)> = match &self.pool {
+            Some(pool) if per < n => {
+                // Contiguous slices, one per thread; each writes only its own rows. The
+                // first runs here, the others on the pool; their results are kept in
+                // order, so the episodes are recorded as one thread records them.
+                let runs = self.envs.chunks_mut(per).zip(all.split(per, d, nu));
+                let mut ended: Vec<Vec<(usize, f64, u64)>> = Vec::new();
+                ended.resize_with(n.div_ceil(per), Vec::new);
+                pool.in_place_scope(|scope| {
+                    let mut jobs = runs.zip(ended.iter_mut()).enumerate();
+                    let here = jobs.next();
+                    for (k, ((envs, slice), out)) in jobs {
+                        scope.spawn(move |_| *out = stepper.step(envs, slice, k * per));
+                    }
+                    if let Some((_, ((envs, slice), out))) = here {
+                        *out = stepper.step(envs, slice, 0);
+                    }
+                });
+                ended.into_iter().flatten().collect()
+            }
+            _ => stepper.step(&mut self.envs, all, 0),
         };
         for (i, ret, len) in ended {
             io.episode_ended(i, ret, len)?;
         }
-        Ok(())
+        // The camera's view of every env's state, as served in `obs` (after an autoreset:
+        // the new episode's), on this thread: the renderer's GL context is current here.
+        self.render(io, 0..n)
     }
 }
 
@@ -635,7 +792,7 @@ impl CommandHandler for MujocoEnv {
         let (ids, seeds) = req.plan(self.envs.len() as u32)?;
         for (k, &i) in ids.iter().enumerate() {
             if let Some(seeds) = &seeds {
-                self.envs[i as usize].rng = Pcg32::seed_from_u64(seeds[k]);
+                self.envs[i as usize].rng = NumpyRandom::new(seeds[k]);
             }
             self.reset_one(i as usize);
         }
@@ -657,9 +814,14 @@ impl CommandHandler for MujocoEnv {
                 self.set_state(io, i, args)?;
                 Ok(Reply::args(Vec::new()))
             }
+            "set_control" => {
+                let i = self.local(args)?;
+                self.set_control(io, i, args)?;
+                Ok(Reply::args(Vec::new()))
+            }
             other => Err(CommandError::unknown_method(
                 other,
-                &["model_info", "get_state", "set_state"],
+                &["model_info", "get_state", "set_state", "set_control"],
             )),
         }
     }

@@ -3,6 +3,12 @@
 //! the frame skip, the observation, the reward, the termination and the reset noise:
 //! HalfCheetah, InvertedPendulum, Hopper, Walker2d, Ant and Humanoid.
 
+/// The prefix of the engine names (`mujoco/HalfCheetah-v5`).
+pub const PREFIX: &str = "mujoco/";
+
+/// An env's MuJoCo data, on the model all of an engine's envs share.
+pub(super) type Data = mujoco_rs::wrappers::MjData<std::sync::Arc<mujoco_rs::wrappers::MjModel>>;
+
 /// How a task perturbs `init_qpos`/`init_qvel` (the model's `qpos0` and zeros) at reset.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ResetNoise {
