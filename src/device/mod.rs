@@ -45,7 +45,7 @@ pub use backend::{
 };
 pub use cuda::share::CudaSharingRequest;
 pub use cuda::CudaInfo;
-pub use importers::{fd_import_devices, fd_importer};
+pub use importers::{fd_import_devices, fd_importer, fd_importer_name};
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest, VulkanImporter};
 

@@ -46,7 +46,7 @@ impl CudaFdImporter {
 
 impl FdImporter for CudaFdImporter {
     fn name(&self) -> &'static str {
-        "CUDA"
+        super::NAME
     }
 
     fn describe(&self) -> String {
