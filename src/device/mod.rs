@@ -15,9 +15,12 @@
 //!   compute shader), through types that name no backend's own.
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and, with [`built_for`], [`cuda_stream`], [`fd_import_devices`] and
-//! [`fd_importer`], the only code outside the backends' folders that knows the `cuda` and
-//! `vulkan` features. No backend's folder names another: what one needs of another (the
+//! a layout. Outside the backends' folders, the code that knows the `cuda` and `vulkan`
+//! features is: this file ([`client_backend`], [`built_for`], [`cuda_stream`]),
+//! [`importers`] ([`fd_import_devices`], [`fd_importer`]), [`compute`] (each kind of
+//! device code with its feature, the typed error without) and `src/os.rs` (only
+//! dead-code allowances on the platform calls a backend alone uses); `docs/backends.md`
+//! says why. No backend's folder names another: what one needs of another (the
 //! Vulkan client importing into CUDA) is a trait of [`backend`] ([`FdImporter`]) that
 //! the other implements, handed out here. [`compute`] is how the envs run device code
 //! without them. A new kind of memory is one more folder here, one
