@@ -236,9 +236,10 @@ pub enum Error {
         what: &'static str,
     },
 
-    /// A device-side call on tensor views that have no device side: the engine's backend
-    /// asked of a client's views, a device address of views without a backend. Whatever
-    /// the device (host, CUDA, Vulkan): the views are the wrong ones for the call.
+    /// An engine-side call on a client's tensor views: the engine's device backend
+    /// ([`Tensors::engine_backend`](crate::Tensors::engine_backend)) asked of them.
+    /// Whatever the device (host, CUDA, Vulkan): the views are the wrong ones for the
+    /// call. (A client's views do give device addresses, as the client does.)
     #[error("{0}")]
     NoDeviceSide(String),
 

@@ -141,15 +141,21 @@ impl<'a> Tensors<'a> {
         })
     }
 
-    /// Device address (in this process) of a tensor in the engine's device memory: for
-    /// kernels on the engine's stream. The tensor's direction is not checked here: a
-    /// kernel may read any tensor, and must write only engine→client ones.
+    /// Device address (in this process) of a tensor in device memory. An engine's
+    /// views: in the engine's device memory, for kernels on the engine's stream (the
+    /// tensor's direction is not checked here: a kernel may read any tensor, and must
+    /// write only engine→client ones). A client's views: what
+    /// [`Client::device_ptr`](crate::Client::device_ptr) gives, where the client's
+    /// backend imported the tensor. `NotOnHost` for a tensor with no device address
+    /// here (a host tensor).
     pub fn device_ptr(&self, key: impl TensorKey) -> Result<u64> {
-        let (_, t) = key.resolve(self.layout)?;
-        match self.device {
-            Some(d) => d.device_ptr(t),
-            None => Err(Error::NoDeviceSide(format!(
-                "tensor '{}': these {} views have no device side",
+        let (i, t) = key.resolve(self.layout)?;
+        match (self.device, self.client_device) {
+            (Some(d), _) => d.device_ptr(t),
+            (_, Some(d)) => d.device_ptr(i, t),
+            // Unreached: an engine's and a client's views both carry their backend.
+            (None, None) => Err(Error::NoDeviceSide(format!(
+                "tensor '{}': these {} views have no device backend",
                 t.name, self.side
             ))),
         }

@@ -168,10 +168,11 @@ fn tensor_access_is_checked() {
     assert_eq!(io.read::<u8>("terminated").unwrap().len(), 2);
 }
 
-/// A client's views have no device side, whatever the device (host memory here): asking
-/// them for the engine's backend or a device address is a neutral error, not a CUDA one.
+/// A client's views have no engine backend, whatever the device (host memory here):
+/// asking them for it is a neutral error, not a CUDA one. Device addresses they do give,
+/// as the client does: none for a host tensor.
 #[test]
-fn a_clients_views_have_no_device_side() {
+fn a_clients_views_have_no_engine_backend_and_give_the_clients_device_addresses() {
     let mut engine = ready_engine();
     assert!(
         engine.tensors().engine_backend().is_ok(),
@@ -186,9 +187,13 @@ fn a_clients_views_have_no_device_side() {
     assert!(matches!(e, Error::NoDeviceSide(_)), "{e}");
     assert_eq!(e.kind(), ErrorKind::NoDeviceSide);
     assert!(e.to_string().contains("only an engine's views"), "{e}");
-    let e = io.device_ptr("obs").unwrap_err();
-    assert!(matches!(e, Error::NoDeviceSide(_)), "{e}");
-    assert!(e.to_string().contains("'obs'"), "{e}");
+    let from_views = io.device_ptr("obs").unwrap_err();
+    let from_client = client.device_ptr("obs").unwrap_err();
+    assert!(
+        matches!(&from_views, Error::NotOnHost { tensor, .. } if tensor == "obs"),
+        "{from_views}"
+    );
+    assert_eq!(from_views.to_string(), from_client.to_string());
 }
 
 #[test]

@@ -701,6 +701,11 @@ fn cuda_engine_and_client_lock_step() {
             "{name}"
         );
     }
+    // The views give the client's device address, as the client does.
+    for name in ["obs", "actions", "rewards"] {
+        let want = client.device_ptr(name).unwrap();
+        assert_eq!(client.tensors().device_ptr(name).unwrap(), want, "{name}");
+    }
     assert_eq!(
         driver::import_counts(),
         (opens0 + 1, closes0),

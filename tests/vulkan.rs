@@ -108,6 +108,8 @@ fn engine_frames_reach_the_client_through_its_mapping() {
         let mut io = c.tensors();
         // No client-side copy: the view is the mapping of the engine's memory.
         assert_eq!(io.address(rgb).unwrap() as u64, ptr);
+        // The views give the client's device address, as the client does.
+        assert_eq!(io.device_ptr(rgb).unwrap(), ptr);
         let bytes = io.read::<u8>(rgb).unwrap();
         assert_eq!(bytes.as_ptr() as u64, ptr);
         for (i, b) in bytes.iter().enumerate() {
@@ -660,6 +662,11 @@ fn cuda_importer_frames_equal_the_cpu_reference() {
             vec![StackUpdate::Restart; 4]
         };
         assert_eq!(c.device_ptr(rgb).unwrap(), ptr, "the import is not re-made");
+        assert_eq!(
+            c.tensors().device_ptr(rgb).unwrap(),
+            ptr,
+            "the views' address"
+        );
         let obs = c.tensor::<f32>("obs").unwrap().to_vec();
         c.backend()
             .as_vulkan()

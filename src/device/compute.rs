@@ -196,15 +196,14 @@ mod imp {
             block: u32,
             args: &[Arg],
         ) -> Result<()> {
-            // SAFETY: the caller hands a stream of this device, live for the call.
-            let s = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
-            // SAFETY: the caller's contract on `args`.
-            unsafe { self.module.launch(kernel, &s, threads, block, args) }
+            Stream::scoped(&self.ctx, stream, |s| {
+                // SAFETY: the caller's contract on `args`.
+                unsafe { self.module.launch(kernel, s, threads, block, args) }
+            })
         }
 
         pub fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
-            // SAFETY: the caller hands a stream of this device, live for the call.
-            unsafe { Stream::borrowed(&self.ctx, stream.raw()) }.synchronize()
+            Stream::scoped(&self.ctx, stream, Stream::synchronize)
         }
     }
 }

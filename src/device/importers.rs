@@ -23,6 +23,12 @@ pub fn fd_import_devices() -> std::result::Result<Vec<[u8; 16]>, String> {
     }
 }
 
+/// The API of the devices of [`fd_import_devices`] ([`FdImporter::name`] of the one
+/// [`fd_importer`] opens), for messages written before one is open ("CUDA").
+pub fn fd_importer_name() -> &'static str {
+    cuda::NAME
+}
+
 /// The [`FdImporter`] on device `ordinal` of [`fd_import_devices`].
 pub fn fd_importer(ordinal: i32) -> Result<std::sync::Arc<dyn FdImporter>> {
     #[cfg(feature = "cuda")]

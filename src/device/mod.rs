@@ -15,9 +15,12 @@
 //!   compute shader), through types that name no backend's own.
 //!
 //! [`engine_backend`] and [`client_backend`] are the one place that picks a backend for
-//! a layout, and, with [`built_for`], [`cuda_stream`], [`fd_import_devices`] and
-//! [`fd_importer`], the only code outside the backends' folders that knows the `cuda` and
-//! `vulkan` features. No backend's folder names another: what one needs of another (the
+//! a layout. Outside the backends' folders, the code that knows the `cuda` and `vulkan`
+//! features is: this file ([`client_backend`], [`built_for`], [`cuda_stream`]),
+//! [`importers`] ([`fd_import_devices`], [`fd_importer`]), [`compute`] (each kind of
+//! device code with its feature, the typed error without) and `src/os.rs` (only
+//! dead-code allowances on the platform calls a backend alone uses); `docs/backends.md`
+//! says why. No backend's folder names another: what one needs of another (the
 //! Vulkan client importing into CUDA) is a trait of [`backend`] ([`FdImporter`]) that
 //! the other implements, handed out here. [`compute`] is how the envs run device code
 //! without them. A new kind of memory is one more folder here, one
@@ -45,7 +48,7 @@ pub use backend::{
 };
 pub use cuda::share::CudaSharingRequest;
 pub use cuda::CudaInfo;
-pub use importers::{fd_import_devices, fd_importer};
+pub use importers::{fd_import_devices, fd_importer, fd_importer_name};
 pub use location::{CudaDevice, Device, Location, VulkanDevice, DL_CPU, DL_CUDA, DL_VULKAN};
 pub use request::{resolve_with, DeviceChoice, DeviceRequest, VulkanImporter};
 
@@ -224,28 +227,200 @@ mod tests {
             for file in std::fs::read_dir(&dir).unwrap() {
                 let path = file.unwrap().path();
                 let text = std::fs::read_to_string(&path).unwrap();
-                let code = text
-                    .lines()
-                    .enumerate()
-                    .filter(|(_, l)| !l.trim_start().starts_with("//"));
-                for (n, line) in code {
-                    for other in folders.iter().filter(|o| **o != folder) {
-                        for needle in [
-                            format!("device::{other}"),
-                            format!("super::super::{other}"),
-                            format!("feature = \"{other}\""),
-                        ] {
-                            assert!(
-                                !line.contains(&needle),
-                                "{}:{} names {other}: {line}",
-                                path.display(),
-                                n + 1
-                            );
-                        }
+                for other in folders.iter().filter(|o| **o != folder) {
+                    if let Some(how) = names_backend(&text, other) {
+                        panic!("{} names {other}: {how}", path.display());
                     }
                 }
             }
         }
+    }
+
+    /// The checker above on the forms a path to another backend can take: a plain path,
+    /// a group (at any place in it), the folder's parent renamed, the feature; and what
+    /// it must let pass (comments, strings, a `Cuda` variant, `layout::vulkan`).
+    #[test]
+    fn the_seam_check_sees_every_form_of_a_path() {
+        for code in [
+            "use crate::device::cuda::driver;",
+            "use crate :: device :: cuda;",
+            "use crate::device::{cuda::driver};",
+            "use crate::device::{\n    host,\n    cuda::{driver, ipc},\n};",
+            "use crate::{layout::Layout, device::{backend::X, cuda}};",
+            "use super::super::cuda as c;",
+            "use super::super::{host, cuda};",
+            "use crate::device as d; fn f() { d::cuda::x() }",
+            "use super::super as d;",
+            "use crate::device::{self as d};",
+            "#[cfg(feature = \"cuda\")] fn f() {}",
+            "#[cfg(all(unix, feature=\"cuda\"))] fn f() {}",
+        ] {
+            assert!(names_backend(code, "cuda").is_some(), "not seen: {code}");
+        }
+        for code in [
+            "// use crate::device::cuda;\nfn f() {}",
+            "/* use crate::device::{cuda}; */ fn f() {}",
+            "fn f() -> &'static str { \"crate::device::cuda, feature = cuda\" }",
+            "fn f(c: char) -> bool { c == '\"' || c == '\\'' } use crate::device::backend;",
+            "fn r#type() -> &'static str { r#\"device::cuda\"# }",
+            "match x { VulkanImporter::Cuda => Device::Cuda(c) }",
+            "use crate::layout::vulkan::SharedFd; use crate::device::{backend::{cuda_like}};",
+            "let cuda = device.cuda_ordinal();",
+        ] {
+            assert_eq!(names_backend(code, "cuda"), None, "{code}");
+        }
+    }
+
+    /// Where `code` names the backend module `other` of `src/device` (through
+    /// `device::` or `super::super::`, in a path or a group, or by renaming the
+    /// folder's parent) or its build feature: the tokens that do, or `None`.
+    fn names_backend(code: &str, other: &str) -> Option<String> {
+        let t = tokens(code);
+        let at = |i: usize, s: &str| t.get(i).is_some_and(|x| x == s);
+        let quoted = format!("\"{other}\"");
+        for i in 0..t.len() {
+            let shown = || t[i.saturating_sub(4)..(i + 6).min(t.len())].join(" ");
+            if at(i, "feature") && at(i + 1, "=") && at(i + 2, &quoted) {
+                return Some(shown());
+            }
+            // The parent of the backends' folders: `device` or `super::super`.
+            let after = if at(i, "device") && at(i + 1, "::") {
+                i + 2
+            } else if at(i, "super") && at(i + 1, "::") && at(i + 2, "super") {
+                if at(i + 3, "as") {
+                    return Some(shown());
+                }
+                if !at(i + 3, "::") {
+                    continue;
+                }
+                i + 4
+            } else {
+                if at(i, "device") && at(i + 1, "as") && i > 0 && at(i - 1, "::") {
+                    return Some(shown()); // `use crate::device as d;`
+                }
+                continue;
+            };
+            if at(after, other) {
+                return Some(shown());
+            }
+            if at(after, "{") {
+                // The group's first segments (depth 1): `{host, cuda::driver, self as d}`.
+                let mut depth = 0;
+                let mut segment_start = true;
+                for (j, token) in t.iter().enumerate().skip(after) {
+                    match token.as_str() {
+                        "{" => {
+                            depth += 1;
+                            segment_start = true;
+                            continue;
+                        }
+                        "}" => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        "," => {
+                            segment_start = true;
+                            continue;
+                        }
+                        s if depth == 1
+                            && segment_start
+                            && (s == other || (s == "self" && at(j + 1, "as"))) =>
+                        {
+                            return Some(shown());
+                        }
+                        _ => {}
+                    }
+                    segment_start = false;
+                }
+            }
+        }
+        None
+    }
+
+    /// Rust source as tokens, comments left out: identifiers, `::`, string literals
+    /// whole (quotes kept), any other character alone.
+    fn tokens(code: &str) -> Vec<String> {
+        let c: Vec<char> = code.chars().collect();
+        let mut out = Vec::new();
+        let peek = |i: usize, k: usize| c.get(i + k).copied();
+        let mut i = 0;
+        while i < c.len() {
+            if c[i].is_whitespace() {
+                i += 1;
+            } else if c[i] == '/' && peek(i, 1) == Some('/') {
+                while i < c.len() && c[i] != '\n' {
+                    i += 1;
+                }
+            } else if c[i] == '/' && peek(i, 1) == Some('*') {
+                let mut depth = 0;
+                while i < c.len() {
+                    if c[i] == '/' && peek(i, 1) == Some('*') {
+                        depth += 1;
+                        i += 2;
+                    } else if c[i] == '*' && peek(i, 1) == Some('/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            } else if c[i] == '"' || (c[i] == 'r' && raw_string_at(&c[i + 1..])) {
+                // A string, raw (`r#"…"#`) or not.
+                let start = i;
+                let raw = c[i] == 'r';
+                let mut hashes = 0;
+                if raw {
+                    i += 1;
+                    while c.get(i) == Some(&'#') {
+                        hashes += 1;
+                        i += 1;
+                    }
+                }
+                i += 1; // the opening quote
+                while i < c.len() {
+                    if !raw && c[i] == '\\' {
+                        i += 2;
+                    } else if c[i] == '"' && (0..hashes).all(|k| c.get(i + 1 + k) == Some(&'#')) {
+                        i += 1 + hashes;
+                        break;
+                    } else {
+                        i += 1;
+                    }
+                }
+                out.push(c[start..i.min(c.len())].iter().collect());
+            } else if c[i] == '\'' && (peek(i, 1) == Some('\\') || peek(i, 2) == Some('\'')) {
+                // A char literal (a lifetime's quote falls through to "any other").
+                i += if peek(i, 1) == Some('\\') { 3 } else { 2 };
+                while i < c.len() && c[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            } else if c[i].is_alphanumeric() || c[i] == '_' {
+                let start = i;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                    i += 1;
+                }
+                out.push(c[start..i].iter().collect());
+            } else if c[i] == ':' && peek(i, 1) == Some(':') {
+                out.push("::".into());
+                i += 2;
+            } else {
+                out.push(c[i].to_string());
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// Whether `c`, after an `r`, goes on as a raw string (`"…"` or `#"…"#`), not as a
+    /// raw identifier (`r#type`).
+    fn raw_string_at(c: &[char]) -> bool {
+        c.iter().find(|x| **x != '#') == Some(&'"')
     }
 
     /// The real probe on this machine. On a machine without a driver (CI) it must return

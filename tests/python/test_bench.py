@@ -127,6 +127,23 @@ def test_peers_quick(tmp_path):
     assert "Targets" in md
 
 
+def test_peers_grpc_seeds_is_an_alias_of_grpc_floats(tmp_path):
+    """The key the docs gave before `grpc-floats` still selects that transport, with a warning."""
+    out_dir = tmp_path / "results"
+    proc = _run("peers", "--quick", "--workloads", "64B", "--transports", "grpc-seeds",
+                "--rounds", "1", "--out", str(out_dir))
+    assert "'grpc-seeds' is deprecated" in proc.stderr and "grpc-floats" in proc.stderr
+    data = json.loads((out_dir / "peers.json").read_text())
+    rows = {r["key"]: r for w in data["results"] for r in w["rows"]}
+    assert set(rows) == {"shmbridge-spin", "grpc-floats"}, sorted(rows)
+    row = rows["grpc-floats"]
+    assert not row["failed"], row["failed"]
+    if _missing("grpc-floats"):
+        assert row["skipped"] and row["stats"] is None, row
+    else:
+        assert row["skipped"] is None and row["stats"]["n"] > 0, row
+
+
 # ---------------------------------------------------------------------------------------
 # bench gpu: CUDA IPC against host-staged copies.
 

@@ -41,7 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     q.add_argument("--transports", default=None,
                    help="comma-separated subset (shmbridge-spin always runs, as the reference): "
                         "shmbridge-spin, shmbridge-blocking, grpc-floats, grpc-bytes, iceoryx2-rr, "
-                        "iceoryx2-ps, shm-pipe, floor, gym-async")
+                        "iceoryx2-ps, shm-pipe, floor, gym-async (grpc-seeds: a deprecated alias of grpc-floats)")
     q.add_argument("--cartpole-envs", type=int, default=None,
                    help="num_envs of the CartPole comparison (default 16; quick 4)")
 

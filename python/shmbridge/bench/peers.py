@@ -42,6 +42,8 @@ PACKAGE_OF = {"grpc": "grpcio", "grpc_tools": "grpcio-tools", "iceoryx2": "iceor
 
 TRANSPORT_KEYS = ("shmbridge-spin", "shmbridge-blocking", "grpc-floats", "grpc-bytes",
                   "iceoryx2-rr", "iceoryx2-ps", "shm-pipe", "floor", "gym-async")
+# Deprecated keys -> the key they now name (still accepted by --transports, with a warning).
+DEPRECATED_KEYS = {"grpc-seeds": "grpc-floats"}
 
 
 @dataclass
@@ -316,7 +318,10 @@ def main(args: Any) -> int:
             raise SystemExit(f"unknown workload {w!r}: choose from {', '.join(list(WORKLOADS) + ['cartpole'])}")
     only = [t.strip() for t in args.transports.split(",")] if args.transports else None
     if only:
-        for t in only:
+        for i, t in enumerate(only):
+            if t in DEPRECATED_KEYS:
+                log(f"warning: transport key {t!r} is deprecated: use {DEPRECATED_KEYS[t]!r}")
+                only[i] = t = DEPRECATED_KEYS[t]
             if t not in TRANSPORT_KEYS:
                 raise SystemExit(f"unknown transport {t!r}: choose from {', '.join(TRANSPORT_KEYS)}")
 

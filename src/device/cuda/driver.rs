@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::CudaInfo;
+use crate::device::backend::StreamRef;
 use crate::error::{Error, Result};
 
 /// Every driver symbol this module calls (cudarc loads each by exactly this name).
@@ -410,6 +411,22 @@ impl Stream {
             owned: false,
             ctx: ctx.clone(),
         }
+    }
+
+    /// Runs `f` on the stream `stream` names, as a [`Stream`] of `ctx` (the context of
+    /// the device `stream` belongs to) that lives only for the call: `f` gets a
+    /// reference, so the value cannot outlive `stream`'s borrow.
+    pub fn scoped<R>(
+        ctx: &Arc<PrimaryContext>,
+        stream: StreamRef<'_>,
+        f: impl FnOnce(&Stream) -> R,
+    ) -> R {
+        // SAFETY: `StreamRef::from_raw`'s contract: `stream` is 1, 2 or a live stream of
+        // the device, alive for its lifetime, which covers this call; the borrowed
+        // `Stream` is dropped before this call returns (`f` only gets `&Stream`, and a
+        // `Stream` is not `Clone`).
+        let s = unsafe { Stream::borrowed(ctx, stream.raw()) };
+        f(&s)
     }
 
     pub fn raw(&self) -> u64 {

@@ -29,19 +29,24 @@ pub fn importer(ordinal: i32) -> Result<Arc<dyn FdImporter>> {
 struct CudaFdImporter(Arc<PrimaryContext>);
 
 impl CudaFdImporter {
-    /// `stream` of this device, or the legacy default stream (DLPack's 1).
-    fn stream(&self, stream: Option<StreamRef<'_>>) -> Stream {
-        let raw = stream.map_or(1, StreamRef::raw);
-        // SAFETY: 1 is the legacy default stream; otherwise a `StreamRef` is a live stream
-        // of the device the backend serves for its lifetime (`StreamRef::from_raw`), which
-        // covers the use of the returned value within the caller's call.
-        unsafe { Stream::borrowed(&self.0, raw) }
+    /// Runs `f` on `stream` of this device, or on the legacy default stream (DLPack's
+    /// 1), as a [`Stream`] that lives only for the call.
+    fn with_stream<R>(&self, stream: Option<StreamRef<'_>>, f: impl FnOnce(&Stream) -> R) -> R {
+        match stream {
+            Some(s) => Stream::scoped(&self.0, s, f),
+            None => {
+                // SAFETY: 1 is CU_STREAM_LEGACY, which `borrowed` accepts and which lives
+                // as long as the context; the value is dropped within this call.
+                let legacy = unsafe { Stream::borrowed(&self.0, 1) };
+                f(&legacy)
+            }
+        }
     }
 }
 
 impl FdImporter for CudaFdImporter {
     fn name(&self) -> &'static str {
-        "CUDA"
+        super::NAME
     }
 
     fn describe(&self) -> String {
@@ -74,11 +79,11 @@ impl FdImporter for CudaFdImporter {
     }
 
     fn synchronize(&self, stream: Option<StreamRef<'_>>) -> Result<()> {
-        self.stream(stream).synchronize()
+        self.with_stream(stream, Stream::synchronize)
     }
 
     fn is_idle(&self, stream: Option<StreamRef<'_>>) -> Result<bool> {
-        self.stream(stream).is_idle()
+        self.with_stream(stream, Stream::is_idle)
     }
 }
 
@@ -101,9 +106,8 @@ struct Timeline {
 
 impl FdTimeline for Timeline {
     fn wait(&self, stream: StreamRef<'_>, value: u64) -> Result<()> {
-        // SAFETY: a `StreamRef` is a live stream of the device the backend serves for its
-        // lifetime (`StreamRef::from_raw`), which covers this call.
-        let consumer = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
-        self.semaphore.wait(&consumer, value)
+        Stream::scoped(&self.ctx, stream, |consumer| {
+            self.semaphore.wait(consumer, value)
+        })
     }
 }

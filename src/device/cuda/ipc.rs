@@ -802,12 +802,7 @@ impl ClientBackend for ClientCuda {
     ) -> Result<()> {
         match stream {
             None => self.record(None),
-            Some(s) => {
-                // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device,
-                // alive while `s` is (for the whole call).
-                let s = unsafe { Stream::borrowed(&self.ctx, s.raw()) };
-                self.record(Some(&s))
-            }
+            Some(s) => Stream::scoped(&self.ctx, s, |s| self.record(Some(s))),
         }
     }
 
@@ -831,9 +826,7 @@ impl ClientBackend for ClientCuda {
         if self.lease.is_none() {
             return Ok(()); // released: nothing of the engine's is read any more
         }
-        // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device.
-        let s = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
-        self.wait_frame_on(&s)
+        Stream::scoped(&self.ctx, stream, |s| self.wait_frame_on(s))
     }
 
     unsafe fn copy_into(
@@ -843,17 +836,17 @@ impl ClientBackend for ClientCuda {
         nbytes: usize,
         stream: StreamRef<'_>,
     ) -> Result<()> {
-        // SAFETY: `StreamRef`'s contract: 1, 2 or a live stream of this device.
-        let s = unsafe { Stream::borrowed(&self.ctx, stream.raw()) };
-        // The engine may still be reading the previous contents (a frame is published
-        // once its kernels are queued, not done); on another stream than the last
-        // step's, the copy must wait for them.
-        self.wait_frame_on(&s)?;
-        // SAFETY: the caller's contract: `src` is `nbytes` of this device's memory valid
-        // for work on `stream`, `dst` a tensor of at least `nbytes` in the engine's
-        // allocation (span checked at open), which the engine reads only after waiting
-        // on the client event `before_post` records after this copy.
-        unsafe { s.copy_dtod(dst, src, nbytes) }
+        Stream::scoped(&self.ctx, stream, |s| {
+            // The engine may still be reading the previous contents (a frame is published
+            // once its kernels are queued, not done); on another stream than the last
+            // step's, the copy must wait for them.
+            self.wait_frame_on(s)?;
+            // SAFETY: the caller's contract: `src` is `nbytes` of this device's memory
+            // valid for work on `stream`, `dst` a tensor of at least `nbytes` in the
+            // engine's allocation (span checked at open), which the engine reads only
+            // after waiting on the client event `before_post` records after this copy.
+            unsafe { s.copy_dtod(dst, src, nbytes) }
+        })
     }
 
     fn release(&mut self, region: &dyn ControlMapping) {

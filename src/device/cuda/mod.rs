@@ -14,6 +14,11 @@
 use crate::error::{Error, PidNamespace, Result};
 use crate::layout::{CudaSharing, Layout};
 
+/// The API's name, for messages (the device importer's [`FdImporter::name`]).
+///
+/// [`FdImporter::name`]: crate::device::backend::FdImporter::name
+pub const NAME: &str = "CUDA";
+
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]

@@ -50,13 +50,15 @@ pub enum ImporterChoice {
 }
 
 /// Picks the importer for `requested`, given the engine's Vulkan device and what this
-/// process sees of the device importer ([`crate::device::fd_import_devices`]): the UUIDs
-/// of its devices by ordinal, or why there is none (`Err`). Returns the choice and the
-/// reason to report. The device importer requested but not possible is
+/// process sees of the device importer (`api`, its name in messages:
+/// [`crate::device::fd_importer_name`]; `devices`: [`crate::device::fd_import_devices`],
+/// the UUIDs of its devices by ordinal, or why there is none). Returns the choice and
+/// the reason to report. The device importer requested but not possible is
 /// `CudaUnavailable` with the reason; `auto` then takes Vulkan.
 pub fn choose_importer(
     requested: VulkanImporter,
     engine: VulkanDevice,
+    api: &str,
     devices: std::result::Result<Vec<[u8; 16]>, String>,
 ) -> Result<(ImporterChoice, String)> {
     let engine_uuid = uuid_hex(&engine.device_uuid);
@@ -64,8 +66,8 @@ pub fn choose_importer(
         Ok(uuids) => match uuids.iter().position(|u| *u == engine.device_uuid) {
             Some(i) => Ok(i as i32),
             None => Err(format!(
-                "no CUDA device of this process has the engine's Vulkan device UUID \
-                 {engine_uuid} ({} CUDA device(s): {})",
+                "no {api} device of this process has the engine's Vulkan device UUID \
+                 {engine_uuid} ({} {api} device(s): {})",
                 uuids.len(),
                 uuids.iter().map(uuid_hex).collect::<Vec<_>>().join(", ")
             )),
@@ -76,10 +78,10 @@ pub fn choose_importer(
         (VulkanImporter::Vulkan, _) => Ok((ImporterChoice::Vulkan, "requested".into())),
         (VulkanImporter::Cuda | VulkanImporter::Auto, Ok(ordinal)) => Ok((
             ImporterChoice::Device { ordinal },
-            format!("CUDA device {ordinal} has the engine's Vulkan device UUID {engine_uuid}"),
+            format!("{api} device {ordinal} has the engine's Vulkan device UUID {engine_uuid}"),
         )),
         (VulkanImporter::Cuda, Err(why)) => Err(Error::CudaUnavailable {
-            reason: format!("importing the engine's Vulkan memory into CUDA: {why}"),
+            reason: format!("importing the engine's Vulkan memory into {api}: {why}"),
         }),
         (VulkanImporter::Auto, Err(why)) => Ok((ImporterChoice::Vulkan, why)),
     }
@@ -290,7 +292,9 @@ impl ClientVulkan {
                 },
             });
         }
-        let (choice, why) = choose_importer(importer, dev, crate::device::fd_import_devices())?;
+        let api = crate::device::fd_importer_name();
+        let (choice, why) =
+            choose_importer(importer, dev, api, crate::device::fd_import_devices())?;
         let (importer, reason) = match choice {
             ImporterChoice::Device { ordinal } => match crate::device::fd_importer(ordinal) {
                 Ok(device) => {
@@ -300,7 +304,7 @@ impl ClientVulkan {
                 Err(e) if importer == VulkanImporter::Auto => Self::vulkan_importer(
                     layout,
                     dev,
-                    &format!("CUDA device {ordinal} matches but is not usable: {e}"),
+                    &format!("{api} device {ordinal} matches but is not usable: {e}"),
                 )?,
                 Err(e) => return Err(e),
             },
@@ -519,8 +523,9 @@ impl ClientBackend for ClientVulkan {
                     .as_ref()
                     .is_some_and(|i| i.semaphores().next().is_some())
                 {
-                    let what = "the consumer's CUDA stream, which waits for the engine's \
-                                timeline semaphore to reach the last frame's number";
+                    let what = "the consumer's stream on the device importer, which waits \
+                                for the engine's timeline semaphore to reach the last frame's \
+                                number";
                     crate::sync::poll_until(timeout, what, || device.is_idle(stream), check)
                 } else {
                     device.synchronize(stream)
@@ -636,33 +641,41 @@ mod tests {
 
     #[test]
     fn auto_takes_the_device_importer_only_for_the_engines_device() {
-        let (c, why) =
-            choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16], [7; 16]])).unwrap();
+        let (c, why) = choose_importer(
+            VulkanImporter::Auto,
+            ENGINE,
+            "XPU",
+            Ok(vec![[3; 16], [7; 16]]),
+        )
+        .unwrap();
         assert_eq!(c, ImporterChoice::Device { ordinal: 1 });
-        assert!(why.contains("CUDA device 1"), "{why}");
-        let (c, why) = choose_importer(VulkanImporter::Auto, ENGINE, Ok(vec![[3; 16]])).unwrap();
-        assert_eq!(c, ImporterChoice::Vulkan);
-        assert!(why.contains("no CUDA device"), "{why}");
+        assert!(why.contains("XPU device 1"), "{why}");
         let (c, why) =
-            choose_importer(VulkanImporter::Auto, ENGINE, Err("no driver".into())).unwrap();
+            choose_importer(VulkanImporter::Auto, ENGINE, "XPU", Ok(vec![[3; 16]])).unwrap();
+        assert_eq!(c, ImporterChoice::Vulkan);
+        assert!(why.contains("no XPU device"), "{why}");
+        let (c, why) =
+            choose_importer(VulkanImporter::Auto, ENGINE, "XPU", Err("no driver".into())).unwrap();
         assert_eq!(c, ImporterChoice::Vulkan);
         assert_eq!(why, "no driver");
     }
 
     #[test]
     fn a_requested_importer_is_taken_or_refused() {
-        let (c, _) = choose_importer(VulkanImporter::Vulkan, ENGINE, Ok(vec![[7; 16]])).unwrap();
+        let (c, _) =
+            choose_importer(VulkanImporter::Vulkan, ENGINE, "XPU", Ok(vec![[7; 16]])).unwrap();
         assert_eq!(
             c,
             ImporterChoice::Vulkan,
             "vulkan requested wins over a match"
         );
-        let e = choose_importer(VulkanImporter::Cuda, ENGINE, Ok(vec![[3; 16]])).unwrap_err();
+        let e =
+            choose_importer(VulkanImporter::Cuda, ENGINE, "XPU", Ok(vec![[3; 16]])).unwrap_err();
         assert!(
-            matches!(&e, Error::CudaUnavailable { reason } if reason.contains("07070707")),
+            matches!(&e, Error::CudaUnavailable { reason } if reason.contains("07070707") && reason.contains("into XPU")),
             "{e}"
         );
-        let e = choose_importer(VulkanImporter::Cuda, ENGINE, Err("no driver".into()));
+        let e = choose_importer(VulkanImporter::Cuda, ENGINE, "XPU", Err("no driver".into()));
         assert!(matches!(e, Err(Error::CudaUnavailable { .. })));
     }
 
