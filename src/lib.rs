@@ -36,6 +36,7 @@
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
 
 pub mod actions;
+pub mod batch;
 pub mod cli;
 pub mod client;
 pub mod command;

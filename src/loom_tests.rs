@@ -529,6 +529,7 @@ fn copy_between_writes(
     let Ok(copied) = crate::control::read_between_writes(
         &[s.write_seq()],
         &c.action_seq,
+        &[],
         &[&c.frame_seq],
         |frame| (frame, data.copy()),
     );
@@ -716,6 +717,7 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
                 let Ok(seen) = crate::control::read_between_writes(
                     &seqs,
                     &c.action_seq,
+                    &[],
                     &[&words[0], &words[1]],
                     |frame| {
                         let slices = [2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed));

@@ -36,7 +36,11 @@ pub const VERSION_MAJOR: u16 = 1;
 /// the pid and start time in the client slot. Only a region with Vulkan tensors is
 /// written as 1.8 (with the layout hash of 1.5): a 1.6 or 1.7 client reads its header as
 /// before, and is refused on the socket (its messages are of version 2).
-pub const VERSION_MINOR: u16 = 8;
+/// 1.10: a sharded region's shards also take actions posted to their own entry
+/// (`action_seq`, formerly `_reserved0`) and ring the control block's `frame_seq` after
+/// publishing while the client's flag on it is up: asynchronous batches. Told by
+/// [`FLAG_SHARD_ACTIONS`]; `version_minor` is written as before. (1.9 stays a draft.)
+pub const VERSION_MINOR: u16 = 10;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -67,6 +71,14 @@ pub const VERSION_MINOR_OBSERVERS: u16 = 7;
 /// `k`), so that read-only observers can copy consistent frames and judge its liveness
 /// without taking any lock themselves.
 pub const FLAG_OBSERVABLE: u64 = 1;
+/// `Header::flags` bit 1 (1.10): a sharded region whose shards take an action posted to
+/// their own entry's `action_seq` as well as the control block's (the larger of the two
+/// is the action), so a client may step some shards and not others (asynchronous
+/// batches, `Client::recv`/`Client::send`). Written by the builder of every sharded
+/// region; `version_minor` is not raised (as for 1.7): earlier clients never write the
+/// entry word (it was `_reserved0`, zero) and step every shard through the control
+/// block's, as before.
+pub const FLAG_SHARD_ACTIONS: u64 = 2;
 /// Entries of `client_cuda_ended` (1.5): 2 in bytes 160..192, 2 in 224..256.
 pub const CUDA_ENDED_SLOTS: usize = 4;
 
@@ -109,7 +121,9 @@ pub struct Header {
     pub table_offset: u32,
     pub desc_size: u32,
     /// Bit 0 ([`FLAG_OBSERVABLE`], 1.7): the region has a stats area at `stats_offset`
-    /// and its engine keeps the words observers read by. Other bits 0.
+    /// and its engine keeps the words observers read by. Bit 1
+    /// ([`FLAG_SHARD_ACTIONS`], 1.10): each shard also takes actions from its entry's
+    /// `action_seq`. Other bits 0.
     pub flags: u64,
     /// 1.4: engine processes serving the region; 0 = unsharded (one engine, whose words
     /// are the control block's own).
