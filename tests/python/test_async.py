@@ -86,3 +86,24 @@ def test_misuse_is_out_of_order_and_posts_nothing():
 def test_batch_size_needs_shards():
     with pytest.raises(ValueError):
         shmbridge.launch("null", num_envs=8, batch_size=4)
+
+
+def test_envpool_shaped_pool_steps_each_env_once_per_action():
+    with shmbridge.AsyncEnvPool("null", num_envs=8, shards=4, batch_size=4) as pool:
+        obs, info = pool.reset()
+        assert obs.shape[0] == 4 and info["env_id"].shape == (4,)
+        assert obs.flags.owndata, "copies by default"
+        width = obs.shape[1]
+        act_shape = np.asarray(pool.client.actions).shape[1:]
+        act_dtype = np.asarray(pool.client.actions).dtype
+        steps = np.zeros(8, np.int64)
+        env_id = info["env_id"]
+        for _ in range(50):
+            obs, rew, term, trunc, info = pool.step(np.zeros((4,) + act_shape, act_dtype), env_id)
+            steps[env_id] += 1
+            env_id = info["env_id"]
+            # Row e of a shard at frame f is the null pattern of (f, e's flat elements); all
+            # envs of a shard step together, so env e's frame is its own step count.
+            for i, e in enumerate(env_id):
+                flat = np.arange(e * width, (e + 1) * width)
+                np.testing.assert_array_equal(obs[i], pattern(steps[e], flat))
