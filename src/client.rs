@@ -1129,6 +1129,12 @@ impl Client {
         Ok(())
     }
 
+    /// The envs a [`Client::recv`] hands out, once [`Client::async_reset`] was called.
+    pub fn async_batch_size(&self) -> Option<usize> {
+        let b = self.batches.as_ref()?;
+        Some(b.per_batch * self.layout.shards[0].env_count as usize)
+    }
+
     /// The shards of the last [`Client::recv`], in the order of its env ids (empty
     /// before one, and for a lock-step client).
     pub fn batch_shards(&self) -> &[u32] {
