@@ -1017,7 +1017,9 @@ impl Client {
                 "asynchronous batches serve host tensors only".into(),
             ));
         }
-        if self.batches.is_none() && self.action != self.frame {
+        // A lock-step step in flight must finish first; shards an asynchronous client
+        // left at different frames (`action` u64::MAX) are what this is for.
+        if self.batches.is_none() && self.action != self.frame && self.action != u64::MAX {
             return Err(self.not_answered());
         }
         let size = self.layout.shards[0].env_count as usize;

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
@@ -51,8 +53,9 @@ impl CommandHandler for Resets {
 
 /// Serves a shard until the client closes, each step after a random delay (0 to 2 ms,
 /// its own seed: shards answer in an order nobody chose). Every env counts its steps;
-/// returns those counts.
-fn serve(mut engine: Engine, seed: u64) -> Vec<u64> {
+/// returns those counts. With `more`, clients come in turn until it is cleared: then the
+/// first client end (or a sibling's closure, for the shard that missed it) ends it.
+fn serve_clients(mut engine: Engine, seed: u64, more: Option<Arc<AtomicBool>>) -> Vec<u64> {
     let mut rng = Pcg32::seed_from_u64(seed);
     let first = engine.shard().env_start;
     let n = engine.num_envs();
@@ -88,7 +91,16 @@ fn serve(mut engine: Engine, seed: u64) -> Vec<u64> {
                 write(&mut engine, &steps);
                 engine.publish().unwrap();
             }
-            Err(Error::PeerClosed { .. }) => return steps,
+            Err(Error::PeerClosed { .. }) => {
+                if !more.as_ref().is_some_and(|m| m.load(Ordering::Acquire)) {
+                    return steps;
+                }
+            }
+            Err(Error::ShardClosed { .. })
+                if more.as_ref().is_some_and(|m| !m.load(Ordering::Acquire)) =>
+            {
+                return steps
+            }
             Err(e) => panic!("shard at env {first}: {e}"),
         }
     }
@@ -96,16 +108,26 @@ fn serve(mut engine: Engine, seed: u64) -> Vec<u64> {
 
 /// A region of `n` envs in `k` shards, each a thread serving with [`serve`].
 fn start(tag: &str, n: u32, k: u32) -> (String, Vec<std::thread::JoinHandle<Vec<u64>>>) {
+    start_for(tag, n, k, None)
+}
+
+/// [`start`], the shards serving clients in turn while `more` is set.
+fn start_for(
+    tag: &str,
+    n: u32,
+    k: u32,
+    more: Option<Arc<AtomicBool>>,
+) -> (String, Vec<std::thread::JoinHandle<Vec<u64>>>) {
     let creator = Engine::create(spec(n, k, &unique(tag))).unwrap();
     let region = creator.name().to_string();
-    let mut threads = vec![std::thread::spawn(move || serve(creator, 0))];
+    let m = more.clone();
+    let mut threads = vec![std::thread::spawn(move || serve_clients(creator, 0, m))];
     for s in 1..k {
         let region = region.clone();
+        let m = more.clone();
         threads.push(std::thread::spawn(move || {
-            serve(
-                Engine::join(&region, s, JoinOptions::default()).unwrap(),
-                u64::from(s),
-            )
+            let joined = Engine::join(&region, s, JoinOptions::default()).unwrap();
+            serve_clients(joined, u64::from(s), m)
         }));
     }
     (region, threads)
@@ -250,6 +272,12 @@ fn a_send_names_whole_received_shards_once_or_nothing_moves() {
     assert_eq!(not_in(client.send(&ids[..2])), ids[0], "sent already");
     client.send(&ids[2..]).unwrap();
     client.send(&more).unwrap();
+    // The frames of every action sent (a close does not wait for frames in flight).
+    let mut back: Vec<u32> = (0..2)
+        .flat_map(|_| client.recv(T).unwrap().to_vec())
+        .collect();
+    back.sort();
+    assert_eq!(back, (0..8).collect::<Vec<u32>>());
     client.close();
     for t in threads {
         let steps = t.join().unwrap();
@@ -329,4 +357,66 @@ fn an_unsharded_region_has_no_asynchronous_batches() {
     });
     assert_eq!(client.step(T).unwrap(), 1);
     drop(t.join().unwrap());
+}
+
+#[test]
+fn a_client_after_an_asynchronous_one_steps_asynchronously_where_it_left_them() {
+    let more = Arc::new(AtomicBool::new(true));
+    let (region, threads) = start_for("second", 4, 2, Some(more.clone()));
+    let mut first = Client::attach(&region, AttachOptions::default()).unwrap();
+    first.async_reset(2, &[], T).unwrap();
+    // Shard a steps twice, shard b never: they stand at frames 2 and 0.
+    let a = first.recv(T).unwrap().to_vec();
+    first.send(&a).unwrap();
+    let again = loop {
+        let ids = first.recv(T).unwrap().to_vec();
+        if ids == a {
+            break ids;
+        }
+    };
+    first.send(&again).unwrap();
+    assert_eq!(first.recv(T).unwrap(), &a[..], "the other shard is held");
+    first.close();
+    let mut second = Client::attach(&region, AttachOptions::default()).unwrap();
+    // Lock-step cannot step shards at different frames; asynchronous batches can.
+    let e = second.step(T).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfOrder(m) if m.contains("different frames")),
+        "{e}"
+    );
+    second.async_reset(2, &[], T).unwrap();
+    let mut got = [
+        second.recv(T).unwrap().to_vec(),
+        second.recv(T).unwrap().to_vec(),
+    ];
+    got.sort();
+    assert_eq!(got, [vec![0, 1], vec![2, 3]]);
+    let obs = second.tensor::<f32>("obs").unwrap();
+    let frames: Vec<f32> = (0..4).map(|e| obs[3 * e]).collect();
+    let b_first = a[0] == 2;
+    let expected = if b_first {
+        [0.0, 0.0, 2.0, 2.0]
+    } else {
+        [2.0, 2.0, 0.0, 0.0]
+    };
+    assert_eq!(
+        frames, expected,
+        "each shard where the first client left it"
+    );
+    second.send(&[0, 1, 2, 3]).unwrap();
+    // Both frames back, so both steps are done before the close.
+    let mut got = [
+        second.recv(T).unwrap().to_vec(),
+        second.recv(T).unwrap().to_vec(),
+    ];
+    got.sort();
+    assert_eq!(got, [vec![0, 1], vec![2, 3]]);
+    more.store(false, Ordering::Release);
+    second.close();
+    let steps: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let total: u64 = steps.iter().sum();
+    assert_eq!(total, 2 * 3 + 2 * 1, "2 envs × 3 steps, 2 envs × 1 step");
 }
