@@ -420,3 +420,61 @@ fn a_client_after_an_asynchronous_one_steps_asynchronously_where_it_left_them() 
     let total: u64 = steps.iter().sum();
     assert_eq!(total, 2 * 3 + 2 * 1, "2 envs × 3 steps, 2 envs × 1 step");
 }
+
+#[test]
+fn an_observer_copies_nothing_while_a_shard_steps_on_its_own() {
+    // Both shards at frame 0, the region's action 0: an observer copies. Then shard 0 is
+    // sent an action and holds inside its step (after taking the action, before writing):
+    // every frame still equals the region's action, but shard 0 is mid-step, so the
+    // observer must not copy (it judges by the shard's own action as well).
+    let creator = Engine::create(spec(4, 2, &unique("observer"))).unwrap();
+    let region = creator.name().to_string();
+    let (took, took_rx) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let gated = std::thread::spawn(move || {
+        let mut engine = creator;
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut Resets) {
+                Ok(_) => {
+                    took.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    engine.publish().unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    let r = region.clone();
+    let other = std::thread::spawn(move || {
+        serve_clients(
+            Engine::join(&r, 1, JoinOptions::default()).unwrap(),
+            1,
+            None,
+        )
+    });
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    let observer = shmbridge::Observer::attach(&region, T).unwrap();
+    let picks = [observer.pick("obs", 0..4).unwrap()];
+    let mut bufs = observer.buffers(&picks).unwrap();
+    assert_eq!(observer.try_read(&picks, &mut bufs).unwrap(), Some(0));
+    client.async_reset(2, &[], T).unwrap();
+    // Both ready, both posted at 0: the lower shard first.
+    let ids = client.recv(T).unwrap().to_vec();
+    assert_eq!(ids, [0, 1]);
+    client.send(&ids).unwrap();
+    took_rx.recv().unwrap();
+    assert_eq!(
+        observer.try_read(&picks, &mut bufs).unwrap(),
+        None,
+        "shard 0 is inside its step"
+    );
+    go.send(()).unwrap();
+    // Shard 1's reset frame, then shard 0's new one.
+    assert_eq!(client.recv(T).unwrap(), &[2, 3]);
+    assert_eq!(client.recv(T).unwrap(), &[0, 1]);
+    client.close();
+    gated.join().unwrap();
+    other.join().unwrap();
+}
