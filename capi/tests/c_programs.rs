@@ -141,11 +141,9 @@ fn serve_async_shard(mut engine: Engine) -> u64 {
     }
 }
 
-#[test]
-fn c_client_checks_every_asynchronous_batch() {
-    const ROUNDS: u64 = 2000;
-    let exe = compile("examples/c/async_client.c", "async_client");
-    let (n, k) = (8u32, 4u32);
+/// A region of `n` envs in `k` shards, each a thread serving with [`serve_async_shard`]:
+/// its name and the threads (each returns the steps it served).
+fn start_async_shards(n: u32, k: u32) -> (String, Vec<std::thread::JoinHandle<u64>>) {
     let spec = shmbridge_core::EngineSpec::new("async-c", n)
         .tensor(
             "obs",
@@ -170,6 +168,14 @@ fn c_client_checks_every_asynchronous_batch() {
             serve_async_shard(Engine::join(&name, s, join).unwrap())
         }));
     }
+    (name, shards)
+}
+
+#[test]
+fn c_client_checks_every_asynchronous_batch() {
+    const ROUNDS: u64 = 2000;
+    let exe = compile("examples/c/async_client.c", "async_client");
+    let (name, shards) = start_async_shards(8, 4);
     let out = Command::new(exe)
         .args([name.as_str(), "4", &ROUNDS.to_string()])
         .stderr(Stdio::inherit())
@@ -379,6 +385,16 @@ fn c_programs_are_clean_under_address_and_undefined_behaviour_sanitizers() {
     sanitized(&mut cmd);
     check("null_client.c", cmd.output().unwrap());
     server.join().unwrap().unwrap();
+
+    let client = compile_with("examples/c/async_client.c", "async_client-asan", &flags);
+    let (name, shards) = start_async_shards(8, 4);
+    let mut cmd = Command::new(client);
+    cmd.args([name.as_str(), "4", "200"]);
+    sanitized(&mut cmd);
+    check("async_client.c", cmd.output().unwrap());
+    for t in shards {
+        t.join().unwrap();
+    }
 
     let engine_exe = compile_with(
         "examples/c/cartpole_engine.c",
