@@ -429,7 +429,7 @@ uint32_t shmb_abi_version(void);
 
 /**
  * The library's release and the wire protocol it speaks, `"<release> (protocol
- * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.9)"`: built from the crate version and
+ * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
  * the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
  */
 const char *shmb_version(void);
@@ -531,6 +531,48 @@ shmb_status shmb_client_reset(shmb_client *client,
                               size_t num_seeds,
                               uint64_t timeout_ms,
                               uint64_t *frame);
+
+/**
+ * Starts asynchronous batches (docs/async.md) on a sharded region: resets every env
+ * (`seeds`, `num_seeds` as for `shmb_client_reset`) and makes every shard ready;
+ * `shmb_client_recv` then hands out `batch_size` envs (whole shards: a multiple of the
+ * shard size) at a time. From here on `shmb_client_step` is `SHMB_OUT_OF_ORDER`.
+ * `SHMB_INVALID_SPEC` for an unsharded region, device tensors or a `batch_size` that
+ * is not a multiple of the shard size.
+ */
+shmb_status shmb_client_async_reset(shmb_client *client,
+                                    size_t batch_size,
+                                    const uint64_t *seeds,
+                                    size_t num_seeds,
+                                    uint64_t timeout_ms);
+
+/**
+ * Waits up to `timeout_ms` until `batch_size` envs have frames and hands them out:
+ * writes their ids to `env_ids` (room for `capacity`; `*count`: how many, the batch
+ * size). Their rows of the engine→client tensors hold the frames, in place, until their
+ * actions are sent. `SHMB_NO_SPACE` (nothing handed out) when `capacity` is smaller than
+ * the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
+ * `shmb_client_async_reset`, or with fewer shards stepping than a batch holds;
+ * `SHMB_ENGINE_DIED`/`SHMB_ENGINE_CLOSED` for a shard that died or closed.
+ *
+ * Ownership: `env_ids` stays the caller's.
+ */
+shmb_status shmb_client_recv(shmb_client *client,
+                             uint64_t timeout_ms,
+                             uint32_t *env_ids,
+                             size_t capacity,
+                             size_t *count);
+
+/**
+ * Posts the actions written into rows `env_ids` (`num_env_ids` of them) of the
+ * client→engine tensors: the envs of whole shards handed out by `shmb_client_recv` and
+ * not sent yet, each once, in any order. Those shards step. `SHMB_OUT_OF_ORDER` (nothing
+ * posted) for an env not handed out, sent already, listed twice, or a shard listed in
+ * part (the message names the env).
+ *
+ * Ownership: `env_ids` is read during the call only.
+ */
+shmb_status shmb_client_send(shmb_client *client, const uint32_t *env_ids, size_t num_env_ids);
 
 /**
  * Calls the engine-defined method `method` with `num_args` key/value `args` and

@@ -1,7 +1,9 @@
 //! The client's side: attach to a region by name, read frames, write actions, `step()`.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::batch::ReadySet;
 use crate::command::{self, Reply};
 use crate::control::{ClientState, EngineState};
 use crate::device::{self, ClientBackend, StreamRef};
@@ -144,6 +146,21 @@ pub struct Client {
     /// Where the engine's and each shard's pid is a pid, for the errors that name them.
     engine_pid_ns: PidNamespace,
     shard_pid_ns: Vec<PidNamespace>,
+    /// Asynchronous batches (1.10), from `async_reset` on; `None` for a lock-step client.
+    batches: Option<Box<Batches>>,
+}
+
+/// What an asynchronous client keeps ([`Client::async_reset`]).
+#[derive(Debug)]
+struct Batches {
+    ready: ReadySet,
+    /// Shards a batch holds (`batch_size` ÷ the shard size).
+    per_batch: usize,
+    /// The last `recv`'s shards and their envs, in that order.
+    shards: Vec<u32>,
+    env_ids: Vec<u32>,
+    /// Scratch of `recv`'s wait: the stepping shards whose frames arrived.
+    arrived: Vec<(u64, usize)>,
 }
 
 impl std::fmt::Debug for Client {
@@ -239,6 +256,7 @@ impl Client {
             command_stream: 1,
             engine_pid_ns,
             shard_pid_ns: Vec::new(),
+            batches: None,
         };
         // Open the engine's event and memory once (a failure drops `client`, which
         // closes whatever was opened and acknowledges).
@@ -260,8 +278,23 @@ impl Client {
             }
             backoff.snooze();
         }
-        let (action, frame) = client.counters();
-        if action != frame {
+        let (mut action, mut frame) = client.counters();
+        if client.layout.shard_actions {
+            // 1.10: an asynchronous client may have left the shards at different frames,
+            // each its own last action answered (or not: refused below). A lock-step
+            // client cannot step them (`not_answered` says so); `async_reset` can.
+            let posted =
+                |s: &ShardInfo| action.max(client.slot(s).action_seq().load(Ordering::Acquire));
+            let shards = &client.layout.shards;
+            if let Some(s) = shards.iter().find(|s| posted(s) != client.slot(s).frame()) {
+                (action, frame) = (posted(s), client.slot(s).frame());
+            } else if shards.iter().any(|s| client.slot(s).frame() != frame) {
+                action = u64::MAX;
+            } else {
+                action = frame;
+            }
+        }
+        if action != frame && action != u64::MAX {
             return Err(Error::Protocol {
                 peer: Peer::Client,
                 detail: format!(
@@ -269,7 +302,7 @@ impl Client {
                 ),
             });
         }
-        client.action = frame;
+        client.action = if action == u64::MAX { action } else { frame };
         client.frame = frame;
         // Every shard is alive now (each published frame 0): where each lives.
         if client.layout.is_sharded() {
@@ -626,14 +659,28 @@ impl Client {
     fn check_can_step(&self) -> Result<()> {
         self.check_usable()?;
         if self.action != self.frame {
-            return Err(Error::OutOfOrder(
-                "the previous step's frame has not arrived; call wait_frame() first",
-            ));
+            return Err(self.not_answered());
         }
         if self.engine_state() == EngineState::Closed {
             return Err(Error::PeerClosed { peer: Peer::Engine });
         }
         Ok(())
+    }
+
+    /// Why a step cannot be posted while `action ≠ frame`: a step in flight, or an
+    /// asynchronous client (whose `action` is `u64::MAX`).
+    #[cold]
+    fn not_answered(&self) -> Error {
+        Error::OutOfOrder(match self.batches {
+            Some(_) => {
+                "this client steps asynchronous batches (async_reset): use recv() and send()"
+            }
+            None if self.action == u64::MAX => {
+                "the shards stand at different frames (an asynchronous client left them so): \
+                 use async_reset(), recv() and send()"
+            }
+            None => "the previous step's frame has not arrived; call wait_frame() first",
+        })
     }
 
     #[inline(always)] // the step path: one function with `step`, as before it had two callers
@@ -658,6 +705,9 @@ impl Client {
     /// Waits for the frame of the last action posted (after a `step` that timed out).
     pub fn wait_frame(&mut self, timeout: Duration) -> Result<u64> {
         self.check_usable()?;
+        if self.batches.is_some() || self.action == u64::MAX {
+            return Err(self.not_answered());
+        }
         self.await_frame(timeout)
     }
 
@@ -945,6 +995,204 @@ impl Client {
             }
         }
         Ok(frame)
+    }
+
+    /// Starts asynchronous batches (1.10, `docs/async.md`): resets every env (`seeds` as
+    /// for [`Client::reset`]) and makes every shard ready, so that [`Client::recv`] hands
+    /// out `batch_size` envs at a time: the envs of whichever shards answered first, read
+    /// in place. A shard steps all its envs together, so `batch_size` is a multiple of the
+    /// shard size (every shard of the region the same size), at most `num_envs`. From
+    /// here on this client is asynchronous: `step` is `OutOfOrder`; calling this again
+    /// resets every env and forgets the batches handed out.
+    ///
+    /// Errors: `InvalidSpec` for an unsharded region or one whose shards do not take
+    /// their own actions (an engine before 1.10), for device tensors (host only, for now),
+    /// or a `batch_size` that is not a multiple of the shard size; `OutOfOrder` with a
+    /// lock-step step in flight; the errors of `reset`.
+    pub fn async_reset(
+        &mut self,
+        batch_size: usize,
+        seeds: &[u64],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if !self.layout.shard_actions {
+            return Err(Error::InvalidSpec(
+                "asynchronous batches need a sharded region (shards ≥ 2) whose shards take \
+                 their own actions (protocol 1.10)"
+                    .into(),
+            ));
+        }
+        if self.device_hooks {
+            return Err(Error::InvalidSpec(
+                "asynchronous batches serve host tensors only".into(),
+            ));
+        }
+        // A lock-step step in flight must finish first; shards an asynchronous client
+        // left at different frames (`action` u64::MAX) are what this is for.
+        if self.batches.is_none() && self.action != self.frame && self.action != u64::MAX {
+            return Err(self.not_answered());
+        }
+        let size = self.layout.shards[0].env_count as usize;
+        let even = self
+            .layout
+            .shards
+            .iter()
+            .all(|s| s.env_count as usize == size);
+        if !even || batch_size == 0 || batch_size % size != 0 || batch_size > self.num_envs() {
+            return Err(Error::InvalidSpec(format!(
+                "batch_size {batch_size}: a batch is made of whole shards (a shard steps all its \
+                 envs together), so it must be a multiple of the shard size ({}) up to num_envs \
+                 ({}), with every shard the same size",
+                size,
+                self.num_envs()
+            )));
+        }
+        self.reset(None, seeds, timeout)?;
+        // Every shard answered its reset from its wait for an action: none is stepping,
+        // each has published the frame of its last action.
+        let ready = ReadySet::new(
+            self.layout
+                .shards
+                .iter()
+                .map(|s| (s.envs(), self.slot(s).frame())),
+        );
+        self.batches = Some(Box::new(Batches {
+            ready,
+            per_batch: batch_size / size,
+            shards: Vec::new(),
+            env_ids: Vec::new(),
+            arrived: Vec::with_capacity(self.layout.shards.len()),
+        }));
+        self.action = u64::MAX;
+        Ok(())
+    }
+
+    /// Waits until `batch_size` envs have frames (whole shards: the ones that were
+    /// posted first among those that answered) and hands them out: returns their env
+    /// ids, in the order of [`Client::batch_shards`]. Their observations, rewards and
+    /// flags are read in place: rows `env_ids` of the engine→client tensors, one
+    /// contiguous slice per shard. They stay valid until their actions are sent.
+    ///
+    /// Errors: `OutOfOrder` before `async_reset`, or when fewer shards step than a batch
+    /// holds (send the actions of the envs received before); `Timeout` (nothing handed
+    /// out: call again); `ShardDied`/`ShardClosed` and the other errors of `step`.
+    pub fn recv(&mut self, timeout: Duration) -> Result<&[u32]> {
+        self.check_usable()?;
+        let mut b = self
+            .batches
+            .take()
+            .ok_or(Error::OutOfOrder("call async_reset() before recv()"))?;
+        let got = self.recv_into(&mut b, timeout);
+        self.batches = Some(b);
+        got?;
+        Ok(&self.batches.as_ref().expect("put back").env_ids)
+    }
+
+    fn recv_into(&self, b: &mut Batches, timeout: Duration) -> Result<()> {
+        if b.ready.stepping_count() < b.per_batch {
+            return Err(Error::OutOfOrder(
+                "fewer shards are stepping than a batch holds: send() the actions of the envs \
+                 received before",
+            ));
+        }
+        let Batches {
+            ready,
+            per_batch,
+            arrived,
+            ..
+        } = b;
+        let shards = &self.layout.shards;
+        let mut track = sync::WaitTrack::default();
+        // One futex for every shard's frame: the control block's `frame_seq`, which each
+        // shard rings after publishing while this client's flag on it is up.
+        sync::wait_until_from(
+            &self.region.control().frame_seq(),
+            |order| {
+                arrived.clear();
+                for (k, posted) in ready.stepping() {
+                    if self.slot(&shards[k]).frame_seq().counter.load(order) >= posted {
+                        arrived.push((posted, k));
+                    }
+                }
+                (arrived.len() >= *per_batch).then_some(())
+            },
+            self.policy,
+            timeout,
+            &mut track,
+            "the frames of a batch",
+            || self.check_engine(),
+        )?;
+        // The oldest first, so that no ready shard waits behind younger ones.
+        arrived.sort_unstable();
+        arrived.truncate(*per_batch);
+        for &(posted, k) in arrived.iter() {
+            let seen = self.slot(&shards[k]).frame();
+            if seen != posted {
+                return Err(unexpected_frame(&self.layout, &shards[k], seen, posted));
+            }
+        }
+        b.shards.clear();
+        b.env_ids.clear();
+        for &(_, k) in b.arrived.iter() {
+            let envs = b.ready.hand_out(k)?;
+            b.shards.push(k as u32);
+            b.env_ids.extend(envs);
+        }
+        Ok(())
+    }
+
+    /// The envs a [`Client::recv`] hands out, once [`Client::async_reset`] was called.
+    pub fn async_batch_size(&self) -> Option<usize> {
+        let b = self.batches.as_ref()?;
+        Some(b.per_batch * self.layout.shards[0].env_count as usize)
+    }
+
+    /// The shards of the last [`Client::recv`], in the order of its env ids (empty
+    /// before one, and for a lock-step client).
+    pub fn batch_shards(&self) -> &[u32] {
+        self.batches.as_ref().map_or(&[], |b| &b.shards)
+    }
+
+    /// Posts the actions written into rows `env_ids` of the client→engine tensors: the
+    /// envs of whole shards handed out by [`Client::recv`] and not sent yet, each once
+    /// (any order; the envs of several `recv`s at once, or a `recv`'s shards over several
+    /// sends). Those shards step; the others are not touched.
+    ///
+    /// Errors: `NotInBatch` (kind `OutOfOrder`), naming an env whose frame was not handed
+    /// out or whose action was sent already, an env listed twice, or a shard listed in
+    /// part: nothing is posted then; `OutOfOrder` before `async_reset`.
+    pub fn send(&mut self, env_ids: &[u32]) -> Result<()> {
+        self.check_usable()?;
+        let b = self
+            .batches
+            .as_mut()
+            .ok_or(Error::OutOfOrder("call async_reset() before send()"))?;
+        let shards = b.ready.check_send(env_ids)?;
+        if shards.is_empty() {
+            return Ok(());
+        }
+        let mut posted = Vec::with_capacity(shards.len());
+        for k in shards {
+            posted.push((k, b.ready.post(k)?));
+        }
+        // Each shard's own action (Release: the actions written before it), then the one
+        // doorbell, whose wake reaches every sleeping shard.
+        for &(k, action) in &posted {
+            crate::primitive::store(
+                self.slot(&self.layout.shards[k]).action_seq(),
+                action,
+                Ordering::Release,
+            );
+        }
+        sync::post_all(
+            &self.region.control().doorbell(),
+            0,
+            posted
+                .iter()
+                .map(|&(k, _)| self.slot(&self.layout.shards[k]).engine_waiting()),
+        );
+        Ok(())
     }
 
     /// Calls an engine-defined method; returns its result arguments and payload. A

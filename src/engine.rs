@@ -291,6 +291,7 @@ impl Engine {
                 .cuda_alloc
                 .map(|_| builder.header.engine_event_handle)
                 .filter(|h| *h != [0; 64]),
+            shard_actions: builder.header.flags & crate::layout::FLAG_SHARD_ACTIONS != 0,
             shards,
             stats: Some(builder.stats),
         };
@@ -660,6 +661,10 @@ impl Engine {
         self.record_frame()?;
         self.frame = self.action;
         sync::post(&self.slot().frame_seq(), self.frame);
+        if self.layout.shard_actions {
+            // 1.10: an asynchronous client sleeps on the frame bell for any shard's frame.
+            sync::ring_if_waiting(&self.control().frame_seq());
+        }
         Ok(self.frame)
     }
 
@@ -719,6 +724,17 @@ impl Engine {
         self.publish_checked()
     }
 
+    /// The last action the client posted to this engine's shard (Acquire): the control
+    /// block's `action_seq`, or (1.10) the shard's own word where that is larger.
+    fn posted_action(&self) -> u64 {
+        let a = self.control().action_seq().counter.load(Ordering::Acquire);
+        if self.layout.shard_actions {
+            a.max(self.slot().action_seq().load(Ordering::Acquire))
+        } else {
+            a
+        }
+    }
+
     /// Waits for the client's next action; returns its number. Then read the actions,
     /// apply `reset_mask`, step, write the frame and [`publish`](Engine::publish) it.
     /// Commands that arrive meanwhile get the built-in answers; `Reset` and
@@ -756,11 +772,15 @@ impl Engine {
             let control = self.control();
             let slot = self.slot();
             let action_seq = control.action_seq().counter;
+            // 1.10: a shard's action is the larger of the region's and its own (a client
+            // stepping only some shards posts to theirs); unsharded, both are one word.
+            let own = self.layout.shard_actions.then(|| slot.action_seq());
             let has_rings = self.shard.rings.is_some();
             let woke = sync::wait_until_from(
                 &slot.doorbell(&self.region),
                 |order| {
                     let a = action_seq.load(order);
+                    let a = own.map_or(a, |own| a.max(own.load(order)));
                     if a >= target {
                         Some(Some(a))
                     } else if has_rings && slot.request_pending(order) {
@@ -906,10 +926,8 @@ impl Engine {
         // if either is already posted, nobody waits for this reply. Dropping it here, and
         // giving up on room for it as soon as either appears, means a backlog of stale
         // replies never fills the ring and never keeps the engine from stepping.
-        let superseded = || {
-            self.slot().request_pending(Ordering::Acquire)
-                || self.control().action_seq().counter.load(Ordering::Acquire) > self.action
-        };
+        let superseded =
+            || self.slot().request_pending(Ordering::Acquire) || self.posted_action() > self.action;
         if superseded() {
             self.dropped_replies.set(self.dropped_replies.get() + 1);
             return Ok(());

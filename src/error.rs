@@ -184,6 +184,11 @@ pub enum Error {
     #[error("out of order: {0}")]
     OutOfOrder(&'static str),
 
+    /// An asynchronous batch's `send` named env `env_id`, which the client cannot step now
+    /// (kind `OutOfOrder`): `reason` says why.
+    #[error("out of order: env {env_id}: {reason}")]
+    NotInBatch { env_id: u32, reason: &'static str },
+
     #[error("this {0} is closed")]
     Closed(Peer),
 
@@ -405,7 +410,7 @@ impl Error {
             Error::BadMessage(_) => ErrorKind::BadMessage,
             Error::NoCommandChannel { .. } => ErrorKind::NoCommandChannel,
             Error::Remote { .. } => ErrorKind::Remote,
-            Error::OutOfOrder(_) => ErrorKind::OutOfOrder,
+            Error::OutOfOrder(_) | Error::NotInBatch { .. } => ErrorKind::OutOfOrder,
             Error::Interrupted => ErrorKind::Interrupted,
             Error::Closed(_) => ErrorKind::Closed,
             Error::CudaUnavailable { .. } => ErrorKind::CudaUnavailable,

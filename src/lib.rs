@@ -26,7 +26,7 @@
 //! - layer 7: device
 //! - layer 8: region
 //! - layer 9: shard, tensor
-//! - layer 10: command, actions
+//! - layer 10: command, actions, batch
 //! - layer 11: client, engine, observer
 //! - layer 12: envs
 //! - layer 13: cli
@@ -36,6 +36,7 @@
 compile_error!("shmbridge needs Linux (futex, /dev/shm) on a little-endian CPU");
 
 pub mod actions;
+pub mod batch;
 pub mod cli;
 pub mod client;
 pub mod command;

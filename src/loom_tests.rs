@@ -462,6 +462,183 @@ fn a_command_wakes_the_shard_it_is_for() {
     });
 }
 
+// ---- Asynchronous batches (1.10): shards stepped one at a time ----
+
+/// A sharded region's words as asynchronous batches use them: per shard its own action
+/// counter beside the region's (which this client never posts), its frame, its flag on
+/// the doorbell, its slices of the actions and observations; the control block's
+/// `frame_seq` and `client_waiting` as the frame bell.
+#[derive(Default)]
+struct AsyncShard {
+    action_seq: AtomicU64,
+    frame_seq: AtomicU64,
+    engine_waiting: AtomicU32,
+    client_waiting: AtomicU32,
+    actions: Tensor,
+    observations: Tensor,
+}
+
+#[derive(Default)]
+struct AsyncRegion {
+    action_seq: AtomicU64,
+    doorbell: AtomicU32,
+    bell: AtomicU64,
+    bell_waiting: AtomicU32,
+    shards: [AsyncShard; 2],
+}
+
+impl AsyncRegion {
+    fn new() -> Arc<AsyncRegion> {
+        let c = Arc::new(AsyncRegion::default());
+        model::track_u64(&c.action_seq);
+        model::track_u32(&c.doorbell);
+        model::track_u64(&c.bell);
+        model::track_u32(&c.bell_waiting);
+        for s in &c.shards {
+            model::track_u64(&s.action_seq);
+            model::track_u64(&s.frame_seq);
+            model::track_u32(&s.engine_waiting);
+            model::track_u32(&s.client_waiting);
+            for t in [&s.actions, &s.observations] {
+                model::track_bytes(t.0.get().cast(), 8);
+            }
+        }
+        c
+    }
+
+    /// The frame bell, as `Client::recv` sleeps on it and a shard rings it.
+    fn bell(&self) -> SharedSeq<'_> {
+        SharedSeq {
+            counter: &self.bell,
+            low: low_half(&self.bell),
+            waiting: &self.bell_waiting,
+        }
+    }
+
+    fn frame(&self, k: usize) -> SharedSeq<'_> {
+        let s = &self.shards[k];
+        SharedSeq {
+            counter: &s.frame_seq,
+            low: low_half(&s.frame_seq),
+            waiting: &s.client_waiting,
+        }
+    }
+
+    /// Shard `k` serving `steps` actions, as `Engine::wait_actions` (its action: the
+    /// larger of the region's and its own) and `Engine::publish` (its frame, then the
+    /// bell) do: observation `10·k + action`.
+    fn serve(&self, k: usize, steps: u64) {
+        let s = &self.shards[k];
+        for target in 1..=steps {
+            let a = wait_until(
+                &Doorbell {
+                    bell: &self.doorbell,
+                    engine_waiting: &s.engine_waiting,
+                    action_seq: None,
+                },
+                |order| {
+                    let a = primitive::load(&self.action_seq, order)
+                        .max(primitive::load(&s.action_seq, order));
+                    (a >= target).then_some(a)
+                },
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "action",
+                || Ok(()),
+            )
+            .unwrap();
+            assert_eq!(a, target, "shard {k}: one action at a time");
+            assert_eq!(s.actions.read(), 100 + target, "shard {k}: its own action");
+            s.observations.write(10 * k as u64 + target);
+            post(&self.frame(k), target);
+            ring_if_waiting(&self.bell());
+        }
+    }
+
+    /// `Client::recv` with one shard per batch: waits on the bell until a stepping shard
+    /// has its frame, hands out the one posted first.
+    fn recv(&self, ready: &mut crate::batch::ReadySet) -> usize {
+        let (_, k) = wait_until(
+            &self.bell(),
+            |order| {
+                ready
+                    .stepping()
+                    .filter(|&(k, posted)| {
+                        primitive::load(&self.shards[k].frame_seq, order) >= posted
+                    })
+                    .map(|(k, posted)| (posted, k))
+                    .min()
+            },
+            WaitPolicy::BLOCKING,
+            Duration::MAX,
+            "a batch",
+            || Ok(()),
+        )
+        .unwrap();
+        ready.hand_out(k).unwrap();
+        k
+    }
+
+    /// `Client::send` of shard `k`'s envs: its actions, its own counter, the doorbell.
+    fn send(&self, ready: &mut crate::batch::ReadySet, k: usize) {
+        assert_eq!(ready.check_send(&[k as u32]).unwrap(), [k]);
+        let a = ready.post(k).unwrap();
+        self.shards[k].actions.write(100 + a);
+        primitive::store(&self.shards[k].action_seq, a, Ordering::Release);
+        post_all(
+            &Doorbell {
+                bell: &self.doorbell,
+                engine_waiting: &self.shards[k].engine_waiting,
+                action_seq: None,
+            },
+            0,
+            [&self.shards[k].engine_waiting],
+        );
+    }
+}
+
+#[test]
+fn asynchronous_batches_step_each_shard_once_per_action_and_hand_out_each_frame_once() {
+    // Two shards of one env each, batches of one shard. The client hands out both
+    // reset frames, sends both shards an action, then takes their frames in whichever
+    // order they come: it sleeps on the frame bell, which neither shard may fail to ring
+    // (a lost wake-up is a deadlock the model reports). Each shard steps exactly once,
+    // reads only its own action after it was written (the cells), and the client reads
+    // each observation after its shard wrote it, each shard's frame once.
+    check("sync::async_batches_one_shard_at_a_time", || {
+        let c = AsyncRegion::new();
+        let engines: Vec<_> = (0..2)
+            .map(|k| {
+                let c = c.clone();
+                loom::thread::spawn(move || c.serve(k, 1))
+            })
+            .collect();
+        let mut ready = crate::batch::ReadySet::new([(0..1, 0), (1..2, 0)]);
+        let first = c.recv(&mut ready);
+        c.send(&mut ready, first);
+        let second = c.recv(&mut ready);
+        assert_ne!(first, second, "a held shard is not handed out again");
+        c.send(&mut ready, second);
+        let mut got = [c.recv(&mut ready), c.recv(&mut ready)];
+        assert_ne!(got[0], got[1], "each frame handed out once");
+        for k in got {
+            assert_eq!(c.shards[k].observations.read(), 10 * k as u64 + 1);
+        }
+        got.sort();
+        assert_eq!(got, [0, 1]);
+        assert_eq!(ready.stepping_count(), 0);
+        for t in engines {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            primitive::load(&c.action_seq, Ordering::Relaxed),
+            0,
+            "untouched"
+        );
+        assert_eq!(primitive::load(&c.bell_waiting, Ordering::Relaxed), 0);
+    });
+}
+
 // ---- Observers (1.7): the step counters and the write sequence of a stats block ----
 //
 // The observer models sweep where the observer starts: after `k` of the client's and
@@ -573,6 +750,7 @@ fn copy_between_writes(
     let Ok(copied) = crate::control::read_between_writes(
         &[s.write_seq()],
         &c.action_seq,
+        &[],
         &[&c.frame_seq],
         |frame| (frame, data.copy()),
     );
@@ -760,6 +938,7 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
                 let Ok(seen) = crate::control::read_between_writes(
                     &seqs,
                     &c.action_seq,
+                    &[],
                     &[&words[0], &words[1]],
                     |frame| {
                         let slices = [2, 3].map(|i| primitive::load(&words[i], Ordering::Relaxed));

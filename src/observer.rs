@@ -116,7 +116,11 @@ impl Observer {
         // again, a word that straddles two pages could be read torn).
         for s in &layout.shards {
             let w = &s.words;
-            if stats.block(s.index) % 8 != 0 || w.frame_seq % 8 != 0 || w.state % 4 != 0 {
+            if stats.block(s.index) % 8 != 0
+                || w.frame_seq % 8 != 0
+                || w.action_seq % 8 != 0
+                || w.state % 4 != 0
+            {
                 return Err(Error::InvalidHeader {
                     field: "shard table",
                     reason: format!("shard {}'s words are not aligned", s.index),
@@ -372,8 +376,12 @@ impl Observer {
             .map(|s| self.word(s.words.frame_seq as u64))
             .collect();
         let action = self.word(offsets::ACTION_SEQ as u64);
+        let shard_actions: Vec<_> = (self.layout.shards.iter())
+            .filter(|_| self.layout.shard_actions)
+            .map(|s| self.word(s.words.action_seq as u64))
+            .collect();
         let mut failed = None;
-        let copied = read_between_writes(&seqs, action, &frames, |frame| {
+        let copied = read_between_writes(&seqs, action, &shard_actions, &frames, |frame| {
             for (pick, buf) in picks.iter().zip(out.iter_mut()) {
                 if let Err(e) = self.read_at(self.span(pick).0, buf.as_mut()) {
                     failed = Some(e);

@@ -46,9 +46,15 @@ impl<'a> ShardSlot<'a> {
     #[inline]
     pub fn new(region: &'a Region, shard: &'a ShardInfo) -> Result<ShardSlot<'a>> {
         let w = &shard.words;
-        let aligned =
-            (w.frame_seq | w.start_time | w.c2e_head | w.c2e_tail | w.e2c_head | w.e2c_tail) % 8
-                == 0;
+        let aligned = (w.frame_seq
+            | w.action_seq
+            | w.start_time
+            | w.c2e_head
+            | w.c2e_tail
+            | w.e2c_head
+            | w.e2c_tail)
+            % 8
+            == 0;
         if !aligned || w.end() > region.len() {
             return Err(outside_the_mapping(shard));
         }
@@ -88,6 +94,13 @@ impl<'a> ShardSlot<'a> {
         // SAFETY: as for `u64`: the u32 words sit at 4-aligned offsets of the entry (or
         // the control block) inside the checked span.
         unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU32) }
+    }
+
+    /// This shard's own action counter (1.10; an unsharded region's: the control
+    /// block's `action_seq`).
+    #[inline]
+    pub fn action_seq(&self) -> &'a AtomicU64 {
+        self.u64(self.words.action_seq)
     }
 
     /// This shard's `frame_seq`, with the client's waiter flag for it.
@@ -183,7 +196,10 @@ impl<'a> ShardSlot<'a> {
         self.u32(self.words.state)
             .store(EngineState::Closed.code(), Ordering::SeqCst);
         let w = self.words;
-        for word in [w.frame_seq, w.e2c_head, w.c2e_tail] {
+        // The control block's `frame_seq` too: an asynchronous client (1.10) sleeps on it
+        // as the frame bell of every shard (an unsharded region's own frame word).
+        let bell = crate::layout::offsets::FRAME_SEQ;
+        for word in [w.frame_seq, w.e2c_head, w.c2e_tail, bell] {
             os::futex_wake_all(self.u32(word));
         }
     }

@@ -323,6 +323,20 @@ pub fn post<S: SeqPost>(seq: &S, value: u64) {
     }
 }
 
+/// Rings `bell` if its waiter sleeps: one more on the counter (Release) and a wake. For a
+/// word that only wakes (a sharded region's frame bell, 1.10: each shard rings it after
+/// posting its own frame, so an asynchronous client sleeps on one word for any shard's
+/// frame). Call it after a [`post`], whose fence orders the flag's load after the post:
+/// a waiter that set its flag before that fence is woken (or sees the bell moved); one
+/// that sets it after sees the post when it looks again.
+#[inline]
+pub fn ring_if_waiting(bell: &SharedSeq<'_>) {
+    if bell.waiter_sleeps() {
+        primitive::fetch_add(bell.counter, 1, Ordering::Release);
+        bell.unpark();
+    }
+}
+
 /// Posts through the doorbell to the engine processes of a sharded region (1.4): each
 /// sleeps on the one doorbell with a waiter flag of its own, so the poster looks at
 /// every flag after its fence, and one wake reaches every sleeper. Dekker as in

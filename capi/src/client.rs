@@ -7,7 +7,7 @@ use shmbridge_core::device::StreamRef;
 
 use crate::registry::{Kind, Registry};
 use crate::side::{self, Named};
-use crate::status::{guard, shmb_status, CResult};
+use crate::status::{guard, shmb_status, CResult, Fail};
 use crate::types::{
     c_string, kv_arg, need, policy, put, shmb_tensor_info, slice_arg, str_arg, timeout,
 };
@@ -236,6 +236,93 @@ pub unsafe extern "C" fn shmb_client_reset(
         // SAFETY: NULL or writable per the caller's contract.
         unsafe { maybe(frame, f) };
         Ok(())
+    })
+}
+
+/// Starts asynchronous batches (docs/async.md) on a sharded region: resets every env
+/// (`seeds`, `num_seeds` as for `shmb_client_reset`) and makes every shard ready;
+/// `shmb_client_recv` then hands out `batch_size` envs (whole shards: a multiple of the
+/// shard size) at a time. From here on `shmb_client_step` is `SHMB_OUT_OF_ORDER`.
+/// `SHMB_INVALID_SPEC` for an unsharded region, device tensors or a `batch_size` that
+/// is not a multiple of the shard size.
+#[no_mangle]
+pub unsafe extern "C" fn shmb_client_async_reset(
+    client: *mut shmb_client,
+    batch_size: usize,
+    seeds: *const u64,
+    num_seeds: usize,
+    timeout_ms: u64,
+) -> shmb_status {
+    guard(|| {
+        // SAFETY: the caller passes `num_seeds` u64s at `seeds`.
+        let seeds = unsafe { slice_arg(seeds, num_seeds, "seeds")? };
+        with(client, |h| {
+            Ok(h.named
+                .side
+                .async_reset(batch_size, seeds, timeout(timeout_ms))?)
+        })
+    })
+}
+
+/// Waits up to `timeout_ms` until `batch_size` envs have frames and hands them out:
+/// writes their ids to `env_ids` (room for `capacity`; `*count`: how many, the batch
+/// size). Their rows of the engine→client tensors hold the frames, in place, until their
+/// actions are sent. `SHMB_NO_SPACE` (nothing handed out) when `capacity` is smaller than
+/// the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
+/// `shmb_client_async_reset`, or with fewer shards stepping than a batch holds;
+/// `SHMB_ENGINE_DIED`/`SHMB_ENGINE_CLOSED` for a shard that died or closed.
+///
+/// Ownership: `env_ids` stays the caller's.
+#[no_mangle]
+pub unsafe extern "C" fn shmb_client_recv(
+    client: *mut shmb_client,
+    timeout_ms: u64,
+    env_ids: *mut u32,
+    capacity: usize,
+    count: *mut usize,
+) -> shmb_status {
+    guard(|| {
+        if env_ids.is_null() {
+            return Err(Fail::null("env_ids"));
+        }
+        with(client, |h| {
+            let side = &mut h.named.side;
+            if let Some(need) = side.async_batch_size() {
+                if capacity < need {
+                    return Err(Fail::new(
+                        shmb_status::SHMB_NO_SPACE,
+                        format!("room for {capacity} env ids; a batch has {need}"),
+                    ));
+                }
+            }
+            let ids = side.recv(timeout(timeout_ms))?;
+            // SAFETY: non-null, room for `capacity` u32s per the caller's contract, and
+            // `ids.len()` is the batch size, checked against `capacity` above.
+            unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), env_ids, ids.len()) };
+            // SAFETY: NULL or writable per the caller's contract.
+            unsafe { maybe(count, ids.len()) };
+            Ok(())
+        })
+    })
+}
+
+/// Posts the actions written into rows `env_ids` (`num_env_ids` of them) of the
+/// client→engine tensors: the envs of whole shards handed out by `shmb_client_recv` and
+/// not sent yet, each once, in any order. Those shards step. `SHMB_OUT_OF_ORDER` (nothing
+/// posted) for an env not handed out, sent already, listed twice, or a shard listed in
+/// part (the message names the env).
+///
+/// Ownership: `env_ids` is read during the call only.
+#[no_mangle]
+pub unsafe extern "C" fn shmb_client_send(
+    client: *mut shmb_client,
+    env_ids: *const u32,
+    num_env_ids: usize,
+) -> shmb_status {
+    guard(|| {
+        // SAFETY: the caller passes `num_env_ids` u32s at `env_ids`.
+        let ids = unsafe { slice_arg(env_ids, num_env_ids, "env_ids")? };
+        with(client, |h| Ok(h.named.side.send(ids)?))
     })
 }
 

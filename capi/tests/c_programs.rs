@@ -1,6 +1,6 @@
 //! The C programs against the real library: `capi/tests/hostile.c` (hostile calls), the
 //! C null client (`examples/c/null_client.c`) checking 100,000 steps of the Rust `null`
-//! engine, and the C CartPole engine (`examples/c/cartpole_engine.c`) stepped next to
+//! engine, the C asynchronous client (`examples/c/async_client.c`) checking every batch, and the C CartPole engine (`examples/c/cartpole_engine.c`) stepped next to
 //! the Rust reference engine, frame by frame, bit for bit. Each is compiled here with
 //! `cc` against `include/shmbridge.h` and the `libshmbridge.so` cargo just built.
 
@@ -96,6 +96,104 @@ fn c_client_checks_every_step_of_the_rust_null_engine() {
         "{report}"
     );
     eprintln!("C client: {}", report.trim());
+}
+
+/// Serves shard `engine` of the asynchronous client's region: `obs[e] = [steps of e, e,
+/// its last action]` (`examples/c/async_client.c` checks it), each step after a delay of
+/// its own (0 to 1 ms, by a small generator seeded by the shard: the shards answer in an
+/// order nobody chose; a delay, not a synchronisation). Returns the steps served.
+fn serve_async_shard(mut engine: Engine) -> u64 {
+    use shmbridge_core::command::{CommandError, CommandHandler, ResetRequest};
+    use shmbridge_core::Tensors;
+    struct Resets;
+    impl CommandHandler for Resets {
+        fn reset(&mut self, _: &mut Tensors<'_>, _: &ResetRequest) -> Result<(), CommandError> {
+            Ok(())
+        }
+    }
+    let first = engine.shard().env_start as usize;
+    let n = engine.num_envs();
+    let mut state = u64::from(engine.shard().index) * 0x9E37_79B9 + 1;
+    let write = |engine: &mut Engine, steps: u64| {
+        let actions: Vec<f32> = engine.tensor::<f32>("actions").unwrap().to_vec();
+        let obs = engine.tensor_mut::<f32>("obs").unwrap();
+        for e in 0..n {
+            obs[3 * e..3 * e + 3].copy_from_slice(&[steps as f32, (first + e) as f32, actions[e]]);
+        }
+    };
+    write(&mut engine, 0);
+    engine.publish().unwrap();
+    let mut steps = 0;
+    loop {
+        match engine.wait_actions_with(Duration::from_secs(30), &mut Resets) {
+            Ok(_) => {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                std::thread::sleep(Duration::from_micros(state % 1000));
+                steps += 1;
+                write(&mut engine, steps);
+                engine.publish().unwrap();
+            }
+            Err(shmbridge_core::Error::PeerClosed { .. }) => return steps,
+            Err(e) => panic!("shard at env {first}: {e}"),
+        }
+    }
+}
+
+/// A region of `n` envs in `k` shards, each a thread serving with [`serve_async_shard`]:
+/// its name and the threads (each returns the steps it served).
+fn start_async_shards(n: u32, k: u32) -> (String, Vec<std::thread::JoinHandle<u64>>) {
+    let spec = shmbridge_core::EngineSpec::new("async-c", n)
+        .tensor(
+            "obs",
+            DType::F32,
+            &[n as u64, 3],
+            shmbridge_core::Direction::EngineToClient,
+        )
+        .tensor(
+            "actions",
+            DType::F32,
+            &[n as u64],
+            shmbridge_core::Direction::ClientToEngine,
+        )
+        .shards(k);
+    let creator = Engine::create(spec).unwrap();
+    let name = creator.name().to_string();
+    let mut shards = vec![std::thread::spawn(move || serve_async_shard(creator))];
+    for s in 1..k {
+        let name = name.clone();
+        shards.push(std::thread::spawn(move || {
+            let join = shmbridge_core::engine::JoinOptions::default();
+            serve_async_shard(Engine::join(&name, s, join).unwrap())
+        }));
+    }
+    (name, shards)
+}
+
+#[test]
+fn c_client_checks_every_asynchronous_batch() {
+    const ROUNDS: u64 = 2000;
+    let exe = compile("examples/c/async_client.c", "async_client");
+    let (name, shards) = start_async_shards(8, 4);
+    let out = Command::new(exe)
+        .args([name.as_str(), "4", &ROUNDS.to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let served: u64 = shards.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(out.status.success(), "{}", out.status);
+    // Batches of 2 shards: every shard stepped once per batch it was in.
+    assert_eq!(
+        served,
+        ROUNDS * 2,
+        "each shard stepped once per action sent"
+    );
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(&format!("{ROUNDS} batches checked")),
+        "{report}"
+    );
 }
 
 /// The C engine's process, stopped (and its region removed) if the test fails.
@@ -287,6 +385,16 @@ fn c_programs_are_clean_under_address_and_undefined_behaviour_sanitizers() {
     sanitized(&mut cmd);
     check("null_client.c", cmd.output().unwrap());
     server.join().unwrap().unwrap();
+
+    let client = compile_with("examples/c/async_client.c", "async_client-asan", &flags);
+    let (name, shards) = start_async_shards(8, 4);
+    let mut cmd = Command::new(client);
+    cmd.args([name.as_str(), "4", "200"]);
+    sanitized(&mut cmd);
+    check("async_client.c", cmd.output().unwrap());
+    for t in shards {
+        t.join().unwrap();
+    }
 
     let engine_exe = compile_with(
         "examples/c/cartpole_engine.c",

@@ -25,12 +25,15 @@ learning libraries (``shmbridge.integrations.sb3``, ``.torchrl``, ``.rsl_rl``, `
 # `import shmbridge` exposes only `__all__` (and its submodules); the launching code is in
 # `_launch`, the engine process in `_process`.
 from . import errors
+from ._batch import AsyncEnvPool, Batch
 from ._launch import CudaStatus, attach, cuda_status, launch, launch_gym, nvrtc_library_dirs
 from ._native import Client, Engine, EngineSpec, Tensor, __version__, cuda_available, gc, list_regions
 from .errors import *  # noqa: F401,F403 - every exception class at the top level
 from .observe import Observer, observe
 
 __all__ = [
+    "AsyncEnvPool",
+    "Batch",
     "Client",
     "Engine",
     "EngineSpec",

@@ -275,6 +275,7 @@ def launch(
     blocking: bool = False,
     importer: str = "auto",
     shards: int = 1,
+    batch_size: Optional[int] = None,
     command: Optional[Sequence[str]] = None,
     **engine_args: Any,
 ) -> Client:
@@ -285,6 +286,12 @@ def launch(
     host memory only): each steps a contiguous slice, all write one region, and
     ``client.obs`` is still one ``[num_envs, ...]`` tensor. A dead shard makes the next
     step raise :class:`EngineDiedError` naming it and its envs.
+
+    ``batch_size``: asynchronous batches (``docs/async.md``, EnvPool's ``recv``/``send``):
+    the client starts them (``client.async_reset()``, which may be called again to
+    reset) and ``client.recv()`` returns the ``batch_size`` envs of whichever shards
+    answered first, ``client.send(actions, env_ids)`` steps them. A multiple of the shard
+    size (``num_envs // shards``, which must divide ``num_envs``); needs ``shards`` ≥ 2.
 
     ``device``: where the engine's tensors live. ``"cpu"`` (shared memory), ``"cuda"``
     or ``"cuda:N"`` (device memory, stepped by the CUDA kernels; the client opens it
@@ -343,8 +350,19 @@ def launch(
     _check_engine_args(engine_args)
     device = _check_device(device)
     shards = _check_int("shards", shards, 1)
+    if batch_size is not None:
+        batch_size = _check_int("batch_size", batch_size, 1)
+        if shards < 2:
+            raise ValueError(f"batch_size={batch_size} needs shards >= 2: a batch is made of whole shards")
     if shards > 1:
-        return _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
+        client = _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
+        if batch_size is not None:
+            try:
+                client.async_reset(batch_size)
+            except BaseException:
+                client.close()
+                raise
+        return client
     args = _engine_command(env, num_envs, device, spin_us, blocking, engine_args)
     return _serve_launched(args, device, _engine_env(device), timeout, spin_us, blocking, importer)
 

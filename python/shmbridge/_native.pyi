@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Seque
 
 import numpy as np
 
+from ._batch import Batch
 from ._process import EngineProcess
 
 __all__ = [
@@ -102,6 +103,22 @@ class Client:
         timeout: float = 10.0,
         stream: Optional[Any] = None,
     ) -> int: ...
+    def async_reset(
+        self,
+        batch_size: Optional[int] = None,
+        seed: Union[None, int, Sequence[int]] = None,
+        timeout: float = 10.0,
+    ) -> None:
+        """Starts asynchronous batches (docs/async.md): resets every env and makes every
+        shard ready; ``recv()`` then hands out ``batch_size`` envs (whole shards) at a time."""
+    def recv(self, timeout: Optional[float] = None) -> Batch:
+        """The next ``batch_size`` envs whose frames arrived, read in place:
+        ``obs, rewards, terminated, truncated, env_ids = client.recv()``."""
+    def send(self, actions: Optional[Any] = None, env_ids: Optional[Sequence[int]] = None) -> None:
+        """Writes ``actions`` into rows ``env_ids`` (default: the last ``recv()``'s) of the
+        action tensor and steps those shards."""
+    @property
+    def batch_shards(self) -> List[int]: ...
     def call(
         self,
         method: str,

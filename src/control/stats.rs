@@ -176,7 +176,9 @@ impl SeqWord for &AtomicU64 {
 
 /// One attempt at copying engine→client tensors while no engine writes them: the
 /// engines' write sequences `write_seqs` are even, and the frame every engine published
-/// (`frame_seqs`) is the client's last action (`action_seq`), so no step is under way;
+/// (`frame_seqs`) is the client's last action (`action_seq`), with no shard's own action
+/// (`shard_actions`, 1.10: empty where the region has none) past it, so no step is under
+/// way;
 /// `read` copies, given that frame number; then nothing may have moved. `None` if an
 /// engine was writing when it began or wrote while `read` ran (the caller tries again
 /// later); else what `read` returned. `read` may see torn values, which are then thrown
@@ -185,6 +187,7 @@ impl SeqWord for &AtomicU64 {
 pub fn read_between_writes<W: SeqWord, T>(
     write_seqs: &[W],
     action_seq: W,
+    shard_actions: &[W],
     frame_seqs: &[W],
     read: impl FnOnce(u64) -> T,
 ) -> Result<Option<T>, W::Error> {
@@ -196,6 +199,12 @@ pub fn read_between_writes<W: SeqWord, T>(
         }
     }
     let action = action_seq.load(Ordering::Acquire)?;
+    // A shard stepped on its own (an asynchronous client, 1.10) is not at `action`.
+    for a in shard_actions {
+        if a.load(Ordering::Acquire)? > action {
+            return Ok(None);
+        }
+    }
     // Acquire: frame `action` published means all of its writes are seen.
     for f in frame_seqs {
         if f.load(Ordering::Acquire)? != action {
@@ -209,6 +218,12 @@ pub fn read_between_writes<W: SeqWord, T>(
     fence(Ordering::Acquire);
     if action_seq.load(Ordering::Relaxed)? != action {
         return Ok(None);
+    }
+    // The same for an action posted to one shard alone during the copy.
+    for a in shard_actions {
+        if a.load(Ordering::Relaxed)? > action {
+            return Ok(None);
+        }
     }
     for (seen, seq) in before.iter().zip(write_seqs) {
         if seq.load(Ordering::Relaxed)? != *seen {
@@ -326,7 +341,8 @@ mod tests {
         let (action, frames) = (AtomicU64::new(7), [AtomicU64::new(7), AtomicU64::new(7)]);
         let frame_seqs = [&frames[0], &frames[1]];
         let copy = || {
-            let Ok(copied) = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| f);
+            let Ok(copied) =
+                read_between_writes(&[s.write_seq()], &action, &[], &frame_seqs, |f| f);
             copied
         };
         assert_eq!(copy(), Some(7));
@@ -339,7 +355,7 @@ mod tests {
         s.begin_write();
         assert_eq!(copy(), None, "a command's handler writes");
         s.end_write();
-        let Ok(moved) = read_between_writes(&[s.write_seq()], &action, &frame_seqs, |f| {
+        let Ok(moved) = read_between_writes(&[s.write_seq()], &action, &[], &frame_seqs, |f| {
             primitive::store(&action, 9, Ordering::Relaxed);
             f
         });

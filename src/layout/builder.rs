@@ -324,7 +324,11 @@ impl HeaderBuilder {
         };
         h.header_size = header_size as u32;
         h.region_size = region_size;
-        h.flags = FLAG_OBSERVABLE;
+        h.flags = if shard_count > 0 {
+            FLAG_OBSERVABLE | FLAG_SHARD_ACTIONS
+        } else {
+            FLAG_OBSERVABLE
+        };
         h.stats_offset = stats.offset;
         h.layout_hash = layout_hash_for(shard_count, h.version_minor);
         h.shard_count = shard_count;

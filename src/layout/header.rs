@@ -40,7 +40,11 @@ pub const VERSION_MAJOR: u16 = 1;
 /// descriptor over the fd socket (§3.5.1), its frames ordered on the host; only a region
 /// whose engine shares its CUDA memory that way is written as 1.9 (the layout hash of
 /// 1.5). Every other region is written as before, byte for byte.
-pub const VERSION_MINOR: u16 = 9;
+/// 1.10: a sharded region's shards also take actions posted to their own entry
+/// (`action_seq`, formerly `_reserved0`) and ring the control block's `frame_seq` after
+/// publishing while the client's flag on it is up: asynchronous batches. Told by
+/// [`FLAG_SHARD_ACTIONS`]; `version_minor` is written as before.
+pub const VERSION_MINOR: u16 = 10;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -70,6 +74,14 @@ pub const VERSION_MINOR_OBSERVERS: u16 = 7;
 /// `k`), so that read-only observers can copy consistent frames and judge its liveness
 /// without taking any lock themselves.
 pub const FLAG_OBSERVABLE: u64 = 1;
+/// `Header::flags` bit 1 (1.10): a sharded region whose shards take an action posted to
+/// their own entry's `action_seq` as well as the control block's (the larger of the two
+/// is the action), so a client may step some shards and not others (asynchronous
+/// batches, `Client::recv`/`Client::send`). Written by the builder of every sharded
+/// region; `version_minor` is not raised (as for 1.7): earlier clients never write the
+/// entry word (it was `_reserved0`, zero) and step every shard through the control
+/// block's, as before.
+pub const FLAG_SHARD_ACTIONS: u64 = 2;
 /// Entries of `client_cuda_ended` (1.5): 2 in bytes 160..192, 2 in 224..256.
 pub const CUDA_ENDED_SLOTS: usize = 4;
 
@@ -112,7 +124,9 @@ pub struct Header {
     pub table_offset: u32,
     pub desc_size: u32,
     /// Bit 0 ([`FLAG_OBSERVABLE`], 1.7): the region has a stats area at `stats_offset`
-    /// and its engine keeps the words observers read by. Other bits 0.
+    /// and its engine keeps the words observers read by. Bit 1
+    /// ([`FLAG_SHARD_ACTIONS`], 1.10): each shard also takes actions from its entry's
+    /// `action_seq`. Other bits 0.
     pub flags: u64,
     /// 1.4: engine processes serving the region; 0 = unsharded (one engine, whose words
     /// are the control block's own).
@@ -226,7 +240,7 @@ pub struct TensorDesc {
     /// [`Location`](super::Location) as u8.
     pub location: u8,
     /// Vulkan (1.3): [`VK_FLAG_DEDICATED`], [`VK_FLAG_SEMAPHORE`], [`VK_FLAG_TIMELINE`].
-    /// CUDA (1.9 draft): [`CUDA_FLAG_FD`]. Zero for host tensors.
+    /// CUDA (1.9): [`CUDA_FLAG_FD`]. Zero for host tensors.
     pub flags: u8,
     pub device_ordinal: i32,
     pub _reserved0: u32,
@@ -266,7 +280,7 @@ pub const VK_FLAG_SEMAPHORE: u8 = 2;
 /// `TensorDesc::flags` of a Vulkan tensor: that semaphore is a timeline semaphore.
 pub const VK_FLAG_TIMELINE: u8 = 4;
 
-/// `TensorDesc::flags` of a CUDA tensor (1.9 draft): its allocation was made with
+/// `TensorDesc::flags` of a CUDA tensor (1.9): its allocation was made with
 /// `cuMemCreate` (POSIX fd handles) and is shared by file descriptor over the region's fd
 /// socket, which crosses PID namespaces; `ipc_mem_handle` is then all zero. Without it,
 /// the allocation is shared by `ipc_mem_handle` (CUDA IPC, one PID namespace).

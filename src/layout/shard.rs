@@ -78,7 +78,10 @@ pub struct ShardEntry {
     /// the capacities are the control block's).
     pub c2e_ring_offset: u64,
     pub e2c_ring_offset: u64,
-    pub _reserved0: u64,
+    /// live, client (1.10, [`super::FLAG_SHARD_ACTIONS`]): the last action posted to this
+    /// shard alone (0 until then); the shard's action is the larger of this and the
+    /// control block's `action_seq`. `_reserved0` (0) before.
+    pub action_seq: u64,
     /// live, client: 1 while the client sleeps on this shard's `frame_seq`.
     pub client_waiting: u32,
     pub _pad_cw: [u8; 60],
@@ -108,6 +111,9 @@ const _: () = assert!(offset_of!(ShardEntry, e2c_consumer_waiting) == 448);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardWords {
     pub frame_seq: usize,
+    /// The shard's own action counter (1.10; the control block's `action_seq` for an
+    /// unsharded region).
+    pub action_seq: usize,
     pub engine_waiting: usize,
     pub client_waiting: usize,
     /// The shard's state word (`engine_state` for an unsharded region).
@@ -128,6 +134,7 @@ impl ShardWords {
     /// The one shard of an unsharded region: the control block's own words.
     pub const CONTROL_BLOCK: ShardWords = ShardWords {
         frame_seq: offsets::FRAME_SEQ,
+        action_seq: offsets::ACTION_SEQ,
         engine_waiting: offsets::ENGINE_WAITING,
         client_waiting: offsets::CLIENT_WAITING,
         state: offsets::ENGINE_STATE,
@@ -148,6 +155,7 @@ impl ShardWords {
         let b = table + index * SHARD_ENTRY_SIZE;
         ShardWords {
             frame_seq: b + offset_of!(ShardEntry, frame_seq),
+            action_seq: b + offset_of!(ShardEntry, action_seq),
             engine_waiting: b + offset_of!(ShardEntry, engine_waiting),
             client_waiting: b + offset_of!(ShardEntry, client_waiting),
             state: b + offset_of!(ShardEntry, state),
@@ -171,6 +179,7 @@ impl ShardWords {
             self.e2c_tail,
             self.e2c_producer_waiting,
             self.frame_seq,
+            self.action_seq,
         ]
         .into_iter()
         .max()

@@ -79,7 +79,7 @@ pub struct CudaExport {
     /// IPC handle of the allocation's base (the engine fills it in after allocating);
     /// all zero when the allocation is shared by fd.
     pub ipc_mem_handle: [u8; 64],
-    /// How the allocation is shared (1.9 draft: [`CudaSharing::Fd`] where the entry has
+    /// How the allocation is shared (1.9: [`CudaSharing::Fd`] where the entry has
     /// `CUDA_FLAG_FD`).
     pub sharing: CudaSharing,
     /// Size of that allocation (`offset + nbytes <= alloc_size`).
@@ -93,7 +93,7 @@ pub enum CudaSharing {
     /// between processes of one PID namespace.
     Ipc,
     /// A file descriptor of a `cuMemCreate` allocation passed over the region's fd
-    /// socket and imported with `cuMemImportFromShareableHandle` (1.9 draft). Works
+    /// socket and imported with `cuMemImportFromShareableHandle` (1.9). Works
     /// across PID namespaces (containers).
     Fd,
 }

@@ -138,7 +138,7 @@ fn cuda_tensors_share_one_allocation() {
     assert!(HeaderBuilder::new("k", 1, &neg, 0).is_err());
 }
 
-/// The 1.9 draft's words: a CUDA entry shared by fd carries `CUDA_FLAG_FD` and no IPC
+/// The 1.9 words: a CUDA entry shared by fd carries `CUDA_FLAG_FD` and no IPC
 /// handle, in a header of minor 9; every other combination is refused, naming why.
 #[test]
 fn cuda_entries_say_how_their_allocation_is_shared() {

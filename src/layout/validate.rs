@@ -168,6 +168,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
         tensors,
         rings,
         engine_event_handle,
+        shard_actions: h.shard_count > 0 && h.flags & FLAG_SHARD_ACTIONS != 0,
         shards,
         stats,
     })

@@ -28,6 +28,9 @@ pub struct Layout {
     /// 1.7: the stats area (one block per shard), present iff the header's
     /// `FLAG_OBSERVABLE` is set: the region can be observed.
     pub stats: Option<StatsArea>,
+    /// 1.10: a sharded region whose shards take actions posted to each shard alone
+    /// (`FLAG_SHARD_ACTIONS`): what asynchronous batches need.
+    pub shard_actions: bool,
 }
 
 impl Layout {

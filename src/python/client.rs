@@ -30,6 +30,8 @@ struct Core {
     /// An action was posted whose frame has not been received (a timeout or Ctrl-C
     /// interrupted the wait): the next step first waits for that frame.
     pending: bool,
+    /// The batch size of the last `async_reset` (asynchronous batches).
+    batch_size: Option<usize>,
 }
 
 /// A client attached to an engine (`shmbridge.attach()` / `shmbridge.launch()`).
@@ -149,6 +151,14 @@ impl PyClient {
         }
     }
 
+    /// `(start, end)` of the envs of each of `shards`.
+    fn spans_of(&self, shards: &[u32]) -> Vec<(u32, u32)> {
+        shards
+            .iter()
+            .map(|&k| self.shard_envs[k as usize])
+            .collect()
+    }
+
     fn run_on_close(&self, py: Python<'_>) -> PyResult<()> {
         let hook = self
             .on_close
@@ -160,6 +170,27 @@ impl PyClient {
         }
         Ok(())
     }
+}
+
+/// `seed` as `reset` takes it: none, one int, or one per env.
+fn seeds_of(py: Python<'_>, seed: Option<Bound<'_, PyAny>>) -> PyResult<Vec<u64>> {
+    Ok(match seed.filter(|s| !s.is_none()) {
+        None => Vec::new(),
+        Some(s) => match s.extract::<Count<u64>>() {
+            Ok(one) => vec![one.0],
+            // An int out of range: its own message, not "must be a list".
+            Err(e) if e.is_instance_of::<PyValueError>(py) => return Err(e),
+            Err(_) => s
+                .extract::<Vec<Count<u64>>>()
+                .map(counts)
+                .map_err(|e| match e.is_instance_of::<PyValueError>(py) {
+                    true => e,
+                    false => PyTypeError::new_err(
+                        "seed must be None, a non-negative int, or a list of them",
+                    ),
+                })?,
+        },
+    })
 }
 
 pub(super) fn closed_err(py: Python<'_>) -> PyErr {
@@ -236,6 +267,7 @@ impl PyClient {
             core: Mutex::new(Core {
                 client: Some(client),
                 pending: false,
+                batch_size: None,
             }),
             closing: AtomicBool::new(false),
             name: layout_name(&name),
@@ -371,23 +403,7 @@ impl PyClient {
         timeout: Seconds,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let seeds: Vec<u64> = match seed.filter(|s| !s.is_none()) {
-            None => Vec::new(),
-            Some(s) => match s.extract::<Count<u64>>() {
-                Ok(one) => vec![one.0],
-                // An int out of range: its own message, not "must be a list".
-                Err(e) if e.is_instance_of::<PyValueError>(py) => return Err(e),
-                Err(_) => s
-                    .extract::<Vec<Count<u64>>>()
-                    .map(counts)
-                    .map_err(|e| match e.is_instance_of::<PyValueError>(py) {
-                        true => e,
-                        false => PyTypeError::new_err(
-                            "seed must be None, a non-negative int, or a list of them",
-                        ),
-                    })?,
-            },
-        };
+        let seeds = seeds_of(py, seed)?;
         let env_ids = env_ids.map(counts);
         let timeout = duration(timeout, "timeout")?;
         let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
@@ -397,6 +413,121 @@ impl PyClient {
             })
         })?;
         Ok(frame)
+    }
+
+    /// Starts asynchronous batches (docs/async.md): resets every env (``seed`` as for
+    /// ``reset``) and makes every shard ready; then ``recv()`` hands out ``batch_size``
+    /// envs at a time (whole shards: a multiple of the shard size). ``batch_size``:
+    /// default the last one given (``launch(batch_size=...)`` gives one). From here on
+    /// ``step()`` raises ``OutOfOrderError``.
+    #[pyo3(signature = (batch_size=None, seed=None, timeout=Seconds(10.0)))]
+    fn async_reset(
+        &self,
+        py: Python<'_>,
+        batch_size: Option<Count<u32>>,
+        seed: Option<Bound<'_, PyAny>>,
+        timeout: Seconds,
+    ) -> PyResult<()> {
+        let seeds = seeds_of(py, seed)?;
+        let timeout = duration(timeout, "timeout")?;
+        let size = match batch_size {
+            Some(b) => b.0 as usize,
+            None => self.lock()?.batch_size.ok_or_else(|| {
+                PyValueError::new_err("async_reset() needs a batch_size (none was given before)")
+            })?,
+        };
+        self.command(py, timeout, |client| {
+            client.async_reset(size, &seeds, timeout)
+        })?;
+        self.lock()?.batch_size = Some(size);
+        Ok(())
+    }
+
+    /// Waits (``timeout`` seconds, default forever; Ctrl-C interrupts) until
+    /// ``batch_size`` envs have frames; returns a ``shmbridge.Batch``: ``obs, rewards,
+    /// terminated, truncated, env_ids = client.recv()``, each shard's rows read in
+    /// place (``batch.views(name)``: zero-copy numpy views into the region, one per
+    /// shard).
+    #[pyo3(signature = (timeout=None))]
+    fn recv(slf: &Bound<'_, Self>, timeout: Option<Seconds>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let limit = match timeout {
+            Some(t) => Some(duration(t, "timeout")?),
+            None => None,
+        };
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let (env_ids, spans) = {
+            let mut core = this.lock()?;
+            let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+            loop {
+                let slice = next_slice(deadline);
+                match py.detach(|| client.recv(slice).map(<[u32]>::to_vec)) {
+                    Ok(ids) => break (ids, this.spans_of(client.batch_shards())),
+                    Err(Error::Timeout { .. }) => {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(to_pyerr(
+                                py,
+                                Error::Timeout {
+                                    waited: limit.unwrap_or(Duration::MAX),
+                                    what: "the frames of a batch",
+                                },
+                            ));
+                        }
+                        if this.closing.load(Ordering::Acquire) {
+                            return Err(closed_err(py));
+                        }
+                        py.check_signals()?;
+                    }
+                    Err(e) => return Err(to_pyerr(py, e)),
+                }
+            }
+        };
+        let batch = py.import("shmbridge._batch")?.getattr("Batch")?;
+        Ok(batch.call1((slf, env_ids, spans))?.unbind())
+    }
+
+    /// Writes ``actions`` (one row per env of ``env_ids``, in that order) into those
+    /// rows of the actions tensor and posts them: the envs of whole shards handed out by
+    /// ``recv()`` and not sent yet, each once (``env_ids`` default: the last ``recv``'s).
+    /// ``actions=None``: the rows were written already. ``OutOfOrderError`` for an env
+    /// not received, sent already, listed twice, or a shard listed in part: then
+    /// nothing is posted (the rows may have been written).
+    #[pyo3(signature = (actions=None, env_ids=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        actions: Option<Bound<'_, PyAny>>,
+        env_ids: Option<Vec<Count<u32>>>,
+    ) -> PyResult<()> {
+        let mut core = self.lock()?;
+        let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        let ids: Vec<u32> = match env_ids {
+            Some(ids) => counts(ids),
+            None => client
+                .batch_shards()
+                .iter()
+                .flat_map(|&k| client.shards()[k as usize].envs())
+                .collect(),
+        };
+        if let Some(a) = actions.filter(|a| !a.is_none()) {
+            let index = self
+                .actions_index
+                .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
+            let view = py
+                .import("numpy")?
+                .call_method1("asarray", (self.tensors[index].bind(py),))?;
+            view.set_item(ids.clone(), a)?;
+        }
+        client.send(&ids).map_err(|e| to_pyerr(py, e))
+    }
+
+    /// The shards of the last ``recv()``, in the order of its env ids.
+    #[getter]
+    fn batch_shards(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let core = self.lock()?;
+        let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+        Ok(client.batch_shards().to_vec())
     }
 
     /// Calls an engine-defined method. Keyword arguments travel as text (`str(value)`);

@@ -797,6 +797,7 @@ mod tests {
             engine_event_handle: None,
             shards: Vec::new(),
             stats: None,
+            shard_actions: false,
         }
     }
 

@@ -1,0 +1,481 @@
+//! Asynchronous batches over shards (protocol 1.10): `async_reset`, `recv`, `send`.
+//! Shards are threads here (each with its own mapping and descriptor, as processes have),
+//! or engine processes where one must die.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg32;
+use shmbridge::command::{CommandError, CommandHandler, ResetRequest};
+use shmbridge::engine::JoinOptions;
+use shmbridge::{AttachOptions, Client, DType, Direction, Engine, EngineSpec, Error, Tensors};
+
+use common::{signal, EngineProc};
+
+const T: Duration = Duration::from_secs(20);
+
+fn unique(tag: &str) -> String {
+    format!("async-{tag}-{}", std::process::id())
+}
+
+fn spec(n: u32, shards: u32, name: &str) -> EngineSpec {
+    EngineSpec::new("async-test", n)
+        // Per env: the env's own step count, its id, the action it last took.
+        .tensor("obs", DType::F32, &[n as u64, 3], Direction::EngineToClient)
+        .tensor(
+            "actions",
+            DType::F32,
+            &[n as u64],
+            Direction::ClientToEngine,
+        )
+        .tensor(
+            "rewards",
+            DType::F32,
+            &[n as u64],
+            Direction::EngineToClient,
+        )
+        .name(name)
+        .shards(shards)
+}
+
+/// Takes resets (which leave the step counts as they are).
+struct Resets;
+
+impl CommandHandler for Resets {
+    fn reset(&mut self, _: &mut Tensors<'_>, _: &ResetRequest) -> Result<(), CommandError> {
+        Ok(())
+    }
+}
+
+/// Serves a shard until the client closes, each step after a random delay (0 to 2 ms,
+/// its own seed: shards answer in an order nobody chose). Every env counts its steps;
+/// returns those counts. With `more`, clients come in turn until it is cleared: then the
+/// first client end (or a sibling's closure, for the shard that missed it) ends it.
+fn serve_clients(mut engine: Engine, seed: u64, more: Option<Arc<AtomicBool>>) -> Vec<u64> {
+    let mut rng = Pcg32::seed_from_u64(seed);
+    let first = engine.shard().env_start;
+    let n = engine.num_envs();
+    let mut steps = vec![0u64; n];
+    let write = |engine: &mut Engine, steps: &[u64]| {
+        let actions: Vec<f32> = engine.tensor::<f32>("actions").unwrap().to_vec();
+        let obs = engine.tensor_mut::<f32>("obs").unwrap();
+        for e in 0..n {
+            obs[3 * e] = steps[e] as f32;
+            obs[3 * e + 1] = (first as usize + e) as f32;
+            obs[3 * e + 2] = actions[e];
+        }
+        engine
+            .tensor_mut::<f32>("rewards")
+            .unwrap()
+            .copy_from_slice(&actions);
+    };
+    write(&mut engine, &steps);
+    engine.publish().unwrap();
+    loop {
+        match engine.wait_actions_with(T, &mut Resets) {
+            Ok(_) => {
+                // A delay, not a synchronisation: nothing waits for it to end.
+                let us = if rng.random_range(0..5) == 0 {
+                    rng.random_range(0..2000)
+                } else {
+                    rng.random_range(0..50)
+                };
+                std::thread::sleep(Duration::from_micros(us));
+                for s in steps.iter_mut() {
+                    *s += 1;
+                }
+                write(&mut engine, &steps);
+                engine.publish().unwrap();
+            }
+            Err(Error::PeerClosed { .. }) => {
+                if !more.as_ref().is_some_and(|m| m.load(Ordering::Acquire)) {
+                    return steps;
+                }
+            }
+            Err(Error::ShardClosed { .. })
+                if more.as_ref().is_some_and(|m| !m.load(Ordering::Acquire)) =>
+            {
+                return steps
+            }
+            Err(e) => panic!("shard at env {first}: {e}"),
+        }
+    }
+}
+
+/// A region of `n` envs in `k` shards, each a thread serving with [`serve`].
+fn start(tag: &str, n: u32, k: u32) -> (String, Vec<std::thread::JoinHandle<Vec<u64>>>) {
+    start_for(tag, n, k, None)
+}
+
+/// [`start`], the shards serving clients in turn while `more` is set.
+fn start_for(
+    tag: &str,
+    n: u32,
+    k: u32,
+    more: Option<Arc<AtomicBool>>,
+) -> (String, Vec<std::thread::JoinHandle<Vec<u64>>>) {
+    let creator = Engine::create(spec(n, k, &unique(tag))).unwrap();
+    let region = creator.name().to_string();
+    let m = more.clone();
+    let mut threads = vec![std::thread::spawn(move || serve_clients(creator, 0, m))];
+    for s in 1..k {
+        let region = region.clone();
+        let m = more.clone();
+        threads.push(std::thread::spawn(move || {
+            let joined = Engine::join(&region, s, JoinOptions::default()).unwrap();
+            serve_clients(joined, u64::from(s), m)
+        }));
+    }
+    (region, threads)
+}
+
+fn action_of(env: u32, step: u64) -> f32 {
+    (u64::from(env) * 10_000 + step) as f32
+}
+
+#[test]
+fn every_env_steps_once_per_action_sent_whatever_order_shards_answer() {
+    let (n, k, b) = (12u32, 4u32, 6usize);
+    let (region, threads) = start("stress", n, k);
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(b, &[], T).unwrap();
+    // The client's own account: actions sent per env, and which envs it holds.
+    let mut sent = vec![0u64; n as usize];
+    let mut held = vec![false; n as usize];
+    let obs_base = client.tensor::<f32>("obs").unwrap().as_ptr() as usize;
+    let mut orders = std::collections::HashSet::new();
+    for round in 0..600 {
+        let ids = client.recv(T).unwrap().to_vec();
+        assert_eq!(ids.len(), b, "round {round}: a batch is batch_size envs");
+        orders.insert(client.batch_shards().to_vec());
+        let obs = client.tensor::<f32>("obs").unwrap().to_vec();
+        let rewards = client.tensor::<f32>("rewards").unwrap().to_vec();
+        for &e in &ids {
+            let e_ = e as usize;
+            assert!(!held[e_], "round {round}: env {e} handed out twice");
+            held[e_] = true;
+            assert_eq!(obs[3 * e_], sent[e_] as f32, "env {e}: one step per action");
+            assert_eq!(obs[3 * e_ + 1], e as f32, "env {e}: its own row");
+            if sent[e_] > 0 {
+                let last = action_of(e, sent[e_] - 1);
+                assert_eq!(obs[3 * e_ + 2], last, "env {e} took its own last action");
+                assert_eq!(rewards[e_], last, "env {e}'s reward");
+            }
+        }
+        // Whole shards, contiguous envs each, in the order of batch_shards.
+        let spans: Vec<u32> = client
+            .batch_shards()
+            .iter()
+            .flat_map(|&s| client.shards()[s as usize].envs())
+            .collect();
+        assert_eq!(spans, ids);
+        // Send in a shuffled order, sometimes split over two sends.
+        let mut by_shard: Vec<Vec<u32>> = client
+            .batch_shards()
+            .iter()
+            .map(|&s| client.shards()[s as usize].envs().rev().collect())
+            .collect();
+        if round % 2 == 1 {
+            by_shard.reverse();
+        }
+        let actions = client.tensor_mut::<f32>("actions").unwrap();
+        for &e in &ids {
+            actions[e as usize] = action_of(e, sent[e as usize]);
+        }
+        if round % 3 == 0 && by_shard.len() > 1 {
+            let rest = by_shard.split_off(1);
+            client.send(&by_shard.concat()).unwrap();
+            client.send(&rest.concat()).unwrap();
+        } else {
+            client.send(&by_shard.concat()).unwrap();
+        }
+        for &e in &ids {
+            held[e as usize] = false;
+            sent[e as usize] += 1;
+        }
+    }
+    // The views are the region's rows: the same tensor, not a copy.
+    assert_eq!(
+        client.tensor::<f32>("obs").unwrap().as_ptr() as usize,
+        obs_base
+    );
+    // Collect the frames still in flight, so every shard has answered every action.
+    loop {
+        match client.recv(T) {
+            Ok(ids) => {
+                let ids = ids.to_vec();
+                let obs = client.tensor::<f32>("obs").unwrap();
+                for e in ids {
+                    assert_eq!(obs[3 * e as usize], sent[e as usize] as f32);
+                    held[e as usize] = true;
+                }
+            }
+            Err(Error::OutOfOrder(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    client.close();
+    let counts: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(
+        counts, sent,
+        "each env stepped exactly once per action sent"
+    );
+    assert!(
+        orders.len() > 1,
+        "the shards answered in more than one order"
+    );
+}
+
+#[test]
+fn a_send_names_whole_received_shards_once_or_nothing_moves() {
+    let (region, threads) = start("misuse", 8, 4);
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    // Not a multiple of the shard size (2), nor more than num_envs.
+    for bad in [0, 3, 10] {
+        assert!(matches!(
+            client.async_reset(bad, &[], T),
+            Err(Error::InvalidSpec(_))
+        ));
+    }
+    assert!(matches!(client.recv(T), Err(Error::OutOfOrder(_))));
+    client.async_reset(4, &[], T).unwrap();
+    assert!(matches!(client.step(T), Err(Error::OutOfOrder(_))));
+    let ids = client.recv(T).unwrap().to_vec();
+    let shards = client.batch_shards().to_vec();
+    assert_eq!((ids.len(), shards.len()), (4, 2));
+    let other = (0..8).find(|e| !ids.contains(e)).unwrap();
+    let not_in = |r: Result<(), Error>| match r {
+        Err(Error::NotInBatch { env_id, .. }) => env_id,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(not_in(client.send(&[other])), other, "not received");
+    assert_eq!(
+        not_in(client.send(&[ids[0], ids[1], ids[0]])),
+        ids[0],
+        "twice"
+    );
+    assert_eq!(not_in(client.send(&[ids[0]])), ids[1], "half a shard");
+    let e = client.send(&[other]).unwrap_err();
+    assert_eq!(e.kind(), shmbridge::error::ErrorKind::OutOfOrder);
+    // The second recv takes the two shards not handed out; a third has none left.
+    let more = client.recv(T).unwrap().to_vec();
+    assert!(more.iter().all(|e| !ids.contains(e)));
+    assert!(matches!(client.recv(T), Err(Error::OutOfOrder(_))));
+    client.send(&ids[..2]).unwrap();
+    assert_eq!(not_in(client.send(&ids[..2])), ids[0], "sent already");
+    client.send(&ids[2..]).unwrap();
+    client.send(&more).unwrap();
+    // The frames of every action sent (a close does not wait for frames in flight).
+    let mut back: Vec<u32> = (0..2)
+        .flat_map(|_| client.recv(T).unwrap().to_vec())
+        .collect();
+    back.sort();
+    assert_eq!(back, (0..8).collect::<Vec<u32>>());
+    client.close();
+    for t in threads {
+        let steps = t.join().unwrap();
+        assert_eq!(steps, vec![1, 1], "every env stepped once");
+    }
+}
+
+#[test]
+fn a_shard_dying_mid_batch_is_shard_died() {
+    let name = unique("death");
+    let args = |k: &str| {
+        [
+            "--env",
+            "null",
+            "--num-envs",
+            "8",
+            "--name",
+            &name,
+            "--shard",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("{k}/2")])
+        .collect::<Vec<_>>()
+    };
+    let (a0, a1) = (args("0"), args("1"));
+    let shard0 = EngineProc::start(&a0.iter().map(String::as_str).collect::<Vec<_>>());
+    let shard1 = EngineProc::start(&a1.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut client = Client::attach(&shard0.name, AttachOptions::default()).unwrap();
+    client.async_reset(4, &[], T).unwrap();
+    let ids = client.recv(T).unwrap().to_vec();
+    client.send(&ids).unwrap();
+    signal(shard1.pid(), rustix::process::Signal::KILL);
+    // Shard 0 may answer a few more batches before it notices its sibling is gone;
+    // shard 1's frames never come: the wait ends naming it.
+    let err = loop {
+        match client.recv(T) {
+            Ok(ids) => {
+                let ids = ids.to_vec();
+                if let Err(e) = client.send(&ids) {
+                    break e;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    match err {
+        Error::ShardDied {
+            shard: 1,
+            env_start: 4,
+            env_end: 8,
+            pid,
+            ..
+        } => assert_eq!(pid, shard1.pid()),
+        other => panic!("expected shard 1 (envs 4..8) dead, got {other}"),
+    }
+    client.close();
+    let _ = shard0.finish();
+    drop(shard1);
+}
+
+#[test]
+fn an_unsharded_region_has_no_asynchronous_batches() {
+    let mut engine = Engine::create(spec(4, 1, &unique("one"))).unwrap();
+    engine.publish().unwrap();
+    let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+    assert!(matches!(
+        client.async_reset(4, &[], T),
+        Err(Error::InvalidSpec(_))
+    ));
+    // And lock-step still works.
+    client.tensor_mut::<f32>("actions").unwrap().fill(1.0);
+    let t = std::thread::spawn(move || {
+        engine.wait_actions(T).unwrap();
+        engine.publish().unwrap();
+        engine
+    });
+    assert_eq!(client.step(T).unwrap(), 1);
+    drop(t.join().unwrap());
+}
+
+#[test]
+fn a_client_after_an_asynchronous_one_steps_asynchronously_where_it_left_them() {
+    let more = Arc::new(AtomicBool::new(true));
+    let (region, threads) = start_for("second", 4, 2, Some(more.clone()));
+    let mut first = Client::attach(&region, AttachOptions::default()).unwrap();
+    first.async_reset(2, &[], T).unwrap();
+    // Shard a steps twice, shard b never: they stand at frames 2 and 0.
+    let a = first.recv(T).unwrap().to_vec();
+    first.send(&a).unwrap();
+    let again = loop {
+        let ids = first.recv(T).unwrap().to_vec();
+        if ids == a {
+            break ids;
+        }
+    };
+    first.send(&again).unwrap();
+    assert_eq!(first.recv(T).unwrap(), &a[..], "the other shard is held");
+    first.close();
+    let mut second = Client::attach(&region, AttachOptions::default()).unwrap();
+    // Lock-step cannot step shards at different frames; asynchronous batches can.
+    let e = second.step(T).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfOrder(m) if m.contains("different frames")),
+        "{e}"
+    );
+    second.async_reset(2, &[], T).unwrap();
+    let mut got = [
+        second.recv(T).unwrap().to_vec(),
+        second.recv(T).unwrap().to_vec(),
+    ];
+    got.sort();
+    assert_eq!(got, [vec![0, 1], vec![2, 3]]);
+    let obs = second.tensor::<f32>("obs").unwrap();
+    let frames: Vec<f32> = (0..4).map(|e| obs[3 * e]).collect();
+    let b_first = a[0] == 2;
+    let expected = if b_first {
+        [0.0, 0.0, 2.0, 2.0]
+    } else {
+        [2.0, 2.0, 0.0, 0.0]
+    };
+    assert_eq!(
+        frames, expected,
+        "each shard where the first client left it"
+    );
+    second.send(&[0, 1, 2, 3]).unwrap();
+    // Both frames back, so both steps are done before the close.
+    let mut got = [
+        second.recv(T).unwrap().to_vec(),
+        second.recv(T).unwrap().to_vec(),
+    ];
+    got.sort();
+    assert_eq!(got, [vec![0, 1], vec![2, 3]]);
+    more.store(false, Ordering::Release);
+    second.close();
+    let steps: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    // Shard a: twice for the first client, once for the second; the other once.
+    let expected = if b_first { [1, 1, 3, 3] } else { [3, 3, 1, 1] };
+    assert_eq!(steps, expected);
+}
+
+#[test]
+fn an_observer_copies_nothing_while_a_shard_steps_on_its_own() {
+    // Both shards at frame 0, the region's action 0: an observer copies. Then shard 0 is
+    // sent an action and holds inside its step (after taking the action, before writing):
+    // every frame still equals the region's action, but shard 0 is mid-step, so the
+    // observer must not copy (it judges by the shard's own action as well).
+    let creator = Engine::create(spec(4, 2, &unique("observer"))).unwrap();
+    let region = creator.name().to_string();
+    let (took, took_rx) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let gated = std::thread::spawn(move || {
+        let mut engine = creator;
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut Resets) {
+                Ok(_) => {
+                    took.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    engine.publish().unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    let r = region.clone();
+    let other = std::thread::spawn(move || {
+        serve_clients(
+            Engine::join(&r, 1, JoinOptions::default()).unwrap(),
+            1,
+            None,
+        )
+    });
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    let observer = shmbridge::Observer::attach(&region, T).unwrap();
+    let picks = [observer.pick("obs", 0..4).unwrap()];
+    let mut bufs = observer.buffers(&picks).unwrap();
+    assert_eq!(observer.try_read(&picks, &mut bufs).unwrap(), Some(0));
+    client.async_reset(2, &[], T).unwrap();
+    // Both ready, both posted at 0: the lower shard first.
+    let ids = client.recv(T).unwrap().to_vec();
+    assert_eq!(ids, [0, 1]);
+    client.send(&ids).unwrap();
+    took_rx.recv().unwrap();
+    assert_eq!(
+        observer.try_read(&picks, &mut bufs).unwrap(),
+        None,
+        "shard 0 is inside its step"
+    );
+    go.send(()).unwrap();
+    // Shard 1's reset frame, then shard 0's new one.
+    assert_eq!(client.recv(T).unwrap(), &[2, 3]);
+    assert_eq!(client.recv(T).unwrap(), &[0, 1]);
+    client.close();
+    gated.join().unwrap();
+    other.join().unwrap();
+}

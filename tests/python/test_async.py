@@ -1,0 +1,109 @@
+"""Asynchronous batches (protocol 1.10, docs/async.md) from Python: launch(batch_size=...),
+client.async_reset(), client.recv() returning views into the region, client.send()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbridge
+from conftest import pattern
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_recv_hands_out_whole_shards_read_in_place_and_send_steps_only_them():
+    n, k, b = 8, 4, 4
+    with shmbridge.launch("null", num_envs=n, shards=k, batch_size=b) as c:
+        whole = np.asarray(c.obs)
+        row = whole.strides[0]
+        width = whole.shape[1]
+        base = _address(whole)
+        frames = [0] * k  # the client's own count of actions sent to each shard
+        held = set()
+        shard_size = n // k
+        seen_orders = set()
+        for round_ in range(200):
+            batch = c.recv(timeout=30)
+            assert len(batch) == b
+            ids = batch.env_ids.tolist()
+            assert not held & set(ids), "an env handed out twice before its action was sent"
+            held |= set(ids)
+            seen_orders.add(tuple(c.batch_shards))
+            # Zero-copy: each shard's rows are the region's, at the shard's own address.
+            for (start, end), view in zip(batch.spans, batch.views("obs")):
+                assert _address(view) == base + start * row
+                assert not view.flags.owndata
+            if batch.contiguous:
+                assert _address(batch.obs) == base + batch.spans[0][0] * row
+            obs, rew, term, trunc, env_ids = batch
+            assert obs.shape == (b, width) and rew.shape == (b,)
+            assert env_ids.tolist() == ids
+            # Each shard's rows hold the frame of exactly the actions it was sent.
+            for s, (start, end) in zip(c.batch_shards, batch.spans):
+                flat = np.arange(start * width, end * width)
+                np.testing.assert_array_equal(
+                    whole[start:end].ravel(), pattern(frames[s], flat), err_msg=f"shard {s}"
+                )
+            actions = np.zeros((b,) + np.asarray(c.actions).shape[1:], np.asarray(c.actions).dtype)
+            if round_ % 2:
+                c.send(actions, env_ids)
+            else:
+                # Shard by shard, in reverse: any order, over several sends.
+                for s, (start, end) in reversed(list(zip(c.batch_shards, batch.spans))):
+                    c.send(actions[: end - start], list(range(start, end)))
+            for s in c.batch_shards:
+                frames[s] += 1
+            held -= set(ids)
+        assert all(len(o) == b // shard_size for o in seen_orders)
+
+
+def test_misuse_is_out_of_order_and_posts_nothing():
+    with shmbridge.launch("null", num_envs=8, shards=4) as c:
+        with pytest.raises(shmbridge.OutOfOrderError):
+            c.recv(timeout=1)
+        with pytest.raises(shmbridge.InvalidSpecError):
+            c.async_reset(3)  # not a multiple of the shard size (2)
+        c.async_reset(4)
+        with pytest.raises(shmbridge.OutOfOrderError):
+            c.step()
+        batch = c.recv(timeout=30)
+        ids = batch.env_ids.tolist()
+        other = next(e for e in range(8) if e not in ids)
+        with pytest.raises(shmbridge.OutOfOrderError, match=f"env {other}"):
+            c.send(None, [other])
+        with pytest.raises(shmbridge.OutOfOrderError, match="twice"):
+            c.send(None, ids + ids[:1])
+        with pytest.raises(shmbridge.OutOfOrderError, match="missing"):
+            c.send(None, ids[:1])
+        c.send(None, ids)
+        with pytest.raises(shmbridge.OutOfOrderError):
+            c.send(None, ids)
+
+
+def test_batch_size_needs_shards():
+    with pytest.raises(ValueError):
+        shmbridge.launch("null", num_envs=8, batch_size=4)
+
+
+def test_envpool_shaped_pool_steps_each_env_once_per_action():
+    with shmbridge.AsyncEnvPool("null", num_envs=8, shards=4, batch_size=4) as pool:
+        obs, info = pool.reset()
+        assert obs.shape[0] == 4 and info["env_id"].shape == (4,)
+        assert obs.flags.owndata, "copies by default"
+        width = obs.shape[1]
+        act_shape = np.asarray(pool.client.actions).shape[1:]
+        act_dtype = np.asarray(pool.client.actions).dtype
+        steps = np.zeros(8, np.int64)
+        env_id = info["env_id"]
+        for _ in range(50):
+            obs, rew, term, trunc, info = pool.step(np.zeros((4,) + act_shape, act_dtype), env_id)
+            steps[env_id] += 1
+            env_id = info["env_id"]
+            # Row e of a shard at frame f is the null pattern of (f, e's flat elements); all
+            # envs of a shard step together, so env e's frame is its own step count.
+            for i, e in enumerate(env_id):
+                flat = np.arange(e * width, (e + 1) * width)
+                np.testing.assert_array_equal(obs[i], pattern(steps[e], flat))
