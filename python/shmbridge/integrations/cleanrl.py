@@ -9,7 +9,7 @@ time, in memory (docs/learners/cleanrl.md shows them):
 
 * its line ``envs = VecPyTorch(DummyVecEnv([make_env(...) ...]), device)`` becomes
   ``envs = VecPyTorch(VecMonitor(shmbridge_vec_env(args.gym_id, args.num_envs,
-  args.seed)), device)``: :class:`shmbridge.integrations.sb3.SB3VecEnv` (the script is
+  args.seed)), device)``: ``SB3VecEnv`` (:mod:`shmbridge.integrations.sb3`) (the script is
   written on Stable-Baselines3's ``VecEnv`` API), under SB3's ``VecMonitor``, which
   gives the ``info["episode"]`` the script logs, as Gym's ``RecordEpisodeStatistics``
   did in ``make_env``;
@@ -37,7 +37,7 @@ ENV_LINES: Dict[str, str] = {
 
 
 def shmbridge_vec_env(gym_id: str, num_envs: int, seed: int) -> Any:
-    """An :class:`~shmbridge.integrations.sb3.SB3VecEnv` of ``num_envs`` envs for the
+    """An ``SB3VecEnv`` (:mod:`shmbridge.integrations.sb3`) of ``num_envs`` envs for the
     Gymnasium id ``gym_id``: a shmbridge engine's id (``shmbridge/CartPole-v1``, the Rust
     engine) or ``shmbridge/<Gymnasium id>`` (that env behind ``launch_gym`` shards)."""
     from .. import launch_gym
