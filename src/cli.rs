@@ -14,7 +14,7 @@ use rand_pcg::Pcg32;
 
 use crate::client::Interrupt;
 use crate::control::{ClientState, EngineState};
-use crate::device::DeviceRequest;
+use crate::device::{CudaSharingRequest, DeviceRequest};
 use crate::envs::{self, EnvOptions};
 use crate::layout::{self, Header};
 use crate::region;
@@ -184,6 +184,12 @@ struct EngineArgs {
     /// else host memory; the choice is logged on stderr).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: DeviceRequest,
+    /// How CUDA tensors are shared (protocol 1.9): ipc (CUDA IPC handles: a learner in
+    /// this PID namespace), fd (the allocation's file descriptor over the region's fd
+    /// socket: also a learner in another container), or auto (fd in a container where
+    /// the GPU can, else ipc).
+    #[arg(long, default_value = "auto", value_parser = CudaSharingRequest::parse)]
+    cuda_sharing: CudaSharingRequest,
     /// Serve shard k of a region split over K processes (protocol 1.4), e.g. 0/4: shard
     /// 0 creates the region named by --name, the others join it; every shard is started
     /// with the same --env, --num-envs and options. Host memory only.
@@ -314,6 +320,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
         policy: a.wait.policy(),
         idle_timeout: a.idle_timeout,
         device: a.device,
+        cuda_sharing: a.cuda_sharing,
         shard: a.shard,
     })?;
     eprintln!("shmbridge: client closed after {steps} steps");

@@ -171,3 +171,33 @@ fn sharding_refuses_an_env_whose_spec_leaves_host_memory() {
         assert!(!shm_exists(&name), "{args:?}");
     }
 }
+
+/// `--cuda-sharing` takes auto, ipc or fd, and nothing else (before a region exists); on
+/// the host it changes nothing: a host engine serves with any of them.
+#[test]
+fn cuda_sharing_is_auto_ipc_or_fd() {
+    common::own_namespace();
+    let out = common::in_namespace(std::process::Command::new(common::BIN))
+        .args(["engine", "--env", "null", "--num-envs", "2"])
+        .args(["--cuda-sharing", "shm"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("expected auto, ipc or fd"), "{err}");
+    for sharing in ["auto", "ipc", "fd"] {
+        let engine = common::EngineProc::start(&[
+            "--env",
+            "null",
+            "--num-envs",
+            "2",
+            "--cuda-sharing",
+            sharing,
+        ]);
+        let mut c = shmbridge::Client::attach(&engine.name, Default::default()).unwrap();
+        c.step(std::time::Duration::from_secs(30)).unwrap();
+        drop(c);
+        let (status, err) = engine.finish();
+        assert!(status.success(), "{sharing}: {status}: {err}");
+    }
+}

@@ -373,32 +373,45 @@ impl Backend for Vulkan {
 #[cfg(feature = "vulkan")]
 contract!(vulkan, super::Vulkan);
 
-// ---- CUDA: the engine's allocation, opened through IPC handles ----
+// ---- CUDA: the engine's allocation, shared by IPC handle or by file descriptor ----
 
 #[cfg(feature = "cuda")]
 mod cuda_backend {
-    use shmbridge::device::cuda::driver::{self, DeviceAllocation, Driver, PrimaryContext, Stream};
+    use shmbridge::device::cuda::driver::{DeviceAllocation, Driver, PrimaryContext, Stream};
     use shmbridge::device::cuda::kernel;
     use shmbridge::{Client, Error};
     use std::time::Duration;
 
-    pub struct Cuda;
+    /// `Cuda<false>` shares the engine's allocation by CUDA IPC handle, `Cuda<true>` by
+    /// its file descriptor over the region's fd socket (1.9): the same contract.
+    pub struct Cuda<const FD: bool>;
 
     /// The bytes of the client's CUDA tensor `name` in the current frame: a stream waits
-    /// on the engine's event, then they are read through an import of the tensor.
+    /// on the engine's frame, then copies the client's import (however it was shared)
+    /// into an allocation of its own, read back.
     pub fn fetch(client: &Client, name: &str) -> Vec<u8> {
         let cuda = client.backend().as_cuda().unwrap();
         let s = Stream::create(cuda.context()).unwrap();
         cuda.wait_frame_on(&s).unwrap();
-        s.synchronize().unwrap();
         let (_, t) = client.layout().tensor(name).unwrap();
-        let m = driver::import_memory(cuda.context(), &t.cuda.unwrap().ipc_mem_handle).unwrap();
+        let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
+        // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
+        // checked at attach) and `local`; ordered after the engine's frame on `s`.
+        unsafe {
+            s.copy_dtod(
+                local.ptr(),
+                client.device_ptr(name).unwrap(),
+                t.nbytes as usize,
+            )
+        }
+        .unwrap();
+        s.synchronize().unwrap();
         let mut out = vec![0u8; t.nbytes as usize];
-        m.read(t.offset, &mut out).unwrap();
+        local.read(0, &mut out).unwrap();
         out
     }
 
-    impl super::Backend for Cuda {
+    impl<const FD: bool> super::Backend for Cuda<FD> {
         fn unavailable() -> Option<String> {
             let d = match Driver::get() {
                 Ok(d) => d,
@@ -415,7 +428,8 @@ mod cuda_backend {
             }
         }
         fn engine_args() -> Vec<&'static str> {
-            vec!["--device", "cuda"]
+            let sharing = if FD { "fd" } else { "ipc" };
+            vec!["--device", "cuda", "--cuda-sharing", sharing]
         }
         fn read_rgb(client: &mut Client) -> Vec<u8> {
             fetch(client, "rgb")
@@ -454,4 +468,6 @@ mod cuda_backend {
 }
 
 #[cfg(feature = "cuda")]
-contract!(cuda, super::cuda_backend::Cuda);
+contract!(cuda, super::cuda_backend::Cuda<false>);
+#[cfg(feature = "cuda")]
+contract!(cuda_fd, super::cuda_backend::Cuda<true>);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::registry::{find, Entry};
 use super::vec_env::{serve, EnvOptions, ServeEnd, VecEnv};
-use crate::device::{Device, DeviceRequest};
+use crate::device::{CudaSharingRequest, Device, DeviceRequest};
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Error, Result};
 
@@ -27,6 +27,8 @@ pub struct ReferenceEngine {
     /// the `cuda` feature and a usable device), or `Auto` (CUDA device 0 when usable,
     /// else host).
     pub device: DeviceRequest,
+    /// How CUDA tensors are shared ([`EngineSpec::cuda_sharing`]).
+    pub cuda_sharing: CudaSharingRequest,
     /// `(k, K)`: serve shard `k` of a region split over `K` processes (1.4). Shard 0
     /// creates the region (named by `name`, required when `K > 1`); the others join it.
     pub shard: (u32, u32),
@@ -44,7 +46,7 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
     // The env before the engine: it is dropped after it, once the engine's close has
     // synchronized the stream its kernels ran on.
     let serving = |spec: EngineSpec| {
-        let mut spec = spec.policy(r.policy);
+        let mut spec = spec.policy(r.policy).cuda_sharing(r.cuda_sharing);
         if let Some(d @ Device::Vulkan(_)) = r.options.image_device {
             spec = spec.place("rgb", d);
         }
