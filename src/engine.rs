@@ -773,14 +773,17 @@ impl Engine {
             let slot = self.slot();
             let action_seq = control.action_seq().counter;
             // 1.10: a shard's action is the larger of the region's and its own (a client
-            // stepping only some shards posts to theirs); unsharded, both are one word.
-            let own = self.layout.shard_actions.then(|| slot.action_seq());
+            // stepping only some shards posts to theirs). Without shard actions `own` is
+            // the region's word again: the same line, read twice, and no branch per poll.
+            let own = match self.layout.shard_actions {
+                true => slot.action_seq(),
+                false => action_seq,
+            };
             let has_rings = self.shard.rings.is_some();
             let woke = sync::wait_until_from(
                 &slot.doorbell(&self.region),
                 |order| {
-                    let a = action_seq.load(order);
-                    let a = own.map_or(a, |own| a.max(own.load(order)));
+                    let a = action_seq.load(order).max(own.load(order));
                     if a >= target {
                         Some(Some(a))
                     } else if has_rings && slot.request_pending(order) {
