@@ -202,7 +202,6 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
     memory = RandomMemory(memory_size=32, num_envs=env.num_envs, device=env.device)
     agent = PPO(models=models, memory=memory, observation_space=env.observation_space,
                 action_space=env.action_space, device=env.device, cfg=cfg)
-    eval_env = SkrlEnv("cartpole", num_envs=16, seed=seed + 1000)
     start = time.perf_counter()
     rows, timesteps = [], 0
     while timesteps < max_timesteps:
@@ -212,26 +211,42 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
             "timesteps": 256, "headless": True, "disable_progressbar": True, "close_environment_at_exit": False})
         trainer.train()
         timesteps += 256
-        finished = []
-        obs, _ = eval_env.reset()
-        episode = torch.zeros(16)
-        with torch.no_grad():
-            for _ in range(1000):
-                obs, rewards, terminated, truncated, _ = eval_env.step(models["policy"].net(obs).argmax(-1, keepdim=True))
-                episode += rewards.squeeze(-1)
-                done = (terminated | truncated).squeeze(-1)
-                finished += episode[done].tolist()
-                episode[done] = 0
+        finished = skrl_evaluate(lambda obs: models["policy"].net(obs).argmax(-1, keepdim=True), seed + 1000)
         mean, std = float(np.mean(finished)), float(np.std(finished))
         rows.append((timesteps * 8, round(time.perf_counter() - start, 1), mean, std, float("nan")))
         print(f"skrl-ppo-cartpole: {timesteps * 8} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
         if mean >= target:
             break
-    eval_env.close()
     env.close()
     write_rows(os.path.join(out, "skrl-ppo-cartpole.csv"), rows)
     reached = bool(rows) and rows[-1][2] >= target
     print(f"skrl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target}")
+
+
+def skrl_evaluate(policy, seed: int, num_envs: int = 16, steps: int = 1000) -> list:
+    """The returns of the episodes that ``policy`` (observations to actions) finishes in
+    ``steps`` steps of ``num_envs`` fresh ``cartpole`` envs seeded from ``seed``.
+
+    Fresh envs each time: an ``SkrlEnv``'s ``reset()`` resets only the first time (skrl's
+    convention for vectorized envs), so a reused one would start each evaluation where the
+    last stopped and count the rest of those episodes as whole ones."""
+    from shmbridge.integrations.skrl import SkrlEnv
+
+    finished = []
+    env = SkrlEnv("cartpole", num_envs=num_envs, seed=seed)
+    try:
+        obs, _ = env.reset()
+        episode = torch.zeros(num_envs)
+        with torch.no_grad():
+            for _ in range(steps):
+                obs, rewards, terminated, truncated, _ = env.step(policy(obs))
+                episode += rewards.squeeze(-1)
+                done = (terminated | truncated).squeeze(-1)
+                finished += episode[done].tolist()
+                episode[done] = 0
+    finally:
+        env.close()
+    return finished
 
 
 def write_rows(path: str, rows: list) -> None:
