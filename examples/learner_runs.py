@@ -7,6 +7,7 @@ the target or at --max-steps.
     nice -n 10 python examples/learner_runs.py sb3-sac-pendulum --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py torchrl-ppo-cartpole --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py skrl-ppo-cartpole --out docs/learners/curves
+    GIT_PYTHON_REFRESH=quiet nice -n 10 python examples/learner_runs.py rsl_rl-ppo-cartpole --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py cleanrl-ppo-cartpole --script cleanrl-0.4.8/cleanrl/ppo.py \
         --out docs/learners/curves   # ppo.py as docs/learners/cleanrl.md fetches it
 
@@ -211,7 +212,7 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
             "timesteps": 256, "headless": True, "disable_progressbar": True, "close_environment_at_exit": False})
         trainer.train()
         timesteps += 256
-        finished = skrl_evaluate(lambda obs: models["policy"].net(obs).argmax(-1, keepdim=True), seed + 1000)
+        finished = cartpole_evaluate(lambda obs: models["policy"].net(obs).argmax(-1), seed + 1000)
         mean, std = float(np.mean(finished)), float(np.std(finished))
         rows.append((timesteps * 8, round(time.perf_counter() - start, 1), mean, std, float("nan")))
         print(f"skrl-ppo-cartpole: {timesteps * 8} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
@@ -223,30 +224,76 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
     print(f"skrl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target}")
 
 
-def skrl_evaluate(policy, seed: int, num_envs: int = 16, steps: int = 1000) -> list:
-    """The returns of the episodes that ``policy`` (observations to actions) finishes in
-    ``steps`` steps of ``num_envs`` fresh ``cartpole`` envs seeded from ``seed``.
+def cartpole_evaluate(policy, seed: int, num_envs: int = 16, steps: int = 1000) -> list:
+    """The returns of the episodes that ``policy`` (a torch tensor of observations to
+    actions) finishes in ``steps`` steps of ``num_envs`` fresh ``cartpole`` envs seeded
+    from ``seed``.
 
-    Fresh envs each time: an ``SkrlEnv``'s ``reset()`` resets only the first time (skrl's
-    convention for vectorized envs), so a reused one would start each evaluation where the
-    last stopped and count the rest of those episodes as whole ones."""
-    from shmbridge.integrations.skrl import SkrlEnv
+    Fresh envs each time: a reused one would start each evaluation where the last stopped
+    (an adapter's ``reset()`` may not reset: skrl's resets only the first time, as skrl
+    expects of vectorized envs) and count the rest of those episodes as whole ones."""
+    from shmbridge.gym import ShmVectorEnv
 
     finished = []
-    env = SkrlEnv("cartpole", num_envs=num_envs, seed=seed)
+    env = ShmVectorEnv("cartpole", num_envs, seed=seed)
     try:
         obs, _ = env.reset()
-        episode = torch.zeros(num_envs)
+        episode = np.zeros(num_envs)
         with torch.no_grad():
             for _ in range(steps):
-                obs, rewards, terminated, truncated, _ = env.step(policy(obs))
-                episode += rewards.squeeze(-1)
-                done = (terminated | truncated).squeeze(-1)
+                actions = policy(torch.from_numpy(obs)).reshape(num_envs).numpy().astype(np.int64)
+                obs, rewards, terminated, truncated, _ = env.step(actions)
+                episode += rewards
+                done = terminated | truncated
                 finished += episode[done].tolist()
                 episode[done] = 0
     finally:
         env.close()
     return finished
+
+
+def rsl_rl_cartpole_run(out: str, seed: int, target: float = 475.0, max_iterations: int = 400) -> None:
+    """rsl_rl's OnPolicyRunner (PPO) on the cartpole engine through RslRlVecEnv, 16 envs,
+    rsl_rl's MLP actor with shmbridge's CategoricalDistribution, in rounds of 4
+    iterations (2048 env steps), each followed by an evaluation of its inference policy
+    (the most likely action); stops at the target."""
+    from rsl_rl.runners import OnPolicyRunner
+    from tensordict import TensorDict
+
+    from shmbridge.integrations.rsl_rl import RslRlVecEnv
+
+    torch.manual_seed(seed)
+    env = RslRlVecEnv("cartpole", num_envs=16, seed=seed)
+    train_cfg = {
+        "num_steps_per_env": 32,
+        "save_interval": 10**9,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": 10, "num_mini_batches": 2,
+                      "learning_rate": 1e-3, "schedule": "fixed", "gamma": 0.98, "lam": 0.8,
+                      "entropy_coef": 0.0, "clip_param": 0.2},
+        "actor": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh",
+                  "distribution_cfg": {"class_name": "shmbridge.integrations.rsl_rl:CategoricalDistribution",
+                                       "num_categories": 2}},
+        "critic": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh"},
+    }
+    runner = OnPolicyRunner(env, train_cfg, log_dir=None, device="cpu")
+    start = time.perf_counter()
+    rows, iterations = [], 0
+    while iterations < max_iterations:
+        runner.learn(num_learning_iterations=4, init_at_random_ep_len=False)
+        iterations += 4
+        act = runner.get_inference_policy(device="cpu")
+        finished = cartpole_evaluate(lambda obs: act(TensorDict({"policy": obs}, batch_size=[obs.shape[0]])), seed + 1000)
+        mean, std = float(np.mean(finished)), float(np.std(finished))
+        steps = iterations * 32 * 16
+        rows.append((steps, round(time.perf_counter() - start, 1), mean, std, float("nan")))
+        print(f"rsl_rl-ppo-cartpole: {steps} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
+        if mean >= target:
+            break
+    env.close()
+    write_rows(os.path.join(out, "rsl_rl-ppo-cartpole.csv"), rows)
+    reached = bool(rows) and rows[-1][2] >= target
+    print(f"rsl_rl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target}")
 
 
 def write_rows(path: str, rows: list) -> None:
@@ -258,7 +305,8 @@ def write_rows(path: str, rows: list) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", choices=sorted([*RUNS, "cleanrl-ppo-cartpole", "torchrl-ppo-cartpole", "skrl-ppo-cartpole"]))
+    parser.add_argument("run", choices=sorted([*RUNS, "cleanrl-ppo-cartpole", "torchrl-ppo-cartpole", "skrl-ppo-cartpole",
+                                               "rsl_rl-ppo-cartpole"]))
     parser.add_argument("--out", default=".")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--script", help="cleanrl-ppo-cartpole: CleanRL's ppo.py")
@@ -266,6 +314,10 @@ def main() -> None:
     if args.run == "skrl-ppo-cartpole":
         torch.set_num_threads(1)
         skrl_run(args.out, args.seed)
+        return
+    if args.run == "rsl_rl-ppo-cartpole":
+        torch.set_num_threads(1)
+        rsl_rl_cartpole_run(args.out, args.seed)
         return
     if args.run == "torchrl-ppo-cartpole":
         torch.set_num_threads(1)

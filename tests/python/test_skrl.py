@@ -132,11 +132,12 @@ def test_next_step_engine_is_autoreset_as_gymnasiums_cartpole():
 
 
 def test_learner_runs_evaluation_counts_whole_episodes_of_fresh_envs():
-    """examples/learner_runs.py's skrl evaluation: each evaluation starts fresh envs, so the
-    same policy evaluated twice finishes the same episodes (a reused SkrlEnv, whose reset()
-    resets only the first time, would start the second where the first stopped and count
-    the rest of those episodes as whole ones), and a policy that balances the pole to the
-    time limit scores CartPole's maximum, 500, in every episode."""
+    """examples/learner_runs.py's evaluation of the skrl (and rsl_rl) runs: each evaluation
+    starts fresh envs, so a policy that balances the pole to the time limit scores
+    CartPole's maximum, 500, in every episode it finishes, the second time too (the skrl
+    run's, reusing one SkrlEnv, whose reset() resets only the first time, started the
+    second where the first stopped and counted the rest of those episodes, 300 steps, as
+    whole ones)."""
     import importlib.util
     import os
 
@@ -146,10 +147,10 @@ def test_learner_runs_evaluation_counts_whole_episodes_of_fresh_envs():
     spec.loader.exec_module(runs)
 
     def balance(obs):  # push toward where the pole falls: reaches the time limit
-        return (obs[:, 2] + 0.5 * obs[:, 3] > 0).long().unsqueeze(-1)
+        return (obs[:, 2] + 0.5 * obs[:, 3] > 0).long()
 
     # 700 steps: one whole episode per env, and 200 steps into the next.
-    first = runs.skrl_evaluate(balance, seed=3, num_envs=4, steps=700)
-    second = runs.skrl_evaluate(balance, seed=3, num_envs=4, steps=700)
+    first = runs.cartpole_evaluate(balance, seed=3, num_envs=4, steps=700)
+    second = runs.cartpole_evaluate(balance, seed=3, num_envs=4, steps=700)
     assert first == [500.0] * 4, first
     assert second == first
