@@ -63,17 +63,30 @@ def make(run: str, seed: int):
     return model, env, eval_env, 16
 
 
-def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_steps: int = 500_000) -> None:
-    """CleanRL's ppo.py on the cartpole engine, read from its log (see the docstring)."""
+#: CleanRL's runs: the script's --gym-id, the target, --total-timesteps and other arguments.
+CLEANRL_RUNS = {
+    "cleanrl-ppo-cartpole": ("shmbridge/CartPole-v1", 475.0, 500_000, []),
+    # ppo_continuous_action.py with RL Baselines3 Zoo's PPO settings for Pendulum-v1 (4 envs,
+    # 1024 steps, γ 0.9, lr 1e-3; the Zoo's gSDE the script does not have).
+    "cleanrl-ppo-pendulum": ("shmbridge/Pendulum-v1", -200.0, 300_000,
+                             ["--num-envs", "4", "--num-steps", "1024", "--gamma", "0.9", "--learning-rate", "1e-3",
+                              "--capture-video", "false"]),
+}
+
+
+def cleanrl_run(script: str, out: str, seed: int, run: str = "cleanrl-ppo-cartpole") -> None:
+    """CleanRL's ppo.py or ppo_continuous_action.py on a shmbridge engine, read from its
+    log (see the docstring)."""
     import re
     import subprocess
     import sys
     import tempfile
 
-    path = os.path.join(out, "cleanrl-ppo-cartpole.csv")
+    gym_id, target, max_steps, extra = CLEANRL_RUNS[run]
+    path = os.path.join(out, f"{run}.csv")
     command = [sys.executable, "-m", "shmbridge.integrations.cleanrl", script, "--gym-id",
-               "shmbridge/CartPole-v1", "--total-timesteps", str(max_steps), "--cuda", "false",
-               "--seed", str(seed)]
+               gym_id, "--total-timesteps", str(max_steps), "--cuda", "false",
+               "--seed", str(seed), *extra]
     start = time.perf_counter()
     returns, rows, next_row = [], [], 4096
     # The script writes its TensorBoard files into runs/ of its working folder: a temporary one.
@@ -91,7 +104,7 @@ def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_ste
             if step >= next_row or (len(returns) >= 20 and mean >= target):
                 next_row = step + 4096
                 rows.append((step, round(time.perf_counter() - start, 1), mean))
-                print(f"cleanrl-ppo-cartpole: {step} steps, {rows[-1][1]} s: last 20 {mean:.1f}", flush=True)
+                print(f"{run}: {step} steps, {rows[-1][1]} s: last 20 {mean:.1f}", flush=True)
                 if len(returns) >= 20 and mean >= target:
                     proc.terminate()
                     break
@@ -100,7 +113,7 @@ def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_ste
         w.writerow(["env_steps", "seconds", "eval_mean", "eval_std", "train_mean"])
         w.writerows((s, t, "", "", f"{m:.1f}") for s, t, m in rows)
     reached = bool(rows) and rows[-1][2] >= target
-    print(f"cleanrl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target} ({path})")
+    print(f"{run}: {'reached' if reached else 'did not reach'} {target} ({path})")
 
 
 def torchrl_run(out: str, seed: int, target: float = 475.0, max_frames: int = 200_000) -> None:
@@ -528,10 +541,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", choices=sorted([*RUNS, "cleanrl-ppo-cartpole", "torchrl-ppo-cartpole", "skrl-ppo-cartpole",
                                                "rsl_rl-ppo-cartpole", "torchrl-sac-pendulum",
-                                               "skrl-sac-pendulum", "rsl_rl-ppo-pendulum"]))
+                                               "skrl-sac-pendulum", "rsl_rl-ppo-pendulum",
+                                               "cleanrl-ppo-pendulum"]))
     parser.add_argument("--out", default=".")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--script", help="cleanrl-ppo-cartpole: CleanRL's ppo.py")
+    parser.add_argument("--script", help="cleanrl-ppo-*: CleanRL's ppo.py or ppo_continuous_action.py")
     args = parser.parse_args()
     if args.run == "skrl-ppo-cartpole":
         torch.set_num_threads(1)
@@ -557,10 +571,10 @@ def main() -> None:
         torch.set_num_threads(1)
         torchrl_run(args.out, args.seed)
         return
-    if args.run == "cleanrl-ppo-cartpole":
+    if args.run in CLEANRL_RUNS:
         if not args.script:
-            parser.error("cleanrl-ppo-cartpole needs --script PATH (CleanRL's ppo.py)")
-        cleanrl_run(os.path.abspath(args.script), os.path.abspath(args.out), args.seed or 1)
+            parser.error(f"{args.run} needs --script PATH (CleanRL's ppo.py or ppo_continuous_action.py)")
+        cleanrl_run(os.path.abspath(args.script), os.path.abspath(args.out), args.seed or 1, args.run)
         return
     spec = RUNS[args.run]
     torch.set_num_threads(1)
