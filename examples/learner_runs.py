@@ -13,15 +13,17 @@ the target or at --max-steps.
     GIT_PYTHON_REFRESH=quiet nice -n 10 python examples/learner_runs.py rsl_rl-ppo-pendulum --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py cleanrl-ppo-cartpole --script cleanrl-0.4.8/cleanrl/ppo.py \
         --out docs/learners/curves   # ppo.py as docs/learners/cleanrl.md fetches it
+    nice -n 10 python examples/learner_runs.py cleanrl-ppo-pendulum \
+        --script cleanrl-0.4.8/cleanrl/ppo_continuous_action.py --out docs/learners/curves
 
 Columns: env_steps, seconds (wall time since the start, evaluations included),
 eval_mean, eval_std (the evaluation's episodes), train_mean (the last 100 training episodes'
 mean return, SB3's ep_info_buffer).
 
-CleanRL's ppo.py has no evaluation of its own: its run (python -m
-shmbridge.integrations.cleanrl, 4 envs, the script's defaults) is read from the returns it
-logs, a row every 4096 env steps with train_mean the mean of the last 20 logged returns
-(eval columns empty); it stops when that mean reaches the target.
+CleanRL's ppo.py and ppo_continuous_action.py have no evaluation of their own: their runs
+(python -m shmbridge.integrations.cleanrl, the arguments of CLEANRL_RUNS) are read from
+the returns they log, a row every 4096 env steps or more with train_mean the mean of the
+last 20 logged returns (eval columns empty); a run stops when that mean reaches the target.
 """
 
 from __future__ import annotations
