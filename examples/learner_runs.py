@@ -7,17 +7,23 @@ the target or at --max-steps.
     nice -n 10 python examples/learner_runs.py sb3-sac-pendulum --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py torchrl-ppo-cartpole --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py skrl-ppo-cartpole --out docs/learners/curves
+    GIT_PYTHON_REFRESH=quiet nice -n 10 python examples/learner_runs.py rsl_rl-ppo-cartpole --out docs/learners/curves
+    nice -n 10 python examples/learner_runs.py torchrl-sac-pendulum --out docs/learners/curves
+    nice -n 10 python examples/learner_runs.py skrl-sac-pendulum --out docs/learners/curves
+    GIT_PYTHON_REFRESH=quiet nice -n 10 python examples/learner_runs.py rsl_rl-ppo-pendulum --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py cleanrl-ppo-cartpole --script cleanrl-0.4.8/cleanrl/ppo.py \
         --out docs/learners/curves   # ppo.py as docs/learners/cleanrl.md fetches it
+    nice -n 10 python examples/learner_runs.py cleanrl-ppo-pendulum \
+        --script cleanrl-0.4.8/cleanrl/ppo_continuous_action.py --out docs/learners/curves
 
 Columns: env_steps, seconds (wall time since the start, evaluations included),
 eval_mean, eval_std (the evaluation's episodes), train_mean (the last 100 training episodes'
 mean return, SB3's ep_info_buffer).
 
-CleanRL's ppo.py has no evaluation of its own: its run (python -m
-shmbridge.integrations.cleanrl, 4 envs, the script's defaults) is read from the returns it
-logs, a row every 4096 env steps with train_mean the mean of the last 20 logged returns
-(eval columns empty); it stops when that mean reaches the target.
+CleanRL's ppo.py and ppo_continuous_action.py have no evaluation of their own: their runs
+(python -m shmbridge.integrations.cleanrl, the arguments of CLEANRL_RUNS) are read from
+the returns they log, a row every 4096 env steps or more with train_mean the mean of the
+last 20 logged returns (eval columns empty); a run stops when that mean reaches the target.
 """
 
 from __future__ import annotations
@@ -59,17 +65,30 @@ def make(run: str, seed: int):
     return model, env, eval_env, 16
 
 
-def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_steps: int = 500_000) -> None:
-    """CleanRL's ppo.py on the cartpole engine, read from its log (see the docstring)."""
+#: CleanRL's runs: the script's --gym-id, the target, --total-timesteps and other arguments.
+CLEANRL_RUNS = {
+    "cleanrl-ppo-cartpole": ("shmbridge/CartPole-v1", 475.0, 500_000, []),
+    # ppo_continuous_action.py with RL Baselines3 Zoo's PPO settings for Pendulum-v1 (4 envs,
+    # 1024 steps, γ 0.9, lr 1e-3; the Zoo's gSDE the script does not have).
+    "cleanrl-ppo-pendulum": ("shmbridge/Pendulum-v1", -200.0, 300_000,
+                             ["--num-envs", "4", "--num-steps", "1024", "--gamma", "0.9", "--learning-rate", "1e-3",
+                              "--capture-video", "false"]),
+}
+
+
+def cleanrl_run(script: str, out: str, seed: int, run: str = "cleanrl-ppo-cartpole") -> None:
+    """CleanRL's ppo.py or ppo_continuous_action.py on a shmbridge engine, read from its
+    log (see the docstring)."""
     import re
     import subprocess
     import sys
     import tempfile
 
-    path = os.path.join(out, "cleanrl-ppo-cartpole.csv")
+    gym_id, target, max_steps, extra = CLEANRL_RUNS[run]
+    path = os.path.join(out, f"{run}.csv")
     command = [sys.executable, "-m", "shmbridge.integrations.cleanrl", script, "--gym-id",
-               "shmbridge/CartPole-v1", "--total-timesteps", str(max_steps), "--cuda", "false",
-               "--seed", str(seed)]
+               gym_id, "--total-timesteps", str(max_steps), "--cuda", "false",
+               "--seed", str(seed), *extra]
     start = time.perf_counter()
     returns, rows, next_row = [], [], 4096
     # The script writes its TensorBoard files into runs/ of its working folder: a temporary one.
@@ -87,7 +106,7 @@ def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_ste
             if step >= next_row or (len(returns) >= 20 and mean >= target):
                 next_row = step + 4096
                 rows.append((step, round(time.perf_counter() - start, 1), mean))
-                print(f"cleanrl-ppo-cartpole: {step} steps, {rows[-1][1]} s: last 20 {mean:.1f}", flush=True)
+                print(f"{run}: {step} steps, {rows[-1][1]} s: last 20 {mean:.1f}", flush=True)
                 if len(returns) >= 20 and mean >= target:
                     proc.terminate()
                     break
@@ -96,7 +115,7 @@ def cleanrl_run(script: str, out: str, seed: int, target: float = 475.0, max_ste
         w.writerow(["env_steps", "seconds", "eval_mean", "eval_std", "train_mean"])
         w.writerows((s, t, "", "", f"{m:.1f}") for s, t, m in rows)
     reached = bool(rows) and rows[-1][2] >= target
-    print(f"cleanrl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target} ({path})")
+    print(f"{run}: {'reached' if reached else 'did not reach'} {target} ({path})")
 
 
 def torchrl_run(out: str, seed: int, target: float = 475.0, max_frames: int = 200_000) -> None:
@@ -202,7 +221,6 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
     memory = RandomMemory(memory_size=32, num_envs=env.num_envs, device=env.device)
     agent = PPO(models=models, memory=memory, observation_space=env.observation_space,
                 action_space=env.action_space, device=env.device, cfg=cfg)
-    eval_env = SkrlEnv("cartpole", num_envs=16, seed=seed + 1000)
     start = time.perf_counter()
     rows, timesteps = [], 0
     while timesteps < max_timesteps:
@@ -212,26 +230,306 @@ def skrl_run(out: str, seed: int, target: float = 475.0, max_timesteps: int = 25
             "timesteps": 256, "headless": True, "disable_progressbar": True, "close_environment_at_exit": False})
         trainer.train()
         timesteps += 256
-        finished = []
-        obs, _ = eval_env.reset()
-        episode = torch.zeros(16)
-        with torch.no_grad():
-            for _ in range(1000):
-                obs, rewards, terminated, truncated, _ = eval_env.step(models["policy"].net(obs).argmax(-1, keepdim=True))
-                episode += rewards.squeeze(-1)
-                done = (terminated | truncated).squeeze(-1)
-                finished += episode[done].tolist()
-                episode[done] = 0
+        finished = cartpole_evaluate(lambda obs: models["policy"].net(obs).argmax(-1), seed + 1000)
         mean, std = float(np.mean(finished)), float(np.std(finished))
         rows.append((timesteps * 8, round(time.perf_counter() - start, 1), mean, std, float("nan")))
         print(f"skrl-ppo-cartpole: {timesteps * 8} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
         if mean >= target:
             break
-    eval_env.close()
     env.close()
     write_rows(os.path.join(out, "skrl-ppo-cartpole.csv"), rows)
     reached = bool(rows) and rows[-1][2] >= target
     print(f"skrl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target}")
+
+
+def cartpole_evaluate(policy, seed: int, num_envs: int = 16, steps: int = 1000) -> list:
+    """The returns of the episodes that ``policy`` (a torch tensor of observations to
+    actions) finishes in ``steps`` steps of ``num_envs`` fresh ``cartpole`` envs seeded
+    from ``seed``.
+
+    Fresh envs each time: a reused one would start each evaluation where the last stopped
+    (an adapter's ``reset()`` may not reset: skrl's resets only the first time, as skrl
+    expects of vectorized envs) and count the rest of those episodes as whole ones."""
+    from shmbridge.gym import ShmVectorEnv
+
+    finished = []
+    env = ShmVectorEnv("cartpole", num_envs, seed=seed)
+    try:
+        obs, _ = env.reset()
+        episode = np.zeros(num_envs)
+        with torch.no_grad():
+            for _ in range(steps):
+                actions = policy(torch.from_numpy(obs)).reshape(num_envs).numpy().astype(np.int64)
+                obs, rewards, terminated, truncated, _ = env.step(actions)
+                episode += rewards
+                done = terminated | truncated
+                finished += episode[done].tolist()
+                episode[done] = 0
+    finally:
+        env.close()
+    return finished
+
+
+def rsl_rl_cartpole_run(out: str, seed: int, target: float = 475.0, max_iterations: int = 400) -> None:
+    """rsl_rl's OnPolicyRunner (PPO) on the cartpole engine through RslRlVecEnv, 16 envs,
+    rsl_rl's MLP actor with shmbridge's CategoricalDistribution, in rounds of 4
+    iterations (2048 env steps), each followed by an evaluation of its inference policy
+    (the most likely action); stops at the target."""
+    from rsl_rl.runners import OnPolicyRunner
+    from tensordict import TensorDict
+
+    from shmbridge.integrations.rsl_rl import RslRlVecEnv
+
+    torch.manual_seed(seed)
+    env = RslRlVecEnv("cartpole", num_envs=16, seed=seed)
+    train_cfg = {
+        "num_steps_per_env": 32,
+        "save_interval": 10**9,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": 10, "num_mini_batches": 2,
+                      "learning_rate": 1e-3, "schedule": "fixed", "gamma": 0.98, "lam": 0.8,
+                      "entropy_coef": 0.0, "clip_param": 0.2},
+        "actor": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh",
+                  "distribution_cfg": {"class_name": "shmbridge.integrations.rsl_rl:CategoricalDistribution",
+                                       "num_categories": 2}},
+        "critic": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh"},
+    }
+    runner = OnPolicyRunner(env, train_cfg, log_dir=None, device="cpu")
+    start = time.perf_counter()
+    rows, iterations = [], 0
+    while iterations < max_iterations:
+        runner.learn(num_learning_iterations=4, init_at_random_ep_len=False)
+        iterations += 4
+        act = runner.get_inference_policy(device="cpu")
+        finished = cartpole_evaluate(lambda obs: act(TensorDict({"policy": obs}, batch_size=[obs.shape[0]])), seed + 1000)
+        mean, std = float(np.mean(finished)), float(np.std(finished))
+        steps = iterations * 32 * 16
+        rows.append((steps, round(time.perf_counter() - start, 1), mean, std, float("nan")))
+        print(f"rsl_rl-ppo-cartpole: {steps} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
+        if mean >= target:
+            break
+    env.close()
+    write_rows(os.path.join(out, "rsl_rl-ppo-cartpole.csv"), rows)
+    reached = bool(rows) and rows[-1][2] >= target
+    print(f"rsl_rl-ppo-cartpole: {'reached' if reached else 'did not reach'} {target}")
+
+
+def pendulum_evaluate(policy, seed: int, num_envs: int = 8) -> list:
+    """The returns of ``num_envs`` whole episodes (200 steps) of Gymnasium's Pendulum-v1
+    behind fresh ``launch_gym`` shards seeded from ``seed``, ``policy`` mapping a torch
+    tensor of observations to actions."""
+    from shmbridge.gym import ShmVectorEnv
+
+    env = ShmVectorEnv(client=shmbridge.launch_gym("Pendulum-v1", num_envs=num_envs, seed=seed), close_client=True)
+    try:
+        obs, _ = env.reset()
+        returns = np.zeros(num_envs)
+        with torch.no_grad():
+            for _ in range(200):
+                actions = policy(torch.from_numpy(obs).float()).reshape(num_envs, 1).numpy()
+                space = env.single_action_space  # a Gaussian's mean may pass the bounds
+                obs, rewards, terminated, truncated, _ = env.step(np.clip(actions, space.low, space.high))
+                returns += rewards
+        assert bool(truncated.all()), "Pendulum-v1's episodes are 200 steps"
+    finally:
+        env.close()
+    return returns.tolist()
+
+
+def torchrl_sac_pendulum_run(out: str, seed: int, target: float = -200.0, max_frames: int = 40_000) -> None:
+    """TorchRL's SACLoss (its SAC recipe: TanhNormal actor, two Q networks, soft target
+    updates) on Pendulum-v1 behind launch_gym shards, 4 envs, one gradient step per env
+    step after 1000 random frames, evaluated every 2000 frames (the actor's mode, 8 envs
+    of its own, one 200-step episode each); stops at the target."""
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torch import nn
+    from torchrl.collectors import Collector
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.envs import ExplorationType, RewardSum, TransformedEnv, set_exploration_type
+    from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+    from torchrl.objectives import SACLoss, SoftUpdate
+
+    from shmbridge.integrations.torchrl import TorchRLEnv
+
+    torch.manual_seed(seed)
+
+    def pendulum(n: int, s: int):
+        return TransformedEnv(
+            TorchRLEnv(client=shmbridge.launch_gym("Pendulum-v1", num_envs=n, seed=s), close_client=True), RewardSum())
+
+    def mlp(inputs: int, outputs: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(inputs, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, outputs))
+
+    env = pendulum(4, seed)
+    spec = env.action_spec_unbatched
+    actor = ProbabilisticActor(
+        TensorDictModule(nn.Sequential(mlp(3, 2), NormalParamExtractor()), in_keys=["observation"], out_keys=["loc", "scale"]),
+        in_keys=["loc", "scale"], distribution_class=TanhNormal,
+        distribution_kwargs={"low": spec.space.low, "high": spec.space.high}, spec=spec,
+    )
+    # torchrl's MLP takes the observation and the action, concatenated.
+    qvalue = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[256, 256], activation_class=nn.ReLU),
+                           in_keys=["observation", "action"])
+    loss = SACLoss(actor_network=actor, qvalue_network=qvalue, num_qvalue_nets=2, loss_function="l2")
+    loss.make_value_estimator(gamma=0.99)
+    target_update = SoftUpdate(loss, tau=0.005)
+    optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3)
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(max_frames), batch_size=256)
+    collector = Collector(env, actor, frames_per_batch=64, total_frames=max_frames, init_random_frames=1000)
+    eval_env = pendulum(8, seed + 1000)
+    start = time.perf_counter()
+    rows, frames, next_eval = [], 0, 2000
+    for batch in collector:
+        frames += batch.numel()
+        buffer.extend(batch.reshape(-1))
+        if frames < 1000:
+            continue
+        for _ in range(batch.numel()):
+            losses = loss(buffer.sample())
+            (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            target_update.step()
+        collector.update_policy_weights_()
+        if frames < next_eval:
+            continue
+        next_eval += 2000
+        with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
+            rollout = eval_env.rollout(200, actor, break_when_any_done=False)
+        returns = rollout["next", "episode_reward"][rollout["next", "done"]]
+        mean, std = returns.mean().item(), returns.std().item()
+        rows.append((frames, round(time.perf_counter() - start, 1), mean, std, float("nan")))
+        print(f"torchrl-sac-pendulum: {frames} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f} "
+              f"({returns.numel()} episodes)", flush=True)
+        if mean >= target:
+            break
+    collector.shutdown()
+    eval_env.close()
+    write_rows(os.path.join(out, "torchrl-sac-pendulum.csv"), rows)
+    reached = bool(rows) and rows[-1][2] >= target
+    print(f"torchrl-sac-pendulum: {'reached' if reached else 'did not reach'} {target}")
+
+
+def skrl_sac_pendulum_run(out: str, seed: int, target: float = -200.0, max_timesteps: int = 40_000) -> None:
+    """skrl's SAC agent and SequentialTrainer on Pendulum-v1 behind launch_gym shards, 1
+    env, with skrl's own Pendulum-v1 SAC example's models and settings; evaluated every 1000
+    env steps (the policy's mean action, 8 envs of its own, one 200-step episode each);
+    stops at the target."""
+    from skrl.agents.torch.sac import SAC, SAC_CFG
+    from skrl.memories.torch import RandomMemory
+    from skrl.models.torch import DeterministicMixin, GaussianMixin, Model
+    from skrl.trainers.torch import SequentialTrainer
+    from torch import nn
+
+    from shmbridge.integrations.skrl import SkrlEnv
+
+    torch.manual_seed(seed)
+    env = SkrlEnv(client=shmbridge.launch_gym("Pendulum-v1", num_envs=1, seed=seed), close_client=True)
+
+    class Policy(GaussianMixin, Model):
+        def __init__(self, observation_space, action_space, device):
+            Model.__init__(self, observation_space=observation_space, action_space=action_space, device=device)
+            GaussianMixin.__init__(self, clip_actions=False, clip_log_std=True, min_log_std=-20, max_log_std=2)
+            self.net = nn.Sequential(nn.Linear(3, 400), nn.ReLU(), nn.Linear(400, 300), nn.ReLU(), nn.Linear(300, 1))
+            self.log_std_parameter = nn.Parameter(torch.zeros(1))
+
+        def compute(self, inputs, role=""):
+            return 2 * torch.tanh(self.net(inputs["observations"])), {"log_std": self.log_std_parameter}
+
+    class Critic(DeterministicMixin, Model):
+        def __init__(self, observation_space, action_space, device):
+            Model.__init__(self, observation_space=observation_space, action_space=action_space, device=device)
+            DeterministicMixin.__init__(self)
+            self.net = nn.Sequential(nn.Linear(4, 400), nn.ReLU(), nn.Linear(400, 300), nn.ReLU(), nn.Linear(300, 1))
+
+        def compute(self, inputs, role=""):
+            return self.net(torch.cat([inputs["observations"], inputs["taken_actions"]], dim=1)), {}
+
+    spaces = (env.observation_space, env.action_space, env.device)
+    models = {"policy": Policy(*spaces), "critic_1": Critic(*spaces), "critic_2": Critic(*spaces),
+              "target_critic_1": Critic(*spaces), "target_critic_2": Critic(*spaces)}
+    cfg = SAC_CFG(gradient_steps=1, batch_size=100, discount_factor=0.99, polyak=0.005, learning_rate=5e-4,
+                  random_timesteps=80, learning_starts=80, learn_entropy=True)
+    cfg.experiment.write_interval = 0
+    cfg.experiment.checkpoint_interval = 0
+    memory = RandomMemory(memory_size=max_timesteps, num_envs=1, device=env.device)
+    agent = SAC(models=models, memory=memory, observation_space=env.observation_space,
+                action_space=env.action_space, device=env.device, cfg=cfg)
+
+    class Reached(Exception):
+        pass
+
+    start = time.perf_counter()
+    rows = []
+    post_interaction = agent.post_interaction
+
+    def post_interaction_and_evaluate(*, timestep: int, timesteps: int) -> None:
+        # One trainer for the whole run (SAC's random and learning-start timesteps count
+        # from the trainer's start), evaluated from its agent's hook.
+        post_interaction(timestep=timestep, timesteps=timesteps)
+        if (timestep + 1) % 1000:
+            return
+        returns = pendulum_evaluate(lambda obs: models["policy"].compute({"observations": obs})[0], seed + 1000)
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        rows.append((timestep + 1, round(time.perf_counter() - start, 1), mean, std, float("nan")))
+        print(f"skrl-sac-pendulum: {timestep + 1} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
+        if mean >= target:
+            raise Reached
+
+    agent.post_interaction = post_interaction_and_evaluate
+    trainer = SequentialTrainer(env=env, agents=agent, cfg={
+        "timesteps": max_timesteps, "headless": True, "disable_progressbar": True, "close_environment_at_exit": False})
+    try:
+        trainer.train()
+    except Reached:
+        pass
+    env.close()
+    write_rows(os.path.join(out, "skrl-sac-pendulum.csv"), rows)
+    reached = bool(rows) and rows[-1][2] >= target
+    print(f"skrl-sac-pendulum: {'reached' if reached else 'did not reach'} {target}")
+
+
+def rsl_rl_pendulum_run(out: str, seed: int, target: float = -200.0, max_iterations: int = 150) -> None:
+    """rsl_rl's OnPolicyRunner (PPO, its Gaussian policy, its KL-adaptive learning rate)
+    on Pendulum-v1 behind launch_gym shards through RslRlVecEnv, 64 envs x 32 steps an
+    iteration, γ 0.9 (RL Zoo's for PPO on Pendulum); evaluated every 5 iterations (10,240
+    env steps: the policy's mean action, 8 envs of its own, one 200-step episode each);
+    stops at the target."""
+    from rsl_rl.runners import OnPolicyRunner
+    from tensordict import TensorDict
+
+    from shmbridge.integrations.rsl_rl import RslRlVecEnv
+
+    torch.manual_seed(seed)
+    env = RslRlVecEnv(client=shmbridge.launch_gym("Pendulum-v1", num_envs=64, shards=2, seed=seed), close_client=True)
+    train_cfg = {
+        "num_steps_per_env": 32,
+        "save_interval": 10**9,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": 10, "num_mini_batches": 4,
+                      "learning_rate": 1e-3, "gamma": 0.9, "lam": 0.95, "entropy_coef": 0.0},
+        "actor": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "elu", "obs_normalization": True,
+                  "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0}},
+        "critic": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "elu", "obs_normalization": True},
+    }
+    runner = OnPolicyRunner(env, train_cfg, log_dir=None, device="cpu")
+    start = time.perf_counter()
+    rows, iterations = [], 0
+    while iterations < max_iterations:
+        runner.learn(num_learning_iterations=5)
+        iterations += 5
+        act = runner.get_inference_policy(device="cpu")
+        returns = pendulum_evaluate(lambda obs: act(TensorDict({"policy": obs}, batch_size=[obs.shape[0]])), seed + 1000)
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        steps = iterations * 32 * 64
+        rows.append((steps, round(time.perf_counter() - start, 1), mean, std, float("nan")))
+        print(f"rsl_rl-ppo-pendulum: {steps} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}", flush=True)
+        if mean >= target:
+            break
+    env.close()
+    write_rows(os.path.join(out, "rsl_rl-ppo-pendulum.csv"), rows)
+    reached = bool(rows) and rows[-1][2] >= target
+    print(f"rsl_rl-ppo-pendulum: {'reached' if reached else 'did not reach'} {target}")
 
 
 def write_rows(path: str, rows: list) -> None:
@@ -243,23 +541,42 @@ def write_rows(path: str, rows: list) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", choices=sorted([*RUNS, "cleanrl-ppo-cartpole", "torchrl-ppo-cartpole", "skrl-ppo-cartpole"]))
+    parser.add_argument("run", choices=sorted([*RUNS, "cleanrl-ppo-cartpole", "torchrl-ppo-cartpole", "skrl-ppo-cartpole",
+                                               "rsl_rl-ppo-cartpole", "torchrl-sac-pendulum",
+                                               "skrl-sac-pendulum", "rsl_rl-ppo-pendulum",
+                                               "cleanrl-ppo-pendulum"]))
     parser.add_argument("--out", default=".")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--script", help="cleanrl-ppo-cartpole: CleanRL's ppo.py")
+    parser.add_argument("--script", help="cleanrl-ppo-*: CleanRL's ppo.py or ppo_continuous_action.py")
     args = parser.parse_args()
     if args.run == "skrl-ppo-cartpole":
         torch.set_num_threads(1)
         skrl_run(args.out, args.seed)
         return
+    if args.run == "rsl_rl-ppo-cartpole":
+        torch.set_num_threads(1)
+        rsl_rl_cartpole_run(args.out, args.seed)
+        return
+    if args.run == "torchrl-sac-pendulum":
+        torch.set_num_threads(1)
+        torchrl_sac_pendulum_run(args.out, args.seed)
+        return
+    if args.run == "rsl_rl-ppo-pendulum":
+        torch.set_num_threads(1)
+        rsl_rl_pendulum_run(args.out, args.seed)
+        return
+    if args.run == "skrl-sac-pendulum":
+        torch.set_num_threads(1)
+        skrl_sac_pendulum_run(args.out, args.seed)
+        return
     if args.run == "torchrl-ppo-cartpole":
         torch.set_num_threads(1)
         torchrl_run(args.out, args.seed)
         return
-    if args.run == "cleanrl-ppo-cartpole":
+    if args.run in CLEANRL_RUNS:
         if not args.script:
-            parser.error("cleanrl-ppo-cartpole needs --script PATH (CleanRL's ppo.py)")
-        cleanrl_run(os.path.abspath(args.script), os.path.abspath(args.out), args.seed or 1)
+            parser.error(f"{args.run} needs --script PATH (CleanRL's ppo.py or ppo_continuous_action.py)")
+        cleanrl_run(os.path.abspath(args.script), os.path.abspath(args.out), args.seed or 1, args.run)
         return
     spec = RUNS[args.run]
     torch.set_num_threads(1)

@@ -52,6 +52,47 @@ def test_patch_replaces_the_env_line_once_and_refuses_other_scripts():
             cleanrl.patch(other)
 
 
+def test_runner_gives_ppo_continuous_action_its_make_env_wrappers_as_vector_wrappers(tmp_path):
+    """A script shaped as ppo_continuous_action.py (it imports pybullet_envs, and its
+    make_env wraps each env in its ClipActionsWrapper and NormalizedEnv): the env line
+    becomes VecNormalize over VecMonitor over VecClipActions over shmbridge's VecEnv, and
+    actions of 5 and NaN reach the Pendulum-v1 shards as its bound, 2, and 0."""
+    line = next(iter(cleanrl.ENV_LINES))
+    script = tmp_path / "continuous.py"
+    script.write_text(f"""
+import numpy as np
+import pybullet_envs
+import gym
+class ClipActionsWrapper(gym.Wrapper):
+    pass
+class NormalizedEnv(gym.core.Wrapper):
+    pass
+class VecPyTorch:
+    def __init__(self, venv, device):
+        self.venv = venv
+class args:
+    gym_id, num_envs, seed = "shmbridge/Pendulum-v1", 2, 0
+device = "cpu"
+make_env = None
+{line}
+chain, venv = [], envs.venv
+while hasattr(venv, "venv"):
+    chain.append(type(venv).__name__)
+    venv = venv.venv
+print(" ".join(chain))
+print(envs.venv.norm_obs, envs.venv.norm_reward, envs.venv.clip_obs, envs.venv.clip_reward, envs.venv.gamma)
+envs.venv.reset()
+envs.venv.step(np.array([[5.0], [np.nan]], dtype=np.float32))
+print(np.asarray(venv.client.actions).ravel().tolist())
+envs.venv.close()
+""")
+    run = subprocess.run([sys.executable, "-m", "shmbridge.integrations.cleanrl", str(script)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "VecNormalize VecMonitor VecClipActions", "True True 10.0 10.0 0.99", "[2.0, 0.0]"], run.stdout
+
+
 def test_runner_refuses_a_script_without_the_line_before_running_it(tmp_path):
     script = tmp_path / "other.py"
     script.write_text("open('ran', 'w').close()\n")

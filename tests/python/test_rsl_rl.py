@@ -136,6 +136,63 @@ def test_episodes_match_gymnasium_pendulum_and_actions_are_clipped():
         env.close()
 
 
-def test_a_discrete_engine_is_refused():
-    with pytest.raises(ValueError, match="continuous"):
-        RslRlVecEnv("cartpole", num_envs=2)
+def test_categorical_distribution_is_torchs_categorical_over_one_index():
+    from shmbridge.integrations.rsl_rl import CategoricalDistribution
+
+    dist = CategoricalDistribution(1, num_categories=3)
+    assert dist.input_dim == 3
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, -1.0, 0.5]])
+    dist.update(logits)
+    reference = torch.distributions.Categorical(logits=logits)
+    sample = dist.sample()
+    assert sample.shape == (2, 1) and sample.dtype == logits.dtype
+    assert set(sample.flatten().tolist()) <= {0.0, 1.0, 2.0}
+    outputs = torch.tensor([[2.0], [0.0]])
+    assert torch.allclose(dist.log_prob(outputs), reference.log_prob(torch.tensor([2, 0])))
+    assert torch.allclose(dist.entropy, reference.entropy())
+    assert torch.equal(dist.deterministic_output(logits), torch.tensor([[2.0], [0.0]]))
+    assert torch.equal(dist.kl_divergence(dist.params, dist.params), torch.zeros(2))
+    with pytest.raises(ValueError, match="output_dim"):
+        CategoricalDistribution(2, num_categories=3)
+
+
+def test_runner_trains_ppo_on_a_discrete_engine_with_categorical_actions():
+    """cartpole (Discrete(2)): one action per env, the index rsl_rl's policy samples with
+    CategoricalDistribution, written into the engine's actions; rsl_rl's own PPO runner
+    trains it past 150 (random actions average about 22)."""
+    from rsl_rl.runners import OnPolicyRunner
+    from tensordict import TensorDict
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    env = RslRlVecEnv("cartpole", num_envs=16, seed=0)
+    try:
+        assert env.num_actions == 1
+        cfg = {
+            "num_steps_per_env": 32, "save_interval": 10**9,
+            "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+            "algorithm": {"class_name": "PPO", "num_learning_epochs": 10, "num_mini_batches": 2,
+                          "learning_rate": 1e-3, "schedule": "fixed", "gamma": 0.98, "lam": 0.8,
+                          "entropy_coef": 0.0, "clip_param": 0.2},
+            "actor": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh",
+                      "distribution_cfg": {"class_name": "shmbridge.integrations.rsl_rl:CategoricalDistribution",
+                                           "num_categories": 2}},
+            "critic": {"class_name": "MLPModel", "hidden_dims": [64, 64], "activation": "tanh"},
+        }
+        runner = OnPolicyRunner(env, cfg, log_dir=None, device="cpu")
+        runner.learn(num_learning_iterations=28)
+        stored = runner.alg.storage.actions  # the last rollout's actions: indices
+        assert stored.shape == (32, 16, 1) and set(stored.unique().tolist()) == {0.0, 1.0}
+        assert torch.equal(torch.from_numpy(np.asarray(env.client.actions)), stored[-1].long())
+        policy = runner.get_inference_policy(device="cpu")
+        episode, finished = torch.zeros(16), []  # the first episodes counted from mid-way: a lower bound
+        obs = env.get_observations()
+        with torch.no_grad():
+            for _ in range(1000):
+                obs, rewards, dones, _ = env.step(policy(TensorDict(obs, batch_size=[16])))
+                episode += rewards
+                finished += episode[dones].tolist()
+                episode[dones] = 0
+        assert finished and sum(finished) / len(finished) >= 150, finished
+    finally:
+        env.close()

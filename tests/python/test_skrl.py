@@ -129,3 +129,28 @@ def test_next_step_engine_is_autoreset_as_gymnasiums_cartpole():
     finally:
         env.close()
     assert finished > 10
+
+
+def test_learner_runs_evaluation_counts_whole_episodes_of_fresh_envs():
+    """examples/learner_runs.py's evaluation of the skrl (and rsl_rl) runs: each evaluation
+    starts fresh envs, so a policy that balances the pole to the time limit scores
+    CartPole's maximum, 500, in every episode it finishes, the second time too (the skrl
+    run's, reusing one SkrlEnv, whose reset() resets only the first time, started the
+    second where the first stopped and counted the rest of those episodes, 300 steps, as
+    whole ones)."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("learner_runs", os.path.join(root, "examples/learner_runs.py"))
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+
+    def balance(obs):  # push toward where the pole falls: reaches the time limit
+        return (obs[:, 2] + 0.5 * obs[:, 3] > 0).long()
+
+    # 700 steps: one whole episode per env, and 200 steps into the next.
+    first = runs.cartpole_evaluate(balance, seed=3, num_envs=4, steps=700)
+    second = runs.cartpole_evaluate(balance, seed=3, num_envs=4, steps=700)
+    assert first == [500.0] * 4, first
+    assert second == first

@@ -13,6 +13,13 @@ time, in memory (docs/learners/cleanrl.md shows them):
   written on Stable-Baselines3's ``VecEnv`` API), under SB3's ``VecMonitor``, which
   gives the ``info["episode"]`` the script logs, as Gym's ``RecordEpisodeStatistics``
   did in ``make_env``;
+* in ``ppo_continuous_action.py``, whose ``make_env`` also wraps each env in its
+  ``ClipActionsWrapper`` and ``NormalizedEnv`` (OpenAI Baselines' ``VecNormalize``, per
+  env), the same line becomes their vector forms around the monitor: actions clipped to
+  the bounds (NaNs zeroed, as ``ClipActionsWrapper`` does), and SB3's ``VecNormalize``
+  with ``NormalizedEnv``'s settings (observations and returns, clipped at 10, γ 0.99);
+  its ``import pybullet_envs`` (which only registers PyBullet's envs) is served by an
+  empty module where PyBullet is not installed;
 * ``import gym`` finds Gymnasium (the script was written for Gym 0.21, which no longer
   installs beside NumPy 2): ``gym`` is ``gymnasium``, ``gym.spaces`` its spaces and
   ``gym.wrappers`` its wrappers plus a ``Monitor`` that only ``--capture-video`` would
@@ -36,6 +43,41 @@ ENV_LINES: Dict[str, str] = {
 }
 
 
+#: ``ppo_continuous_action.py``'s (cleanrl 0.4.8) line, where the script defines the
+#: wrappers its ``make_env`` applies: their vector forms around the monitor.
+NORMALIZED_ENV_LINE = (
+    "envs = VecPyTorch(VecNormalize(VecMonitor(VecClipActions(shmbridge_vec_env(args.gym_id, args.num_envs, "
+    "args.seed))), gamma=0.99, clip_obs=10., clip_reward=10., epsilon=1e-8), device)"
+)
+
+
+def _normalizes(source: str) -> bool:
+    """Whether the script's ``make_env`` clips actions and normalizes (ppo_continuous_action.py)."""
+    return "class ClipActionsWrapper(" in source and "class NormalizedEnv(" in source
+
+
+def _vec_clip_actions() -> type:
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    class VecClipActions(VecEnvWrapper):
+        """ppo_continuous_action.py's ``ClipActionsWrapper`` for a whole ``VecEnv``: NaNs
+        become 0 and actions are clipped to the action space's bounds."""
+
+        def step_async(self, actions: Any) -> None:
+            import numpy as np
+
+            space = self.action_space
+            self.venv.step_async(np.clip(np.nan_to_num(actions), space.low, space.high))
+
+        def reset(self) -> Any:
+            return self.venv.reset()
+
+        def step_wait(self) -> Any:
+            return self.venv.step_wait()
+
+    return VecClipActions
+
+
 def shmbridge_vec_env(gym_id: str, num_envs: int, seed: int) -> Any:
     """An ``SB3VecEnv`` (:mod:`shmbridge.integrations.sb3`) of ``num_envs`` envs for the
     Gymnasium id ``gym_id``: a shmbridge engine's id (``shmbridge/CartPole-v1``, the Rust
@@ -57,7 +99,7 @@ def patch(source: str) -> str:
     if it does not hold one exactly once."""
     for line, replacement in ENV_LINES.items():
         if source.count(line) == 1:
-            return source.replace(line, replacement)
+            return source.replace(line, NORMALIZED_ENV_LINE if _normalizes(source) else replacement)
     raise ValueError(
         "not a CleanRL script this runner can patch: it does not hold exactly once the line "
         + " or ".join(repr(line) for line in ENV_LINES)
@@ -91,11 +133,16 @@ def main(argv: Optional[List[str]] = None) -> None:
             source = patch(f.read())
         except ValueError as e:
             sys.exit(f"{path}: {e}")
-    from stable_baselines3.common.vec_env import VecMonitor
+    import importlib.util
+
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
 
     _gym_from_gymnasium()
+    if importlib.util.find_spec("pybullet_envs") is None:
+        sys.modules["pybullet_envs"] = types.ModuleType("pybullet_envs")  # it only registers envs
     sys.argv = list(args)
     namespace = {"__name__": "__main__", "__file__": path, "VecMonitor": VecMonitor,
+                 "VecNormalize": VecNormalize, "VecClipActions": _vec_clip_actions(),
                  "shmbridge_vec_env": shmbridge_vec_env}
     exec(compile(source, path, "exec"), namespace)
 

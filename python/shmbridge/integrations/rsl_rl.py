@@ -32,17 +32,22 @@ This module imports without rsl_rl; ``RslRlVecEnv`` needs it (``pip install
   same ``step``. ``episode_length_buf`` counts each env's steps (rsl_rl's
   ``init_at_random_ep_len`` may set it; it is bookkeeping here: the engine truncates
   episodes itself), ``max_episode_length`` is the engine's limit.
-* **Actions** must be continuous (a ``Box``): rsl_rl's policies are Gaussian or Beta;
-  an engine with a discrete action space is refused with ``ValueError``.
+* **Actions**: a ``Box`` engine's (rsl_rl's Gaussian or Beta policies), or a
+  ``Discrete(n)`` engine's (``cartpole``): ``num_actions`` is then 1, the action being
+  the index of one of ``n`` choices, which rsl_rl (its distributions are continuous)
+  samples with this module's ``CategoricalDistribution``, an rsl_rl ``Distribution``:
+  ``"distribution_cfg": {"class_name":
+  "shmbridge.integrations.rsl_rl:CategoricalDistribution", "num_categories": n}``.
+  Other action spaces are refused with ``ValueError``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import lazy_class, require
 
-__all__ = ["RslRlVecEnv"]
+__all__ = ["RslRlVecEnv", "CategoricalDistribution"]
 
 EXTRA = "rsl_rl"
 
@@ -102,14 +107,16 @@ def _make_class() -> type:
 
         def _setup(self, vec: ShmVectorEnv, copy: bool, clip_actions: bool) -> None:
             act = vec.single_action_space
-            if not isinstance(act, spaces.Box):
+            if not isinstance(act, (spaces.Box, spaces.Discrete)):
                 raise ValueError(
                     f"engine {vec.client.engine_kind!r} has actions {act}: rsl_rl's policies are "
-                    "continuous (Gaussian, Beta); use an engine with a Box action space"
+                    "continuous (Gaussian, Beta), or categorical (CategoricalDistribution) for a "
+                    "Discrete action space"
                 )
             self._frames = frames = TorchFrames(vec, clip_actions)
             self.num_envs = n = vec.num_envs
-            self.num_actions = int(np.prod(act.shape, dtype=np.int64))
+            # A Discrete engine's action is one index (a float from rsl_rl's policy).
+            self.num_actions = int(np.prod(act.shape, dtype=np.int64)) if isinstance(act, spaces.Box) else 1
             self.device = frames.device
             self.max_episode_length = vec.max_episode_steps if vec.max_episode_steps is not None else 2**31 - 1
             self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=self.device)
@@ -154,4 +161,86 @@ def _make_class() -> type:
     return RslRlVecEnv
 
 
-__getattr__ = lazy_class(__name__, "RslRlVecEnv", _make_class)
+def _make_distribution() -> type:
+    distribution = require(
+        "rsl_rl.modules.distribution", EXTRA, "shmbridge.integrations.rsl_rl.CategoricalDistribution"
+    )
+    import torch
+    from torch import nn
+    from torch.distributions import Categorical
+
+    class _Argmax(nn.Module):
+        def forward(self, logits: torch.Tensor) -> torch.Tensor:
+            return logits.argmax(-1, keepdim=True).to(logits.dtype)
+
+    class CategoricalDistribution(distribution.Distribution):
+        """A categorical distribution for rsl_rl's models (an rsl_rl ``Distribution``):
+        the model's ``num_categories`` outputs are the logits; an output (``output_dim``
+        must be 1) is the index of the choice, as a float ``[..., 1]``, what rsl_rl's
+        storage and ``RslRlVecEnv.step`` take for a ``Discrete`` engine."""
+
+        def __init__(self, output_dim: int, num_categories: int) -> None:
+            if output_dim != 1:
+                raise ValueError(f"CategoricalDistribution samples one index: output_dim is {output_dim}, not 1")
+            super().__init__(output_dim)
+            self.num_categories = int(num_categories)
+            self._distribution: Optional[Categorical] = None
+
+        def update(self, mlp_output: torch.Tensor) -> None:
+            self._distribution = Categorical(logits=mlp_output, validate_args=False)
+
+        def sample(self) -> torch.Tensor:
+            return self._distribution.sample().unsqueeze(-1).to(self._distribution.logits.dtype)
+
+        def deterministic_output(self, mlp_output: torch.Tensor) -> torch.Tensor:
+            return _Argmax()(mlp_output)
+
+        def as_deterministic_output_module(self) -> nn.Module:
+            return _Argmax()
+
+        @property
+        def input_dim(self) -> int:
+            return self.num_categories
+
+        @property
+        def mean(self) -> torch.Tensor:
+            """The expected index (for rsl_rl's logging)."""
+            p = self._distribution.probs
+            return (p * torch.arange(self.num_categories, dtype=p.dtype, device=p.device)).sum(-1, keepdim=True)
+
+        @property
+        def std(self) -> torch.Tensor:
+            """The index's standard deviation (for rsl_rl's logging)."""
+            p = self._distribution.probs
+            i = torch.arange(self.num_categories, dtype=p.dtype, device=p.device)
+            return ((p * i * i).sum(-1, keepdim=True) - self.mean**2).clamp_min(0).sqrt()
+
+        @property
+        def entropy(self) -> torch.Tensor:
+            return self._distribution.entropy()
+
+        @property
+        def params(self) -> Tuple[torch.Tensor, ...]:
+            return (self._distribution.logits,)
+
+        def log_prob(self, outputs: torch.Tensor) -> torch.Tensor:
+            return self._distribution.log_prob(outputs.squeeze(-1).long())
+
+        def kl_divergence(self, old_params: Tuple[torch.Tensor, ...], new_params: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+            return torch.distributions.kl_divergence(
+                Categorical(logits=old_params[0]), Categorical(logits=new_params[0])
+            )
+
+    return CategoricalDistribution
+
+
+_lazy = {
+    "RslRlVecEnv": lazy_class(__name__, "RslRlVecEnv", _make_class),
+    "CategoricalDistribution": lazy_class(__name__, "CategoricalDistribution", _make_distribution),
+}
+
+
+def __getattr__(attr: str) -> Any:
+    if attr not in _lazy:
+        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    return _lazy[attr](attr)
