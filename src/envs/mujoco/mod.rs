@@ -270,9 +270,10 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
         Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
     };
     if !path.is_file() {
-        return Err(bad(
-            "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
-        ));
+        return Err(bad(match task.id == tasks::RAW.id {
+            true => "no such model file".into(),
+            false => "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
+        }));
     }
     let model = MjModel::from_xml(path).map_err(|e| bad(format!("loading: {e}")))?;
     let m = model.ffi();
