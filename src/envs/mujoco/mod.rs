@@ -892,4 +892,23 @@ mod tests {
         assert!(e.to_string().contains("no such model file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// `max_episode_steps` sets any task's truncation; `mujoco/raw` is listed among the
+    /// known names and refused without a model file.
+    #[test]
+    fn max_episode_steps_sets_the_truncation_and_raw_needs_a_model() {
+        let options = EnvOptions {
+            max_episode_steps: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(task_of("mujoco/Hopper-v5", &options).unwrap().max_steps, 5);
+        let hopper = task_of("mujoco/Hopper-v5", &EnvOptions::default()).unwrap();
+        assert_eq!(hopper.max_steps, 1000);
+        let raw = task_of("mujoco/raw", &EnvOptions::default()).unwrap();
+        assert_eq!(raw.max_steps, tasks::RAW_MAX_STEPS);
+        let e = load_model(&raw, &EnvOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("no model file"), "{e}");
+        let e = task_of("mujoco/Nope-v0", &options).unwrap_err();
+        assert!(e.to_string().contains("mujoco/raw"), "{e}");
+    }
 }
