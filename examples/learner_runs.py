@@ -11,10 +11,21 @@ the target or at --max-steps.
     nice -n 10 python examples/learner_runs.py torchrl-sac-pendulum --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py skrl-sac-pendulum --out docs/learners/curves
     GIT_PYTHON_REFRESH=quiet nice -n 10 python examples/learner_runs.py rsl_rl-ppo-pendulum --out docs/learners/curves
+    nice -n 10 python examples/learner_runs.py sb3-ppo-halfcheetah --out docs/learners/curves
+    nice -n 10 python examples/learner_runs.py sb3-ppo-hopper --out docs/learners/curves
     nice -n 10 python examples/learner_runs.py cleanrl-ppo-cartpole --script cleanrl-0.4.8/cleanrl/ppo.py \
         --out docs/learners/curves   # ppo.py as docs/learners/cleanrl.md fetches it
     nice -n 10 python examples/learner_runs.py cleanrl-ppo-pendulum \
         --script cleanrl-0.4.8/cleanrl/ppo_continuous_action.py --out docs/learners/curves
+
+The MuJoCo runs (sb3-ppo-halfcheetah, sb3-ppo-hopper) train on the native engine
+(``launch("mujoco/<Task>")``, the ``mujoco`` feature: docs/mujoco.md) with RL Baselines3
+Zoo's tuned hyperparameters for the ``-v3`` tasks and ``VecNormalize``; the evaluation
+envs, 4 of their own, share the training envs' observation statistics; the final policy
+is also run on Gymnasium's own env of the task (``gymnasium.make``, 4 episodes), its
+return printed. ``--past-target`` trains an SB3 run on to its step budget after it reaches
+its target (CSV ``<run>-full.csv``). The CSV is
+rewritten after every evaluation, so a run stopped early leaves its curve so far.
 
 Columns: env_steps, seconds (wall time since the start, evaluations included),
 eval_mean, eval_std (the evaluation's episodes), train_mean (the last 100 training episodes'
@@ -44,13 +55,66 @@ RUNS = {
     "sb3-ppo-cartpole": dict(target=475.0, eval_every=4096, max_steps=200_000),
     # RL Baselines3 Zoo's hyperparameters for Pendulum-v1.
     "sb3-sac-pendulum": dict(target=-200.0, eval_every=2000, max_steps=40_000),
+    # RL Baselines3 Zoo's hyperparameters for HalfCheetah-v3 and Hopper-v3, 1 M steps.
+    "sb3-ppo-halfcheetah": dict(target=1500.0, eval_every=20_000, max_steps=1_000_000),
+    "sb3-ppo-hopper": dict(target=1000.0, eval_every=20_000, max_steps=1_000_000),
 }
+
+# RL Baselines3 Zoo's PPO hyperparameters (hyperparams/ppo.yml, "Tuned") of the MuJoCo
+# runs: one env, VecNormalize, 256x256 ReLU networks.
+ZOO_MUJOCO = {
+    "sb3-ppo-halfcheetah": ("HalfCheetah-v5", dict(
+        batch_size=64, n_steps=512, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+        clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096)),
+    "sb3-ppo-hopper": ("Hopper-v5", dict(
+        batch_size=32, n_steps=512, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519,
+        clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671)),
+}
+
+
+def make_mujoco(run: str, seed: int):
+    """A MuJoCo run of ZOO_MUJOCO on the native engine."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+    from torch import nn
+
+    task, hyper = ZOO_MUJOCO[run]
+    env = VecNormalize(VecMonitor(SB3VecEnv(f"mujoco/{task}", num_envs=1, seed=seed)))
+    eval_env = VecNormalize(SB3VecEnv(f"mujoco/{task}", num_envs=4, seed=seed + 1000),
+                            training=False, norm_reward=False)
+    eval_env.obs_rms = env.obs_rms  # the same statistics object: always in step
+    policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                         net_arch=dict(pi=[256, 256], vf=[256, 256]))
+    model = PPO("MlpPolicy", env, policy_kwargs=policy_kwargs, seed=seed, device="cpu", **hyper)
+    return model, env, eval_env, 4
+
+
+def gymnasium_check(model, env, run: str, episodes: int = 4, seed: int = 2000) -> tuple:
+    """The trained policy (deterministic, the training envs' observation statistics) on
+    Gymnasium's own env of the task, not the native engine: mean and std of the returns
+    and the mean episode length."""
+    import gymnasium
+
+    genv = gymnasium.make(ZOO_MUJOCO[run][0])
+    returns, lengths = [], []
+    for e in range(episodes):
+        obs, _ = genv.reset(seed=seed + e)
+        total, steps, done = 0.0, 0, False
+        while not done:
+            action, _ = model.predict(env.normalize_obs(obs[None].astype(np.float32)), deterministic=True)
+            obs, reward, terminated, truncated, _ = genv.step(action[0])
+            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+        returns.append(total)
+        lengths.append(steps)
+    return float(np.mean(returns)), float(np.std(returns)), float(np.mean(lengths))
 
 
 def make(run: str, seed: int):
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.vec_env import VecMonitor
 
+    if run in ZOO_MUJOCO:
+        return make_mujoco(run, seed)
     if run == "sb3-ppo-cartpole":
         env = VecMonitor(SB3VecEnv("cartpole", num_envs=8, seed=seed))
         eval_env = SB3VecEnv("cartpole", num_envs=16, seed=seed + 1000)
@@ -548,6 +612,9 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--script", help="cleanrl-ppo-*: CleanRL's ppo.py or ppo_continuous_action.py")
+    parser.add_argument("--past-target", action="store_true",
+                        help="SB3 runs: train on to the run's step budget after reaching the target "
+                             "(the CSV is then <run>-full.csv)")
     args = parser.parse_args()
     if args.run == "skrl-ppo-cartpole":
         torch.set_num_threads(1)
@@ -586,6 +653,7 @@ def main() -> None:
     model, env, eval_env, eval_episodes = make(args.run, args.seed)
     start = time.perf_counter()
     rows = []
+    path = os.path.join(args.out, f"{args.run}{'-full' if args.past_target else ''}.csv")
 
     class Evaluate(BaseCallback):
         next_eval = spec["eval_every"]
@@ -599,16 +667,20 @@ def main() -> None:
             train = float(np.mean([i["r"] for i in infos])) if infos else float("nan")
             rows.append((self.num_timesteps, round(time.perf_counter() - start, 1), mean, std, train))
             print(f"{args.run}: {self.num_timesteps} steps, {rows[-1][1]} s: eval {mean:.1f} +/- {std:.1f}, train {train:.1f}", flush=True)
-            return mean < spec["target"]
+            write_rows(path, rows)
+            return args.past_target or mean < spec["target"]
 
     try:
         model.learn(total_timesteps=spec["max_steps"], callback=Evaluate())
     finally:
         env.close()
         eval_env.close()
-    path = os.path.join(args.out, f"{args.run}.csv")
     write_rows(path, rows)
-    reached = bool(rows) and rows[-1][2] >= spec["target"]
+    if args.run in ZOO_MUJOCO:
+        mean, std, length = gymnasium_check(model, env, args.run)
+        print(f"{args.run}: the final policy on Gymnasium's own {ZOO_MUJOCO[args.run][0]}: "
+              f"{mean:.1f} +/- {std:.1f} over 4 episodes of {length:.0f} steps on average", flush=True)
+    reached = any(row[2] >= spec["target"] for row in rows)
     print(f"{args.run}: {'reached' if reached else 'did not reach'} {spec['target']} ({path})")
 
 

@@ -2,7 +2,8 @@
 # The native MuJoCo engine (cargo feature `mujoco`, docs/mujoco.md): installs MuJoCo
 # (PyPI's mujoco==3.17.0 wheel) and Gymnasium into target/mujoco-venv, builds the Python
 # extension with the feature into that venv, and runs its tests (the alignment with
-# Gymnasium's envs), after the engine's Rust unit tests. `--release`: the extension in the wheel's release profile (for
+# Gymnasium's envs, a raw MJCF file, PPO learning InvertedPendulum), after the engine's Rust
+# unit tests. `--release`: the extension in the wheel's release profile (for
 # benchmarks; minutes longer to build), else the dev profile. Extra arguments go to pytest.
 #
 #   bash scripts/test-mujoco.sh [--release] [pytest arguments]
@@ -26,6 +27,10 @@ step "mujoco and gymnasium into $venv, Mesa's EGL (the camera)"
 ensure_mujoco "$venv"
 ensure_mesa
 export MUJOCO_GL=egl
+step "Stable-Baselines3 and torch into $venv (the learning test, the sb3 extra)"
+# shellcheck disable=SC2046
+"$venv/bin/python" -m pip install -q $(PROJECT_PYTHON="$venv/bin/python" project_requirements sb3) \
+    2>&1 | { grep -v "Running pip as the 'root' user" || true; }
 step "the engine's unit tests and the registry's with its tasks (cargo test --features mujoco)"
 # Gymnasium's model files, as `python -m shmbridge engine` finds them.
 SHMBRIDGE_MUJOCO_ASSETS=$("$venv/bin/python" -c 'import os, gymnasium; print(os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets"))')

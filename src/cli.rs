@@ -172,6 +172,13 @@ struct EngineArgs {
     /// mujoco/<Task>: the camera's image size (default 84x84).
     #[arg(long, value_name = "HxW", value_parser = parse_camera_size)]
     camera_size: Option<[u64; 2]>,
+    /// mujoco/raw: the MJCF file to serve as a task (observation qpos, qvel and
+    /// sensordata; reward 0; action ctrl; docs/mujoco.md).
+    #[arg(long, value_name = "PATH")]
+    model: Option<String>,
+    /// mujoco/<Task>: truncate episodes after this many steps (default 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_episode_steps: Option<u32>,
     /// cartpole, pixels: seed of the per-env random streams.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -311,6 +318,8 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             threads: a.threads,
             camera: a.camera,
             camera_size: a.camera_size,
+            model: a.model,
+            max_episode_steps: a.max_episode_steps,
             image_device: a.image_device.as_deref().map(|d| match d {
                 "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),
                 _ => crate::device::Device::Host,

@@ -30,6 +30,8 @@ pub const REFERENCE_ENGINES: &[Entry] = &[
     Entry::of::<super::mujoco::Ant>(),
     #[cfg(feature = "mujoco")]
     Entry::of::<super::mujoco::Humanoid>(),
+    #[cfg(feature = "mujoco")]
+    Entry::of::<super::mujoco::Raw>(),
 ];
 
 /// What the names of the native MuJoCo engines (src/envs/mujoco/) start with: a build
@@ -105,10 +107,20 @@ mod tests {
     /// for those envs. `pixels` seeded every shard's envs from env 0's seed.
     #[test]
     fn every_engine_built_as_a_slice_serves_the_slice_of_the_whole() {
+        // `mujoco/raw`'s model file (a pendulum with a sensor).
+        let model = std::env::temp_dir().join(format!("shmbridge-raw-{}.xml", std::process::id()));
+        std::fs::write(
+            &model,
+            r#"<mujoco><worldbody><body><joint name="j" type="hinge" ref="0.3"/>
+               <geom size="0.1" pos="0 0 -0.5"/></body></worldbody>
+               <actuator><motor joint="j"/></actuator><sensor><jointpos joint="j"/></sensor></mujoco>"#,
+        )
+        .unwrap();
         let options = EnvOptions {
             seed: 5,
             image: Some([8, 8, 1]),
             image_device: Some(Device::Host),
+            model: Some(model.display().to_string()),
             ..Default::default()
         };
         for entry in REFERENCE_ENGINES {
@@ -121,5 +133,6 @@ mod tests {
             assert_eq!(slice_obs[..], obs[obs.len() / 2..], "{}: obs", entry.name);
             assert_eq!(slice_rgb[..], rgb[rgb.len() / 2..], "{}: rgb", entry.name);
         }
+        std::fs::remove_file(&model).unwrap();
     }
 }

@@ -100,6 +100,11 @@ pub struct EnvOptions {
     pub camera: Option<String>,
     /// `mujoco/<Task>`: the camera's image size `[H, W]` (default 84x84).
     pub camera_size: Option<[u64; 2]>,
+    /// `mujoco/raw`: the MJCF file served as a task (docs/mujoco.md).
+    pub model: Option<String>,
+    /// `mujoco/<Task>`: the steps after which an episode is truncated (default: the
+    /// task's, 1000).
+    pub max_episode_steps: Option<u32>,
     /// Where `rgb` lives: `Host` (with the env's other tensors; `null`'s default) or
     /// `Device::Vulkan(VulkanDevice::ANY)` (1.3: a buffer the library allocates and
     /// exports, mapped on the engine's CPU, path a; `pixels`' default).

@@ -16,6 +16,10 @@
 //! started with the engine and kept for its life), each stepping a contiguous run of
 //! envs and writing only its rows; the ended episodes are recorded after they are done.
 //!
+//! `mujoco/raw` serves any MJCF file (`EnvOptions::model`) as a task ([`tasks::RAW`]):
+//! observation `qpos`, `qvel`, `sensordata`, reward 0, action `ctrl`, truncation at
+//! `EnvOptions::max_episode_steps` (default 1000; the Gymnasium tasks take it too).
+//!
 //! Commands (`client.call`): `model_info` (sizes, timestep, frame skip, the names of
 //! bodies, joints, actuators, sensors and cameras and each joint's, sensor's and camera's
 //! size), `get_state(env)`, `set_state(env, qpos, qvel[, act][, time])` and
@@ -67,6 +71,10 @@ impl Env {
         self.episode_return = 0.0;
         let (rng, data) = (&mut self.rng, &mut self.data);
         let scale = match task.noise {
+            ResetNoise::None => {
+                data.forward();
+                return;
+            }
             ResetNoise::Uniform(s) | ResetNoise::UniformNormal(s) => s,
         };
         for q in data.qpos_mut() {
@@ -76,6 +84,7 @@ impl Env {
             *v += match task.noise {
                 ResetNoise::Uniform(s) => rng.uniform(-s, s),
                 ResetNoise::UniformNormal(s) => s * standard_normal(rng),
+                ResetNoise::None => 0.0,
             };
         }
         data.forward();
@@ -94,6 +103,7 @@ impl Env {
             cvel: d.cvel(),
             qfrc_actuator: d.qfrc_actuator(),
             cfrc_ext: d.cfrc_ext(),
+            sensordata: d.sensordata(),
         }
     }
 
@@ -101,6 +111,7 @@ impl Env {
     fn x_position(&self, task: &Task) -> f64 {
         let d = &self.data;
         match task.position {
+            Position::None => 0.0,
             Position::Qpos0 => d.qpos()[0],
             Position::Body(b) => d.xpos()[b][0],
             Position::MassCenter => {
@@ -116,14 +127,13 @@ impl Env {
 /// named `mujoco/<Task>`, whose options are the flags every front door shares (the seed,
 /// the slice, `threads`).
 macro_rules! references {
-    ($($ty:ident => $name:literal),* $(,)?) => {$(
+    ($($ty:ident => $name:literal: $description:expr),* $(,)?) => {$(
         #[doc = concat!("`", $name, "` as a reference engine.")]
         pub struct $ty;
 
         impl super::reference::Reference for $ty {
             const NAME: &'static str = $name;
-            const DESCRIPTION: &'static str =
-                "Gymnasium's MuJoCo task of that name, stepped natively (docs/mujoco.md)";
+            const DESCRIPTION: &'static str = $description;
             type Options = EnvOptions;
             fn options(flags: &EnvOptions) -> EnvOptions {
                 flags.clone()
@@ -138,17 +148,25 @@ macro_rules! references {
     )*};
 }
 
+/// What `--help` says of a Gymnasium task.
+macro_rules! gymnasium_task {
+    () => {
+        "Gymnasium's MuJoCo task of that name, stepped natively (docs/mujoco.md)"
+    };
+}
+
 references! {
-    HalfCheetah => "mujoco/HalfCheetah-v5",
-    InvertedPendulum => "mujoco/InvertedPendulum-v5",
-    Hopper => "mujoco/Hopper-v5",
-    Walker2d => "mujoco/Walker2d-v5",
-    Ant => "mujoco/Ant-v5",
-    Humanoid => "mujoco/Humanoid-v5",
+    HalfCheetah => "mujoco/HalfCheetah-v5": gymnasium_task!(),
+    InvertedPendulum => "mujoco/InvertedPendulum-v5": gymnasium_task!(),
+    Hopper => "mujoco/Hopper-v5": gymnasium_task!(),
+    Walker2d => "mujoco/Walker2d-v5": gymnasium_task!(),
+    Ant => "mujoco/Ant-v5": gymnasium_task!(),
+    Humanoid => "mujoco/Humanoid-v5": gymnasium_task!(),
+    Raw => "mujoco/raw": "any MJCF file (--model PATH): qpos, qvel, sensordata; reward 0 (docs/mujoco.md)",
 }
 
 pub struct MujocoEnv {
-    task: &'static Task,
+    task: Task,
     model: Arc<MjModel>,
     envs: Vec<Env>,
     first_env: u32,
@@ -192,24 +210,43 @@ fn camera_of(
     }
 }
 
-/// The task of engine `name` (`mujoco/HalfCheetah-v5`), or `InvalidSpec` listing them.
-fn task_of(name: &str) -> Result<&'static Task> {
-    name.strip_prefix(PREFIX)
-        .and_then(tasks::task)
+/// The task of engine `name` (`mujoco/HalfCheetah-v5`, `mujoco/raw`), truncated at
+/// `options.max_episode_steps` where given, or `InvalidSpec` listing them.
+fn task_of(name: &str, options: &EnvOptions) -> Result<Task> {
+    let task = name
+        .strip_prefix(PREFIX)
+        .and_then(|id| match id {
+            "raw" => Some(&tasks::RAW),
+            id => tasks::task(id),
+        })
         .ok_or_else(|| {
             let known: Vec<String> = tasks::TASKS
                 .iter()
+                .chain([&tasks::RAW])
                 .map(|t| format!("{PREFIX}{}", t.id))
                 .collect();
             Error::InvalidSpec(format!(
                 "unknown MuJoCo env '{name}' (native MuJoCo envs: {})",
                 known.join(", ")
             ))
-        })
+        })?;
+    Ok(Task {
+        max_steps: options.max_episode_steps.unwrap_or(task.max_steps),
+        ..*task
+    })
 }
 
-/// Loads the model file of `task` from Gymnasium's assets folder ([`ASSETS_VAR`]).
-fn load_model(task: &Task) -> Result<MjModel> {
+/// Loads the model of `task`: `mujoco/raw`'s from `options.model`, a Gymnasium task's
+/// from Gymnasium's assets folder ([`ASSETS_VAR`]).
+fn load_model(task: &Task, options: &EnvOptions) -> Result<MjModel> {
+    if task.id == tasks::RAW.id {
+        let path = options.model.as_ref().ok_or_else(|| {
+            Error::InvalidSpec(format!(
+                "{PREFIX}raw: no model file (--model PATH, launch(..., model=PATH))"
+            ))
+        })?;
+        return load_model_file(task, std::path::Path::new(path));
+    }
     let dir = std::env::var_os(ASSETS_VAR).ok_or_else(|| {
         Error::InvalidSpec(format!(
             "{PREFIX}{}: {ASSETS_VAR} is not set: it names Gymnasium's MuJoCo assets folder \
@@ -224,16 +261,21 @@ fn load_model(task: &Task) -> Result<MjModel> {
 /// file there may be another model than Gymnasium's): the positions, bodies and
 /// velocities the task indexes.
 fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
-    let path = dir.join(task.xml);
+    load_model_file(task, &dir.join(task.xml))
+}
+
+/// Loads `task`'s model from file `path`; refuses one without what the task reads.
+fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
     let bad = |what: String| {
         Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
     };
     if !path.is_file() {
-        return Err(bad(
-            "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
-        ));
+        return Err(bad(match task.id == tasks::RAW.id {
+            true => "no such model file".into(),
+            false => "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
+        }));
     }
-    let model = MjModel::from_xml(&path).map_err(|e| bad(format!("loading: {e}")))?;
+    let model = MjModel::from_xml(path).map_err(|e| bad(format!("loading: {e}")))?;
     let m = model.ffi();
     let (nq, nv, nu, nbody) = (
         m.nq as usize,
@@ -245,7 +287,7 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
     if nq < need_nq || nv == 0 || nbody < need_nbody || nu == 0 {
         return Err(bad(format!(
             "not the task's model: nq {nq}, nv {nv}, nu {nu}, nbody {nbody}; the task reads \
-             at least {need_nq} positions, {need_nbody} bodies and one actuator"
+             at least {need_nq} positions, {need_nbody} bodies, one velocity and one actuator"
         )));
     }
     Ok(model)
@@ -253,10 +295,10 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
 
 /// The spec of engine `name` with `num_envs` envs (loads the model, builds no env).
 pub fn spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
-    let task = task_of(name)?;
-    let model = load_model(task)?;
-    let camera = camera_of(task, &model, options)?.map(|(name, size, _)| (name, size));
-    Ok(spec_of(task, &model, num_envs, camera.as_ref()))
+    let task = task_of(name, options)?;
+    let model = load_model(&task, options)?;
+    let camera = camera_of(&task, &model, options)?.map(|(name, size, _)| (name, size));
+    Ok(spec_of(&task, &model, num_envs, camera.as_ref()))
 }
 
 fn spec_of(
@@ -267,7 +309,7 @@ fn spec_of(
 ) -> EngineSpec {
     let m = model.ffi();
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
-    let obs_dim = task.obs_dim(nq, nv, m.nbody as usize) as u64;
+    let obs_dim = task.obs_dim(nq, nv, m.nbody as usize, m.nsensordata as usize) as u64;
     let ranges = model.actuator_ctrlrange();
     let bound = |k: usize| {
         ranges
@@ -311,9 +353,9 @@ fn spec_of(
 impl MujocoEnv {
     /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
     pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
-        let task = task_of(name)?;
-        let mut model = load_model(task)?;
-        let camera = camera_of(task, &model, options)?;
+        let task = task_of(name, options)?;
+        let mut model = load_model(&task, options)?;
+        let camera = camera_of(&task, &model, options)?;
         if let Some((_, size, _)) = &camera {
             camera::fit_offscreen(&mut model, *size);
         }
@@ -324,7 +366,7 @@ impl MujocoEnv {
         let model = Arc::new(model);
         let m = model.ffi();
         let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
-        let obs_dim = task.obs_dim(nq, nv, m.nbody as usize);
+        let obs_dim = task.obs_dim(nq, nv, m.nbody as usize, m.nsensordata as usize);
         let dt = m.opt.timestep * f64::from(task.frame_skip);
         let mut envs = Vec::new();
         envs.try_reserve_exact(num_envs as usize)
@@ -373,11 +415,11 @@ impl MujocoEnv {
     }
 
     fn reset_one(&mut self, i: usize) {
-        self.envs[i].reset(self.task);
+        self.envs[i].reset(&self.task);
     }
 
     fn observe(&self, i: usize, out: &mut [f32]) {
-        self.envs[i].observe(self.task, out);
+        self.envs[i].observe(&self.task, out);
     }
 
     fn write_all_obs(&mut self, io: &mut Tensors<'_>) -> Result<()> {
@@ -631,7 +673,7 @@ impl VecEnv for MujocoEnv {
             .as_ref()
             .map(|(name, size, _)| (name.clone(), *size));
         spec_of(
-            self.task,
+            &self.task,
             &self.model,
             self.envs.len() as u32,
             camera.as_ref(),
@@ -732,7 +774,7 @@ impl<'a> Slice<'a> {
 /// What a step of any run of envs needs to know (copied to each thread).
 #[derive(Clone, Copy)]
 struct Stepper {
-    task: &'static Task,
+    task: Task,
     dt: f64,
     obs_dim: usize,
     nu: usize,
@@ -742,7 +784,7 @@ impl Stepper {
     /// Steps `envs` (the region's envs `first..`) with their rows of `io`; returns the
     /// episodes that ended: `(env, return, length)`, env the engine's index.
     fn step(&self, envs: &mut [Env], io: Slice<'_>, first: usize) -> Vec<(usize, f64, u64)> {
-        let (d, nu, task) = (self.obs_dim, self.nu, self.task);
+        let (d, nu, task) = (self.obs_dim, self.nu, &self.task);
         let mut ended = Vec::new();
         for (i, env) in envs.iter_mut().enumerate() {
             let obs_i = &mut io.obs[i * d..(i + 1) * d];
@@ -849,5 +891,24 @@ mod tests {
         let e = load_model_from(tasks::task("Ant-v5").unwrap(), &dir).unwrap_err();
         assert!(e.to_string().contains("no such model file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `max_episode_steps` sets any task's truncation; `mujoco/raw` is listed among the
+    /// known names and refused without a model file.
+    #[test]
+    fn max_episode_steps_sets_the_truncation_and_raw_needs_a_model() {
+        let options = EnvOptions {
+            max_episode_steps: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(task_of("mujoco/Hopper-v5", &options).unwrap().max_steps, 5);
+        let hopper = task_of("mujoco/Hopper-v5", &EnvOptions::default()).unwrap();
+        assert_eq!(hopper.max_steps, 1000);
+        let raw = task_of("mujoco/raw", &EnvOptions::default()).unwrap();
+        assert_eq!(raw.max_steps, tasks::RAW_MAX_STEPS);
+        let e = load_model(&raw, &EnvOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("no model file"), "{e}");
+        let e = task_of("mujoco/Nope-v0", &options).unwrap_err();
+        assert!(e.to_string().contains("mujoco/raw"), "{e}");
     }
 }

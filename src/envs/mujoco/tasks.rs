@@ -1,7 +1,8 @@
 //! The Gymnasium MuJoCo tasks the native engine serves, each as Gymnasium 1.x's `-v5`
 //! class defines it (`gymnasium/envs/mujoco/*_v5.py`, default arguments): the model file,
 //! the frame skip, the observation, the reward, the termination and the reset noise:
-//! HalfCheetah, InvertedPendulum, Hopper, Walker2d, Ant and Humanoid.
+//! HalfCheetah, InvertedPendulum, Hopper, Walker2d, Ant and Humanoid; and [`RAW`], any
+//! MJCF file as a task (`mujoco/raw`).
 
 /// The prefix of the engine names (`mujoco/HalfCheetah-v5`).
 pub const PREFIX: &str = "mujoco/";
@@ -12,6 +13,8 @@ pub(super) type Data = mujoco_rs::wrappers::MjData<std::sync::Arc<mujoco_rs::wra
 /// How a task perturbs `init_qpos`/`init_qvel` (the model's `qpos0` and zeros) at reset.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ResetNoise {
+    /// None: the model's initial state (`qpos0`, zero velocities) (`mujoco/raw`).
+    None,
     /// `qpos += U(-s, s)`, `qvel += U(-s, s)` (InvertedPendulum, Hopper, Walker2d).
     Uniform(f64),
     /// `qpos += U(-s, s)`, `qvel += s * N(0, 1)` (HalfCheetah).
@@ -27,6 +30,8 @@ pub enum Position {
     Body(usize),
     /// The x of the mass centre, `sum(body_mass * xipos) / sum(body_mass)` (Humanoid).
     MassCenter,
+    /// None: no forward reward (`mujoco/raw`).
+    None,
 }
 
 /// What the observation holds after `qpos[skip_qpos..]` and `qvel`, in this order.
@@ -40,6 +45,8 @@ pub enum Extra {
     QfrcActuator,
     /// `cfrc_ext[1..]`, 6 per body, clipped to the range where given.
     CfrcExt(Option<(f64, f64)>),
+    /// `sensordata`, every sensor's outputs in the model's order.
+    Sensordata,
 }
 
 /// The contact cost subtracted from the reward.
@@ -94,6 +101,7 @@ pub struct State<'a> {
     pub cvel: &'a [[f64; 6]],
     pub qfrc_actuator: &'a [f64],
     pub cfrc_ext: &'a [[f64; 6]],
+    pub sensordata: &'a [f64],
 }
 
 /// One Gymnasium task.
@@ -120,6 +128,28 @@ pub struct Task {
     /// Truncation (the registered `max_episode_steps`).
     pub max_steps: u32,
 }
+
+/// The default truncation of `mujoco/raw` (`max_episode_steps` sets another).
+pub const RAW_MAX_STEPS: u32 = 1000;
+
+/// `mujoco/raw`: any MJCF file (`--model`). The observation is `qpos`, `qvel` and
+/// `sensordata`; the reward 0; the action `ctrl`; one `mj_step` a step; no termination,
+/// truncation at `max_episode_steps`; reset to the model's initial state, no noise.
+pub const RAW: Task = Task {
+    id: "raw",
+    xml: "",
+    frame_skip: 1,
+    noise: ResetNoise::None,
+    skip_qpos: 0,
+    clip_qvel: None,
+    forward_weight: 0.0,
+    ctrl_cost_weight: 0.0,
+    health: Health::Always,
+    position: Position::None,
+    extras: &[Extra::Sensordata],
+    contact: Contact::None,
+    max_steps: RAW_MAX_STEPS,
+};
 
 pub const TASKS: &[Task] = &[
     Task {
@@ -255,20 +285,20 @@ impl Task {
     /// this task: what its observation, reward and health read by index.
     pub fn needs(&self) -> (usize, usize) {
         let health = match self.health {
-            Health::Always => 1,
+            Health::Always => 0,
             Health::Pendulum => 2,
             Health::Upright { .. } | Health::Height { .. } => 3,
         };
         let bodies = match self.position {
             Position::Body(b) => b + 1,
-            Position::Qpos0 | Position::MassCenter => 1,
+            Position::Qpos0 | Position::MassCenter | Position::None => 1,
         };
         (health.max(self.skip_qpos), bodies)
     }
 
-    /// The observation's length for a model with `nq` positions, `nv` velocities and
-    /// `nbody` bodies (the world included).
-    pub fn obs_dim(&self, nq: usize, nv: usize, nbody: usize) -> usize {
+    /// The observation's length for a model with `nq` positions, `nv` velocities,
+    /// `nbody` bodies (the world included) and `nsensordata` sensor outputs.
+    pub fn obs_dim(&self, nq: usize, nv: usize, nbody: usize, nsensordata: usize) -> usize {
         let bodies = nbody.saturating_sub(1);
         let extra: usize = self
             .extras
@@ -277,6 +307,7 @@ impl Task {
                 Extra::Cinert => 10 * bodies,
                 Extra::Cvel | Extra::CfrcExt(_) => 6 * bodies,
                 Extra::QfrcActuator => nv.saturating_sub(6),
+                Extra::Sensordata => nsensordata,
             })
             .sum();
         nq - self.skip_qpos + nv + extra
@@ -307,6 +338,7 @@ impl Task {
                 Extra::CfrcExt(range) => {
                     put(&mut s.cfrc_ext.iter().skip(1).flatten().map(|v| clip(*v, range)))
                 }
+                Extra::Sensordata => put(&mut s.sensordata.iter().copied()),
             }
         }
     }
@@ -429,7 +461,7 @@ mod tests {
             cfrc_ext: &forces,
             ..joints(&qpos, &qvel)
         };
-        assert_eq!(ant.obs_dim(7, 6, 3), 5 + 6 + 12);
+        assert_eq!(ant.obs_dim(7, 6, 3, 0), 5 + 6 + 12);
         let mut out = [9f32; 23];
         ant.observe(&s, &mut out);
         assert_eq!(out[11..17], [-1.0, 0.5, 0.0, 0.0, 0.0, 0.0]);
@@ -463,6 +495,7 @@ mod tests {
             cvel: &[],
             qfrc_actuator: &[],
             cfrc_ext: &[],
+            sensordata: &[],
         }
     }
 }
