@@ -24,6 +24,14 @@ ensure_rust
 ensure_python
 ensure_build_tools
 step "mujoco and gymnasium into $venv, Mesa's EGL (the camera)"
+# Where scripts/test.sh made .venv (torch, Stable-Baselines3, Gymnasium: several GB), this
+# venv reaches its packages through a .pth line after its own, as the test venv does: only
+# what differs (the pinned mujoco) is installed here, and its own copy comes first.
+if [ -x .venv/bin/python ] && [ ! -e "$venv/bin/python" ]; then
+    make_venv "$venv"
+    own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    .venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > "$own/zz_deps_from_dot_venv.pth"
+fi
 ensure_mujoco "$venv"
 ensure_mesa
 export MUJOCO_GL=egl
