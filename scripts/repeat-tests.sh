@@ -48,7 +48,9 @@ for part in "${parts[@]}"; do
             use_nvrtc_wheel target/test-venv/bin/python
             cargo nextest run --locked --features cuda,vulkan --lib --bins --tests \
                 --stress-count "$count" --no-fail-fast > "$log" 2>&1 || status=$?
-            runs=$(grep -cE '^ +(PASS|FAIL|SIGSEGV|SIGABRT|SIGBUS|TIMEOUT|LEAK|SKIP)' "$log" || true)
+            # nextest's line per iteration: "... iteration i/N: T tests run: P passed, ..."
+            runs=$(grep -oE 'iteration [0-9]+/[0-9]+: [0-9]+ tests run' "$log" \
+                | awk '{s += $3} END {print s + 0}')
             bad=$(grep -E '^ +(FAIL|SIGSEGV|SIGABRT|SIGBUS|TIMEOUT)' "$log" || true)
             ;;
         python)
