@@ -137,12 +137,51 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
             engine.num_envs()
         )));
     }
+    // Every shard builds its env from its own options (a model file, a task): one that
+    // differs from the region's would write rows of another width into its tensors.
+    if let Err(why) = same_tensors(&env.spec(), engine.layout()) {
+        return Err(Error::InvalidSpec(format!(
+            "shard {k} of '{name}' does not serve the region's tensors ({why}): start every \
+             shard with the same --env and options"
+        )));
+    }
     let signals = close_on_signal(engine.map_again()?, (k > 0).then_some(k));
     signals.after(serve_printing_name(
         &mut engine,
         env.as_mut(),
         r.idle_timeout,
     ))
+}
+
+/// Whether a shard's env (`spec`, its envs only) has the region's tensors: the same
+/// names, dtypes and per-env shapes (the first dimension is the envs).
+fn same_tensors(
+    spec: &EngineSpec,
+    layout: &crate::layout::Layout,
+) -> std::result::Result<(), String> {
+    if spec.tensors.len() != layout.tensors.len() {
+        return Err(format!(
+            "{} tensors, the region has {}",
+            spec.tensors.len(),
+            layout.tensors.len()
+        ));
+    }
+    for t in &spec.tensors {
+        let Ok((_, have)) = layout.tensor(t.name.as_str()) else {
+            return Err(format!("no tensor '{}' in the region", t.name));
+        };
+        if have.dtype != t.dtype || have.shape.get(1..) != t.shape.get(1..) {
+            return Err(format!(
+                "'{}' is {:?} {:?} per env here, {:?} {:?} in the region",
+                t.name,
+                t.dtype,
+                t.shape.get(1..).unwrap_or_default(),
+                have.dtype,
+                have.shape.get(1..).unwrap_or_default()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `r`'s env, as its options place it, keeps every tensor in host memory (what

@@ -20,6 +20,8 @@ third of their steps or more).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -553,3 +555,42 @@ def test_bad_mjcf_files_are_refused_before_a_region_is_made(tmp_path, region_nam
         with pytest.raises(EngineStartError, match=reason):
             launch_mujoco("raw", 2, **kwargs)
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(region_namespace)], kwargs
+
+
+def test_raw_actuators_without_a_ctrlrange_are_unbounded(tmp_path) -> None:
+    """A motor without ``ctrlrange`` is not limited (MuJoCo's range [0, 0] then means
+    none, and MuJoCo does not clamp it): its action bounds are the whole line, not 0..0,
+    which would have clipped every action of a learner to 0."""
+    path = tmp_path / "unlimited.xml"
+    path.write_text(RAW_XML.replace(' ctrlrange="-0.5 0.5" ctrllimited="true"', ""))
+    with launch_mujoco("raw", 1, model=str(path)) as client:
+        metadata = client.schema()["metadata"]
+        assert metadata["action_low"] == "-2,-inf"
+        assert metadata["action_high"] == "2,inf"
+
+
+def test_a_shard_built_from_another_model_is_refused(tmp_path, region_namespace) -> None:
+    """Each shard builds its env from its own options: a shard whose model has other
+    sizes than the region's is refused, with the reason, before it serves (it wrote rows
+    of another width into the region's tensors, and panicked past their end)."""
+    region_model = tmp_path / "cart_pole.xml"
+    region_model.write_text(RAW_XML)
+    other = tmp_path / "slider.xml"
+    other.write_text(
+        "<mujoco><worldbody><body><joint name='s' type='slide'/><geom size='0.1'/></body>"
+        "</worldbody><actuator><motor joint='s'/></actuator></mujoco>"
+    )
+    name = region_namespace + "mjshards"
+    shard = [sys.executable, "-m", "shmbridge", "engine", "--env", "mujoco/raw", "--num-envs", "4",
+             "--name", name]
+    first = subprocess.Popen(shard + ["--model", str(region_model), "--shard", "0/2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        second = subprocess.run(shard + ["--model", str(other), "--shard", "1/2"],
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    assert second.returncode != 0, second.stderr
+    assert "does not serve the region's tensors" in second.stderr, second.stderr
+    assert "panicked" not in second.stderr, second.stderr

@@ -311,10 +311,18 @@ fn spec_of(
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
     let obs_dim = task.obs_dim(nq, nv, m.nbody as usize, m.nsensordata as usize) as u64;
     let ranges = model.actuator_ctrlrange();
+    let limited = model.actuator_ctrllimited();
+    // An actuator without `ctrlrange` has the range [0, 0] and is not limited: its bounds
+    // are the whole line (MuJoCo clamps only limited controls).
     let bound = |k: usize| {
         ranges
             .iter()
-            .map(|r| format!("{}", r[k] as f32))
+            .zip(limited.iter())
+            .map(|(r, &on)| match (on, k) {
+                (true, _) => format!("{}", r[k] as f32),
+                (false, 0) => "-inf".to_string(),
+                (false, _) => "inf".to_string(),
+            })
             .collect::<Vec<_>>()
             .join(",")
     };
