@@ -201,3 +201,41 @@ fn cuda_sharing_is_auto_ipc_or_fd() {
         assert!(status.success(), "{sharing}: {status}: {err}");
     }
 }
+
+/// Every shard builds its env from its own flags: a shard whose tensors differ from the
+/// region's (here `--obs-dim`) is refused with the reason before it serves, and the
+/// region's shard 0 is left to its own end.
+#[test]
+fn a_shard_with_other_tensors_than_the_regions_is_refused() {
+    common::own_namespace();
+    let name = common::ns_name("mismatched");
+    let shard = |k: &str, obs_dim: &str| {
+        let mut c = common::in_namespace(std::process::Command::new(common::BIN));
+        c.args([
+            "engine",
+            "--env",
+            "null",
+            "--num-envs",
+            "4",
+            "--name",
+            &name,
+        ])
+        .args(["--shard", k, "--obs-dim", obs_dim]);
+        c
+    };
+    let mut first = shard("0/2", "4")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let second = shard("1/2", "8").output().unwrap();
+    let _ = first.kill();
+    let _ = first.wait();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(
+        err.contains("does not serve the region's tensors") && err.contains("'obs'"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
