@@ -159,8 +159,9 @@ struct Batches {
     /// The last `recv`'s shards and their envs, in that order.
     shards: Vec<u32>,
     env_ids: Vec<u32>,
-    /// Scratch of `recv`'s wait: the stepping shards whose frames arrived.
-    arrived: Vec<(u64, usize)>,
+    /// Scratch of `recv`'s wait: the stepping shards whose frames arrived, as (order
+    /// number of their post, shard, frame owed).
+    arrived: Vec<(u64, usize, u64)>,
 }
 
 impl std::fmt::Debug for Client {
@@ -1112,7 +1113,7 @@ impl Client {
                 arrived.clear();
                 for (k, posted) in ready.stepping() {
                     if self.slot(&shards[k]).frame_seq().counter.load(order) >= posted {
-                        arrived.push((posted, k));
+                        arrived.push((ready.sent(k), k, posted));
                     }
                 }
                 (arrived.len() >= *per_batch).then_some(())
@@ -1123,10 +1124,11 @@ impl Client {
             "the frames of a batch",
             || self.check_engine(),
         )?;
-        // The oldest first, so that no ready shard waits behind younger ones.
+        // The posted earliest first, so that no ready shard waits behind younger ones
+        // (by the order of the sends: frame numbers are per shard, not comparable).
         arrived.sort_unstable();
         arrived.truncate(*per_batch);
-        for &(posted, k) in arrived.iter() {
+        for &(_, k, posted) in arrived.iter() {
             let seen = self.slot(&shards[k]).frame();
             if seen != posted {
                 return Err(unexpected_frame(&self.layout, &shards[k], seen, posted));
@@ -1134,7 +1136,7 @@ impl Client {
         }
         b.shards.clear();
         b.env_ids.clear();
-        for &(_, k) in b.arrived.iter() {
+        for &(_, k, _) in b.arrived.iter() {
             let envs = b.ready.hand_out(k)?;
             b.shards.push(k as u32);
             b.env_ids.extend(envs);

@@ -479,3 +479,57 @@ fn an_observer_copies_nothing_while_a_shard_steps_on_its_own() {
     gated.join().unwrap();
     other.join().unwrap();
 }
+
+#[test]
+fn recv_hands_out_the_shard_posted_first_whatever_its_frame_number() {
+    let creator = Engine::create(spec(4, 2, &unique("order"))).unwrap();
+    let region = creator.name().to_string();
+    let (tx, rx) = std::sync::mpsc::channel::<u32>();
+    // Each shard tells the test when it published a stepped frame.
+    let serve = |mut engine: Engine, tx: std::sync::mpsc::Sender<u32>| {
+        let first = engine.shard().env_start;
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut Resets) {
+                Ok(_) => {
+                    engine.publish().unwrap();
+                    tx.send(first).unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let (tx2, name) = (tx.clone(), region.clone());
+    let threads = [
+        std::thread::spawn(move || serve(creator, tx)),
+        std::thread::spawn(move || {
+            serve(Engine::join(&name, 1, JoinOptions::default()).unwrap(), tx2)
+        }),
+    ];
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(2, &[], T).unwrap();
+    // Shard `a` steps once; `b` is handed out at its reset frame: a owes 1, b 0.
+    let a = client.recv(T).unwrap().to_vec();
+    client.send(&a).unwrap();
+    assert_eq!(rx.recv().unwrap(), a[0]);
+    let b = client.recv(T).unwrap().to_vec();
+    assert_ne!(a, b);
+    assert_eq!(client.recv(T).unwrap(), &a[..]);
+    // Now a (frame 2 next) is posted before b (frame 1 next); both frames arrive.
+    client.send(&a).unwrap();
+    client.send(&b).unwrap();
+    let mut done = [rx.recv().unwrap(), rx.recv().unwrap()];
+    done.sort();
+    assert_eq!(done, [0, 2]);
+    assert_eq!(
+        client.recv(T).unwrap(),
+        &a[..],
+        "posted first, frame number higher"
+    );
+    assert_eq!(client.recv(T).unwrap(), &b[..]);
+    client.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
