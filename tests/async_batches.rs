@@ -533,3 +533,89 @@ fn recv_hands_out_the_shard_posted_first_whatever_its_frame_number() {
         t.join().unwrap();
     }
 }
+
+/// Resets, and `slow`, which returns once `gate` is opened (or dropped).
+struct Gated {
+    gate: std::sync::mpsc::Receiver<()>,
+}
+
+impl CommandHandler for Gated {
+    fn reset(&mut self, _: &mut Tensors<'_>, _: &ResetRequest) -> Result<(), CommandError> {
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        _: &mut Tensors<'_>,
+        method: &str,
+        _: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<shmbridge::command::Reply, CommandError> {
+        if method == "slow" {
+            let _ = self.gate.recv();
+        }
+        Ok(shmbridge::command::Reply {
+            args: Vec::new(),
+            payload: payload.to_vec(),
+        })
+    }
+}
+
+#[test]
+fn a_call_right_after_a_send_to_its_shard_gets_its_reply() {
+    let creator = Engine::create(spec(2, 2, &unique("callsend"))).unwrap();
+    let region = creator.name().to_string();
+    let serve = |mut engine: Engine, mut handler: Gated| {
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut handler) {
+                Ok(_) => {
+                    engine.publish().unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let (open, gate) = std::sync::mpsc::channel();
+    let (_never, gate1) = std::sync::mpsc::channel();
+    let name = region.clone();
+    let threads = [
+        std::thread::spawn(move || serve(creator, Gated { gate })),
+        std::thread::spawn(move || {
+            let joined = Engine::join(&name, 1, JoinOptions::default()).unwrap();
+            serve(joined, Gated { gate: gate1 })
+        }),
+    ];
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(1, &[], T).unwrap();
+    let ids = loop {
+        let ids = client.recv(T).unwrap().to_vec();
+        if ids == [0u32] {
+            break ids;
+        }
+        client.send(&ids).unwrap();
+    };
+    // Shard 0 is busy in `slow` until the gate opens: the call times out.
+    let e = client
+        .call_method_on(0, "slow", &[], b"late", Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    // Its action, then a call, both posted while it is still busy: the gate opens once
+    // the call waits (the hook runs at its first sleep, after the request went out).
+    client.send(&ids).unwrap();
+    let open = std::sync::Mutex::new(Some(open));
+    client.set_interrupt(Some(Arc::new(move || {
+        if let Some(open) = open.lock().unwrap().take() {
+            open.send(()).unwrap();
+        }
+        Ok(())
+    })));
+    let reply = client.call_method_on(0, "fast", &[], b"mine", T).unwrap();
+    assert_eq!(reply.payload, b"mine");
+    client.set_interrupt(None);
+    client.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
