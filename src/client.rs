@@ -657,7 +657,10 @@ impl Client {
     }
 
     #[inline]
-    fn check_can_step(&self) -> Result<()> {
+    /// Whether [`Client::step`] may post now: the errors it would return before posting
+    /// (`OutOfOrder` for an asynchronous client, or with a step in flight; `PeerClosed`;
+    /// `Closed`), without touching anything. A binding checks it before writing actions.
+    pub fn check_can_step(&self) -> Result<()> {
         self.check_usable()?;
         if self.action != self.frame {
             return Err(self.not_answered());
@@ -1156,6 +1159,21 @@ impl Client {
         self.batches.as_ref().map_or(&[], |b| &b.shards)
     }
 
+    /// The errors [`Client::send`] would return for `env_ids` before posting, without
+    /// posting: a binding checks them before it writes the actions' rows (the rows of a
+    /// shard still stepping are the engine's to read).
+    pub fn check_send(&mut self, env_ids: &[u32]) -> Result<()> {
+        self.sendable()?.ready.check_send(env_ids).map(drop)
+    }
+
+    /// The batches of a usable asynchronous client, for a send.
+    fn sendable(&mut self) -> Result<&mut Batches> {
+        self.check_usable()?;
+        self.batches
+            .as_deref_mut()
+            .ok_or(Error::OutOfOrder("call async_reset() before send()"))
+    }
+
     /// Posts the actions written into rows `env_ids` of the client→engine tensors: the
     /// envs of whole shards handed out by [`Client::recv`] and not sent yet, each once
     /// (any order; the envs of several `recv`s at once, or a `recv`'s shards over several
@@ -1165,11 +1183,7 @@ impl Client {
     /// out or whose action was sent already, an env listed twice, or a shard listed in
     /// part: nothing is posted then; `OutOfOrder` before `async_reset`.
     pub fn send(&mut self, env_ids: &[u32]) -> Result<()> {
-        self.check_usable()?;
-        let b = self
-            .batches
-            .as_mut()
-            .ok_or(Error::OutOfOrder("call async_reset() before send()"))?;
+        let b = self.sendable()?;
         let shards = b.ready.check_send(env_ids)?;
         if shards.is_empty() {
             return Ok(());
