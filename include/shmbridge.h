@@ -550,8 +550,8 @@ shmb_status shmb_client_async_reset(shmb_client *client,
  * Waits up to `timeout_ms` until `batch_size` envs have frames and hands them out:
  * writes their ids to `env_ids` (room for `capacity`; `*count`: how many, the batch
  * size). Their rows of the engine→client tensors hold the frames, in place, until their
- * actions are sent. `SHMB_NO_SPACE` (nothing handed out) when `capacity` is smaller than
- * the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
+ * actions are sent. `SHMB_BUFFER_TOO_SMALL` (nothing handed out; `*count`, when not NULL,
+ * set to the batch size needed) when `capacity` is smaller than the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
  * `shmb_client_async_reset`, or with fewer shards stepping than a batch holds;
  * `SHMB_ENGINE_DIED`/`SHMB_ENGINE_CLOSED` for a shard that died or closed.
  *

@@ -23,6 +23,9 @@ struct Entry {
     envs: Range<u32>,
     /// The action last posted to the shard: the frame it owes while stepping.
     posted: u64,
+    /// The order number of that post among all of this client's sends (0: the reset):
+    /// frame numbers are per shard, so only this says which shard was posted first.
+    sent: u64,
     held: bool,
 }
 
@@ -32,6 +35,8 @@ pub struct ReadySet {
     shards: Vec<Entry>,
     /// Scratch for [`ReadySet::check_send`]: which envs a send listed.
     listed: Vec<bool>,
+    /// The order number of the last post.
+    sends: u64,
 }
 
 impl ReadySet {
@@ -43,6 +48,7 @@ impl ReadySet {
             .map(|(envs, frame)| Entry {
                 envs,
                 posted: frame,
+                sent: 0,
                 held: false,
             })
             .collect();
@@ -50,6 +56,7 @@ impl ReadySet {
         ReadySet {
             shards,
             listed: vec![false; envs],
+            sends: 0,
         }
     }
 
@@ -60,6 +67,12 @@ impl ReadySet {
             .enumerate()
             .filter(|(_, e)| !e.held)
             .map(|(k, e)| (k, e.posted))
+    }
+
+    /// The order number of shard `k`'s last post: a shard posted earlier has a smaller
+    /// one (the shards of the reset share 0). 0 for a shard out of range.
+    pub fn sent(&self, k: usize) -> u64 {
+        self.shards.get(k).map_or(0, |e| e.sent)
     }
 
     /// How many shards are stepping.
@@ -139,11 +152,15 @@ impl ReadySet {
     }
 
     /// Held shard `k` gets its next action: it steps again. Returns the action's number.
+    /// Each call gets the next order number ([`ReadySet::sent`]).
     pub fn post(&mut self, k: usize) -> Result<u64> {
+        self.sends += 1;
+        let sends = self.sends;
         match self.shards.get_mut(k) {
             Some(e) if e.held => {
                 e.held = false;
                 e.posted += 1;
+                e.sent = sends;
                 Ok(e.posted)
             }
             _ => Err(Error::OutOfOrder(
@@ -172,6 +189,21 @@ mod tests {
         assert_eq!(r.post(1).unwrap(), 6);
         assert!(matches!(r.post(1), Err(Error::OutOfOrder(_))));
         assert_eq!(r.stepping().collect::<Vec<_>>(), [(0, 5), (1, 6)]);
+    }
+
+    #[test]
+    fn the_order_of_sends_is_kept_across_shards_whose_frame_numbers_differ() {
+        let mut r = two_by_two();
+        assert_eq!((r.sent(0), r.sent(1)), (0, 0), "a reset posts all at once");
+        r.hand_out(0).unwrap();
+        r.hand_out(1).unwrap();
+        r.post(0).unwrap();
+        r.hand_out(0).unwrap();
+        r.post(0).unwrap();
+        // Shard 0 owes frame 7, shard 1 (posted after it) frame 6: shard 0 went first.
+        r.post(1).unwrap();
+        assert_eq!(r.stepping().collect::<Vec<_>>(), [(0, 7), (1, 6)]);
+        assert!(r.sent(0) < r.sent(1));
     }
 
     #[test]

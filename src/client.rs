@@ -159,8 +159,9 @@ struct Batches {
     /// The last `recv`'s shards and their envs, in that order.
     shards: Vec<u32>,
     env_ids: Vec<u32>,
-    /// Scratch of `recv`'s wait: the stepping shards whose frames arrived.
-    arrived: Vec<(u64, usize)>,
+    /// Scratch of `recv`'s wait: the stepping shards whose frames arrived, as (order
+    /// number of their post, shard, frame owed).
+    arrived: Vec<(u64, usize, u64)>,
 }
 
 impl std::fmt::Debug for Client {
@@ -656,7 +657,10 @@ impl Client {
     }
 
     #[inline]
-    fn check_can_step(&self) -> Result<()> {
+    /// Whether [`Client::step`] may post now: the errors it would return before posting
+    /// (`OutOfOrder` for an asynchronous client, or with a step in flight; `PeerClosed`;
+    /// `Closed`), without touching anything. A binding checks it before writing actions.
+    pub fn check_can_step(&self) -> Result<()> {
         self.check_usable()?;
         if self.action != self.frame {
             return Err(self.not_answered());
@@ -1112,7 +1116,7 @@ impl Client {
                 arrived.clear();
                 for (k, posted) in ready.stepping() {
                     if self.slot(&shards[k]).frame_seq().counter.load(order) >= posted {
-                        arrived.push((posted, k));
+                        arrived.push((ready.sent(k), k, posted));
                     }
                 }
                 (arrived.len() >= *per_batch).then_some(())
@@ -1123,10 +1127,11 @@ impl Client {
             "the frames of a batch",
             || self.check_engine(),
         )?;
-        // The oldest first, so that no ready shard waits behind younger ones.
+        // The posted earliest first, so that no ready shard waits behind younger ones
+        // (by the order of the sends: frame numbers are per shard, not comparable).
         arrived.sort_unstable();
         arrived.truncate(*per_batch);
-        for &(posted, k) in arrived.iter() {
+        for &(_, k, posted) in arrived.iter() {
             let seen = self.slot(&shards[k]).frame();
             if seen != posted {
                 return Err(unexpected_frame(&self.layout, &shards[k], seen, posted));
@@ -1134,7 +1139,7 @@ impl Client {
         }
         b.shards.clear();
         b.env_ids.clear();
-        for &(_, k) in b.arrived.iter() {
+        for &(_, k, _) in b.arrived.iter() {
             let envs = b.ready.hand_out(k)?;
             b.shards.push(k as u32);
             b.env_ids.extend(envs);
@@ -1154,6 +1159,21 @@ impl Client {
         self.batches.as_ref().map_or(&[], |b| &b.shards)
     }
 
+    /// The errors [`Client::send`] would return for `env_ids` before posting, without
+    /// posting: a binding checks them before it writes the actions' rows (the rows of a
+    /// shard still stepping are the engine's to read).
+    pub fn check_send(&mut self, env_ids: &[u32]) -> Result<()> {
+        self.sendable()?.ready.check_send(env_ids).map(drop)
+    }
+
+    /// The batches of a usable asynchronous client, for a send.
+    fn sendable(&mut self) -> Result<&mut Batches> {
+        self.check_usable()?;
+        self.batches
+            .as_deref_mut()
+            .ok_or(Error::OutOfOrder("call async_reset() before send()"))
+    }
+
     /// Posts the actions written into rows `env_ids` of the client→engine tensors: the
     /// envs of whole shards handed out by [`Client::recv`] and not sent yet, each once
     /// (any order; the envs of several `recv`s at once, or a `recv`'s shards over several
@@ -1163,11 +1183,7 @@ impl Client {
     /// out or whose action was sent already, an env listed twice, or a shard listed in
     /// part: nothing is posted then; `OutOfOrder` before `async_reset`.
     pub fn send(&mut self, env_ids: &[u32]) -> Result<()> {
-        self.check_usable()?;
-        let b = self
-            .batches
-            .as_mut()
-            .ok_or(Error::OutOfOrder("call async_reset() before send()"))?;
+        let b = self.sendable()?;
         let shards = b.ready.check_send(env_ids)?;
         if shards.is_empty() {
             return Ok(());

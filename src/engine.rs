@@ -835,7 +835,9 @@ impl Engine {
     }
 
     /// Answers every command waiting in the client→engine ring; returns how many. Call it
-    /// between steps (`wait_actions_with` does). A request that does not decode gets an
+    /// between steps (`wait_actions_with` does). Once the client has posted its next
+    /// action it takes no more requests (the engine steps first; they are answered at the
+    /// next wait). A request that does not decode gets an
     /// error reply with id 0; a corrupt ring is a `Protocol` error.
     pub fn poll_commands(&mut self, handler: &mut dyn CommandHandler) -> Result<usize> {
         self.check_usable()?;
@@ -846,6 +848,12 @@ impl Engine {
         let mut tx = std::mem::take(&mut self.tx);
         let mut answered = 0;
         let result = loop {
+            // An action is pending: it steps first. A request posted after it is answered
+            // once the engine stepped, when its reply is no longer superseded (see
+            // `answer_one`); taken now, its reply would be dropped.
+            if self.posted_action() > self.action {
+                break Ok(answered);
+            }
             match channel.c2e.try_pop(&mut request) {
                 Ok(true) => {}
                 Ok(false) => break Ok(answered),

@@ -566,7 +566,7 @@ impl AsyncRegion {
                     .filter(|&(k, posted)| {
                         primitive::load(&self.shards[k].frame_seq, order) >= posted
                     })
-                    .map(|(k, posted)| (posted, k))
+                    .map(|(k, _)| (ready.sent(k), k))
                     .min()
             },
             WaitPolicy::BLOCKING,

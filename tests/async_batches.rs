@@ -479,3 +479,143 @@ fn an_observer_copies_nothing_while_a_shard_steps_on_its_own() {
     gated.join().unwrap();
     other.join().unwrap();
 }
+
+#[test]
+fn recv_hands_out_the_shard_posted_first_whatever_its_frame_number() {
+    let creator = Engine::create(spec(4, 2, &unique("order"))).unwrap();
+    let region = creator.name().to_string();
+    let (tx, rx) = std::sync::mpsc::channel::<u32>();
+    // Each shard tells the test when it published a stepped frame.
+    let serve = |mut engine: Engine, tx: std::sync::mpsc::Sender<u32>| {
+        let first = engine.shard().env_start;
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut Resets) {
+                Ok(_) => {
+                    engine.publish().unwrap();
+                    tx.send(first).unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let (tx2, name) = (tx.clone(), region.clone());
+    let threads = [
+        std::thread::spawn(move || serve(creator, tx)),
+        std::thread::spawn(move || {
+            serve(Engine::join(&name, 1, JoinOptions::default()).unwrap(), tx2)
+        }),
+    ];
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(2, &[], T).unwrap();
+    // Shard `a` steps once; `b` is handed out at its reset frame: a owes 1, b 0.
+    let a = client.recv(T).unwrap().to_vec();
+    client.send(&a).unwrap();
+    assert_eq!(rx.recv().unwrap(), a[0]);
+    let b = client.recv(T).unwrap().to_vec();
+    assert_ne!(a, b);
+    assert_eq!(client.recv(T).unwrap(), &a[..]);
+    // Now a (frame 2 next) is posted before b (frame 1 next); both frames arrive.
+    client.send(&a).unwrap();
+    client.send(&b).unwrap();
+    let mut done = [rx.recv().unwrap(), rx.recv().unwrap()];
+    done.sort();
+    assert_eq!(done, [0, 2]);
+    assert_eq!(
+        client.recv(T).unwrap(),
+        &a[..],
+        "posted first, frame number higher"
+    );
+    assert_eq!(client.recv(T).unwrap(), &b[..]);
+    client.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Resets, and `slow`, which returns once `gate` is opened (or dropped).
+struct Gated {
+    gate: std::sync::mpsc::Receiver<()>,
+}
+
+impl CommandHandler for Gated {
+    fn reset(&mut self, _: &mut Tensors<'_>, _: &ResetRequest) -> Result<(), CommandError> {
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        _: &mut Tensors<'_>,
+        method: &str,
+        _: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<shmbridge::command::Reply, CommandError> {
+        if method == "slow" {
+            let _ = self.gate.recv();
+        }
+        Ok(shmbridge::command::Reply {
+            args: Vec::new(),
+            payload: payload.to_vec(),
+        })
+    }
+}
+
+#[test]
+fn a_call_right_after_a_send_to_its_shard_gets_its_reply() {
+    let creator = Engine::create(spec(2, 2, &unique("callsend"))).unwrap();
+    let region = creator.name().to_string();
+    let serve = |mut engine: Engine, mut handler: Gated| {
+        engine.publish().unwrap();
+        loop {
+            match engine.wait_actions_with(T, &mut handler) {
+                Ok(_) => {
+                    engine.publish().unwrap();
+                }
+                Err(Error::PeerClosed { .. }) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let (open, gate) = std::sync::mpsc::channel();
+    let (_never, gate1) = std::sync::mpsc::channel();
+    let name = region.clone();
+    let threads = [
+        std::thread::spawn(move || serve(creator, Gated { gate })),
+        std::thread::spawn(move || {
+            let joined = Engine::join(&name, 1, JoinOptions::default()).unwrap();
+            serve(joined, Gated { gate: gate1 })
+        }),
+    ];
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(1, &[], T).unwrap();
+    let ids = loop {
+        let ids = client.recv(T).unwrap().to_vec();
+        if ids == [0u32] {
+            break ids;
+        }
+        client.send(&ids).unwrap();
+    };
+    // Shard 0 is busy in `slow` until the gate opens: the call times out.
+    let e = client
+        .call_method_on(0, "slow", &[], b"late", Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    // Its action, then a call, both posted while it is still busy: the gate opens once
+    // the call waits (the hook runs at its first sleep, after the request went out).
+    client.send(&ids).unwrap();
+    let open = std::sync::Mutex::new(Some(open));
+    client.set_interrupt(Some(Arc::new(move || {
+        if let Some(open) = open.lock().unwrap().take() {
+            open.send(()).unwrap();
+        }
+        Ok(())
+    })));
+    let reply = client.call_method_on(0, "fast", &[], b"mine", T).unwrap();
+    assert_eq!(reply.payload, b"mine");
+    client.set_interrupt(None);
+    client.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -267,8 +267,8 @@ pub unsafe extern "C" fn shmb_client_async_reset(
 /// Waits up to `timeout_ms` until `batch_size` envs have frames and hands them out:
 /// writes their ids to `env_ids` (room for `capacity`; `*count`: how many, the batch
 /// size). Their rows of the engine→client tensors hold the frames, in place, until their
-/// actions are sent. `SHMB_NO_SPACE` (nothing handed out) when `capacity` is smaller than
-/// the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
+/// actions are sent. `SHMB_BUFFER_TOO_SMALL` (nothing handed out; `*count`, when not NULL,
+/// set to the batch size needed) when `capacity` is smaller than the batch; `SHMB_TIMEOUT` (nothing handed out); `SHMB_OUT_OF_ORDER` before
 /// `shmb_client_async_reset`, or with fewer shards stepping than a batch holds;
 /// `SHMB_ENGINE_DIED`/`SHMB_ENGINE_CLOSED` for a shard that died or closed.
 ///
@@ -289,8 +289,10 @@ pub unsafe extern "C" fn shmb_client_recv(
             let side = &mut h.named.side;
             if let Some(need) = side.async_batch_size() {
                 if capacity < need {
+                    // SAFETY: NULL or writable per the caller's contract.
+                    unsafe { maybe(count, need) };
                     return Err(Fail::new(
-                        shmb_status::SHMB_NO_SPACE,
+                        shmb_status::SHMB_BUFFER_TOO_SMALL,
                         format!("room for {capacity} env ids; a batch has {need}"),
                     ));
                 }

@@ -53,9 +53,16 @@ int main(int argc, char **argv) {
         rc = fail("async_reset", s);
         goto done;
     }
-    /* A buffer too small is refused before anything is handed out. */
-    if ((s = shmb_client_recv(client, 10000, ids, batch - 1, &count)) != SHMB_NO_SPACE) {
+    /* A buffer too small is refused before anything is handed out; count says the size
+     * needed. */
+    count = 0;
+    if ((s = shmb_client_recv(client, 10000, ids, batch - 1, &count)) != SHMB_BUFFER_TOO_SMALL) {
         rc = fail("recv into a small buffer", s);
+        goto done;
+    }
+    if (count != batch) {
+        fprintf(stderr, "recv into a small buffer: count %zu, want %zu\n", count, batch);
+        rc = 1;
         goto done;
     }
     for (unsigned long r = 0; r < rounds; r++) {

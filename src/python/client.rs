@@ -327,6 +327,8 @@ impl PyClient {
         let cuda_stream = self.streams.consumer_stream(py, stream.as_ref())?;
         if let Some(a) = &actions {
             let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
+            // Refused (an asynchronous client) before the actions are written.
+            client.check_can_step().map_err(|e| to_pyerr(py, e))?;
             let index = self
                 .actions_index
                 .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
@@ -492,7 +494,7 @@ impl PyClient {
     /// ``recv()`` and not sent yet, each once (``env_ids`` default: the last ``recv``'s).
     /// ``actions=None``: the rows were written already. ``OutOfOrderError`` for an env
     /// not received, sent already, listed twice, or a shard listed in part: then
-    /// nothing is posted (the rows may have been written).
+    /// nothing is written nor posted.
     #[pyo3(signature = (actions=None, env_ids=None))]
     fn send(
         &self,
@@ -511,6 +513,8 @@ impl PyClient {
                 .collect(),
         };
         if let Some(a) = actions.filter(|a| !a.is_none()) {
+            // The rows of a shard still stepping are the engine's: validate before writing.
+            client.check_send(&ids).map_err(|e| to_pyerr(py, e))?;
             let index = self
                 .actions_index
                 .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;

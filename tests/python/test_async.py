@@ -107,3 +107,22 @@ def test_envpool_shaped_pool_steps_each_env_once_per_action():
             for i, e in enumerate(env_id):
                 flat = np.arange(e * width, (e + 1) * width)
                 np.testing.assert_array_equal(obs[i], pattern(steps[e], flat))
+
+
+def test_refused_sends_and_steps_write_no_actions():
+    with shmbridge.launch("null", num_envs=4, shards=2) as c:
+        region = np.asarray(c.actions)
+        shape, dtype = region.shape[1:], region.dtype
+        # A lock-step client may not step once it went asynchronous: nothing is written.
+        c.async_reset(2)
+        before = region.copy()
+        with pytest.raises(shmbridge.OutOfOrderError):
+            c.step(np.full((4,) + shape, 9, dtype))
+        np.testing.assert_array_equal(region, before)
+        batch = c.recv(timeout=30)
+        ids = batch.env_ids.tolist()
+        c.send(np.full((2,) + shape, 7, dtype), ids)
+        # The shard is stepping on those rows: a second send is refused and writes nothing.
+        with pytest.raises(shmbridge.OutOfOrderError):
+            c.send(np.full((2,) + shape, 99, dtype), ids)
+        np.testing.assert_array_equal(region[ids], np.full((2,) + shape, 7, dtype))
