@@ -29,6 +29,20 @@ import pytest
 import shmbridge
 from shmbridge.errors import EngineStartError
 
+
+def _built_with_mujoco() -> bool:
+    """Whether the installed shmbridge has the native MuJoCo engines (the cargo feature
+    `mujoco`): its `engine --env` help lists the registry's entries, theirs only then."""
+    out = subprocess.run([sys.executable, "-m", "shmbridge", "engine", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    return "mujoco/HalfCheetah-v5" in out.stdout
+
+
+# The default wheel has no MuJoCo engine: scripts/test-mujoco.sh builds one that has and
+# runs this file with it.
+if not _built_with_mujoco():
+    pytest.skip("shmbridge was built without the `mujoco` feature (docs/mujoco.md)", allow_module_level=True)
+
 # torch's CUDA wheels bring triton, which the PPO test's torch imports; triton's LLVM
 # loaded after Mesa's llvmpipe (the camera tests draw with it) crashes the process in its
 # import, while the other order works: import it first, at collection.
