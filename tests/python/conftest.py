@@ -14,6 +14,13 @@ import pytest
 
 import shmbridge
 
+# One thread per process for torch's (OpenMP's) parallel regions, here and in every
+# process the tests start: pytest-xdist runs a worker per core, and many tests run a
+# learner beside its engine, so more threads only wait on each other (OpenMP's threads
+# spin at each barrier: on two busy cores, a learning test ran 10 times slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 # The tests that press Ctrl-C model a program a terminal runs in the foreground: a test
 # run started in the background of a non-interactive shell ignores SIGINT, and its
 # children would inherit that (Python then installs no KeyboardInterrupt handler).
@@ -85,6 +92,14 @@ def no_region_left():
     yield
     leaked = regions() - before
     assert not leaked, f"the Python tests left regions in /dev/shm: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sb3_log_folder(tmp_path_factory):
+    """Stable-Baselines3 makes a folder for its logger on every ``learn`` (an empty
+    ``SB3-<date>`` in /tmp unless ``SB3_LOGDIR`` names one): the tests' go under pytest's
+    own temporary folder (this process's and the learners it starts)."""
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
 
 
 @pytest.fixture

@@ -138,6 +138,9 @@ def test_the_page_shows_frames_and_plots_and_follows_the_engine(tmp_path):
         wait.until(lambda b: "live: pixels engine, 16 envs" in text("status"))
         # Frames arrive, and they change: two of them differ in frame number and pixels.
         wait.until(lambda b: number("frames-received") >= 3)
+        # The page shows a frame's number once its image has decoded (a busy machine may
+        # decode after more frames arrived: the newest waits, the others are dropped).
+        wait.until(lambda b: text("frame-number").isdigit())
         pixels_of = ("const i = document.getElementById('frame'); const c = document.createElement('canvas');"
                      "c.width = i.naturalWidth; c.height = i.naturalHeight;"
                      "c.getContext('2d').drawImage(i, 0, 0); return [i.naturalWidth, c.toDataURL()];")
