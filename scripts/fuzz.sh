@@ -57,35 +57,12 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
-# libFuzzer as the distribution's LLVM ships it prebuilt (libclang-rt-NN-dev), linked in
-# place of the copy libfuzzer-sys compiles from its C++ sources: that compile was a third
-# of the fuzz build, and LLVM's build of it runs about 1.8 times the executions per second
-# here. Where none is installed, Debian's is installed (LLVM 19's where the release has it); where that cannot
-# be had, libfuzzer-sys builds its own, and the script says so.
-find_libfuzzer() {
-    local found=() f
-    for f in /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-"$(uname -m)".a; do
-        [ -e "$f" ] && found+=("$f")
-    done
-    [ ${#found[@]} -eq 0 ] || printf '%s\n' "${found[@]}" | sort -V | tail -n1
-}
-libfuzzer=$(find_libfuzzer)
-if [ -z "$libfuzzer" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "fuzz: no prebuilt libFuzzer (/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-$(uname -m).a): installing Debian's libclang-rt-19-dev (or libclang-rt-dev)"
-    mkdir -p target
-    if { apt_install libclang-rt-19-dev || apt_install libclang-rt-dev; } > target/fuzz-apt.log 2>&1; then
-        libfuzzer=$(find_libfuzzer)
-    else
-        echo "fuzz: installing it failed (target/fuzz-apt.log): building libfuzzer-sys's own libFuzzer instead"
-    fi
-fi
-if [ -n "$libfuzzer" ]; then
-    export CUSTOM_LIBFUZZER_PATH=$libfuzzer
-    mode="$mode, libFuzzer from ${libfuzzer#/usr/lib/}"
+ensure_libfuzzer
+if [ -n "${CUSTOM_LIBFUZZER_PATH:-}" ]; then
+    mode="$mode, libFuzzer from ${CUSTOM_LIBFUZZER_PATH#/usr/lib/}"
 else
     mode="$mode, libFuzzer built from libfuzzer-sys's sources"
 fi
-
 for target in "${targets[@]}"; do
     case "$target" in
         ring_envelope | layout_header) ;;

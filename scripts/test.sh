@@ -47,7 +47,7 @@ fi
 export SHMBRIDGE_NAMESPACE="${SHMBRIDGE_NAMESPACE:-run$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')}"
 echo "region namespace: $SHMBRIDGE_NAMESPACE"
 
-step "tools: Rust, cargo-nextest, Vulkan (lavapipe, headers, glslang), Mono, CMake, namespace tools, Chromium, git"
+step "tools: Rust, cargo-nextest, Vulkan (lavapipe, headers, glslang), Mono, CMake, namespace tools, Chromium, git, libFuzzer"
 ensure_rust
 ensure_nextest
 ensure_vulkan
@@ -57,6 +57,7 @@ ensure_cmake
 ensure_namespace_tools
 ensure_chromium
 ensure_git
+ensure_libfuzzer
 
 step "in the background: the Python dependencies (pyproject.toml: test, bench, docs) into .venv, and the wheel users install"
 start_deps test bench docs
@@ -110,12 +111,21 @@ without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
 without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
 without_rust target/test-venv/bin/shmbridge-ppo --help | sed -n 1p
 export SHMBRIDGE_C_PREFIX=$PWD/target/c-prefix SHMBRIDGE_EXPECT_WHEEL=1
-without_rust "$py" -m pytest -q -rs -n auto --ignore tests/python/test_gpu.py tests/python 2>&1 \
-    | tee target/pytest.log
+# --dist worksteal: a worker that runs out of tests takes some of the other's, so the
+# suite does not end with one core waiting for a long test file; the slowest tests are
+# listed at the end.
+without_rust "$py" -m pytest -q -rs -n auto --dist worksteal --durations 15 \
+    --ignore tests/python/test_gpu.py tests/python 2>&1 | tee target/pytest.log
 if grep -q "no Vulkan driver here" target/pytest.log; then
     echo "error: the Vulkan tests skipped: lavapipe (scripts/lib.sh ensure_vulkan) should run them" >&2
     exit 1
 fi
+
+# From here on, steps leave a core idle for part of their time (one process, a long test
+# at the end, the soak's sleeps): the fuzz targets build meanwhile at the lowest priority,
+# in their own target folder (fuzz/target), ready when the fuzz step comes.
+nice -n 19 bash scripts/fuzz.sh --build > target/fuzz-build.log 2>&1 &
+fuzz_build_pid=$!
 
 step "python GPU tests, alone (they compare the device's free memory; they skip without a GPU)"
 without_rust "$py" -m pytest -q -rs tests/python/test_gpu.py
@@ -158,7 +168,12 @@ bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all"
 # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
 # without a sanitizer: scripts/fuzz.sh says which.
-bash scripts/fuzz.sh --build
+if ! wait "$fuzz_build_pid"; then
+    cat target/fuzz-build.log >&2
+    echo "error: building the fuzz targets failed (above)" >&2
+    exit 1
+fi
+tail -n 2 target/fuzz-build.log
 bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 
 step "nothing of this run left in /dev/shm (regions and their fd sockets) or the socket namespace"
