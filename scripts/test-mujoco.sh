@@ -55,4 +55,5 @@ target/build-tools/bin/maturin build --locked --profile "$profile" -F python,cud
 step "pytest tests/python/test_mujoco.py"
 export SHMBRIDGE_NAMESPACE=${SHMBRIDGE_NAMESPACE:-mujoco}
 cd tests/python
-"../../$venv/bin/python" -m pytest -q -rs test_mujoco.py "$@"
+# A worker per core: the tests are many short comparisons and one learning run.
+"../../$venv/bin/python" -m pytest -q -rs -n auto --dist worksteal --durations 5 test_mujoco.py "$@"
