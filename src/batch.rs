@@ -75,6 +75,11 @@ impl ReadySet {
         self.shards.get(k).map_or(0, |e| e.sent)
     }
 
+    /// Whether shard `k` is held: its frame handed out, its actions not sent yet.
+    pub fn is_held(&self, k: usize) -> bool {
+        self.shards.get(k).is_some_and(|e| e.held)
+    }
+
     /// How many shards are stepping.
     pub fn stepping_count(&self) -> usize {
         self.shards.iter().filter(|e| !e.held).count()

@@ -360,19 +360,83 @@ impl Client {
         self.layout.num_envs as usize
     }
 
-    /// Views of the tensors: read engine→client ones, write client→engine ones.
+    /// Views of the tensors: read engine→client ones, write client→engine ones. An
+    /// asynchronous client while shards outside its batch step: their engines write and
+    /// read their rows now, so these views refuse whole tensors (`OutOfOrder`); use
+    /// [`Client::batch_rows`] and [`Client::batch_rows_mut`].
     pub fn tensors(&mut self) -> Tensors<'_> {
-        Tensors::new(&self.region, &self.layout, Peer::Client).with_client_device(&*self.device)
+        let stepping = self
+            .batches
+            .as_ref()
+            .is_some_and(|b| b.ready.stepping_count() > 0);
+        Tensors::new(&self.region, &self.layout, Peer::Client)
+            .with_client_device(&*self.device)
+            .with_peers_stepping(stepping)
     }
 
-    /// A view of one tensor.
+    /// A view of one tensor (`OutOfOrder` as for [`Client::tensors`]).
     pub fn tensor<T: Element>(&mut self, key: impl TensorKey) -> Result<&[T]> {
         self.tensors().read(key)
     }
 
-    /// A mutable view of one client→engine tensor (`actions`, `reset_mask`).
+    /// A mutable view of one client→engine tensor (`actions`, `reset_mask`);
+    /// `OutOfOrder` as for [`Client::tensors`].
     pub fn tensor_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<&mut [T]> {
         self.tensors().write(key)
+    }
+
+    /// An asynchronous client: the rows of tensor `key` of the envs the last
+    /// [`Client::recv`] handed out, one slice per shard in the order of
+    /// [`Client::batch_shards`] (together, the rows of its env ids in order). No engine
+    /// touches them until their actions are sent. `OutOfOrder` before a `recv`, or once
+    /// some of its shards were sent; `InvalidSpec` for a tensor without a row per env.
+    pub fn batch_rows<T: Element>(&mut self, key: impl TensorKey) -> Result<Vec<&[T]>> {
+        let rows = self.batch_row_parts::<T>(key, false)?;
+        Ok(rows
+            .into_iter()
+            // SAFETY: each part is rows of held shards inside the tensor's host
+            // mapping, aligned for `T` (`Tensors::rows`); every bit pattern is a valid `T`.
+            // Held shards' engines neither write nor read those rows until `send`, which
+            // needs `&mut self`, as does any mutable view of them; the borrow of `self`
+            // keeps the mapping alive.
+            .map(|(p, n)| unsafe { std::slice::from_raw_parts(p as *const T, n) })
+            .collect())
+    }
+
+    /// [`Client::batch_rows`], mutable, of a client→engine tensor (write the actions of
+    /// the batch here, then [`Client::send`] its env ids).
+    pub fn batch_rows_mut<T: Element>(&mut self, key: impl TensorKey) -> Result<Vec<&mut [T]>> {
+        let rows = self.batch_row_parts::<T>(key, true)?;
+        Ok(rows
+            .into_iter()
+            // SAFETY: as in `batch_rows`; the shards of one batch are distinct, so these
+            // rows do not overlap, and `&mut self` rules out any other view of them.
+            .map(|(p, n)| unsafe { std::slice::from_raw_parts_mut(p, n) })
+            .collect())
+    }
+
+    fn batch_row_parts<T: Element>(
+        &mut self,
+        key: impl TensorKey,
+        write: bool,
+    ) -> Result<Vec<(*mut T, usize)>> {
+        self.check_usable()?;
+        let b = self.batches.as_ref().ok_or(Error::OutOfOrder(
+            "batch_rows() serves an asynchronous client: call async_reset() and recv()",
+        ))?;
+        if b.shards.is_empty() || b.shards.iter().any(|&k| !b.ready.is_held(k as usize)) {
+            return Err(Error::OutOfOrder(
+                "no batch is held: call recv() (the last one's shards were sent)",
+            ));
+        }
+        let envs: Vec<_> = b
+            .shards
+            .iter()
+            .map(|&k| self.layout.shards[k as usize].envs())
+            .collect();
+        Tensors::new(&self.region, &self.layout, Peer::Client)
+            .with_client_device(&*self.device)
+            .rows::<T>(key, &envs, write)
     }
 
     /// The device backend of this client's tensors: where each lives in this process

@@ -68,6 +68,10 @@ pub struct Tensors<'a> {
     device: Option<&'a dyn EngineBackend>,
     /// The client's backend (client views only): host mappings of imported tensors.
     client_device: Option<&'a dyn ClientBackend>,
+    /// Client views of an asynchronous client while shards outside its batch step:
+    /// their engines write and read their rows now, so no whole-tensor slice is handed
+    /// out (only [`Tensors::rows`] of the batch's envs).
+    peers_stepping: bool,
 }
 
 impl<'a> Tensors<'a> {
@@ -80,7 +84,15 @@ impl<'a> Tensors<'a> {
             exclusive: 0,
             device: None,
             client_device: None,
+            peers_stepping: false,
         }
+    }
+
+    /// Client views while other shards step (asynchronous batches): `read` and `write`
+    /// refuse with `OutOfOrder`.
+    pub(crate) fn with_peers_stepping(mut self, stepping: bool) -> Self {
+        self.peers_stepping = stepping;
+        self
     }
 
     /// The client's views, with its device backend (host mappings of imports).
@@ -174,45 +186,107 @@ impl<'a> Tensors<'a> {
     }
 
     /// A shared view of any tensor, by name or [`TensorId`](crate::layout::TensorId).
+    /// `OutOfOrder` for an asynchronous client's views while shards outside its batch
+    /// step (their engines write their rows now): [`Client::batch_rows`](crate::Client::batch_rows).
     #[inline(always)]
     pub fn read<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a [T]> {
-        let (i, t) = self.lookup::<T>(key)?;
-        if self.exclusive & (1 << i) != 0 {
-            return Err(already_borrowed(t));
+        if self.peers_stepping {
+            return Err(peers_stepping());
         }
-        let base = self.base(i, t, std::mem::align_of::<T>())?;
-        self.shared |= 1 << i;
-        let len = (t.nbytes as usize) / std::mem::size_of::<T>();
-        // SAFETY: `base` is the first of `nbytes` bytes inside a live mapping: the
-        // region (validation, or the builder on the engine side, bounds the span) or the
-        // backend's host mapping of the tensor's memory (which checked the span against
-        // the mapped size). It is aligned for `T` (checked in `base`), and `nbytes` is
-        // `len` elements of a type with this size. Every bit pattern is a valid `T`
-        // (Pod). No mutable slice of this tensor exists (bitmask above) and the `'a`
-        // borrow of the engine/client keeps both mappings alive and prevents a new
-        // `Tensors` meanwhile.
-        Ok(unsafe { std::slice::from_raw_parts(base as *const T, len) })
+        let (base, len, _) = self.claim::<T>(key, false)?;
+        // SAFETY: `claim` returns the first of `len` elements of `T` inside a live
+        // mapping: the region (validation, or the builder on the engine side, bounds the
+        // span) or the backend's host mapping of the tensor's memory (which checked the
+        // span against the mapped size), aligned for `T`. Every bit pattern is a valid
+        // `T` (Pod). No mutable slice of this tensor exists in this process (bitmask in
+        // `claim`), and the `'a` borrow of the engine/client keeps both mappings alive and
+        // prevents a new `Tensors` meanwhile. The peer process does not write it while
+        // the slice lives: in lock-step the next `publish()`/`step()` needs that borrow;
+        // an asynchronous client's views refuse (above) while any shard steps.
+        Ok(unsafe { std::slice::from_raw_parts(base, len) })
     }
 
     /// A mutable view of a tensor this side writes; each tensor at most once.
+    /// `OutOfOrder` as for [`Tensors::read`].
     #[inline(always)]
     pub fn write<T: Element>(&mut self, key: impl TensorKey) -> Result<&'a mut [T]> {
+        if self.peers_stepping {
+            return Err(peers_stepping());
+        }
+        let (base, len, _) = self.claim::<T>(key, true)?;
+        // SAFETY: bounds, alignment, validity and the peer as in `read`. The bitmask in
+        // `claim` ensures this is the only slice of this tensor handed out by this
+        // `Tensors`, tensors do not overlap (host tensors: validated; a Vulkan tensor is
+        // in memory of its own), and the mutable borrow of the engine/client that this
+        // `Tensors` holds for `'a` rules out any other `Tensors` over the same memory in
+        // this process.
+        Ok(unsafe { std::slice::from_raw_parts_mut(base, len) })
+    }
+
+    /// Rows `envs` (ranges of the leading, env axis) of a tensor, one slice per range:
+    /// the views of an asynchronous client's batch, whose shards' engines do not touch
+    /// those rows until their actions are sent. Mutable (`write`) for a tensor this side
+    /// writes; each tensor claimed once as for `read`/`write`. `InvalidSpec` for a
+    /// tensor whose leading axis is not the envs, or a range outside it.
+    pub(crate) fn rows<T: Element>(
+        &mut self,
+        key: impl TensorKey,
+        envs: &[std::ops::Range<u32>],
+        write: bool,
+    ) -> Result<Vec<(*mut T, usize)>> {
+        let (base, len, t) = self.claim::<T>(key, write)?;
+        let num_envs = self.layout.num_envs as usize;
+        let out_of_axis = || {
+            Error::InvalidSpec(format!(
+                "tensor '{}' (shape {:?}) has no row per env (num_envs {num_envs})",
+                t.name, t.shape
+            ))
+        };
+        if t.shape.first() != Some(&(num_envs as u64)) || num_envs == 0 {
+            return Err(out_of_axis());
+        }
+        let row = len / num_envs;
+        envs.iter()
+            .map(|r| {
+                if r.start > r.end || r.end as usize > num_envs {
+                    return Err(out_of_axis());
+                }
+                // SAFETY: `r.start * row ≤ len` (checked above), so the pointer stays
+                // inside the tensor's `len` elements that `claim` returned.
+                let p = unsafe { base.add(r.start as usize * row) };
+                Ok((p, (r.end - r.start) as usize * row))
+            })
+            .collect()
+    }
+
+    /// The checks and bookkeeping of a view: dtype, direction (`write`), no conflicting
+    /// slice of this `Tensors`; the tensor's first element, its length in `T`s, its entry.
+    #[inline(always)]
+    fn claim<T: Element>(
+        &mut self,
+        key: impl TensorKey,
+        write: bool,
+    ) -> Result<(*mut T, usize, &'a TensorInfo)> {
         let (i, t) = self.lookup::<T>(key)?;
-        if t.direction.writer() != self.side {
+        if write && t.direction.writer() != self.side {
             return Err(wrong_direction(t, self.side));
         }
-        if (self.shared | self.exclusive) & (1 << i) != 0 {
+        let taken = if write {
+            self.shared | self.exclusive
+        } else {
+            self.exclusive
+        };
+        if taken & (1 << i) != 0 {
             return Err(already_borrowed(t));
         }
         let base = self.base(i, t, std::mem::align_of::<T>())?;
-        self.exclusive |= 1 << i;
+        if write {
+            self.exclusive |= 1 << i;
+        } else {
+            self.shared |= 1 << i;
+        }
         let len = (t.nbytes as usize) / std::mem::size_of::<T>();
-        // SAFETY: bounds, alignment and validity as in `read`. The bitmask ensures this is
-        // the only slice of this tensor handed out by this `Tensors`, tensors do not
-        // overlap (host tensors: validated; a Vulkan tensor is in memory of its own), and
-        // the mutable borrow of the engine/client that this `Tensors` holds for `'a`
-        // rules out any other `Tensors` over the same memory in this process.
-        Ok(unsafe { std::slice::from_raw_parts_mut(base as *mut T, len) })
+        Ok((base as *mut T, len, t))
     }
 
     /// A tensor's table entry (dtype, shape, size, where it lives).
@@ -274,6 +348,15 @@ fn dtype_mismatch(t: &TensorInfo, requested: &'static str) -> Error {
         requested,
         actual: t.dtype.name(),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn peers_stepping() -> Error {
+    Error::OutOfOrder(
+        "shards outside the batch are stepping (their engines write their rows now): \
+         use batch_rows()/batch_rows_mut() for the envs recv() handed out",
+    )
 }
 
 #[cold]

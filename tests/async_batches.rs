@@ -142,28 +142,38 @@ fn every_env_steps_once_per_action_sent_whatever_order_shards_answer() {
     let (n, k, b) = (12u32, 4u32, 6usize);
     let (region, threads) = start("stress", n, k);
     let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    let obs_base = client.tensor::<f32>("obs").unwrap().as_ptr() as usize;
     client.async_reset(b, &[], T).unwrap();
     // The client's own account: actions sent per env, and which envs it holds.
     let mut sent = vec![0u64; n as usize];
     let mut held = vec![false; n as usize];
-    let obs_base = client.tensor::<f32>("obs").unwrap().as_ptr() as usize;
     let mut orders = std::collections::HashSet::new();
     for round in 0..600 {
         let ids = client.recv(T).unwrap().to_vec();
         assert_eq!(ids.len(), b, "round {round}: a batch is batch_size envs");
         orders.insert(client.batch_shards().to_vec());
-        let obs = client.tensor::<f32>("obs").unwrap().to_vec();
-        let rewards = client.tensor::<f32>("rewards").unwrap().to_vec();
-        for &e in &ids {
+        // The batch's rows, read in place: the region's rows, not a copy.
+        let starts: Vec<usize> = client
+            .batch_shards()
+            .iter()
+            .map(|&s| client.shards()[s as usize].env_start as usize)
+            .collect();
+        let obs_rows = client.batch_rows::<f32>("obs").unwrap();
+        for (rows, start) in obs_rows.iter().zip(starts) {
+            assert_eq!(rows.as_ptr() as usize, obs_base + 3 * 4 * start);
+        }
+        let obs = obs_rows.concat();
+        let rewards = client.batch_rows::<f32>("rewards").unwrap().concat();
+        for (i, &e) in ids.iter().enumerate() {
             let e_ = e as usize;
             assert!(!held[e_], "round {round}: env {e} handed out twice");
             held[e_] = true;
-            assert_eq!(obs[3 * e_], sent[e_] as f32, "env {e}: one step per action");
-            assert_eq!(obs[3 * e_ + 1], e as f32, "env {e}: its own row");
+            assert_eq!(obs[3 * i], sent[e_] as f32, "env {e}: one step per action");
+            assert_eq!(obs[3 * i + 1], e as f32, "env {e}: its own row");
             if sent[e_] > 0 {
                 let last = action_of(e, sent[e_] - 1);
-                assert_eq!(obs[3 * e_ + 2], last, "env {e} took its own last action");
-                assert_eq!(rewards[e_], last, "env {e}'s reward");
+                assert_eq!(obs[3 * i + 2], last, "env {e} took its own last action");
+                assert_eq!(rewards[i], last, "env {e}'s reward");
             }
         }
         // Whole shards, contiguous envs each, in the order of batch_shards.
@@ -182,9 +192,9 @@ fn every_env_steps_once_per_action_sent_whatever_order_shards_answer() {
         if round % 2 == 1 {
             by_shard.reverse();
         }
-        let actions = client.tensor_mut::<f32>("actions").unwrap();
-        for &e in &ids {
-            actions[e as usize] = action_of(e, sent[e as usize]);
+        let mut actions = client.batch_rows_mut::<f32>("actions").unwrap();
+        for (a, &e) in actions.iter_mut().flat_map(|r| r.iter_mut()).zip(&ids) {
+            *a = action_of(e, sent[e as usize]);
         }
         if round % 3 == 0 && by_shard.len() > 1 {
             let rest = by_shard.split_off(1);
@@ -198,19 +208,14 @@ fn every_env_steps_once_per_action_sent_whatever_order_shards_answer() {
             sent[e as usize] += 1;
         }
     }
-    // The views are the region's rows: the same tensor, not a copy.
-    assert_eq!(
-        client.tensor::<f32>("obs").unwrap().as_ptr() as usize,
-        obs_base
-    );
     // Collect the frames still in flight, so every shard has answered every action.
     loop {
         match client.recv(T) {
             Ok(ids) => {
                 let ids = ids.to_vec();
-                let obs = client.tensor::<f32>("obs").unwrap();
-                for e in ids {
-                    assert_eq!(obs[3 * e as usize], sent[e as usize] as f32);
+                let obs = client.batch_rows::<f32>("obs").unwrap().concat();
+                for (i, e) in ids.into_iter().enumerate() {
+                    assert_eq!(obs[3 * i], sent[e as usize] as f32);
                     held[e as usize] = true;
                 }
             }
@@ -614,6 +619,77 @@ fn a_call_right_after_a_send_to_its_shard_gets_its_reply() {
     let reply = client.call_method_on(0, "fast", &[], b"mine", T).unwrap();
     assert_eq!(reply.payload, b"mine");
     client.set_interrupt(None);
+    client.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn whole_tensor_views_wait_until_no_shard_steps_and_a_batch_has_its_rows() {
+    let (n, k, b) = (8u32, 4u32, 4usize);
+    let (region, threads) = start("rows", n, k);
+    let mut client = Client::attach(&region, AttachOptions::default()).unwrap();
+    client.async_reset(b, &[], T).unwrap();
+    // Before any recv: every shard steps (its reset frame not handed out).
+    assert!(matches!(
+        client.tensor::<f32>("obs"),
+        Err(Error::OutOfOrder(_))
+    ));
+    assert!(matches!(
+        client.batch_rows::<f32>("obs"),
+        Err(Error::OutOfOrder(_))
+    ));
+    let ids = client.recv(T).unwrap().to_vec();
+    // Two shards held, two stepping: their engines write their rows of obs and read
+    // theirs of actions now, so no view covers them.
+    assert!(matches!(
+        client.tensor::<f32>("obs"),
+        Err(Error::OutOfOrder(_))
+    ));
+    assert!(matches!(
+        client.tensor_mut::<f32>("actions"),
+        Err(Error::OutOfOrder(_))
+    ));
+    assert!(matches!(
+        client.tensors().read::<f32>("rewards"),
+        Err(Error::OutOfOrder(_))
+    ));
+    // The batch's own rows: one slice per shard, in the order of the env ids.
+    let obs = client.batch_rows::<f32>("obs").unwrap();
+    assert_eq!(obs.len(), 2);
+    let obs = obs.concat();
+    assert_eq!(obs.len(), 3 * b);
+    for (i, &e) in ids.iter().enumerate() {
+        assert_eq!(obs[3 * i + 1], e as f32, "env {e}'s own row");
+    }
+    // Engine→client tensors are not the client's to write.
+    assert!(matches!(
+        client.batch_rows_mut::<f32>("obs"),
+        Err(Error::WrongDirection { .. })
+    ));
+    let mut actions = client.batch_rows_mut::<f32>("actions").unwrap();
+    assert_eq!(actions.iter().map(|r| r.len()).sum::<usize>(), b);
+    for r in actions.iter_mut() {
+        r.fill(7.0);
+    }
+    client.send(&ids).unwrap();
+    // Sent: those rows are the engines' again.
+    assert!(matches!(
+        client.batch_rows::<f32>("obs"),
+        Err(Error::OutOfOrder(_))
+    ));
+    // Every shard held: nothing steps, so whole tensors are viewable again.
+    let mut got = vec![client.recv(T).unwrap().to_vec()];
+    got.push(client.recv(T).unwrap().to_vec());
+    let obs = client.tensor::<f32>("obs").unwrap();
+    for &e in &ids {
+        assert_eq!(
+            obs[3 * e as usize + 2],
+            7.0,
+            "env {e} took the action written"
+        );
+    }
     client.close();
     for t in threads {
         t.join().unwrap();
