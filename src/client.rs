@@ -280,6 +280,21 @@ impl Client {
             backoff.snooze();
         }
         let (mut action, mut frame) = client.counters();
+        // The counters are another process's words: one past any number of steps a run
+        // can take would overflow this client's own count (and its `u64::MAX` marker below
+        // must stay out of their reach).
+        let words = client.layout.shards.iter().flat_map(|s| {
+            let slot = client.slot(s);
+            [slot.action_seq().load(Ordering::Acquire), slot.frame()]
+        });
+        if let Some(v) = [action, frame]
+            .into_iter()
+            .chain(words)
+            .find(|&v| v > MAX_COUNTER)
+        {
+            return Err(counter_out_of_range(v));
+        }
+        let mut mixed = false;
         if client.layout.shard_actions {
             // 1.10: an asynchronous client may have left the shards at different frames,
             // each its own last action answered (or not: refused below). A lock-step
@@ -289,13 +304,12 @@ impl Client {
             let shards = &client.layout.shards;
             if let Some(s) = shards.iter().find(|s| posted(s) != client.slot(s).frame()) {
                 (action, frame) = (posted(s), client.slot(s).frame());
-            } else if shards.iter().any(|s| client.slot(s).frame() != frame) {
-                action = u64::MAX;
             } else {
+                mixed = shards.iter().any(|s| client.slot(s).frame() != frame);
                 action = frame;
             }
         }
-        if action != frame && action != u64::MAX {
+        if action != frame {
             return Err(Error::Protocol {
                 peer: Peer::Client,
                 detail: format!(
@@ -303,7 +317,9 @@ impl Client {
                 ),
             });
         }
-        client.action = if action == u64::MAX { action } else { frame };
+        // `u64::MAX` marks shards at different frames: never a count of this client's
+        // (the counters are at most `MAX_COUNTER`, and it adds one per step).
+        client.action = if mixed { u64::MAX } else { frame };
         client.frame = frame;
         // Every shard is alive now (each published frame 0): where each lives.
         if client.layout.is_sharded() {
@@ -1118,7 +1134,17 @@ impl Client {
         }
         self.reset(None, seeds, timeout)?;
         // Every shard answered its reset from its wait for an action: none is stepping,
-        // each has published the frame of its last action.
+        // each has published the frame of its last action (counted on from here: bounded
+        // as at attach).
+        if let Some(v) = self
+            .layout
+            .shards
+            .iter()
+            .map(|s| self.slot(s).frame())
+            .find(|&v| v > MAX_COUNTER)
+        {
+            return Err(counter_out_of_range(v));
+        }
         let ready = ReadySet::new(
             self.layout
                 .shards
@@ -1368,6 +1394,19 @@ impl Client {
         self.region.release_client_proof();
         self.region.control().close_client();
         drop(device);
+    }
+}
+
+/// The largest action or frame counter a client accepts from the region: 2^63 steps are
+/// beyond any run, and counting on from here overflows nothing (nor reaches `u64::MAX`,
+/// the client's marker of shards at different frames).
+const MAX_COUNTER: u64 = 1 << 63;
+
+#[cold]
+fn counter_out_of_range(v: u64) -> Error {
+    Error::Protocol {
+        peer: Peer::Engine,
+        detail: format!("an action or frame counter reads {v}, past any run's (2^63)"),
     }
 }
 

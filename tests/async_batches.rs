@@ -695,3 +695,34 @@ fn whole_tensor_views_wait_until_no_shard_steps_and_a_batch_has_its_rows() {
         t.join().unwrap();
     }
 }
+
+/// An action counter at `u64::MAX` (a corrupt or hostile peer's word) is refused at
+/// attach, not taken for the client's own marker of shards at different frames.
+#[test]
+fn an_action_counter_at_its_maximum_is_refused_at_attach() {
+    // Unsharded: the control block's `action_seq`.
+    let mut engine = Engine::create(spec(4, 1, &unique("max1"))).unwrap();
+    engine.publish().unwrap();
+    let mapping = engine.map_again().unwrap();
+    mapping
+        .control()
+        .action_seq()
+        .counter
+        .store(u64::MAX, Ordering::Release);
+    let e = Client::attach(engine.name(), AttachOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Protocol { .. }), "{e}");
+    drop(engine);
+    // Sharded (1.10): a shard entry's own `action_seq`.
+    let mut creator = Engine::create(spec(4, 2, &unique("max2"))).unwrap();
+    let mut joined = Engine::join(creator.name(), 1, JoinOptions::default()).unwrap();
+    creator.publish().unwrap();
+    joined.publish().unwrap();
+    let mapping = creator.map_again().unwrap();
+    let shard = joined.shard().clone();
+    shmbridge::shard::ShardSlot::new(&mapping, &shard)
+        .unwrap()
+        .action_seq()
+        .store(u64::MAX, Ordering::Release);
+    let e = Client::attach(creator.name(), AttachOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Protocol { .. }), "{e}");
+}
