@@ -116,7 +116,9 @@ class Client:
         ``obs, rewards, terminated, truncated, env_ids = client.recv()``."""
     def send(self, actions: Optional[Any] = None, env_ids: Optional[Sequence[int]] = None) -> None:
         """Writes ``actions`` into rows ``env_ids`` (default: the last ``recv()``'s) of the
-        action tensor and steps those shards."""
+        action tensor and steps those shards. ``actions`` is checked as ``step``'s are:
+        the action tensor's dtype (``TypeError``) and shape ``(len(env_ids), ...)``
+        (``ValueError``), no cast or broadcast; nothing is written nor posted on error."""
     @property
     def batch_shards(self) -> List[int]: ...
     def call(

@@ -33,17 +33,7 @@ pub(super) fn copy_actions(
     if let Place::Device { ptr, device, .. } = &target.place {
         return copy_device_actions(py, client, actions, target, *ptr, *device, stream);
     }
-    let source = if actions.hasattr("__dlpack__")? {
-        actions.clone()
-    } else if actions.hasattr("__array__")? {
-        py.import("numpy")?.call_method1("asarray", (actions,))?
-    } else {
-        return Err(PyTypeError::new_err(format!(
-            "actions must be a NumPy array, a torch tensor or another DLPack object, not {}",
-            actions.get_type().name()?
-        )));
-    };
-    let imported = import_host(py, &source)?;
+    let imported = import_host(py, &host_source(py, actions)?)?;
     let view = imported.validate().map_err(invalid_tensor)?;
     let slot = slot_of(target);
     let strides = byte_strides(&view)?;
@@ -62,6 +52,43 @@ pub(super) fn copy_actions(
         .map_err(action_error)?;
     drop(imported);
     Ok(())
+}
+
+/// `actions` as a DLPack producer: itself, or a NumPy array of it (`TypeError` for an
+/// object that is neither).
+fn host_source<'py>(py: Python<'py>, actions: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if actions.hasattr("__dlpack__")? {
+        Ok(actions.clone())
+    } else if actions.hasattr("__array__")? {
+        py.import("numpy")?.call_method1("asarray", (actions,))
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "actions must be a NumPy array, a torch tensor or another DLPack object, not {}",
+            actions.get_type().name()?
+        )))
+    }
+}
+
+/// The checks of [`copy_actions`] for the actions of `rows` envs (an asynchronous
+/// `send`): `actions` is `rows` rows of `target`, of its dtype, on its device. Copies
+/// nothing.
+pub(super) fn check_rows(
+    py: Python<'_>,
+    target: &PyTensor,
+    actions: &Bound<'_, PyAny>,
+    rows: usize,
+) -> PyResult<()> {
+    let imported = import_host(py, &host_source(py, actions)?)?;
+    let view = imported.validate().map_err(invalid_tensor)?;
+    let shape: Vec<u64> = std::iter::once(rows as u64)
+        .chain(target.info.shape.iter().skip(1).copied())
+        .collect();
+    let slot = ActionSlot {
+        shape: &shape,
+        ..slot_of(target)
+    };
+    let strides = byte_strides(&view)?;
+    core::check(&slot, &describe(&view, strides.as_deref())).map_err(action_error)
 }
 
 /// `source`'s DLPack tensor, asked for as the DLPack 1.0 array API does

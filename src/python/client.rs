@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::actions::copy_actions;
+use super::actions::{check_rows, copy_actions};
 use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
 use super::streams::{on_stream, order_after_engine, step_on, ConsumerStreams};
@@ -492,9 +492,11 @@ impl PyClient {
     /// Writes ``actions`` (one row per env of ``env_ids``, in that order) into those
     /// rows of the actions tensor and posts them: the envs of whole shards handed out by
     /// ``recv()`` and not sent yet, each once (``env_ids`` default: the last ``recv``'s).
-    /// ``actions=None``: the rows were written already. ``OutOfOrderError`` for an env
-    /// not received, sent already, listed twice, or a shard listed in part: then
-    /// nothing is written nor posted.
+    /// ``actions=None``: the rows were written already. ``actions`` is checked as
+    /// ``step``'s are: the action tensor's dtype (``TypeError``), shape
+    /// ``(len(env_ids), ...)`` (``ValueError``), no cast or broadcast. ``OutOfOrderError``
+    /// for an env not received, sent already, listed twice, or a shard listed in part.
+    /// On any error nothing is written nor posted.
     #[pyo3(signature = (actions=None, env_ids=None))]
     fn send(
         &self,
@@ -518,6 +520,8 @@ impl PyClient {
             let index = self
                 .actions_index
                 .ok_or_else(|| no_such_tensor(py, &self.tensors, "actions"))?;
+            // The checks of `step` (dtype, shape, device): no silent cast or broadcast.
+            check_rows(py, self.tensors[index].get(), &a, ids.len())?;
             let view = py
                 .import("numpy")?
                 .call_method1("asarray", (self.tensors[index].bind(py),))?;

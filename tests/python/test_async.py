@@ -126,3 +126,27 @@ def test_refused_sends_and_steps_write_no_actions():
         with pytest.raises(shmbridge.OutOfOrderError):
             c.send(np.full((2,) + shape, 99, dtype), ids)
         np.testing.assert_array_equal(region[ids], np.full((2,) + shape, 7, dtype))
+
+
+def test_send_checks_actions_as_step_does_nothing_cast_or_broadcast():
+    with shmbridge.launch("cartpole", num_envs=4, shards=2, batch_size=2) as c:
+        region = np.asarray(c.actions)
+        assert region.dtype == np.int64
+        batch = c.recv(timeout=30)
+        ids = batch.env_ids.tolist()
+        before = region.copy()
+        # Floats into int64 actions: step() refuses them, and so does send().
+        with pytest.raises(TypeError):
+            c.send(np.full((2,) + region.shape[1:], 0.7), ids)
+        # One value, or one row, for every env of the batch: no broadcast.
+        with pytest.raises(ValueError):
+            c.send(np.int64(1), ids)
+        with pytest.raises(ValueError):
+            c.send(np.ones(region.shape[1:], np.int64), ids)
+        with pytest.raises(TypeError):
+            c.send(1, ids)
+        np.testing.assert_array_equal(region, before)
+        # Nothing was posted: the same envs are still the caller's to send.
+        c.send(np.array([1, 0], np.int64).reshape((2,) + region.shape[1:]), ids)
+        assert region[ids].ravel().tolist() == [1, 0]
+
