@@ -30,8 +30,9 @@ use crate::control::ClientState;
 use crate::device::CudaSharingRequest;
 use crate::engine::{Engine, EngineSpec, JoinOptions};
 use crate::error::{Error, Peer};
-use crate::layout::{DType, Direction, TensorSpec};
+use crate::layout::{DType, Direction, ShardInfo, TensorSpec};
 use crate::region::Region;
+use crate::shard::ShardSlot;
 use crate::tensor::Tensors;
 
 /// What an engine serves: its kind, number of envs, tensors and metadata.
@@ -352,8 +353,8 @@ pub struct PyEngine {
     name: String,
     kind: String,
     num_envs: usize,
-    /// (index, first env, end): the shard served.
-    shard: (u32, u32, u32),
+    /// The shard served (the whole region unsharded): where its frame counter is.
+    shard: ShardInfo,
     tensors: Vec<Py<PyTensor>>,
 }
 
@@ -365,12 +366,12 @@ impl PyEngine {
         let layout = engine.layout().clone();
         // An engine written in Python serves host tensors (its EngineSpec has no device).
         let tensors = PyTensor::all(py, &region, &layout, Peer::Engine, |_, _| Ok(Place::Host))?;
-        let s = *engine.shard();
+        let shard = *engine.shard();
         Ok(PyEngine {
             name: engine.name().to_string(),
             kind: layout.engine_kind.clone(),
             num_envs: layout.num_envs as usize,
-            shard: (s.index, s.env_start, s.env_start + s.env_count),
+            shard,
             engine: Mutex::new(Some(engine)),
             region,
             closed: AtomicBool::new(false),
@@ -493,13 +494,14 @@ impl PyEngine {
     /// Which shard this engine serves (0 for an unsharded one).
     #[getter]
     fn shard(&self) -> u32 {
-        self.shard.0
+        self.shard.index
     }
 
     /// `(start, end)`: the envs of the region this engine steps (all of them unsharded).
     #[getter]
     fn shard_envs(&self) -> (u32, u32) {
-        (self.shard.1, self.shard.2)
+        let envs = self.shard.envs();
+        (envs.start, envs.end)
     }
 
     /// Publishes the frame: the engine→client tensors must hold it. The first call
@@ -630,10 +632,12 @@ impl PyEngine {
         self.num_envs
     }
 
-    /// Number of the last frame published (read from the region: no waiting).
+    /// Number of the last frame this engine (its shard, for a sharded one) published
+    /// (read from the region: no waiting).
     #[getter]
-    fn frame(&self) -> u64 {
-        self.region.control().counters().1
+    fn frame(&self, py: Python<'_>) -> PyResult<u64> {
+        let slot = ShardSlot::new(&self.region, &self.shard).py_err(py)?;
+        Ok(slot.frame())
     }
 
     /// Whether a client is attached now (read from the region: no waiting).

@@ -3,6 +3,8 @@ client.async_reset(), client.recv() returning views into the region, client.send
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,52 @@ def test_send_checks_actions_as_step_does_nothing_cast_or_broadcast():
         c.send(np.array([1, 0], np.int64).reshape((2,) + region.shape[1:]), ids)
         assert region[ids].ravel().tolist() == [1, 0]
 
+
+def test_a_sharded_python_engine_reports_its_own_shard_frame():
+    spec = shmbridge.EngineSpec.standard("py-frames", 4, 3, 1).shards(2)
+    engines = [shmbridge.Engine(spec)]
+    engines.append(shmbridge.Engine.join(engines[0].name, 1))
+    published = [0, 0]
+    errors = []
+
+    class Resets:  # async_reset's reset, which publishes no frame
+        def reset(self, env_ids, seeds, options):
+            pass
+
+    def serve(k):
+        engine = engines[k]
+        engine.publish()
+        try:
+            while True:
+                engine.wait_actions(timeout=30, handler=Resets())
+                engine.publish()
+                published[k] += 1
+        except shmbridge.ClientClosedError:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    client = shmbridge.attach(engines[0].name)
+    try:
+        for _ in range(3):
+            client.step()
+        assert [e.frame for e in engines] == [3, 3]
+        # Asynchronously the shards part: each reports the frames it published itself.
+        client.async_reset(2)
+        for _ in range(5):
+            batch = client.recv(timeout=30)
+            client.send(None, batch.env_ids.tolist())
+        client.recv(timeout=30)
+        client.recv(timeout=30)
+    finally:
+        client.close()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    assert sum(published) == 3 * 2 + 5
+    assert [e.frame for e in engines] == published
+    for e in engines:
+        e.close()
