@@ -77,7 +77,8 @@ class AsyncEnvPool:
         obs, rew, term, trunc, info = pool.recv()       # info["env_id"]: whose rows
         pool.send(actions, info["env_id"])
 
-    ``reset()`` is ``async_reset()`` then ``recv()`` (returning ``(obs, info)``); ``step(a,
+    ``reset()`` is ``async_reset()`` then ``recv()`` (returning ``(obs, info)``; every env
+    is reset: ``reset(env_id)`` raises ``NotImplementedError``); ``step(a,
     env_id)`` is ``send`` then ``recv``. Autoreset is the engine's (``cartpole``: in the
     same step). Arrays are copies by default (``copy=True``), yours to keep; with
     ``copy=False`` they are the batch's rows (views into the region when its shards are
@@ -101,20 +102,28 @@ class AsyncEnvPool:
         self._reset_done = True  # launch/async_reset above reset every env
 
     def async_reset(self) -> None:
+        # The first call right after the construction's reset is that reset; any other
+        # resets every env.
         if not self._reset_done:
             self.client.async_reset(self.batch_size)
         self._reset_done = False
 
     def recv(self, timeout: Any = None) -> Tuple[Any, Any, Any, Any, dict]:
+        self._reset_done = False
         obs, rew, term, trunc, env_ids = self.client.recv(timeout=timeout)
         if self._copy:
             obs, rew, term, trunc = (np.array(a, copy=True) for a in (obs, rew, term, trunc))
         return obs, rew, term, trunc, {"env_id": env_ids}
 
     def send(self, action: Any, env_id: Any = None) -> None:
+        self._reset_done = False
         self.client.send(action, None if env_id is None else np.asarray(env_id).tolist())
 
     def reset(self, env_id: Any = None) -> Tuple[Any, dict]:
+        if env_id is not None:
+            raise NotImplementedError(
+                "reset(env_id): resetting some envs is not supported; reset() resets every env"
+            )
         self.async_reset()
         obs, _, _, _, info = self.recv()
         return obs, info

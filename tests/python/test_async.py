@@ -201,3 +201,41 @@ def test_a_sharded_python_engine_reports_its_own_shard_frame():
     assert [e.frame for e in engines] == published
     for e in engines:
         e.close()
+
+
+class _CountResets:
+    """A client that counts its async_reset() calls, forwarding everything."""
+
+    def __init__(self, client):
+        self._client = client
+        self.resets = 0
+
+    def async_reset(self, *args, **kwargs):
+        self.resets += 1
+        return self._client.async_reset(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_envpool_resets_whenever_asked_after_the_first_steps():
+    spy = _CountResets(shmbridge.launch("null", num_envs=8, shards=4))
+    with shmbridge.AsyncEnvPool(batch_size=4, client=spy) as pool:
+        assert spy.resets == 1
+        # Stepping straight away (no async_reset() first), then asking for a reset.
+        act = np.asarray(pool.client.actions)
+        zeros = np.zeros((4,) + act.shape[1:], act.dtype)
+        _, _, _, _, info = pool.recv()
+        pool.send(zeros, info["env_id"])
+        pool.async_reset()
+        assert spy.resets == 2
+        pool.recv()
+        pool.reset()
+        assert spy.resets == 3
+        with pytest.raises(NotImplementedError):
+            pool.reset(env_id=[0])
+    # async_reset() right after the construction is the construction's reset.
+    spy = _CountResets(shmbridge.launch("null", num_envs=8, shards=4))
+    with shmbridge.AsyncEnvPool(batch_size=4, client=spy) as pool:
+        pool.async_reset()
+        assert spy.resets == 1
