@@ -570,7 +570,9 @@ impl Client {
         }
     }
 
-    /// Number of the frame the tensors hold now.
+    /// Number of the frame the tensors hold now. An asynchronous client's shards stand
+    /// at frames of their own: this stays at the last lock-step number (attach's, or the
+    /// last `step`'s) from `async_reset` on.
     pub fn frame(&self) -> u64 {
         self.frame
     }

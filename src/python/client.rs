@@ -793,7 +793,8 @@ impl PyClient {
         &self.device
     }
 
-    /// Number of the frame the tensors hold (0 after attach).
+    /// Number of the frame the tensors hold (0 after attach). After ``async_reset()``
+    /// the shards stand at frames of their own: this keeps the last lock-step number.
     #[getter]
     fn frame(&self, py: Python<'_>) -> PyResult<u64> {
         let core = self.lock()?;
