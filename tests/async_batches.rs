@@ -718,7 +718,7 @@ fn an_action_counter_at_its_maximum_is_refused_at_attach() {
     creator.publish().unwrap();
     joined.publish().unwrap();
     let mapping = creator.map_again().unwrap();
-    let shard = joined.shard().clone();
+    let shard = *joined.shard();
     shmbridge::shard::ShardSlot::new(&mapping, &shard)
         .unwrap()
         .action_seq()
