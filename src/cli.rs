@@ -715,8 +715,15 @@ fn run_inspect(name: &str) -> Result<(), Error> {
                     let u32_at = |o| word::<4>(&bytes, o).map(u32::from_le_bytes);
                     let u64_at = |o| word::<8>(&bytes, o).map(u64::from_le_bytes);
                     let text = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+                    // 1.10: the shard's own action (an asynchronous client's), pending
+                    // while above its frame_seq.
+                    let action = if l.shard_actions {
+                        format!(" action_seq {}", text(u64_at(w.action_seq)))
+                    } else {
+                        String::new()
+                    };
                     println!(
-                        "shard {:<7} envs {}..{} pid {} start {} state {} frame_seq {}",
+                        "shard {:<7} envs {}..{} pid {} start {} state {} frame_seq {}{action}",
                         s.index,
                         s.env_start,
                         s.env_start + s.env_count,

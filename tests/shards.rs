@@ -484,7 +484,11 @@ fn inspect_lists_every_shard() {
             .find(|l| l.starts_with(&format!("shard {k} ")))
             .unwrap_or_else(|| panic!("no line for shard {k}: {text}"));
         assert!(line.contains(&format!("envs {envs} pid {pid} ")), "{line}");
-        assert!(line.contains("state ready frame_seq 0"), "{line}");
+        // 1.10: each shard's own action word too (0: no asynchronous action pending).
+        assert!(
+            line.contains("state ready frame_seq 0 action_seq 0"),
+            "{line}"
+        );
     }
     let region = shard0.name.clone();
     let client = Client::attach(&region, AttachOptions::default()).unwrap();
