@@ -380,6 +380,9 @@ impl Client {
     /// asynchronous client while shards outside its batch step: their engines write and
     /// read their rows now, so these views refuse whole tensors (`OutOfOrder`); use
     /// [`Client::batch_rows`] and [`Client::batch_rows_mut`].
+    // Inlined: a lock-step loop takes these views once per step, and the batch check
+    // (one load: `None` for a lock-step client) is all it adds to them.
+    #[inline(always)]
     pub fn tensors(&mut self) -> Tensors<'_> {
         let stepping = self
             .batches
