@@ -264,6 +264,21 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
     load_model_file(task, &dir.join(task.xml))
 }
 
+/// Turns off MuJoCo's log file, once per process: its default handler appends every
+/// warning (a deprecated model attribute, a client's NaN control: one per env and
+/// episode) to `MUJOCO_LOG.TXT` in the working folder, which is the caller's; warnings
+/// still go to stderr.
+fn quiet_log_file() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use mujoco_rs::wrappers::{log_config, set_log_config};
+        // SAFETY: MuJoCo is used only through models this crate loads, each after this
+        // call: a thread loading one meanwhile waits on `ONCE`, so no other thread is in
+        // MuJoCo while its global log configuration is written.
+        unsafe { set_log_config(log_config().with_logto_file(false)) }
+    });
+}
+
 /// Loads `task`'s model from file `path`; refuses one without what the task reads.
 fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
     let bad = |what: String| {
@@ -275,6 +290,7 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
             false => "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
         }));
     }
+    quiet_log_file();
     let model = MjModel::from_xml(path).map_err(|e| bad(format!("loading: {e}")))?;
     let m = model.ffi();
     let (nq, nv, nu, nbody) = (
@@ -898,6 +914,28 @@ mod tests {
         assert!(e.to_string().contains("not the task's model"), "{e}");
         let e = load_model_from(tasks::task("Ant-v5").unwrap(), &dir).unwrap_err();
         assert!(e.to_string().contains("no such model file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// MuJoCo's warnings (here the deprecated `settotalmass`, which Gymnasium's
+    /// half_cheetah.xml uses) go to stderr only: no `MUJOCO_LOG.TXT` grows in the working
+    /// folder.
+    #[test]
+    fn warnings_write_no_log_file_in_the_working_folder() {
+        let dir = std::env::temp_dir().join(format!("shmbridge-mujoco-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("model.xml");
+        std::fs::write(
+            &model,
+            r#"<mujoco><compiler settotalmass="2"/><worldbody><body><joint name="j" type="slide"/><geom size="0.1"/></body></worldbody>
+               <actuator><motor joint="j"/></actuator></mujoco>"#,
+        )
+        .unwrap();
+        let log = std::env::current_dir().unwrap().join("MUJOCO_LOG.TXT");
+        let size = || std::fs::metadata(&log).map_or(0, |m| m.len());
+        let before = size();
+        load_model_file(&tasks::RAW, &model).unwrap();
+        assert_eq!(size(), before, "{} grew", log.display());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
