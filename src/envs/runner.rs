@@ -120,9 +120,7 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
     };
     let mut env = entry.build_on(envs, &options, Device::Host)?;
     let mut engine = if k == 0 {
-        let whole = entry.build_on(r.num_envs, &r.options, Device::Host)?;
-        let spec = whole.spec().policy(r.policy).name(name).shards(count);
-        Engine::create(spec)?
+        Engine::create(shard_zero_spec(entry, r, name, count)?)?
     } else {
         let options = crate::engine::JoinOptions {
             policy: r.policy,
@@ -151,6 +149,18 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         env.as_mut(),
         r.idle_timeout,
     ))
+}
+
+/// The spec of the region that shard 0 of `count` creates: the whole env's, `name`d,
+/// without building the whole env (its state, threads and renderer beside the shard's).
+fn shard_zero_spec(
+    entry: &Entry,
+    r: &ReferenceEngine,
+    name: &str,
+    count: u32,
+) -> Result<EngineSpec> {
+    let whole = entry.host_spec(r.num_envs, &r.options)?;
+    Ok(whole.policy(r.policy).name(name).shards(count))
 }
 
 /// Whether a shard's env (`spec`, its envs only) has the region's tensors: the same
@@ -258,4 +268,41 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> Sig
         }
     });
     gate
+}
+
+#[cfg(all(test, not(loom), feature = "mujoco"))]
+mod tests {
+    use super::*;
+    use crate::envs::mujoco::{test_model, ENVS_BUILT};
+
+    fn raw(model: &std::path::Path, num_envs: u32) -> ReferenceEngine {
+        ReferenceEngine {
+            env: "mujoco/raw".into(),
+            num_envs,
+            name: None,
+            options: EnvOptions {
+                model: Some(model.to_string_lossy().into_owned()),
+                ..Default::default()
+            },
+            policy: Default::default(),
+            idle_timeout: Duration::ZERO,
+            device: DeviceRequest::Host,
+            cuda_sharing: CudaSharingRequest::Auto,
+            shard: (0, 1),
+        }
+    }
+
+    /// Shard 0 reads the whole region's spec without building the whole env (N more
+    /// MuJoCo states, a second thread pool, a second renderer).
+    #[test]
+    fn shard_zero_builds_no_whole_env_for_the_spec() {
+        let model = test_model("shard-spec", 1, "");
+        let r = raw(&model, 8);
+        let entry = find(&r.env).unwrap();
+        let before = ENVS_BUILT.with(|n| n.get());
+        let spec = shard_zero_spec(entry, &r, "shard-spec", 2).unwrap();
+        assert_eq!(ENVS_BUILT.with(|n| n.get()), before, "envs built for the spec");
+        assert_eq!(spec.tensors.iter().find(|t| t.name == "obs").unwrap().shape, [8, 2]);
+        std::fs::remove_file(&model).unwrap();
+    }
 }

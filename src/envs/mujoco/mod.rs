@@ -377,6 +377,8 @@ fn spec_of(
 impl MujocoEnv {
     /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
     pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
+        #[cfg(all(test, not(loom)))]
+        ENVS_BUILT.with(|n| n.set(n.get() + num_envs));
         let task = task_of(name, options)?;
         let mut model = load_model(&task, options)?;
         let camera = camera_of(&task, &model, options)?;
@@ -891,6 +893,36 @@ impl CommandHandler for MujocoEnv {
             )),
         }
     }
+}
+
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// The envs [`MujocoEnv::new`] built on this thread (what the runner's tests count).
+    pub(crate) static ENVS_BUILT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Writes a model file for the tests, `<temp>/shmbridge-mujoco-<pid>-<tag>.xml`: a body
+/// per actuator on a slide joint with a motor, a camera `c`, and `extra` inside `<mujoco>`.
+#[cfg(all(test, not(loom)))]
+pub(crate) fn test_model(tag: &str, actuators: usize, extra: &str) -> PathBuf {
+    let bodies: String = (0..actuators)
+        .map(|i| format!(r#"<body pos="{i} 0 0"><joint name="j{i}" type="slide"/><geom size="0.1"/></body>"#))
+        .collect();
+    let motors: String = (0..actuators)
+        .map(|i| format!(r#"<motor joint="j{i}"/>"#))
+        .collect();
+    let path = std::env::temp_dir().join(format!(
+        "shmbridge-mujoco-{}-{tag}.xml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &path,
+        format!(
+            r#"<mujoco>{extra}<worldbody><camera name="c" pos="0 -3 0" xyaxes="1 0 0 0 0 1"/>{bodies}</worldbody><actuator>{motors}</actuator></mujoco>"#
+        ),
+    )
+    .unwrap();
+    path
 }
 
 #[cfg(all(test, not(loom)))]
