@@ -87,6 +87,7 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
         &mut engine,
         env.as_mut(),
         r.idle_timeout,
+        &r.env,
     ))
 }
 
@@ -136,18 +137,14 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         )));
     }
     // Every shard builds its env from its own options (a model file, a task): one that
-    // differs from the region's would write rows of another width into its tensors.
-    if let Err(why) = same_tensors(&env.spec(), engine.layout()) {
-        return Err(Error::InvalidSpec(format!(
-            "shard {k} of '{name}' does not serve the region's tensors ({why}): start every \
-             shard with the same --env and options"
-        )));
-    }
+    // differs from the region's is refused (`serve_printing_name`).
+    let who = format!("shard {k} of '{name}'");
     let signals = close_on_signal(engine.map_again()?, (k > 0).then_some(k));
     signals.after(serve_printing_name(
         &mut engine,
         env.as_mut(),
         r.idle_timeout,
+        &who,
     ))
 }
 
@@ -204,8 +201,22 @@ fn serves_host_memory_only(entry: &Entry, r: &ReferenceEngine) -> Result<bool> {
 }
 
 /// [`serve`], printing the region name on stdout once frame 0 is published (what a
-/// launcher waits for); returns the steps served.
-fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration) -> Result<u64> {
+/// launcher waits for); returns the steps served. An env (`who`) without the region's
+/// tensors is refused first: it would write rows of another width into them and index
+/// past their end. A shard's options may differ from the region's, and the host path
+/// sizes the region from one load of a model file and builds the env from another.
+fn serve_printing_name(
+    engine: &mut Engine,
+    env: &mut dyn VecEnv,
+    idle: Duration,
+    who: &str,
+) -> Result<u64> {
+    if let Err(why) = same_tensors(&env.spec(), engine.layout()) {
+        return Err(Error::InvalidSpec(format!(
+            "{who} does not serve the region's tensors ({why}): start every shard with the \
+             same --env and options, and leave the model file unchanged while the engine starts"
+        )));
+    }
     let ServeEnd::ClientClosed { steps } = serve(engine, env, idle, |name| {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -304,5 +315,23 @@ mod tests {
         assert_eq!(ENVS_BUILT.with(|n| n.get()), before, "envs built for the spec");
         assert_eq!(spec.tensors.iter().find(|t| t.name == "obs").unwrap().shape, [8, 2]);
         std::fs::remove_file(&model).unwrap();
+    }
+
+    /// An env whose tensors are not the region's (its model file changed between the
+    /// region's spec and the env's build) is refused before serving, not indexed past
+    /// the region's rows.
+    #[test]
+    fn an_env_that_does_not_match_the_region_is_refused() {
+        let (a, b) = (test_model("match-a", 1, ""), test_model("match-b", 2, ""));
+        let entry = find("mujoco/raw").unwrap();
+        let mut engine = Engine::create(entry.host_spec(2, &raw(&a, 2).options).unwrap()).unwrap();
+        let mut env = entry.build_on(2, &raw(&b, 2).options, Device::Host).unwrap();
+        let e = serve_printing_name(&mut engine, env.as_mut(), Duration::ZERO, "raw").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidSpec(m) if m.contains("does not serve the region's tensors")),
+            "{e}"
+        );
+        std::fs::remove_file(&a).unwrap();
+        std::fs::remove_file(&b).unwrap();
     }
 }
