@@ -39,7 +39,7 @@ use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 use self::camera::Camera;
 use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
-use super::vec_env::{EnvOptions, VecEnv};
+use super::vec_env::{EnvOptions, VecEnv, MAX_CAMERA_SIDE, MAX_THREADS};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
@@ -187,7 +187,8 @@ pub struct MujocoEnv {
 pub const DEFAULT_CAMERA_SIZE: [u64; 2] = [84, 84];
 
 /// The camera asked for in `options` (name and `[H, W]`), checked against `model`: its
-/// id. `camera_size` without `camera` is refused.
+/// id. `camera_size` without `camera`, or with a side outside `1..=MAX_CAMERA_SIDE`, is
+/// refused.
 fn camera_of(
     task: &Task,
     model: &MjModel,
@@ -200,19 +201,34 @@ fn camera_of(
             task.id
         ))),
         (Some(name), size) => {
+            let size = size.unwrap_or(DEFAULT_CAMERA_SIZE);
+            if !size.iter().all(|side| (1..=MAX_CAMERA_SIDE).contains(side)) {
+                return Err(Error::InvalidSpec(format!(
+                    "{PREFIX}{}: camera size {}x{}: each side in 1..={MAX_CAMERA_SIDE}",
+                    task.id, size[0], size[1]
+                )));
+            }
             let id = camera::camera_id(model, task.id, name)?;
-            Ok(Some((
-                name.clone(),
-                size.unwrap_or(DEFAULT_CAMERA_SIZE),
-                id,
-            )))
+            Ok(Some((name.clone(), size, id)))
         }
     }
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`, `mujoco/raw`), truncated at
-/// `options.max_episode_steps` where given, or `InvalidSpec` listing them.
+/// `options.max_episode_steps` where given, or `InvalidSpec` listing them. Also refuses
+/// what the CLI's parser refuses (every face builds through here): `max_episode_steps`
+/// 0, `threads` outside `1..=MAX_THREADS`.
 fn task_of(name: &str, options: &EnvOptions) -> Result<Task> {
+    if options.max_episode_steps == Some(0) {
+        return Err(Error::InvalidSpec(format!(
+            "{name}: max_episode_steps must be at least 1"
+        )));
+    }
+    if let Some(t) = options.threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
+        return Err(Error::InvalidSpec(format!(
+            "{name}: threads {t}: expected 1..={MAX_THREADS}"
+        )));
+    }
     let task = name
         .strip_prefix(PREFIX)
         .and_then(|id| match id {
@@ -928,6 +944,38 @@ pub(crate) fn test_model(tag: &str, actuators: usize, extra: &str) -> PathBuf {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The Rust face refuses what the CLI and Python refuse: a camera side outside
+    /// 1..=4096, `max_episode_steps` 0, `threads` outside 1..=256.
+    #[test]
+    fn options_out_of_range_are_refused() {
+        let model = test_model("ranges", 1, "");
+        let with = |f: &dyn Fn(&mut EnvOptions)| {
+            let mut options = EnvOptions {
+                model: Some(model.to_string_lossy().into_owned()),
+                ..Default::default()
+            };
+            f(&mut options);
+            options
+        };
+        assert!(spec("mujoco/raw", 1, &with(&|_| ())).is_ok());
+        for size in [[5000, 5000], [0, 84], [84, 0], [1 << 32, 1 << 32]] {
+            let options = with(&|o| {
+                o.camera = Some("c".into());
+                o.camera_size = Some(size);
+            });
+            let e = spec("mujoco/raw", 1, &options).unwrap_err();
+            assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("camera size")), "{size:?}: {e}");
+        }
+        let e = spec("mujoco/raw", 1, &with(&|o| o.max_episode_steps = Some(0))).unwrap_err();
+        assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("max_episode_steps")), "{e}");
+        for threads in [0, 257] {
+            let options = with(&|o| o.threads = Some(threads));
+            let e = MujocoEnv::new("mujoco/raw", 1, &options).err().expect("refused");
+            assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("threads")), "{threads}: {e}");
+        }
+        std::fs::remove_file(&model).unwrap();
+    }
 
     /// A model file that is not the task's (one slide joint) is refused, not indexed past
     /// its end.
