@@ -295,7 +295,8 @@ fn quiet_log_file() {
     });
 }
 
-/// Loads `task`'s model from file `path`; refuses one without what the task reads.
+/// Loads `task`'s model from file `path`; refuses one without what the task reads; runs
+/// its initial state forward once.
 fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
     let bad = |what: String| {
         Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
@@ -322,6 +323,13 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
              at least {need_nq} positions, {need_nbody} bodies, one velocity and one actuator"
         )));
     }
+    // One `mj_forward` of the initial state, as each env's first: a model whose arena
+    // (`<size memory>`) overflows there ends the process inside MuJoCo (`mju_error`
+    // exits), here before any region exists (`spec` runs first) rather than after.
+    let mut scratch = MjData::try_new(&model)
+        .map_err(|e| bad(format!("MuJoCo could not allocate its state: {e}")))?;
+    scratch.forward();
+    drop(scratch);
     Ok(model)
 }
 
@@ -922,15 +930,17 @@ thread_local! {
 #[cfg(all(test, not(loom)))]
 pub(crate) fn test_model(tag: &str, actuators: usize, extra: &str) -> PathBuf {
     let bodies: String = (0..actuators)
-        .map(|i| format!(r#"<body pos="{i} 0 0"><joint name="j{i}" type="slide"/><geom size="0.1"/></body>"#))
+        .map(|i| {
+            format!(
+                r#"<body pos="{i} 0 0"><joint name="j{i}" type="slide"/><geom size="0.1"/></body>"#
+            )
+        })
         .collect();
     let motors: String = (0..actuators)
         .map(|i| format!(r#"<motor joint="j{i}"/>"#))
         .collect();
-    let path = std::env::temp_dir().join(format!(
-        "shmbridge-mujoco-{}-{tag}.xml",
-        std::process::id()
-    ));
+    let path =
+        std::env::temp_dir().join(format!("shmbridge-mujoco-{}-{tag}.xml", std::process::id()));
     std::fs::write(
         &path,
         format!(
@@ -965,14 +975,25 @@ mod tests {
                 o.camera_size = Some(size);
             });
             let e = spec("mujoco/raw", 1, &options).unwrap_err();
-            assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("camera size")), "{size:?}: {e}");
+            assert!(
+                matches!(&e, Error::InvalidSpec(m) if m.contains("camera size")),
+                "{size:?}: {e}"
+            );
         }
         let e = spec("mujoco/raw", 1, &with(&|o| o.max_episode_steps = Some(0))).unwrap_err();
-        assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("max_episode_steps")), "{e}");
+        assert!(
+            matches!(&e, Error::InvalidSpec(m) if m.contains("max_episode_steps")),
+            "{e}"
+        );
         for threads in [0, 257] {
             let options = with(&|o| o.threads = Some(threads));
-            let e = MujocoEnv::new("mujoco/raw", 1, &options).err().expect("refused");
-            assert!(matches!(&e, Error::InvalidSpec(m) if m.contains("threads")), "{threads}: {e}");
+            let e = MujocoEnv::new("mujoco/raw", 1, &options)
+                .err()
+                .expect("refused");
+            assert!(
+                matches!(&e, Error::InvalidSpec(m) if m.contains("threads")),
+                "{threads}: {e}"
+            );
         }
         std::fs::remove_file(&model).unwrap();
     }
