@@ -312,8 +312,15 @@ mod tests {
         let entry = find(&r.env).unwrap();
         let before = ENVS_BUILT.with(|n| n.get());
         let spec = shard_zero_spec(entry, &r, "shard-spec", 2).unwrap();
-        assert_eq!(ENVS_BUILT.with(|n| n.get()), before, "envs built for the spec");
-        assert_eq!(spec.tensors.iter().find(|t| t.name == "obs").unwrap().shape, [8, 2]);
+        assert_eq!(
+            ENVS_BUILT.with(|n| n.get()),
+            before,
+            "envs built for the spec"
+        );
+        assert_eq!(
+            spec.tensors.iter().find(|t| t.name == "obs").unwrap().shape,
+            [8, 2]
+        );
         std::fs::remove_file(&model).unwrap();
     }
 
@@ -325,7 +332,9 @@ mod tests {
         let (a, b) = (test_model("match-a", 1, ""), test_model("match-b", 2, ""));
         let entry = find("mujoco/raw").unwrap();
         let mut engine = Engine::create(entry.host_spec(2, &raw(&a, 2).options).unwrap()).unwrap();
-        let mut env = entry.build_on(2, &raw(&b, 2).options, Device::Host).unwrap();
+        let mut env = entry
+            .build_on(2, &raw(&b, 2).options, Device::Host)
+            .unwrap();
         let e = serve_printing_name(&mut engine, env.as_mut(), Duration::ZERO, "raw").unwrap_err();
         assert!(
             matches!(&e, Error::InvalidSpec(m) if m.contains("does not serve the region's tensors")),
