@@ -163,7 +163,7 @@ struct EngineArgs {
     #[arg(long, value_parser = ["host", "vulkan"])]
     image_device: Option<String>,
     /// mujoco/<Task>: threads that step a shard's envs, each a contiguous slice (default 1).
-    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=i64::from(envs::MAX_THREADS)))]
     threads: Option<u32>,
     /// mujoco/<Task>: serve `rgb`, uint8 (num_envs, H, W, 3): each env's view through
     /// this named camera of the model, rendered by MuJoCo (docs/mujoco.md).

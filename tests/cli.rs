@@ -239,3 +239,49 @@ fn a_shard_with_other_tensors_than_the_regions_is_refused() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A MuJoCo model whose arena overflows at rest (ten boxes in one place: their contacts
+/// need more than `<size memory="8K"/>`; the model compiles, its first `mj_forward`
+/// overflows) ends the engine inside MuJoCo (`mju_error` exits the process, no destructor
+/// runs), but before any region exists: nothing is left in /dev/shm.
+#[cfg(feature = "mujoco")]
+#[test]
+fn a_mujoco_model_that_overflows_at_rest_leaves_no_region() {
+    common::own_namespace();
+    let name = common::ns_name("overflow");
+    let model = std::env::temp_dir().join(format!("shmbridge-overflow-{}.xml", std::process::id()));
+    std::fs::write(
+        &model,
+        format!(
+            r#"<mujoco><size memory="8K"/><worldbody><geom type="plane" size="5 5 0.1"/>{}
+               <body><joint name="j" type="hinge"/><geom size="0.1" pos="0 0 -0.5"/></body>
+               </worldbody><actuator><motor joint="j"/></actuator></mujoco>"#,
+            r#"<body pos="0 0 0.05"><freejoint/><geom type="box" size="0.1 0.1 0.1"/></body>"#
+                .repeat(10)
+        ),
+    )
+    .unwrap();
+    let out = common::in_namespace(std::process::Command::new(common::BIN))
+        .args([
+            "engine",
+            "--env",
+            "mujoco/raw",
+            "--num-envs",
+            "1",
+            "--name",
+            &name,
+        ])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&model).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "served: {err}");
+    assert!(err.contains("stack overflow"), "{err}");
+    let left = shm_exists(&name);
+    if left {
+        let _ = std::fs::remove_file(common::shm_path(&name));
+    }
+    assert!(!left, "the region was left behind");
+}

@@ -32,4 +32,5 @@ pub use registry::{
 pub use runner::{run_reference, ReferenceEngine};
 pub use vec_env::{
     parse_camera_size, parse_image_shape, serve, EnvCommands, EnvOptions, ServeEnd, VecEnv,
+    MAX_CAMERA_SIDE, MAX_THREADS,
 };

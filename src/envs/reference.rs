@@ -63,11 +63,11 @@ impl Entry {
             description: R::DESCRIPTION,
             spec: |n, flags| R::spec(n, &R::options(flags)),
             build: |n, flags| R::build(n, &R::options(flags)),
+            // `CudaUnavailable`, so that `--device auto` falls back to host memory.
             build_on_cuda: |_, _, _| {
-                Err(Error::InvalidSpec(format!(
-                    "{} steps on the host only (--device cpu)",
-                    R::NAME
-                )))
+                Err(Error::CudaUnavailable {
+                    reason: format!("{} steps on the host only (--device cpu)", R::NAME),
+                })
             },
         }
     }
@@ -106,6 +106,30 @@ impl Entry {
                  (--image-device vulkan)"
                     .into(),
             )),
+        }
+    }
+}
+
+#[cfg(all(test, not(loom), feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// A host-only engine asked to step on CUDA answers `CudaUnavailable`, the error
+    /// `device="auto"` falls back to host memory on, not `InvalidSpec` (which would end
+    /// an `auto` start on a machine where CUDA works).
+    #[test]
+    fn a_host_only_engine_on_cuda_is_cuda_unavailable() {
+        let cuda = Device::Cuda(crate::device::CudaDevice {
+            ordinal: 0,
+            uuid: [0; 16],
+        });
+        let entry = crate::envs::registry::find("pixels").unwrap();
+        match entry.build_on(1, &EnvOptions::default(), cuda) {
+            Ok(_) => panic!("pixels built on CUDA"),
+            Err(Error::CudaUnavailable { reason }) => {
+                assert!(reason.contains("pixels steps on the host only"), "{reason}")
+            }
+            Err(e) => panic!("not CudaUnavailable: {e}"),
         }
     }
 }

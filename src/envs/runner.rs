@@ -87,6 +87,7 @@ pub fn run_reference(r: &ReferenceEngine) -> Result<u64> {
         &mut engine,
         env.as_mut(),
         r.idle_timeout,
+        &r.env,
     ))
 }
 
@@ -120,9 +121,7 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
     };
     let mut env = entry.build_on(envs, &options, Device::Host)?;
     let mut engine = if k == 0 {
-        let whole = entry.build_on(r.num_envs, &r.options, Device::Host)?;
-        let spec = whole.spec().policy(r.policy).name(name).shards(count);
-        Engine::create(spec)?
+        Engine::create(shard_zero_spec(entry, r, name, count)?)?
     } else {
         let options = crate::engine::JoinOptions {
             policy: r.policy,
@@ -138,19 +137,27 @@ fn run_reference_shard(r: &ReferenceEngine) -> Result<u64> {
         )));
     }
     // Every shard builds its env from its own options (a model file, a task): one that
-    // differs from the region's would write rows of another width into its tensors.
-    if let Err(why) = same_tensors(&env.spec(), engine.layout()) {
-        return Err(Error::InvalidSpec(format!(
-            "shard {k} of '{name}' does not serve the region's tensors ({why}): start every \
-             shard with the same --env and options"
-        )));
-    }
+    // differs from the region's is refused (`serve_printing_name`).
+    let who = format!("shard {k} of '{name}'");
     let signals = close_on_signal(engine.map_again()?, (k > 0).then_some(k));
     signals.after(serve_printing_name(
         &mut engine,
         env.as_mut(),
         r.idle_timeout,
+        &who,
     ))
+}
+
+/// The spec of the region that shard 0 of `count` creates: the whole env's, `name`d,
+/// without building the whole env (its state, threads and renderer beside the shard's).
+fn shard_zero_spec(
+    entry: &Entry,
+    r: &ReferenceEngine,
+    name: &str,
+    count: u32,
+) -> Result<EngineSpec> {
+    let whole = entry.host_spec(r.num_envs, &r.options)?;
+    Ok(whole.policy(r.policy).name(name).shards(count))
 }
 
 /// Whether a shard's env (`spec`, its envs only) has the region's tensors: the same
@@ -194,8 +201,22 @@ fn serves_host_memory_only(entry: &Entry, r: &ReferenceEngine) -> Result<bool> {
 }
 
 /// [`serve`], printing the region name on stdout once frame 0 is published (what a
-/// launcher waits for); returns the steps served.
-fn serve_printing_name(engine: &mut Engine, env: &mut dyn VecEnv, idle: Duration) -> Result<u64> {
+/// launcher waits for); returns the steps served. An env (`who`) without the region's
+/// tensors is refused first: it would write rows of another width into them and index
+/// past their end. A shard's options may differ from the region's, and the host path
+/// sizes the region from one load of a model file and builds the env from another.
+fn serve_printing_name(
+    engine: &mut Engine,
+    env: &mut dyn VecEnv,
+    idle: Duration,
+    who: &str,
+) -> Result<u64> {
+    if let Err(why) = same_tensors(&env.spec(), engine.layout()) {
+        return Err(Error::InvalidSpec(format!(
+            "{who} does not serve the region's tensors ({why}): start every shard with the \
+             same --env and options, and leave the model file unchanged while the engine starts"
+        )));
+    }
     let ServeEnd::ClientClosed { steps } = serve(engine, env, idle, |name| {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -258,4 +279,68 @@ fn close_on_signal(own: crate::region::Region, joined_shard: Option<u32>) -> Sig
         }
     });
     gate
+}
+
+#[cfg(all(test, not(loom), feature = "mujoco"))]
+mod tests {
+    use super::*;
+    use crate::envs::mujoco::{test_model, ENVS_BUILT};
+
+    fn raw(model: &std::path::Path, num_envs: u32) -> ReferenceEngine {
+        ReferenceEngine {
+            env: "mujoco/raw".into(),
+            num_envs,
+            name: None,
+            options: EnvOptions {
+                model: Some(model.to_string_lossy().into_owned()),
+                ..Default::default()
+            },
+            policy: Default::default(),
+            idle_timeout: Duration::ZERO,
+            device: DeviceRequest::Host,
+            cuda_sharing: CudaSharingRequest::Auto,
+            shard: (0, 1),
+        }
+    }
+
+    /// Shard 0 reads the whole region's spec without building the whole env (N more
+    /// MuJoCo states, a second thread pool, a second renderer).
+    #[test]
+    fn shard_zero_builds_no_whole_env_for_the_spec() {
+        let model = test_model("shard-spec", 1, "");
+        let r = raw(&model, 8);
+        let entry = find(&r.env).unwrap();
+        let before = ENVS_BUILT.with(|n| n.get());
+        let spec = shard_zero_spec(entry, &r, "shard-spec", 2).unwrap();
+        assert_eq!(
+            ENVS_BUILT.with(|n| n.get()),
+            before,
+            "envs built for the spec"
+        );
+        assert_eq!(
+            spec.tensors.iter().find(|t| t.name == "obs").unwrap().shape,
+            [8, 2]
+        );
+        std::fs::remove_file(&model).unwrap();
+    }
+
+    /// An env whose tensors are not the region's (its model file changed between the
+    /// region's spec and the env's build) is refused before serving, not indexed past
+    /// the region's rows.
+    #[test]
+    fn an_env_that_does_not_match_the_region_is_refused() {
+        let (a, b) = (test_model("match-a", 1, ""), test_model("match-b", 2, ""));
+        let entry = find("mujoco/raw").unwrap();
+        let mut engine = Engine::create(entry.host_spec(2, &raw(&a, 2).options).unwrap()).unwrap();
+        let mut env = entry
+            .build_on(2, &raw(&b, 2).options, Device::Host)
+            .unwrap();
+        let e = serve_printing_name(&mut engine, env.as_mut(), Duration::ZERO, "raw").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidSpec(m) if m.contains("does not serve the region's tensors")),
+            "{e}"
+        );
+        std::fs::remove_file(&a).unwrap();
+        std::fs::remove_file(&b).unwrap();
+    }
 }

@@ -132,6 +132,9 @@ pub fn parse_image_shape(text: &str) -> Result<[u64; 3]> {
 /// The largest side of a `mujoco/<Task>` camera image.
 pub const MAX_CAMERA_SIDE: u64 = 4096;
 
+/// The most threads a `mujoco/<Task>` engine steps with (`EnvOptions::threads`).
+pub const MAX_THREADS: u32 = 256;
+
 /// Parses a camera image size written `HxW` (e.g. `84x84`), each side in
 /// `1..=MAX_CAMERA_SIDE`.
 pub fn parse_camera_size(text: &str) -> Result<[u64; 2]> {

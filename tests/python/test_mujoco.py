@@ -229,6 +229,28 @@ def test_hostile_actions_do_not_stop_the_engine() -> None:
         assert np.isfinite(np.asarray(client.obs)).all()
 
 
+def test_warnings_leave_no_log_file_and_raw_rewards_zero_for_bad_actions(tmp_path, monkeypatch) -> None:
+    """MuJoCo's warnings go to the engine's stderr only: HalfCheetah's model (its
+    deprecated ``settotalmass``) and a client's NaN controls, at every episode, leave no
+    ``MUJOCO_LOG.TXT`` in the caller's working folder. ``mujoco/raw`` (no control cost)
+    rewards a NaN or infinite action with 0, not NaN."""
+    path = tmp_path / "cart_pole.xml"
+    path.write_text(RAW_XML)
+    monkeypatch.chdir(tmp_path)
+    launch_mujoco("HalfCheetah-v5", 2).close()
+    with shmbridge.launch("mujoco/raw", num_envs=2, model=str(path)) as client:
+        bad = np.array([[np.nan, 0], [np.inf, -np.inf]], np.float32)
+        mask = np.asarray(client.reset_mask)
+        for _ in range(3):
+            # A reset clears MuJoCo's count of warnings: each episode's NaN warns again.
+            mask[:] = True
+            client.step(np.zeros((2, 2), np.float32))
+            mask[:] = False
+            _, rewards, _, _ = client.step(bad)
+            assert np.asarray(rewards).tolist() == [0.0, 0.0]
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
 def test_sharded_engines_serve_their_own_envs() -> None:
     with launch_mujoco("HalfCheetah-v5", 4, shards=2, seed=5) as client:
         assert client.shards == [(0, 2), (2, 4)]

@@ -39,7 +39,7 @@ use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 use self::camera::Camera;
 use self::numpy_random::NumpyRandom;
 use self::tasks::{Position, ResetNoise, State, Task};
-use super::vec_env::{EnvOptions, VecEnv};
+use super::vec_env::{EnvOptions, VecEnv, MAX_CAMERA_SIDE, MAX_THREADS};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
@@ -187,7 +187,8 @@ pub struct MujocoEnv {
 pub const DEFAULT_CAMERA_SIZE: [u64; 2] = [84, 84];
 
 /// The camera asked for in `options` (name and `[H, W]`), checked against `model`: its
-/// id. `camera_size` without `camera` is refused.
+/// id. `camera_size` without `camera`, or with a side outside `1..=MAX_CAMERA_SIDE`, is
+/// refused.
 fn camera_of(
     task: &Task,
     model: &MjModel,
@@ -200,19 +201,34 @@ fn camera_of(
             task.id
         ))),
         (Some(name), size) => {
+            let size = size.unwrap_or(DEFAULT_CAMERA_SIZE);
+            if !size.iter().all(|side| (1..=MAX_CAMERA_SIDE).contains(side)) {
+                return Err(Error::InvalidSpec(format!(
+                    "{PREFIX}{}: camera size {}x{}: each side in 1..={MAX_CAMERA_SIDE}",
+                    task.id, size[0], size[1]
+                )));
+            }
             let id = camera::camera_id(model, task.id, name)?;
-            Ok(Some((
-                name.clone(),
-                size.unwrap_or(DEFAULT_CAMERA_SIZE),
-                id,
-            )))
+            Ok(Some((name.clone(), size, id)))
         }
     }
 }
 
 /// The task of engine `name` (`mujoco/HalfCheetah-v5`, `mujoco/raw`), truncated at
-/// `options.max_episode_steps` where given, or `InvalidSpec` listing them.
+/// `options.max_episode_steps` where given, or `InvalidSpec` listing them. Also refuses
+/// what the CLI's parser refuses (every face builds through here): `max_episode_steps`
+/// 0, `threads` outside `1..=MAX_THREADS`.
 fn task_of(name: &str, options: &EnvOptions) -> Result<Task> {
+    if options.max_episode_steps == Some(0) {
+        return Err(Error::InvalidSpec(format!(
+            "{name}: max_episode_steps must be at least 1"
+        )));
+    }
+    if let Some(t) = options.threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
+        return Err(Error::InvalidSpec(format!(
+            "{name}: threads {t}: expected 1..={MAX_THREADS}"
+        )));
+    }
     let task = name
         .strip_prefix(PREFIX)
         .and_then(|id| match id {
@@ -264,7 +280,23 @@ fn load_model_from(task: &Task, dir: &std::path::Path) -> Result<MjModel> {
     load_model_file(task, &dir.join(task.xml))
 }
 
-/// Loads `task`'s model from file `path`; refuses one without what the task reads.
+/// Turns off MuJoCo's log file, once per process: its default handler appends every
+/// warning (a deprecated model attribute, a client's NaN control: one per env and
+/// episode) to `MUJOCO_LOG.TXT` in the working folder, which is the caller's; warnings
+/// still go to stderr.
+fn quiet_log_file() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use mujoco_rs::wrappers::{log_config, set_log_config};
+        // SAFETY: MuJoCo is used only through models this crate loads, each after this
+        // call: a thread loading one meanwhile waits on `ONCE`, so no other thread is in
+        // MuJoCo while its global log configuration is written.
+        unsafe { set_log_config(log_config().with_logto_file(false)) }
+    });
+}
+
+/// Loads `task`'s model from file `path`; refuses one without what the task reads; runs
+/// its initial state forward once.
 fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
     let bad = |what: String| {
         Error::InvalidSpec(format!("{PREFIX}{}: {}: {what}", task.id, path.display()))
@@ -275,6 +307,7 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
             false => "no such model file (is gymnasium[mujoco] >= 1.0 installed?)".into(),
         }));
     }
+    quiet_log_file();
     let model = MjModel::from_xml(path).map_err(|e| bad(format!("loading: {e}")))?;
     let m = model.ffi();
     let (nq, nv, nu, nbody) = (
@@ -290,6 +323,13 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
              at least {need_nq} positions, {need_nbody} bodies, one velocity and one actuator"
         )));
     }
+    // One `mj_forward` of the initial state, as each env's first: a model whose arena
+    // (`<size memory>`) overflows there ends the process inside MuJoCo (`mju_error`
+    // exits), here before any region exists (`spec` runs first) rather than after.
+    let mut scratch = MjData::try_new(&model)
+        .map_err(|e| bad(format!("MuJoCo could not allocate its state: {e}")))?;
+    scratch.forward();
+    drop(scratch);
     Ok(model)
 }
 
@@ -361,6 +401,8 @@ fn spec_of(
 impl MujocoEnv {
     /// `num_envs` envs of engine `name`, env `i` seeded with `seed + first_env + i`.
     pub fn new(name: &str, num_envs: u32, options: &EnvOptions) -> Result<Self> {
+        #[cfg(all(test, not(loom)))]
+        ENVS_BUILT.with(|n| n.set(n.get() + num_envs));
         let task = task_of(name, options)?;
         let mut model = load_model(&task, options)?;
         let camera = camera_of(&task, &model, options)?;
@@ -878,8 +920,83 @@ impl CommandHandler for MujocoEnv {
 }
 
 #[cfg(all(test, not(loom)))]
+thread_local! {
+    /// The envs [`MujocoEnv::new`] built on this thread (what the runner's tests count).
+    pub(crate) static ENVS_BUILT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Writes a model file for the tests, `<temp>/shmbridge-mujoco-<pid>-<tag>.xml`: a body
+/// per actuator on a slide joint with a motor, a camera `c`, and `extra` inside `<mujoco>`.
+#[cfg(all(test, not(loom)))]
+pub(crate) fn test_model(tag: &str, actuators: usize, extra: &str) -> PathBuf {
+    let bodies: String = (0..actuators)
+        .map(|i| {
+            format!(
+                r#"<body pos="{i} 0 0"><joint name="j{i}" type="slide"/><geom size="0.1"/></body>"#
+            )
+        })
+        .collect();
+    let motors: String = (0..actuators)
+        .map(|i| format!(r#"<motor joint="j{i}"/>"#))
+        .collect();
+    let path =
+        std::env::temp_dir().join(format!("shmbridge-mujoco-{}-{tag}.xml", std::process::id()));
+    std::fs::write(
+        &path,
+        format!(
+            r#"<mujoco>{extra}<worldbody><camera name="c" pos="0 -3 0" xyaxes="1 0 0 0 0 1"/>{bodies}</worldbody><actuator>{motors}</actuator></mujoco>"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The Rust face refuses what the CLI and Python refuse: a camera side outside
+    /// 1..=4096, `max_episode_steps` 0, `threads` outside 1..=256.
+    #[test]
+    fn options_out_of_range_are_refused() {
+        let model = test_model("ranges", 1, "");
+        let with = |f: &dyn Fn(&mut EnvOptions)| {
+            let mut options = EnvOptions {
+                model: Some(model.to_string_lossy().into_owned()),
+                ..Default::default()
+            };
+            f(&mut options);
+            options
+        };
+        assert!(spec("mujoco/raw", 1, &with(&|_| ())).is_ok());
+        for size in [[5000, 5000], [0, 84], [84, 0], [1 << 32, 1 << 32]] {
+            let options = with(&|o| {
+                o.camera = Some("c".into());
+                o.camera_size = Some(size);
+            });
+            let e = spec("mujoco/raw", 1, &options).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidSpec(m) if m.contains("camera size")),
+                "{size:?}: {e}"
+            );
+        }
+        let e = spec("mujoco/raw", 1, &with(&|o| o.max_episode_steps = Some(0))).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidSpec(m) if m.contains("max_episode_steps")),
+            "{e}"
+        );
+        for threads in [0, 257] {
+            let options = with(&|o| o.threads = Some(threads));
+            let e = MujocoEnv::new("mujoco/raw", 1, &options)
+                .err()
+                .expect("refused");
+            assert!(
+                matches!(&e, Error::InvalidSpec(m) if m.contains("threads")),
+                "{threads}: {e}"
+            );
+        }
+        std::fs::remove_file(&model).unwrap();
+    }
 
     /// A model file that is not the task's (one slide joint) is refused, not indexed past
     /// its end.
@@ -898,6 +1015,28 @@ mod tests {
         assert!(e.to_string().contains("not the task's model"), "{e}");
         let e = load_model_from(tasks::task("Ant-v5").unwrap(), &dir).unwrap_err();
         assert!(e.to_string().contains("no such model file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// MuJoCo's warnings (here the deprecated `settotalmass`, which Gymnasium's
+    /// half_cheetah.xml uses) go to stderr only: no `MUJOCO_LOG.TXT` grows in the working
+    /// folder.
+    #[test]
+    fn warnings_write_no_log_file_in_the_working_folder() {
+        let dir = std::env::temp_dir().join(format!("shmbridge-mujoco-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("model.xml");
+        std::fs::write(
+            &model,
+            r#"<mujoco><compiler settotalmass="2"/><worldbody><body><joint name="j" type="slide"/><geom size="0.1"/></body></worldbody>
+               <actuator><motor joint="j"/></actuator></mujoco>"#,
+        )
+        .unwrap();
+        let log = std::env::current_dir().unwrap().join("MUJOCO_LOG.TXT");
+        let size = || std::fs::metadata(&log).map_or(0, |m| m.len());
+        let before = size();
+        load_model_file(&tasks::RAW, &model).unwrap();
+        assert_eq!(size(), before, "{} grew", log.display());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

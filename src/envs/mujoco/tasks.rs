@@ -355,8 +355,13 @@ impl Task {
         s: &State<'_>,
     ) -> (f64, bool) {
         let (qpos, qvel) = (s.qpos, s.qvel);
-        let ctrl_cost =
-            self.ctrl_cost_weight * action.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>();
+        // Without a control cost (`mujoco/raw`), none: `0 * NaN` of a non-finite action
+        // would be a NaN reward.
+        let ctrl_cost = if self.ctrl_cost_weight != 0.0 {
+            self.ctrl_cost_weight * action.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>()
+        } else {
+            0.0
+        };
         let forward = if self.forward_weight != 0.0 {
             self.forward_weight * ((x_after - x_before) / dt)
         } else {
@@ -436,6 +441,16 @@ mod tests {
         // A velocity out of the state range ends it too.
         let fast = [0.0, 0.0, 0.0, 200.0, 0.0, 0.0];
         assert!(step(&up, &fast).1);
+    }
+
+    /// `mujoco/raw` has no control cost: a non-finite action (which MuJoCo zeroes) gives
+    /// reward 0, not `0 * NaN`.
+    #[test]
+    fn raw_rewards_zero_for_a_non_finite_action() {
+        let state = joints(&[0.0], &[0.0]);
+        for action in [[f32::NAN, 0.0], [f32::INFINITY, f32::NEG_INFINITY]] {
+            assert_eq!(RAW.outcome(0.0, 0.0, 0.01, &action, &state), (0.0, false));
+        }
     }
 
     #[test]
