@@ -256,6 +256,16 @@ ensure_libfuzzer() {
     fi
 }
 
+# renice_tree PRIO PID: PID and the processes below it to niceness PRIO (what they start
+# from then on inherits it). Raising a priority needs root: elsewhere nothing changes.
+renice_tree() {
+    local prio=$1 pid=$2 child
+    renice -n "$prio" -p "$pid" >/dev/null 2>&1 || return 0
+    for child in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+        renice_tree "$prio" "$child"
+    done
+}
+
 # unshare (util-linux) and ip (iproute2), for the tests that run engine and learner in
 # namespaces of their own (tests/containers.rs, tests/python/test_containers.py) and two
 # "nodes" joined by a veth pair (tests/python/test_multinode.py).

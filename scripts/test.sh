@@ -168,6 +168,9 @@ bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
 step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all"
 # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
 # without a sanitizer: scripts/fuzz.sh says which.
+# Still building (a machine busy with other work): at normal priority from here, where
+# it can (root).
+renice_tree 0 "$fuzz_build_pid"
 if ! wait "$fuzz_build_pid"; then
     cat target/fuzz-build.log >&2
     echo "error: building the fuzz targets failed (above)" >&2
