@@ -6,6 +6,7 @@ pattern, a private /dev/shm."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import signal
 import time
@@ -47,6 +48,12 @@ def region_namespace(monkeypatch):
     # The regions of the engines the test killed: no later engine start of this
     # namespace would sweep them. A live engine's region stays (no_region_left sees it).
     shmbridge.gc()
+
+
+# Where CartPole ends an episode: |x| > 2.4 or |theta| > 12 degrees (Gymnasium's
+# `theta_threshold_radians`, 0.2094...; not 0.2095). Less a margin for the float32 of an
+# observation of a state just past a bound.
+CARTPOLE_BOUNDS = (2.4 - 1e-6, 12 * 2 * math.pi / 360 - 1e-6)
 
 
 def regions() -> set:

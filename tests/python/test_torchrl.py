@@ -19,7 +19,7 @@ pytest.importorskip("torchrl")
 from tensordict import TensorDict  # noqa: E402
 from torchrl.envs.utils import check_env_specs  # noqa: E402
 
-from conftest import doc_example  # noqa: E402
+from conftest import CARTPOLE_BOUNDS, doc_example  # noqa: E402
 from shmbridge.gym import ShmVectorEnv  # noqa: E402
 from shmbridge.integrations.torchrl import TorchRLEnv  # noqa: E402
 
@@ -171,7 +171,7 @@ def test_next_step_engine_finished_envs_are_reset_by_torchrl():
     assert done.sum() > 4
     for i, k in done[:, :-1].nonzero().tolist():
         last = rollout["next", "observation"][i, k]
-        assert abs(last[0]) > 2.4 or abs(last[2]) > 0.2095, (i, k, last)
+        assert abs(last[0]) > CARTPOLE_BOUNDS[0] or abs(last[2]) > CARTPOLE_BOUNDS[1], (i, k, last)
         assert (rollout["observation"][i, k + 1].abs() < 0.05).all(), (i, k)
         assert rollout["next", "reward"][i, k + 1] == 1.0  # a real step, not a reset step
 

@@ -141,13 +141,22 @@ def test_the_page_shows_frames_and_plots_and_follows_the_engine(tmp_path):
         # The page shows a frame's number once its image has decoded (a busy machine may
         # decode after more frames arrived: the newest waits, the others are dropped).
         wait.until(lambda b: text("frame-number").isdigit())
-        pixels_of = ("const i = document.getElementById('frame'); const c = document.createElement('canvas');"
+        # The frame shown: its width and pixels (null while the image holds none: a page
+        # that never shows a frame fails the wait below).
+        pixels_of = ("const i = document.getElementById('frame');"
+                     "if (!i.complete || i.naturalWidth === 0) return null;"
+                     "const c = document.createElement('canvas');"
                      "c.width = i.naturalWidth; c.height = i.naturalHeight;"
                      "c.getContext('2d').drawImage(i, 0, 0); return [i.naturalWidth, c.toDataURL()];")
-        width, first = browser.execute_script(pixels_of)
+        width, first = wait.until(lambda b: b.execute_script(pixels_of))
         assert width == 4 * 84, "the first 16 envs, 4 by 4"
         first_frame = number("frame-number")
-        wait.until(lambda b: number("frame-number") > first_frame and browser.execute_script(pixels_of)[1] != first)
+
+        def a_later_frame_with_other_pixels(b):
+            shown = b.execute_script(pixels_of)
+            return number("frame-number") > first_frame and shown is not None and shown[1] != first
+
+        wait.until(a_later_frame_with_other_pixels)
         # The plots grow: returns (once episodes end) and steps per second.
         points = number("return-points"), number("sps-points")
         wait.until(lambda b: number("episodes") > 0)
