@@ -386,30 +386,7 @@ mod cuda_backend {
     /// its file descriptor over the region's fd socket (1.9): the same contract.
     pub struct Cuda<const FD: bool>;
 
-    /// The bytes of the client's CUDA tensor `name` in the current frame: a stream waits
-    /// on the engine's frame, then copies the client's import (however it was shared)
-    /// into an allocation of its own, read back.
-    pub fn fetch(client: &Client, name: &str) -> Vec<u8> {
-        let cuda = client.backend().as_cuda().unwrap();
-        let s = Stream::create(cuda.context()).unwrap();
-        cuda.wait_frame_on(&s).unwrap();
-        let (_, t) = client.layout().tensor(name).unwrap();
-        let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
-        // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
-        // checked at attach) and `local`; ordered after the engine's frame on `s`.
-        unsafe {
-            s.copy_dtod(
-                local.ptr(),
-                client.device_ptr(name).unwrap(),
-                t.nbytes as usize,
-            )
-        }
-        .unwrap();
-        s.synchronize().unwrap();
-        let mut out = vec![0u8; t.nbytes as usize];
-        local.read(0, &mut out).unwrap();
-        out
-    }
+    pub use crate::common::fetch;
 
     impl<const FD: bool> super::Backend for Cuda<FD> {
         fn unavailable() -> Option<String> {

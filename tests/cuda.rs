@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{f32s, next_random};
+use common::{f32s, fetch, next_random};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -1073,34 +1073,6 @@ fn finish(client: Client, engine: common::EngineProc, device_line: &str) {
     let (status, stderr) = engine.finish();
     assert!(status.success(), "{status}: {stderr}");
     assert!(stderr.contains(device_line), "{stderr}");
-}
-
-/// The bytes of the client's CUDA tensor `name` in the current frame (or after the last
-/// command reply): a stream waits on the engine's publication (its event; nothing for
-/// memory shared by fd, ordered on the host), copies the tensor from the client's import
-/// into a buffer of its own, and the bytes are read from there. Whichever way the engine
-/// shares its memory (`cuda_sharing` auto may take fd where the engine runs in a
-/// container).
-fn fetch(client: &Client, name: &str) -> Vec<u8> {
-    let cuda = client.backend().as_cuda().unwrap();
-    let s = Stream::create(cuda.context()).unwrap();
-    cuda.wait_frame_on(&s).unwrap();
-    let (_, t) = client.layout().tensor(name).unwrap();
-    let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
-    // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
-    // checked at attach) and `local`; ordered after the engine's publication on `s`.
-    unsafe {
-        s.copy_dtod(
-            local.ptr(),
-            client.device_ptr(name).unwrap(),
-            t.nbytes as usize,
-        )
-    }
-    .unwrap();
-    s.synchronize().unwrap();
-    let mut out = vec![0u8; t.nbytes as usize];
-    local.read(0, &mut out).unwrap();
-    out
 }
 
 /// Writes client→engine CUDA tensors from host bytes and steps: staged in a device

@@ -309,3 +309,33 @@ pub fn assert_no_crash(what: &str, out: &std::process::Output) {
         out.status
     );
 }
+
+#[cfg(feature = "cuda")]
+/// The bytes of the client's CUDA tensor `name` in the current frame (or after the last
+/// command reply): a stream waits on the engine's publication (its event; nothing for
+/// memory shared by fd, ordered on the host), copies the tensor from the client's import
+/// into a buffer of its own, and the bytes are read from there. Whichever way the engine
+/// shares its memory (`cuda_sharing` auto may take fd where the engine runs in a
+/// container).
+pub fn fetch(client: &shmbridge::Client, name: &str) -> Vec<u8> {
+    use shmbridge::device::cuda::driver::{DeviceAllocation, Stream};
+    let cuda = client.backend().as_cuda().unwrap();
+    let s = Stream::create(cuda.context()).unwrap();
+    cuda.wait_frame_on(&s).unwrap();
+    let (_, t) = client.layout().tensor(name).unwrap();
+    let local = DeviceAllocation::new(cuda.context(), t.nbytes as usize).unwrap();
+    // SAFETY: both spans are `t.nbytes` long: the client's tensor (its import, span
+    // checked at attach) and `local`; ordered after the engine's publication on `s`.
+    unsafe {
+        s.copy_dtod(
+            local.ptr(),
+            client.device_ptr(name).unwrap(),
+            t.nbytes as usize,
+        )
+    }
+    .unwrap();
+    s.synchronize().unwrap();
+    let mut out = vec![0u8; t.nbytes as usize];
+    local.read(0, &mut out).unwrap();
+    out
+}
