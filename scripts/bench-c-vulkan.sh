@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 ensure_rust
 ensure_vulkan
 ensure_vulkan_dev
-cargo build --locked --release -q -p shmbridge-capi
+# The features of the library as installed (scripts/install-c.sh): the same build.
+cargo build --locked --release -q -p shmbridge-capi --features cuda
 lib=$PWD/target/release
 out=$lib/c
 mkdir -p "$out"

@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_rust
-cargo build --locked --release -q -p shmbridge-capi
+# The features of the library as installed (scripts/install-c.sh): the same build.
+cargo build --locked --release -q -p shmbridge-capi --features cuda
 lib=$PWD/target/release
 mkdir -p target/release/c
 cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Iinclude examples/c/null_engine.c \

@@ -98,23 +98,26 @@ for target in "${targets[@]}"; do
     "${fuzz[@]}" build "${fuzz_opts[@]}" "$target"
 done
 
-# Runs the fuzzer on TARGET, its output in /tmp/shmbridge-fuzz-TARGET.log; writes its exit
-# status and seconds to the .status file beside it.
+# Runs the fuzzer on TARGET, its output in target/fuzz-logs/TARGET.log (this clone's: two
+# runs on one machine keep apart); writes its exit status and seconds to the .status file
+# beside it.
+logs=$PWD/target/fuzz-logs
+mkdir -p "$logs"
 run_target() {
     local target=$1 started status=0
     started=$(date +%s)
     "${fuzz[@]}" run "${fuzz_opts[@]}" "$target" "fuzz/corpus/$target" -- \
         "${limit[@]}" -rss_limit_mb=2048 -print_final_stats=1 \
-        > "/tmp/shmbridge-fuzz-$target.log" 2>&1 || status=$?
-    echo "$status $(( $(date +%s) - started ))" > "/tmp/shmbridge-fuzz-$target.status"
+        > "$logs/$target.log" 2>&1 || status=$?
+    echo "$status $(( $(date +%s) - started ))" > "$logs/$target.status"
 }
 # Prints what TARGET's run found and how long it took; fails with its status.
 report_target() {
-    local target=$1 log=/tmp/shmbridge-fuzz-$1.log status secs
+    local target=$1 log=$logs/$1.log status secs
     grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::peak_rss|==[0-9]+==|SUMMARY)' \
         "$log" || true
-    read -r status secs < "/tmp/shmbridge-fuzz-$target.status"
-    rm -f "/tmp/shmbridge-fuzz-$target.status"
+    read -r status secs < "$logs/$target.status"
+    rm -f "$logs/$target.status"
     echo "fuzz: $target ran $secs s"
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $target failed (exit $status); see $log and fuzz/artifacts/$target/" >&2

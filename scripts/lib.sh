@@ -14,9 +14,13 @@ _on_error() {
 }
 
 # `step TEXT` starts a step of a script: prints "== [T s] TEXT", T the seconds since the
-# script started (bash's SECONDS), so a log shows where the time went.
+# run began (STEPS_T0, epoch seconds, where a caller set it: scripts/test.sh does, for
+# its own steps and those of the scripts and checks it runs) or else since this script
+# began (bash's SECONDS), so a log shows where the time went.
 step() {
-    printf '== [%4d s] %s\n' "$SECONDS" "$*"
+    local t=$SECONDS
+    if [ -n "${STEPS_T0:-}" ]; then t=$(( $(date +%s) - STEPS_T0 )); fi
+    printf '== [%4d s] %s\n' "$t" "$*"
 }
 
 # Rust >= 1.82 (rust-version in Cargo.toml) is the one thing the scripts cannot install:
@@ -256,14 +260,11 @@ ensure_libfuzzer() {
     fi
 }
 
-# renice_tree PRIO PID: PID and the processes below it to niceness PRIO (what they start
-# from then on inherits it). Raising a priority needs root: elsewhere nothing changes.
-renice_tree() {
-    local prio=$1 pid=$2 child
-    renice -n "$prio" -p "$pid" >/dev/null 2>&1 || return 0
-    for child in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
-        renice_tree "$prio" "$child"
-    done
+# GNU make, which runs scripts/test.sh's last checks side by side (scripts/checks.mk).
+ensure_make() {
+    if ! command -v make >/dev/null 2>&1; then
+        apt_install make
+    fi
 }
 
 # unshare (util-linux) and ip (iproute2), for the tests that run engine and learner in

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every test, one named step after another (each prints "== [T s] NAME", T the seconds
-# since the start). What runs:
+# since the start); the checks after the Python tests (generated code, models and fuzzing,
+# smoke runs, MuJoCo, stubs, deployment files, API reference) are make targets
+# (scripts/checks.mk), run as many at once as there are cores. What runs:
 #   rust tests      cargo-nextest (installed if missing): unit, integration (cross-process,
 #                   1M-step stress, hostile headers, peer death, the fault matrix, hostile
 #                   files and scribbled live regions, access control, command channel,
@@ -14,7 +16,7 @@
 #                   the C library installed with CMake (scripts/install-c.sh), which the C
 #                   and C# tests use, as do a C engine built with pkg-config and a C++ one
 #                   built with find_package(shmbridge).
-#   python          pytest under pytest-xdist (-n auto; each test a region namespace of its
+#   python          pytest under pytest-xdist (a worker per core and one; each test a region namespace of its
 #                   own: tests/python/conftest.py) against the abi3 manylinux wheel
 #                   (scripts/build-wheel.sh) in a fresh venv with no cargo or rustc on PATH:
 #                   sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C
@@ -41,13 +43,17 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 # On CI every run starts from an empty target folder: the caches incremental compilation
 # writes (for this workspace's crates) would never be read, only written.
+# Nor is the debug info of its release builds (the C library, the loom models, the
+# benchmarks, the soak, the fuzz targets) read there: without it they build a tenth faster.
 if [ -n "${CI:-}" ]; then
-    export CARGO_INCREMENTAL=0
+    export CARGO_INCREMENTAL=0 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_BENCH_DEBUG=0
 fi
+# Steps print their times from here (scripts/lib.sh `step`), also those make runs.
+export STEPS_T0=$(date +%s)
 export SHMBRIDGE_NAMESPACE="${SHMBRIDGE_NAMESPACE:-run$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')}"
 echo "region namespace: $SHMBRIDGE_NAMESPACE"
 
-step "tools: Rust, cargo-nextest, Vulkan (lavapipe, headers, glslang), Mono, CMake, namespace tools, Chromium, git, libFuzzer"
+step "tools: Rust, cargo-nextest, Vulkan (lavapipe, headers, glslang), Mono, CMake, namespace tools, Chromium, git, libFuzzer, make"
 ensure_rust
 ensure_nextest
 ensure_vulkan
@@ -58,6 +64,7 @@ ensure_namespace_tools
 ensure_chromium
 ensure_git
 ensure_libfuzzer
+ensure_make
 
 step "in the background: the Python dependencies (pyproject.toml: test, bench, docs) into .venv, and the wheel users install"
 start_deps test bench docs
@@ -105,79 +112,32 @@ cargo nextest run --locked --features cuda,vulkan --profile "$profile" --lib --b
 step "rust doc tests"
 cargo test --locked --features cuda,vulkan --doc
 
-step "python tests: pytest -n auto against the installed wheel, with no cargo or rustc on PATH"
+step "python tests: pytest-xdist against the installed wheel, with no cargo or rustc on PATH"
 without_rust sh -c 'if command -v cargo || command -v rustc; then exit 1; fi' \
     || { echo "error: cargo or rustc is still on PATH" >&2; exit 1; }
 without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
 without_rust target/test-venv/bin/shmbridge-ppo --help | sed -n 1p
 export SHMBRIDGE_C_PREFIX=$PWD/target/c-prefix SHMBRIDGE_EXPECT_WHEEL=1
-# --dist worksteal: a worker that runs out of tests takes some of the other's, so the
-# suite does not end with one core waiting for a long test file; the slowest tests are
-# listed at the end.
-without_rust "$py" -m pytest -q -rs -n auto --dist worksteal --durations 15 \
+# A worker more than cores: some tests wait (for a process to start, for idle connections
+# to be dropped), and the extra worker uses that time. --dist worksteal: a worker that runs
+# out of tests takes some of another's, so the suite does not end with one core waiting
+# for a long test file; the slowest tests are listed at the end.
+without_rust "$py" -m pytest -q -rs -n $(( $(nproc) + 1 )) --dist worksteal --durations 15 \
     --ignore tests/python/test_gpu.py tests/python 2>&1 | tee target/pytest.log
 if grep -q "no Vulkan driver here" target/pytest.log; then
     echo "error: the Vulkan tests skipped: lavapipe (scripts/lib.sh ensure_vulkan) should run them" >&2
     exit 1
 fi
 
-# From here on, steps leave a core idle for part of their time (one process, a long test
-# at the end, the soak's sleeps): the fuzz targets build meanwhile at the lowest priority,
-# in their own target folder (fuzz/target), ready when the fuzz step comes.
-nice -n 19 bash scripts/fuzz.sh --build > target/fuzz-build.log 2>&1 &
-fuzz_build_pid=$!
-
 step "python GPU tests, alone (they compare the device's free memory; they skip without a GPU)"
 without_rust "$py" -m pytest -q -rs tests/python/test_gpu.py
 
-step "the native module's type stubs (python/shmbridge/_native.pyi) against the module: mypy's stubtest"
-without_rust "$py" -m mypy.stubtest shmbridge._native --allowlist scripts/stubtest-allowlist.txt
-
-step "examples/deploy's Dockerfile, Compose file and Kubernetes Job, run as written with their containers emulated by namespaces (scripts/docker-check.sh --emulate)"
-bash scripts/docker-check.sh --emulate target/dist/shmbridge-*.whl
-
-step "the Python API reference (scripts/api-docs.sh: a broken docstring reference fails)"
-bash scripts/api-docs.sh "$py"
-
-step "generated code: FlatBuffers (schema/shmbridge.fbs) and include/shmbridge.h (cbindgen)"
-bash scripts/gen-flatbuffers.sh --check
-cargo run --locked -q -p shmbridge-header -- --check
-
-step "the build without the cuda and vulkan features"
-cargo check --locked --all-targets
-
-step "the native MuJoCo engine (cargo feature mujoco; MuJoCo from PyPI's wheel): its unit tests and the alignment with Gymnasium's envs (scripts/test-mujoco.sh)"
-bash scripts/test-mujoco.sh
-
-step "loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)"
-# The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
-# are the release ones the benchmarks and the soak use below, compiled once.
-LOOM_MAX_PREEMPTIONS=3 cargo test --locked --release --features loom --lib loom_tests -- --nocapture
-
-step "benchmark smoke runs (no timing is checked): roundtrip with the C engine, the C engine's own Vulkan memory, commands, shards"
-export SHMBRIDGE_BENCH_QUICK=1
-bash scripts/bench-c.sh
-PYTHON="$py" bash scripts/bench-c-vulkan.sh   # the package from the wheel
-cargo bench --locked --bench commands
-cargo bench --locked --bench shards
-unset SHMBRIDGE_BENCH_QUICK
-
-step "soak for ${SHMBRIDGE_SOAK_MINUTES:-1} min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat"
-bash scripts/soak.sh "${SHMBRIDGE_SOAK_MINUTES:-1}"
-
-step "fuzz the command-channel reader and the header validation: ${SHMBRIDGE_FUZZ_SECONDS:-90} s in all"
-# Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
-# without a sanitizer: scripts/fuzz.sh says which.
-# Still building (a machine busy with other work): at normal priority from here, where
-# it can (root).
-renice_tree 0 "$fuzz_build_pid"
-if ! wait "$fuzz_build_pid"; then
-    cat target/fuzz-build.log >&2
-    echo "error: building the fuzz targets failed (above)" >&2
+step "the checks after the Python tests, as many at once as cores (scripts/checks.mk): the loom models, the fuzz targets built and run, the MuJoCo engine, benchmark smoke runs, the soak, the build without the device features, generated code, type stubs, the deployment files, the API reference"
+export PY="$PWD/$py"
+if ! make -f scripts/checks.mk -j"$(nproc)" -O -k; then
+    echo "error: a check failed (its output above ends with the error)" >&2
     exit 1
 fi
-tail -n 2 target/fuzz-build.log
-bash scripts/fuzz.sh "${SHMBRIDGE_FUZZ_SECONDS:-90}"
 
 step "nothing of this run left in /dev/shm (regions and their fd sockets) or the socket namespace"
 no_region_left "$SHMBRIDGE_NAMESPACE"
