@@ -21,9 +21,10 @@ SHELL := bash
 all: soak loom fuzz-build mujoco bench no-features generated stubtest docker api-docs fuzz
 
 # Each recipe's first lines: the helpers, its title with the time since the run began, and
-# on exit its own time.
+# on exit its own time. `+`: the recipe gets make's jobserver, which cargo then shares, so
+# the builds of checks side by side take no more jobs in all than make's -j.
 define begin
-. scripts/lib.sh
++. scripts/lib.sh
 step "$(TITLE)"
 trap 'echo "   ($@: $$SECONDS s)"' EXIT
 endef

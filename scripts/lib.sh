@@ -166,7 +166,7 @@ MUJOCO_PIN="mujoco==3.17.0"
 ensure_mujoco() {
     local venv=$1 lib
     make_venv "$venv"
-    "$venv/bin/python" -m pip install -q "$MUJOCO_PIN" "gymnasium[mujoco]>=1.0" numpy pytest "pytest-xdist>=3.2" \
+    "$venv/bin/python" -m pip install -q "$MUJOCO_PIN" "gymnasium[mujoco]>=1.0" numpy pytest "pytest-xdist>=3.3" \
         2>&1 | { grep -v "Running pip as the 'root' user" || true; }
     lib=$("$venv/bin/python" -c 'import glob, os, mujoco; print(glob.glob(os.path.join(os.path.dirname(mujoco.__file__), "libmujoco.so.*"))[0])')
     mkdir -p target/mujoco-lib

@@ -55,5 +55,7 @@ target/build-tools/bin/maturin build --locked --profile "$profile" -F python,cud
 step "pytest tests/python/test_mujoco.py"
 export SHMBRIDGE_NAMESPACE=${SHMBRIDGE_NAMESPACE:-mujoco}
 cd tests/python
-# A worker per core: the tests are many short comparisons and one learning run.
-"../../$venv/bin/python" -m pytest -q -rs -n auto --dist worksteal --durations 5 test_mujoco.py "$@"
+# A worker per core: the tests are many short comparisons and two long runs, which start
+# first, side by side (`long`, tests/python/conftest.py; --dist load --maxschedchunk 1
+# hands out a test at a time, in order, to whichever worker is free).
+"../../$venv/bin/python" -m pytest -q -rs -n auto --dist load --maxschedchunk 1 --durations 5 test_mujoco.py "$@"

@@ -89,6 +89,9 @@ env -u SUDO_USER bash scripts/install-c.sh target/c-prefix
 step "scripts/install-c.sh: a relative prefix is the caller's, no package installed unasked, no build under sudo"
 bash tests/install_c.sh
 
+step "the Rust tests and examples built (cuda and vulkan features), while the wheel may still build"
+cargo build --locked --features cuda,vulkan --examples --lib --bins --tests
+
 step "the Python environment: the wheel (built in the background) in a fresh venv, with the dependencies and NVRTC (the Rust tests compile their kernels with it too)"
 if ! wait "$wheel_pid"; then
     cat target/wheel.log >&2
@@ -103,8 +106,7 @@ use_nvrtc_wheel "$py"
 # The kernels compile in CI for real: a missing libnvrtc is a failure there, not a skip.
 export SHMBRIDGE_REQUIRE_NVRTC=1
 
-step "rust tests under cargo-nextest (cuda and vulkan features), examples built"
-cargo build --locked --features cuda,vulkan --examples
+step "rust tests under cargo-nextest (cuda and vulkan features)"
 profile=default
 if [ -e /dev/nvidiactl ]; then profile=gpu; fi   # .config/nextest.toml: GPU tests alone
 cargo nextest run --locked --features cuda,vulkan --profile "$profile" --lib --bins --tests
@@ -119,10 +121,11 @@ without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
 without_rust target/test-venv/bin/shmbridge-ppo --help | sed -n 1p
 export SHMBRIDGE_C_PREFIX=$PWD/target/c-prefix SHMBRIDGE_EXPECT_WHEEL=1
 # A worker more than cores: some tests wait (for a process to start, for idle connections
-# to be dropped), and the extra worker uses that time. --dist worksteal: a worker that runs
-# out of tests takes some of another's, so the suite does not end with one core waiting
-# for a long test file; the slowest tests are listed at the end.
-without_rust "$py" -m pytest -q -rs -n $(( $(nproc) + 1 )) --dist worksteal --durations 15 \
+# to be dropped), and the extra worker uses that time. --dist load --maxschedchunk 1: a
+# test at a time to whichever worker is free, in order; the tests marked `long` come first
+# (tests/python/conftest.py), so no worker is left with one at the end. The slowest tests
+# are listed at the end.
+without_rust "$py" -m pytest -q -rs -n $(( $(nproc) + 1 )) --dist load --maxschedchunk 1 --durations 15 \
     --ignore tests/python/test_gpu.py tests/python 2>&1 | tee target/pytest.log
 if grep -q "no Vulkan driver here" target/pytest.log; then
     echo "error: the Vulkan tests skipped: lavapipe (scripts/lib.sh ensure_vulkan) should run them" >&2

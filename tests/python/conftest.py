@@ -29,6 +29,19 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "long: runs for seconds (a learning run, a benchmark's quick run): started first")
+
+
+def pytest_collection_modifyitems(items):
+    """The `long` tests first, in file order, the rest after them as collected: under
+    pytest-xdist's `--dist load --maxschedchunk 1` (scripts/test.sh) a test at a time goes
+    to whichever worker is free, in this order, so the long ones run side by side from the
+    start and the run does not end with one worker on a long test and the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 # Region namespaces (docs/protocol.md 1.1): this process (a pytest-xdist worker, or
 # pytest alone) names its regions in one of its own, under the one it was given, and each
 # test in one under that (the autouse fixture `region_namespace`): an engine's start, `ls`

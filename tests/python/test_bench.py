@@ -86,6 +86,7 @@ def _iceoryx2_leftovers() -> set:
             | {n for n in os.listdir("/tmp") if n == "iceoryx2" or n.startswith("shmbridge-bench-iceoryx2-")})
 
 
+@pytest.mark.long
 def test_peers_quick(tmp_path):
     out_dir = tmp_path / "results"
     before = _iceoryx2_leftovers()
@@ -275,6 +276,7 @@ def test_vulkan_rejects_a_bad_size():
     assert "expected HxW" in proc.stderr
 
 
+@pytest.mark.long
 def test_vector_quick(tmp_path):
     pytest.importorskip("gymnasium")
     out = tmp_path / "results"
@@ -312,6 +314,7 @@ def test_vector_contenders_subset(tmp_path):
     assert "unknown contenders ['grpc']" in proc.stderr
 
 
+@pytest.mark.long
 def test_learners_quick(tmp_path):
     for module in ("gymnasium", "stable_baselines3", "torchrl", "skrl"):
         pytest.importorskip(module)
@@ -339,6 +342,7 @@ def test_learners_quick(tmp_path):
 # bench pixels: rendered frames to torch against Gymnasium's rgb_array.
 
 
+@pytest.mark.long
 def test_pixels_quick_measures_every_path_it_can(tmp_path):
     """A tiny run: every path measured or skipped with its reason (Vulkan driver,
     pygame); the shmbridge views are the engine's memory and hold drawn frames."""

@@ -24,6 +24,7 @@ GUIDE = "docs/learners/cleanrl.md"
 SDIST_SHA256 = "947a5b4c006f43cf90be03b90c5345d118468260c7269c11e5d795954a2effa5"
 
 
+@pytest.mark.long
 def test_guide_commands_train_cleanrls_ppo_past_the_threshold(tmp_path):
     """The guide's commands, as written, in a folder of their own: CleanRL's ppo.py, 40k
     steps on the cartpole engine; the mean of the last 20 episode returns it logs must be
@@ -52,6 +53,7 @@ def test_patch_replaces_the_env_line_once_and_refuses_other_scripts():
             cleanrl.patch(other)
 
 
+@pytest.mark.long
 def test_runner_gives_ppo_continuous_action_its_make_env_wrappers_as_vector_wrappers(tmp_path):
     """A script shaped as ppo_continuous_action.py (it imports pybullet_envs, and its
     make_env wraps each env in its ClipActionsWrapper and NormalizedEnv): the env line

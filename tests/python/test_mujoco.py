@@ -416,6 +416,7 @@ def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
         np.testing.assert_array_equal(np.asarray(client.obs)[0], first[1])
 
 
+@pytest.mark.long
 def test_gymnasium_make_vec_native_serves_the_native_engine() -> None:
     """``gymnasium.make_vec("shmbridge/<id>", native=True)``: a Gymnasium vector env over
     the native engine, same-step autoreset (``final_obs`` in the infos), the spaces from
@@ -455,6 +456,7 @@ def test_an_unknown_task_is_refused_with_the_list() -> None:
     assert "unknown env" in str(e.value)  # the registry of reference engines answers
 
 
+@pytest.mark.long
 def test_sb3_ppo_through_the_native_engine_balances_the_inverted_pendulum() -> None:
     """Learning, CI-sized: Stable-Baselines3's PPO (``MlpPolicy``, ``n_steps=128`` on 8
     envs, otherwise its defaults) on ``SB3VecEnv`` over ``mujoco/InvertedPendulum-v5``

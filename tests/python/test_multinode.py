@@ -66,6 +66,7 @@ def netns(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
+@pytest.mark.long
 def test_the_documented_multi_node_command_runs_on_two_nodes(tmp_path):
     documented = documented_command()
     assert documented[0] == "torchrun" and "--node_rank=0" in documented, documented

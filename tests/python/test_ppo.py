@@ -148,6 +148,7 @@ PIXELS_ARGS = ["--env", "pixels", "--image", "32x32x1", "--frame-stack", "2", "-
 PIXELS_THRESHOLD = 2 * RANDOM_RETURN
 
 
+@pytest.mark.long
 def test_ppo_learns_from_pixels_on_a_short_budget(capsys):
     """From the frames alone (the learner never reads the state), the mean return of the
     last 100 episodes ends at least twice a random policy's."""

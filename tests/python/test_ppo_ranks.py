@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 
 
+@pytest.mark.long
 def test_two_ranks_step_their_own_engines_and_keep_equal_parameters(tmp_path):
     n, t_len, updates = 8, 32, 3
     cmd = [

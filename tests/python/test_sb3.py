@@ -234,6 +234,7 @@ def test_render_rgb_array_tiles_the_engines_frames():
         SB3VecEnv("cartpole", num_envs=2, render_mode="rgb_array")
 
 
+@pytest.mark.long
 def test_guide_example_trains_ppo_past_the_threshold(capsys):
     """docs/learners/sb3.md's example, as written: SB3's PPO on the cartpole engine
     (25k steps), evaluated over 16 episodes; random actions average about 22."""

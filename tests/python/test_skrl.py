@@ -37,6 +37,7 @@ except ImportError as e:
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+@pytest.mark.long
 def test_guide_example_trains_ppo_past_the_threshold_and_stores_the_engines_observations(capsys):
     """docs/learners/skrl.md's example, as written, with env.step recorded: skrl's memory
     holds, for each step of the last rollout, the observations the agent acted on; the

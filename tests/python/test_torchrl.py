@@ -191,6 +191,7 @@ def test_set_seed_seeds_the_next_reset():
         b.close()
 
 
+@pytest.mark.long
 def test_guide_example_trains_ppo_past_the_threshold(capsys):
     """docs/learners/torchrl.md's example, as written: TorchRL's PPO on the cartpole engine
     (25,600 steps), evaluated deterministically on 16 envs for 1000 steps."""

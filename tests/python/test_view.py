@@ -122,6 +122,7 @@ def chromium():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
+@pytest.mark.long
 def test_the_page_shows_frames_and_plots_and_follows_the_engine(tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -371,6 +372,7 @@ def test_values_that_are_not_finite_go_out_as_null():
             stop_view(proc)
 
 
+@pytest.mark.long
 def test_idle_connections_of_another_user_do_not_keep_the_page_from_loading():
     def few_descriptors():
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
