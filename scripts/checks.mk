@@ -2,40 +2,58 @@
 #   make -f scripts/checks.mk -j"$(nproc)" -O -k
 # Make starts the next check whenever one ends, so a check that leaves a core idle for
 # part of its time (the loom models' longest model is one thread; the soak and the fuzzing
-# run for a fixed time) has another beside it. The one order that matters is declared: the
-# fuzz targets are built before they run. -O prints each check's output in one piece when
-# it ends (its first line says when it started, its last how long it took); -k runs the
-# other checks after a failure, and make then fails.
-# No check touches another's files or regions: each cargo build waits for the target
-# folder's lock, and every region is in the run's namespace (SHMBRIDGE_NAMESPACE) or one of
-# the check's own. scripts/test.sh exports PY (the test venv's python, which has the wheel).
-# `all` lists them longest-first, so the short ones fill the gaps at the end.
+# run for a fixed time) has another beside it. -O prints each check's output in one piece
+# when it ends (its first line says when it started, its last how long it took); -k runs
+# the other checks after a failure, and make then fails.
+# The orders that matter are declared. Cargo lets one build at a time use a target folder
+# (the others wait for its lock, holding a job slot and doing nothing), so the checks that
+# use one take turns: the release builds of the loom models, the soak and the benchmarks
+# are one target that runs first; the MuJoCo check's builds come after the short ones in
+# target/debug (the check without features, the header tool); the fuzz targets (in
+# fuzz/target) are built before they run. Every region is in the run's namespace
+# (SHMBRIDGE_NAMESPACE) or one of the check's own, so no check sees another's.
+# scripts/test.sh exports PY (the test venv's python, which has the wheel).
+# `all` lists the long ones first, so the short ones fill the gaps at the end.
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .ONESHELL:
 # The recipes print their own step lines: make does not echo them.
 .SILENT:
-.PHONY: all soak loom fuzz-build mujoco bench no-features generated stubtest docker api-docs fuzz
+.PHONY: all release-builds soak loom fuzz-build mujoco bench no-features generated stubtest docker api-docs fuzz
 
-all: soak loom fuzz-build mujoco bench no-features generated stubtest docker api-docs fuzz
+all: release-builds no-features generated fuzz-build mujoco soak loom bench stubtest docker api-docs fuzz
+soak loom bench: release-builds
+mujoco: | no-features generated
+fuzz: fuzz-build
 
 # Each recipe's first lines: the helpers, its title with the time since the run began, and
 # on exit its own time. `+`: the recipe gets make's jobserver, which cargo then shares, so
-# the builds of checks side by side take no more jobs in all than make's -j.
+# the builds of checks side by side take no more jobs in all than make's -j. (So `make -n`
+# runs the recipes too: list the checks with `make -f scripts/checks.mk -pq`.)
 define begin
 +. scripts/lib.sh
 step "$(TITLE)"
 trap 'echo "   ($@: $$SECONDS s)"' EXIT
 endef
 
+# The `loom` feature sets cfg(loom) for this crate alone (build.rs), so the models'
+# dependencies are the release ones of the benchmarks and the soak, compiled once. The C
+# library with the features it is installed with (scripts/install-c.sh), as the C
+# benchmarks build it.
+release-builds: TITLE = the release builds of the loom models, the soak and the benchmarks
+release-builds:
+	$(begin)
+	cargo test --locked --release --features loom --lib --no-run
+	cargo build --locked --release --bin shmbridge --example soak
+	cargo build --locked --release -p shmbridge-capi --features cuda
+	cargo bench --locked --no-run --bench roundtrip --bench commands --bench shards
+
 soak: TITLE = soak for $(or $(SHMBRIDGE_SOAK_MINUTES),1) min: steps, resets, calls, re-attaches, engine restarts and kills, every step checked, resources flat
 soak:
 	$(begin)
 	bash scripts/soak.sh "$${SHMBRIDGE_SOAK_MINUTES:-1}"
 
-# The `loom` feature sets cfg(loom) for this crate alone (build.rs), so its dependencies
-# are the release ones the benchmarks and the soak use, compiled once.
 loom: TITLE = loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)
 loom:
 	$(begin)
