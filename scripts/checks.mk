@@ -1,10 +1,12 @@
 # The checks scripts/test.sh runs after the Python tests, one target each, run by
-#   make -f scripts/checks.mk -j"$(nproc)" -O -k
+#   make -f scripts/checks.mk -j"$(nproc)" --output-sync=recurse -k
 # Make starts the next check whenever one ends, so a check that leaves a core idle for
 # part of its time (the loom models' longest model is one thread; the soak and the fuzzing
-# run for a fixed time) has another beside it. -O prints each check's output in one piece
-# when it ends (its first line says when it started, its last how long it took); -k runs
-# the other checks after a failure, and make then fails.
+# run for a fixed time) has another beside it. --output-sync=recurse prints each check's
+# output in one piece when it ends (its first line says when it started, its last how long
+# it took; plain -O would not hold back recipes marked `+`, below); -k runs the other
+# checks after a failure, and make then fails (a check that must come after a failed one
+# does not run: make says "not remade because of errors").
 # The orders that matter are declared. Cargo lets one build at a time use a target folder
 # (the others wait for its lock, holding a job slot and doing nothing), so the checks that
 # use one take turns: the release builds of the loom models, the soak and the benchmarks
@@ -30,7 +32,8 @@ fuzz: fuzz-build
 # Each recipe's first lines: the helpers, its title with the time since the run began, and
 # on exit its own time. `+`: the recipe gets make's jobserver, which cargo then shares, so
 # the builds of checks side by side take no more jobs in all than make's -j. (So `make -n`
-# runs the recipes too: list the checks with `make -f scripts/checks.mk -pq`.)
+# and `make -q` run the recipes too: list the checks with
+# `make -f scripts/checks.mk -p --eval 'list: ;' list`.)
 define begin
 +. scripts/lib.sh
 step "$(TITLE)"

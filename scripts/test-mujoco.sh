@@ -55,7 +55,7 @@ target/build-tools/bin/maturin build --locked --profile "$profile" -F python,cud
 step "pytest tests/python/test_mujoco.py"
 export SHMBRIDGE_NAMESPACE=${SHMBRIDGE_NAMESPACE:-mujoco}
 cd tests/python
-# A worker per core: the tests are many short comparisons and two long runs, which start
-# first, side by side (`long`, tests/python/conftest.py; --dist load --maxschedchunk 1
-# hands out a test at a time, in order, to whichever worker is free).
+# A worker per core: the tests are many short comparisons and two long runs, which come
+# first (`long`, tests/python/conftest.py; with --dist load --maxschedchunk 1 each worker
+# holds two tests and gets the next in order when it ends one), not last.
 "../../$venv/bin/python" -m pytest -q -rs -n auto --dist load --maxschedchunk 1 --durations 5 test_mujoco.py "$@"

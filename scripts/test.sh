@@ -121,10 +121,10 @@ without_rust target/test-venv/bin/shmbridge --help | sed -n 1,3p
 without_rust target/test-venv/bin/shmbridge-ppo --help | sed -n 1p
 export SHMBRIDGE_C_PREFIX=$PWD/target/c-prefix SHMBRIDGE_EXPECT_WHEEL=1
 # A worker more than cores: some tests wait (for a process to start, for idle connections
-# to be dropped), and the extra worker uses that time. --dist load --maxschedchunk 1: a
-# test at a time to whichever worker is free, in order; the tests marked `long` come first
-# (tests/python/conftest.py), so no worker is left with one at the end. The slowest tests
-# are listed at the end.
+# to be dropped), and the extra worker uses that time. --dist load --maxschedchunk 1: each
+# worker holds two tests and gets the next one, in order, whenever it ends one; the tests
+# marked `long` come first (tests/python/conftest.py), so they run from the start, two per
+# worker, and not at the end beside idle workers. The slowest tests are listed at the end.
 without_rust "$py" -m pytest -q -rs -n $(( $(nproc) + 1 )) --dist load --maxschedchunk 1 --durations 15 \
     --ignore tests/python/test_gpu.py tests/python 2>&1 | tee target/pytest.log
 if grep -q "no Vulkan driver here" target/pytest.log; then
@@ -137,8 +137,8 @@ without_rust "$py" -m pytest -q -rs tests/python/test_gpu.py
 
 step "the checks after the Python tests, as many at once as cores (scripts/checks.mk): the loom models, the fuzz targets built and run, the MuJoCo engine, benchmark smoke runs, the soak, the build without the device features, generated code, type stubs, the deployment files, the API reference"
 export PY="$PWD/$py"
-if ! make -f scripts/checks.mk -j"$(nproc)" -O -k; then
-    echo "error: a check failed (its output above ends with the error)" >&2
+if ! make -f scripts/checks.mk -j"$(nproc)" --output-sync=recurse -k; then
+    echo "error: a check failed (above: its output, which ends with the error, and make's summary)" >&2
     exit 1
 fi
 

@@ -16,7 +16,7 @@ import pytest
 import shmbridge
 
 # One thread per process for torch's (OpenMP's) parallel regions, here and in every
-# process the tests start: pytest-xdist runs a worker per core, and many tests run a
+# process the tests start: pytest-xdist runs a worker per core or more, and many tests run a
 # learner beside its engine, so more threads only wait on each other (OpenMP's threads
 # spin at each barrier: on two busy cores, a learning test ran 10 times slower).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -36,9 +36,9 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """The `long` tests first, in file order, the rest after them as collected: under
-    pytest-xdist's `--dist load --maxschedchunk 1` (scripts/test.sh) a test at a time goes
-    to whichever worker is free, in this order, so the long ones run side by side from the
-    start and the run does not end with one worker on a long test and the others idle."""
+    pytest-xdist's `--dist load --maxschedchunk 1` (scripts/test.sh) each worker holds two
+    tests and gets the next, in this order, whenever it ends one, so the long ones run from
+    the start and the run does not end with one worker on a long test and the others idle."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
