@@ -16,8 +16,9 @@
 #                   the C library installed with CMake (scripts/install-c.sh), which the C
 #                   and C# tests use, as do a C engine built with pkg-config and a C++ one
 #                   built with find_package(shmbridge).
-#   python          pytest under pytest-xdist (a worker per core and one; each test a region namespace of its
-#                   own: tests/python/conftest.py) against the abi3 manylinux wheel
+#   python          pytest under pytest-xdist (a worker per core and one more; each test a
+#                   region namespace of its own: tests/python/conftest.py) against the abi3
+#                   manylinux wheel
 #                   (scripts/build-wheel.sh) in a fresh venv with no cargo or rustc on PATH:
 #                   sharded Gymnasium and MuJoCo envs, two torchrun ranks with gloo, the C
 #                   and C# CartPole engines, the C and C# engines that render with Vulkan,
