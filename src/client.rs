@@ -772,8 +772,54 @@ impl Client {
         })
     }
 
+    /// [`Client::step`] for a caller that would rather keep its thread a little longer
+    /// before it waits the usual way (the Python binding holds the GIL through this and
+    /// releases it only for a longer wait): posts the action, then spins on the frame for
+    /// at most `spin` per shard (and no longer than the client's wait policy spins: a blocking
+    /// client looks once), without yielding, sleeping or looking at the engine's liveness.
+    /// `Ok(Some(frame))`: answered, as `step` would have returned; `Ok(None)`: the action
+    /// is in flight, and [`Client::wait_frame`] finishes the step. Host steps only: a
+    /// client whose device orders its work before the post (`steps_on_host` false) gets
+    /// `OutOfOrder` and posts nothing.
+    pub fn step_spinning(&mut self, spin: Duration) -> Result<Option<u64>> {
+        self.check_can_step()?;
+        if self.device_hooks {
+            return Err(Error::OutOfOrder(
+                "step_spinning is for host steps; this client's device orders its steps: use step",
+            ));
+        }
+        self.post_action();
+        let target = self.action;
+        let spin = spin.min(self.policy.spin);
+        for s in &self.layout.shards {
+            let slot = self.slot(s);
+            match sync::spin_briefly(&slot.frame_seq(), target, spin) {
+                Some(seen) if seen == target => {}
+                Some(seen) => return Err(unexpected_frame(&self.layout, s, seen, target)),
+                None => return Ok(None),
+            }
+        }
+        self.frame_waits.record_at_once();
+        self.frame = target;
+        Ok(Some(target))
+    }
+
+    /// Whether steps are host steps alone (no device work ordered before the post or
+    /// after the frame): what [`Client::step_spinning`] serves.
+    pub fn steps_on_host(&self) -> bool {
+        !self.device_hooks
+    }
+
     #[inline(always)] // the step path: one function with `step`, as before it had two callers
     fn post_and_wait(&mut self, timeout: Duration) -> Result<u64> {
+        self.post_action();
+        self.await_frame(timeout)
+    }
+
+    /// The next action: `action_seq` (and the doorbell) moved on, the engine woken if
+    /// it sleeps.
+    #[inline(always)]
+    fn post_action(&mut self) {
         self.action += 1;
         if self.layout.is_sharded() {
             // One action for every shard: each sleeps on the doorbell with its own flag.
@@ -788,7 +834,6 @@ impl Client {
         } else {
             sync::post(&self.region.control().action_seq(), self.action);
         }
-        self.await_frame(timeout)
     }
 
     /// Waits for the frame of the last action posted (after a `step` that timed out).
@@ -1653,6 +1698,52 @@ mod tests {
             looks < 10,
             "the frame wait had a timeout of its own: {looks} looks"
         );
+        drop(engine);
+    }
+
+    #[test]
+    fn a_spinning_step_returns_its_frame_or_leaves_it_in_flight() {
+        let spec = EngineSpec::standard("client-spinning", 1, 1, 1, DType::F32);
+        let mut engine = Engine::create(spec).unwrap();
+        engine.publish().unwrap();
+        let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+        assert!(client.steps_on_host());
+        // Nobody serves yet: the spin ends without a frame, the action is posted and in
+        // flight, and another step is refused until its frame was waited for.
+        assert_eq!(
+            client.step_spinning(Duration::from_micros(20)).unwrap(),
+            None
+        );
+        assert_eq!(client.counters(), (1, 0));
+        assert_eq!(client.frame(), 0);
+        let e = client.step_spinning(Duration::ZERO).unwrap_err();
+        assert!(matches!(e, Error::OutOfOrder(_)), "{e}");
+        assert_eq!(client.counters(), (1, 0), "a refused step posted");
+        let server = serve(engine);
+        assert_eq!(client.wait_frame(T).unwrap(), 1);
+        assert_eq!(client.tensor::<f32>("obs").unwrap(), &[1.0]);
+        // Served: every step ends with its own frame, whether the spin saw it or the
+        // wait after it did.
+        for n in 2..=200u64 {
+            let frame = match client.step_spinning(Duration::from_micros(50)).unwrap() {
+                Some(frame) => frame,
+                None => client.wait_frame(T).unwrap(),
+            };
+            assert_eq!(frame, n);
+            assert_eq!(client.frame(), n);
+            assert_eq!(client.tensor::<f32>("obs").unwrap(), &[n as f32]);
+        }
+        client.close();
+        assert_eq!(server.join().unwrap(), 200);
+    }
+
+    #[test]
+    fn a_spinning_step_is_refused_where_the_device_orders_the_steps() {
+        let (engine, mut client) = pair(Draining::default());
+        assert!(!client.steps_on_host());
+        let e = client.step_spinning(Duration::from_micros(20)).unwrap_err();
+        assert!(matches!(e, Error::OutOfOrder(_)), "{e}");
+        assert_eq!(client.counters(), (0, 0), "an action was posted");
         drop(engine);
     }
 }

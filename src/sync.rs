@@ -144,7 +144,7 @@ impl SpinGauge {
     /// [`SpinGauge::record`] of a wait answered at its first look: for a fast peer the
     /// average is zero and stays so, without a store.
     #[inline]
-    fn record_at_once(&mut self) {
+    pub(crate) fn record_at_once(&mut self) {
         let t = self.typical_ns;
         if t != 0 {
             self.typical_ns = t - t.div_ceil(8);
@@ -433,6 +433,47 @@ pub fn wait_for_from<S: SeqWord>(
         what,
         check_peer,
     )
+}
+
+/// Spins until `seq` is at least `target`, for at most `spin` (the clock read once
+/// the first 64 looks did not see it): the value seen, or `None`. No yield, no sleep,
+/// no look at the peer: the caller waits the usual way ([`wait_for_from`]) after a
+/// `None`. For a caller that holds something others want while it waits (the Python
+/// binding's GIL), so it keeps it only while a fast peer answers.
+#[inline]
+pub fn spin_briefly<S: SeqWord>(seq: &S, target: u64, spin: Duration) -> Option<u64> {
+    let v = seq.load(Ordering::Acquire);
+    if v >= target {
+        return Some(v);
+    }
+    if spin.is_zero() {
+        return None;
+    }
+    let mut start: Option<Instant> = None;
+    let mut i: u32 = 0;
+    loop {
+        std::hint::spin_loop();
+        let v = seq.load(Ordering::Acquire);
+        if v >= target {
+            return Some(v);
+        }
+        i = i.wrapping_add(1);
+        if i % 64 == 0 {
+            let t = match start {
+                Some(t) => t,
+                None => {
+                    // As in `wait_on`: no spinning where the peer may need this core.
+                    if !primitive::core_free() {
+                        return None;
+                    }
+                    *start.insert(Instant::now())
+                }
+            };
+            if t.elapsed() >= spin {
+                return None;
+            }
+        }
+    }
 }
 
 /// Waits until `ready` returns `Some`, sleeping on `seq`'s futex word. Whoever makes

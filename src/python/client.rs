@@ -23,6 +23,11 @@ use crate::layout::TensorInfo;
 use crate::region;
 use crate::{AttachOptions, Client};
 
+/// How long a host step spins on the engine's frame with the GIL held before it
+/// releases the GIL to wait: a fast engine's frame comes within it (a round trip is
+/// about a microsecond), and another Python thread is kept out for no longer.
+const GIL_HELD_SPIN: Duration = Duration::from_micros(10);
+
 /// The mutable part of a client, behind a mutex so the Python object can be shared and
 /// the GIL released while it waits.
 struct Core {
@@ -74,6 +79,14 @@ impl PyClient {
             Err(TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
                 "this client is busy in another thread (one step or call at a time)",
             )),
+        }
+    }
+
+    /// What `step` returns: the step's output tensors, or None.
+    fn outputs(&self, py: Python<'_>) -> Py<PyAny> {
+        match &self.step_outputs {
+            Some(t) => t.clone_ref(py).into_any(),
+            None => py.None(),
         }
     }
 
@@ -335,6 +348,27 @@ impl PyClient {
             copy_actions(py, client, self.tensors[index].get(), a, cuda_stream)?;
         }
         let client = core.client.as_mut().ok_or_else(|| closed_err(py))?;
+        if cuda_stream.is_none() && client.steps_on_host() {
+            // A host step keeps the GIL while a fast engine answers (releasing and taking
+            // it back costs about as much as the rest of the step); a slower one is waited
+            // for without it, in slices, as below.
+            let spin = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(GIL_HELD_SPIN),
+                None => GIL_HELD_SPIN,
+            };
+            match client.step_spinning(spin) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    core.pending = true;
+                    self.wait_frame_sliced(py, &mut core, deadline, limit)?;
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+            drop(core);
+            return Ok(self.outputs(py));
+        }
         // The device work the action waits on (a CUDA consumer stream of a Vulkan engine
         // with a semaphore) drains in slices, with Ctrl-C and close() looked at between
         // them; only then is the action posted, once. `NotPosted` (the deadline passed
@@ -384,10 +418,7 @@ impl PyClient {
         let client = core.client.as_ref().ok_or_else(|| closed_err(py))?;
         order_after_engine(client, cuda_stream).py_err(py)?;
         drop(core);
-        match &self.step_outputs {
-            Some(t) => Ok(t.clone_ref(py).into_any()),
-            None => Ok(py.None()),
-        }
+        Ok(self.outputs(py))
     }
 
     /// Resets envs over the command channel: all of them, or `env_ids`. `seed`: none, an
