@@ -43,8 +43,13 @@ if [ ! -d "$src" ]; then
     grep -q '^\[workspace\]' "$src.tmp/Cargo.toml" || printf '\n[workspace]\n' >>"$src.tmp/Cargo.toml"
     mv "$src.tmp" "$src"
 fi
-# The harness of the working tree, built against the base's API.
-cp examples/step_ab.rs "$src/examples/step_ab.rs"
+# The harness of the working tree, built against the base's API; a base older than the
+# harness's calls (before `Client::tensors`) keeps its own with BENCH_AB_BASE_HARNESS=1.
+if [ "${BENCH_AB_BASE_HARNESS:-0}" = 1 ]; then
+    git show "$base_sha:examples/step_ab.rs" >"$src/examples/step_ab.rs"
+else
+    cp examples/step_ab.rs "$src/examples/step_ab.rs"
+fi
 echo "bench-ab: building base ${base_sha:0:12} ($(git log -1 --format=%s "$base_sha" | cut -c1-60))" >&2
 (cd "$src" && CARGO_TARGET_DIR="$PWD/../base-target" cargo build -q --release --bin shmbridge --example step_ab)
 echo "bench-ab: building the working tree" >&2

@@ -314,6 +314,22 @@ def test_vector_contenders_subset(tmp_path):
     assert "unknown contenders ['grpc']" in proc.stderr
 
 
+def test_observers_quick_times_every_configuration(tmp_path):
+    out = tmp_path / "results"
+    _run("observers", "--quick", "--rounds", "1", "--block-seconds", "0.2", "--no-browser",
+         "--out", str(out))
+    doc = json.loads((out / "observers.json").read_text())
+    configs = ["none", "1 observer, 1 Hz", "1 observer, 60 Hz", "4 observers, 60 Hz"]
+    assert [c for c in doc if c != "machine"] == configs
+    for c in configs:
+        assert doc[c]["n"] > 0 and doc[c]["median_ns"] > 0 and doc[c]["steps_per_s"] > 0
+    md = (out / "observers.md").read_text()
+    rows = {r[0]: r for r in _table_rows(md) if r[0] in configs}
+    assert set(rows) == set(configs)
+    assert all(len(r) == 8 for r in rows.values()), rows
+    assert rows["none"][5] == rows["none"][7] == "1.00×"
+
+
 @pytest.mark.long
 def test_learners_quick(tmp_path):
     for module in ("gymnasium", "stable_baselines3", "torchrl", "skrl"):

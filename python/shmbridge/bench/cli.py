@@ -121,10 +121,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="comma-separated subset of shmbridge, native, async, sync, envpool (default: all; "
                         "native: the native MuJoCo engine, built with the mujoco feature)")
 
-    o = sub.add_parser("observers", help="client.step() latency with 0, 1, 4 observers and a browser",
-                       description="The learner's client.step() latency (median, p99) with 0, 1 and 4 "
-                                   "observers polling at 60 Hz and with `shmbridge view` open in headless "
-                                   "Chromium, interleaved in one run.")
+    o = sub.add_parser("observers", help="client.step() with 0 observers, 1 at 1 Hz, 1 and 4 at 60 Hz, a browser",
+                       description="The learner's client.step() latency (median, p99) and steps/s with no "
+                                   "observer, one polling at 1 Hz, one and four at 60 Hz, and with "
+                                   "`shmbridge view` open in headless Chromium, interleaved in one run.")
     o.add_argument("--quick", action="store_true", help="a short smoke run")
     o.add_argument("--env", default="cartpole", choices=["cartpole", "pixels"],
                    help="the engine (pixels: frames on the host, the page shows them; default cartpole)")

@@ -1,8 +1,9 @@
 """`python -m shmbridge.bench observers`: what watching costs the learner. The Python
 client's `step()` latency on a `cartpole` engine (or `pixels` with frames on the host)
-with 0, 1 and 4 observers polling at 60 Hz (each poll: `latest()` of the observations,
-or of the first 16 frames, and `stats()`), and with `shmbridge view` serving the region
-to a headless Chromium that has the page open.
+with no observer, one polling at 1 Hz, one and four polling at 60 Hz (each poll:
+`latest()` of the observations, or of the first 16 frames, and `stats()`), and with
+`shmbridge view` serving the region to a headless Chromium that has the page open; and
+the steps/s of each (the writer's throughput beside its readers' rates).
 
 Everything runs in one process tree, in interleaved rounds (each round runs every
 configuration once, in rotating order), so drift on a shared machine hits all alike.
@@ -144,7 +145,7 @@ def main(args: Any) -> int:
     warmup = 0.2 if quick else 0.5
     env = args.env
     num_envs = args.num_envs or (16 if env == "pixels" else 64)
-    configs = ["none", "1 observer", "4 observers"]
+    configs = ["none", "1 observer, 1 Hz", "1 observer, 60 Hz", "4 observers, 60 Hz"]
     browser: Optional[Browser] = None
     if not args.no_browser:
         if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
@@ -160,6 +161,9 @@ def main(args: Any) -> int:
     try:
         image = "rgb" if env == "pixels" else None
         pollers = [Poller(client.name, image, 60.0) for _ in range(4)]
+        slow = Poller(client.name, image, 1.0)
+        pollers.append(slow)
+        fast = pollers[:4]
         if "browser" in configs:
             browser = Browser()
         actions = np.asarray(client.actions)
@@ -168,8 +172,9 @@ def main(args: Any) -> int:
         for r in range(rounds):
             order = configs[r % len(configs):] + configs[:r % len(configs)]
             for config in order:
-                active = {"none": 0, "1 observer": 1, "4 observers": 4, "browser": 0}[config]
-                for p in pollers[:active]:
+                active = {"none": [], "1 observer, 1 Hz": [slow], "1 observer, 60 Hz": fast[:1],
+                          "4 observers, 60 Hz": fast, "browser": []}[config]
+                for p in active:
                     p.tell("go")
                 if config == "browser":
                     browser.open(client.name)
@@ -184,7 +189,7 @@ def main(args: Any) -> int:
                     t0 = pc()
                     client.step()
                     out.append(pc() - t0)
-                for p in pollers[:active]:
+                for p in active:
                     p.tell("idle")
                 if config == "browser":
                     browser.close_page()
@@ -205,8 +210,9 @@ def main(args: Any) -> int:
     rows = []
     for c in configs:
         s = stats[c]
-        rows.append([c, f"{s.n:,}", f"{s.median_ns:,.0f}", f"{s.p99_ns:,.0f}",
-                     fmt_ratio(s.median_ns / base.median_ns), fmt_ratio(s.p99_ns / base.p99_ns)])
+        rows.append([c, f"{s.n:,}", f"{s.median_ns:,.0f}", f"{s.p99_ns:,.0f}", f"{s.steps_per_s:,.0f}",
+                     fmt_ratio(s.median_ns / base.median_ns), fmt_ratio(s.p99_ns / base.p99_ns),
+                     fmt_ratio(s.steps_per_s / base.steps_per_s)])
     copies = sum(c[0] for c in counts)
     torn = sum(c[1] for c in counts)
     polls = sum(c[2] for c in counts)
@@ -221,10 +227,10 @@ def main(args: Any) -> int:
         "",
         *machine_header(machine, [f"- Load average at the end: {', '.join(f'{x:.2f}' for x in load_end)}"]),
         "",
-        markdown_table(["configuration", "steps", "median ns", "p99 ns", "median ÷ none", "p99 ÷ none"], rows,
-                       "lrrrrr"),
+        markdown_table(["configuration", "steps", "median ns", "p99 ns", "steps/s", "median ÷ none", "p99 ÷ none",
+                        "steps/s ÷ none"], rows, "lrrrrrrr"),
         "",
-        f"Each observer is its own process polling at 60 Hz: `latest()` of {polled} and `stats()`. "
+        f"Each observer is its own process polling at 60 Hz (one at 1 Hz): `latest()` of {polled} and `stats()`. "
         f"Over the run they made {copies:,} copies and {polls:,} stats reads; {torn:,} copies found no gap "
         f"between the engine's writes within half a period and were skipped.",
     ]
@@ -232,8 +238,9 @@ def main(args: Any) -> int:
         lines.append(f"`browser`: `shmbridge view` (60 fps cap) with headless Chromium on the page; the page "
                      f"received {browser.frames if browser else 0:,} frames over the run" +
                      ("." if env == "pixels" else " (state-only engine: plots only)."))
-    lines += ["", f"Target: median within 2 % of no observer: {'met' if worst <= 1.02 else 'NOT met'} "
-                  f"(worst {fmt_ratio(worst)}). Reported, not asserted."]
+    lines += ["", f"Targets: median within 5 % of no observer: {'met' if worst <= 1.05 else 'NOT met'}; "
+                  f"within 2 %: {'met' if worst <= 1.02 else 'NOT met'} (worst {fmt_ratio(worst)}). "
+                  "Reported, not asserted."]
     publish("observers", "\n".join(lines) + "\n", args.out,
             doc={c: stats[c].to_dict() for c in configs} | {"machine": machine})
     return 0
