@@ -141,6 +141,8 @@ pub struct Client {
     /// Whether `device` orders device work before a post (false for host memory, whose
     /// hook does nothing): the step path skips the call entirely.
     device_hooks: bool,
+    /// The engine (shard 0 of a sharded region) is this process: a thread of it serves.
+    engine_in_this_process: bool,
     /// See [`Client::set_command_stream`].
     command_stream: u64,
     /// Where the engine's and each shard's pid is a pid, for the errors that name them.
@@ -201,6 +203,8 @@ impl Client {
         }
         // Alive (it holds its lock): not shown here, it lives in another PID namespace.
         let engine_pid_ns = os::pid_namespace(layout.engine_pid, layout.engine_start_time);
+        let engine_in_this_process =
+            engine_pid_ns == PidNamespace::This && layout.engine_pid == os::current_pid();
         let me = os::current_pid();
         let my_start = os::process_start_time(me)
             .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
@@ -253,6 +257,7 @@ impl Client {
             tx: flatbuffers::FlatBufferBuilder::new(),
             interrupt: options.interrupt.clone(),
             device_hooks: device.needs_hooks(),
+            engine_in_this_process,
             device,
             command_stream: 1,
             engine_pid_ns,
@@ -774,9 +779,11 @@ impl Client {
 
     /// [`Client::step`] for a caller that would rather keep its thread a little longer
     /// before it waits the usual way (the Python binding holds the GIL through this and
-    /// releases it only for a longer wait): posts the action, then spins on the frame for
-    /// at most `spin` per shard (and no longer than the client's wait policy spins: a blocking
-    /// client looks once), without yielding, sleeping or looking at the engine's liveness.
+    /// releases it only for a longer wait): posts the action, then spins on the frame (of
+    /// every shard) for at most `spin` in all, without yielding, sleeping or looking at
+    /// the engine's liveness. No longer than the client's wait policy spins (a blocking
+    /// client looks once), and one look only where the engine is this very process (an
+    /// engine thread may need what the caller holds: a Python engine needs the GIL).
     /// `Ok(Some(frame))`: answered, as `step` would have returned; `Ok(None)`: the action
     /// is in flight, and [`Client::wait_frame`] finishes the step. Host steps only: a
     /// client whose device orders its work before the post (`steps_on_host` false) gets
@@ -790,16 +797,23 @@ impl Client {
         }
         self.post_action();
         let target = self.action;
-        let spin = spin.min(self.policy.spin);
+        let spin = match self.engine_in_this_process {
+            true => Duration::ZERO,
+            false => spin.min(self.policy.spin),
+        };
+        let mut started = None;
         for s in &self.layout.shards {
             let slot = self.slot(s);
-            match sync::spin_briefly(&slot.frame_seq(), target, spin) {
+            match sync::spin_briefly(&slot.frame_seq(), target, spin, &mut started) {
                 Some(seen) if seen == target => {}
                 Some(seen) => return Err(unexpected_frame(&self.layout, s, seen, target)),
                 None => return Ok(None),
             }
         }
-        self.frame_waits.record_at_once();
+        match started {
+            None => self.frame_waits.record_at_once(),
+            Some(t) => self.frame_waits.record(t.elapsed()),
+        }
         self.frame = target;
         Ok(Some(target))
     }
@@ -1735,6 +1749,26 @@ mod tests {
         }
         client.close();
         assert_eq!(server.join().unwrap(), 200);
+    }
+
+    #[test]
+    fn a_spinning_step_that_sees_its_frame_at_once_returns_it() {
+        let spec = EngineSpec::standard("client-spinning-at-once", 1, 1, 1, DType::F32);
+        let mut engine = Engine::create(spec).unwrap();
+        engine.publish().unwrap();
+        let mut client = Client::attach(engine.name(), AttachOptions::default()).unwrap();
+        for n in 1..=3u64 {
+            // The engine answers action n before the client posts it (posted here as the
+            // client would), so the spin's first look sees the frame whatever the load.
+            sync::post(&client.region.control().doorbell_with_action(), n);
+            assert_eq!(engine.wait_actions(T).unwrap(), n);
+            engine.tensors().write::<f32>("obs").unwrap().fill(n as f32);
+            engine.publish().unwrap();
+            assert_eq!(client.step_spinning(Duration::ZERO).unwrap(), Some(n));
+            assert_eq!(client.frame(), n);
+            assert_eq!(client.counters(), (n, n));
+            assert_eq!(client.tensor::<f32>("obs").unwrap(), &[n as f32]);
+        }
     }
 
     #[test]

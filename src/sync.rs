@@ -435,13 +435,19 @@ pub fn wait_for_from<S: SeqWord>(
     )
 }
 
-/// Spins until `seq` is at least `target`, for at most `spin` (the clock read once
-/// the first 64 looks did not see it): the value seen, or `None`. No yield, no sleep,
-/// no look at the peer: the caller waits the usual way ([`wait_for_from`]) after a
-/// `None`. For a caller that holds something others want while it waits (the Python
-/// binding's GIL), so it keeps it only while a fast peer answers.
+/// Spins until `seq` is at least `target`, for at most `spin` counted from `*started`
+/// (set here, by the first clock read, once 64 looks did not see the value; several
+/// words share one budget through it): the value seen, or `None`. No yield, no sleep, no
+/// look at the peer: the caller waits the usual way ([`wait_for_from`]) after a `None`.
+/// For a caller that holds something others want while it waits (the Python binding's
+/// GIL), so it keeps it only while a fast peer answers.
 #[inline]
-pub fn spin_briefly<S: SeqWord>(seq: &S, target: u64, spin: Duration) -> Option<u64> {
+pub fn spin_briefly<S: SeqWord>(
+    seq: &S,
+    target: u64,
+    spin: Duration,
+    started: &mut Option<Instant>,
+) -> Option<u64> {
     let v = seq.load(Ordering::Acquire);
     if v >= target {
         return Some(v);
@@ -449,7 +455,6 @@ pub fn spin_briefly<S: SeqWord>(seq: &S, target: u64, spin: Duration) -> Option<
     if spin.is_zero() {
         return None;
     }
-    let mut start: Option<Instant> = None;
     let mut i: u32 = 0;
     loop {
         std::hint::spin_loop();
@@ -459,14 +464,14 @@ pub fn spin_briefly<S: SeqWord>(seq: &S, target: u64, spin: Duration) -> Option<
         }
         i = i.wrapping_add(1);
         if i % 64 == 0 {
-            let t = match start {
+            let t = match *started {
                 Some(t) => t,
                 None => {
                     // As in `wait_on`: no spinning where the peer may need this core.
                     if !primitive::core_free() {
                         return None;
                     }
-                    *start.insert(Instant::now())
+                    *started.insert(Instant::now())
                 }
             };
             if t.elapsed() >= spin {
@@ -645,6 +650,57 @@ fn wait_on<S: SeqWord, R>(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A counter alone, for a spin that never sleeps.
+    struct Counter(AtomicU64);
+
+    impl SeqWord for Counter {
+        fn load(&self, order: Ordering) -> u64 {
+            self.0.load(order)
+        }
+        fn set_waiting(&self, _: bool) {}
+        fn park(&self, _: u32, _: Duration) {}
+    }
+
+    #[test]
+    fn a_brief_spin_sees_the_counter_or_gives_up_within_one_budget() {
+        let c = Counter(AtomicU64::new(5));
+        let mut started = None;
+        // There already: seen at the first look, without a clock read.
+        assert_eq!(spin_briefly(&c, 5, Duration::ZERO, &mut started), Some(5));
+        assert_eq!(
+            spin_briefly(&c, 3, Duration::from_secs(30), &mut started),
+            Some(5)
+        );
+        assert_eq!(started, None);
+        // Not there and no budget: one look.
+        assert_eq!(spin_briefly(&c, 6, Duration::ZERO, &mut started), None);
+        assert_eq!(started, None);
+        // Never raised: the spin gives up (its budget spent, or the machine busy).
+        assert_eq!(
+            spin_briefly(&c, 6, Duration::from_micros(50), &mut started),
+            None
+        );
+        // A budget shared by several words: once spent, the next gives up too.
+        if let Some(t) = started {
+            assert_eq!(
+                spin_briefly(&c, 6, Duration::from_micros(50), &mut started),
+                None
+            );
+            assert_eq!(started, Some(t), "the budget's clock was restarted");
+        }
+        // Raised by another thread: a spin sees it (each try spins at most 30 s; on a busy
+        // machine a try may give up at once, and the next looks again).
+        std::thread::scope(|s| {
+            s.spawn(|| c.0.store(6, Ordering::Release));
+            let seen = loop {
+                if let Some(v) = spin_briefly(&c, 6, Duration::from_secs(30), &mut None) {
+                    break v;
+                }
+            };
+            assert_eq!(seen, 6);
+        });
+    }
 
     /// The host-side bound of a drain that may never finish (a CUDA stream waiting on a
     /// semaphore nobody signals): never done, it ends with `Timeout` once the timeout

@@ -95,8 +95,9 @@ class Client:
         on the engine's event; ``actions`` must then be a CUDA tensor on the device.
         ``timeout`` bounds the whole step; ``NotPostedError`` (a ``TimeoutError``): the
         action was not sent (a CUDA stream of a Vulkan engine's tensors did not drain),
-        nothing is in flight. A host step holds the GIL for up to 10 µs while it looks
-        for the frame, and releases it to wait longer."""
+        nothing is in flight. A host step holds the GIL for about 10 µs while it looks
+        for the frame (once only for a blocking client, or an engine served by a
+        thread of this process), and releases it to wait longer."""
     def reset(
         self,
         seed: Union[None, int, Sequence[int]] = None,

@@ -25,7 +25,8 @@ use crate::{AttachOptions, Client};
 
 /// How long a host step spins on the engine's frame with the GIL held before it
 /// releases the GIL to wait: a fast engine's frame comes within it (a round trip is
-/// about a microsecond), and another Python thread is kept out for no longer.
+/// about a microsecond), and another Python thread is kept out for about as long (not at
+/// all where a thread of this process serves the engine: `Client::step_spinning`).
 const GIL_HELD_SPIN: Duration = Duration::from_micros(10);
 
 /// The mutable part of a client, behind a mutex so the Python object can be shared and
