@@ -314,6 +314,21 @@ def test_vector_contenders_subset(tmp_path):
     assert "unknown contenders ['grpc']" in proc.stderr
 
 
+def test_vector_envpool_mujoco_sync_at_equal_threads_and_async(tmp_path):
+    pytest.importorskip("envpool")
+    pytest.importorskip("mujoco")
+    out = tmp_path / "results"
+    _run("vector", "--quick", "--workloads", "HalfCheetah-v5", "--envs", "4", "--shards", "1",
+         "--contenders", "sync,envpool", "--steps", "3", "--rounds", "1", "--out", str(out))
+    rows = json.loads((out / "vector.json").read_text())["results"]["HalfCheetah-v5 N=4"]
+    assert [r["label"] for r in rows] == ["SyncVectorEnv", "EnvPool T=1", "EnvPool async B=2 T=1"]
+    sync, pool, pool_async = rows
+    assert pool["num_envs"] == 4 and "vs_SyncVectorEnv" in pool
+    # A step of half the envs: counted as 2 env-steps, and not compared per step.
+    assert pool_async["num_envs"] == 2 and "vs_SyncVectorEnv" not in pool_async
+    assert all(r["env_steps_per_s"] > 0 for r in rows)
+
+
 def test_observers_quick_times_every_configuration(tmp_path):
     out = tmp_path / "results"
     _run("observers", "--quick", "--rounds", "1", "--block-seconds", "0.2", "--no-browser",

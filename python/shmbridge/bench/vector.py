@@ -12,8 +12,11 @@ Gymnasium default everywhere):
 * ``AsyncVectorEnv``: ``gymnasium.vector.AsyncVectorEnv(shared_memory=True)``, one worker
   process per env (Gymnasium's default);
 * ``SyncVectorEnv``: every env in this process (the one-core baseline);
-* ``EnvPool``: ``envpool.make("CartPole-v1", env_type="gymnasium")`` (C++ threads in this
-  process; the ceiling), CartPole only, when envpool is installed;
+* ``EnvPool``: ``envpool.make(env, env_type="gymnasium")`` (C++ threads in this process;
+  the ceiling), when envpool is installed: for CartPole with its default threads; for the
+  MuJoCo workloads with ``num_threads`` each of ``--shards`` (``EnvPool T=k``) and in its
+  asynchronous mode with batches of N/2 (``EnvPool async B=N/2 T=k``: a timed step is one
+  ``recv()`` and one ``send()`` of N/2 envs, so compare its env-steps/s, not its step);
 * ``native K=k``: ``ShmVectorEnv`` over ``shmbridge.launch("mujoco/<id>", N, shards=k)``,
   the native MuJoCo engine (docs/mujoco.md), and ``native K=1 T=2`` (one shard, 2
   threads), for the MuJoCo workloads where shmbridge was built with the ``mujoco``
@@ -84,23 +87,69 @@ class Contender:
         self.envs.close()
 
 
+def _envpool_actions(envs: Any, num_envs: int) -> List[np.ndarray]:
+    """64 random action batches of `num_envs` for an EnvPool env (Discrete or Box)."""
+    rng = np.random.default_rng(0)
+    space = envs.action_space
+    if hasattr(space, "n"):
+        return [rng.integers(0, int(space.n), size=num_envs) for _ in range(64)]
+    low, high = np.asarray(space.low), np.asarray(space.high)
+    return [rng.uniform(low, high, size=(num_envs, *low.shape)).astype(space.dtype) for _ in range(64)]
+
+
 class EnvPoolContender(Contender):
-    def __init__(self, num_envs: int) -> None:
+    """EnvPool's synchronous vector env: ``envpool.make(env_id, env_type="gymnasium",
+    num_envs=N, num_threads=T)``, stepped like the others (``T = 0``: EnvPool's default,
+    a thread per core)."""
+
+    def __init__(self, num_envs: int, env_id: str = "CartPole-v1", threads: int = 0) -> None:
         import envpool
 
-        def make() -> Any:
-            return envpool.make("CartPole-v1", env_type="gymnasium", num_envs=num_envs, seed=0)
-
-        self.label = ENVPOOL
+        self.label = ENVPOOL if not threads else f"{ENVPOOL} T={threads}"
         self.num_envs = num_envs
-        self.processes = 1
-        self.envs = make()
+        self.processes = threads or 1
+        self.envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0, num_threads=threads)
         self.envs.reset()
-        rng = np.random.default_rng(0)
-        self.bank = [rng.integers(0, 2, size=num_envs) for _ in range(64)]
+        self.bank = _envpool_actions(self.envs, num_envs)
         self.k = 0
         self.times = []
         self.block_means = []
+
+
+class EnvPoolAsyncContender(Contender):
+    """EnvPool's asynchronous mode: ``batch_size`` B < N, ``async_reset()``, then each
+    timed step is one ``recv()`` of the first B envs ready and one ``send()`` of their
+    actions: B env-steps. Its per-step ratios to the vector envs do not apply (a step here
+    is B envs, not N); compare env-steps/s."""
+
+    def __init__(self, num_envs: int, env_id: str, threads: int, batch_size: int) -> None:
+        import envpool
+
+        self.label = f"{ENVPOOL} async B={batch_size} T={threads}"
+        self.whole_batch = False
+        self.num_envs = batch_size  # env-steps per timed step
+        self.processes = threads
+        self.envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0,
+                                 num_threads=threads, batch_size=batch_size)
+        self.envs.async_reset()
+        self.bank = _envpool_actions(self.envs, batch_size)
+        self.k = 0
+        self.times = []
+        self.block_means = []
+
+    def step_block(self, n: int) -> None:
+        recv, send, bank, pc, out = self.envs.recv, self.envs.send, self.bank, time.perf_counter_ns, self.times
+        first = len(out)
+        for _ in range(n):
+            self.k += 1
+            a = bank[self.k % len(bank)]
+            t0 = pc()
+            o, r, te, tr, info = recv()
+            send(a, info["env_id"])
+            out.append(pc() - t0)
+        self.block_means.append(sum(out[first:]) / max(1, len(out) - first))
+        if not np.isfinite(np.asarray(o, dtype=np.float64)).all():
+            raise RuntimeError(f"{self.label}: non-finite observations")
 
 
 class NullContender:
@@ -170,9 +219,17 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[st
         out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))
     if "sync" in which:
         out.append(Contender(SYNC, lambda: gymnasium.vector.SyncVectorEnv(fns), n, 1))
-    if env_id == "CartPole-v1" and "envpool" in which:
+    if "envpool" in which:
         try:
-            out.append(EnvPoolContender(n))
+            if env_id == "CartPole-v1":
+                out.append(EnvPoolContender(n))
+            else:
+                # At equal threads with the native engine's processes (K), and async with
+                # half the envs per batch where there are enough of them.
+                for k in [k for k in shard_counts if k <= n]:
+                    out.append(EnvPoolContender(n, env_id, threads=k))
+                for k in [k for k in shard_counts if n >= 4 and k <= n // 2]:
+                    out.append(EnvPoolAsyncContender(n, env_id, threads=k, batch_size=n // 2))
         except ImportError:
             pass
     return out
@@ -197,6 +254,9 @@ def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
         s = stats[c.label]
         row = dict(label=c.label, num_envs=c.num_envs, processes=c.processes, **s.to_dict(),
                    env_steps_per_s=c.num_envs * s.steps_per_s)
+        if not getattr(c, "whole_batch", True):
+            rows.append(row)  # a step of part of the envs: only its env-steps/s compare
+            continue
         for ref in (ASYNC, SYNC):
             if ref in stats:
                 row[f"vs_{ref}"] = stats[ref].mean_ns / s.mean_ns  # > 1: faster than ref
