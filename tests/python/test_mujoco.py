@@ -632,3 +632,26 @@ def test_a_shard_built_from_another_model_is_refused(tmp_path, region_namespace)
     assert second.returncode != 0, second.stderr
     assert "does not serve the region's tensors" in second.stderr, second.stderr
     assert "panicked" not in second.stderr, second.stderr
+
+
+def test_bench_pixels_measures_the_cameras_frames_zero_copy(tmp_path) -> None:
+    """``bench pixels --mujoco``: the native engine's camera (one shard and two) against
+    Gymnasium's ``rgb_array`` of the same camera, a smoke run: every path measured, the
+    engine's frames a drawn picture and the torch view the region's memory."""
+    import json
+
+    launch_mujoco("Hopper-v5", 1).close()  # skips where built without the feature
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shmbridge.bench", "pixels", "--quick", "--mujoco", "Hopper-v5",
+         "--num-envs", "2", "--size", "24x32", "--steps", "4", "--rounds", "1", "--warmup", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out / "pixels.json").read_text())
+    assert not doc["skipped"], doc["skipped"]
+    paths = doc["paths"]
+    assert set(paths) == {"mujoco-native", "mujoco-native-k2", "gym-sync", "gym-async"}
+    for key in ("mujoco-native", "mujoco-native-k2"):
+        assert paths[key]["zero_copy"] is True and not paths[key]["failures"], paths[key]
+    assert all(p["frames_per_s"] > 0 and not p["failures"] for p in paths.values()), paths

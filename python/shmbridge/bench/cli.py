@@ -103,6 +103,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     x.add_argument("--num-envs", type=int, default=16, help="envs, each one frame per step (default 16)")
     x.add_argument("--size", default="84x84", help="frame HxW (default 84x84; 3 channels)")
     x.add_argument("--blocking", action="store_true", help="blocking wait policy instead of spinning")
+    x.add_argument("--mujoco", default=None, metavar="TASK",
+                   help="instead, a MuJoCo task's camera (e.g. Hopper-v5): the native engine's frames "
+                        "(launch('mujoco/TASK', camera=...), a build with the mujoco feature) against "
+                        "Gymnasium's render_mode='rgb_array' of the same camera and size")
+    x.add_argument("--camera", default="track", help="with --mujoco: the model's camera (default track)")
     x.add_argument("--out", default=None, help="also write DIR/pixels.md and DIR/pixels.json")
 
     w = sub.add_parser("vector", help="Gymnasium envs behind shards against AsyncVectorEnv, SyncVectorEnv, EnvPool",

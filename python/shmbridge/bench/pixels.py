@@ -25,7 +25,17 @@ rounds (the order rotating), and frames/s = num_envs * 1e9 / mean step time. Aft
 block the shmbridge paths' frames are checked to be a rendered picture (not blank), and
 the views to be the engine's memory (pointer equality).
 
-Gymnasium's CartPole renders with pygame (`gymnasium[classic-control]`, in the `bench`
+`--mujoco TASK [--camera NAME]` measures a MuJoCo task's camera instead:
+
+- `mujoco-native`: the native MuJoCo engine (`launch("mujoco/TASK", camera=NAME,
+  camera_size="HxW")`, a build with the `mujoco` feature) renders each env through the
+  camera with MuJoCo's renderer into the region's `rgb` (host), a persistent torch view;
+  `mujoco-native-k2`: the same as 2 shards, each rendering its half of the envs;
+- `gym-sync`, `gym-async`: Gymnasium's `TASK` made with `render_mode="rgb_array"`,
+  `width`, `height` and `camera_name`, each env wrapped to return its rendered frame as
+  its observation, under `SyncVectorEnv` / `AsyncVectorEnv` as above.
+
+Random actions, uniform in the action space's bounds. Gymnasium's CartPole renders with pygame (`gymnasium[classic-control]`, in the `bench`
 extra); without it the Gymnasium paths are reported as skipped. Without a Vulkan driver
 the Vulkan paths are skipped; without either the command prints `bench pixels: skipped:
 <reason>` on stderr and exits with status 3.
@@ -65,6 +75,12 @@ PATHS: Tuple[Tuple[str, str], ...] = (
     ("gym-sync", "Gymnasium SyncVectorEnv, rgb_array"),
     ("gym-async", "Gymnasium AsyncVectorEnv, rgb_array"),
 )
+MUJOCO_PATHS: Tuple[Tuple[str, str], ...] = (
+    ("mujoco-native", "shmbridge native MuJoCo engine, its camera into host shared memory"),
+    ("mujoco-native-k2", "shmbridge native MuJoCo engine, 2 shards (2 renderers)"),
+    ("gym-sync", "Gymnasium SyncVectorEnv, rgb_array"),
+    ("gym-async", "Gymnasium AsyncVectorEnv, rgb_array"),
+)
 # The path the ratios divide by: what a PyTorch user of Gymnasium would start from.
 REFERENCE = "gym-async"
 
@@ -77,6 +93,28 @@ class Plan:
     num_envs: int
     height: int
     width: int
+    # A MuJoCo task and its camera (`--mujoco`), or None: CartPole and the pixels engine.
+    task: Optional[str] = None
+    camera: str = "track"
+
+    def paths(self) -> Tuple[Tuple[str, str], ...]:
+        return MUJOCO_PATHS if self.task else PATHS
+
+
+def _make_mujoco_env(task: str, camera: str, height: int, width: int):
+    """Gymnasium's `task` rendering `camera` at `(height, width)`, its observation the
+    rendered frame."""
+    import gymnasium as gym
+
+    class Rendered(gym.ObservationWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.observation_space = gym.spaces.Box(0, 255, (height, width, 3), np.uint8)
+
+        def observation(self, observation):
+            return self.env.render()
+
+    return Rendered(gym.make(task, render_mode="rgb_array", width=width, height=height, camera_name=camera))
 
 
 def _make_gym_env(height: int, width: int):
@@ -105,11 +143,31 @@ def _make_gym_env(height: int, width: int):
 class _Factory:
     """Picklable `env_fns` entry for AsyncVectorEnv's workers."""
 
-    def __init__(self, height: int, width: int):
-        self.height, self.width = height, width
+    def __init__(self, plan: "Plan"):
+        self.height, self.width, self.task, self.camera = plan.height, plan.width, plan.task, plan.camera
 
     def __call__(self):
+        if self.task:
+            return _make_mujoco_env(self.task, self.camera, self.height, self.width)
         return _make_gym_env(self.height, self.width)
+
+
+def _frames_drawn(frames: np.ndarray, task: Optional[str]) -> bool:
+    """Whether `[N, ..., H, W, 3]` frames are drawn pictures: CartPole's white background
+    and dark cart in every env; a MuJoCo camera's view, not one colour, in every env."""
+    flat = frames.reshape(len(frames), -1)
+    if task:
+        return bool((flat.max(axis=1) > flat.min(axis=1)).all())
+    return int(flat.max()) == 255 and int(flat.min(axis=1).max()) < 64
+
+
+def _random_actions(space: Any, num_envs: int, count: int = 1024) -> np.ndarray:
+    """`count` batches of random actions for `num_envs` envs of a Discrete or Box space."""
+    rng = np.random.default_rng(0)
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), size=(count, num_envs, 1), dtype=np.int64)
+    low, high = np.asarray(space.low), np.asarray(space.high)
+    return rng.uniform(low, high, size=(count, num_envs, *low.shape)).astype(np.float32)
 
 
 class Case:
@@ -175,21 +233,57 @@ class PixelsCase(Case):
         self.client.close()
 
 
+class MujocoCase(PixelsCase):
+    """The native MuJoCo engine's camera: `rgb [N, H, W, 3]` in the region."""
+
+    def __init__(self, key: str, plan: Plan, blocking: bool, shards: int = 1):
+        import gymnasium as gym
+        import torch
+
+        Case.__init__(self, key)
+        self.task = plan.task
+        self.client = shmbridge.launch(
+            f"mujoco/{plan.task}", num_envs=plan.num_envs, seed=0, camera=plan.camera,
+            camera_size=f"{plan.height}x{plan.width}", blocking=blocking, shards=shards)
+        self.tensor = self.client["rgb"]
+        self.view = torch.from_dlpack(self.tensor)[:, None]  # [N, 1, H, W, 3], as the stacks
+        self.zero_copy = self.view.data_ptr() == self.tensor.data_ptr != 0
+        self.note = (f"`torch.from_dlpack(client['rgb'])` {tuple(self.tensor.shape)} at "
+                     f"{self.view.data_ptr():#x} {'==' if self.zero_copy else '!='} "
+                     f"`client['rgb'].data_ptr` {self.tensor.data_ptr:#x}")
+        self.actions = torch.from_dlpack(self.client.actions)
+        self.acc = torch.zeros((), dtype=torch.int64)
+        space = gym.make(plan.task).action_space
+        self.bank = torch.from_numpy(_random_actions(space, plan.num_envs).reshape(
+            1024, *self.actions.shape))
+        self.k = 0
+
+    def check(self) -> None:
+        if not _frames_drawn(self.view.numpy(), self.task):
+            self.failures.append(f"{self.key}: frame {self.client.frame} is not a drawn picture")
+
+
 class GymCase(Case):
     def __init__(self, key: str, plan: Plan):
         import gymnasium as gym
         import torch
 
         super().__init__(key)
-        fns = [_Factory(plan.height, plan.width) for _ in range(plan.num_envs)]
+        self.task = plan.task
+        fns = [_Factory(plan) for _ in range(plan.num_envs)]
         if key == "gym-sync":
             self.envs = gym.vector.SyncVectorEnv(fns)
         else:
-            self.envs = gym.vector.AsyncVectorEnv(fns, shared_memory=True)
+            # MuJoCo's EGL renderer does not survive a fork of a process that rendered
+            # (SyncVectorEnv's envs here): its workers start fresh.
+            context = "spawn" if plan.task else None
+            self.envs = gym.vector.AsyncVectorEnv(fns, shared_memory=True, context=context)
         obs, _ = self.envs.reset(seed=0)
         self.acc = torch.zeros((), dtype=torch.int64)
         self.from_numpy = torch.from_numpy
-        self.bank = np.random.default_rng(0).integers(0, 2, size=(1024, plan.num_envs), dtype=np.int64)
+        self.bank = _random_actions(self.envs.single_action_space, plan.num_envs)
+        if not plan.task:
+            self.bank = self.bank[..., 0]  # Discrete: one action per env
         self.k = 0
         self.last = obs
         self.note = f"observations {obs.shape} {obs.dtype} through `torch.from_numpy` (no copy)"
@@ -208,17 +302,18 @@ class GymCase(Case):
         self.last = o
 
     def check(self) -> None:
-        o = self.last
-        if not (int(o.max()) == 255 and int(o.reshape(len(o), -1).min(axis=1).max()) < 64):
+        if not _frames_drawn(np.asarray(self.last), self.task):
             self.failures.append(f"{self.key}: the observation is not a rendered picture")
 
     def close(self) -> None:
         self.envs.close()
 
 
-def _gym_missing() -> str:
+def _gym_missing(task: Optional[str] = None) -> str:
     """Why the Gymnasium paths cannot run here ('' where they can)."""
-    for mod, extra in (("gymnasium", "gymnasium"), ("pygame", "gymnasium[classic-control]")):
+    needs = (("gymnasium", "gymnasium"), ("mujoco", "gymnasium[mujoco]")) if task else \
+        (("gymnasium", "gymnasium"), ("pygame", "gymnasium[classic-control]"))
+    for mod, extra in needs:
         if importlib.util.find_spec(mod) is None:
             return f"{mod} is not installed (pip install '{extra}', in the bench extra)"
     return ""
@@ -230,15 +325,25 @@ def measure(plan: Plan, blocking: bool = False,
     cases: List[Case] = []
     skipped: Dict[str, str] = {}
     try:
-        for key, stack, where in (("pixels-vulkan", 1, "vulkan"), ("pixels-host", 1, "host"),
-                                  ("pixels-vulkan-stack4", 4, "vulkan")):
+        for key, shards in (("mujoco-native", 1), ("mujoco-native-k2", 2)) if plan.task else ():
+            if shards > plan.num_envs:
+                skipped[key] = f"{shards} shards need {shards} envs"
+                continue
+            try:
+                cases.append(MujocoCase(key, plan, blocking, shards))
+            except shmbridge.EngineStartError as e:
+                if "without the `mujoco` feature" not in str(e):
+                    raise
+                skipped[key] = "shmbridge was built without the `mujoco` feature (docs/mujoco.md)"
+        for key, stack, where in () if plan.task else (
+                ("pixels-vulkan", 1, "vulkan"), ("pixels-host", 1, "host"), ("pixels-vulkan-stack4", 4, "vulkan")):
             try:
                 cases.append(PixelsCase(key, plan, blocking, stack, where))
             except shmbridge.EngineStartError as e:
                 if "Vulkan is unavailable" not in str(e):
                     raise
                 skipped[key] = "no Vulkan driver: " + " ".join(str(e).split())[-300:]
-        why = _gym_missing()
+        why = _gym_missing(plan.task)
         for key in ("gym-sync", "gym-async"):
             if why:
                 skipped[key] = why
@@ -266,10 +371,9 @@ def report(cases: List[Case], skipped: Dict[str, str], plan: Plan, header: List[
     stats = {c.key: Stats.of(c.samples) for c in cases if c.samples}
     fps = {k: plan.num_envs * s.steps_per_s for k, s in stats.items()}
     ref = fps.get(REFERENCE)
-    labels = dict(PATHS)
+    labels = dict(plan.paths())
     rows, ratios = [], {}
-    by_key = {c.key: c for c in cases}
-    for key, label in PATHS:
+    for key, label in plan.paths():
         if key in skipped:
             rows.append([label, f"skipped: {skipped[key]}", "", "", "", ""])
             continue
@@ -285,10 +389,11 @@ def report(cases: List[Case], skipped: Dict[str, str], plan: Plan, header: List[
                             "frames/s ÷ AsyncVectorEnv"], rows, "lrrrrr")
     failures = [f for c in cases for f in c.failures]
     not_zero = [c.key for c in cases if c.zero_copy is False]
+    what = f"{plan.task}'s camera `{plan.camera}`, " if plan.task else ""
     lines = [
         "## Pixels: rendered frames to torch, against Gymnasium's rgb_array",
         "",
-        f"Command: `{command}` ({run_mode(quick)}; {plan.num_envs} envs, {plan.height}×{plan.width}×3 u8 frames; "
+        f"Command: `{command}` ({run_mode(quick)}; {what}{plan.num_envs} envs, {plan.height}×{plan.width}×3 u8 frames; "
         f"{plan.rounds} interleaved rounds of {plan.per_block:,} timed steps per path after "
         f"{plan.warmup:,} warm-up steps; {elapsed:.1f} s)",
         "",
@@ -326,9 +431,10 @@ def main(args: Any) -> int:
     h, w = size
     plan = Plan(rounds=rounds, per_block=max(1, math.ceil(steps / rounds)),
                 warmup=args.warmup if args.warmup is not None else (2 if quick else 20),
-                num_envs=args.num_envs, height=h, width=w)
+                num_envs=args.num_envs, height=h, width=w, task=getattr(args, "mujoco", None),
+                camera=getattr(args, "camera", "track"))
 
-    log(f"pixels: {plan.num_envs} envs, {h}x{w}x3 frames")
+    log(f"pixels: {plan.task or 'CartPole'}, {plan.num_envs} envs, {h}x{w}x3 frames")
     machine = machine_description()
     t0 = time.monotonic()
     cases, skipped = measure(plan, blocking=args.blocking, log=log)
