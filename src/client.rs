@@ -1320,12 +1320,25 @@ impl Client {
         self.sendable()?.ready.check_send(env_ids).map(drop)
     }
 
-    /// The batches of a usable asynchronous client, for a send.
+    /// The batches of a usable asynchronous client, for a send: the errors `step` checks
+    /// before posting (`Closed`, `OutOfOrder`, then `PeerClosed`), in the same order.
     fn sendable(&mut self) -> Result<&mut Batches> {
         self.check_usable()?;
-        self.batches
+        let closed = (self.engine_state() == EngineState::Closed).then(|| {
+            // When a shard dies its siblings close in turn: the death is what to report.
+            match self.check_engine() {
+                Err(e @ Error::ShardDied { .. }) => e,
+                _ => Error::PeerClosed { peer: Peer::Engine },
+            }
+        });
+        let b = self
+            .batches
             .as_deref_mut()
-            .ok_or(Error::OutOfOrder("call async_reset() before send()"))
+            .ok_or(Error::OutOfOrder("call async_reset() before send()"))?;
+        match closed {
+            Some(e) => Err(e),
+            None => Ok(b),
+        }
     }
 
     /// Posts the actions written into rows `env_ids` of the client→engine tensors: the
@@ -1335,7 +1348,8 @@ impl Client {
     ///
     /// Errors: `NotInBatch` (kind `OutOfOrder`), naming an env whose frame was not handed
     /// out or whose action was sent already, an env listed twice, or a shard listed in
-    /// part: nothing is posted then; `OutOfOrder` before `async_reset`.
+    /// part; `OutOfOrder` before `async_reset`; `PeerClosed` once the engine closed (as
+    /// `step`; `ShardDied` where a shard's death made it close): nothing is posted then.
     pub fn send(&mut self, env_ids: &[u32]) -> Result<()> {
         let b = self.sendable()?;
         let shards = b.ready.check_send(env_ids)?;

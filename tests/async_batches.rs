@@ -726,3 +726,49 @@ fn an_action_counter_at_its_maximum_is_refused_at_attach() {
     let e = Client::attach(creator.name(), AttachOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Protocol { .. }), "{e}");
 }
+
+/// A send to a region whose engine closed is refused up front, as a step is (`PeerClosed`):
+/// no shard's own action moves.
+#[test]
+fn a_send_to_a_closed_engine_is_refused_before_anything_is_posted() {
+    let mut creator = Engine::create(spec(4, 2, &unique("closed"))).unwrap();
+    let mut joined = Engine::join(creator.name(), 1, JoinOptions::default()).unwrap();
+    creator.publish().unwrap();
+    joined.publish().unwrap();
+    let mut client = Client::attach(creator.name(), AttachOptions::default()).unwrap();
+    // The shards answer async_reset's resets (one each), then stop serving.
+    let shards = std::thread::spawn(move || {
+        let mut answered = 0;
+        while answered < 2 {
+            answered += creator.poll_commands(&mut Resets).unwrap();
+            answered += joined.poll_commands(&mut Resets).unwrap();
+        }
+        (creator, joined)
+    });
+    client.async_reset(4, &[], T).unwrap();
+    let (creator, joined) = shards.join().unwrap();
+    let ids = client.recv(T).unwrap().to_vec();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    let mapping = joined.map_again().unwrap();
+    let shard_infos = [*creator.shard(), *joined.shard()];
+    let words: Vec<_> = shard_infos
+        .iter()
+        .map(|s| shmbridge::shard::ShardSlot::new(&mapping, s).unwrap())
+        .collect();
+    creator.close();
+    let peer_closed = |r: Result<(), Error>| {
+        matches!(
+            r,
+            Err(Error::PeerClosed {
+                peer: shmbridge::Peer::Engine
+            })
+        )
+    };
+    assert!(peer_closed(client.check_send(&ids)), "check_send");
+    assert!(peer_closed(client.send(&ids)), "send");
+    for w in &words {
+        assert_eq!(w.action_seq().load(Ordering::Acquire), 0, "nothing posted");
+    }
+    client.close();
+    drop(joined);
+}
