@@ -568,7 +568,8 @@ shmb_status shmb_client_recv(shmb_client *client,
  * client→engine tensors: the envs of whole shards handed out by `shmb_client_recv` and
  * not sent yet, each once, in any order. Those shards step. `SHMB_OUT_OF_ORDER` (nothing
  * posted) for an env not handed out, sent already, listed twice, or a shard listed in
- * part (the message names the env).
+ * part (the message names the env); `SHMB_ENGINE_CLOSED` (nothing posted) once the
+ * engine closed, as for `shmb_client_step`.
  *
  * Ownership: `env_ids` is read during the call only.
  */

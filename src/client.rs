@@ -1154,7 +1154,9 @@ impl Client {
     /// resets every env and forgets the batches handed out.
     ///
     /// Errors: `InvalidSpec` for an unsharded region or one whose shards do not take
-    /// their own actions (an engine before 1.10), for device tensors (host only, for now),
+    /// their own actions (an engine before 1.10, or a shard process before 1.10 joined to
+    /// a later creator: each shard is asked its protocol by a `Hello` first), for device
+    /// tensors (host only, for now),
     /// or a `batch_size` that is not a multiple of the shard size; `OutOfOrder` with a
     /// lock-step step in flight; the errors of `reset`.
     pub fn async_reset(
@@ -1196,7 +1198,9 @@ impl Client {
                 self.num_envs()
             )));
         }
-        self.reset(None, seeds, timeout)?;
+        let start = Instant::now();
+        self.check_shard_protocols(timeout)?;
+        self.reset(None, seeds, timeout.saturating_sub(start.elapsed()))?;
         // Every shard answered its reset from its wait for an action: none is stepping,
         // each has published the frame of its last action (counted on from here: bounded
         // as at attach).
@@ -1223,6 +1227,46 @@ impl Client {
             arrived: Vec::with_capacity(self.layout.shards.len()),
         }));
         self.action = u64::MAX;
+        Ok(())
+    }
+
+    /// Asks every shard which protocol its process speaks (a `Hello` each): the header's
+    /// `flags` are its creator's, and a shard process before 1.10 that joined the region
+    /// neither takes the actions posted to its own entry nor rings the frame bell, so
+    /// `recv` would wait for it until its timeout (for ever without one). `InvalidSpec`
+    /// naming the first such shard; nothing is reset then.
+    fn check_shard_protocols(&mut self, timeout: Duration) -> Result<()> {
+        use crate::layout::{VERSION_MAJOR, VERSION_MINOR, VERSION_MINOR_SHARD_ACTIONS};
+        let hello = Body::Hello {
+            protocol_major: VERSION_MAJOR,
+            protocol_minor: VERSION_MINOR,
+            pid: os::current_pid(),
+            client_name: String::new(),
+        };
+        let requests = (0..self.layout.shards.len() as u32)
+            .map(|k| (k, Request::new(Method::Hello, hello.clone())))
+            .collect();
+        let replies = self.call_shards(requests, timeout)?;
+        for (s, reply) in self.layout.shards.iter().zip(replies) {
+            let (major, minor) = match reply?.body {
+                Body::Welcome {
+                    protocol_major,
+                    protocol_minor,
+                    ..
+                } => (protocol_major, protocol_minor),
+                other => return Err(Error::BadMessage(format!("Hello answered with {other:?}"))),
+            };
+            if (major, minor) < (VERSION_MAJOR, VERSION_MINOR_SHARD_ACTIONS) {
+                let envs = s.envs();
+                return Err(Error::InvalidSpec(format!(
+                    "shard {} (envs {}..{}) is served by a process of protocol {major}.{minor}, \
+                     which does not take actions posted to its shard alone (1.{}): \
+                     asynchronous batches would wait for it for ever; serve every shard with \
+                     the same release",
+                    s.index, envs.start, envs.end, VERSION_MINOR_SHARD_ACTIONS
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -1320,12 +1364,25 @@ impl Client {
         self.sendable()?.ready.check_send(env_ids).map(drop)
     }
 
-    /// The batches of a usable asynchronous client, for a send.
+    /// The batches of a usable asynchronous client, for a send: the errors `step` checks
+    /// before posting (`Closed`, `OutOfOrder`, then `PeerClosed`), in the same order.
     fn sendable(&mut self) -> Result<&mut Batches> {
         self.check_usable()?;
-        self.batches
+        let closed = (self.engine_state() == EngineState::Closed).then(|| {
+            // When a shard dies its siblings close in turn: the death is what to report.
+            match self.check_engine() {
+                Err(e @ Error::ShardDied { .. }) => e,
+                _ => Error::PeerClosed { peer: Peer::Engine },
+            }
+        });
+        let b = self
+            .batches
             .as_deref_mut()
-            .ok_or(Error::OutOfOrder("call async_reset() before send()"))
+            .ok_or(Error::OutOfOrder("call async_reset() before send()"))?;
+        match closed {
+            Some(e) => Err(e),
+            None => Ok(b),
+        }
     }
 
     /// Posts the actions written into rows `env_ids` of the client→engine tensors: the
@@ -1335,7 +1392,8 @@ impl Client {
     ///
     /// Errors: `NotInBatch` (kind `OutOfOrder`), naming an env whose frame was not handed
     /// out or whose action was sent already, an env listed twice, or a shard listed in
-    /// part: nothing is posted then; `OutOfOrder` before `async_reset`.
+    /// part; `OutOfOrder` before `async_reset`; `PeerClosed` once the engine closed (as
+    /// `step`; `ShardDied` where a shard's death made it close): nothing is posted then.
     pub fn send(&mut self, env_ids: &[u32]) -> Result<()> {
         let b = self.sendable()?;
         let shards = b.ready.check_send(env_ids)?;

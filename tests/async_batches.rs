@@ -726,3 +726,134 @@ fn an_action_counter_at_its_maximum_is_refused_at_attach() {
     let e = Client::attach(creator.name(), AttachOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Protocol { .. }), "{e}");
 }
+
+/// A send to a region whose engine closed is refused up front, as a step is (`PeerClosed`):
+/// no shard's own action moves.
+#[test]
+fn a_send_to_a_closed_engine_is_refused_before_anything_is_posted() {
+    let mut creator = Engine::create(spec(4, 2, &unique("closed"))).unwrap();
+    let mut joined = Engine::join(creator.name(), 1, JoinOptions::default()).unwrap();
+    creator.publish().unwrap();
+    joined.publish().unwrap();
+    let mut client = Client::attach(creator.name(), AttachOptions::default()).unwrap();
+    // The shards answer async_reset's requests (a Hello and a reset each), then stop
+    // serving.
+    let shards = std::thread::spawn(move || {
+        let mut answered = 0;
+        while answered < 4 {
+            answered += creator.poll_commands(&mut Resets).unwrap();
+            answered += joined.poll_commands(&mut Resets).unwrap();
+        }
+        (creator, joined)
+    });
+    client.async_reset(4, &[], T).unwrap();
+    let (creator, joined) = shards.join().unwrap();
+    let ids = client.recv(T).unwrap().to_vec();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    let mapping = joined.map_again().unwrap();
+    let shard_infos = [*creator.shard(), *joined.shard()];
+    let words: Vec<_> = shard_infos
+        .iter()
+        .map(|s| shmbridge::shard::ShardSlot::new(&mapping, s).unwrap())
+        .collect();
+    creator.close();
+    let peer_closed = |r: Result<(), Error>| {
+        matches!(
+            r,
+            Err(Error::PeerClosed {
+                peer: shmbridge::Peer::Engine
+            })
+        )
+    };
+    assert!(peer_closed(client.check_send(&ids)), "check_send");
+    assert!(peer_closed(client.send(&ids)), "send");
+    for w in &words {
+        assert_eq!(w.action_seq().load(Ordering::Acquire), 0, "nothing posted");
+    }
+    client.close();
+    drop(joined);
+}
+
+/// Answers the first request in `engine`'s command ring as a shard process of protocol
+/// 1.`minor` would answer a `Hello`: with its own version (the engine itself would answer
+/// with this library's).
+fn answer_hello_as(engine: &Engine, minor: u16) {
+    use shmbridge::ring::Ring;
+    use shmbridge::wire::{Body, Envelope, Kind, Method};
+    let region = engine.map_again().unwrap();
+    let shard = *engine.shard();
+    let slot = shmbridge::shard::ShardSlot::new(&region, &shard).unwrap();
+    let rings = shard.rings.unwrap();
+    // SAFETY: the offsets and capacities are those the validated layout gives this shard's
+    // rings, inside `region`'s mapping, which outlives the rings; this thread is their only
+    // user in this process (`engine` polls no commands meanwhile).
+    let (c2e, e2c) = unsafe {
+        (
+            Ring::new(
+                slot.c2e_ring(),
+                region.ptr().add(rings.c2e.0 as usize),
+                rings.c2e.1,
+                shmbridge::Peer::Client,
+            )
+            .unwrap(),
+            Ring::new(
+                slot.e2c_ring(),
+                region.ptr().add(rings.e2c.0 as usize),
+                rings.e2c.1,
+                shmbridge::Peer::Engine,
+            )
+            .unwrap(),
+        )
+    };
+    let mut bytes = Vec::new();
+    while !c2e.try_pop(&mut bytes).unwrap() {
+        std::hint::spin_loop();
+    }
+    let request = Envelope::decode(&bytes).unwrap();
+    assert_eq!(request.method, Method::Hello);
+    let reply = Envelope {
+        id: request.id,
+        kind: Kind::Reply,
+        method: Method::Hello,
+        body: Body::Welcome {
+            protocol_major: 1,
+            protocol_minor: minor,
+            engine_pid: std::process::id(),
+            engine_kind: "async-test".into(),
+        },
+        args: Vec::new(),
+        payload: Vec::new(),
+        error: None,
+    };
+    assert!(e2c.try_push(&reply.encode()).unwrap());
+}
+
+/// A shard process before 1.10 joined to a 1.10 region would never take the actions sent
+/// to its shard alone, and `recv` would wait for it until its timeout: `async_reset` asks
+/// every shard its protocol first and refuses such a region, resetting nothing.
+#[test]
+fn async_reset_refuses_a_shard_process_before_shard_actions() {
+    let mut creator = Engine::create(spec(4, 2, &unique("old-shard"))).unwrap();
+    let mut joined = Engine::join(creator.name(), 1, JoinOptions::default()).unwrap();
+    creator.publish().unwrap();
+    joined.publish().unwrap();
+    let mut client = Client::attach(creator.name(), AttachOptions::default()).unwrap();
+    let shards = std::thread::spawn(move || {
+        answer_hello_as(&joined, 9);
+        let mut resets = Resets;
+        // Shard 0 answers its Hello, and a reset if one came (none must).
+        let mut answered = 0;
+        while answered < 1 {
+            answered += creator.poll_commands(&mut resets).unwrap();
+        }
+        (creator, joined)
+    });
+    let e = client.async_reset(4, &[], T).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidSpec(m) if m.contains("shard 1 (envs 2..4)") && m.contains("1.9")),
+        "{e}"
+    );
+    let (_creator, _joined) = shards.join().unwrap();
+    // Still a lock-step client, nothing reset or handed out.
+    assert!(matches!(client.recv(T), Err(Error::OutOfOrder(_))));
+}

@@ -67,6 +67,10 @@ pub const VERSION_MINOR_CUDA_FD: u16 = 9;
 /// (earlier readers ignore it entirely, and a 1.5 or 1.6 reader expects the CUDA-session
 /// hash of every region of minor 5 or more): its presence is told by [`FLAG_OBSERVABLE`].
 pub const VERSION_MINOR_OBSERVERS: u16 = 7;
+/// The lowest minor whose shard processes take actions posted to their own entry and ring
+/// the frame bell (1.10, [`FLAG_SHARD_ACTIONS`]): what asynchronous batches ask of every
+/// shard (`Client::async_reset` asks each one's protocol with a `Hello`).
+pub const VERSION_MINOR_SHARD_ACTIONS: u16 = 10;
 /// `Header::flags` bit 0 (1.7): the region has a stats area at `stats_offset`, and its
 /// engine (each shard) writes engine→client tensors only inside a step (after a release
 /// fence that follows its load of the action) or inside an odd `write_seq` of its

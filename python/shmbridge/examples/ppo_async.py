@@ -1,0 +1,279 @@
+"""PPO on the ``cartpole`` engine with asynchronous batches (EnvPool's ``recv``/``send``).
+
+    python -m shmbridge.examples.ppo_async            # or: shmbridge-ppo-async
+    python -m shmbridge.examples.ppo_async --help
+
+The engine serves ``--num-envs`` envs from ``--shards`` processes (a sharded region,
+``docs/async.md``); the learner never waits for all of them. ``client.recv()`` hands out
+the ``--batch-size`` envs of whichever shards answered first; the current policy chooses
+their next actions at once, and ``client.send(actions, env_ids)`` steps only those
+shards while the others are still stepping. So the envs do not move in lock-step, and
+the rollout is kept per env:
+
+- each env has a *pending* step: the observation its last action was chosen on, that
+  action, its log-probability and the value of that observation. When the env comes
+  back in a batch, its reward and flags complete that step, which is appended to the
+  env's own rollout (``length[e]`` steps so far), and a new pending step begins;
+- an update runs once the envs' rollouts hold ``num_envs * num_steps`` steps together
+  (or one env's reaches ``--max-env-steps``). GAE runs along each env's own steps, and
+  each env is bootstrapped from the value of its pending observation, the one its
+  rollout ended on (per-env bootstrapping: the envs ended their rollouts at different
+  times, some with an action still in flight, which the next rollout completes);
+- episodes cut by the time limit are bootstrapped from ``final_obs`` as in the lock-step
+  example; the engine resets finished envs in the same step.
+
+The update, GAE's recursion, the agent and the bookkeeping are the lock-step example's
+(:mod:`.ppo`, :mod:`.ppo_core`); what differs is the loop and the per-env rollout.
+``--check-dynamics`` verifies every completed step against CartPole's equations (the
+observation its action was chosen on, the action sent, the state the engine produced):
+an env's rows mixed up with another's, or an action sent to the wrong env, fail it.
+``--lockstep`` trains the lock-step example instead with the same settings (for the
+curves side by side); ``--csv`` writes a run's learning curve.
+
+Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+import shmbridge
+
+from . import ppo
+from .ppo_core import Config, Progress, Result, ppo_update, rollout_buffers
+
+
+@dataclass
+class AsyncConfig(Config):
+    """The lock-step example's configuration, plus the asynchronous batches'."""
+
+    num_envs: int = 16
+    shards: int = 4
+    batch_size: int = 8  # envs per recv(): a multiple of num_envs // shards
+    max_env_steps: int = 0  # one env's rollout at most (0: 2 * num_steps)
+    check_dynamics: bool = False
+    plot: Optional[str] = None
+
+
+def cartpole_step(obs: np.ndarray, push_right: np.ndarray) -> np.ndarray:
+    """CartPole-v1's Euler step (``src/envs/cartpole.rs``, Gymnasium's equations) from
+    observations ``obs`` (m, 4) and actions (m,) (1: push right), in float64."""
+    gravity, mass_pole, total_mass, length, force_mag, tau = 9.8, 0.1, 1.1, 0.5, 10.0, 0.02
+    x, x_dot, theta, theta_dot = obs.astype(np.float64).T
+    force = np.where(push_right != 0, force_mag, -force_mag)
+    sin, cos = np.sin(theta), np.cos(theta)
+    temp = (force + mass_pole * length * theta_dot ** 2 * sin) / total_mass
+    theta_acc = (gravity * sin - cos * temp) / (
+        length * (4.0 / 3.0 - mass_pole * cos ** 2 / total_mass))
+    x_acc = temp - mass_pole * length * theta_acc * cos / total_mass
+    return np.stack([x + tau * x_dot, x_dot + tau * x_acc, theta + tau * theta_dot,
+                     theta_dot + tau * theta_acc], axis=1)
+
+
+def per_env_gae(rewards, values, dones, length, next_value, gamma: float, lam: float):
+    """GAE along each env's own steps. ``rewards``, ``values``, ``dones`` are (T, n) with
+    env ``e``'s steps in rows ``0 .. length[e]``; ``next_value`` (n,) is V of the
+    observation each env's rollout ended on. Returns ``(advantages, returns)``, (T, n),
+    0 past each env's length."""
+    import torch
+
+    t_len = rewards.shape[0]
+    steps = torch.arange(t_len, device=rewards.device).unsqueeze(1)
+    valid = (steps < length.unsqueeze(0)).to(rewards.dtype)
+    # The value after step t: the next step's, or, at an env's last step, its bootstrap.
+    after = torch.cat([values[1:], torch.zeros_like(values[:1])])
+    last_step = steps == (length - 1).unsqueeze(0)
+    after = torch.where(last_step, next_value.unsqueeze(0), after)
+    adv = torch.zeros_like(rewards)
+    carry = torch.zeros_like(next_value)
+    for t in reversed(range(t_len)):
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * after[t] * live - values[t]
+        carry = (delta + gamma * lam * live * carry) * valid[t]
+        adv[t] = carry
+    return adv, (adv + values) * valid
+
+
+def train(cfg: AsyncConfig, log=print) -> Result:
+    """Trains PPO on the ``cartpole`` engine with asynchronous batches; returns the outcome."""
+    import torch
+    from torch.distributions import Categorical
+
+    torch.set_num_threads(max(1, cfg.threads))
+    torch.manual_seed(cfg.seed)
+    n, b = cfg.num_envs, cfg.batch_size
+    per_update = n * cfg.num_steps
+    t_cap = cfg.max_env_steps or 2 * cfg.num_steps
+    num_updates = max(1, math.ceil(cfg.total_steps / per_update))
+    log(f"{n} envs in {cfg.shards} shards, batches of {b}; an update every {per_update} steps "
+        f"(one env's rollout at most {t_cap}), up to {num_updates} updates")
+
+    agent = ppo._agent(4, 2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
+    device = torch.device("cpu")
+    (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf,
+     ep_return, _) = rollout_buffers(t_cap, n, (4,), torch.float32, device)
+    length = torch.zeros(n, dtype=torch.long)
+    # Each env's pending step: what its action in flight was chosen on.
+    pend_obs = torch.zeros(n, 4)
+    pend_act = torch.zeros(n, dtype=torch.long)
+    pend_logp = torch.zeros(n)
+    pend_val = torch.zeros(n)
+    pending = torch.zeros(n, dtype=torch.bool)
+
+    start = time.perf_counter()
+    progress = Progress(cfg, num_updates * per_update, "PPO cartpole, async batches")
+    finished: List[float] = []
+    update = 0
+    with shmbridge.launch("cartpole", num_envs=n, shards=cfg.shards, batch_size=b,
+                          seed=cfg.seed, blocking=cfg.blocking) as client:
+        try:
+            while update < num_updates:
+                batch = client.recv()
+                ids = torch.from_numpy(batch.env_ids.astype(np.int64))
+                # Copies: the rows are the engine's again once their actions are sent.
+                obs = torch.from_numpy(np.array(batch.obs, dtype=np.float32))
+                had = pending[ids]
+                if had.any():
+                    e = ids[had]
+                    rew = torch.from_numpy(np.array(batch.rewards[had.numpy()], dtype=np.float32))
+                    term = torch.from_numpy(np.array(batch.terminated[had.numpy()]))
+                    trunc = torch.from_numpy(np.array(batch.truncated[had.numpy()]))
+                    final = np.array(batch["final_obs"][had.numpy()], dtype=np.float32)
+                    if cfg.check_dynamics:
+                        _check_steps(pend_obs[e].numpy(), pend_act[e].numpy(), final, e.numpy())
+                    reward = rew.clone()
+                    cut = trunc & ~term
+                    if cfg.bootstrap_truncated and cut.any():
+                        with torch.no_grad():
+                            reward[cut] += cfg.gamma * agent.value(torch.from_numpy(final[cut.numpy()]))
+                    pos = length[e]
+                    obs_buf[pos, e] = pend_obs[e]
+                    act_buf[pos, e] = pend_act[e]
+                    logp_buf[pos, e] = pend_logp[e]
+                    val_buf[pos, e] = pend_val[e]
+                    rew_buf[pos, e] = reward
+                    done_buf[pos, e] = (term | trunc).float()
+                    length[e] += 1
+                    ep_return[e] += rew.double()
+                    ended = e[term | trunc]
+                    finished.extend(ep_return[ended].tolist())
+                    ep_return[ended] = 0.0
+                # The next actions of these envs, from the current policy.
+                with torch.no_grad():
+                    logits, value = agent(obs)
+                dist = Categorical(logits=logits, validate_args=False)
+                action = dist.sample()
+                pend_obs[ids] = obs
+                pend_act[ids] = action
+                pend_logp[ids] = dist.log_prob(action)
+                pend_val[ids] = value
+                pending[ids] = True
+                client.send(action.numpy().reshape(b, 1), batch.env_ids.tolist())
+
+                if int(length.sum()) >= per_update or int(length.max()) >= t_cap:
+                    update += 1
+                    if cfg.anneal_lr:
+                        optimizer.param_groups[0]["lr"] = cfg.lr * (1.0 - (update - 1) / num_updates)
+                    steps = int(length.sum())
+                    with torch.no_grad():
+                        adv, ret = per_env_gae(rew_buf, val_buf, done_buf, length, pend_val,
+                                               cfg.gamma, cfg.gae_lambda)
+                    keep = torch.arange(t_cap).unsqueeze(1) < length.unsqueeze(0)
+                    minibatch = max(1, steps // cfg.num_minibatches)
+                    ppo_update(cfg, agent, optimizer, agent, obs_buf[keep], act_buf[keep],
+                               logp_buf[keep], adv[keep], ret[keep], minibatch)
+                    length.zero_()
+                    reached = progress.update(steps, finished)
+                    finished = []
+                    if reached:
+                        break
+        finally:
+            progress.close()
+    result = progress.result(time.perf_counter() - start, "cpu", "cpu", [])
+    return result
+
+
+def _check_steps(obs: np.ndarray, actions: np.ndarray, produced: np.ndarray, envs: np.ndarray) -> None:
+    """``RuntimeError`` unless each env's step produced (``final_obs``, before any reset)
+    what CartPole's equations give from the observation its action was chosen on."""
+    expected = cartpole_step(obs, actions)
+    # The engine steps in float64 and serves float32: its rounding, and ours of the obs.
+    bad = ~np.isclose(produced, expected, rtol=1e-4, atol=1e-5).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RuntimeError(
+            f"env {int(envs[i])}: from {obs[i].tolist()} with action {int(actions[i])} the engine "
+            f"produced {produced[i].tolist()}, CartPole's equations give {expected[i].tolist()}")
+
+
+def write_csv(path: str, r: Result) -> None:
+    """The learning curve: env steps, and the mean return of the last 100 episodes."""
+    with open(path, "w") as f:
+        f.write("env_steps,train_mean\n")
+        for s, m in zip(r.curve_steps, r.curve_returns):
+            f.write(f"{s},{m:.1f}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = AsyncConfig()
+    p = argparse.ArgumentParser(
+        prog="shmbridge-ppo-async",
+        description="PPO on the shmbridge cartpole engine with asynchronous batches "
+                    "(recv/send over shards, docs/async.md)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--num-envs", type=int, default=d.num_envs)
+    p.add_argument("--shards", type=int, default=d.shards, help="engine processes")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="envs per recv()")
+    p.add_argument("--num-steps", type=int, default=d.num_steps,
+                   help="an update every num_envs * num_steps env steps")
+    p.add_argument("--max-env-steps", type=int, default=d.max_env_steps,
+                   help="one env's rollout at most (0: 2 * num_steps)")
+    p.add_argument("--total-steps", type=int, default=d.total_steps)
+    p.add_argument("--target-return", type=float, default=d.target_return,
+                   help="stop once the mean return of the last 100 episodes reaches this")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    p.add_argument("--blocking", action="store_true",
+                   help="client and engines sleep on the futex instead of spinning first")
+    p.add_argument("--check-dynamics", action="store_true",
+                   help="check every step against CartPole's equations")
+    p.add_argument("--lockstep", action="store_true",
+                   help="train the lock-step example (shmbridge.examples.ppo) instead, with "
+                        "the same envs, shards and settings")
+    p.add_argument("--csv", default=None, help="write the learning curve here")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = _parser().parse_args(argv)
+    cfg = AsyncConfig(num_envs=a.num_envs, shards=a.shards, batch_size=a.batch_size,
+                      num_steps=a.num_steps, max_env_steps=a.max_env_steps,
+                      total_steps=a.total_steps, target_return=a.target_return, seed=a.seed,
+                      threads=a.threads, blocking=a.blocking, check_dynamics=a.check_dynamics,
+                      progress=a.progress)
+    if a.lockstep:
+        base = {k: getattr(cfg, k) for k in Config.__dataclass_fields__}
+        base.update(device="cpu", plot=None)
+        r = ppo.train(Config(**base), log=print)
+    else:
+        r = train(cfg, log=print)
+    print(r.summary())
+    print(f"target {cfg.target_return:g} reached: {'yes' if r.reached_target else 'no'} "
+          f"({r.env_steps:,} env steps)")
+    if a.csv:
+        write_csv(a.csv, r)
+        print(f"learning curve: {a.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
