@@ -181,7 +181,7 @@ class NullContender:
 CONTENDERS = ("shmbridge", "native", "async", "sync", "envpool")
 
 #: The workloads the native MuJoCo engine serves (``mujoco/<id>``).
-NATIVE = ("HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5")
+NATIVE = ("HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
 
 
 def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[str]) -> List[Any]:
