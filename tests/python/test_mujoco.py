@@ -655,3 +655,24 @@ def test_bench_pixels_measures_the_cameras_frames_zero_copy(tmp_path) -> None:
     for key in ("mujoco-native", "mujoco-native-k2"):
         assert paths[key]["zero_copy"] is True and not paths[key]["failures"], paths[key]
     assert all(p["frames_per_s"] > 0 and not p["failures"] for p in paths.values()), paths
+
+
+def test_bench_vector_times_the_native_engines_asynchronous_batches(tmp_path) -> None:
+    """``bench vector`` with the native engine: its lock-step shards and its asynchronous
+    batches (``native async B=N/2 K=2``, EnvPool's recv/send through ``AsyncEnvPool``),
+    the latter counted as B env-steps a step and not compared per step."""
+    import json
+
+    launch_mujoco("HalfCheetah-v5", 1).close()  # skips where built without the feature
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shmbridge.bench", "vector", "--quick", "--workloads", "HalfCheetah-v5",
+         "--envs", "4", "--shards", "2", "--contenders", "native", "--steps", "3", "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads((out / "vector.json").read_text())["results"]["HalfCheetah-v5 N=4"]
+    assert [r["label"] for r in rows] == ["native K=2", "native K=1 T=2", "native async B=2 K=2"]
+    pool = rows[-1]
+    assert pool["num_envs"] == 2 and pool["processes"] == 2 and pool["env_steps_per_s"] > 0
+    assert "round_ratios_to_sync" not in pool

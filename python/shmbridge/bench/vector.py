@@ -20,7 +20,9 @@ Gymnasium default everywhere):
 * ``native K=k``: ``ShmVectorEnv`` over ``shmbridge.launch("mujoco/<id>", N, shards=k)``,
   the native MuJoCo engine (docs/mujoco.md), and ``native K=1 T=2`` (one shard, 2
   threads), for the MuJoCo workloads where shmbridge was built with the ``mujoco``
-  feature (else left out, saying so).
+  feature (else left out, saying so); and its asynchronous batches, ``native async B=N/2
+  K=k`` (``shmbridge.AsyncEnvPool``, EnvPool's ``recv``/``send``; K even), beside
+  EnvPool's of the same threads and batch.
 
 Every contender of a workload is started first, then the rounds interleave them (each
 runs a block of steps per round, the order rotated every round), so load on the machine
@@ -87,10 +89,9 @@ class Contender:
         self.envs.close()
 
 
-def _envpool_actions(envs: Any, num_envs: int) -> List[np.ndarray]:
-    """64 random action batches of `num_envs` for an EnvPool env (Discrete or Box)."""
+def _envpool_actions(space: Any, num_envs: int) -> List[np.ndarray]:
+    """64 random action batches of `num_envs` for an env's (Discrete or Box) action space."""
     rng = np.random.default_rng(0)
-    space = envs.action_space
     if hasattr(space, "n"):
         return [rng.integers(0, int(space.n), size=num_envs) for _ in range(64)]
     low, high = np.asarray(space.low), np.asarray(space.high)
@@ -110,29 +111,26 @@ class EnvPoolContender(Contender):
         self.processes = threads or 1
         self.envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0, num_threads=threads)
         self.envs.reset()
-        self.bank = _envpool_actions(self.envs, num_envs)
+        self.bank = _envpool_actions(self.envs.action_space, num_envs)
         self.k = 0
         self.times = []
         self.block_means = []
 
 
-class EnvPoolAsyncContender(Contender):
-    """EnvPool's asynchronous mode: ``batch_size`` B < N, ``async_reset()``, then each
-    timed step is one ``recv()`` of the first B envs ready and one ``send()`` of their
-    actions: B env-steps. Its per-step ratios to the vector envs do not apply (a step here
-    is B envs, not N); compare env-steps/s."""
+class AsyncBatchContender(Contender):
+    """An asynchronous pool in EnvPool's shape (``recv()`` the first ``batch_size`` envs
+    ready, ``send()`` their actions): each timed step is one ``recv`` and one ``send``, B
+    env-steps. Its per-step ratios to the vector envs do not apply (a step here is B envs,
+    not N); compare env-steps/s."""
 
-    def __init__(self, num_envs: int, env_id: str, threads: int, batch_size: int) -> None:
-        import envpool
-
-        self.label = f"{ENVPOOL} async B={batch_size} T={threads}"
+    def _start(self, label: str, envs: Any, space: Any, batch_size: int, processes: int) -> None:
+        self.label = label
         self.whole_batch = False
         self.num_envs = batch_size  # env-steps per timed step
-        self.processes = threads
-        self.envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0,
-                                 num_threads=threads, batch_size=batch_size)
+        self.processes = processes
+        self.envs = envs
         self.envs.async_reset()
-        self.bank = _envpool_actions(self.envs, batch_size)
+        self.bank = _envpool_actions(space, batch_size)
         self.k = 0
         self.times = []
         self.block_means = []
@@ -150,6 +148,32 @@ class EnvPoolAsyncContender(Contender):
         self.block_means.append(sum(out[first:]) / max(1, len(out) - first))
         if not np.isfinite(np.asarray(o, dtype=np.float64)).all():
             raise RuntimeError(f"{self.label}: non-finite observations")
+
+
+class EnvPoolAsyncContender(AsyncBatchContender):
+    """EnvPool's asynchronous mode: ``num_envs`` N, ``batch_size`` B < N, ``num_threads``."""
+
+    def __init__(self, num_envs: int, env_id: str, threads: int, batch_size: int) -> None:
+        import envpool
+
+        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0,
+                            num_threads=threads, batch_size=batch_size)
+        self._start(f"{ENVPOOL} async B={batch_size} T={threads}", envs, envs.action_space, batch_size, threads)
+
+
+class NativeAsyncContender(AsyncBatchContender):
+    """The native MuJoCo engine's asynchronous batches (docs/async.md) through
+    ``shmbridge.AsyncEnvPool``, EnvPool's shape: K shards, batches of B envs (whole
+    shards), arrays copied as EnvPool's are."""
+
+    def __init__(self, num_envs: int, env_id: str, shards: int, batch_size: int) -> None:
+        import gymnasium
+
+        import shmbridge
+
+        envs = shmbridge.AsyncEnvPool(f"mujoco/{env_id}", num_envs, batch_size=batch_size, shards=shards)
+        self._start(f"native async B={batch_size} K={shards}", envs, gymnasium.make(env_id).action_space,
+                    batch_size, shards)
 
 
 class NullContender:
@@ -214,6 +238,12 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[st
                 raise
             log(f"bench vector: no native {env_id}: shmbridge was built without the `mujoco` feature")
             break
+    else:  # no break: the engine has the feature
+        # Its asynchronous batches beside EnvPool's: the same threads (shards) and batch,
+        # N/2 (whole shards: K even and dividing N).
+        for k in [k for k in shard_counts if k >= 2 and k % 2 == 0 and n % k == 0] \
+                if "native" in which and env_id in NATIVE else []:
+            out.append(NativeAsyncContender(n, env_id, k, n // 2))
     fns = [lambda: gymnasium.make(env_id) for _ in range(n)]
     if "async" in which:
         out.append(Contender(ASYNC, lambda: gymnasium.vector.AsyncVectorEnv(fns, shared_memory=True), n, n))
