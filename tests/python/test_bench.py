@@ -291,6 +291,9 @@ def test_vector_quick(tmp_path):
         assert "EnvPool" in labels
     for r in rows:
         assert r["n"] == 5 and r["median_ns"] > 0 and r["env_steps_per_s"] > 0
+        if r["label"].startswith("PufferLib"):  # batches of part of the envs: not per step
+            assert r["num_envs"] == 1 and "vs_SyncVectorEnv" not in r
+            continue
         assert "vs_AsyncVectorEnv" in r and "vs_SyncVectorEnv" in r
         assert len(r["round_ratios_to_sync"]) == 1
     transport = doc["results"]["null transport N=4"]
@@ -327,6 +330,18 @@ def test_vector_envpool_mujoco_sync_at_equal_threads_and_async(tmp_path):
     # A step of half the envs: counted as 2 env-steps, and not compared per step.
     assert pool_async["num_envs"] == 2 and "vs_SyncVectorEnv" not in pool_async
     assert all(r["env_steps_per_s"] > 0 for r in rows)
+
+
+def test_vector_pufferlib_multiprocessing_in_batches(tmp_path):
+    pytest.importorskip("pufferlib")
+    out = tmp_path / "results"
+    _run("vector", "--quick", "--workloads", "CartPole-v1", "--envs", "4", "--shards", "2",
+         "--contenders", "sync,pufferlib", "--steps", "3", "--rounds", "1", "--out", str(out))
+    rows = json.loads((out / "vector.json").read_text())["results"]["CartPole-v1 N=4"]
+    assert [r["label"] for r in rows] == ["SyncVectorEnv", "PufferLib B=2 W=2"]
+    puffer = rows[1]
+    assert puffer["num_envs"] == 2 and puffer["processes"] == 2 and puffer["env_steps_per_s"] > 0
+    assert "vs_SyncVectorEnv" not in puffer
 
 
 def test_observers_quick_times_every_configuration(tmp_path):

@@ -123,8 +123,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     w.add_argument("--steps", type=int, default=None, help="steps per block (default 200 CartPole, 60 MuJoCo)")
     w.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
     w.add_argument("--contenders", default=None,
-                   help="comma-separated subset of shmbridge, native, async, sync, envpool (default: all; "
-                        "native: the native MuJoCo engine, built with the mujoco feature)")
+                   help="comma-separated subset of shmbridge, native, async, sync, envpool, pufferlib "
+                        "(default: all; native: the native MuJoCo engine, built with the mujoco feature)")
 
     o = sub.add_parser("observers", help="client.step() with 0 observers, 1 at 1 Hz, 1 and 4 at 60 Hz, a browser",
                        description="The learner's client.step() latency (median, p99) and steps/s with no "

@@ -17,6 +17,9 @@ Gymnasium default everywhere):
   MuJoCo workloads with ``num_threads`` each of ``--shards`` (``EnvPool T=k``) and in its
   asynchronous mode with batches of N/2 (``EnvPool async B=N/2 T=k``: a timed step is one
   ``recv()`` and one ``send()`` of N/2 envs, so compare its env-steps/s, not its step);
+* ``PufferLib B=N/2 W=k``: PufferLib's ``Multiprocessing`` vector env (``pufferlib-core``),
+  k worker processes (each even ``--shards`` k), batches of N/2 handed out as workers
+  answer, compared by env-steps/s as the asynchronous EnvPool rows are;
 * ``native K=k``: ``ShmVectorEnv`` over ``shmbridge.launch("mujoco/<id>", N, shards=k)``,
   the native MuJoCo engine (docs/mujoco.md), and ``native K=1 T=2`` (one shard, 2
   threads), for the MuJoCo workloads where shmbridge was built with the ``mujoco``
@@ -176,6 +179,59 @@ class NativeAsyncContender(AsyncBatchContender):
                     batch_size, shards)
 
 
+class _GymMaker:
+    """A picklable ``gymnasium.make(env_id)``."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+
+    def __call__(self) -> Any:
+        import gymnasium
+
+        return gymnasium.make(self.env_id)
+
+
+class _PufferPool:
+    """PufferLib's vector env in the ``recv``/``send`` shape of the others: its ``recv``
+    returns eight arrays (the envs' ids seventh) and its ``send`` takes the actions of
+    the batch it handed out."""
+
+    def __init__(self, envs: Any) -> None:
+        self.envs = envs
+
+    def async_reset(self) -> None:
+        self.envs.async_reset(seed=0)
+
+    def recv(self) -> Any:
+        o, r, d, t, _ta, _infos, ids, _mask = self.envs.recv()
+        return o, r, d, t, {"env_id": ids}
+
+    def send(self, actions: Any, env_id: Any) -> None:
+        self.envs.send(actions)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class PufferLibContender(AsyncBatchContender):
+    """PufferLib's ``Multiprocessing`` vector env (``pufferlib-core``): W worker processes
+    of N/W Gymnasium envs each (``GymnasiumPufferEnv``), batches of B envs, the workers
+    answering first handed out first (EnvPool-style when B < N)."""
+
+    def __init__(self, num_envs: int, env_id: str, workers: int, batch_size: int) -> None:
+        import functools
+
+        import gymnasium
+        import pufferlib.emulation
+        import pufferlib.vector
+
+        creator = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=_GymMaker(env_id))
+        envs = pufferlib.vector.make(creator, backend=pufferlib.vector.Multiprocessing, num_envs=num_envs,
+                                     num_workers=workers, batch_size=batch_size, overwork=True)
+        self._start(f"PufferLib B={batch_size} W={workers}", _PufferPool(envs),
+                    gymnasium.make(env_id).action_space, batch_size, workers)
+
+
 class NullContender:
     """The transport alone: ``client.step()`` on the null engine, sharded or not."""
 
@@ -202,7 +258,7 @@ class NullContender:
         self.client.close()
 
 
-CONTENDERS = ("shmbridge", "native", "async", "sync", "envpool")
+CONTENDERS = ("shmbridge", "native", "async", "sync", "envpool", "pufferlib")
 
 #: The workloads the native MuJoCo engine serves (``mujoco/<id>``).
 NATIVE = ("HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
@@ -262,6 +318,13 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[st
                     out.append(EnvPoolAsyncContender(n, env_id, threads=k, batch_size=n // 2))
         except ImportError:
             pass
+    if "pufferlib" in which:
+        # Two workers (this machine's cores), batches of N/2: a worker's envs a batch.
+        try:
+            for w in [w for w in shard_counts if w >= 2 and w % 2 == 0 and n % w == 0]:
+                out.append(PufferLibContender(n, env_id, w, n // 2))
+        except ImportError:
+            log("bench vector: pufferlib-core is not installed: its contender is left out")
     return out
 
 
