@@ -176,6 +176,10 @@ struct EngineArgs {
     /// sensordata; reward 0; action ctrl; docs/mujoco.md).
     #[arg(long, value_name = "PATH")]
     model: Option<String>,
+    /// mujoco/raw: a shared library exporting shmbridge_mujoco_reward, called after each
+    /// env's step for its reward and termination (docs/mujoco.md).
+    #[arg(long, value_name = "PATH")]
+    reward_lib: Option<String>,
     /// mujoco/<Task>: truncate episodes after this many steps (default 1000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_episode_steps: Option<u32>,
@@ -319,6 +323,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             camera: a.camera,
             camera_size: a.camera_size,
             model: a.model,
+            reward_lib: a.reward_lib,
             max_episode_steps: a.max_episode_steps,
             image_device: a.image_device.as_deref().map(|d| match d {
                 "vulkan" => crate::device::Device::Vulkan(crate::device::VulkanDevice::ANY),

@@ -159,7 +159,7 @@ def _attach_shards(
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
-     "idle_timeout", "threads", "camera", "camera_size", "model", "max_episode_steps"}
+     "idle_timeout", "threads", "camera", "camera_size", "model", "reward_lib", "max_episode_steps"}
 )
 
 
@@ -224,7 +224,7 @@ def _check_device(device: str) -> str:
 _ENGINE_ARG_TYPES = {
     "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str, "frame_stack": int,
     "image_device": str, "name": str, "idle_timeout": float, "threads": int,
-    "camera": str, "camera_size": str, "model": str, "max_episode_steps": int,
+    "camera": str, "camera_size": str, "model": str, "reward_lib": str, "max_episode_steps": int,
 }
 
 
@@ -311,7 +311,8 @@ def launch(
     1; docs/mujoco.md), ``camera`` and ``camera_size`` (``mujoco/<Task>``: ``rgb``, uint8
     ``[num_envs, H, W, 3]``, each env's view through that named camera, ``"HxW"``,
     default ``"84x84"``), ``model`` (``mujoco/raw``: the MJCF file served as a task, a
-    ``str`` path), ``max_episode_steps`` (``mujoco/<Task>``: truncation, default 1000),
+    ``str`` path), ``reward_lib`` (``mujoco/raw``: a shared library whose
+    ``shmbridge_mujoco_reward`` gives each step's reward and termination), ``max_episode_steps`` (``mujoco/<Task>``: truncation, default 1000),
     ``name``, ``idle_timeout``). ``importer``: as for
     :func:`attach`. ``timeout`` bounds the engine's
     start; if it fails, :class:`EngineStartError` carries the engine's stderr. Closing

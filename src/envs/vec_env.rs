@@ -102,6 +102,9 @@ pub struct EnvOptions {
     pub camera_size: Option<[u64; 2]>,
     /// `mujoco/raw`: the MJCF file served as a task (docs/mujoco.md).
     pub model: Option<String>,
+    /// `mujoco/raw`: a shared library whose `shmbridge_mujoco_reward` gives each step's
+    /// reward and termination (docs/mujoco.md).
+    pub reward_lib: Option<String>,
     /// `mujoco/<Task>`: the steps after which an episode is truncated (default: the
     /// task's, 1000).
     pub max_episode_steps: Option<u32>,

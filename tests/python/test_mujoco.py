@@ -676,3 +676,96 @@ def test_bench_vector_times_the_native_engines_asynchronous_batches(tmp_path) ->
     pool = rows[-1]
     assert pool["num_envs"] == 2 and pool["processes"] == 2 and pool["env_steps_per_s"] > 0
     assert "round_ratios_to_sync" not in pool
+
+
+REWARD_C = r"""
+#include <math.h>
+#include <stdint.h>
+#include <mujoco/mujoco.h>
+
+/* The pole's angle squared as a cost, the push's control cost, and the env's index (so
+   that a reward given to the wrong env shows); the episode ends past 0.5 rad. */
+int32_t shmbridge_mujoco_reward(const mjModel* m, const mjData* d, uint32_t env,
+                                const float* action, uint32_t nu, double* reward,
+                                uint8_t* terminated) {
+  if (nu != (uint32_t)m->nu) return 7;
+  if (env == FAIL_ENV) return 3;
+  double angle = d->qpos[1];
+  *reward = -angle * angle - 0.1 * action[0] * action[0] + env;
+  *terminated = fabs(angle) > 0.5;
+  return 0;
+}
+"""
+
+
+def _reward_lib(tmp_path, fail_env: int = 1000, symbol: str = "shmbridge_mujoco_reward") -> str:
+    """`REWARD_C` built as a shared library against the mujoco wheel's headers."""
+    import shutil
+
+    mujoco = pytest.importorskip("mujoco")
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the reward library")
+    src = tmp_path / f"reward_{fail_env}_{symbol}.c"
+    src.write_text(REWARD_C.replace("FAIL_ENV", str(fail_env)).replace("shmbridge_mujoco_reward", symbol))
+    lib = tmp_path / f"libreward_{fail_env}_{symbol}.so"
+    include = os.path.join(os.path.dirname(mujoco.__file__), "include")
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-I", include, str(src), "-o", str(lib)], check=True)
+    return str(lib)
+
+
+def test_a_raw_tasks_reward_and_termination_come_from_a_c_callback(tmp_path) -> None:
+    """``launch("mujoco/raw", model=..., reward_lib=...)``: each step's reward and
+    ``terminated`` are what the library's ``shmbridge_mujoco_reward`` computes from that
+    env's ``mjData`` and action (checked against its formula on the observation the step
+    ended in, ``final_obs``), with two step threads; terminated envs reset."""
+    path = tmp_path / "cart_pole.xml"
+    path.write_text(RAW_XML)
+    lib = _reward_lib(tmp_path)
+    rng = np.random.default_rng(5)
+    ended = 0
+    with launch_mujoco("raw", 4, model=str(path), reward_lib=lib, threads=2) as client:
+        final_obs = client["final_obs"]
+        for step in range(200):
+            actions = rng.uniform(-2, 2, size=(4, 2)).astype(np.float32)
+            actions[:, 1] = np.float32(0.5)  # twist the pole over, so that episodes end
+            _, rewards, terminated, _ = client.step(actions)
+            angle = np.asarray(final_obs)[:, 1].astype(np.float64)
+            want = -angle * angle - 0.1 * actions[:, 0].astype(np.float64) ** 2 + np.arange(4)
+            np.testing.assert_allclose(np.asarray(rewards), want.astype(np.float32), rtol=1e-6,
+                                       err_msg=f"step {step}")
+            assert np.asarray(terminated).tolist() == (np.abs(angle) > 0.5).tolist(), step
+            ended += int(np.asarray(terminated).sum())
+    assert ended > 0  # the termination was exercised
+
+
+def test_reward_libraries_that_fail_are_clear_errors(tmp_path) -> None:
+    """A library without the function, or one for a task of Gymnasium's, is refused at
+    start; a callback that returns nonzero stops the engine with an error naming the env
+    and the value."""
+    path = tmp_path / "cart_pole.xml"
+    path.write_text(RAW_XML)
+    no_symbol = _reward_lib(tmp_path, symbol="something_else")
+    with pytest.raises(EngineStartError, match="no function shmbridge_mujoco_reward"):
+        launch_mujoco("raw", 2, model=str(path), reward_lib=no_symbol)
+    with pytest.raises(EngineStartError, match="cannot load it"):
+        launch_mujoco("raw", 2, model=str(path), reward_lib=str(tmp_path / "missing.so"))
+    with pytest.raises(EngineStartError, match="--reward-lib is for mujoco/raw"):
+        launch_mujoco("Hopper-v5", 2, reward_lib=no_symbol)
+    failing = _reward_lib(tmp_path, fail_env=1)
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "shmbridge", "engine", "--env", "mujoco/raw", "--num-envs", "2",
+         "--model", str(path), "--reward-lib", failing],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        name = engine.stdout.readline().strip()
+        assert name, engine.stderr.read()
+        with shmbridge.attach(name) as client:
+            with pytest.raises((shmbridge.EngineClosedError, shmbridge.EngineDiedError)):
+                client.step(np.zeros((2, 2), np.float32), timeout=30)
+        assert engine.wait(30) != 0
+        said = engine.stderr.read()
+        assert "reward callback (shmbridge_mujoco_reward) for env 1" in said and "returned 3" in said, said
+    finally:
+        engine.kill()
+        engine.wait()

@@ -29,6 +29,7 @@
 
 pub mod camera;
 pub mod numpy_random;
+pub mod reward;
 pub mod tasks;
 
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ use mujoco_rs::wrappers::{MjData, MjModel, MjtJoint, MjtObjBase};
 
 use self::camera::Camera;
 use self::numpy_random::NumpyRandom;
+use self::reward::{RewardFn, RewardLib};
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv, MAX_CAMERA_SIDE, MAX_THREADS};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
@@ -181,6 +183,8 @@ pub struct MujocoEnv {
     pool: Option<rayon::ThreadPool>,
     /// `--camera`: its name and `[H, W]`, and its renderer.
     camera: Option<(String, [u64; 2], Camera)>,
+    /// `--reward-lib` (`mujoco/raw`): the user's reward function.
+    reward: Option<RewardLib>,
 }
 
 /// The default camera image size, `[H, W]`.
@@ -219,6 +223,12 @@ fn camera_of(
 /// what the CLI's parser refuses (every face builds through here): `max_episode_steps`
 /// 0, `threads` outside `1..=MAX_THREADS`.
 fn task_of(name: &str, options: &EnvOptions) -> Result<Task> {
+    if options.reward_lib.is_some() && name != format!("{PREFIX}{}", tasks::RAW.id) {
+        return Err(Error::InvalidSpec(format!(
+            "{name}: --reward-lib is for {PREFIX}{} (a task of Gymnasium's computes its own reward)",
+            tasks::RAW.id
+        )));
+    }
     if options.max_episode_steps == Some(0) {
         return Err(Error::InvalidSpec(format!(
             "{name}: max_episode_steps must be at least 1"
@@ -413,6 +423,10 @@ impl MujocoEnv {
             Some((cam, size, id)) => Some((cam, size, Camera::new(&model, task.id, id, size)?)),
             None => None,
         };
+        let reward = match &options.reward_lib {
+            Some(path) => Some(RewardLib::load(path)?),
+            None => None,
+        };
         let model = Arc::new(model);
         let m = model.ffi();
         let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
@@ -457,6 +471,7 @@ impl MujocoEnv {
             threads,
             pool,
             camera,
+            reward,
         };
         for i in 0..num_envs as usize {
             env.reset_one(i);
@@ -750,6 +765,7 @@ impl VecEnv for MujocoEnv {
             dt: self.dt,
             obs_dim: d,
             nu,
+            reward: self.reward.as_ref().map(RewardLib::function),
         };
         let n = self.envs.len();
         let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
@@ -759,8 +775,8 @@ impl VecEnv for MujocoEnv {
                 // first runs here, the others on the pool; their results are kept in
                 // order, so the episodes are recorded as one thread records them.
                 let runs = self.envs.chunks_mut(per).zip(all.split(per, d, nu));
-                let mut ended: Vec<Vec<(usize, f64, u64)>> = Vec::new();
-                ended.resize_with(n.div_ceil(per), Vec::new);
+                let mut ended: Vec<Result<Vec<(usize, f64, u64)>>> = Vec::new();
+                ended.resize_with(n.div_ceil(per), || Ok(Vec::new()));
                 pool.in_place_scope(|scope| {
                     let mut jobs = runs.zip(ended.iter_mut()).enumerate();
                     let here = jobs.next();
@@ -771,9 +787,10 @@ impl VecEnv for MujocoEnv {
                         *out = stepper.step(envs, slice, 0);
                     }
                 });
-                ended.into_iter().flatten().collect()
+                let ended: Result<Vec<_>> = ended.into_iter().collect();
+                ended?.into_iter().flatten().collect()
             }
-            _ => stepper.step(&mut self.envs, all, 0),
+            _ => stepper.step(&mut self.envs, all, 0)?,
         };
         for (i, ret, len) in ended {
             io.episode_ended(i, ret, len)?;
@@ -828,12 +845,20 @@ struct Stepper {
     dt: f64,
     obs_dim: usize,
     nu: usize,
+    /// `--reward-lib`: the reward and termination of each step instead of the task's.
+    reward: Option<RewardFn>,
 }
 
 impl Stepper {
     /// Steps `envs` (the region's envs `first..`) with their rows of `io`; returns the
-    /// episodes that ended: `(env, return, length)`, env the engine's index.
-    fn step(&self, envs: &mut [Env], io: Slice<'_>, first: usize) -> Vec<(usize, f64, u64)> {
+    /// episodes that ended: `(env, return, length)`, env the engine's index; or the
+    /// reward callback's error.
+    fn step(
+        &self,
+        envs: &mut [Env],
+        io: Slice<'_>,
+        first: usize,
+    ) -> Result<Vec<(usize, f64, u64)>> {
         let (d, nu, task) = (self.obs_dim, self.nu, &self.task);
         let mut ended = Vec::new();
         for (i, env) in envs.iter_mut().enumerate() {
@@ -858,7 +883,10 @@ impl Stepper {
             }
             env.data.rne_post_constraint();
             let x_after = env.x_position(task);
-            let (reward, term) = task.outcome(x_before, x_after, self.dt, action, &env.state());
+            let (reward, term) = match self.reward {
+                Some(f) => reward::reward_of(f, &env.data, (first + i) as u32, action)?,
+                None => task.outcome(x_before, x_after, self.dt, action, &env.state()),
+            };
             env.steps += 1;
             env.episode_return += reward;
             let trunc = env.steps >= task.max_steps;
@@ -874,7 +902,7 @@ impl Stepper {
                 obs_i.copy_from_slice(final_i);
             }
         }
-        ended
+        Ok(ended)
     }
 }
 
