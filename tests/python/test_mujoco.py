@@ -689,16 +689,21 @@ int32_t shmbridge_mujoco_reward(const mjModel* m, const mjData* d, uint32_t env,
                                 const float* action, uint32_t nu, double* reward,
                                 uint8_t* terminated) {
   if (nu != (uint32_t)m->nu) return 7;
-  if (env == FAIL_ENV) return 3;
   double angle = d->qpos[1];
   *reward = -angle * angle - 0.1 * action[0] * action[0] + env;
   *terminated = fabs(angle) > 0.5;
+  if (env == FAIL_ENV) {  /* the ways a call can fail, FAIL_MODE picks one */
+    if (FAIL_MODE == 0) return 3;
+    if (FAIL_MODE == 1) *reward = NAN;
+    if (FAIL_MODE == 2) *terminated = 2;
+  }
   return 0;
 }
 """
 
 
-def _reward_lib(tmp_path, fail_env: int = 1000, symbol: str = "shmbridge_mujoco_reward") -> str:
+def _reward_lib(tmp_path, fail_env: int = 1000, symbol: str = "shmbridge_mujoco_reward",
+                fail_mode: int = 0) -> str:
     """`REWARD_C` built as a shared library against the mujoco wheel's headers."""
     import shutil
 
@@ -706,36 +711,44 @@ def _reward_lib(tmp_path, fail_env: int = 1000, symbol: str = "shmbridge_mujoco_
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler (cc) to build the reward library")
-    src = tmp_path / f"reward_{fail_env}_{symbol}.c"
-    src.write_text(REWARD_C.replace("FAIL_ENV", str(fail_env)).replace("shmbridge_mujoco_reward", symbol))
-    lib = tmp_path / f"libreward_{fail_env}_{symbol}.so"
+    tag = f"{fail_env}_{fail_mode}_{symbol}"
+    src = tmp_path / f"reward_{tag}.c"
+    src.write_text(REWARD_C.replace("FAIL_ENV", str(fail_env)).replace("FAIL_MODE", str(fail_mode))
+                   .replace("shmbridge_mujoco_reward", symbol))
+    lib = tmp_path / f"libreward_{tag}.so"
     include = os.path.join(os.path.dirname(mujoco.__file__), "include")
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-I", include, str(src), "-o", str(lib)], check=True)
     return str(lib)
 
 
-def test_a_raw_tasks_reward_and_termination_come_from_a_c_callback(tmp_path) -> None:
+@pytest.mark.parametrize("layout", [{"threads": 2}, {"shards": 2}])
+def test_a_raw_tasks_reward_and_termination_come_from_a_c_callback(tmp_path, layout) -> None:
     """``launch("mujoco/raw", model=..., reward_lib=...)``: each step's reward and
     ``terminated`` are what the library's ``shmbridge_mujoco_reward`` computes from that
-    env's ``mjData`` and action (checked against its formula on the observation the step
-    ended in, ``final_obs``), with two step threads; terminated envs reset."""
+    env's ``mjData``, action and region index (checked against its formula on the
+    observation the step ended in, ``final_obs``), with two step threads and with two
+    shards; a terminated env starts again from the model's initial state."""
     path = tmp_path / "cart_pole.xml"
     path.write_text(RAW_XML)
     lib = _reward_lib(tmp_path)
     rng = np.random.default_rng(5)
     ended = 0
-    with launch_mujoco("raw", 4, model=str(path), reward_lib=lib, threads=2) as client:
+    with launch_mujoco("raw", 4, model=str(path), reward_lib=lib, **layout) as client:
+        first = np.asarray(client.obs)[0].copy()
         final_obs = client["final_obs"]
         for step in range(200):
             actions = rng.uniform(-2, 2, size=(4, 2)).astype(np.float32)
             actions[:, 1] = np.float32(0.5)  # twist the pole over, so that episodes end
-            _, rewards, terminated, _ = client.step(actions)
+            obs, rewards, terminated, _ = client.step(actions)
             angle = np.asarray(final_obs)[:, 1].astype(np.float64)
             want = -angle * angle - 0.1 * actions[:, 0].astype(np.float64) ** 2 + np.arange(4)
             np.testing.assert_allclose(np.asarray(rewards), want.astype(np.float32), rtol=1e-6,
                                        err_msg=f"step {step}")
-            assert np.asarray(terminated).tolist() == (np.abs(angle) > 0.5).tolist(), step
-            ended += int(np.asarray(terminated).sum())
+            done = np.asarray(terminated).copy()
+            assert done.tolist() == (np.abs(angle) > 0.5).tolist(), step
+            for i in np.flatnonzero(done):
+                np.testing.assert_array_equal(np.asarray(obs)[i], first, err_msg=f"step {step} env {i}")
+            ended += int(done.sum())
     assert ended > 0  # the termination was exercised
 
 
@@ -752,20 +765,22 @@ def test_reward_libraries_that_fail_are_clear_errors(tmp_path) -> None:
         launch_mujoco("raw", 2, model=str(path), reward_lib=str(tmp_path / "missing.so"))
     with pytest.raises(EngineStartError, match="--reward-lib is for mujoco/raw"):
         launch_mujoco("Hopper-v5", 2, reward_lib=no_symbol)
-    failing = _reward_lib(tmp_path, fail_env=1)
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "shmbridge", "engine", "--env", "mujoco/raw", "--num-envs", "2",
-         "--model", str(path), "--reward-lib", failing],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        name = engine.stdout.readline().strip()
-        assert name, engine.stderr.read()
-        with shmbridge.attach(name) as client:
-            with pytest.raises((shmbridge.EngineClosedError, shmbridge.EngineDiedError)):
-                client.step(np.zeros((2, 2), np.float32), timeout=30)
-        assert engine.wait(30) != 0
-        said = engine.stderr.read()
-        assert "reward callback (shmbridge_mujoco_reward) for env 1" in said and "returned 3" in said, said
-    finally:
-        engine.kill()
-        engine.wait()
+    for mode, says in ((0, "returned 3"), (1, "gave the reward NaN"), (2, "gave terminated = 2")):
+        failing = _reward_lib(tmp_path, fail_env=3, fail_mode=mode)
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "shmbridge", "engine", "--env", "mujoco/raw", "--num-envs", "4",
+             "--threads", "2", "--model", str(path), "--reward-lib", failing],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            name = engine.stdout.readline().strip()
+            assert name, engine.stderr.read()
+            with shmbridge.attach(name) as client:
+                with pytest.raises(shmbridge.EngineClosedError):
+                    client.step(np.zeros((4, 2), np.float32), timeout=30)
+            assert engine.wait(30) != 0
+            said = engine.stderr.read()
+            assert "reward callback (shmbridge_mujoco_reward) for env 3" in said and says in said, said
+        finally:
+            engine.kill()
+            engine.wait()
+        assert not [n for n in os.listdir("/dev/shm") if name.split("/")[-1] in n], name

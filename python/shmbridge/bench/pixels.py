@@ -25,7 +25,9 @@ rounds (the order rotating), and frames/s = num_envs * 1e9 / mean step time. Aft
 block the shmbridge paths' frames are checked to be a rendered picture (not blank), and
 the views to be the engine's memory (pointer equality).
 
-`--mujoco TASK [--camera NAME]` measures a MuJoCo task's camera instead:
+`--mujoco TASK [--camera NAME]` measures a MuJoCo task's camera instead (set
+`MUJOCO_GL=egl` on a machine without a display, as `scripts/test-mujoco.sh` does: it picks
+the renderer of Gymnasium's envs):
 
 - `mujoco-native`: the native MuJoCo engine (`launch("mujoco/TASK", camera=NAME,
   camera_size="HxW")`, a build with the `mujoco` feature) renders each env through the
@@ -155,9 +157,12 @@ class _Factory:
 def _frames_drawn(frames: np.ndarray, task: Optional[str]) -> bool:
     """Whether `[N, ..., H, W, 3]` frames are drawn pictures: CartPole's white background
     and dark cart in every env; a MuJoCo camera's view, not one colour, in every env."""
-    flat = frames.reshape(len(frames), -1)
     if task:
-        return bool((flat.max(axis=1) > flat.min(axis=1)).all())
+        # Some channel varies across the pixels of every env's frame (one clear colour
+        # does not).
+        pixels = frames.reshape(len(frames), -1, 3)
+        return bool((pixels.max(axis=1) > pixels.min(axis=1)).any(axis=1).all())
+    flat = frames.reshape(len(frames), -1)
     return int(flat.max()) == 255 and int(flat.min(axis=1).max()) < 64
 
 
@@ -242,6 +247,9 @@ class MujocoCase(PixelsCase):
 
         Case.__init__(self, key)
         self.task = plan.task
+        env = gym.make(plan.task)
+        space = env.action_space
+        env.close()
         self.client = shmbridge.launch(
             f"mujoco/{plan.task}", num_envs=plan.num_envs, seed=0, camera=plan.camera,
             camera_size=f"{plan.height}x{plan.width}", blocking=blocking, shards=shards)
@@ -253,7 +261,6 @@ class MujocoCase(PixelsCase):
                      f"`client['rgb'].data_ptr` {self.tensor.data_ptr:#x}")
         self.actions = torch.from_dlpack(self.client.actions)
         self.acc = torch.zeros((), dtype=torch.int64)
-        space = gym.make(plan.task).action_space
         self.bank = torch.from_numpy(_random_actions(space, plan.num_envs).reshape(
             1024, *self.actions.shape))
         self.k = 0

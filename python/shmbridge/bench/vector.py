@@ -124,7 +124,9 @@ class AsyncBatchContender(Contender):
     """An asynchronous pool in EnvPool's shape (``recv()`` the first ``batch_size`` envs
     ready, ``send()`` their actions): each timed step is one ``recv`` and one ``send``, B
     env-steps. Its per-step ratios to the vector envs do not apply (a step here is B envs,
-    not N); compare env-steps/s."""
+    not N); compare env-steps/s. A block ends with a batch in flight, which steps while the
+    next contender is timed (and is ready at this one's next block): a small bias in its
+    favour, the same for every asynchronous row."""
 
     def _start(self, label: str, envs: Any, space: Any, batch_size: int, processes: int) -> None:
         self.label = label
@@ -170,13 +172,26 @@ class NativeAsyncContender(AsyncBatchContender):
     shards), arrays copied as EnvPool's are."""
 
     def __init__(self, num_envs: int, env_id: str, shards: int, batch_size: int) -> None:
-        import gymnasium
-
         import shmbridge
 
+        space = _action_space(env_id)
         envs = shmbridge.AsyncEnvPool(f"mujoco/{env_id}", num_envs, batch_size=batch_size, shards=shards)
-        self._start(f"native async B={batch_size} K={shards}", envs, gymnasium.make(env_id).action_space,
-                    batch_size, shards)
+        try:
+            self._start(f"native async B={batch_size} K={shards}", envs, space, batch_size, shards)
+        except BaseException:
+            envs.close()
+            raise
+
+
+def _action_space(env_id: str) -> Any:
+    """The action space of Gymnasium's `env_id` (the env made for it closed)."""
+    import gymnasium
+
+    env = gymnasium.make(env_id)
+    try:
+        return env.action_space
+    finally:
+        env.close()
 
 
 class _GymMaker:
@@ -214,22 +229,27 @@ class _PufferPool:
 
 
 class PufferLibContender(AsyncBatchContender):
-    """PufferLib's ``Multiprocessing`` vector env (``pufferlib-core``): W worker processes
-    of N/W Gymnasium envs each (``GymnasiumPufferEnv``), batches of B envs, the workers
-    answering first handed out first (EnvPool-style when B < N)."""
+    """PufferLib's ``Multiprocessing`` vector env (``pufferlib-core``, its defaults): W
+    worker processes of N/W Gymnasium envs each (``GymnasiumPufferEnv``), batches of B envs,
+    the workers' batches taken in turn (``sync_traj``); its arrays are views of its shared
+    memory, not copies. Its idle workers spin for half a second after their last work, on
+    the cores the next contender of a round is timed on: a cost it puts on the others."""
 
     def __init__(self, num_envs: int, env_id: str, workers: int, batch_size: int) -> None:
         import functools
 
-        import gymnasium
         import pufferlib.emulation
         import pufferlib.vector
 
+        space = _action_space(env_id)
         creator = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=_GymMaker(env_id))
         envs = pufferlib.vector.make(creator, backend=pufferlib.vector.Multiprocessing, num_envs=num_envs,
                                      num_workers=workers, batch_size=batch_size, overwork=True)
-        self._start(f"PufferLib B={batch_size} W={workers}", _PufferPool(envs),
-                    gymnasium.make(env_id).action_space, batch_size, workers)
+        try:
+            self._start(f"PufferLib B={batch_size} W={workers}", _PufferPool(envs), space, batch_size, workers)
+        except BaseException:
+            envs.close()  # its workers never exit by themselves
+            raise
 
 
 class NullContender:
@@ -265,12 +285,27 @@ NATIVE = ("HalfCheetah-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5", "
 
 
 def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[str]) -> List[Any]:
+    """Every contender of `env_id` at `n` envs, started; on a failure, those started are
+    closed before it is raised (pools' workers would otherwise outlive the bench)."""
+    out: List[Any] = []
+    try:
+        _add_gym_contenders(out, env_id, n, shard_counts, which)
+    except BaseException:
+        for c in out:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - the first failure is the one to raise
+                pass
+        raise
+    return out
+
+
+def _add_gym_contenders(out: List[Any], env_id: str, n: int, shard_counts: List[int], which: List[str]) -> None:
     import gymnasium
 
     import shmbridge
     from shmbridge.gym import ShmVectorEnv
 
-    out: List[Any] = []
     for k in shard_counts if "shmbridge" in which else []:
         if k > n:
             continue
@@ -319,13 +354,12 @@ def _gym_contenders(env_id: str, n: int, shard_counts: List[int], which: List[st
         except ImportError:
             pass
     if "pufferlib" in which:
-        # Two workers (this machine's cores), batches of N/2: a worker's envs a batch.
+        # W workers for each even --shards W dividing N, batches of N/2.
         try:
             for w in [w for w in shard_counts if w >= 2 and w % 2 == 0 and n % w == 0]:
                 out.append(PufferLibContender(n, env_id, w, n // 2))
         except ImportError:
             log("bench vector: pufferlib-core is not installed: its contender is left out")
-    return out
 
 
 def _measure(contenders: List[Any], rounds: int, steps: int) -> None:

@@ -29,7 +29,7 @@
 
 pub mod camera;
 pub mod numpy_random;
-pub mod reward;
+mod reward;
 pub mod tasks;
 
 use std::path::PathBuf;
@@ -766,6 +766,7 @@ impl VecEnv for MujocoEnv {
             obs_dim: d,
             nu,
             reward: self.reward.as_ref().map(RewardLib::function),
+            first_env: self.first_env as usize,
         };
         let n = self.envs.len();
         let per = n.div_ceil(self.threads.clamp(1, n.max(1)));
@@ -845,8 +846,11 @@ struct Stepper {
     dt: f64,
     obs_dim: usize,
     nu: usize,
-    /// `--reward-lib`: the reward and termination of each step instead of the task's.
+    /// `--reward-lib`: the reward and termination of each step instead of the task's
+    /// (the function of `MujocoEnv::reward`, alive while a step runs).
     reward: Option<RewardFn>,
+    /// The region's index of this engine's (shard's) env 0: what the callback is told.
+    first_env: usize,
 }
 
 impl Stepper {
@@ -884,7 +888,11 @@ impl Stepper {
             env.data.rne_post_constraint();
             let x_after = env.x_position(task);
             let (reward, term) = match self.reward {
-                Some(f) => reward::reward_of(f, &env.data, (first + i) as u32, action)?,
+                // SAFETY: `f` is the function of `MujocoEnv::reward`, which outlives the
+                // step that made this `Stepper`.
+                Some(f) => unsafe {
+                    reward::reward_of(f, &env.data, (self.first_env + first + i) as u32, action)?
+                },
                 None => task.outcome(x_before, x_after, self.dt, action, &env.state()),
             };
             env.steps += 1;
