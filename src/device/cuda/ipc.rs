@@ -131,6 +131,17 @@ impl EngineCuda {
                 let memory = FdMemory::allocate(d, &ctx, size)?;
                 let fd = SharedFd::new(memory.export_fd()?);
                 builder.set_cuda_fd_export(ctx.uuid()?, memory.size() as u64);
+                // What every client checks (a device granularity larger than clients
+                // accept would make a region nobody can attach to).
+                crate::layout::check_cuda_fd_export(&builder.tensors).map_err(|e| {
+                    Error::CudaUnavailable {
+                        reason: format!(
+                            "the device's allocation granularity makes a {}-byte allocation, \
+                             which clients refuse ({e}): use cuda_sharing 'ipc'",
+                            memory.size()
+                        ),
+                    }
+                })?;
                 (Exported::Fd(memory), None, Some(fd))
             }
         };
