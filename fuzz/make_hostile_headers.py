@@ -14,8 +14,8 @@ import struct
 # frames u8[2,84,84,3], done bool[4]), 1 host, 2 CUDA obs/actions + host reward + rings,
 # 3 CUDA only, 4 64 tensors + rings, 5 1.0 header, 6 1.1 header + rings, 7 three shards
 # over 6 envs (obs f32[6,3], actions i64[6,1], frames u8[6,84,84,3]) + rings, 8 the same
-# without rings.
-HOST_RINGS, HOST, MIXED, CUDA, WIDE, V1_0, V1_1, SHARDS_RINGS, SHARDS = range(9)
+# without rings, 9 the mixed base 2 with its CUDA memory shared by fd (1.9, export_size 2 MiB).
+HOST_RINGS, HOST, MIXED, CUDA, WIDE, V1_0, V1_1, SHARDS_RINGS, SHARDS, CUDA_FD = range(10)
 
 (MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, REGION_SIZE, LAYOUT_HASH, NUM_ENVS,
  TENSOR_COUNT, TABLE_OFFSET, DESC_SIZE, C2E_OFFSET, C2E_CAPACITY, E2C_OFFSET,
@@ -56,10 +56,18 @@ def edits(base, *records):
 LAYOUT_HASH_CUDA_SESSIONS = 0x1899948B5E67EEF5
 
 
-def fd_entry(minor=9, flags=1):
+def a_end(t):
+    return 13 + 16 * t
+
+
+MIB2 = 2 << 20
+
+
+def fd_entry(minor=9, flags=1, export_size=MIB2):
     """The host base's tensor 0 on CUDA, shared by fd (flags), no IPC handle, in a header
-    of `minor` with the session hash and an engine event handle."""
-    return [edit(LOCATION, 1), edit(EXPORT_SIZE, U64), edit(FLAGS, flags), edit(VERSION_MINOR, minor),
+    of `minor` with the session hash and an engine event handle; `export_size` 2 MiB, the
+    most a client takes for tensors that end below it (the cap)."""
+    return [edit(LOCATION, 1), edit(EXPORT_SIZE, export_size), edit(FLAGS, flags), edit(VERSION_MINOR, minor),
             edit(LAYOUT_HASH, LAYOUT_HASH_CUDA_SESSIONS), edit(ENGINE_EVENT_HANDLE, 7, element=3)]
 
 
@@ -147,6 +155,16 @@ CASES = {
     "cuda-fd-with-ipc-handle": edits(CUDA, edit(VERSION_MINOR, 9), edit(FLAGS, 1, tensor=0),
                                      edit(FLAGS, 1, tensor=1)),
     "cuda-unknown-flags": edits(CUDA, edit(VERSION_MINOR, 9), edit(FLAGS, 2, tensor=1)),
+    # export_size of memory shared by fd (the size a client maps): below the tensor's end,
+    # above the cap (the next power of two of the tensors' end, at least 2 MiB: one byte
+    # more, and 2^64 - 1), and two sizes for the one allocation (tensor 1 shared by fd too,
+    # 1 MiB: valid alone).
+    "cuda-fd-export-size-below-tensor": edits(HOST, *fd_entry(),
+                                              edit(EXPORT_SIZE, 1, kind=BELOW, anchor=a_end(0))),
+    "cuda-fd-export-size-above-cap": edits(HOST, *fd_entry(export_size=MIB2 + 1)),
+    "cuda-fd-export-size-absurd": edits(HOST, *fd_entry(export_size=U64)),
+    "cuda-fd-export-sizes-differ": edits(HOST, *fd_entry(), edit(LOCATION, 1, tensor=1), edit(FLAGS, 1, tensor=1),
+                                         edit(EXPORT_SIZE, MIB2 // 2, tensor=1)),
     # Shards (1.4).
     "shards-in-1-3-header": edits(SHARDS, edit(VERSION_MINOR, 3)),
     "shards-unsharded-layout-hash": edits(SHARDS, edit(LAYOUT_HASH, 0x1A78E44FF49AC1E5)),

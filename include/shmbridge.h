@@ -149,8 +149,9 @@ typedef enum {
    */
   SHMB_COMMAND_BACKLOG = 39,
   /**
-   * A step ran out of time before its action was sent (a CUDA consumer stream of a
-   * Vulkan engine's tensors did not drain): nothing is in flight, the frame is
+   * A step ran out of time before its action was sent (the CUDA stream it waits on
+   * did not drain: a consumer stream of a Vulkan engine's tensors, or of CUDA memory
+   * shared by file descriptor): nothing is in flight, the frame is
    * unchanged; step again (not `shmb_client_wait_frame`). `SHMB_TIMEOUT` is the other
    * case: the action was sent and its frame is still to come.
    */
@@ -505,8 +506,9 @@ shmb_status shmb_client_tensor(shmb_client *client,
  * `SHMB_ENGINE_CLOSED`, `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death),
  * `SHMB_TIMEOUT` (the action was sent and the step is still in flight:
  * `shmb_client_wait_frame` finishes it), `SHMB_NOT_POSTED` (the action was not sent:
- * a CUDA consumer stream of a Vulkan engine's tensors did not drain in time; nothing
- * is in flight, the frame is unchanged: call `shmb_client_step` again).
+ * a CUDA stream it waits on did not drain in time: a consumer stream of a Vulkan
+ * engine's tensors, or of CUDA memory shared by file descriptor; nothing is in
+ * flight, the frame is unchanged: call `shmb_client_step` again).
  */
 shmb_status shmb_client_step(shmb_client *client, uint64_t timeout_ms, uint64_t *frame);
 

@@ -713,9 +713,10 @@ impl Client {
     /// Errors: `PeerClosed`, `PeerDied` (noticed within ~10 ms of the engine's death),
     /// `Timeout`, `NotPosted`. After a `Timeout` the step is still in flight: call
     /// [`wait_frame`](Client::wait_frame) to finish it before the next step.
-    /// `NotPosted` comes before anything is posted (a CUDA import of Vulkan memory with a
-    /// semaphore whose consumer stream did not drain in `timeout`, its `what` naming that
-    /// stream): nothing is in flight, the frame is unchanged; step again. `timeout`
+    /// `NotPosted` comes before anything is posted (a CUDA stream the host waits for did
+    /// not drain in `timeout`: the consumer stream of a CUDA import of Vulkan memory with
+    /// a semaphore, or the stream of a client of CUDA memory shared by fd; its `what`
+    /// names it): nothing is in flight, the frame is unchanged; step again. `timeout`
     /// bounds the whole step, the drain and the frame together.
     pub fn step(&mut self, timeout: Duration) -> Result<u64> {
         self.check_can_step()?;

@@ -231,8 +231,8 @@ pub enum Error {
     CommandBacklog { queued: u64, capacity: u64 },
 
     /// A step gave up before posting its action: the device work the action waits on
-    /// (a CUDA consumer stream of a Vulkan engine with a timeline semaphore) did not
-    /// drain within the timeout. Unlike [`Error::Timeout`] nothing is in flight: the
+    /// (a CUDA consumer stream of a Vulkan engine with a timeline semaphore, or the
+    /// stream of a client of CUDA memory shared by fd) did not drain within the timeout. Unlike [`Error::Timeout`] nothing is in flight: the
     /// action was not sent, the frame did not change, and the step may simply be
     /// repeated (not followed by `wait_frame`).
     #[error("the action was not sent: timed out after {} waiting for {what}; nothing is in flight, step again", Rounded(*waited))]

@@ -270,6 +270,26 @@ pub fn check_layout(l: &Layout, bytes: &[u8], actual_region_size: u64) {
             other => panic!("'{}': location and placement disagree: {other:?}", t.name),
         }
     }
+    // Memory shared by fd (1.9): one allocation, so one size, and at most the cap of the
+    // tensors' furthest end.
+    let fd: Vec<_> = l
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.cuda
+                .filter(|c| c.sharing == CudaSharing::Fd)
+                .map(|c| (t, c))
+        })
+        .collect();
+    if let Some((_, first)) = fd.first() {
+        let end = fd
+            .iter()
+            .map(|(t, _)| t.offset.saturating_add(t.nbytes))
+            .max()
+            .unwrap_or(0);
+        assert!(fd.iter().all(|(_, c)| c.alloc_size == first.alloc_size));
+        assert!(first.alloc_size <= layout::cuda_fd_export_cap(end));
+    }
     // The engine's event handle: present (non-zero) exactly when a tensor is on CUDA and
     // shared by IPC handle (1.9: memory shared by fd is ordered on the host, no event).
     let ipc = l
@@ -412,7 +432,8 @@ pub struct HeaderBase {
 }
 
 /// The headers edit mode starts from: host and CUDA layouts, with and without rings, the
-/// largest table, and 1.0 / 1.1 headers.
+/// largest table, 1.0 / 1.1 headers, sharded ones and (1.9) CUDA memory shared by fd.
+/// New bases go last: a stored input's first byte picks its base modulo their number.
 pub fn header_bases() -> &'static [HeaderBase] {
     static BASES: OnceLock<Vec<HeaderBase>> = OnceLock::new();
     BASES.get_or_init(|| {
@@ -477,6 +498,16 @@ pub fn header_bases() -> &'static [HeaderBase] {
                 bytes,
             }
         };
+        // 1.9: the CUDA memory of the mixed base shared by fd (its size as `cuMemCreate`
+        // gets it on a 2 MiB-granular device).
+        let shared_by_fd = {
+            let mut base = build("cuda shared by fd", "gpu", &mixed, 64, None);
+            let size = base.builder.cuda_alloc.expect("CUDA tensors").1;
+            base.builder.set_cuda_fd_export([0x0D; 16], size);
+            base.bytes = base.builder.bytes();
+            base.bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+            base
+        };
         vec![
             build("host with rings", "host", &host, 4096, None),
             build("host without rings", "host", &host, 0, None),
@@ -487,6 +518,7 @@ pub fn header_bases() -> &'static [HeaderBase] {
             build("1.1 header with rings", "rings", &host, 1024, Some(1)),
             sharded("3 shards with rings", 4096),
             sharded("3 shards without rings", 0),
+            shared_by_fd,
         ]
     })
 }

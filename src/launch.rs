@@ -60,10 +60,14 @@ pub fn spawn_engine(mut command: Command, new_session: bool) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     let launcher = os::current_pid();
     // SAFETY: the hook runs in the child between fork and exec and makes only system
-    // calls (setsid, prctl, getppid), which are async-signal-safe; it takes no lock and
-    // allocates nothing (its errors are raw OS error codes).
+    // calls (close_range or fcntl, setsid, prctl, getppid), which are async-signal-safe;
+    // it takes no lock and allocates nothing (its errors are raw OS error codes).
     unsafe {
         command.pre_exec(move || {
+            // Only stdio reaches the engine: not a descriptor another thread of this
+            // process held at the fork without close-on-exec yet (a driver's exported
+            // memory fd in the instant before the library sets the flag).
+            os::cloexec_above_stdio()?;
             if new_session {
                 os::new_session()?;
             }
@@ -108,6 +112,26 @@ mod tests {
         assert_eq!(line, "alive\n");
         drop(input);
         assert!(child.wait().unwrap().success());
+    }
+
+    /// A descriptor this process holds without close-on-exec (as a driver's exported
+    /// memory fd is in the instant before the library sets the flag, when another thread
+    /// spawns) does not reach the engine: it inherits stdio only.
+    #[test]
+    fn an_engine_inherits_no_descriptor_but_stdio() {
+        const NAME: &str = "shmbridge-not-for-the-engine";
+        let held = rustix::fs::memfd_create(NAME, rustix::fs::MemfdFlags::empty()).unwrap();
+        let mut ls = Command::new("ls");
+        ls.args(["-l", "/proc/self/fd"]).stdout(Stdio::piped());
+        let out = spawn_engine(ls, false).unwrap().wait_with_output().unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{listing}");
+        assert!(listing.contains(" 1 -> "), "stdout is listed: {listing}");
+        assert!(
+            !listing.contains(NAME),
+            "the engine inherited it: {listing}"
+        );
+        drop(held);
     }
 
     #[test]

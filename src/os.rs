@@ -863,6 +863,26 @@ pub fn set_cloexec(fd: impl AsFd) -> Result<()> {
         .map_err(|e| Error::io("fcntl(F_SETFD, FD_CLOEXEC)", e))
 }
 
+/// Takes ownership of `fd`, a descriptor a device driver just opened for this process (a
+/// memory export: `cuMemExportToShareableHandle`, `vkGetMemoryFdKHR`), and sets
+/// `FD_CLOEXEC` on it: drivers open them without it, and neither call takes a flag for
+/// it. Between the driver's return and this `fcntl`, a fork and exec made by another
+/// thread without closing descriptors would inherit it; the library's own spawns
+/// ([`crate::launch::spawn_engine`]) close that window ([`cloexec_above_stdio`]).
+/// (Duplicating it with `F_DUPFD_CLOEXEC` would not: the original stays open without the
+/// flag until it is closed, a window one system call longer.)
+///
+/// # Safety
+/// `fd` is an open descriptor that nothing else owns or closes: from the call on it is
+/// the value's (closed here on an error).
+#[cfg_attr(not(any(feature = "cuda", feature = "vulkan")), allow(dead_code))]
+pub unsafe fn own_driver_fd(fd: std::os::fd::RawFd) -> Result<OwnedFd> {
+    // SAFETY: the caller's contract.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    set_cloexec(&fd)?;
+    Ok(fd)
+}
+
 /// A new descriptor of what `fd` refers to, close-on-exec.
 #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub fn dup_cloexec(fd: impl AsFd) -> Result<OwnedFd> {
@@ -985,6 +1005,45 @@ pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
         Some(p) if p.as_raw_nonzero().get() as u32 == parent => Ok(()),
         // ESRCH: the launcher is gone. No allocation here (a forked child).
         _ => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    }
+}
+
+/// In a child between `fork` and `exec` (async-signal-safe: system calls only): marks
+/// every descriptor above stdio close-on-exec, so the program started inherits stdio and
+/// nothing else of this process. A descriptor another thread held at the moment of the
+/// fork without close-on-exec yet (an exported CUDA or Vulkan memory fd, between the
+/// driver's return and [`own_driver_fd`]'s `fcntl`; one a foreign library opened without
+/// the flag) does not reach it. `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)` (Linux 5.11);
+/// on an older kernel, `F_SETFD` on every number below the soft `RLIMIT_NOFILE`.
+pub fn cloexec_above_stdio() -> std::io::Result<()> {
+    let (first, last): (libc::c_uint, libc::c_uint) = (3, libc::c_uint::MAX);
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing: it sets the flag on the
+    // open descriptors of the range and ignores numbers that are not open.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            last,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    // ENOSYS (before 5.9) or EINVAL (the flag, before 5.11): one number at a time.
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .map_or(1 << 20, |n| n.min(1 << 20)) as libc::c_int;
+    cloexec_each(3..limit);
+    Ok(())
+}
+
+/// `FD_CLOEXEC` on every open descriptor numbered in `fds` (system calls only).
+fn cloexec_each(fds: std::ops::Range<libc::c_int>) {
+    for fd in fds {
+        // SAFETY: F_SETFD sets a flag on an open descriptor, or fails with EBADF on a
+        // number that is not open; nothing is closed or read.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 
@@ -1467,6 +1526,34 @@ mod tests {
         };
         assert!(writable(rw.as_ptr()));
         assert!(!writable(ro.as_ptr()), "read-only");
+    }
+
+    /// A driver's fd, taken over: close-on-exec from then on, and the same file.
+    #[test]
+    fn a_driver_fd_taken_over_is_close_on_exec() {
+        use rustix::io::{fcntl_getfd, FdFlags};
+        use std::os::fd::IntoRawFd;
+        let f = memfd("driver", rustix::fs::MemfdFlags::empty(), b"abc");
+        assert!(!fcntl_getfd(&f).unwrap().contains(FdFlags::CLOEXEC));
+        let id = file_identity(&f).unwrap();
+        // SAFETY: a descriptor of ours, handed over whole.
+        let owned = unsafe { own_driver_fd(f.into_raw_fd()) }.unwrap();
+        assert!(fcntl_getfd(&owned).unwrap().contains(FdFlags::CLOEXEC));
+        assert_eq!(file_identity(&owned).unwrap(), id);
+    }
+
+    /// The fallback of `cloexec_above_stdio` on kernels without `CLOSE_RANGE_CLOEXEC`:
+    /// each open number of the range gets the flag, a closed one is passed over. (The
+    /// whole of it runs in a launched child: `launch::tests`.)
+    #[test]
+    fn the_one_by_one_fallback_sets_close_on_exec() {
+        use rustix::io::{fcntl_getfd, FdFlags};
+        let f = memfd("open", rustix::fs::MemfdFlags::empty(), b"");
+        let closed = memfd("closed", rustix::fs::MemfdFlags::empty(), b"");
+        let (open, gone) = (f.as_raw_fd(), closed.as_raw_fd());
+        drop(closed);
+        cloexec_each(open.min(gone)..open.max(gone) + 1);
+        assert!(fcntl_getfd(&f).unwrap().contains(FdFlags::CLOEXEC));
     }
 
     #[test]

@@ -112,7 +112,7 @@ fn cuda_sharing_attacks_are_refused_for_what_they_break() {
     let (location, flags, export_size) = (21u8, 22u8, 26u8);
     let fd = [
         (location, 0, 0, 1),
-        (export_size, 0, 0, u64::MAX),
+        (export_size, 0, 0, 2 << 20),
         (flags, 0, 0, 1),
         (version_minor, 0, 0, 9),
         (
@@ -127,12 +127,14 @@ fn cuda_sharing_attacks_are_refused_for_what_they_break() {
     assert_eq!(layout.version, (1, 9));
     let c = layout.tensors[0].cuda.expect("on CUDA");
     assert_eq!(
-        (c.sharing, c.ipc_mem_handle),
-        (shmbridge::layout::CudaSharing::Fd, [0; 64])
+        (c.sharing, c.ipc_mem_handle, c.alloc_size),
+        (shmbridge::layout::CudaSharing::Fd, [0; 64], 2 << 20)
     );
     let mut n = 0;
     for (name, data) in common::stored_inputs("tests/hostile_headers") {
-        if !(name.starts_with("reject-cuda-fd") || name.contains("flags") || name.contains("1-9")) {
+        if !(name.starts_with("reject-cuda-fd") || name.contains("flags") || name.contains("1-9"))
+            || name.contains("export-size")
+        {
             continue;
         }
         let text = fuzzing::header(&data).unwrap_err().to_string();
@@ -144,4 +146,30 @@ fn cuda_sharing_attacks_are_refused_for_what_they_break() {
         n += 1;
     }
     assert_eq!(n, 6);
+}
+
+/// The `export_size` attacks on memory shared by fd are refused for the rule each breaks
+/// (below a tensor's end, above the cap, two sizes for the one allocation), each on a
+/// table that the same edits without the attack make valid
+/// (`cuda_sharing_attacks_are_refused_for_what_they_break`).
+#[test]
+fn cuda_fd_export_size_attacks_are_refused_for_what_they_break() {
+    let mut n = 0;
+    for (name, data) in common::stored_inputs("tests/hostile_headers") {
+        if !name.starts_with("reject-cuda-fd-export-size") {
+            continue;
+        }
+        let text = fuzzing::header(&data).unwrap_err().to_string();
+        let why = match name.as_str() {
+            n if n.contains("below-tensor") => "lies outside its",
+            n if n.contains("sizes-differ") => "export_size 1048576 differs from the 2097152",
+            _ => "is more than 2097152",
+        };
+        assert!(
+            text.contains(why),
+            "{name}: refused for another reason: {text}"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 4);
 }

@@ -171,8 +171,9 @@ pub unsafe extern "C" fn shmb_client_tensor(
 /// `SHMB_ENGINE_CLOSED`, `SHMB_ENGINE_DIED` (within ~10 ms of the engine's death),
 /// `SHMB_TIMEOUT` (the action was sent and the step is still in flight:
 /// `shmb_client_wait_frame` finishes it), `SHMB_NOT_POSTED` (the action was not sent:
-/// a CUDA consumer stream of a Vulkan engine's tensors did not drain in time; nothing
-/// is in flight, the frame is unchanged: call `shmb_client_step` again).
+/// a CUDA stream it waits on did not drain in time: a consumer stream of a Vulkan
+/// engine's tensors, or of CUDA memory shared by file descriptor; nothing is in
+/// flight, the frame is unchanged: call `shmb_client_step` again).
 #[no_mangle]
 pub unsafe extern "C" fn shmb_client_step(
     client: *mut shmb_client,

@@ -65,8 +65,9 @@ pub enum shmb_status {
     /// The command request ring stayed full for the whole call timeout: the engine is not
     /// reading commands. The session can go on stepping.
     SHMB_COMMAND_BACKLOG = 39,
-    /// A step ran out of time before its action was sent (a CUDA consumer stream of a
-    /// Vulkan engine's tensors did not drain): nothing is in flight, the frame is
+    /// A step ran out of time before its action was sent (the CUDA stream it waits on
+    /// did not drain: a consumer stream of a Vulkan engine's tensors, or of CUDA memory
+    /// shared by file descriptor): nothing is in flight, the frame is
     /// unchanged; step again (not `shmb_client_wait_frame`). `SHMB_TIMEOUT` is the other
     /// case: the action was sent and its frame is still to come.
     SHMB_NOT_POSTED = 40,

@@ -94,7 +94,8 @@ class Client:
         ``torch.cuda.Stream``; default torch's current stream), which afterwards waits
         on the engine's event; ``actions`` must then be a CUDA tensor on the device.
         ``timeout`` bounds the whole step; ``NotPostedError`` (a ``TimeoutError``): the
-        action was not sent (a CUDA stream of a Vulkan engine's tensors did not drain),
+        action was not sent (a CUDA stream of a Vulkan engine's tensors, or of CUDA
+        memory shared by file descriptor, did not drain),
         nothing is in flight. A host step holds the GIL for about 10 µs while it looks
         for the frame (once only for a blocking client, or an engine served by a
         thread of this process), and releases it to wait longer."""

@@ -248,7 +248,8 @@ class CommandBacklogError(ShmBridgeError):
 
 class NotPostedError(TimeoutError):
     """A step ran out of time before its action could be sent: the device work the
-    action waits on (a CUDA stream of a Vulkan engine's tensors) did not drain. Nothing
+    action waits on (a CUDA stream of a Vulkan engine's tensors, or of CUDA memory
+    shared by file descriptor) did not drain. Nothing
     was sent and nothing is in flight; the frame is unchanged. Step again. A
     ``TimeoutError``, so ``except TimeoutError`` still catches it."""
 

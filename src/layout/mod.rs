@@ -47,7 +47,7 @@ pub use tensor::{
     CudaExport, CudaSharing, Direction, Rings, TensorInfo, TensorSpec, VulkanTable,
     DEFAULT_RING_CAPACITY, MIN_RING_CAPACITY,
 };
-pub use validate::{check_identity, validate};
+pub use validate::{check_cuda_fd_export, check_identity, cuda_fd_export_cap, validate};
 pub use validated::{Layout, TensorId, TensorKey};
 pub use vulkan::{SemaphoreKind, SharedFd, VulkanExport, VulkanSource};
 

@@ -203,6 +203,68 @@ fn cuda_entries_say_how_their_allocation_is_shared() {
     refused(&|h| h.descs[0].flags = 0, "without an IPC memory handle");
 }
 
+/// `export_size` of CUDA memory shared by fd (the size a client maps), from a hostile
+/// engine: at least each tensor's end (as for IPC), the same in every entry (one
+/// allocation, one fd), and at most the cap of the tensors' end (the next power of two,
+/// at least 2 MiB); each refusal names the rule, before anything is imported. IPC
+/// entries keep their own sizes (a foreign engine may use several allocations).
+#[test]
+fn export_sizes_of_memory_shared_by_fd_are_one_bounded_size() {
+    let specs = [
+        TensorSpec::new("obs", DType::F32, &[4, 3], Direction::EngineToClient).on(Device::cuda(0)),
+        TensorSpec::new("actions", DType::I64, &[4, 1], Direction::ClientToEngine)
+            .on(Device::cuda(0)),
+        TensorSpec::new("reward", DType::F32, &[4], Direction::EngineToClient),
+    ];
+    let made = |size: u64, edit: &dyn Fn(&mut HeaderBuilder)| {
+        let mut h = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+        h.set_cuda_fd_export([2; 16], size);
+        edit(&mut h);
+        validate("r", &published(&h), h.header.region_size)
+    };
+    let refused = |size: u64, edit: &dyn Fn(&mut HeaderBuilder), tensor: &str, why: &str| match made(
+        size, edit,
+    ) {
+        Err(Error::InvalidTensor { tensor: t, reason }) => {
+            assert_eq!(t, tensor, "{why}: {reason}");
+            assert!(reason.contains(why), "{why}: {reason}");
+        }
+        other => panic!("{why}: {other:?}"),
+    };
+    // The tensors end at byte 256 + 32 (actions at 256): the cap is 2 MiB.
+    assert_eq!(cuda_fd_export_cap(288), CUDA_EXPORT_GRANULARITY);
+    for size in [288, 4096, 2 << 20] {
+        let l = made(size, &|_| {}).unwrap_or_else(|e| panic!("{size}: {e}"));
+        assert_eq!(l.tensors[1].cuda.unwrap().alloc_size, size);
+    }
+    // Below a tensor's end.
+    refused(
+        287,
+        &|_| {},
+        "actions",
+        "lies outside its 287-byte allocation",
+    );
+    // Above the cap: one byte more, and an absurd size.
+    refused((2 << 20) + 1, &|_| {}, "obs", "is more than 2097152");
+    refused(u64::MAX, &|_| {}, "obs", "is more than 2097152");
+    // Two sizes for the one allocation, each one valid on its own.
+    refused(
+        2 << 20,
+        &|h| h.descs[1].export_size = 4096,
+        "actions",
+        "differs from the 2097152 of 'obs'",
+    );
+    // The cap follows the tensors: past 2 MiB, the next power of two.
+    assert_eq!(cuda_fd_export_cap((2 << 20) + 1), 4 << 20);
+    assert_eq!(cuda_fd_export_cap(3 << 30), 4 << 30);
+    assert_eq!(cuda_fd_export_cap(u64::MAX), u64::MAX);
+    // IPC entries: unchanged, their sizes are checked against the driver's mapping.
+    let mut ipc = HeaderBuilder::new("gpu", 4, &specs, 0).unwrap();
+    ipc.set_cuda_export([1; 64], [2; 16], [3; 64]);
+    ipc.descs[0].export_size = 1 << 40;
+    assert!(validate("r", &published(&ipc), ipc.header.region_size).is_ok());
+}
+
 #[test]
 fn host_only_layouts_are_what_1_1_wrote() {
     // A host-only 1.3 header differs from a 1.1 one only in `version_minor`: every

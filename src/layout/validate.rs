@@ -108,6 +108,7 @@ pub fn validate(name: &str, bytes: &[u8], actual_region_size: u64) -> Result<Lay
             });
         }
     }
+    check_cuda_fd_export(&tensors)?;
     let rings = validate_rings(&h, header_size)?;
     let shards = validate_table(&h, bytes, header_size, rings, &tensors)?;
     let stats = validate_area(
@@ -382,6 +383,60 @@ fn validate_desc(
         cuda,
         vulkan,
     })
+}
+
+/// The most `export_size` may say for CUDA memory shared by fd whose tensors end at byte
+/// `end` of the allocation: the next power of two ≥ `end`, and at least
+/// [`CUDA_EXPORT_GRANULARITY`] (2 MiB). An engine allocates `end` rounded up to the
+/// device's allocation granularity (`cuMemGetAllocationGranularity`, a power of two: 2 MiB
+/// on NVIDIA's GPUs), which is never more than this; a client maps `export_size` bytes.
+pub fn cuda_fd_export_cap(end: u64) -> u64 {
+    end.checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .max(CUDA_EXPORT_GRANULARITY)
+}
+
+/// The `export_size` of CUDA memory shared by fd (1.9), across entries: one fd crosses the
+/// socket, so every such entry names the same allocation, and says the same size; and
+/// that size is at most [`cuda_fd_export_cap`] of the tensors' furthest end (an absurd
+/// size is refused here, not handed to the driver to reserve and map). Each span lies
+/// inside the size already ([`validate_desc`]). `InvalidTensor` naming the entry that
+/// breaks it, before anything is imported. The engine checks its own table with it too.
+pub fn check_cuda_fd_export(tensors: &[TensorInfo]) -> Result<()> {
+    let mut fd = tensors.iter().filter_map(|t| {
+        t.cuda
+            .filter(|c| c.sharing == CudaSharing::Fd)
+            .map(|c| (t, c.alloc_size))
+    });
+    let Some((first, size)) = fd.next() else {
+        return Ok(());
+    };
+    let end_of = |t: &TensorInfo| t.offset.saturating_add(t.nbytes);
+    let mut end = end_of(first);
+    for (t, other) in fd {
+        if other != size {
+            return Err(Error::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: format!(
+                    "CUDA memory shared by fd: export_size {other} differs from the {size} of \
+                     '{}' (one allocation, one fd: one size)",
+                    first.name
+                ),
+            });
+        }
+        end = end.max(end_of(t));
+    }
+    let cap = cuda_fd_export_cap(end);
+    if size > cap {
+        return Err(Error::InvalidTensor {
+            tensor: first.name.clone(),
+            reason: format!(
+                "CUDA memory shared by fd: export_size {size} is more than {cap}, the most an \
+                 allocation of tensors ending at byte {end} takes"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// How a CUDA entry's allocation is shared, from its `flags` and `ipc_mem_handle`: an

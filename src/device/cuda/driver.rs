@@ -1099,9 +1099,9 @@ impl FdMemory {
 
     /// A new fd of the allocation (`cuMemExportToShareableHandle`), close-on-exec, for
     /// the fd socket. Each call makes another fd; the receiver's import keeps the memory
-    /// alive on its own.
+    /// alive on its own. The driver opens it without close-on-exec and the call takes no
+    /// flag for it: see [`crate::os::own_driver_fd`] for the instant before it is set.
     pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
-        use std::os::fd::FromRawFd;
         let _current = self.ctx.bind()?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: for a POSIX fd handle the driver writes an `int` through the pointer;
@@ -1120,11 +1120,9 @@ impl FdMemory {
                 detail: format!("returned fd {fd}"),
             });
         }
-        // SAFETY: a new fd the driver just opened for us and nobody else owns.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        // Drivers hand out exported fds without close-on-exec.
-        crate::os::set_cloexec(&fd)?;
-        Ok(fd)
+        // SAFETY: a new fd the driver just opened for us and nobody else owns. Drivers
+        // hand out exported fds without close-on-exec: set at once (`own_driver_fd`).
+        unsafe { crate::os::own_driver_fd(fd) }
     }
 
     /// Device address of the first byte, in this process.

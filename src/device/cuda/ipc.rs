@@ -6,8 +6,9 @@
 //! [`super::share::decide`]): by CUDA IPC handle, the frames ordered on the GPU by IPC
 //! events (one PID namespace); or by file descriptor (1.9, §3.5.1: `cuMemCreate`, the fd
 //! served over the region's socket by [`FdServer`]), the frames ordered on the host (the
-//! engine synchronises its stream before each publication, the client its stream before
-//! each post), since IPC events do not cross PID namespaces either.
+//! engine synchronises its stream before each publication; the client waits for its
+//! stream before each post, polling within the step's timeout: [`order_before_post`]),
+//! since IPC events do not cross PID namespaces either.
 //!
 //! Written against the driver layer and checked on CPU only for its refusals
 //! (`CudaUnavailable`); the GPU behaviour is exercised by `tests/cuda.rs` on a GPU machine.
@@ -130,6 +131,17 @@ impl EngineCuda {
                 let memory = FdMemory::allocate(d, &ctx, size)?;
                 let fd = SharedFd::new(memory.export_fd()?);
                 builder.set_cuda_fd_export(ctx.uuid()?, memory.size() as u64);
+                // What every client checks (a device granularity larger than clients
+                // accept would make a region nobody can attach to).
+                crate::layout::check_cuda_fd_export(&builder.tensors).map_err(|e| {
+                    Error::CudaUnavailable {
+                        reason: format!(
+                            "the device's allocation granularity makes a {}-byte allocation, \
+                             which clients refuse ({e}): use cuda_sharing 'ipc'",
+                            memory.size()
+                        ),
+                    }
+                })?;
                 (Exported::Fd(memory), None, Some(fd))
             }
         };
@@ -194,7 +206,7 @@ impl EngineCuda {
     /// `None` when no client is attached any more (nothing to wait for).
     pub fn wait_client(&mut self, client: Option<ClientEventHandle>) -> Result<()> {
         if self.fd.is_some() {
-            // Shared by fd: the client synchronised its stream before it posted.
+            // Shared by fd: the client's stream had finished before it posted.
             return Ok(());
         }
         let Some(key) = client else {
@@ -294,6 +306,32 @@ impl EngineCuda {
             self.stream = None;
             DeviceRelease::Leaked
         }
+    }
+}
+
+/// What a client's post of memory shared by fd waits for, when it gives up (`Timeout`,
+/// which a step reports as `NotPosted`).
+const FD_POST_DRAIN: &str = "the stream that wrote the actions, which must finish before \
+     they are posted (CUDA memory shared by file descriptor has no interprocess event)";
+
+/// How a client orders its device writes before a post, by how the engine shares its
+/// memory. CUDA IPC: `record` (the client event's record, which the engine's stream waits
+/// on). Shared by fd (no event: the engine reads the actions as soon as it sees the
+/// post): the host waits until `is_idle` (`cuStreamQuery` of the stream) says the
+/// writes are done, polled by [`crate::sync::poll_until`] as the Vulkan importer's drain
+/// is, never `cuStreamSynchronize`, which cannot be bounded: at most `timeout` (then
+/// `Timeout`, which the step reports as `NotPosted`: nothing posted), `check` (the
+/// engine's liveness, an interrupt) between polls, a query's error ends it.
+fn order_before_post(
+    sharing: CudaSharing,
+    timeout: Duration,
+    check: &dyn Fn() -> Result<()>,
+    is_idle: impl FnMut() -> Result<bool>,
+    record: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    match sharing {
+        CudaSharing::Ipc => record(),
+        CudaSharing::Fd => crate::sync::poll_until(timeout, FD_POST_DRAIN, is_idle, check),
     }
 }
 
@@ -665,15 +703,28 @@ impl ClientCuda {
         stream.wait(ev)
     }
 
-    /// `cuEventRecord(client_event, stream)` (the legacy default stream if `None`):
-    /// before every `action_seq` store. Memory shared by fd: `cuStreamSynchronize` of
-    /// that stream instead (the engine reads the actions once it sees the post).
-    pub fn record(&self, stream: Option<&Stream>) -> Result<()> {
-        if self.sharing == CudaSharing::Fd {
-            return stream.unwrap_or(&self.default_stream).synchronize();
-        }
-        let ev = self.event.as_ref().ok_or(Error::Closed(Peer::Client))?;
-        ev.record(stream.unwrap_or(&self.default_stream))
+    /// Before every `action_seq` store and request, on `stream` (the legacy default
+    /// stream if `None`): [`order_before_post`]. CUDA IPC: `cuEventRecord(client_event,
+    /// stream)`. Memory shared by fd: the host waits for that stream's queued work
+    /// (`cuStreamQuery`, polled: at most `timeout`, `check` between polls), since the
+    /// engine reads the actions once it sees the post.
+    pub fn record(
+        &self,
+        stream: Option<&Stream>,
+        timeout: Duration,
+        check: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let stream = stream.unwrap_or(&self.default_stream);
+        order_before_post(
+            self.sharing,
+            timeout,
+            check,
+            || stream.is_idle(),
+            || {
+                let ev = self.event.as_ref().ok_or(Error::Closed(Peer::Client))?;
+                ev.record(stream)
+            },
+        )
     }
 
     /// Closes the client's side, each handle exactly once: waits for the client's own
@@ -793,16 +844,18 @@ impl ClientBackend for ClientCuda {
         self.open_shared(layout, region)
     }
 
-    /// Records the client's event: nothing to wait for on the host.
+    /// CUDA IPC: records the client's event (nothing to wait for on the host). Memory
+    /// shared by fd: waits on the host for the stream's work, bounded by `timeout`
+    /// ([`ClientCuda::record`]).
     fn before_post(
         &self,
         stream: Option<StreamRef<'_>>,
-        _: Duration,
-        _: &dyn Fn() -> Result<()>,
+        timeout: Duration,
+        check: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         match stream {
-            None => self.record(None),
-            Some(s) => Stream::scoped(&self.ctx, s, |s| self.record(Some(s))),
+            None => self.record(None, timeout, check),
+            Some(s) => Stream::scoped(&self.ctx, s, |s| self.record(Some(s), timeout, check)),
         }
     }
 
@@ -898,5 +951,115 @@ impl dyn ClientBackend {
     /// lease on the imports); `None` for any other backend.
     pub fn as_cuda(&self) -> Option<&ClientCuda> {
         self.as_any().downcast_ref()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::error::PidNamespace;
+    use std::cell::Cell;
+
+    /// Queries of a stream that stays busy: `false` every time, but a panic past
+    /// `LIMIT` (an unbounded wait, such as `cuStreamSynchronize` was, would poll on).
+    const LIMIT: u32 = 100_000;
+
+    fn busy(polls: &Cell<u32>) -> impl FnMut() -> Result<bool> + '_ {
+        move || {
+            polls.set(polls.get() + 1);
+            assert!(polls.get() <= LIMIT, "polled past the post's bound");
+            Ok(false)
+        }
+    }
+
+    fn no_record() -> Result<()> {
+        panic!("an fd-shared post recorded an event")
+    }
+
+    /// Memory shared by fd: a stream that never finishes ends the post's wait with
+    /// `Timeout` once the timeout passed (0 here: after one query), which the step turns
+    /// into `NotPosted`; a dead engine ends it at the first sleep, whatever the timeout;
+    /// a query's error ends it; a stream that finishes at the third query is waited for.
+    #[test]
+    fn a_post_of_memory_shared_by_fd_waits_for_the_stream_within_its_bound() {
+        let fine = || Ok(());
+        let polls = Cell::new(0);
+        let r = order_before_post(
+            CudaSharing::Fd,
+            Duration::ZERO,
+            &fine,
+            busy(&polls),
+            no_record,
+        );
+        match r {
+            Err(Error::Timeout { waited, what }) => {
+                assert_eq!((waited, what), (Duration::ZERO, FD_POST_DRAIN));
+            }
+            other => panic!("a busy stream past the timeout: {other:?}"),
+        }
+        assert_eq!(polls.get(), 1);
+
+        let died = || {
+            Err(Error::PeerDied {
+                peer: Peer::Engine,
+                pid: 7,
+                pid_ns: PidNamespace::This,
+                hint: "",
+            })
+        };
+        polls.set(0);
+        let r = order_before_post(
+            CudaSharing::Fd,
+            Duration::MAX,
+            &died,
+            busy(&polls),
+            no_record,
+        );
+        assert!(matches!(r, Err(Error::PeerDied { pid: 7, .. })), "{r:?}");
+        assert!(polls.get() < LIMIT);
+
+        let failing = || {
+            Err(Error::Cuda {
+                call: "cuStreamQuery",
+                detail: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            })
+        };
+        let r = order_before_post(CudaSharing::Fd, Duration::MAX, &fine, failing, no_record);
+        assert!(
+            matches!(
+                r,
+                Err(Error::Cuda {
+                    call: "cuStreamQuery",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+
+        polls.set(0);
+        let third = || {
+            polls.set(polls.get() + 1);
+            Ok(polls.get() == 3)
+        };
+        order_before_post(CudaSharing::Fd, Duration::MAX, &fine, third, no_record).unwrap();
+        assert_eq!(polls.get(), 3);
+    }
+
+    /// CUDA IPC: the event is recorded once and the host waits for nothing.
+    #[test]
+    fn a_post_of_ipc_memory_records_the_event_and_queries_nothing() {
+        let (polls, records) = (Cell::new(0), Cell::new(0));
+        order_before_post(
+            CudaSharing::Ipc,
+            Duration::ZERO,
+            &|| Ok(()),
+            busy(&polls),
+            || {
+                records.set(records.get() + 1);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!((polls.get(), records.get()), (0, 1));
     }
 }

@@ -560,14 +560,10 @@ impl ExportedBuffer {
             .handle_type(OPAQUE_FD);
         // SAFETY: the memory was allocated exportable as OPAQUE_FD.
         let fd = match unsafe { ctx.memory_fd.get_memory_fd(&get) } {
+            // Drivers do not set close-on-exec (lavapipe does not): a program this process
+            // runs must not inherit the memory.
             // SAFETY: a new fd the driver hands over; we own it from here.
-            Ok(fd) if fd >= 0 => {
-                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-                // Drivers do not set it (lavapipe does not): a program this process runs
-                // must not inherit the memory.
-                os::set_cloexec(&fd)?;
-                SharedFd::new(fd)
-            }
+            Ok(fd) if fd >= 0 => SharedFd::new(unsafe { os::own_driver_fd(fd) }?),
             Ok(_) | Err(_) => {
                 return Err(Error::Vulkan {
                     call: "vkGetMemoryFdKHR",
