@@ -1,8 +1,8 @@
 """shmbridge.integrations.torchrl.ShmAsyncEnvPool: TorchRL's AsyncEnvPool API over
 asynchronous batches (docs/async.md): the same trajectories as the client's own
 recv/send, the region's memory handed out (by address), sends of envs not handed out
-refused with nothing posted, the per-env forms refused, and TorchRL's synchronous loops
-(rollout, Collector) over it."""
+refused with nothing posted, the per-env forms refused, a timed-out recv keeping what it
+received, and TorchRL's synchronous loops (rollout, Collector) over it."""
 
 from __future__ import annotations
 
@@ -244,4 +244,28 @@ def test_seeds_serve_the_next_reset_and_batches_must_divide_the_envs():
         pool.set_seed(7)
         np.testing.assert_array_equal(pool.reset()["observation"].numpy(), seeded)
     finally:
+        pool.close()
+
+
+def test_a_recv_that_times_out_keeps_what_it_received():
+    import os
+    import signal
+
+    pool = ShmAsyncEnvPool("cartpole", N, shards=SHARDS, batch_size=2, seed=6)  # a shard a batch
+    stopped = pool.client.shard_pids[SHARDS - 1]  # envs 6 and 7
+    try:
+        pool.async_reset_send()
+        roots = [pool.async_reset_recv() for _ in range(SHARDS)]
+        os.kill(stopped, signal.SIGSTOP)  # its step cannot come
+        for root in roots:  # (in the order the shards answered)
+            root["action"] = torch.tensor([(i // 2) % 2 for i in ids_of(root)])
+            pool.async_step_send(root)
+        with pytest.raises(TimeoutError):
+            pool.async_step_recv(min_get=N, timeout=0.5)
+        os.kill(stopped, signal.SIGCONT)
+        out = pool.async_step_recv(min_get=N)  # the batches received before, and the last
+        assert ids_of(out) == list(range(N))
+        assert out["action"].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    finally:
+        os.kill(stopped, signal.SIGCONT)
         pool.close()
