@@ -361,7 +361,9 @@ def launch(
         client = _launch_sharded(env, num_envs, device, shards, timeout, spin_us, blocking, engine_args)
         if batch_size is not None:
             try:
-                client.async_reset(batch_size)
+                # Its reset is the episodes' start: seeded as the engine's frame 0 was
+                # (env i with seed + i), so a seeded launch starts the same episodes.
+                client.async_reset(batch_size, seed=engine_args.get("seed"))
             except BaseException:
                 client.close()
                 raise

@@ -239,3 +239,19 @@ def test_envpool_resets_whenever_asked_after_the_first_steps():
     with shmbridge.AsyncEnvPool(batch_size=4, client=spy) as pool:
         pool.async_reset()
         assert spy.resets == 1
+
+
+def test_a_seeded_launch_with_batches_starts_the_seeded_episodes():
+    """``launch(..., batch_size=B, seed=s)``: the batches start from the episodes seed
+    ``s`` gives (env i seeded with s + i), as a lock-step launch with that seed does."""
+    with shmbridge.launch("cartpole", num_envs=4, seed=7) as lock_step:
+        want = np.asarray(lock_step.obs).copy()
+    with shmbridge.launch("cartpole", num_envs=4, shards=2, batch_size=2, seed=7) as client:
+        seen = {}
+        for _ in range(2):
+            obs, _, _, _, env_ids = client.recv(timeout=30)
+            for row, env in zip(np.asarray(obs), np.asarray(env_ids).tolist()):
+                seen[env] = row.copy()
+            client.send(np.zeros((2, 1), np.int64), env_ids)
+    assert sorted(seen) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(np.stack([seen[i] for i in range(4)]), want)
