@@ -634,6 +634,7 @@ def test_a_shard_built_from_another_model_is_refused(tmp_path, region_namespace)
     assert "panicked" not in second.stderr, second.stderr
 
 
+@pytest.mark.long
 def test_bench_pixels_measures_the_cameras_frames_zero_copy(tmp_path) -> None:
     """``bench pixels --mujoco``: the native engine's camera (one shard and two) against
     Gymnasium's ``rgb_array`` of the same camera, a smoke run: every path measured, the
