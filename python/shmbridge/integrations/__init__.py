@@ -32,17 +32,22 @@ def require(module: str, extra: str, what: str) -> ModuleType:
         ) from e
 
 
-def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving the class ``name``, made by ``make`` on first use
-    (it subclasses the library's, imported then) and kept: the module imports without
-    its library."""
+def lazy_classes(module: str, makers: Dict[str, Callable[[], type]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving each class named in ``makers``, made by its maker
+    on first use (it subclasses the library's, imported then) and kept: the module
+    imports without its library."""
     made: Dict[str, type] = {}
 
     def __getattr__(attr: str) -> Any:
-        if attr != name:
+        if attr not in makers:
             raise AttributeError(f"module {module!r} has no attribute {attr!r}")
-        if name not in made:
-            made[name] = make()
-        return made[name]
+        if attr not in made:
+            made[attr] = makers[attr]()
+        return made[attr]
 
     return __getattr__
+
+
+def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
+    """[`lazy_classes`] of one class."""
+    return lazy_classes(module, {name: make})

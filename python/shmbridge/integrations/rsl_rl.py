@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from . import lazy_class, require
+from . import lazy_classes, require
 
 __all__ = ["RslRlVecEnv", "CategoricalDistribution"]
 
@@ -234,13 +234,4 @@ def _make_distribution() -> type:
     return CategoricalDistribution
 
 
-_lazy = {
-    "RslRlVecEnv": lazy_class(__name__, "RslRlVecEnv", _make_class),
-    "CategoricalDistribution": lazy_class(__name__, "CategoricalDistribution", _make_distribution),
-}
-
-
-def __getattr__(attr: str) -> Any:
-    if attr not in _lazy:
-        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-    return _lazy[attr](attr)
+__getattr__ = lazy_classes(__name__, {"RslRlVecEnv": _make_class, "CategoricalDistribution": _make_distribution})

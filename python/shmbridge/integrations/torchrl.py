@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import lazy_class, require
+from . import lazy_classes, require
 
 __all__ = ["ShmAsyncEnvPool", "TorchRLEnv"]
 
@@ -646,13 +646,4 @@ def _make_pool_class() -> type:
     return ShmAsyncEnvPool
 
 
-_lazy = {
-    "TorchRLEnv": lazy_class(__name__, "TorchRLEnv", _make_class),
-    "ShmAsyncEnvPool": lazy_class(__name__, "ShmAsyncEnvPool", _make_pool_class),
-}
-
-
-def __getattr__(attr: str) -> Any:
-    if attr not in _lazy:
-        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-    return _lazy[attr](attr)
+__getattr__ = lazy_classes(__name__, {"TorchRLEnv": _make_class, "ShmAsyncEnvPool": _make_pool_class})
