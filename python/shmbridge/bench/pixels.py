@@ -197,22 +197,30 @@ class Case:
 
 class PixelsCase(Case):
     def __init__(self, key: str, plan: Plan, blocking: bool, stack: int, image_device: str):
-        import torch
-
         super().__init__(key)
-        self.client = shmbridge.launch(
+        client = shmbridge.launch(
             "pixels", num_envs=plan.num_envs, seed=0, image=f"{plan.height}x{plan.width}x3",
             frame_stack=stack, image_device=image_device, blocking=blocking)
-        self.tensor = self.client["rgb"]
-        self.view = torch.from_dlpack(self.tensor)  # once: the engine's memory, in place
+        bank = np.random.default_rng(0).integers(0, 2, size=(1024, plan.num_envs, 1), dtype=np.int64)
+        self._watch(client, bank, stacked=True)
+
+    def _watch(self, client: Any, bank: np.ndarray, stacked: bool) -> None:
+        """Takes `client`'s frames as a persistent torch view, once (the engine's memory, in
+        place; `[N, stack, H, W, 3]`, a stack of one where the engine serves single
+        frames), checks it is zero copy, and keeps the actions' view and `bank` of them."""
+        import torch
+
+        self.client = client
+        self.tensor = client["rgb"]
+        view = torch.from_dlpack(self.tensor)
+        self.view = view if stacked else view[:, None]
         self.zero_copy = self.view.data_ptr() == self.tensor.data_ptr != 0
-        self.note = (f"`torch.from_dlpack(client['rgb'])` {tuple(self.view.shape)} at "
+        self.note = (f"`torch.from_dlpack(client['rgb'])` {tuple(self.tensor.shape)} at "
                      f"{self.view.data_ptr():#x} {'==' if self.zero_copy else '!='} "
                      f"`client['rgb'].data_ptr` {self.tensor.data_ptr:#x}")
-        self.actions = torch.from_dlpack(self.client.actions)
+        self.actions = torch.from_dlpack(client.actions)
         self.acc = torch.zeros((), dtype=torch.int64)
-        self.bank = torch.from_numpy(
-            np.random.default_rng(0).integers(0, 2, size=(1024, plan.num_envs, 1), dtype=np.int64))
+        self.bank = torch.from_numpy(bank.reshape(len(bank), *self.actions.shape))
         self.k = 0
 
     def run(self, n: int, out: List[int]) -> None:
@@ -243,27 +251,16 @@ class MujocoCase(PixelsCase):
 
     def __init__(self, key: str, plan: Plan, blocking: bool, shards: int = 1):
         import gymnasium as gym
-        import torch
 
         Case.__init__(self, key)
         self.task = plan.task
         env = gym.make(plan.task)
         space = env.action_space
         env.close()
-        self.client = shmbridge.launch(
+        client = shmbridge.launch(
             f"mujoco/{plan.task}", num_envs=plan.num_envs, seed=0, camera=plan.camera,
             camera_size=f"{plan.height}x{plan.width}", blocking=blocking, shards=shards)
-        self.tensor = self.client["rgb"]
-        self.view = torch.from_dlpack(self.tensor)[:, None]  # [N, 1, H, W, 3], as the stacks
-        self.zero_copy = self.view.data_ptr() == self.tensor.data_ptr != 0
-        self.note = (f"`torch.from_dlpack(client['rgb'])` {tuple(self.tensor.shape)} at "
-                     f"{self.view.data_ptr():#x} {'==' if self.zero_copy else '!='} "
-                     f"`client['rgb'].data_ptr` {self.tensor.data_ptr:#x}")
-        self.actions = torch.from_dlpack(self.client.actions)
-        self.acc = torch.zeros((), dtype=torch.int64)
-        self.bank = torch.from_numpy(_random_actions(space, plan.num_envs).reshape(
-            1024, *self.actions.shape))
-        self.k = 0
+        self._watch(client, _random_actions(space, plan.num_envs), stacked=False)
 
     def check(self) -> None:
         if not _frames_drawn(self.view.numpy(), self.task):
