@@ -634,22 +634,26 @@ def test_a_shard_built_from_another_model_is_refused(tmp_path, region_namespace)
     assert "panicked" not in second.stderr, second.stderr
 
 
+def _bench(tmp_path, task: str, *args: str) -> dict:
+    """`python -m shmbridge.bench ARGS --out DIR` with the native engine of `task` (skipped
+    where shmbridge was built without the feature): its JSON report."""
+    import json
+
+    launch_mujoco(task, 1).close()
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "shmbridge.bench", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / f"{args[0]}.json").read_text())
+
+
 @pytest.mark.long
 def test_bench_pixels_measures_the_cameras_frames_zero_copy(tmp_path) -> None:
     """``bench pixels --mujoco``: the native engine's camera (one shard and two) against
     Gymnasium's ``rgb_array`` of the same camera, a smoke run: every path measured, the
     engine's frames a drawn picture and the torch view the region's memory."""
-    import json
-
-    launch_mujoco("Hopper-v5", 1).close()  # skips where built without the feature
-    out = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "shmbridge.bench", "pixels", "--quick", "--mujoco", "Hopper-v5",
-         "--num-envs", "2", "--size", "24x32", "--steps", "4", "--rounds", "1", "--warmup", "1",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads((out / "pixels.json").read_text())
+    doc = _bench(tmp_path, "Hopper-v5", "pixels", "--quick", "--mujoco", "Hopper-v5", "--num-envs", "2",
+                 "--size", "24x32", "--steps", "4", "--rounds", "1", "--warmup", "1")
     assert not doc["skipped"], doc["skipped"]
     paths = doc["paths"]
     assert set(paths) == {"mujoco-native", "mujoco-native-k2", "gym-sync", "gym-async"}
@@ -662,17 +666,9 @@ def test_bench_vector_times_the_native_engines_asynchronous_batches(tmp_path) ->
     """``bench vector`` with the native engine: its lock-step shards and its asynchronous
     batches (``native async B=N/2 K=2``, EnvPool's recv/send through ``AsyncEnvPool``),
     the latter counted as B env-steps a step and not compared per step."""
-    import json
-
-    launch_mujoco("HalfCheetah-v5", 1).close()  # skips where built without the feature
-    out = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "shmbridge.bench", "vector", "--quick", "--workloads", "HalfCheetah-v5",
-         "--envs", "4", "--shards", "2", "--contenders", "native", "--steps", "3", "--rounds", "1",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads((out / "vector.json").read_text())["results"]["HalfCheetah-v5 N=4"]
+    doc = _bench(tmp_path, "HalfCheetah-v5", "vector", "--quick", "--workloads", "HalfCheetah-v5", "--envs", "4",
+                 "--shards", "2", "--contenders", "native", "--steps", "3", "--rounds", "1")
+    rows = doc["results"]["HalfCheetah-v5 N=4"]
     assert [r["label"] for r in rows] == ["native K=2", "native K=1 T=2", "native async B=2 K=2"]
     pool = rows[-1]
     assert pool["num_envs"] == 2 and pool["processes"] == 2 and pool["env_steps_per_s"] > 0
