@@ -100,6 +100,18 @@ WORKLOADS = {w.key: w for w in (OBS_64B, OBS_4096X100, IMAGES)}
 # Statistics
 
 
+def random_actions(space: Any, num_envs: int, count: int) -> np.ndarray:
+    """`count` batches of random actions for `num_envs` envs of a Gymnasium `Discrete` or
+    `Box` space, drawn once (seed 0): `[count, num_envs, *space.shape]` of its dtype
+    (`Discrete`: int64 from `start`; `Box`: uniform in its bounds)."""
+    rng = np.random.default_rng(0)
+    if hasattr(space, "n"):
+        start = int(getattr(space, "start", 0))
+        return rng.integers(start, start + int(space.n), size=(count, num_envs), dtype=np.int64)
+    low, high = np.asarray(space.low), np.asarray(space.high)
+    return rng.uniform(low, high, size=(count, num_envs, *low.shape)).astype(space.dtype)
+
+
 @dataclass
 class Stats:
     n: int

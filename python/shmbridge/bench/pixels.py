@@ -55,7 +55,7 @@ import numpy as np
 
 import shmbridge
 
-from .common import Stats
+from .common import Stats, random_actions
 from .report import (
     frame_size,
     fmt_rate,
@@ -166,15 +166,6 @@ def _frames_drawn(frames: np.ndarray, task: Optional[str]) -> bool:
     return int(flat.max()) == 255 and int(flat.min(axis=1).max()) < 64
 
 
-def _random_actions(space: Any, num_envs: int, count: int = 1024) -> np.ndarray:
-    """`count` batches of random actions for `num_envs` envs of a Discrete or Box space."""
-    rng = np.random.default_rng(0)
-    if hasattr(space, "n"):
-        return rng.integers(0, int(space.n), size=(count, num_envs, 1), dtype=np.int64)
-    low, high = np.asarray(space.low), np.asarray(space.high)
-    return rng.uniform(low, high, size=(count, num_envs, *low.shape)).astype(np.float32)
-
-
 class Case:
     """One path: how to step it, the torch tensor of its frames, and its samples."""
 
@@ -260,7 +251,7 @@ class MujocoCase(PixelsCase):
         client = shmbridge.launch(
             f"mujoco/{plan.task}", num_envs=plan.num_envs, seed=0, camera=plan.camera,
             camera_size=f"{plan.height}x{plan.width}", blocking=blocking, shards=shards)
-        self._watch(client, _random_actions(space, plan.num_envs), stacked=False)
+        self._watch(client, random_actions(space, plan.num_envs, 1024), stacked=False)
 
     def check(self) -> None:
         if not _frames_drawn(self.view.numpy(), self.task):
@@ -285,9 +276,7 @@ class GymCase(Case):
         obs, _ = self.envs.reset(seed=0)
         self.acc = torch.zeros((), dtype=torch.int64)
         self.from_numpy = torch.from_numpy
-        self.bank = _random_actions(self.envs.single_action_space, plan.num_envs)
-        if not plan.task:
-            self.bank = self.bank[..., 0]  # Discrete: one action per env
+        self.bank = random_actions(self.envs.single_action_space, plan.num_envs, 1024)
         self.k = 0
         self.last = obs
         self.note = f"observations {obs.shape} {obs.dtype} through `torch.from_numpy` (no copy)"

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from .common import Stats
+from .common import Stats, random_actions
 from .report import fmt_rate, fmt_ratio, fmt_us, log, machine_description, machine_header, markdown_table, publish
 
 ASYNC, SYNC, ENVPOOL = "AsyncVectorEnv", "SyncVectorEnv", "EnvPool"
@@ -92,15 +92,6 @@ class Contender:
         self.envs.close()
 
 
-def _envpool_actions(space: Any, num_envs: int) -> List[np.ndarray]:
-    """64 random action batches of `num_envs` for an env's (Discrete or Box) action space."""
-    rng = np.random.default_rng(0)
-    if hasattr(space, "n"):
-        return [rng.integers(0, int(space.n), size=num_envs) for _ in range(64)]
-    low, high = np.asarray(space.low), np.asarray(space.high)
-    return [rng.uniform(low, high, size=(num_envs, *low.shape)).astype(space.dtype) for _ in range(64)]
-
-
 class EnvPoolContender(Contender):
     """EnvPool's synchronous vector env: ``envpool.make(env_id, env_type="gymnasium",
     num_envs=N, num_threads=T)``, stepped like the others (``T = 0``: EnvPool's default,
@@ -114,7 +105,7 @@ class EnvPoolContender(Contender):
         self.processes = threads or 1
         self.envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0, num_threads=threads)
         self.envs.reset()
-        self.bank = _envpool_actions(self.envs.action_space, num_envs)
+        self.bank = random_actions(self.envs.action_space, num_envs, 64)
         self.k = 0
         self.times = []
         self.block_means = []
@@ -135,7 +126,7 @@ class AsyncBatchContender(Contender):
         self.processes = processes
         self.envs = envs
         self.envs.async_reset()
-        self.bank = _envpool_actions(space, batch_size)
+        self.bank = random_actions(space, batch_size, 64)
         self.k = 0
         self.times = []
         self.block_means = []
