@@ -160,7 +160,6 @@ def test_runner_trains_ppo_on_a_discrete_engine_with_categorical_actions():
     """cartpole (Discrete(2)): one action per env, the index rsl_rl's policy samples with
     CategoricalDistribution, written into the engine's actions; rsl_rl's own PPO runner
     trains it past 150 (random actions average about 22)."""
-    from rsl_rl.runners import OnPolicyRunner
     from tensordict import TensorDict
 
     torch.manual_seed(0)

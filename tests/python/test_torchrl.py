@@ -16,7 +16,6 @@ gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrl")
 
-from tensordict import TensorDict  # noqa: E402
 from torchrl.envs.utils import check_env_specs  # noqa: E402
 
 from conftest import CARTPOLE_BOUNDS, doc_example  # noqa: E402

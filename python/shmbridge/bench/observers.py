@@ -16,9 +16,7 @@ counts beside it (a copy that an engine write overlapped is retried, not counted
 
 from __future__ import annotations
 
-import math
 import os
-import select
 import shutil
 import subprocess
 import sys
