@@ -443,6 +443,48 @@ def test_the_camera_depth_is_mujoco_renderers_depth(task: str) -> None:
     compare_camera_with_mujoco_renderer(task, depth=True)
 
 
+def test_opengl_writes_the_frames_into_exported_vulkan_memory() -> None:
+    """``image_device="vulkan"``: ``rgb`` lives in Vulkan memory the library allocates
+    and exports (lavapipe here), which the learner imports; the engine's OpenGL (Mesa's
+    llvmpipe) imports the same memory (``GL_EXT_memory_object_fd``) and writes each
+    frame into it, ``glReadPixels`` into it as a pixel-pack buffer, then ``glFinish``
+    before the frame is published (``model_info``'s ``camera_frames`` says ``opengl``).
+    Every frame equals that of the same engine with ``rgb`` in the region, byte for
+    byte: after launch, steps, ``set_state`` of one env and a reset of another (each a
+    frame at its own offset of the memory)."""
+    kw = dict(seed=0, camera="track", camera_size="24x32", camera_depth=True)
+    try:
+        vulkan = launch_mujoco("Hopper-v5", 3, image_device="vulkan", **kw)
+    except EngineStartError as e:
+        if "Vulkan" in str(e):
+            pytest.skip(f"no Vulkan device for the frames: {e}")
+        raise
+    with vulkan, launch_mujoco("Hopper-v5", 3, **kw) as host:
+        assert vulkan.call("model_info")["camera_frames"] == "opengl"
+        assert host.call("model_info")["camera_frames"] == "host"
+        rng = np.random.default_rng(3)
+
+        def same(what: str) -> None:
+            got = np.asarray(vulkan["rgb"])
+            np.testing.assert_array_equal(got, np.asarray(host["rgb"]), err_msg=what)
+            np.testing.assert_array_equal(np.asarray(vulkan["depth"]), np.asarray(host["depth"]), err_msg=what)
+            assert len(np.unique(got[2].reshape(-1, 3), axis=0)) > 10, what  # a scene, not a blank
+
+        same("launch")
+        first = np.asarray(vulkan["rgb"]).copy()
+        for step in range(5):
+            actions = rng.uniform(-1, 1, (3, 3)).astype(np.float32)
+            vulkan.step(actions)
+            host.step(actions)
+            same(f"step {step}")
+        assert not np.array_equal(first, np.asarray(vulkan["rgb"]))  # the frames moved
+        state = host.call("get_state", env=0)
+        for client in (vulkan, host):
+            client.call("set_state", env=1, qpos=state["qpos"], qvel=state["qvel"])
+            client.reset(seed=9, env_ids=[2])
+        same("set_state and reset")
+
+
 def test_a_seeded_reset_restarts_the_episodes_a_seeded_launch_starts() -> None:
     """Env ``i`` draws its reset noise from a stream seeded ``seed + i``, at launch and
     on ``client.reset(seed=...)``: the same seed gives the same starts, another seed other

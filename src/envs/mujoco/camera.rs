@@ -11,8 +11,14 @@
 //! this module's own `MjvScene` and `MjrContext`: the depth pass sets the scene's
 //! `mjRND_SEGMENT` and `mjRND_IDCOLOR` flags, as `mujoco.Renderer` does, which
 //! `MjRenderer` does not let a caller set.
+//!
+//! With `rgb` in Vulkan memory the library exported (`--image-device vulkan`), OpenGL
+//! writes the frames there itself when it can import that memory
+//! (`GL_EXT_memory_object_fd` on the same device): [`GlFrames`].
 
+use std::ffi::{c_void, CStr};
 use std::num::NonZeroU32;
+use std::os::fd::IntoRawFd;
 
 use glutin::api::egl::context::PossiblyCurrentContext;
 use glutin::api::egl::device::Device;
@@ -20,6 +26,7 @@ use glutin::api::egl::display::Display;
 use glutin::api::egl::surface::Surface;
 use glutin::config::{ConfigSurfaceTypes, ConfigTemplateBuilder};
 use glutin::context::{ContextApi, ContextAttributesBuilder, GlProfile, Version};
+use glutin::display::GetGlDisplay;
 use glutin::prelude::{GlDisplay, NotCurrentGlContext, PossiblyCurrentGlContext};
 use glutin::surface::{PbufferSurface, SurfaceAttributesBuilder};
 use mujoco_rs::wrappers::{
@@ -28,6 +35,7 @@ use mujoco_rs::wrappers::{
 };
 
 use super::tasks::{Data, PREFIX};
+use crate::device::compute::ShaderTarget;
 use crate::error::{Error, Result};
 
 /// The geoms a scene holds: `mujoco.Renderer`'s default `max_geom`.
@@ -37,6 +45,9 @@ const MAX_GEOM: usize = 10_000;
 /// one after another. Fields drop in order: the MuJoCo context (which frees its GL
 /// objects) before the GL context, made current first by `Drop`.
 pub struct Camera {
+    /// `rgb`'s Vulkan memory and its import in GL, or why GL cannot import it (`None`:
+    /// `rgb` is in the region, or no frame was drawn yet).
+    frames: Option<(ShaderTarget, std::result::Result<GlFrames, String>)>,
     context: MjrContext,
     scene: MjvScene,
     camera: MjvCamera,
@@ -189,6 +200,7 @@ impl Camera {
         ];
         let (h, w) = (h as usize, w as usize);
         Ok(Camera {
+            frames: None,
             context,
             scene,
             camera: MjvCamera::new_fixed(id),
@@ -216,11 +228,50 @@ impl Camera {
         }
     }
 
-    /// Draws `data`'s state through the camera into `rgb` (one env's `H * W * 3` bytes)
-    /// and, with the depth pass, its distances into `depth` (`H * W`).
-    pub fn render(&mut self, data: &mut Data, rgb: &mut [u8], depth: &mut [f32]) -> Result<()> {
+    /// Where the frames go, for `model_info`: `host` (the region, or `rgb`'s Vulkan
+    /// memory through the engine's mapping: the reason follows) or `opengl` (written by
+    /// OpenGL into the imported Vulkan memory).
+    pub fn frames_path(&self) -> String {
+        match &self.frames {
+            None => "host".into(),
+            Some((_, Ok(_))) => "opengl".into(),
+            Some((_, Err(why))) => format!("host ({why})"),
+        }
+    }
+
+    /// Frames into `rgb`'s Vulkan memory `target` (its first `bytes`) from now on:
+    /// imported in GL once (again for another buffer). `Ok(false)` when GL cannot import
+    /// it (the reason is kept for [`Self::frames_path`]): the frames then go through the
+    /// engine's mapping.
+    pub fn use_vulkan_memory(&mut self, target: ShaderTarget, bytes: u64) -> Result<bool> {
+        let current = matches!(&self.frames, Some((t, _)) if t.same_as(&target));
+        if !current {
+            self.gl.make_current()?;
+            self.frames = None;
+            let frames = GlFrames::import(&self.gl, &target, bytes);
+            self.frames = Some((target, frames));
+        }
+        Ok(self.on_gl())
+    }
+
+    /// Whether OpenGL writes the frames.
+    fn on_gl(&self) -> bool {
+        matches!(self.frames, Some((_, Ok(_))))
+    }
+
+    /// Draws `data`'s state through the camera into `rgb` (one env's `H * W * 3` bytes;
+    /// empty when OpenGL writes the frame: at byte `offset` of the imported memory) and,
+    /// with the depth pass, its distances into `depth` (`H * W`).
+    pub fn render(
+        &mut self,
+        data: &mut Data,
+        rgb: &mut [u8],
+        offset: u64,
+        depth: &mut [f32],
+    ) -> Result<()> {
         let [h, w] = self.size;
-        if rgb.len() != h * w * 3 || depth.len() != self.depth_len() {
+        let rgb_len = if self.on_gl() { 0 } else { h * w * 3 };
+        if rgb.len() != rgb_len || depth.len() != self.depth_len() {
             return Err(Error::InvalidSpec(format!(
                 "mujoco camera: rows of {} and {} values for a {h}x{w} camera",
                 rgb.len(),
@@ -233,10 +284,15 @@ impl Camera {
         let viewport = MjrRectangle::new(0, 0, w as i32, h as i32);
         self.context.offscreen();
         self.scene.render(&viewport, &self.context);
-        self.context
-            .read_pixels(Some(&mut self.rgb_scratch), None, &viewport)
-            .map_err(|e| failed(format!("reading the frame: {e}")))?;
-        flip_rows(&self.rgb_scratch, rgb, w * 3, |&v| v);
+        if let Some((_, Ok(frames))) = &self.frames {
+            frames.read(&self.context, [h, w], offset)?;
+            self.context.restore_buffer();
+        } else {
+            self.context
+                .read_pixels(Some(&mut self.rgb_scratch), None, &viewport)
+                .map_err(|e| failed(format!("reading the frame: {e}")))?;
+            flip_rows(&self.rgb_scratch, rgb, w * 3, |&v| v);
+        }
         if !self.depth {
             return Ok(());
         }
@@ -258,6 +314,16 @@ impl Camera {
         Ok(())
     }
 
+    /// After a batch of frames: with OpenGL writing them, waits until it has (the
+    /// learner reads the memory once the frame is published).
+    pub fn finish(&mut self) -> Result<()> {
+        if let Some((_, Ok(frames))) = &self.frames {
+            self.gl.make_current()?;
+            frames.finish()?;
+        }
+        Ok(())
+    }
+
     fn set_flags(&mut self, flags: [usize; 2], values: [u8; 2]) {
         // SAFETY: only two bytes of the scene's render flags are written, each in
         // `0..mjNRNDFLAG` (mjtRndFlag values); no pointer or count of the scene changes.
@@ -265,6 +331,247 @@ impl Camera {
         for (f, v) in flags.into_iter().zip(values) {
             scene.flags[f] = v;
         }
+    }
+}
+
+/// The OpenGL commands the import and the reads use, from EGL's `eglGetProcAddress`.
+macro_rules! gl_commands {
+    ($($name:ident: fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
+        #[allow(non_snake_case)]
+        #[derive(Clone, Copy)]
+        struct GlCommands {
+            $($name: unsafe extern "system" fn($($arg),*) $(-> $ret)?,)*
+        }
+
+        impl GlCommands {
+            fn load(gl: &Gl) -> std::result::Result<Self, String> {
+                let display = gl.context.display();
+                Ok(GlCommands {
+                    $($name: {
+                        let name = CStr::from_bytes_with_nul(
+                            concat!(stringify!($name), "\0").as_bytes(),
+                        )
+                        .map_err(|e| e.to_string())?;
+                        let address = display.get_proc_address(name);
+                        if address.is_null() {
+                            return Err(format!("EGL has no {}", stringify!($name)));
+                        }
+                        // SAFETY: `address` is EGL's non-null entry point of this GL
+                        // command, whose C signature the field's type spells.
+                        unsafe {
+                            std::mem::transmute::<
+                                *const c_void,
+                                unsafe extern "system" fn($($arg),*) $(-> $ret)?,
+                            >(address)
+                        }
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+gl_commands! {
+    glGetError: fn() -> u32;
+    glGetIntegerv: fn(u32, *mut i32);
+    glGetStringi: fn(u32, u32) -> *const u8;
+    glGetUnsignedBytevEXT: fn(u32, *mut u8);
+    glGetUnsignedBytei_vEXT: fn(u32, u32, *mut u8);
+    glCreateMemoryObjectsEXT: fn(i32, *mut u32);
+    glDeleteMemoryObjectsEXT: fn(i32, *const u32);
+    glImportMemoryFdEXT: fn(u32, u64, u32, i32);
+    glGenBuffers: fn(i32, *mut u32);
+    glDeleteBuffers: fn(i32, *const u32);
+    glBindBuffer: fn(u32, u32);
+    glBufferStorageMemEXT: fn(u32, isize, u32, u64);
+    glBindFramebuffer: fn(u32, u32);
+    glReadBuffer: fn(u32);
+    glDrawBuffer: fn(u32);
+    glBlitFramebuffer: fn(i32, i32, i32, i32, i32, i32, i32, i32, u32, u32);
+    glReadPixels: fn(i32, i32, i32, i32, u32, u32, *mut c_void);
+    glFinish: fn();
+}
+
+const GL_EXTENSIONS: u32 = 0x1F03;
+const GL_NUM_EXTENSIONS: u32 = 0x821D;
+const GL_DEVICE_UUID_EXT: u32 = 0x9597;
+const GL_DRIVER_UUID_EXT: u32 = 0x9598;
+const GL_HANDLE_TYPE_OPAQUE_FD_EXT: u32 = 0x9586;
+const GL_PIXEL_PACK_BUFFER: u32 = 0x88EB;
+const GL_READ_FRAMEBUFFER: u32 = 0x8CA8;
+const GL_DRAW_FRAMEBUFFER: u32 = 0x8CA9;
+const GL_COLOR_ATTACHMENT0: u32 = 0x8CE0;
+const GL_COLOR_BUFFER_BIT: u32 = 0x4000;
+const GL_NEAREST: u32 = 0x2600;
+const GL_UNSIGNED_BYTE: u32 = 0x1401;
+
+/// `rgb`'s Vulkan memory as an OpenGL buffer (`glImportMemoryFdEXT`,
+/// `glBufferStorageMemEXT`) that `glReadPixels` writes each frame into as a
+/// `GL_PIXEL_PACK_BUFFER`, then `glFinish` before the frame is published. No semaphore
+/// orders GL's writes against the learner's reads (Mesa's llvmpipe has no
+/// `GL_EXT_semaphore_fd`): `glFinish` returns once GL's commands are done, and on
+/// llvmpipe and lavapipe the memory is the same host pages (docs/mujoco.md).
+struct GlFrames {
+    commands: GlCommands,
+    memory: u32,
+    buffer: u32,
+    /// Bytes of the GL buffer.
+    bytes: u64,
+}
+
+impl GlFrames {
+    /// Imports `target`'s memory and binds its first `bytes` to a GL buffer, or says why
+    /// GL cannot. The GL context is current.
+    fn import(gl: &Gl, target: &ShaderTarget, bytes: u64) -> std::result::Result<Self, String> {
+        let commands = GlCommands::load(gl)?;
+        let c = &commands;
+        if !has_extension(c, "GL_EXT_memory_object_fd") {
+            return Err("OpenGL has no GL_EXT_memory_object_fd".into());
+        }
+        let (mut device, mut driver) = ([0u8; 16], [0u8; 16]);
+        // SAFETY: each writes GL_UUID_SIZE_EXT (16) bytes into its array.
+        unsafe {
+            (c.glGetUnsignedBytei_vEXT)(GL_DEVICE_UUID_EXT, 0, device.as_mut_ptr());
+            (c.glGetUnsignedBytevEXT)(GL_DRIVER_UUID_EXT, driver.as_mut_ptr());
+        }
+        let vulkan = target.device();
+        if device != vulkan.device_uuid || driver != vulkan.driver_uuid {
+            return Err(format!(
+                "OpenGL's device is not the Vulkan memory's ({})",
+                target.device_name()
+            ));
+        }
+        if target.bytes() < bytes {
+            return Err(format!(
+                "{} bytes of Vulkan memory for {bytes}",
+                target.bytes()
+            ));
+        }
+        let size = isize::try_from(bytes).map_err(|_| format!("{bytes} bytes"))?;
+        let fd = target.memory_fd().map_err(|e| e.to_string())?;
+        let mut frames = GlFrames {
+            commands,
+            memory: 0,
+            buffer: 0,
+            bytes,
+        };
+        // SAFETY: GL calls on the current context with valid arguments: the names are
+        // written by the Create/Gen calls; `glImportMemoryFdEXT` takes the fd over (it
+        // is not used here after); `size` is within the imported memory (checked above).
+        let error = unsafe {
+            (c.glGetError)();
+            (c.glCreateMemoryObjectsEXT)(1, &mut frames.memory);
+            (c.glImportMemoryFdEXT)(
+                frames.memory,
+                target.bytes(),
+                GL_HANDLE_TYPE_OPAQUE_FD_EXT,
+                fd.into_raw_fd(),
+            );
+            (c.glGenBuffers)(1, &mut frames.buffer);
+            (c.glBindBuffer)(GL_PIXEL_PACK_BUFFER, frames.buffer);
+            (c.glBufferStorageMemEXT)(GL_PIXEL_PACK_BUFFER, size, frames.memory, 0);
+            (c.glBindBuffer)(GL_PIXEL_PACK_BUFFER, 0);
+            (c.glGetError)()
+        };
+        match error {
+            0 => Ok(frames),
+            e => Err(format!(
+                "OpenGL did not bind the imported memory to a buffer (error 0x{e:x})"
+            )),
+        }
+    }
+
+    /// MuJoCo's offscreen frame of `[h, w]` into the buffer at byte `offset`, top row
+    /// first: what `mjr_readPixels` reads (the multisample buffer resolved by a blit
+    /// into MuJoCo's resolve buffer, `readPixelFormat` bytes), a row per `glReadPixels`
+    /// so the rows land flipped. The caller restores MuJoCo's buffer after.
+    fn read(&self, context: &MjrContext, [h, w]: [usize; 2], offset: u64) -> Result<()> {
+        let c = &self.commands;
+        let con = context.ffi();
+        let (hi, wi) = (h as i32, w as i32);
+        let row = (w * 3) as u64;
+        if offset
+            .checked_add(h as u64 * row)
+            .is_none_or(|end| end > self.bytes)
+        {
+            return Err(failed(format!(
+                "a {h}x{w} frame at byte {offset} of a {}-byte buffer",
+                self.bytes
+            )));
+        }
+        // SAFETY: GL calls on the current context (made current by `render`); the
+        // framebuffers are the MuJoCo context's; each row lies within the buffer (checked
+        // above), where GL writes it (a pack buffer is bound: the pointer is an offset).
+        unsafe {
+            if con.offSamples != 0 {
+                (c.glBindFramebuffer)(GL_READ_FRAMEBUFFER, con.offFBO);
+                (c.glReadBuffer)(GL_COLOR_ATTACHMENT0);
+                (c.glBindFramebuffer)(GL_DRAW_FRAMEBUFFER, con.offFBO_r);
+                (c.glDrawBuffer)(GL_COLOR_ATTACHMENT0);
+                (c.glBlitFramebuffer)(0, 0, wi, hi, 0, 0, wi, hi, GL_COLOR_BUFFER_BIT, GL_NEAREST);
+                (c.glBindFramebuffer)(GL_READ_FRAMEBUFFER, con.offFBO_r);
+            } else {
+                (c.glBindFramebuffer)(GL_READ_FRAMEBUFFER, con.offFBO);
+            }
+            (c.glReadBuffer)(GL_COLOR_ATTACHMENT0);
+            (c.glBindBuffer)(GL_PIXEL_PACK_BUFFER, self.buffer);
+            for y in 0..h {
+                let at = offset + (h - 1 - y) as u64 * row;
+                (c.glReadPixels)(
+                    0,
+                    y as i32,
+                    wi,
+                    1,
+                    con.readPixelFormat as u32,
+                    GL_UNSIGNED_BYTE,
+                    at as usize as *mut c_void,
+                );
+            }
+            (c.glBindBuffer)(GL_PIXEL_PACK_BUFFER, 0);
+            match (c.glGetError)() {
+                0 => Ok(()),
+                e => Err(failed(format!(
+                    "reading the frame into the Vulkan memory: GL error 0x{e:x}"
+                ))),
+            }
+        }
+    }
+
+    /// Waits until GL has executed every command (the frames are in the memory).
+    fn finish(&self) -> Result<()> {
+        // SAFETY: GL calls on the current context.
+        match unsafe {
+            (self.commands.glFinish)();
+            (self.commands.glGetError)()
+        } {
+            0 => Ok(()),
+            e => Err(failed(format!("glFinish: GL error 0x{e:x}"))),
+        }
+    }
+}
+
+impl Drop for GlFrames {
+    fn drop(&mut self) {
+        // SAFETY: names this value made, on the context `Camera` makes current before
+        // it drops or replaces them (names 0 are ignored).
+        unsafe {
+            (self.commands.glDeleteBuffers)(1, &self.buffer);
+            (self.commands.glDeleteMemoryObjectsEXT)(1, &self.memory);
+        }
+    }
+}
+
+/// Whether the current context lists OpenGL extension `name`.
+fn has_extension(c: &GlCommands, name: &str) -> bool {
+    let mut count = 0;
+    // SAFETY: GL calls on the current context; `glGetStringi` is asked for indices below
+    // the count it reported and gives a NUL-terminated string (or null).
+    unsafe {
+        (c.glGetIntegerv)(GL_NUM_EXTENSIONS, &mut count);
+        (0..count.max(0) as u32).any(|i| {
+            let s = (c.glGetStringi)(GL_EXTENSIONS, i);
+            !s.is_null() && CStr::from_ptr(s.cast()).to_bytes() == name.as_bytes()
+        })
     }
 }
 

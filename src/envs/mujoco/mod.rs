@@ -43,6 +43,7 @@ use self::reward::{RewardFn, RewardLib};
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv, MAX_CAMERA_SIDE, MAX_THREADS};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
+use crate::device::compute::ShaderTarget;
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
@@ -517,28 +518,44 @@ impl MujocoEnv {
     }
 
     /// The camera's view of envs `range` into their rows of `rgb` (and `depth` where
-    /// asked; nothing without a camera).
+    /// asked; nothing without a camera). With `rgb` in Vulkan memory the library
+    /// exported (`--image-device vulkan`), OpenGL writes the frames there when it can
+    /// import it, else they go through the engine's mapping of it.
     fn render(&mut self, io: &mut Tensors<'_>, range: std::ops::Range<usize>) -> Result<()> {
         let Some((spec, camera)) = &mut self.camera else {
             return Ok(());
         };
         let (f, p) = (camera.frame_len(), camera.depth_len());
-        let rgb = io.write::<u8>("rgb")?;
+        let vulkan = io
+            .engine_backend()
+            .ok()
+            .and_then(|engine| ShaderTarget::of(engine, io.id("rgb").ok()?.index()).ok());
+        let on_gl = match vulkan {
+            Some(target) => camera.use_vulkan_memory(target, (self.envs.len() * f) as u64)?,
+            None => false,
+        };
+        let rgb = match on_gl {
+            true => &mut [][..],
+            false => io.write::<u8>("rgb")?,
+        };
         let depth = match spec.depth {
             true => io.write::<f32>("depth")?,
             false => &mut [][..],
         };
         for i in range {
             let no_row = |name| Error::InvalidSpec(format!("{name} has no row for env {i}"));
-            let row = rgb
-                .get_mut(i * f..(i + 1) * f)
-                .ok_or_else(|| no_row("rgb"))?;
+            let row = match on_gl {
+                true => &mut [][..],
+                false => rgb
+                    .get_mut(i * f..(i + 1) * f)
+                    .ok_or_else(|| no_row("rgb"))?,
+            };
             let depth_row = depth
                 .get_mut(i * p..(i + 1) * p)
                 .ok_or_else(|| no_row("depth"))?;
-            camera.render(&mut self.envs[i].data, row, depth_row)?;
+            camera.render(&mut self.envs[i].data, row, (i * f) as u64, depth_row)?;
         }
-        Ok(())
+        camera.finish()
     }
 
     /// The local index of region env `env`, or a bad request.
@@ -611,6 +628,11 @@ impl MujocoEnv {
                 ),
             ),
         ]);
+        if let Some((_, camera)) = &self.camera {
+            // Who writes the frames: `host` (the CPU, into the region or the engine's
+            // mapping of `rgb`'s Vulkan memory, with why not OpenGL) or `opengl`.
+            args.push(("camera_frames".into(), camera.frames_path()));
+        }
         Reply::args(args)
     }
 
