@@ -23,7 +23,7 @@ RUST_MIN=1.95.0
 ensure_rust
 ensure_python
 ensure_build_tools
-step "mujoco and gymnasium into $venv, Mesa's EGL (the camera)"
+step "mujoco and gymnasium into $venv, Mesa's EGL (the camera), lavapipe (its frames in Vulkan memory)"
 # Where scripts/test.sh made .venv (torch, Stable-Baselines3, Gymnasium: several GB), this
 # venv reaches its packages through a .pth line after its own, as the test venv does: only
 # what differs (the pinned mujoco) is installed here, and its own copy comes first.
@@ -34,6 +34,7 @@ if [ -x .venv/bin/python ] && [ ! -e "$venv/bin/python" ]; then
 fi
 ensure_mujoco "$venv"
 ensure_mesa
+ensure_vulkan
 export MUJOCO_GL=egl
 step "Stable-Baselines3 and torch into $venv (the learning test, the sb3 extra)"
 # shellcheck disable=SC2046

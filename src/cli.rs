@@ -172,6 +172,10 @@ struct EngineArgs {
     /// mujoco/<Task>: the camera's image size (default 84x84).
     #[arg(long, value_name = "HxW", value_parser = parse_camera_size)]
     camera_size: Option<[u64; 2]>,
+    /// mujoco/<Task>: also serve `depth`, float32 (num_envs, H, W): the camera's depth
+    /// image in metres, as mujoco.Renderer's depth rendering gives it (docs/mujoco.md).
+    #[arg(long)]
+    camera_depth: bool,
     /// mujoco/raw: the MJCF file to serve as a task (observation qpos, qvel and
     /// sensordata; reward 0; action ctrl; docs/mujoco.md).
     #[arg(long, value_name = "PATH")]
@@ -322,6 +326,7 @@ fn run_engine(a: EngineArgs) -> Result<(), Error> {
             threads: a.threads,
             camera: a.camera,
             camera_size: a.camera_size,
+            camera_depth: a.camera_depth,
             model: a.model,
             reward_lib: a.reward_lib,
             max_episode_steps: a.max_episode_steps,

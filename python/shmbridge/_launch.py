@@ -159,7 +159,8 @@ def _attach_shards(
 # The options of `shmbridge engine` that launch() passes through.
 _ENGINE_ARGS = frozenset(
     {"seed", "obs_dim", "act_dim", "sparse", "image", "frame_stack", "image_device", "name",
-     "idle_timeout", "threads", "camera", "camera_size", "model", "reward_lib", "max_episode_steps"}
+     "idle_timeout", "threads", "camera", "camera_size", "camera_depth", "model", "reward_lib",
+     "max_episode_steps"}
 )
 
 
@@ -224,7 +225,7 @@ def _check_device(device: str) -> str:
 _ENGINE_ARG_TYPES = {
     "seed": int, "obs_dim": int, "act_dim": int, "sparse": bool, "image": str, "frame_stack": int,
     "image_device": str, "name": str, "idle_timeout": float, "threads": int,
-    "camera": str, "camera_size": str, "model": str, "reward_lib": str, "max_episode_steps": int,
+    "camera": str, "camera_size": str, "camera_depth": bool, "model": str, "reward_lib": str, "max_episode_steps": int,
 }
 
 
@@ -310,7 +311,9 @@ def launch(
     default), ``threads`` (``mujoco/<Task>``: threads stepping each shard's envs, default
     1; docs/mujoco.md), ``camera`` and ``camera_size`` (``mujoco/<Task>``: ``rgb``, uint8
     ``[num_envs, H, W, 3]``, each env's view through that named camera, ``"HxW"``,
-    default ``"84x84"``), ``model`` (``mujoco/raw``: the MJCF file served as a task, a
+    default ``"84x84"``), ``camera_depth`` (``True``: also ``depth``, float32
+    ``[num_envs, H, W]``, the camera's distances in metres as ``mujoco.Renderer``'s depth
+    rendering gives them), ``model`` (``mujoco/raw``: the MJCF file served as a task, a
     ``str`` path), ``reward_lib`` (``mujoco/raw``: a shared library whose
     ``shmbridge_mujoco_reward`` gives each step's reward and termination), ``max_episode_steps`` (``mujoco/<Task>``: truncation, default 1000),
     ``name``, ``idle_timeout``). ``importer``: as for

@@ -87,8 +87,8 @@ def make_vec(
     ``native=True``: over the native MuJoCo engine instead, ``launch("mujoco/<id>")``
     (docs/mujoco.md; a build with the cargo feature ``mujoco``): the task with Gymnasium's
     default arguments (no ``gymnasium.make`` arguments), same-step autoreset, ``threads``
-    as well as ``shards``, and ``camera``/``camera_size`` (the frames in
-    ``envs.client["rgb"]``)."""
+    as well as ``shards``, and ``camera``/``camera_size``/``camera_depth`` (the frames in
+    ``envs.client["rgb"]``, the depth images in ``envs.client["depth"]``)."""
     from .gym import ShmVectorEnv
 
     if render_mode is not None:
@@ -119,7 +119,7 @@ def _launch_native(
             f"native=True: the native MuJoCo engine resets an env in the step it ends "
             f"(autoreset_mode='same-step'), not {autoreset_mode!r}"
         )
-    native_args = {k: kwargs.pop(k) for k in ("threads", "camera", "camera_size") if k in kwargs}
+    native_args = {k: kwargs.pop(k) for k in ("threads", "camera", "camera_size", "camera_depth") if k in kwargs}
     if kwargs:
         raise TypeError(
             f"native=True takes no arguments of gymnasium.make ({sorted(kwargs)}): the native "

@@ -10,8 +10,11 @@
 //! without the `cuda` (`vulkan`) feature every constructor answers `CudaUnavailable`
 //! (`VulkanUnavailable`), and the values cannot exist.
 
+use std::os::fd::OwnedFd;
+
 use super::backend::{EngineBackend, StreamRef};
 pub use super::cuda::Arg;
+use super::VulkanDevice;
 use crate::error::Result;
 
 /// CUDA C kernels compiled with NVRTC for one CUDA device and loaded there (a cubin for
@@ -82,7 +85,9 @@ impl DeviceMemory {
 }
 
 /// One of the engine's tensors as a compute shader's output: its buffer in the memory
-/// the library allocated on the engine's Vulkan device (path a).
+/// the library allocated on the engine's Vulkan device (path a). Another API on the
+/// same device (OpenGL's `GL_EXT_memory_object_fd`) may import the memory itself
+/// ([`ShaderTarget::memory_fd`]).
 #[derive(Debug)]
 pub struct ShaderTarget(shader::Target);
 
@@ -123,6 +128,17 @@ impl ShaderTarget {
     /// Whether both are the same buffer of the same device.
     pub fn same_as(&self, other: &ShaderTarget) -> bool {
         self.0.same_as(&other.0)
+    }
+
+    /// The device's and its driver's UUIDs (what another API's import must match).
+    pub fn device(&self) -> VulkanDevice {
+        self.0.device()
+    }
+
+    /// A new fd of the buffer's memory (its `OPAQUE_FD` export, [`Self::bytes`] long),
+    /// for another API to import; the tensor's data starts at its offset 0.
+    pub fn memory_fd(&self) -> Result<OwnedFd> {
+        self.0.memory_fd()
     }
 }
 
@@ -270,16 +286,21 @@ mod shader {
 
     use ash::vk;
 
+    use std::os::fd::{AsFd, OwnedFd};
+
     use super::NotATarget;
     use crate::device::backend::EngineBackend;
     use crate::device::vulkan::compute::{ComputeKernel, HostBuffer};
     use crate::device::vulkan::vk::Context;
+    use crate::device::VulkanDevice;
     use crate::error::{Error, Result};
+    use crate::layout::vulkan::SharedFd;
 
     #[derive(Debug)]
     pub struct Target {
         buffer: vk::Buffer,
         bytes: u64,
+        fd: SharedFd,
         ctx: Arc<Context>,
     }
 
@@ -291,6 +312,7 @@ mod shader {
             Ok(Target {
                 buffer: buffer.buffer(),
                 bytes: buffer.table().alloc_size,
+                fd: buffer.fd(),
                 ctx,
             })
         }
@@ -309,6 +331,17 @@ mod shader {
 
         pub fn same_as(&self, other: &Target) -> bool {
             Arc::ptr_eq(&self.ctx, &other.ctx) && self.buffer == other.buffer
+        }
+
+        pub fn device(&self) -> VulkanDevice {
+            self.ctx.ids()
+        }
+
+        pub fn memory_fd(&self) -> Result<OwnedFd> {
+            self.fd.as_fd().try_clone_to_owned().map_err(|e| Error::Io {
+                context: "duplicating a Vulkan memory fd".into(),
+                source: e,
+            })
         }
     }
 
@@ -351,8 +384,11 @@ mod shader {
 
 #[cfg(not(feature = "vulkan"))]
 mod shader {
+    use std::os::fd::OwnedFd;
+
     use super::NotATarget;
     use crate::device::backend::EngineBackend;
+    use crate::device::VulkanDevice;
     use crate::error::Result;
 
     /// No value: a build without the `vulkan` feature has no Vulkan memory.
@@ -381,6 +417,14 @@ mod shader {
         }
 
         pub fn same_as(&self, _: &Target) -> bool {
+            match *self {}
+        }
+
+        pub fn device(&self) -> VulkanDevice {
+            match *self {}
+        }
+
+        pub fn memory_fd(&self) -> Result<OwnedFd> {
             match *self {}
         }
     }

@@ -100,6 +100,9 @@ pub struct EnvOptions {
     pub camera: Option<String>,
     /// `mujoco/<Task>`: the camera's image size `[H, W]` (default 84x84).
     pub camera_size: Option<[u64; 2]>,
+    /// `mujoco/<Task>`: also serve the camera's depth image in `depth`, `float32
+    /// [N, H, W]`, the distance in metres (docs/mujoco.md).
+    pub camera_depth: bool,
     /// `mujoco/raw`: the MJCF file served as a task (docs/mujoco.md).
     pub model: Option<String>,
     /// `mujoco/raw`: a shared library whose `shmbridge_mujoco_reward` gives each step's

@@ -526,6 +526,13 @@ pub(super) const HOST: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::from_r
         | vk::MemoryPropertyFlags::HOST_COHERENT.as_raw(),
 );
 
+/// Bytes an exported allocation has past its tensor: Mesa's llvmpipe binds an OpenGL
+/// buffer to imported memory (`glBufferStorageMemEXT`) only when the memory holds
+/// `(LP_RASTER_BLOCK_SIZE - 1) * 4 * sizeof(float)` = 48 bytes past the buffer (it may
+/// read that far), so a GL buffer over the whole tensor needs them (the MuJoCo camera's
+/// frames, docs/mujoco.md).
+pub const IMPORT_SLACK: u64 = 64;
+
 /// Path (a): a linear buffer in a dedicated, exportable allocation, mapped when the
 /// memory is host-visible, and its `OPAQUE_FD` export.
 pub struct ExportedBuffer {
@@ -550,10 +557,12 @@ unsafe impl Send for ExportedBuffer {}
 unsafe impl Sync for ExportedBuffer {}
 
 impl ExportedBuffer {
-    /// Allocates at least `nbytes` in memory of the best type: device-local and
-    /// host-visible, else host-visible (coherent), else device-local.
+    /// Allocates at least `nbytes` (and [`IMPORT_SLACK`] more) in memory of the best
+    /// type: device-local and host-visible, else host-visible (coherent), else
+    /// device-local.
     pub fn allocate(ctx: &Arc<Context>, nbytes: u64) -> Result<ExportedBuffer> {
         let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let nbytes = nbytes.saturating_add(IMPORT_SLACK);
         let bound = BoundBuffer::allocate(ctx, nbytes, true, &[HOST | local, HOST, local])?;
         let get = vk::MemoryGetFdInfoKHR::default()
             .memory(bound.memory)

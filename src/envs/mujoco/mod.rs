@@ -43,6 +43,7 @@ use self::reward::{RewardFn, RewardLib};
 use self::tasks::{Position, ResetNoise, State, Task};
 use super::vec_env::{EnvOptions, VecEnv, MAX_CAMERA_SIDE, MAX_THREADS};
 use crate::command::{arg, CommandError, CommandHandler, Reply, ResetRequest};
+use crate::device::compute::ShaderTarget;
 use crate::engine::EngineSpec;
 use crate::error::{Error, Result};
 use crate::layout::{DType, Direction};
@@ -181,8 +182,8 @@ pub struct MujocoEnv {
     /// The `threads - 1` threads that step all but the first run (`None` with one
     /// thread), started once: a step hands them work, it starts no thread.
     pool: Option<rayon::ThreadPool>,
-    /// `--camera`: its name and `[H, W]`, and its renderer.
-    camera: Option<(String, [u64; 2], Camera)>,
+    /// `--camera`: what was asked, and its renderer.
+    camera: Option<(CameraSpec, Camera)>,
     /// `--reward-lib` (`mujoco/raw`): the user's reward function.
     reward: Option<RewardLib>,
 }
@@ -190,18 +191,28 @@ pub struct MujocoEnv {
 /// The default camera image size, `[H, W]`.
 pub const DEFAULT_CAMERA_SIZE: [u64; 2] = [84, 84];
 
-/// The camera asked for in `options` (name and `[H, W]`), checked against `model`: its
-/// id. `camera_size` without `camera`, or with a side outside `1..=MAX_CAMERA_SIDE`, is
-/// refused.
+/// The camera a task serves (`--camera NAME --camera-size HxW [--camera-depth]`).
+#[derive(Debug, Clone)]
+struct CameraSpec {
+    name: String,
+    /// `[H, W]`.
+    size: [u64; 2],
+    /// `depth`, `float32 [N, H, W]`, as well as `rgb`.
+    depth: bool,
+}
+
+/// The camera asked for in `options`, checked against `model`, and its id.
+/// `camera_size` or `camera_depth` without `camera`, or a side outside
+/// `1..=MAX_CAMERA_SIDE`, is refused.
 fn camera_of(
     task: &Task,
     model: &MjModel,
     options: &EnvOptions,
-) -> Result<Option<(String, [u64; 2], usize)>> {
+) -> Result<Option<(CameraSpec, usize)>> {
     match (&options.camera, options.camera_size) {
-        (None, None) => Ok(None),
-        (None, Some(_)) => Err(Error::InvalidSpec(format!(
-            "{PREFIX}{}: a camera size without --camera NAME",
+        (None, None) if !options.camera_depth => Ok(None),
+        (None, _) => Err(Error::InvalidSpec(format!(
+            "{PREFIX}{}: a camera size or depth without --camera NAME",
             task.id
         ))),
         (Some(name), size) => {
@@ -213,7 +224,12 @@ fn camera_of(
                 )));
             }
             let id = camera::camera_id(model, task.id, name)?;
-            Ok(Some((name.clone(), size, id)))
+            let spec = CameraSpec {
+                name: name.clone(),
+                size,
+                depth: options.camera_depth,
+            };
+            Ok(Some((spec, id)))
         }
     }
 }
@@ -347,16 +363,11 @@ fn load_model_file(task: &Task, path: &std::path::Path) -> Result<MjModel> {
 pub fn spec(name: &str, num_envs: u32, options: &EnvOptions) -> Result<EngineSpec> {
     let task = task_of(name, options)?;
     let model = load_model(&task, options)?;
-    let camera = camera_of(&task, &model, options)?.map(|(name, size, _)| (name, size));
+    let camera = camera_of(&task, &model, options)?.map(|(camera, _)| camera);
     Ok(spec_of(&task, &model, num_envs, camera.as_ref()))
 }
 
-fn spec_of(
-    task: &Task,
-    model: &MjModel,
-    num_envs: u32,
-    camera: Option<&(String, [u64; 2])>,
-) -> EngineSpec {
+fn spec_of(task: &Task, model: &MjModel, num_envs: u32, camera: Option<&CameraSpec>) -> EngineSpec {
     let m = model.ffi();
     let (nq, nv, nu) = (m.nq as usize, m.nv as usize, m.nu as usize);
     let obs_dim = task.obs_dim(nq, nv, m.nbody as usize, m.nsensordata as usize) as u64;
@@ -397,14 +408,19 @@ fn spec_of(
         &[n, obs_dim],
         Direction::EngineToClient,
     );
-    match camera {
-        None => spec,
-        Some((name, [h, w])) => spec.metadata("camera", name).tensor(
-            "rgb",
-            DType::U8,
-            &[n, *h, *w, 3],
-            Direction::EngineToClient,
-        ),
+    let Some(camera) = camera else {
+        return spec;
+    };
+    let [h, w] = camera.size;
+    let spec = spec.metadata("camera", &camera.name).tensor(
+        "rgb",
+        DType::U8,
+        &[n, h, w, 3],
+        Direction::EngineToClient,
+    );
+    match camera.depth {
+        false => spec,
+        true => spec.tensor("depth", DType::F32, &[n, h, w], Direction::EngineToClient),
     }
 }
 
@@ -416,11 +432,14 @@ impl MujocoEnv {
         let task = task_of(name, options)?;
         let mut model = load_model(&task, options)?;
         let camera = camera_of(&task, &model, options)?;
-        if let Some((_, size, _)) = &camera {
-            camera::fit_offscreen(&mut model, *size);
+        if let Some((camera, _)) = &camera {
+            camera::fit_offscreen(&mut model, camera.size);
         }
         let camera = match camera {
-            Some((cam, size, id)) => Some((cam, size, Camera::new(&model, task.id, id, size)?)),
+            Some((camera, id)) => {
+                let renderer = Camera::new(&model, task.id, id, camera.size, camera.depth)?;
+                Some((camera, renderer))
+            }
             None => None,
         };
         let reward = match &options.reward_lib {
@@ -498,20 +517,45 @@ impl MujocoEnv {
         self.render(io, 0..self.envs.len())
     }
 
-    /// The camera's view of envs `range` into their rows of `rgb` (nothing without one).
+    /// The camera's view of envs `range` into their rows of `rgb` (and `depth` where
+    /// asked; nothing without a camera). With `rgb` in Vulkan memory the library
+    /// exported (`--image-device vulkan`), OpenGL writes the frames there when it can
+    /// import it, else they go through the engine's mapping of it.
     fn render(&mut self, io: &mut Tensors<'_>, range: std::ops::Range<usize>) -> Result<()> {
-        let Some((_, _, camera)) = &mut self.camera else {
+        let Some((spec, camera)) = &mut self.camera else {
             return Ok(());
         };
-        let f = camera.frame_len();
-        let rgb = io.write::<u8>("rgb")?;
+        let (f, p) = (camera.frame_len(), camera.depth_len());
+        let vulkan = io
+            .engine_backend()
+            .ok()
+            .and_then(|engine| ShaderTarget::of(engine, io.id("rgb").ok()?.index()).ok());
+        let on_gl = match vulkan {
+            Some(target) => camera.use_vulkan_memory(target, (self.envs.len() * f) as u64)?,
+            None => false,
+        };
+        let rgb = match on_gl {
+            true => &mut [][..],
+            false => io.write::<u8>("rgb")?,
+        };
+        let depth = match spec.depth {
+            true => io.write::<f32>("depth")?,
+            false => &mut [][..],
+        };
         for i in range {
-            let row = rgb
-                .get_mut(i * f..(i + 1) * f)
-                .ok_or_else(|| Error::InvalidSpec(format!("rgb has no row for env {i}")))?;
-            camera.render(&mut self.envs[i].data, row)?;
+            let no_row = |name| Error::InvalidSpec(format!("{name} has no row for env {i}"));
+            let row = match on_gl {
+                true => &mut [][..],
+                false => rgb
+                    .get_mut(i * f..(i + 1) * f)
+                    .ok_or_else(|| no_row("rgb"))?,
+            };
+            let depth_row = depth
+                .get_mut(i * p..(i + 1) * p)
+                .ok_or_else(|| no_row("depth"))?;
+            camera.render(&mut self.envs[i].data, row, (i * f) as u64, depth_row)?;
         }
-        Ok(())
+        camera.finish()
     }
 
     /// The local index of region env `env`, or a bad request.
@@ -584,6 +628,11 @@ impl MujocoEnv {
                 ),
             ),
         ]);
+        if let Some((_, camera)) = &self.camera {
+            // Who writes the frames: `host` (the CPU, into the region or the engine's
+            // mapping of `rgb`'s Vulkan memory, with why not OpenGL) or `opengl`.
+            args.push(("camera_frames".into(), camera.frames_path()));
+        }
         Reply::args(args)
     }
 
@@ -733,15 +782,11 @@ fn standard_normal(rng: &mut NumpyRandom) -> f64 {
 
 impl VecEnv for MujocoEnv {
     fn spec(&self) -> EngineSpec {
-        let camera = self
-            .camera
-            .as_ref()
-            .map(|(name, size, _)| (name.clone(), *size));
         spec_of(
             &self.task,
             &self.model,
             self.envs.len() as u32,
-            camera.as_ref(),
+            self.camera.as_ref().map(|(camera, _)| camera),
         )
     }
 
@@ -1031,6 +1076,52 @@ mod tests {
                 "{threads}: {e}"
             );
         }
+        std::fs::remove_file(&model).unwrap();
+    }
+
+    /// `camera_depth` adds `depth`, `float32 [N, H, W]`, next to `rgb`; without a camera
+    /// it is refused, as a camera size is.
+    #[test]
+    fn camera_depth_adds_a_depth_tensor_and_needs_a_camera() {
+        let model = test_model("depth", 1, "");
+        let options = EnvOptions {
+            model: Some(model.to_string_lossy().into_owned()),
+            camera: Some("c".into()),
+            camera_size: Some([6, 10]),
+            camera_depth: true,
+            ..Default::default()
+        };
+        let spec = spec("mujoco/raw", 3, &options).unwrap();
+        let shape = |name: &str| {
+            let t = spec.tensors.iter().find(|t| t.name == name).expect(name);
+            (t.dtype, t.shape.clone())
+        };
+        assert_eq!(shape("rgb"), (DType::U8, vec![3, 6, 10, 3]));
+        assert_eq!(shape("depth"), (DType::F32, vec![3, 6, 10]));
+        let without = super::spec(
+            "mujoco/raw",
+            3,
+            &EnvOptions {
+                camera_depth: false,
+                ..options.clone()
+            },
+        )
+        .unwrap();
+        assert!(without.tensors.iter().all(|t| t.name != "depth"));
+        let e = super::spec(
+            "mujoco/raw",
+            3,
+            &EnvOptions {
+                camera: None,
+                camera_size: None,
+                ..options
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidSpec(m) if m.contains("without --camera")),
+            "{e}"
+        );
         std::fs::remove_file(&model).unwrap();
     }
 
