@@ -460,7 +460,11 @@ def test_opengl_writes_the_frames_into_exported_vulkan_memory() -> None:
             pytest.skip(f"no Vulkan device for the frames: {e}")
         raise
     with vulkan, launch_mujoco("Hopper-v5", 3, **kw) as host:
-        assert vulkan.call("model_info")["camera_frames"] == "opengl"
+        # OpenGL writes the frames where it shares the Vulkan device's host pages
+        # (llvmpipe and lavapipe, as here); another driver falls back to the host copy,
+        # naming its device, and must give the same frames.
+        frames = vulkan.call("model_info")["camera_frames"]
+        assert frames == "opengl" or (frames.startswith("host (") and "llvmpipe" not in frames), frames
         assert host.call("model_info")["camera_frames"] == "host"
         rng = np.random.default_rng(3)
 

@@ -18,7 +18,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::num::NonZeroU32;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 
 use glutin::api::egl::context::PossiblyCurrentContext;
 use glutin::api::egl::device::Device;
@@ -380,6 +380,7 @@ gl_commands! {
     glCreateMemoryObjectsEXT: fn(i32, *mut u32);
     glDeleteMemoryObjectsEXT: fn(i32, *const u32);
     glImportMemoryFdEXT: fn(u32, u64, u32, i32);
+    glMemoryObjectParameterivEXT: fn(u32, u32, *const i32);
     glGenBuffers: fn(i32, *mut u32);
     glDeleteBuffers: fn(i32, *const u32);
     glBindBuffer: fn(u32, u32);
@@ -397,6 +398,8 @@ const GL_NUM_EXTENSIONS: u32 = 0x821D;
 const GL_DEVICE_UUID_EXT: u32 = 0x9597;
 const GL_DRIVER_UUID_EXT: u32 = 0x9598;
 const GL_HANDLE_TYPE_OPAQUE_FD_EXT: u32 = 0x9586;
+const GL_DEDICATED_MEMORY_OBJECT_EXT: u32 = 0x9581;
+const GL_RGB: i32 = 0x1907;
 const GL_PIXEL_PACK_BUFFER: u32 = 0x88EB;
 const GL_READ_FRAMEBUFFER: u32 = 0x8CA8;
 const GL_DRAW_FRAMEBUFFER: u32 = 0x8CA9;
@@ -441,6 +444,17 @@ impl GlFrames {
                 target.device_name()
             ));
         }
+        // Without `GL_EXT_semaphore_fd` nothing but `glFinish` orders GL's writes before
+        // the learner's reads, which EXT_external_objects does not promise: it holds
+        // where GL and Vulkan share host pages (llvmpipe and lavapipe), and is not
+        // assumed on any other driver (a GPU's would need an exported semaphore).
+        if !target.device_name().contains("llvmpipe") {
+            return Err(format!(
+                "no semaphore to order OpenGL's writes on {} (glFinish alone is trusted \
+                 only where OpenGL and Vulkan share host pages: Mesa's software drivers)",
+                target.device_name()
+            ));
+        }
         if target.bytes() < bytes {
             return Err(format!(
                 "{} bytes of Vulkan memory for {bytes}",
@@ -456,17 +470,31 @@ impl GlFrames {
             bytes,
         };
         // SAFETY: GL calls on the current context with valid arguments: the names are
-        // written by the Create/Gen calls; `glImportMemoryFdEXT` takes the fd over (it
-        // is not used here after); `size` is within the imported memory (checked above).
-        let error = unsafe {
-            (c.glGetError)();
+        // written by the Create/Gen calls; the library's exports are dedicated
+        // allocations (`ExportedBuffer`), which the import must say; `size` is within
+        // the imported memory (checked above).
+        let imported = unsafe {
+            clear_errors(c);
             (c.glCreateMemoryObjectsEXT)(1, &mut frames.memory);
+            (c.glMemoryObjectParameterivEXT)(frames.memory, GL_DEDICATED_MEMORY_OBJECT_EXT, &1);
             (c.glImportMemoryFdEXT)(
                 frames.memory,
                 target.bytes(),
                 GL_HANDLE_TYPE_OPAQUE_FD_EXT,
-                fd.into_raw_fd(),
+                fd.as_raw_fd(),
             );
+            (c.glGetError)()
+        };
+        if imported != 0 {
+            // GL did not take the fd: it closes with `fd`.
+            return Err(format!(
+                "OpenGL did not import the Vulkan memory (error 0x{imported:x})"
+            ));
+        }
+        // A successful import owns the fd.
+        let _ = fd.into_raw_fd();
+        // SAFETY: as above; the buffer's storage is the imported memory object.
+        let error = unsafe {
             (c.glGenBuffers)(1, &mut frames.buffer);
             (c.glBindBuffer)(GL_PIXEL_PACK_BUFFER, frames.buffer);
             (c.glBufferStorageMemEXT)(GL_PIXEL_PACK_BUFFER, size, frames.memory, 0);
@@ -490,6 +518,12 @@ impl GlFrames {
         let con = context.ffi();
         let (hi, wi) = (h as i32, w as i32);
         let row = (w * 3) as u64;
+        if con.readPixelFormat != GL_RGB {
+            return Err(failed(format!(
+                "MuJoCo reads pixels as GL format 0x{:x}, not RGB",
+                con.readPixelFormat
+            )));
+        }
         if offset
             .checked_add(h as u64 * row)
             .is_none_or(|end| end > self.bytes)
@@ -503,6 +537,8 @@ impl GlFrames {
         // framebuffers are the MuJoCo context's; each row lies within the buffer (checked
         // above), where GL writes it (a pack buffer is bound: the pointer is an offset).
         unsafe {
+            // Judge only these reads: an error MuJoCo's drawing left is not theirs.
+            clear_errors(c);
             if con.offSamples != 0 {
                 (c.glBindFramebuffer)(GL_READ_FRAMEBUFFER, con.offFBO);
                 (c.glReadBuffer)(GL_COLOR_ATTACHMENT0);
@@ -541,6 +577,7 @@ impl GlFrames {
     fn finish(&self) -> Result<()> {
         // SAFETY: GL calls on the current context.
         match unsafe {
+            clear_errors(&self.commands);
             (self.commands.glFinish)();
             (self.commands.glGetError)()
         } {
@@ -562,6 +599,19 @@ impl Drop for GlFrames {
 }
 
 /// Whether the current context lists OpenGL extension `name`.
+/// Takes every error GL has recorded so far (`glGetError` reports one per call), so
+/// that the next `glGetError` judges only the calls after this one. The GL context is
+/// current.
+unsafe fn clear_errors(c: &GlCommands) {
+    // Each call clears one recorded error; GL records at most one per error kind.
+    for _ in 0..16 {
+        // SAFETY: the caller's: a GL call on the current context.
+        if unsafe { (c.glGetError)() } == 0 {
+            break;
+        }
+    }
+}
+
 fn has_extension(c: &GlCommands, name: &str) -> bool {
     let mut count = 0;
     // SAFETY: GL calls on the current context; `glGetStringi` is asked for indices below
