@@ -51,8 +51,11 @@ class _Swapped:
     def __exit__(self, *exc) -> None:
         self.client.__exit__(*exc)
 
-    def recv(self, *a, **k):
-        return self.client.recv(*a, **k)
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+    def __getitem__(self, name: str):
+        return self.client[name]
 
     def send(self, actions, env_ids) -> None:
         self.client.send(actions[::-1].copy(), env_ids)

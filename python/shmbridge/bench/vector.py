@@ -30,7 +30,9 @@ Gymnasium default everywhere):
 Every contender of a workload is started first, then the rounds interleave them (each
 runs a block of steps per round, the order rotated every round), so load on the machine
 falls on all of them alike. Per contender: median and p99 of one vector step, env-steps/s
-(from the mean), and its ratios to AsyncVectorEnv and SyncVectorEnv (of the means, and
+(from the mean), the learner's idle time (its wait for the envs, timed around the call:
+the whole step where every env steps at once, ``recv()`` for the asynchronous rows; per
+step and per env step, that time over the envs the call returned; median and p99), and its ratios to AsyncVectorEnv and SyncVectorEnv (of the means, and
 the median of the per-round ratios to SyncVectorEnv: the blocks of one round ran within
 seconds of each other, so a machine whose speed drifts disturbs them least). The targets
 are checked against SyncVectorEnv: one shard within 1.1x of its mean step time, two
@@ -129,16 +131,19 @@ class AsyncBatchContender(Contender):
         self.bank = random_actions(space, batch_size, 64)
         self.k = 0
         self.times = []
+        self.waits: List[int] = []  # each step's recv(): the learner's wait for the batch
         self.block_means = []
 
     def step_block(self, n: int) -> None:
         recv, send, bank, pc, out = self.envs.recv, self.envs.send, self.bank, time.perf_counter_ns, self.times
+        waited = self.waits
         first = len(out)
         for _ in range(n):
             self.k += 1
             a = bank[self.k % len(bank)]
             t0 = pc()
             o, r, te, tr, info = recv()
+            waited.append(pc() - t0)
             send(a, info["env_id"])
             out.append(pc() - t0)
         self.block_means.append(sum(out[first:]) / max(1, len(out) - first))
@@ -357,6 +362,7 @@ def _measure(contenders: List[Any], rounds: int, steps: int) -> None:
     for c in contenders:  # warm-up, not kept
         c.step_block(max(1, steps // 5))
         c.times.clear()
+        getattr(c, "waits", []).clear()
         c.block_means.clear()
     for r in range(rounds):
         # Rotate the order, so that no contender always runs right after the same other.
@@ -370,8 +376,14 @@ def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
     rows = []
     for c in contenders:
         s = stats[c.label]
+        # The learner's idle time: its wait for the envs, the whole step where every env
+        # steps at once, recv() where batches of part of them are handed out.
+        idle = Stats.of(getattr(c, "waits", c.times))
         row = dict(label=c.label, num_envs=c.num_envs, processes=c.processes, **s.to_dict(),
-                   env_steps_per_s=c.num_envs * s.steps_per_s)
+                   env_steps_per_s=c.num_envs * s.steps_per_s,
+                   idle_median_ns=idle.median_ns, idle_p99_ns=idle.p99_ns,
+                   idle_per_env_step_median_ns=idle.median_ns / c.num_envs,
+                   idle_per_env_step_p99_ns=idle.p99_ns / c.num_envs)
         if not getattr(c, "whole_batch", True):
             rows.append(row)  # a step of part of the envs: only its env-steps/s compare
             continue
@@ -388,19 +400,22 @@ def _rows(contenders: List[Any]) -> List[Dict[str, Any]]:
 
 
 def _table(rows: List[Dict[str, Any]], refs: bool = True) -> str:
-    header = ["contender", "median µs/step", "p99 µs/step", "mean µs/step", "env-steps/s"]
+    header = ["contender", "median µs/step", "p99 µs/step", "mean µs/step", "env-steps/s",
+              "idle µs/step median (p99)", "idle µs/env-step median (p99)"]
     if refs:
         header += [f"× {ASYNC}", f"× {SYNC}", f"÷ {SYNC} per round"]
     body = []
     for r in rows:
         line = [r["label"], fmt_us(r["median_ns"]), fmt_us(r["p99_ns"]), fmt_us(r["mean_ns"]),
-                fmt_rate(r["env_steps_per_s"])]
+                fmt_rate(r["env_steps_per_s"]),
+                f"{fmt_us(r['idle_median_ns'])} ({fmt_us(r['idle_p99_ns'])})",
+                f"{fmt_us(r['idle_per_env_step_median_ns'])} ({fmt_us(r['idle_per_env_step_p99_ns'])})"]
         if refs:
             line += [fmt_ratio(r[f"vs_{ref}"]) if f"vs_{ref}" in r else "" for ref in (ASYNC, SYNC)]
             rr = r.get("round_ratios_to_sync")
             line.append(f"{np.median(rr):.2f} ({min(rr):.2f}..{max(rr):.2f})" if rr else "")
         body.append(line)
-    return markdown_table(header, body, "lrrrrrrr" if refs else "lrrrr")
+    return markdown_table(header, body, "lrrrrrrrrr" if refs else "lrrrrrr")
 
 
 def _targets(results: Dict[str, List[Dict[str, Any]]]) -> List[str]:
@@ -497,7 +512,10 @@ def main(args: Any) -> int:
     lines = ["# shmbridge vector benchmark", "", f"Command: `{args.command_line}`", ""]
     lines += machine_header(machine, [f"- Load average at the end: {load_end}"])
     lines += ["", f"{rounds} interleaved rounds per workload; times are one vector step "
-                  "(`envs.step(actions)`, copies returned). `× X`: mean step time of X / ours "
+                  "(`envs.step(actions)`, copies returned; the asynchronous rows' step is one `recv()` "
+                  "and one `send()` of B envs). Idle: the learner's wait for the envs, the "
+                  "whole step, or `recv()` for the asynchronous rows, per step and per env "
+                  "step (over the envs a step returns). `× X`: mean step time of X / ours "
                   f"(above 1: faster than X). `÷ {SYNC} per round`: ours over SyncVectorEnv's "
                   "block mean, round by round: median (min..max) (below 1: faster).", ""]
     targets = _targets(results)

@@ -65,9 +65,14 @@ from .ppo_core import (Config, Progress, Result, bootstrap_truncated, choose_dev
 from .ppo_pixels import train as train_pixels
 
 
-def _agent(obs_dim: int, num_actions: int):
+def _agent(obs_dim: int, num_actions: int, log_std_init: Optional[float] = None):
+    """CleanRL's agent: a categorical policy over ``num_actions`` actions or, with
+    ``log_std_init``, a Gaussian one over ``num_actions`` continuous action dimensions
+    (ppo_continuous_action's: the actor's output is the mean, the log standard deviation
+    a parameter of its own, independent of the state, starting at ``log_std_init``)."""
     import torch
     from torch import nn
+    from torch.distributions import Categorical, Independent, Normal
 
     def layer(n_in: int, n_out: int, std: float = math.sqrt(2)) -> nn.Linear:
         return orthogonal_init(nn.Linear(n_in, n_out), std)
@@ -84,13 +89,24 @@ def _agent(obs_dim: int, num_actions: int):
                 layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(),
                 layer(64, num_actions, 0.01),
             )
+            self.log_std = None if log_std_init is None else nn.Parameter(
+                torch.full((num_actions,), float(log_std_init)))
 
         def value(self, x: "torch.Tensor") -> "torch.Tensor":
             return self.critic(x).squeeze(-1)
 
         def forward(self, x: "torch.Tensor") -> "Tuple[torch.Tensor, torch.Tensor]":
-            """(logits, value): what the update evaluates (through DDP with ranks)."""
+            """(logits or the Gaussian's mean, value): what the update evaluates (through
+            DDP with ranks)."""
             return self.actor(x), self.value(x)
+
+        def distribution(self, head: "torch.Tensor"):
+            """The policy at ``head`` (``forward``'s first output); ``log_prob`` and
+            ``entropy`` one number per sample (a Gaussian's summed over its dimensions)."""
+            if self.log_std is None:
+                return Categorical(logits=head, validate_args=False)
+            std = self.log_std.exp().expand_as(head)
+            return Independent(Normal(head, std, validate_args=False), 1, validate_args=False)
 
     return Agent()
 

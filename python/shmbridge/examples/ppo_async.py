@@ -1,7 +1,18 @@
-"""PPO on the ``cartpole`` engine with asynchronous batches (EnvPool's ``recv``/``send``).
+"""PPO on a shmbridge engine with asynchronous batches (EnvPool's ``recv``/``send``).
 
     python -m shmbridge.examples.ppo_async            # or: shmbridge-ppo-async
+    python -m shmbridge.examples.ppo_async --env mujoco/HalfCheetah-v5 --normalize
     python -m shmbridge.examples.ppo_async --help
+
+``--env``: ``cartpole`` (the default; a categorical policy) or an engine with continuous
+actions (a ``box`` action space: the native MuJoCo tasks, ``mujoco/HalfCheetah-v5``, ...,
+with the ``mujoco`` feature), for which the agent is CleanRL's Gaussian policy
+(:func:`.ppo._agent`, ``--log-std-init``), its actions clipped to the engine's
+``action_low``/``action_high`` before they are sent (as Gymnasium's ``ClipAction``: the
+engine's reward charges the action it is given). ``--normalize`` normalises the
+observations and the rewards with running statistics (as Gymnasium's
+``NormalizeObservation`` and ``NormalizeReward``, clipped at 10; the episode returns
+logged are the engine's own).
 
 The engine serves ``--num-envs`` envs from ``--shards`` processes (a sharded region,
 ``docs/async.md``); the learner never waits for all of them. ``client.recv()`` hands out
@@ -27,8 +38,10 @@ The update, GAE's recursion, the agent and the bookkeeping are the lock-step exa
 ``--check-dynamics`` verifies every completed step against CartPole's equations (the
 observation its action was chosen on, the action sent, the state the engine produced):
 an env's rows mixed up with another's, or an action sent to the wrong env, fail it.
-``--lockstep`` trains the lock-step example instead with the same settings (for the
-curves side by side); ``--csv`` writes a run's learning curve.
+``--lockstep`` steps every env at once with the same settings (for the curves side by
+side): on ``cartpole`` it trains the lock-step example, on another engine (which the
+lock-step example does not train) this loop over ``client.step()``, every env in each
+batch; ``--csv`` writes a run's learning curve, after every update.
 
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 """
@@ -40,14 +53,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 import shmbridge
 
 from . import ppo
-from .ppo_core import Config, Progress, Result, ppo_update, rollout_buffers
+from .ppo_core import Config, Progress, Result, RunningMeanStd, ppo_update, rollout_buffers
 
 
 @dataclass
@@ -60,6 +73,13 @@ class AsyncConfig(Config):
     max_env_steps: int = 0  # one env's rollout at most (0: 2 * num_steps)
     check_dynamics: bool = False
     plot: Optional[str] = None
+    # A task the lock-step example does not train (continuous actions): this loop with
+    # every env stepped at once (client.step()), for the curve beside the asynchronous one.
+    lockstep: bool = False
+    normalize: bool = False  # observations and rewards (Gymnasium's Normalize* wrappers)
+    log_std_init: float = 0.0  # continuous actions: the Gaussian's initial log std
+    csv: Optional[str] = None  # the learning curve, rewritten after every update
+    log_every: int = 10  # updates between log lines
 
 
 def cartpole_step(obs: np.ndarray, push_right: np.ndarray) -> np.ndarray:
@@ -101,59 +121,129 @@ def per_env_gae(rewards, values, dones, length, next_value, gamma: float, lam: f
     return adv, (adv + values) * valid
 
 
-def train(cfg: AsyncConfig, log=print) -> Result:
-    """Trains PPO on the ``cartpole`` engine with asynchronous batches; returns the outcome."""
-    import torch
-    from torch.distributions import Categorical
+class _LockStep:
+    """A lock-step client in the shape of an asynchronous one, for ``--lockstep`` on a
+    task the lock-step example does not train: every ``recv()`` is every env (the frame of
+    the last step), and ``send()`` steps them all (``client.step(actions)``)."""
 
+    def __init__(self, client: "shmbridge.Client") -> None:
+        self.client = client
+        n = client.num_envs
+        self.everyone = shmbridge.Batch(client, range(n), [(0, n)])
+
+    def recv(self) -> "shmbridge.Batch":
+        return self.everyone
+
+    def send(self, actions: np.ndarray, env_ids: List[int]) -> None:
+        self.client.step(actions)
+
+
+def _action_space(client: "shmbridge.Client") -> Tuple[tuple, Optional[np.ndarray], Optional[np.ndarray], int]:
+    """The engine's actions: ``(shape, low, high, count)``: a Box's shape and bounds
+    (``count`` 0), or a discrete action (``()``, ``None``, ``None``, its count), from the
+    engine's metadata (``action_space``, ``action_low``, ``action_high``: docs/mujoco.md)."""
+    meta = client.schema()["metadata"]
+    kind = meta.get("action_space", "box")
+    if kind.startswith("discrete:"):
+        return (), None, None, int(kind.split(":", 1)[1])
+    shape = tuple(np.asarray(client["actions"]).shape[1:])
+
+    def bound(key: str, unbounded: float) -> np.ndarray:
+        if key not in meta:
+            return np.full(shape, unbounded, np.float32)
+        return np.array([float(v) for v in meta[key].split(",")], dtype=np.float32).reshape(shape)
+
+    return shape, bound("action_low", -np.inf), bound("action_high", np.inf), 0
+
+
+def train(cfg: AsyncConfig, log=print) -> Result:
+    """Trains PPO on ``cfg.env`` with asynchronous batches (or, with ``cfg.lockstep``, the
+    same loop stepping every env at once); returns the outcome."""
+    import torch
+
+    if cfg.check_dynamics and (cfg.env != "cartpole" or cfg.normalize):
+        raise ValueError("--check-dynamics checks CartPole's equations: the cartpole engine, "
+                         "without --normalize")
     torch.set_num_threads(max(1, cfg.threads))
     torch.manual_seed(cfg.seed)
-    n, b = cfg.num_envs, cfg.batch_size
+    n = cfg.num_envs
+    b = n if cfg.lockstep else cfg.batch_size
     per_update = n * cfg.num_steps
     t_cap = cfg.max_env_steps or 2 * cfg.num_steps
     num_updates = max(1, math.ceil(cfg.total_steps / per_update))
-    log(f"{n} envs in {cfg.shards} shards, batches of {b}; an update every {per_update} steps "
-        f"(one env's rollout at most {t_cap}), up to {num_updates} updates")
-
-    agent = ppo._agent(4, 2)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
-    device = torch.device("cpu")
-    (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf,
-     ep_return, _) = rollout_buffers(t_cap, n, (4,), torch.float32, device)
-    length = torch.zeros(n, dtype=torch.long)
-    # Each env's pending step: what its action in flight was chosen on.
-    pend_obs = torch.zeros(n, 4)
-    pend_act = torch.zeros(n, dtype=torch.long)
-    pend_logp = torch.zeros(n)
-    pend_val = torch.zeros(n)
-    pending = torch.zeros(n, dtype=torch.bool)
+    log(f"{cfg.env}: {n} envs in {cfg.shards} shards, "
+        + ("lock-step" if cfg.lockstep else f"batches of {b}")
+        + f"; an update every {per_update} steps (one env's rollout at most {t_cap}), "
+          f"up to {num_updates} updates")
 
     start = time.perf_counter()
-    progress = Progress(cfg, num_updates * per_update, "PPO cartpole, async batches")
+    progress = Progress(cfg, num_updates * per_update,
+                        f"PPO {cfg.env}, " + ("lock-step" if cfg.lockstep else "async batches"))
     finished: List[float] = []
     update = 0
-    with shmbridge.launch("cartpole", num_envs=n, shards=cfg.shards, batch_size=b,
-                          seed=cfg.seed, blocking=cfg.blocking) as client:
+    with shmbridge.launch(cfg.env, num_envs=n, shards=cfg.shards, seed=cfg.seed,
+                          blocking=cfg.blocking) as client:
+        act_shape, low, high, count = _action_space(client)
+        obs_dim = int(np.asarray(client["obs"]).shape[1])
+        continuous = count == 0
+        agent = ppo._agent(obs_dim, int(np.prod(act_shape)) if continuous else count,
+                           cfg.log_std_init if continuous else None)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
+        (obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf, ep_return, _) = rollout_buffers(
+            t_cap, n, (obs_dim,), torch.float32, torch.device("cpu"), act_shape,
+            torch.float32 if continuous else None)
+        length = torch.zeros(n, dtype=torch.long)
+        # Each env's pending step: what its action in flight was chosen on (the
+        # observation as the agent saw it: normalised with --normalize).
+        pend_obs = torch.zeros(n, obs_dim)
+        pend_act = torch.zeros((n,) + act_shape, dtype=act_buf.dtype)
+        pend_logp = torch.zeros(n)
+        pend_val = torch.zeros(n)
+        pending = torch.zeros(n, dtype=torch.bool)
+        # --normalize: Gymnasium's NormalizeObservation and NormalizeReward (the reward
+        # divided by the running deviation of each env's discounted return), clipped at 10.
+        obs_rms = RunningMeanStd((obs_dim,)) if cfg.normalize else None
+        ret_rms = RunningMeanStd() if cfg.normalize else None
+        discounted = torch.zeros(n, dtype=torch.float64)
+
+        def seen(x: np.ndarray) -> "torch.Tensor":
+            t = torch.from_numpy(x)
+            return t if obs_rms is None else obs_rms.normalize(t)
+
+        if cfg.lockstep:
+            envs = _LockStep(client)
+        else:
+            # Every env reset as the launch's frame 0 was (env i with seed + i).
+            client.async_reset(b, seed=cfg.seed)
+            envs = client
         try:
             while update < num_updates:
-                batch = client.recv()
+                batch = envs.recv()
                 ids = torch.from_numpy(batch.env_ids.astype(np.int64))
                 # Copies: the rows are the engine's again once their actions are sent.
-                obs = torch.from_numpy(np.array(batch.obs, dtype=np.float32))
+                raw = np.array(batch.obs, dtype=np.float32)
+                if obs_rms is not None:
+                    obs_rms.update(torch.from_numpy(raw))
+                obs = seen(raw)
                 had = pending[ids]
                 if had.any():
-                    e = ids[had]
-                    rew = torch.from_numpy(np.array(batch.rewards[had.numpy()], dtype=np.float32))
-                    term = torch.from_numpy(np.array(batch.terminated[had.numpy()]))
-                    trunc = torch.from_numpy(np.array(batch.truncated[had.numpy()]))
-                    final = np.array(batch["final_obs"][had.numpy()], dtype=np.float32)
+                    e, h = ids[had], had.numpy()
+                    rew = torch.from_numpy(np.array(batch.rewards[h], dtype=np.float32))
+                    term = torch.from_numpy(np.array(batch.terminated[h]))
+                    trunc = torch.from_numpy(np.array(batch.truncated[h]))
+                    final = np.array(batch["final_obs"][h], dtype=np.float32)
                     if cfg.check_dynamics:
                         _check_steps(pend_obs[e].numpy(), pend_act[e].numpy(), final, e.numpy())
                     reward = rew.clone()
+                    if ret_rms is not None:
+                        discounted[e] = discounted[e] * cfg.gamma + rew.double()
+                        ret_rms.update(discounted[e])
+                        reward = ret_rms.scale(reward)
+                        discounted[e[term | trunc]] = 0.0
                     cut = trunc & ~term
                     if cfg.bootstrap_truncated and cut.any():
                         with torch.no_grad():
-                            reward[cut] += cfg.gamma * agent.value(torch.from_numpy(final[cut.numpy()]))
+                            reward[cut] += cfg.gamma * agent.value(seen(final[cut.numpy()]))
                     pos = length[e]
                     obs_buf[pos, e] = pend_obs[e]
                     act_buf[pos, e] = pend_act[e]
@@ -168,15 +258,20 @@ def train(cfg: AsyncConfig, log=print) -> Result:
                     ep_return[ended] = 0.0
                 # The next actions of these envs, from the current policy.
                 with torch.no_grad():
-                    logits, value = agent(obs)
-                dist = Categorical(logits=logits, validate_args=False)
-                action = dist.sample()
+                    head, value = agent(obs)
+                    dist = agent.distribution(head)
+                    action = dist.sample()
+                    pend_logp[ids] = dist.log_prob(action)
                 pend_obs[ids] = obs
                 pend_act[ids] = action
-                pend_logp[ids] = dist.log_prob(action)
                 pend_val[ids] = value
                 pending[ids] = True
-                client.send(action.numpy().reshape(b, 1), batch.env_ids.tolist())
+                if continuous:
+                    # Gymnasium's ClipAction: the engine's reward charges the action sent.
+                    sent = np.clip(action.numpy(), low, high)
+                else:
+                    sent = action.numpy().reshape(b, 1)
+                envs.send(sent, batch.env_ids.tolist())
 
                 if int(length.sum()) >= per_update or int(length.max()) >= t_cap:
                     update += 1
@@ -189,10 +284,17 @@ def train(cfg: AsyncConfig, log=print) -> Result:
                     keep = torch.arange(t_cap).unsqueeze(1) < length.unsqueeze(0)
                     minibatch = max(1, steps // cfg.num_minibatches)
                     ppo_update(cfg, agent, optimizer, agent, obs_buf[keep], act_buf[keep],
-                               logp_buf[keep], adv[keep], ret[keep], minibatch)
+                               logp_buf[keep], adv[keep], ret[keep], minibatch,
+                               agent.distribution, act_shape)
                     length.zero_()
                     reached = progress.update(steps, finished)
                     finished = []
+                    if cfg.csv:
+                        write_csv(cfg.csv, progress)
+                    if update % cfg.log_every == 0:
+                        log(f"update {update}: {progress.env_steps:,} env steps, mean return "
+                            f"{progress.mean():.1f} ({progress.episodes:,} episodes), "
+                            f"{time.perf_counter() - start:.0f} s")
                     if reached:
                         break
         finally:
@@ -214,8 +316,9 @@ def _check_steps(obs: np.ndarray, actions: np.ndarray, produced: np.ndarray, env
             f"produced {produced[i].tolist()}, CartPole's equations give {expected[i].tolist()}")
 
 
-def write_csv(path: str, r: Result) -> None:
-    """The learning curve: env steps, and the mean return of the last 100 episodes."""
+def write_csv(path: str, r) -> None:
+    """The learning curve of ``r`` (a ``Result`` or the ``Progress`` of a run under way):
+    env steps, and the mean return of the last 100 episodes."""
     with open(path, "w") as f:
         f.write("env_steps,train_mean\n")
         for s, m in zip(r.curve_steps, r.curve_returns):
@@ -226,9 +329,12 @@ def _parser() -> argparse.ArgumentParser:
     d = AsyncConfig()
     p = argparse.ArgumentParser(
         prog="shmbridge-ppo-async",
-        description="PPO on the shmbridge cartpole engine with asynchronous batches "
-                    "(recv/send over shards, docs/async.md)",
+        description="PPO on a shmbridge engine with asynchronous batches (recv/send over "
+                    "shards, docs/async.md)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--env", default=d.env,
+                   help="the engine: cartpole, or a continuous-action task such as "
+                        "mujoco/HalfCheetah-v5 (a Gaussian policy)")
     p.add_argument("--num-envs", type=int, default=d.num_envs)
     p.add_argument("--shards", type=int, default=d.shards, help="engine processes")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="envs per recv()")
@@ -239,6 +345,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--total-steps", type=int, default=d.total_steps)
     p.add_argument("--target-return", type=float, default=d.target_return,
                    help="stop once the mean return of the last 100 episodes reaches this")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam's, annealed to 0")
+    p.add_argument("--num-minibatches", type=int, default=d.num_minibatches)
+    p.add_argument("--normalize", action="store_true",
+                   help="normalise observations and rewards (running statistics)")
+    p.add_argument("--log-std-init", type=float, default=d.log_std_init,
+                   help="continuous actions: the Gaussian policy's initial log std")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     p.add_argument("--blocking", action="store_true",
@@ -246,31 +358,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check-dynamics", action="store_true",
                    help="check every step against CartPole's equations")
     p.add_argument("--lockstep", action="store_true",
-                   help="train the lock-step example (shmbridge.examples.ppo) instead, with "
-                        "the same envs, shards and settings")
-    p.add_argument("--csv", default=None, help="write the learning curve here")
+                   help="step every env at once: on cartpole, train the lock-step example "
+                        "(shmbridge.examples.ppo); on another task, this loop over "
+                        "client.step(); the same envs, shards and settings")
+    p.add_argument("--csv", default=None,
+                   help="write the learning curve here (rewritten after every update)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = _parser().parse_args(argv)
-    cfg = AsyncConfig(num_envs=a.num_envs, shards=a.shards, batch_size=a.batch_size,
+    cfg = AsyncConfig(env=a.env, num_envs=a.num_envs, shards=a.shards, batch_size=a.batch_size,
                       num_steps=a.num_steps, max_env_steps=a.max_env_steps,
-                      total_steps=a.total_steps, target_return=a.target_return, seed=a.seed,
-                      threads=a.threads, blocking=a.blocking, check_dynamics=a.check_dynamics,
+                      total_steps=a.total_steps, target_return=a.target_return, lr=a.lr,
+                      num_minibatches=a.num_minibatches, normalize=a.normalize,
+                      log_std_init=a.log_std_init, seed=a.seed, threads=a.threads,
+                      blocking=a.blocking, check_dynamics=a.check_dynamics,
+                      lockstep=a.lockstep and a.env != "cartpole", csv=a.csv,
                       progress=a.progress)
-    if a.lockstep:
+    if a.lockstep and a.env == "cartpole":
         base = {k: getattr(cfg, k) for k in Config.__dataclass_fields__}
         base.update(device="cpu", plot=None)
         r = ppo.train(Config(**base), log=print)
+        if a.csv:
+            write_csv(a.csv, r)
     else:
         r = train(cfg, log=print)
     print(r.summary())
     print(f"target {cfg.target_return:g} reached: {'yes' if r.reached_target else 'no'} "
           f"({r.env_steps:,} env steps)")
     if a.csv:
-        write_csv(a.csv, r)
         print(f"learning curve: {a.csv}")
     return 0
 

@@ -155,22 +155,27 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
 
 
 def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
-               minibatch: int) -> None:
+               minibatch: int, distribution=None, action_shape: tuple = ()) -> None:
     """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
-    minibatches. ``evaluate(obs) -> (logits, value)``; ``obs`` is (batch, ...), the
-    other rollout tensors (T, n), flattened here."""
+    minibatches. ``evaluate(obs) -> (head, value)``; ``obs`` is (batch, ...), the
+    other rollout tensors ``(T, n)`` (actions ``(T, n, *action_shape)``), flattened here.
+    ``distribution(head)``: the policy's distribution, whose ``log_prob`` and ``entropy``
+    give one number per sample (default: categorical over the logits ``head``)."""
     import torch
     from torch.distributions import Categorical
 
+    if distribution is None:
+        def distribution(logits):
+            return Categorical(logits=logits, validate_args=False)
     batch = obs.shape[0]
-    b_act, b_logp = actions.reshape(batch), logp.reshape(batch)
+    b_act, b_logp = actions.reshape((batch,) + tuple(action_shape)), logp.reshape(batch)
     b_adv, b_ret = adv.reshape(batch), ret.reshape(batch)
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(batch, device=obs.device)
         for s in range(0, batch, minibatch):
             mb = perm[s:s + minibatch]
-            logits, value = evaluate(obs[mb])
-            dist = Categorical(logits=logits, validate_args=False)
+            head, value = evaluate(obs[mb])
+            dist = distribution(head)
             ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
             a = b_adv[mb]
             a = (a - a.mean()) / (a.std() + 1e-8)
@@ -219,9 +224,11 @@ def orthogonal_init(module, std: float = math.sqrt(2)):
     return module
 
 
-def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> tuple:
+def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device,
+                    action_shape: tuple = (), action_dtype=None) -> tuple:
     """A rollout's buffers on the learner's device: observations ``(t_len, n, *obs_shape)``
-    of ``obs_dtype``, actions, log-probabilities, rewards, dones, values; then the episode
+    of ``obs_dtype``, actions ``(t_len, n, *action_shape)`` of ``action_dtype`` (default
+    int64: one discrete action per env), log-probabilities, rewards, dones, values; then the episode
     bookkeeping: each env's return so far and, at each step, that return as it stood
     (kept where the episode ended: read back once per update)."""
     import torch
@@ -229,7 +236,7 @@ def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> 
     steps = (t_len, n)
     return (
         torch.zeros(steps + tuple(obs_shape), dtype=obs_dtype, device=device),
-        torch.zeros(steps, dtype=torch.long, device=device),
+        torch.zeros(steps + tuple(action_shape), dtype=action_dtype or torch.long, device=device),
         torch.zeros(steps, device=device),
         torch.zeros(steps, device=device),
         torch.zeros(steps, device=device),
@@ -237,6 +244,39 @@ def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> 
         torch.zeros(n, dtype=torch.float64, device=device),
         torch.zeros(steps, dtype=torch.float64, device=device),
     )
+
+
+class RunningMeanStd:
+    """The running mean and variance of the samples seen (batches merged as Chan et al.'s
+    parallel algorithm does), as Gymnasium's ``NormalizeObservation`` and
+    ``NormalizeReward`` keep them; float64, on the CPU."""
+
+    def __init__(self, shape: tuple = ()) -> None:
+        import torch
+
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.var = torch.ones(shape, dtype=torch.float64)
+        self.count = 1e-4  # Gymnasium's epsilon: the prior (mean 0, variance 1) weighs little
+
+    def update(self, x) -> None:
+        """Adds the samples ``x``, ``(m, *shape)``."""
+        m = x.shape[0]
+        if m == 0:
+            return
+        x = x.double()
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        delta, total = mean - self.mean, self.count + m
+        self.mean = self.mean + delta * (m / total)
+        self.var = (self.var * self.count + var * m + delta.pow(2) * (self.count * m / total)) / total
+        self.count = total
+
+    def normalize(self, x, clip: float = 10.0):
+        """``x`` centred and scaled by the statistics so far, clipped to ``[-clip, clip]``; float32."""
+        return ((x.double() - self.mean) / (self.var + 1e-8).sqrt()).clamp(-clip, clip).float()
+
+    def scale(self, x, clip: float = 10.0):
+        """``x`` divided by the standard deviation so far (not centred), clipped; float32."""
+        return (x.double() / (self.var + 1e-8).sqrt()).clamp(-clip, clip).float()
 
 
 class Progress:
