@@ -84,3 +84,61 @@ def test_per_env_gae_bootstraps_each_env_at_its_own_last_step():
     assert ret[:, 1].tolist() == [2.0, 0.0, 0.0]
     assert ret[:, 2].tolist() == [0.0, 0.0, 0.0]
     assert adv[:, 0].tolist() == [4.0, 2.0, 0.0]
+
+
+def test_a_rollout_that_does_not_divide_into_the_minibatches_keeps_the_agent_finite(monkeypatch):
+    """5 envs x 13 steps = 65 samples in 32 minibatches: near-equal minibatches of 2 and 3
+    samples, never a last one of a single sample (whose advantage has no standard
+    deviation, which made every parameter NaN and the next rollout's sampling fail)."""
+    import torch
+
+    from shmbridge.examples import ppo
+
+    agents = []
+    make = ppo._agent
+    monkeypatch.setattr(ppo, "_agent", lambda *a: agents.append(make(*a)) or agents[-1])
+    r = ppo_async.train(_cfg(lockstep=True, num_envs=5, shards=1, num_steps=13,
+                             num_minibatches=32, total_steps=130), log=lambda *a: None)
+    assert r.env_steps == 130
+    assert all(torch.isfinite(p).all() for p in agents[0].parameters())
+
+
+def _minibatches_seen(batch: int, num_minibatches: int):
+    """The samples of each minibatch ``ppo_update`` evaluates (one epoch), each sample's
+    observation its index."""
+    import torch
+
+    from shmbridge.examples.ppo_core import Config, ppo_update
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(1, 3)
+    seen = []
+
+    def evaluate(x):
+        seen.append(x[:, 0].long().tolist())
+        out = net(x)
+        return out[:, :2], out[:, 2]
+
+    obs = torch.arange(batch, dtype=torch.float32).unsqueeze(1)
+    zeros = torch.zeros(batch)
+    ppo_update(Config(update_epochs=1, num_minibatches=num_minibatches), net,
+               torch.optim.SGD(net.parameters(), lr=0.0), evaluate, obs,
+               zeros.long(), zeros, torch.randn(batch), zeros)
+    return seen
+
+
+def test_ppo_update_splits_a_batch_into_near_equal_minibatches_of_two_or_more():
+    import torch
+
+    # 65 samples in 32: one of 3 and 31 of 2, each sample once.
+    seen = _minibatches_seen(65, 32)
+    assert sorted(len(mb) for mb in seen) == [2] * 31 + [3]
+    assert sorted(sum(seen, [])) == list(range(65))
+    # 5 samples in 4: as many minibatches as leave 2 samples in each.
+    assert sorted(len(mb) for mb in _minibatches_seen(5, 4)) == [2, 3]
+    # A batch that divides evenly: the permutation's slices in order, as before.
+    seen = _minibatches_seen(64, 4)
+    torch.manual_seed(0)
+    torch.nn.Linear(1, 3), torch.randn(64)  # what the helper draws before the update
+    perm = torch.randperm(64).tolist()
+    assert seen == [perm[s:s + 16] for s in range(0, 64, 16)]

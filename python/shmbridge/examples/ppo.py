@@ -247,7 +247,6 @@ def train(cfg: Config, log=print) -> Result:
     batch = n * t_len
     if batch % cfg.num_minibatches:
         raise ValueError(f"num_envs * num_steps ({batch}) is not a multiple of num_minibatches")
-    minibatch = batch // cfg.num_minibatches
     num_updates = max(1, math.ceil(cfg.total_steps / (batch * ranks.world)))
     log(f"torch device: {device} ({torch.get_num_threads()} CPU threads); "
         f"{n} envs x {t_len} steps = {batch} per update"
@@ -354,7 +353,7 @@ def train(cfg: Config, log=print) -> Result:
                     adv, ret = gae(rew_buf, val_buf, done_buf, agent.value(obs_view),
                                    cfg.gamma, cfg.gae_lambda)
                 ppo_update(cfg, agent, optimizer, model,
-                           obs_buf.reshape(batch, 4), act_buf, logp_buf, adv, ret, minibatch)
+                           obs_buf.reshape(batch, 4), act_buf, logp_buf, adv, ret)
                 if progress.update(batch * ranks.world, finished):
                     break
             if cfg.report:

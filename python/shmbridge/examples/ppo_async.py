@@ -282,10 +282,9 @@ def train(cfg: AsyncConfig, log=print) -> Result:
                         adv, ret = per_env_gae(rew_buf, val_buf, done_buf, length, pend_val,
                                                cfg.gamma, cfg.gae_lambda)
                     keep = torch.arange(t_cap).unsqueeze(1) < length.unsqueeze(0)
-                    minibatch = max(1, steps // cfg.num_minibatches)
                     ppo_update(cfg, agent, optimizer, agent, obs_buf[keep], act_buf[keep],
-                               logp_buf[keep], adv[keep], ret[keep], minibatch,
-                               agent.distribution, act_shape)
+                               logp_buf[keep], adv[keep], ret[keep], agent.distribution,
+                               act_shape)
                     length.zero_()
                     reached = progress.update(steps, finished)
                     finished = []

@@ -155,12 +155,19 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
 
 
 def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
-               minibatch: int, distribution=None, action_shape: tuple = ()) -> None:
-    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
-    minibatches. ``evaluate(obs) -> (head, value)``; ``obs`` is (batch, ...), the
-    other rollout tensors ``(T, n)`` (actions ``(T, n, *action_shape)``), flattened here.
-    ``distribution(head)``: the policy's distribution, whose ``log_prob`` and ``entropy``
-    give one number per sample (default: categorical over the logits ``head``)."""
+               distribution=None, action_shape: tuple = ()) -> None:
+    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, each in
+    ``cfg.num_minibatches`` shuffled minibatches. ``evaluate(obs) -> (head, value)``;
+    ``obs`` is (batch, ...), the other rollout tensors ``(T, n)`` (actions ``(T, n,
+    *action_shape)``), flattened here. ``distribution(head)``: the policy's distribution,
+    whose ``log_prob`` and ``entropy`` give one number per sample (default: categorical
+    over the logits ``head``).
+
+    The minibatches are near-equal (``torch.tensor_split`` of the permutation: sizes
+    differ by one at most; a batch that divides evenly gives the slices of
+    ``batch // num_minibatches`` in order), and never of a single sample, whose
+    advantage has no standard deviation to normalise with (fewer minibatches then: at
+    most ``batch // 2``). ``ValueError`` for a batch of fewer than 2 samples."""
     import torch
     from torch.distributions import Categorical
 
@@ -168,12 +175,15 @@ def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, ad
         def distribution(logits):
             return Categorical(logits=logits, validate_args=False)
     batch = obs.shape[0]
+    if batch < 2:
+        raise ValueError(f"a PPO update over {batch} sample(s): the advantages are normalised "
+                         "over each minibatch, which needs 2 samples at least")
+    chunks = min(cfg.num_minibatches, batch // 2)
     b_act, b_logp = actions.reshape((batch,) + tuple(action_shape)), logp.reshape(batch)
     b_adv, b_ret = adv.reshape(batch), ret.reshape(batch)
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(batch, device=obs.device)
-        for s in range(0, batch, minibatch):
-            mb = perm[s:s + minibatch]
+        for mb in torch.tensor_split(perm, chunks):
             head, value = evaluate(obs[mb])
             dist = distribution(head)
             ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()

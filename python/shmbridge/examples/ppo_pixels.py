@@ -123,7 +123,6 @@ def train(cfg: Config, log=print) -> Result:
     batch = n * t_len
     if batch % cfg.num_minibatches:
         raise ValueError(f"num_envs * num_steps ({batch}) is not a multiple of num_minibatches")
-    minibatch = batch // cfg.num_minibatches
     num_updates = max(1, math.ceil(cfg.total_steps / batch))
 
     start = time.perf_counter()
@@ -179,7 +178,7 @@ def train(cfg: Config, log=print) -> Result:
                     adv, ret = gae(rew_buf, val_buf, done_buf, next_value, cfg.gamma, cfg.gae_lambda)
                 ppo_update(cfg, agent, optimizer, agent.evaluate,
                            obs_buf.reshape(batch, channels, height, width), act_buf, logp_buf,
-                           adv, ret, minibatch)
+                           adv, ret)
                 if progress.update(batch, finished):
                     break
         finally:
