@@ -291,12 +291,10 @@ def test_vector_quick(tmp_path):
         assert "EnvPool" in labels
     for r in rows:
         assert r["n"] == 5 and r["median_ns"] > 0 and r["env_steps_per_s"] > 0
-        if not r["label"].startswith("PufferLib"):
-            # Every env stepped at once: the learner's wait is the whole step.
-            assert r["idle_median_ns"] == r["median_ns"] and r["idle_p99_ns"] == r["p99_ns"]
-            assert r["idle_per_env_step_median_ns"] == r["median_ns"] / 2
         if r["label"].startswith("PufferLib"):  # batches of part of the envs: not per step
             assert r["num_envs"] == 1 and "vs_SyncVectorEnv" not in r
+            # The learner's idle time, its recv(), timed apart from the step it is part of.
+            assert 0 < r["idle_median_ns"] <= r["median_ns"] and 0 < r["idle_p99_ns"] <= r["p99_ns"]
             continue
         assert "vs_AsyncVectorEnv" in r and "vs_SyncVectorEnv" in r
         assert len(r["round_ratios_to_sync"]) == 1
@@ -335,7 +333,7 @@ def test_vector_envpool_mujoco_sync_at_equal_threads_and_async(tmp_path):
     assert pool_async["num_envs"] == 2 and "vs_SyncVectorEnv" not in pool_async
     # Its idle time is the recv() of each step, part of the step.
     assert 0 < pool_async["idle_median_ns"] <= pool_async["median_ns"]
-    assert pool_async["idle_per_env_step_median_ns"] == pool_async["idle_median_ns"] / 2
+    assert 0 < pool_async["idle_p99_ns"] <= pool_async["p99_ns"]
     assert all(r["env_steps_per_s"] > 0 for r in rows)
 
 

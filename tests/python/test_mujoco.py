@@ -786,11 +786,8 @@ def test_bench_vector_times_the_native_engines_asynchronous_batches(tmp_path) ->
     pool = rows[-1]
     assert pool["num_envs"] == 2 and pool["processes"] == 2 and pool["env_steps_per_s"] > 0
     assert "round_ratios_to_sync" not in pool
-    # The learner's idle time: each step's recv(), a part of the step; per env step, over B.
+    # The learner's idle time: each step's recv(), timed apart from the step it is part of.
     assert 0 < pool["idle_median_ns"] <= pool["median_ns"] and 0 < pool["idle_p99_ns"] <= pool["p99_ns"]
-    assert pool["idle_per_env_step_median_ns"] == pool["idle_median_ns"] / 2
-    lock_step = rows[0]
-    assert lock_step["idle_median_ns"] == lock_step["median_ns"]
 
 
 REWARD_C = r"""
