@@ -57,6 +57,9 @@ class _Swapped:
     def __getitem__(self, name: str):
         return self.client[name]
 
+    def __contains__(self, name: str) -> bool:
+        return name in self.client
+
     def send(self, actions, env_ids) -> None:
         self.client.send(actions[::-1].copy(), env_ids)
 
@@ -181,6 +184,9 @@ class _Tracking:
     def __getitem__(self, name: str):
         return self.t[name]
 
+    def __contains__(self, name: str) -> bool:
+        return name in self.t
+
     def schema(self) -> dict:
         return {"metadata": {"action_space": "box", "action_low": "-1", "action_high": "1"}}
 
@@ -289,3 +295,50 @@ def test_running_mean_std_matches_numpy_over_uneven_batches():
                                rtol=1e-6)
     np.testing.assert_allclose(scalars.scale(x[:, 2]).numpy(), every[:2, 2] / np.sqrt(var[2] + 1e-8),
                                rtol=1e-6)
+
+
+def test_the_lock_step_twin_trains_an_engine_without_final_obs():
+    """``--env null --lockstep``: continuous actions (float32, no metadata: unbounded),
+    no ``final_obs`` (the truncation bootstrap's stand-in is used)."""
+    r = ppo_async.train(_cfg(env="null", lockstep=True, num_envs=2, shards=1, num_steps=8,
+                             total_steps=32, check_dynamics=False), log=lambda *a: None)
+    assert r.env_steps == 32
+
+
+class _Actions:
+    """A client with an ``actions`` tensor of ``dtype`` and the metadata given."""
+
+    def __init__(self, dtype, metadata: dict) -> None:
+        import numpy as np
+
+        self.actions = np.zeros((4, 2), dtype)
+        self.metadata = metadata
+
+    def schema(self) -> dict:
+        return {"metadata": self.metadata}
+
+    def __getitem__(self, name: str):
+        return {"actions": self.actions}[name]
+
+
+def test_the_action_space_without_metadata_follows_the_actions_dtype():
+    import numpy as np
+
+    shape, low, high, count = ppo_async._action_space(_Actions(np.float32, {}))
+    assert (shape, count) == ((2,), 0) and (low == -np.inf).all() and (high == np.inf).all()
+    shape, low, high, count = ppo_async._action_space(
+        _Actions(np.float32, {"action_space": "box", "action_low": "-1,0", "action_high": "1,2"}))
+    assert low.tolist() == [-1, 0] and high.tolist() == [1, 2] and count == 0
+    assert ppo_async._action_space(_Actions(np.int64, {"action_space": "discrete:3"}))[3] == 3
+    with pytest.raises(ValueError, match="int32 .discrete. but its metadata has no action_space"):
+        ppo_async._action_space(_Actions(np.int32, {}))
+
+
+@pytest.mark.parametrize("flag", [["--normalize"], ["--log-std-init", "-1"], ["--check-dynamics"]])
+def test_lockstep_on_cartpole_refuses_what_the_lock_step_example_does_not_do(flag, capsys):
+    with pytest.raises(SystemExit) as exit:
+        ppo_async.main(["--lockstep", "--num-envs", "2", "--shards", "1", "--num-steps", "8", "--total-steps", "16",
+                        "--num-minibatches", "2", "--no-progress"] + flag)
+    assert exit.value.code == 2
+    assert (f"--lockstep on cartpole trains the lock-step example (shmbridge.examples.ppo), "
+            f"which has no {flag[0]}") in capsys.readouterr().err

@@ -60,7 +60,8 @@ import numpy as np
 import shmbridge
 
 from . import ppo
-from .ppo_core import Config, Progress, Result, RunningMeanStd, ppo_update, rollout_buffers
+from .ppo_core import (Config, Progress, Result, RunningMeanStd, bootstrap_truncated, ppo_update,
+                       rollout_buffers)
 
 
 @dataclass
@@ -141,12 +142,19 @@ class _LockStep:
 def _action_space(client: "shmbridge.Client") -> Tuple[tuple, Optional[np.ndarray], Optional[np.ndarray], int]:
     """The engine's actions: ``(shape, low, high, count)``: a Box's shape and bounds
     (``count`` 0), or a discrete action (``()``, ``None``, ``None``, its count), from the
-    engine's metadata (``action_space``, ``action_low``, ``action_high``: docs/mujoco.md)."""
+    engine's metadata (``action_space``, ``action_low``, ``action_high``: docs/mujoco.md).
+    Without ``action_space``, the ``actions`` tensor's dtype tells: floating point, a Box
+    (unbounded where no bounds are given); integer, a discrete action, whose count only
+    the metadata can give (``ValueError`` saying so)."""
     meta = client.schema()["metadata"]
-    kind = meta.get("action_space", "box")
-    if kind.startswith("discrete:"):
+    actions = np.asarray(client["actions"])
+    kind = meta.get("action_space")
+    if kind is None and not np.issubdtype(actions.dtype, np.floating):
+        raise ValueError(f"the engine's actions are {actions.dtype} (discrete) but its metadata "
+                         "has no action_space (discrete:N) giving their count")
+    if kind is not None and kind.startswith("discrete:"):
         return (), None, None, int(kind.split(":", 1)[1])
-    shape = tuple(np.asarray(client["actions"]).shape[1:])
+    shape = tuple(actions.shape[1:])
 
     def bound(key: str, unbounded: float) -> np.ndarray:
         if key not in meta:
@@ -205,10 +213,11 @@ def train(cfg: AsyncConfig, log=print) -> Result:
         obs_rms = RunningMeanStd((obs_dim,)) if cfg.normalize else None
         ret_rms = RunningMeanStd() if cfg.normalize else None
         discounted = torch.zeros(n, dtype=torch.float64)
+        # An engine without final_obs: the truncation bootstrap's stand-in (ppo_core).
+        has_final = "final_obs" in client
 
-        def seen(x: np.ndarray) -> "torch.Tensor":
-            t = torch.from_numpy(x)
-            return t if obs_rms is None else obs_rms.normalize(t)
+        def seen(x: "torch.Tensor") -> "torch.Tensor":
+            return x if obs_rms is None else obs_rms.normalize(x)
 
         if cfg.lockstep:
             envs = _LockStep(client)
@@ -224,26 +233,26 @@ def train(cfg: AsyncConfig, log=print) -> Result:
                 raw = np.array(batch.obs, dtype=np.float32)
                 if obs_rms is not None:
                     obs_rms.update(torch.from_numpy(raw))
-                obs = seen(raw)
+                obs = seen(torch.from_numpy(raw))
                 had = pending[ids]
                 if had.any():
                     e, h = ids[had], had.numpy()
                     rew = torch.from_numpy(np.array(batch.rewards[h], dtype=np.float32))
                     term = torch.from_numpy(np.array(batch.terminated[h]))
                     trunc = torch.from_numpy(np.array(batch.truncated[h]))
-                    final = np.array(batch["final_obs"][h], dtype=np.float32)
+                    final = (torch.from_numpy(np.array(batch["final_obs"][h], dtype=np.float32))
+                             if has_final else None)
                     if cfg.check_dynamics:
-                        _check_steps(pend_obs[e].numpy(), pend_act[e].numpy(), final, e.numpy())
+                        _check_steps(pend_obs[e].numpy(), pend_act[e].numpy(), final.numpy(), e.numpy())
                     reward = rew.clone()
                     if ret_rms is not None:
                         discounted[e] = discounted[e] * cfg.gamma + rew.double()
                         ret_rms.update(discounted[e])
                         reward = ret_rms.scale(reward)
                         discounted[e[term | trunc]] = 0.0
-                    cut = trunc & ~term
-                    if cfg.bootstrap_truncated and cut.any():
-                        with torch.no_grad():
-                            reward[cut] += cfg.gamma * agent.value(seen(final[cut.numpy()]))
+                    if cfg.bootstrap_truncated:
+                        bootstrap_truncated(reward, pend_val[e], term, trunc, final,
+                                            lambda x: agent.value(seen(x)), cfg.gamma)
                     pos = length[e]
                     obs_buf[pos, e] = pend_obs[e]
                     act_buf[pos, e] = pend_act[e]
@@ -367,7 +376,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if a.lockstep and a.env == "cartpole":
+        unknown = [flag for flag, given in (
+            ("--normalize", a.normalize),
+            ("--log-std-init", a.log_std_init != parser.get_default("log_std_init")),
+            ("--check-dynamics", a.check_dynamics)) if given]
+        if unknown:
+            parser.error(f"--lockstep on cartpole trains the lock-step example "
+                         f"(shmbridge.examples.ppo), which has no {', '.join(unknown)}")
     cfg = AsyncConfig(env=a.env, num_envs=a.num_envs, shards=a.shards, batch_size=a.batch_size,
                       num_steps=a.num_steps, max_env_steps=a.max_env_steps,
                       total_steps=a.total_steps, target_return=a.target_return, lr=a.lr,
