@@ -147,7 +147,9 @@ fn run(n: u32, k: u32, b: Option<u32>, batches: u64) -> Run {
 fn main() {
     let arg = |i: usize, d: u64| std::env::args().nth(i).map_or(d, |a| a.parse().unwrap());
     let (n, k, steps) = (arg(1, 64) as u32, arg(2, 4) as u32, arg(3, 2000));
-    println!("N = {n}, K = {k}, {steps} batches of each kind; step time Pareto(1.5), ≥ 50 µs, ≤ 20 ms, per shard");
+    println!(
+        "N = {n}, K = {k}: {steps} lock-step steps, and as many env-steps in batches of B (STEPS·N/B batches); step time Pareto(1.5), ≥ 50 µs, ≤ 20 ms, per shard"
+    );
     println!("idle: the learner's time in step (lock-step) or recv (batches), per batch and per env step");
     println!(
         "| mode | env-steps/s | ÷ lock-step | idle µs/batch, median | p99 | idle ns/env-step, median | p99 | idle share of wall |"

@@ -10,9 +10,11 @@ with the ``mujoco`` feature), for which the agent is CleanRL's Gaussian policy
 (:func:`.ppo._agent`, ``--log-std-init``), its actions clipped to the engine's
 ``action_low``/``action_high`` before they are sent (as Gymnasium's ``ClipAction``: the
 engine's reward charges the action it is given). ``--normalize`` normalises the
-observations and the rewards with running statistics (as Gymnasium's
-``NormalizeObservation`` and ``NormalizeReward``, clipped at 10; the episode returns
-logged are the engine's own).
+observations and the rewards with running statistics (after Gymnasium's
+``NormalizeObservation`` and ``NormalizeReward``, clipped at 10: the rewards divided by
+the deviation of one statistic pooled over every env's discounted return, which restarts
+when its episode ends, terminated or truncated; the episode returns logged are the
+engine's own).
 
 The engine serves ``--num-envs`` envs from ``--shards`` processes (a sharded region,
 ``docs/async.md``); the learner never waits for all of them. ``client.recv()`` hands out
@@ -39,9 +41,11 @@ The update, GAE's recursion, the agent and the bookkeeping are the lock-step exa
 observation its action was chosen on, the action sent, the state the engine produced):
 an env's rows mixed up with another's, or an action sent to the wrong env, fail it.
 ``--lockstep`` steps every env at once with the same settings (for the curves side by
-side): on ``cartpole`` it trains the lock-step example, on another engine (which the
-lock-step example does not train) this loop over ``client.step()``, every env in each
-batch; ``--csv`` writes a run's learning curve, after every update.
+side): on ``cartpole`` it trains the lock-step example (refusing the flags it does not
+have), on another engine (which the lock-step example does not train) this loop over
+``client.step()``, every env in each batch (its actions sent before each update, so each
+rollout begins with a step of the previous policy, trained on with its own
+log-probability); ``--csv`` writes a run's learning curve, after every update.
 
 Needs the ``ppo`` extra: ``torch``, ``tqdm``, ``matplotlib``.
 """
@@ -208,8 +212,9 @@ def train(cfg: AsyncConfig, log=print) -> Result:
         pend_logp = torch.zeros(n)
         pend_val = torch.zeros(n)
         pending = torch.zeros(n, dtype=torch.bool)
-        # --normalize: Gymnasium's NormalizeObservation and NormalizeReward (the reward
-        # divided by the running deviation of each env's discounted return), clipped at 10.
+        # --normalize: after Gymnasium's NormalizeObservation and NormalizeReward, clipped
+        # at 10: the reward divided by the deviation of one running statistic pooled over
+        # every env's discounted return (each env's restarts when its episode ends).
         obs_rms = RunningMeanStd((obs_dim,)) if cfg.normalize else None
         ret_rms = RunningMeanStd() if cfg.normalize else None
         discounted = torch.zeros(n, dtype=torch.float64)
