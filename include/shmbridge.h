@@ -162,6 +162,11 @@ typedef enum {
    */
   SHMB_NO_DEVICE_SIDE = 41,
   /**
+   * A stream's lane stayed full for the whole deadline of a reserve: nothing was
+   * written; reserve again later.
+   */
+  SHMB_FULL = 42,
+  /**
    * A null pointer where one is required, a size or count that does not fit, a string
    * that is not UTF-8, an unknown enum value.
    */

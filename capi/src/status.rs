@@ -74,6 +74,9 @@ pub enum shmb_status {
     /// A device-side call on views that have none (the engine's backend asked of a
     /// client's views): the wrong views for the call, whatever the device.
     SHMB_NO_DEVICE_SIDE = 41,
+    /// A stream's lane stayed full for the whole deadline of a reserve: nothing was
+    /// written; reserve again later.
+    SHMB_FULL = 42,
     /// A null pointer where one is required, a size or count that does not fit, a string
     /// that is not UTF-8, an unknown enum value.
     SHMB_INVALID_ARGUMENT = 1000,
@@ -135,6 +138,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
         ErrorKind::CommandBacklog => SHMB_COMMAND_BACKLOG,
         ErrorKind::NotPosted => SHMB_NOT_POSTED,
         ErrorKind::NoDeviceSide => SHMB_NO_DEVICE_SIDE,
+        ErrorKind::Full => SHMB_FULL,
     }
 }
 
