@@ -1297,6 +1297,41 @@ impl Drop for Reservation {
     }
 }
 
+// ---- Views handed to other owners ----
+
+/// Keeps a stream's mapping in this process alive, for views of its records handed to
+/// other owners (the Python layer's NumPy and DLPack views): the memory stays mapped
+/// while a `Mapping` lives, even after the consumer or producer that gave it dropped.
+#[derive(Clone)]
+pub struct Mapping(Arc<Map>);
+
+impl Mapping {
+    /// The first byte of the mapping (the stream header's) and the mapping's length: the
+    /// addresses of [`Record::field_raw`] and [`Reservation::field_raw`] lie inside.
+    pub fn span(&self) -> (*mut u8, usize) {
+        (self.0.base(), self.0.layout.file_size as usize)
+    }
+
+    /// The stream's validated layout (where each lane's data start).
+    pub fn layout(&self) -> &StreamLayout {
+        &self.0.layout
+    }
+}
+
+impl Consumer {
+    /// A handle that keeps this stream's mapping alive ([`Mapping`]).
+    pub fn mapping(&self) -> Mapping {
+        Mapping(self.map.clone())
+    }
+}
+
+impl Producer {
+    /// A handle that keeps this stream's mapping alive ([`Mapping`]).
+    pub fn mapping(&self) -> Mapping {
+        Mapping(self.0.map.clone())
+    }
+}
+
 // ---- Flow metrics ----
 
 /// One lane's flow metrics.
