@@ -453,6 +453,15 @@ unsafe impl Sync for Map {}
 
 impl Drop for Map {
     fn drop(&mut self) {
+        self.unlink_if_owner();
+        os::release_held(&self.file);
+    }
+}
+
+impl Map {
+    /// The creator's unlink of the stream's name (only this object of that name): when
+    /// the creating consumer drops, even while views of records keep the mapping.
+    fn unlink_if_owner(&self) {
         if self.owner && self.pid == os::current_pid() {
             if let Ok(Some(id)) = os::name_identity(&self.name) {
                 if id == self.identity {
@@ -460,11 +469,8 @@ impl Drop for Map {
                 }
             }
         }
-        os::release_held(&self.file);
     }
-}
 
-impl Map {
     fn base(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
@@ -892,6 +898,7 @@ impl Drop for Consumer {
             primitive::store(&r.state, RANK_CLOSED, Ordering::Release);
             // Producers waiting for space look at the ranks between slices.
         }
+        self.map.unlink_if_owner();
     }
 }
 
