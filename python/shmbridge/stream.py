@@ -30,7 +30,8 @@ chosen at reserve; ``"float64"`` alone: one element; ``"bytes"``: ``uint8[*]``),
 same as one string (``"tokens: int32[*], score: float64"``). Records and reservations
 hand out NumPy views (``rec["tokens"]``; DLPack through NumPy's ``__dlpack__``, so
 ``torch.from_dlpack`` works); views are the default, padded copies are asked for
-(``Batch.to_padded``, ``Batch.pad``). A record's views are valid until it is released
+(``Batch.to_padded``, ``Batch.pad``); a bfloat16 field's view is uint16 (the raw bits:
+NumPy has no bfloat16). A record's views are valid until it is released
 (``release()``, the end of its ``with`` block, or its garbage collection): after that
 its space goes back to its producer, which overwrites it; using the record itself then
 raises ``ClosedError``, and views taken from it before must not be used. A reservation's
@@ -82,6 +83,12 @@ def schema_text(schema: Schema) -> str:
     return ", ".join(parts)
 
 
+def _numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a field: its own, or, for bfloat16 (which NumPy lacks), uint16
+    holding the raw bits (``torch.from_dlpack(view).view(torch.bfloat16)``)."""
+    return np.dtype("uint16" if name == "bfloat16" else name)
+
+
 class _Fields:
     """A stream's fields as NumPy sees them: names, dtypes, fixed counts (None:
     variable), and the views of a record's fields given their spans in a memory."""
@@ -91,7 +98,7 @@ class _Fields:
     def __init__(self, fields: Iterable[Tuple[str, str, Optional[int]]]):
         fields = list(fields)
         self.names = [f[0] for f in fields]
-        self.dtypes = [np.dtype(f[1]) for f in fields]
+        self.dtypes = [_numpy_dtype(f[1]) for f in fields]
         self.counts = [f[2] for f in fields]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.variable = [f[0] for f in fields if f[2] is None]
