@@ -35,6 +35,7 @@ use crate::os;
 use crate::primitive::{self, fence, low_half, AtomicU32, AtomicU64, Ordering};
 use crate::region;
 use crate::sync::{self, Backoff, Doorbell, SharedSeq, WaitPolicy};
+use crate::tensor::Element;
 
 /// A lane's control words (256 bytes before its data; docs/protocol.md §10.3). The
 /// producer's line first, then the consumers'.
@@ -981,16 +982,12 @@ impl Record {
         Ok(unsafe { std::slice::from_raw_parts(p, len) })
     }
 
-    /// Field `i` as elements of `T` (its dtype's size must be `T`'s): `DTypeMismatch`
-    /// otherwise.
-    pub fn field<T: bytemuck::Pod>(&self, i: usize) -> Result<&[T]> {
+    /// Field `i` as elements of `T` (one of the types of its dtype, as for tensors):
+    /// `DTypeMismatch` otherwise.
+    pub fn field<T: Element>(&self, i: usize) -> Result<&[T]> {
         let b = self.bytes(i)?;
-        let dtype = self.map.layout.schema.fields()[i].dtype;
-        bytemuck::try_cast_slice(b).map_err(|_| Error::DTypeMismatch {
-            tensor: self.map.layout.schema.fields()[i].name.clone(),
-            requested: std::any::type_name::<T>(),
-            actual: dtype.name(),
-        })
+        check_element::<T>(&self.map.layout.schema, i)?;
+        Ok(bytemuck::cast_slice(b))
     }
 
     /// Releases the record: its space goes back to the producer.
@@ -1013,6 +1010,19 @@ impl Drop for Record {
     fn drop(&mut self) {
         self.release_now();
     }
+}
+
+/// `DTypeMismatch` unless `T` views field `i`'s dtype (`i` is in the schema).
+fn check_element<T: Element>(schema: &Schema, i: usize) -> Result<()> {
+    let f = &schema.fields()[i];
+    if T::DTYPES.contains(&f.dtype) {
+        return Ok(());
+    }
+    Err(Error::DTypeMismatch {
+        tensor: f.name.clone(),
+        requested: T::NAME,
+        actual: f.dtype.name(),
+    })
 }
 
 // ---- Producers ----
@@ -1232,6 +1242,16 @@ pub struct Reservation {
     done: bool,
 }
 
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("lane", &self.producer.lane)
+            .field("pos", &self.pending.pos)
+            .field("len", &self.pending.spans.len())
+            .finish()
+    }
+}
+
 impl Reservation {
     /// The producer's sequence number of this record.
     pub fn seq(&self) -> u64 {
@@ -1264,18 +1284,13 @@ impl Reservation {
         Ok(unsafe { std::slice::from_raw_parts_mut(p, n * dtype.size()) })
     }
 
-    /// Field `i` as elements of `T` (`DTypeMismatch` if its dtype's size is not `T`'s).
-    pub fn field_mut<T: bytemuck::Pod>(&mut self, i: usize) -> Result<&mut [T]> {
-        let (name, dtype) = {
-            let f = &self.producer.map.layout.schema.fields()[i.min(MAX_FIELDS)];
-            (f.name.clone(), f.dtype)
-        };
+    /// Field `i` as elements of `T` (one of the types of its dtype): `DTypeMismatch`
+    /// otherwise.
+    pub fn field_mut<T: Element>(&mut self, i: usize) -> Result<&mut [T]> {
+        let map = self.producer.map.clone();
         let b = self.bytes_mut(i)?;
-        bytemuck::try_cast_slice_mut(b).map_err(|_| Error::DTypeMismatch {
-            tensor: name,
-            requested: std::any::type_name::<T>(),
-            actual: dtype.name(),
-        })
+        check_element::<T>(&map.layout.schema, i)?;
+        Ok(bytemuck::cast_slice_mut(b))
     }
 
     /// Publishes the record (one Release store of the lane's `head`) and wakes a
