@@ -343,3 +343,25 @@ def test_schema_forms_and_mismatch():
                 st.attach(c.name)  # its one lane is taken
     with pytest.raises(shmbridge.InvalidHeaderError):
         st.create(schema="a: complex64[*]")
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+def _example(name: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args], capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_example_llm_generators_to_a_batching_trainer():
+    out = _example("stream_llm.py", "--workers", "3", "--records", "150", "--batch", "16", "--max-tokens", "300")
+    assert out.startswith("trained on 150 trajectories") and "from 3 workers" in out, out
+
+
+def test_example_actors_to_a_replay_buffer():
+    pytest.importorskip("gymnasium")
+    out = _example("stream_replay.py", "--actors", "2", "--transitions", "600", "--minibatch", "32")
+    assert out.startswith("learned from 600 transitions of 2 actors (CartPole-v1)"), out
+    assert "replay holds 600" in out, out
