@@ -137,12 +137,13 @@ class Record:
     ``seq`` (its sequence number: 0, 1, 2 ... per producer), ``producer`` (the lane's
     generation: tells two producers of one lane apart)."""
 
-    __slots__ = ("_native", "_fields", "_memory", "_views")
+    __slots__ = ("_native", "_fields", "_memory", "_spans", "_views")
 
     def __init__(self, native: Any, fields: _Fields, memory: np.ndarray):
         self._native = native
         self._fields = fields
         self._memory = memory
+        self._spans = native.spans
         self._views: Dict[int, np.ndarray] = {}
 
     def _check(self) -> None:
@@ -154,7 +155,7 @@ class Record:
         i = self._fields.position(name)
         view = self._views.get(i)
         if view is None:
-            view = self._views[i] = self._fields.view(self._memory, self._native.spans, i)
+            view = self._views[i] = self._fields.view(self._memory, self._spans, i)
         return view
 
     def fields(self) -> Dict[str, np.ndarray]:
@@ -174,7 +175,7 @@ class Record:
     def length(self, name: str) -> int:
         """Field ``name``'s element count in this record."""
         self._check()
-        return self._native.spans[self._fields.position(name)][1]
+        return self._spans[self._fields.position(name)][1]
 
     def address(self, name: str) -> int:
         """The address of field ``name`` as the core reports it (its view's address)."""
@@ -210,7 +211,7 @@ class Record:
 
     def __repr__(self) -> str:
         state = "released" if self.released else ", ".join(
-            f"{n}[{self._native.spans[i][1]}]" for i, n in enumerate(self._fields.names))
+            f"{n}[{self._spans[i][1]}]" for i, n in enumerate(self._fields.names))
         return f"<shmbridge.stream.Record lane {self.lane} seq {self.seq}: {state}>"
 
 
@@ -346,17 +347,18 @@ class Reservation:
     whole) or ``abort()`` (nothing is). A context manager: commits on leaving the block,
     aborts on an exception."""
 
-    __slots__ = ("_native", "_fields", "_memory")
+    __slots__ = ("_native", "_fields", "_memory", "_spans")
 
     def __init__(self, native: Any, fields: _Fields, memory: np.ndarray):
         self._native = native
         self._fields = fields
         self._memory = memory
+        self._spans = native.spans
 
     def __getitem__(self, name: str) -> np.ndarray:
         if self._native.done:
             raise ClosedError("this reservation was committed or aborted")
-        return self._fields.view(self._memory, self._native.spans, self._fields.position(name))
+        return self._fields.view(self._memory, self._spans, self._fields.position(name))
 
     def __setitem__(self, name: str, value: Any) -> None:
         """Writes field ``name``: an array (or list, or number) of its length; bytes or a

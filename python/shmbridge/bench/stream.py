@@ -112,8 +112,9 @@ class Content:
         return k, score, iid, zlib.crc32(iid, zlib.crc32(struct.pack("<d", score), self.crc[k]))
 
     def meta(self, s: int, crc: int) -> bytes:
-        """Record ``s``'s meta, stamped now."""
-        return json.dumps({"p": self.p, "s": s, "h": crc, "t": now_ns()}).encode()
+        """Record ``s``'s meta, stamped now (a fixed-width stamp: a producer that reserves
+        the meta's length before stamping knows it)."""
+        return json.dumps({"p": self.p, "s": s, "h": crc, "t": f"{now_ns():020d}"}).encode()
 
 
 @dataclass
@@ -446,12 +447,68 @@ def shmbridge_stream_missing() -> Optional[str]:
     return None
 
 
+SCHEMA = {"tokens": "int32[*]", "logprobs": "float32[*]", "score": "float64", "instance_id": "bytes",
+          "meta": "bytes"}
+
+
+class ShmbridgeConsumer(Consumer):
+    key = "shmbridge"
+
+    def open(self, case: Case, ctx: Any) -> Any:
+        import shmbridge.stream
+
+        # The PR design's bytes, shared among the lanes (a power of two each, at least
+        # room for a few records).
+        total = case.slots * PR_SLOT
+        per_lane = 1 << max(0, (total // case.producers).bit_length() - 1)
+        per_lane = max(per_lane, 1 << (4 * (case.tokens * 8 + 512)).bit_length())
+        self.stream = shmbridge.stream.create(schema=SCHEMA, capacity=per_lane, lanes=case.producers)
+        return self.stream.name
+
+    def consume(self, tally: Tally, done: Callable[[], bool], deadline: float) -> None:
+        stream = self.stream
+        while True:
+            batch = stream.pop_batch(64, timeout=0.05)
+            if not batch:
+                _past(deadline)
+                if done() and not stream.pop_batch(64, timeout=0):
+                    return  # every producer finished, and nothing is left
+                continue
+            t_pop = now_ns()
+            for rec in batch:
+                tally.add(rec["tokens"], rec["logprobs"], float(rec["score"][0]), rec.bytes("instance_id"),
+                          rec.bytes("meta"), t_pop)
+            batch.release()
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def write_shmbridge(name: Any, content: Content, n: int, results: Any) -> Tuple[int, int]:
+    import shmbridge.stream
+
+    tokens = len(content.tokens[0])
+    with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S) as producer:
+        for s in range(n):
+            k, score, iid, crc = content.record(s)
+            with producer.reserve(timeout=WRITE_DEADLINE_S, tokens=tokens, logprobs=tokens, instance_id=len(iid),
+                                  meta=len(content.meta(s, crc))) as r:
+                r["tokens"][:] = content.tokens[k]
+                r["logprobs"][:] = content.logprobs[k]
+                r["score"][0] = score
+                r["instance_id"] = iid
+                r["meta"] = content.meta(s, crc)  # stamped last, just before the commit
+    return n, 0
+
+
 CONSUMERS: Dict[str, Callable[[], Consumer]] = {
+    "shmbridge": ShmbridgeConsumer,
     "pr-slots": PrSlotsConsumer,
     "mp-queue": QueueConsumer,
     "http-json": HttpConsumer,
 }
 WRITERS: Dict[str, Callable[[Any, Content, int, Any], Tuple[int, int]]] = {
+    "shmbridge": write_shmbridge,
     "pr-slots": write_pr_slots,
     "mp-queue": write_queue,
     "http-json": write_http,
