@@ -327,6 +327,29 @@ def test_a_dead_consumer_is_a_typed_error_for_its_producers():
     assert name in shmbridge.gc()  # the dead consumer's stream is swept
 
 
+def test_a_consumer_group_gives_each_record_to_exactly_one_rank():
+    with st.create(schema={"x": "int64"}, capacity=4096, lanes=2, ranks=2) as r0:
+        with st.attach_consumer(r0.name, 1) as r1, st.attach(r0.name) as p:
+            assert (r0.rank, r1.rank) == (0, 1)
+            with pytest.raises(shmbridge.AlreadyAttachedError):
+                st.attach_consumer(r0.name, 1)  # served by a live process
+            for k in range(40):
+                p.push(x=k)
+            got = {0: [], 1: []}
+            while True:
+                popped = [(rank, c.pop(timeout=0)) for rank, c in ((0, r0), (1, r1))]
+                if all(rec is None for _, rec in popped):
+                    break
+                for rank, rec in popped:
+                    if rec is not None:
+                        with rec:
+                            got[rank].append(int(rec["x"][0]))
+            assert sorted(got[0] + got[1]) == list(range(40))
+            assert got[0] and got[1]  # both ranks took records
+            ranks = r0.stats()["ranks"]
+            assert [r["popped"] for r in ranks] == [len(got[0]), len(got[1])]
+
+
 def test_schema_forms_and_mismatch():
     assert st.schema_text(LLM) == ("tokens: int32[*], logprobs: float32[*], score: float64, "
                                    "instance_id: uint8[*], meta: uint8[*]")
