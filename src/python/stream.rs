@@ -507,7 +507,7 @@ impl PyStreamProducer {
                 Ok(r) => break r,
                 // A slice passed with the lane still full: on to the next, or `Full`
                 // for the whole wait once the deadline passed.
-                Err(Error::Full { .. }) if !deadline.is_some_and(|d| Instant::now() >= d) => {
+                Err(Error::Full { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
                     py.check_signals()?;
                 }
                 Err(Error::Full {
