@@ -139,7 +139,7 @@ class Record:
 
     __slots__ = ("_native", "_fields", "_memory", "_spans", "_views")
 
-    def __init__(self, native: Any, fields: _Fields, memory: np.ndarray):
+    def __init__(self, native: Any, fields: Any, memory: np.ndarray):
         self._native = native
         self._fields = fields
         self._memory = memory
@@ -221,7 +221,7 @@ class Batch(list):
     ``pad(...)`` copy fields into padded arrays (with the lengths), for a trainer that
     wants one tensor per field."""
 
-    def __init__(self, records: Iterable[Record], fields: _Fields):
+    def __init__(self, records: Iterable[Record], fields: Any):
         super().__init__(records)
         self._fields = fields
 
@@ -349,7 +349,7 @@ class Reservation:
 
     __slots__ = ("_native", "_fields", "_memory", "_spans")
 
-    def __init__(self, native: Any, fields: _Fields, memory: np.ndarray):
+    def __init__(self, native: Any, fields: Any, memory: np.ndarray):
         self._native = native
         self._fields = fields
         self._memory = memory
