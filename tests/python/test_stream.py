@@ -350,6 +350,43 @@ def test_a_consumer_group_gives_each_record_to_exactly_one_rank():
             assert [r["popped"] for r in ranks] == [len(got[0]), len(got[1])]
 
 
+WAITER = r"""
+import shmbridge, shmbridge.stream as st
+c = st.create(schema={"x": "uint8[*]"}, capacity=256, lanes=1)
+p = st.attach(c.name)
+try:
+    print("pop", flush=True)
+    c.pop(timeout=None)  # the stream is empty
+    print("returned", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+while True:  # fill the lane
+    try:
+        p.push(timeout=0, x=b"f" * 100)
+    except shmbridge.FullError:
+        break
+try:
+    print("reserve", flush=True)
+    p.reserve(timeout=None, x=100)  # the lane is full
+    print("returned", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_a_pop_and_a_reserve_that_wait_without_limit():
+    child = subprocess.Popen([sys.executable, "-c", WAITER], stdout=subprocess.PIPE, text=True)
+    try:
+        for what in ("pop", "reserve"):
+            assert child.stdout.readline().strip() == what
+            child.send_signal(signal.SIGINT)
+            assert child.stdout.readline().strip() == "interrupted", what
+        assert child.wait(60) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_schema_forms_and_mismatch():
     assert st.schema_text(LLM) == ("tokens: int32[*], logprobs: float32[*], score: float64, "
                                    "instance_id: uint8[*], meta: uint8[*]")
