@@ -393,9 +393,19 @@ class StreamConsumer:
     """One rank of a stream's consumer group (``shmbridge.stream.Consumer`` wraps it)."""
 
     @staticmethod
-    def create(name: str, schema: str, lanes: int, lane_capacity: int, ranks: int) -> StreamConsumer: ...
+    def create(
+        name: str,
+        schema: str,
+        lanes: int,
+        lane_capacity: int,
+        ranks: int,
+        spin_us: Optional[float] = None,
+        blocking: bool = False,
+    ) -> StreamConsumer: ...
     @staticmethod
-    def attach(name: str, rank: int, timeout: float) -> StreamConsumer: ...
+    def attach(
+        name: str, rank: int, timeout: float, spin_us: Optional[float] = None, blocking: bool = False
+    ) -> StreamConsumer: ...
     @property
     def name(self) -> str: ...
     @property
@@ -431,7 +441,13 @@ class StreamProducer:
     """The writer of one lane of a stream (``shmbridge.stream.Producer`` wraps it)."""
 
     @staticmethod
-    def attach(name: str, timeout: float, schema: Optional[str] = None) -> StreamProducer: ...
+    def attach(
+        name: str,
+        timeout: float,
+        schema: Optional[str] = None,
+        spin_us: Optional[float] = None,
+        blocking: bool = False,
+    ) -> StreamProducer: ...
     @property
     def name(self) -> str: ...
     @property

@@ -508,7 +508,7 @@ def _pow2(n: int) -> int:
 
 
 def create(name: Optional[str] = None, schema: Schema = "", capacity: int = 1 << 20, lanes: int = 16,
-           ranks: int = 1) -> Consumer:
+           ranks: int = 1, spin_us: Optional[float] = None, blocking: bool = False) -> Consumer:
     """Creates a stream and returns its consumer (rank 0 of ``ranks``).
 
     ``name``: None for a fresh random one (``consumer.name`` says it); names are in the
@@ -516,25 +516,31 @@ def create(name: Optional[str] = None, schema: Schema = "", capacity: int = 1 <<
     ``capacity``: bytes of each lane (each producer's buffer, and the largest record),
     rounded up to a power of two. ``lanes``: the most producers at once (1 to 1024).
     ``ranks``: consumers of the group (1 to 16), each record to exactly one; ranks
-    1.. join with :func:`attach_consumer`."""
+    1.. join with :func:`attach_consumer`. A pop with nothing to take spins ``spin_us``
+    microseconds (default: the core's default policy, ``WaitPolicy::default``) before it sleeps;
+    ``blocking=True`` never spins (many producers on few cores: leave them the CPU)."""
     if name is None:
         name = f"stream-{secrets.token_hex(8)}"
     text = schema_text(schema)
-    return Consumer(_native.StreamConsumer.create(name, text, lanes, _pow2(capacity), ranks))
+    return Consumer(_native.StreamConsumer.create(name, text, lanes, _pow2(capacity), ranks, spin_us, blocking))
 
 
-def attach(name: str, timeout: float = 5.0, schema: Optional[Schema] = None) -> Producer:
+def attach(name: str, timeout: float = 5.0, schema: Optional[Schema] = None, spin_us: Optional[float] = None,
+           blocking: bool = False) -> Producer:
     """A producer of stream ``name``: waits up to ``timeout`` seconds for the stream and
     claims a lane (a free one, or one whose producer died). ``schema``, if given, must be
-    the stream's (``LayoutMismatchError``)."""
+    the stream's (``LayoutMismatchError``). ``spin_us``, ``blocking``: how a full lane is
+    waited for (as :func:`create`'s pops)."""
     text = None if schema is None else schema_text(schema)
-    return Producer(_native.StreamProducer.attach(name, timeout, text))
+    return Producer(_native.StreamProducer.attach(name, timeout, text, spin_us, blocking))
 
 
-def attach_consumer(name: str, rank: int, timeout: float = 5.0) -> Consumer:
+def attach_consumer(name: str, rank: int, timeout: float = 5.0, spin_us: Optional[float] = None,
+                    blocking: bool = False) -> Consumer:
     """Serves rank ``rank`` of stream ``name``'s consumer group (a rank whose process
-    died is taken over; its unreleased records are released as lost first)."""
-    return Consumer(_native.StreamConsumer.attach(name, rank, timeout))
+    died is taken over; its unreleased records are released as lost first). ``spin_us``,
+    ``blocking``: as :func:`create`."""
+    return Consumer(_native.StreamConsumer.attach(name, rank, timeout, spin_us, blocking))
 
 
 def stats(name: str) -> Dict[str, Any]:

@@ -20,13 +20,14 @@ use pyo3::types::{PyDict, PyList};
 
 use super::args::{counts, Count, Seconds};
 use super::errors::{to_pyerr, IntoPy};
-use super::waits::{duration, next_slice};
+use super::waits::{duration, next_slice, wait_policy};
 use crate::error::{Error, Peer};
 use crate::layout::stream::LANE_CTRL_SIZE;
 use crate::stream::{
     Consumer, Count as FieldCount, Mapping, Producer, Record, Reservation, Schema, StreamSpec,
     StreamStats,
 };
+use crate::sync::WaitPolicy;
 
 /// Bytes of a stream's mapping as one uint8 array: the whole stream (a consumer's,
 /// read-only once NumPy has it) or one lane's data (its producer's).
@@ -223,7 +224,12 @@ pub struct PyStreamConsumer {
 }
 
 impl PyStreamConsumer {
-    fn wrap(py: Python<'_>, consumer: Consumer) -> PyResult<PyStreamConsumer> {
+    fn wrap(
+        py: Python<'_>,
+        mut consumer: Consumer,
+        policy: WaitPolicy,
+    ) -> PyResult<PyStreamConsumer> {
+        consumer.set_wait_policy(policy);
         let mapping = consumer.mapping();
         let len = mapping.span().1;
         let memory = PyStreamMemory::new(mapping, 0, len)?;
@@ -285,8 +291,11 @@ impl PyStreamConsumer {
 impl PyStreamConsumer {
     /// Creates stream `name` (its rank 0) of `schema` (`"tokens: int32[*], score:
     /// float64"`), `lanes` producers at once, `lane_capacity` bytes each (a power of
-    /// two), `ranks` consumers.
+    /// two), `ranks` consumers. Pops spin `spin_us` microseconds (default: the core's
+    /// budget) before they sleep; `blocking`: never spin.
     #[staticmethod]
+    #[pyo3(signature = (name, schema, lanes, lane_capacity, ranks, spin_us=None, blocking=false))]
+    #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
         name: &str,
@@ -294,7 +303,10 @@ impl PyStreamConsumer {
         lanes: Count<u32>,
         lane_capacity: Count<u64>,
         ranks: Count<u32>,
+        spin_us: Option<Seconds>,
+        blocking: bool,
     ) -> PyResult<PyStreamConsumer> {
+        let policy = wait_policy(spin_us, blocking)?;
         let spec = StreamSpec {
             schema: Schema::parse(schema).py_err(py)?,
             lanes: lanes.0,
@@ -302,22 +314,27 @@ impl PyStreamConsumer {
             ranks: ranks.0,
         };
         let consumer = py.detach(|| Consumer::create(name, &spec)).py_err(py)?;
-        Self::wrap(py, consumer)
+        Self::wrap(py, consumer, policy)
     }
 
-    /// Serves rank `rank` of stream `name`, waiting up to `timeout` for it.
+    /// Serves rank `rank` of stream `name`, waiting up to `timeout` for it (`spin_us`,
+    /// `blocking`: as `create`).
     #[staticmethod]
+    #[pyo3(signature = (name, rank, timeout, spin_us=None, blocking=false))]
     fn attach(
         py: Python<'_>,
         name: &str,
         rank: Count<u32>,
         timeout: Seconds,
+        spin_us: Option<Seconds>,
+        blocking: bool,
     ) -> PyResult<PyStreamConsumer> {
         let timeout = duration(timeout, "timeout")?;
+        let policy = wait_policy(spin_us, blocking)?;
         let consumer = py
             .detach(|| Consumer::attach(name, rank.0, timeout))
             .py_err(py)?;
-        Self::wrap(py, consumer)
+        Self::wrap(py, consumer, policy)
     }
 
     /// The stream's bytes (read-only for a consumer): what `spans` index.
@@ -450,20 +467,26 @@ impl PyStreamProducer {
 #[pymethods]
 impl PyStreamProducer {
     /// Attaches to stream `name` (waiting up to `timeout` for it) and claims a lane;
-    /// `schema`, if given, must be the stream's.
+    /// `schema`, if given, must be the stream's. A full lane is waited for spinning
+    /// `spin_us` microseconds (default: the core's budget), then asleep; `blocking`:
+    /// never spin.
     #[staticmethod]
-    #[pyo3(signature = (name, timeout, schema=None))]
+    #[pyo3(signature = (name, timeout, schema=None, spin_us=None, blocking=false))]
     fn attach(
         py: Python<'_>,
         name: &str,
         timeout: Seconds,
         schema: Option<&str>,
+        spin_us: Option<Seconds>,
+        blocking: bool,
     ) -> PyResult<PyStreamProducer> {
         let timeout = duration(timeout, "timeout")?;
+        let policy = wait_policy(spin_us, blocking)?;
         let schema = schema.map(Schema::parse).transpose().py_err(py)?;
-        let producer = py
+        let mut producer = py
             .detach(|| Producer::attach(name, schema.as_ref(), timeout))
             .py_err(py)?;
+        producer.set_wait_policy(policy);
         let mapping = producer.mapping();
         let layout = mapping.layout();
         let offset = (layout.lane_offset(producer.lane()) + LANE_CTRL_SIZE) as usize;

@@ -139,8 +139,9 @@ def test_reservation_commits_on_success_and_aborts_on_exception():
 
 
 def test_batches_pad_copies_and_release_together():
-    with st.create(schema={"tokens": "int32[*]", "score": "float64"}, capacity=1 << 12, lanes=2) as c:
-        with st.attach(c.name) as p:
+    schema = {"tokens": "int32[*]", "score": "float64"}
+    with st.create(schema=schema, capacity=1 << 12, lanes=2, blocking=True) as c:
+        with st.attach(c.name, blocking=True) as p:
             for n in (3, 1, 4):
                 p.push(tokens=np.arange(n) + 1, score=float(n))
             batch = c.pop_batch(10, timeout=5)
@@ -397,6 +398,8 @@ def test_schema_forms_and_mismatch():
         assert c.schema == "a: float32[*], b: int64[1]"
         with pytest.raises(shmbridge.LayoutMismatchError):
             st.attach(c.name, schema={"a": "float32[*]"})
+        with pytest.raises(ValueError, match="spin_us"):
+            st.attach(c.name, spin_us=-1)
         with st.attach(c.name) as p:
             assert p.max_record == 128  # rounded up to a power of two
             with pytest.raises(shmbridge.AlreadyAttachedError):
