@@ -508,3 +508,13 @@ def test_stream_quick_checks_every_record(tmp_path):
     assert md.strip() in proc.stdout
     assert "### Records of 512 tokens" in md and "### Records of 4096 tokens" in md
     assert len([r for r in _table_rows(md) if r[0] in ("1", "4")]) == len(cases)
+
+
+def test_stream_blocking_shmbridge_alone(tmp_path):
+    out = tmp_path / "results"
+    proc = _run("stream", "--quick", "--tokens", "512", "--producers", "2", "--contenders", "shmbridge",
+                "--blocking", "--out", str(out))
+    assert "shmbridge blocking (never spins)" in proc.stdout
+    (case,) = json.loads((out / "stream.json").read_text())["cases"]
+    assert case["contender"] == "shmbridge" and case["intact"] == case["sent"] == case["records"] > 0
+    assert case["lost"] == case["torn"] == case["duplicated"] == case["reordered"] == 0

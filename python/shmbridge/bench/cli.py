@@ -174,6 +174,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     st.add_argument("--slots", type=int, default=1000,
                     help="buffer size in records of 4096 tokens (the PR design's slots; the same bytes for "
                          "shmbridge, the same records for the Queue; default 1000)")
+    st.add_argument("--blocking", action="store_true",
+                    help="shmbridge's pops and full lanes wait asleep, never spinning (few cores, many producers)")
     st.add_argument("--out", default=None, help="also write DIR/stream.md and DIR/stream.json")
 
     args = p.parse_args(argv)

@@ -174,6 +174,7 @@ class Case:
     producers: int
     per_producer: int
     slots: int
+    blocking: bool = False  # shmbridge's waits never spin
 
     @property
     def records(self) -> int:
@@ -462,8 +463,9 @@ class ShmbridgeConsumer(Consumer):
         total = case.slots * PR_SLOT
         per_lane = 1 << max(0, (total // case.producers).bit_length() - 1)
         per_lane = max(per_lane, 1 << (4 * (case.tokens * 8 + 512)).bit_length())
-        self.stream = shmbridge.stream.create(schema=SCHEMA, capacity=per_lane, lanes=case.producers)
-        return self.stream.name
+        self.stream = shmbridge.stream.create(schema=SCHEMA, capacity=per_lane, lanes=case.producers,
+                                              blocking=case.blocking)
+        return self.stream.name, case.blocking
 
     def consume(self, tally: Tally, done: Callable[[], bool], deadline: float) -> None:
         stream = self.stream
@@ -484,11 +486,12 @@ class ShmbridgeConsumer(Consumer):
         self.stream.close()
 
 
-def write_shmbridge(name: Any, content: Content, n: int, results: Any) -> Tuple[int, int]:
+def write_shmbridge(spec: Any, content: Content, n: int, results: Any) -> Tuple[int, int]:
     import shmbridge.stream
 
+    name, blocking = spec
     tokens = len(content.tokens[0])
-    with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S) as producer:
+    with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S, blocking=blocking) as producer:
         for s in range(n):
             k, score, iid, crc = content.record(s)
             with producer.reserve(timeout=WRITE_DEADLINE_S, tokens=tokens, logprobs=tokens, instance_id=len(iid),
@@ -660,7 +663,8 @@ def main(args: Any) -> int:
                 skipped[k] = f"skipped: {why}"
     machine = machine_description()
     t_start = time.monotonic()
-    cases = [Case(t, pc, max(1, math.ceil(records / pc)), args.slots) for t in sizes for pc in producer_counts]
+    cases = [Case(t, pc, max(1, math.ceil(records / pc)), args.slots, args.blocking)
+             for t in sizes for pc in producer_counts]
     results: Dict[Tuple[int, int], Dict[str, Measured]] = {(c.tokens, c.producers): {} for c in cases}
     for c in cases:
         for k in keys:
@@ -716,6 +720,7 @@ def report(results: Dict[Tuple[int, int], Dict[str, Measured]], keys: Sequence[s
         "",
         f"Command: `{command}` ({run_mode(quick)}; about {records:,} records per case and round, "
         f"{rounds} interleaved round{'s' if rounds > 1 else ''}, {cases[0].slots} slots of buffer; "
+        f"shmbridge {'blocking (never spins)' if cases[0].blocking else 'with its default wait policy'}; "
         f"{elapsed_s:.1f} s in all)",
         "",
         *machine_header(machine),
