@@ -55,6 +55,20 @@ impl PyStreamMemory {
         })
     }
 
+    /// The offset of `nbytes` bytes at `address`, checked to lie in this memory (the
+    /// views are slices of it).
+    fn offset_of(&self, address: usize, nbytes: usize) -> PyResult<usize> {
+        address
+            .checked_sub(self.start)
+            .filter(|off| off.checked_add(nbytes).is_some_and(|end| end <= self.len))
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(format!(
+                    "stream field at {address:#x}+{nbytes} outside the mapping at {:#x}+{}",
+                    self.start, self.len
+                ))
+            })
+    }
+
     fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
         fn failed(e: impl std::fmt::Display) -> PyErr {
             PyRuntimeError::new_err(format!("building a DLPack tensor: {e}"))
@@ -212,7 +226,6 @@ pub(super) fn stream_stats<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'
 pub struct PyStreamConsumer {
     consumer: Mutex<Option<Consumer>>,
     memory: Py<PyStreamMemory>,
-    start: usize,
     #[pyo3(get)]
     name: String,
     #[pyo3(get)]
@@ -233,14 +246,12 @@ impl PyStreamConsumer {
         let mapping = consumer.mapping();
         let len = mapping.span().1;
         let memory = PyStreamMemory::new(mapping, 0, len)?;
-        let start = memory.start;
         Ok(PyStreamConsumer {
             name: consumer.name().to_string(),
             rank: consumer.rank(),
             schema: consumer.schema().to_string(),
             fields: fields_of(consumer.schema()),
             memory: Py::new(py, memory)?,
-            start,
             consumer: Mutex::new(Some(consumer)),
         })
     }
@@ -253,14 +264,18 @@ impl PyStreamConsumer {
         let n = self.fields.len();
         let mut spans = Vec::with_capacity(n);
         for i in 0..n {
-            let (p, count, _) = rec.field_raw(i).py_err(py)?;
-            spans.push((p as usize - self.start, count));
+            let (p, count, dtype) = rec.field_raw(i).py_err(py)?;
+            spans.push((
+                self.memory
+                    .get()
+                    .offset_of(p as usize, count * dtype.size())?,
+                count,
+            ));
         }
         Ok(PyStreamRecord {
             lane: rec.lane(),
             seq: rec.seq(),
             producer: rec.producer(),
-            start: self.start,
             spans,
             record: Mutex::new(Some(rec)),
         })
@@ -401,7 +416,6 @@ impl PyStreamConsumer {
 #[pyclass(module = "shmbridge._native", name = "StreamRecord", frozen)]
 pub struct PyStreamRecord {
     record: Mutex<Option<Record>>,
-    start: usize,
     /// `(offset in the consumer's memory, element count)` of each field.
     #[pyo3(get)]
     spans: Vec<(usize, usize)>,
@@ -433,7 +447,6 @@ impl PyStreamRecord {
         let guard = self.record.lock().unwrap_or_else(|p| p.into_inner());
         let rec = guard.as_ref().ok_or_else(|| closed(py, Peer::Client))?;
         let (p, _, _) = rec.field_raw(i).py_err(py)?;
-        debug_assert_eq!(p as usize, self.start + self.spans[i].0);
         Ok(p as usize)
     }
 }
@@ -445,7 +458,6 @@ impl PyStreamRecord {
 pub struct PyStreamProducer {
     producer: Mutex<Option<Producer>>,
     memory: Py<PyStreamMemory>,
-    start: usize,
     #[pyo3(get)]
     name: String,
     #[pyo3(get)]
@@ -497,7 +509,6 @@ impl PyStreamProducer {
             schema: producer.schema().to_string(),
             fields: fields_of(producer.schema()),
             max_record: producer.max_record(),
-            start: memory.start,
             memory: Py::new(py, memory)?,
             producer: Mutex::new(Some(producer)),
         })
@@ -553,8 +564,13 @@ impl PyStreamProducer {
         let n = self.fields.len();
         let mut spans = Vec::with_capacity(n);
         for i in 0..n {
-            let (p, count, _) = res.field_raw(i).py_err(py)?;
-            spans.push((p as usize - self.start, count));
+            let (p, count, dtype) = res.field_raw(i).py_err(py)?;
+            spans.push((
+                self.memory
+                    .get()
+                    .offset_of(p as usize, count * dtype.size())?,
+                count,
+            ));
         }
         Ok(PyStreamReservation {
             seq: res.seq(),
