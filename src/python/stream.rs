@@ -224,7 +224,10 @@ pub(super) fn stream_stats<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'
 /// One rank of a stream's consumer group (`shmbridge.stream.Consumer` wraps it).
 #[pyclass(module = "shmbridge._native", name = "StreamConsumer", frozen)]
 pub struct PyStreamConsumer {
-    consumer: Mutex<Option<Consumer>>,
+    /// Taken out by `close()`; a pop in flight holds its own reference (the lock is
+    /// never held while the GIL is released: another thread may wait on it holding the
+    /// GIL).
+    consumer: Mutex<Option<Arc<Consumer>>>,
     memory: Py<PyStreamMemory>,
     #[pyo3(get)]
     name: String,
@@ -252,12 +255,16 @@ impl PyStreamConsumer {
             schema: consumer.schema().to_string(),
             fields: fields_of(consumer.schema()),
             memory: Py::new(py, memory)?,
-            consumer: Mutex::new(Some(consumer)),
+            consumer: Mutex::new(Some(Arc::new(consumer))),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Consumer>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<Consumer>>> {
         self.consumer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn consumer(&self, py: Python<'_>) -> PyResult<Arc<Consumer>> {
+        self.lock().clone().ok_or_else(|| closed(py, Peer::Client))
     }
 
     fn record(&self, py: Python<'_>, rec: Record) -> PyResult<PyStreamRecord> {
@@ -289,13 +296,16 @@ impl PyStreamConsumer {
         pop: impl Fn(&Consumer, Duration) -> Result<Vec<Record>, Error> + Sync,
     ) -> PyResult<Vec<Record>> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let guard = self.lock();
-        let consumer = guard.as_ref().ok_or_else(|| closed(py, Peer::Client))?;
+        let consumer = self.consumer(py)?;
+        let consumer = &*consumer;
         loop {
             let slice = next_slice(deadline);
             let got = py.detach(|| pop(consumer, slice)).py_err(py)?;
             if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(got);
+            }
+            if self.lock().is_none() {
+                return Err(closed(py, Peer::Client)); // closed by another thread meanwhile
             }
             py.check_signals()?;
         }
@@ -456,7 +466,9 @@ impl PyStreamRecord {
 /// A producer: the writer of one lane (`shmbridge.stream.Producer` wraps it).
 #[pyclass(module = "shmbridge._native", name = "StreamProducer", frozen)]
 pub struct PyStreamProducer {
-    producer: Mutex<Option<Producer>>,
+    /// Taken out by `close()`; a reserve in flight holds its own reference (as the
+    /// consumer's).
+    producer: Mutex<Option<Arc<Producer>>>,
     memory: Py<PyStreamMemory>,
     #[pyo3(get)]
     name: String,
@@ -471,8 +483,12 @@ pub struct PyStreamProducer {
 }
 
 impl PyStreamProducer {
-    fn lock(&self) -> MutexGuard<'_, Option<Producer>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<Producer>>> {
         self.producer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn producer(&self, py: Python<'_>) -> PyResult<Arc<Producer>> {
+        self.lock().clone().ok_or_else(|| closed(py, Peer::Engine))
     }
 }
 
@@ -510,7 +526,7 @@ impl PyStreamProducer {
             fields: fields_of(producer.schema()),
             max_record: producer.max_record(),
             memory: Py::new(py, memory)?,
-            producer: Mutex::new(Some(producer)),
+            producer: Mutex::new(Some(Arc::new(producer))),
         })
     }
 
@@ -533,8 +549,8 @@ impl PyStreamProducer {
         let lengths = counts(lengths);
         let limit = limit(timeout)?;
         let deadline = limit.and_then(|t| Instant::now().checked_add(t));
-        let guard = self.lock();
-        let producer = guard.as_ref().ok_or_else(|| closed(py, Peer::Engine))?;
+        let producer = self.producer(py)?;
+        let producer = &*producer;
         let mut res: Reservation = loop {
             let slice = next_slice(deadline);
             match py.detach(|| producer.reserve(&lengths, slice)) {
@@ -542,6 +558,9 @@ impl PyStreamProducer {
                 // A slice passed with the lane still full: on to the next, or `Full`
                 // for the whole wait once the deadline passed.
                 Err(Error::Full { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                    if self.lock().is_none() {
+                        return Err(closed(py, Peer::Engine)); // closed by another thread
+                    }
                     py.check_signals()?;
                 }
                 Err(Error::Full {

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -386,6 +387,31 @@ def test_ctrl_c_interrupts_a_pop_and_a_reserve_that_wait_without_limit():
     finally:
         child.kill()
         child.wait()
+
+
+def test_threads_pop_and_close_one_consumer_while_another_waits():
+    with st.create(schema={"x": "int64"}, capacity=1024, lanes=1) as c, st.attach(c.name) as p:
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(c.pop(timeout=60)))
+        waiter.start()
+        # The waiter sleeps in the core without the GIL; this thread pops meanwhile.
+        assert [c.pop(timeout=0.05) for _ in range(5)] == [None] * 5
+        p.push(x=7)
+        waiter.join(60)
+        assert not waiter.is_alive() and got[0]["x"].tolist() == [7]
+        got[0].release()
+        # A close while a pop waits without limit: the pop ends with ClosedError.
+        def wait_forever():
+            try:
+                got.append(c.pop(timeout=None))
+            except shmbridge.ClosedError as e:
+                got.append(e)
+
+        waiter = threading.Thread(target=wait_forever)
+        waiter.start()
+        c.close()
+        waiter.join(60)
+        assert not waiter.is_alive() and isinstance(got[1], shmbridge.ClosedError)
 
 
 def test_schema_forms_and_mismatch():
