@@ -202,9 +202,11 @@ fn reserve_errors_lengths_size_and_order() {
     let p = Producer::attach(&n, None, T).unwrap();
     let e = p.reserve(&[1], T).unwrap_err();
     assert!(matches!(e, Error::InvalidTensor { .. }), "{e:?}");
+    // At most half a lane: 128 bytes here.
+    assert_eq!(p.max_record(), 128);
     let e = p.reserve(&[1000, 0], T).unwrap_err();
     assert!(
-        matches!(e, Error::RecordTooLarge { capacity: 256, .. }),
+        matches!(e, Error::RecordTooLarge { capacity: 128, .. }),
         "{e:?}"
     );
     let r = p.reserve(&[1, 1], T).unwrap();
