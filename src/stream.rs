@@ -25,9 +25,10 @@ use memmap2::MmapRaw;
 
 use crate::error::{Error, Peer, PidNamespace, Result};
 use crate::layout::stream::{
-    check_word0, decode_record, lap_of, Spans, StreamLayout, Word0, KIND_PAD, KIND_RECORD,
-    MAX_FIELDS, OFF_DOORBELL, OFF_FULL_WAITS, OFF_LOST, OFF_RANKS_TABLE, RANK_ENTRY_SIZE,
-    RECORD_FIXED, STATE_CLAIMED, STATE_LOST, STATE_READY, STATE_RELEASED, STREAM_HEADER_SIZE,
+    check_word0, decode_record, lap_of, max_record, Spans, StreamLayout, Word0, KIND_PAD,
+    KIND_RECORD, MAX_FIELDS, OFF_DOORBELL, OFF_FULL_WAITS, OFF_LOST, OFF_RANKS_TABLE,
+    RANK_ENTRY_SIZE, RECORD_FIXED, STATE_CLAIMED, STATE_LOST, STATE_READY, STATE_RELEASED,
+    STREAM_HEADER_SIZE,
 };
 pub use crate::layout::stream::{Count, Field, Schema, StreamSpec};
 use crate::layout::DType;
@@ -152,7 +153,7 @@ impl<'a> Lane<'a> {
                 return Ok(None);
             }
             if r > h || h - r > self.capacity {
-                if primitive::load(&c.read, Ordering::Acquire) != r {
+                if self.moved(&c.read, r) {
                     continue;
                 }
                 return Err(self.bad(format!("read cursor {r} against head {h}")));
@@ -161,7 +162,7 @@ impl<'a> Lane<'a> {
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
                 // A stale position (claimed, released and overwritten meanwhile) says
                 // nothing of the record there now: look again.
-                if primitive::load(&c.read, Ordering::Acquire) != r {
+                if self.moved(&c.read, r) {
                     continue;
                 }
                 return Err(self.bad(detail));
@@ -199,6 +200,14 @@ impl<'a> Lane<'a> {
         }
     }
 
+    /// Whether cursor `word` has moved from `seen`. A read-modify-write, which reads the
+    /// latest value: a plain load may still give `seen` after the bytes it guarded were
+    /// overwritten (the producer's first-word store is Relaxed: seeing it orders nothing),
+    /// which would make a stale position look like a corrupt record.
+    fn moved(&self, word: &AtomicU64, seen: u64) -> bool {
+        primitive::fetch_add(word, 0, Ordering::AcqRel) != seen
+    }
+
     /// Releases a claim of `rank`: the record's state becomes released (Release: every
     /// read of its bytes happens before), then `tail` moves over the released prefix.
     /// `false` when the record was no longer this rank's (released as lost meanwhile).
@@ -225,6 +234,10 @@ impl<'a> Lane<'a> {
     pub(crate) fn advance_tail(&self) {
         let c = self.ctrl;
         let mut moved = false;
+        // Two ranks releasing neighbours at once: each stored its release, then looks at
+        // the other's record (Dekker: with a SeqCst fence on both sides, at least one of
+        // them sees both releases and moves `tail` over both).
+        fence(Ordering::SeqCst);
         loop {
             let t = primitive::load(&c.tail, Ordering::Acquire);
             let r = primitive::load(&c.read, Ordering::Acquire);
@@ -240,8 +253,12 @@ impl<'a> Lane<'a> {
                 && t + len <= r;
             let done = w.kind == KIND_PAD
                 || (w.kind == KIND_RECORD && matches!(w.state, STATE_RELEASED | STATE_LOST));
-            if !(sane && done) {
-                if primitive::load(&c.tail, Ordering::Acquire) != t {
+            if sane && !done {
+                break;
+            }
+            if !sane {
+                // Overwritten since `t` was read: `tail` moved on.
+                if self.moved(&c.tail, t) {
                     continue;
                 }
                 break;
@@ -305,9 +322,33 @@ impl<'a> Lane<'a> {
     }
 }
 
+impl Lane<'_> {
+    /// A claimed record's fields, checked against `schema`, its sequence number and its
+    /// producer's generation.
+    pub(crate) fn decode(&self, schema: &Schema, claim: Claim) -> Result<(Spans, u64, u64)> {
+        let hl = schema.record_header_len();
+        let p = self.bytes(claim.pos, claim.word0.len as usize);
+        primitive::reading(p.wrapping_add(8), hl - 8);
+        let mut words = [0u8; RECORD_FIXED + 4 * MAX_FIELDS];
+        // SAFETY: `p + 8 .. p + hl` is inside the record (check_word0: len >= hl, not
+        // crossing the lane's end), which is committed (`head` past it, Acquire) and
+        // claimed by this rank: the producer does not write it until it is released.
+        unsafe { std::ptr::copy_nonoverlapping(p.add(8), words.as_mut_ptr().add(8), hl - 8) };
+        let spans = decode_record(schema, &words[..hl], claim.word0.len)
+            .map_err(|detail| self.bad(format!("record at {}: {detail}", claim.pos)))?;
+        let word = |at: usize| u64::from_le_bytes(words[at..at + 8].try_into().expect("8 bytes"));
+        Ok((spans, word(8), word(16)))
+    }
+
+    /// Field `(offset, count)` of the record at `pos`: its first byte.
+    pub(crate) fn field_ptr(&self, pos: u64, len: u32, offset: u32) -> *mut u8 {
+        self.bytes(pos, len as usize).wrapping_add(offset as usize)
+    }
+}
+
 impl Group<'_> {
     /// What a rank sleeps on: the doorbell, with its own waiter flag.
-    fn bell_of(&self, rank: usize) -> Doorbell<'_> {
+    pub(crate) fn bell_of(&self, rank: usize) -> Doorbell<'_> {
         Doorbell {
             bell: self.doorbell,
             engine_waiting: &self.ranks[rank].waiting,
@@ -415,6 +456,40 @@ impl Lane<'_> {
             low: low_half(&self.ctrl.tail),
             waiting: &self.ctrl.producer_waiting,
         }
+    }
+
+    /// Waits until `need` bytes from `head` are free (`tail` far enough), up to
+    /// `timeout` (`Timeout` then): at once if they are, else `full` is called once and
+    /// the producer sleeps on `tail` with its waiter flag, `check` between slices. A
+    /// `tail` past `head` is `BadRecord`.
+    pub(crate) fn wait_room(
+        &self,
+        head: u64,
+        need: u64,
+        policy: WaitPolicy,
+        timeout: Duration,
+        full: impl FnOnce(),
+        check: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let fits = |o: Ordering| -> Option<Result<()>> {
+            let t = primitive::load(&self.ctrl.tail, o);
+            if t > head {
+                return Some(Err(self.bad(format!("tail {t} past head {head}"))));
+            }
+            (head + need - t <= self.capacity).then_some(Ok(()))
+        };
+        if let Some(r) = fits(Ordering::Acquire) {
+            return r;
+        }
+        full();
+        sync::wait_until(
+            &self.tail_seq(),
+            fits,
+            policy,
+            timeout,
+            "room in the stream's lane",
+            check,
+        )?
     }
 
     /// The room a record of `len` bytes needs from `head`: itself and a pad before it
@@ -814,24 +889,14 @@ impl Consumer {
 
     /// The fields of a claimed record, checked against the schema.
     fn decode(&self, lane: Lane<'_>, claim: Claim) -> Result<Record> {
-        let schema = &self.map.layout.schema;
-        let hl = schema.record_header_len();
-        let p = lane.bytes(claim.pos, claim.word0.len as usize);
-        primitive::reading(p.wrapping_add(8), hl - 8);
-        let mut words = [0u8; RECORD_FIXED + 4 * MAX_FIELDS];
-        // SAFETY: `p + 8 .. p + hl` is inside the record (check_word0: len >= hl, not
-        // crossing the lane's end), which is committed (`head` past it, Acquire) and
-        // claimed by this rank: the producer does not write it until it is released.
-        unsafe { std::ptr::copy_nonoverlapping(p.add(8), words.as_mut_ptr().add(8), hl - 8) };
-        let spans = decode_record(schema, &words[..hl], claim.word0.len)
-            .map_err(|detail| lane.bad(format!("record at {}: {detail}", claim.pos)))?;
+        let (spans, seq, producer) = lane.decode(&self.map.layout.schema, claim)?;
         Ok(Record {
             map: self.map.clone(),
             lane: lane.index,
             claim,
             spans,
-            seq: u64::from_le_bytes(words[8..16].try_into().expect("8 bytes")),
-            producer: u64::from_le_bytes(words[16..24].try_into().expect("8 bytes")),
+            seq,
+            producer,
             released: false,
         })
     }
@@ -965,9 +1030,7 @@ impl Record {
         let (off, n) = self.span(i)?;
         let dtype = self.map.layout.schema.fields()[i].dtype;
         let lane = self.map.lane(self.lane);
-        let p = lane
-            .bytes(self.claim.pos, self.len())
-            .wrapping_add(off as usize);
+        let p = lane.field_ptr(self.claim.pos, self.claim.word0.len, off);
         Ok((p, n as usize, dtype))
     }
 
@@ -1123,9 +1186,9 @@ impl Producer {
     pub fn schema(&self) -> &Schema {
         &self.0.map.layout.schema
     }
-    /// The largest record a lane holds, in bytes.
+    /// The largest record a lane holds, in bytes: half the lane.
     pub fn max_record(&self) -> u64 {
-        self.0.map.layout.lane_capacity
+        max_record(self.0.map.layout.lane_capacity)
     }
     /// How a full lane is waited for: [`WaitPolicy::default`] unless set.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
@@ -1144,7 +1207,10 @@ impl Producer {
     pub fn reserve(&self, lengths: &[u32], timeout: Duration) -> Result<Reservation> {
         let inner = &self.0;
         let map = &inner.map;
-        let spans = map.layout.schema.spans(lengths, map.layout.lane_capacity)?;
+        let spans = map
+            .layout
+            .schema
+            .spans(lengths, max_record(map.layout.lane_capacity))?;
         map.consumers(false)?;
         let mut st = inner.state.lock().expect("not poisoned");
         if st.pending {
@@ -1155,42 +1221,31 @@ impl Producer {
         let lane = map.lane(inner.lane);
         let head = st.head;
         let need = lane.needed(head, spans.len() as u64);
-        let cap = lane.capacity;
-        let fits = |o: Ordering| -> Option<Result<()>> {
-            let t = primitive::load(&lane.ctrl.tail, o);
-            if t > head {
-                return Some(Err(lane.bad(format!("tail {t} past head {head}"))));
+        let waited = lane.wait_room(
+            head,
+            need,
+            inner.policy,
+            timeout,
+            || {
+                primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
+            },
+            || {
+                map.reap(Some(inner.lane));
+                map.consumers(true)
+            },
+        );
+        match waited {
+            Ok(()) => {}
+            Err(Error::Timeout { waited, .. }) => {
+                let t = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
+                return Err(Error::Full {
+                    lane: inner.lane,
+                    needed: need,
+                    free: lane.capacity.saturating_sub(head.saturating_sub(t)),
+                    waited,
+                });
             }
-            (head + need - t <= cap).then_some(Ok(()))
-        };
-        if fits(Ordering::Acquire).is_none() {
-            primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
-            let waited = sync::wait_until(
-                &lane.tail_seq(),
-                fits,
-                inner.policy,
-                timeout,
-                "room in the stream's lane",
-                || {
-                    map.reap(Some(inner.lane));
-                    map.consumers(true)
-                },
-            );
-            match waited {
-                Ok(r) => r?,
-                Err(Error::Timeout { waited, .. }) => {
-                    let t = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
-                    return Err(Error::Full {
-                        lane: inner.lane,
-                        needed: need,
-                        free: cap.saturating_sub(head.saturating_sub(t)),
-                        waited,
-                    });
-                }
-                Err(e) => return Err(e),
-            }
-        } else if let Some(Err(e)) = fits(Ordering::Acquire) {
-            return Err(e);
+            Err(e) => return Err(e),
         }
         let vars: Vec<u32> = lengths.to_vec();
         let pending = lane.write_header(
@@ -1269,9 +1324,7 @@ impl Reservation {
         }
         let (off, n) = self.pending.spans.field(i);
         let lane = map.lane(self.producer.lane);
-        let p = lane
-            .bytes(self.pending.pos, self.pending.spans.len() as usize)
-            .wrapping_add(off as usize);
+        let p = lane.field_ptr(self.pending.pos, self.pending.spans.len(), off);
         Ok((p, n as usize, map.layout.schema.fields()[i].dtype))
     }
 

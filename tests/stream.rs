@@ -202,9 +202,11 @@ fn reserve_errors_lengths_size_and_order() {
     let p = Producer::attach(&n, None, T).unwrap();
     let e = p.reserve(&[1], T).unwrap_err();
     assert!(matches!(e, Error::InvalidTensor { .. }), "{e:?}");
+    // At most half a lane: 128 bytes here.
+    assert_eq!(p.max_record(), 128);
     let e = p.reserve(&[1000, 0], T).unwrap_err();
     assert!(
-        matches!(e, Error::RecordTooLarge { capacity: 256, .. }),
+        matches!(e, Error::RecordTooLarge { capacity: 128, .. }),
         "{e:?}"
     );
     let r = p.reserve(&[1, 1], T).unwrap();
@@ -416,4 +418,29 @@ fn a_consumer_killed_at_each_phase_is_an_error_or_its_records_are_lost_not_wedge
         let r = c0.pop(T).unwrap().or_else(|| c1.pop(T).unwrap());
         assert!(r.is_some());
     }
+}
+
+#[test]
+fn ls_shows_a_stream_with_its_flow() {
+    let n = name("ls");
+    let c = Consumer::create(&n, &spec(2, 4096, 1)).unwrap();
+    let p = Producer::attach(&n, None, T).unwrap();
+    for k in 0..3 {
+        put(&p, k, 2, 1).unwrap();
+    }
+    let _one = c.pop(T).unwrap().unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .arg("ls")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&n))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("stream: 1/1 ranks, 1/2 producers, 3 records waiting")
+            && line.contains(SCHEMA),
+        "{line}"
+    );
 }
