@@ -431,7 +431,7 @@ class Producer:
 
     @property
     def max_record(self) -> int:
-        """The largest record the lane holds, in bytes."""
+        """The largest record the lane takes, in bytes (half the lane)."""
         return self._native.max_record
 
     def _lengths(self, lengths: Mapping[str, int]) -> List[int]:
@@ -513,8 +513,8 @@ def create(name: Optional[str] = None, schema: Schema = "", capacity: int = 1 <<
 
     ``name``: None for a fresh random one (``consumer.name`` says it); names are in the
     region namespace (``SHMBRIDGE_NAMESPACE``). ``schema``: see :func:`schema_text`.
-    ``capacity``: bytes of each lane (each producer's buffer, and the largest record),
-    rounded up to a power of two. ``lanes``: the most producers at once (1 to 1024).
+    ``capacity``: bytes of each lane (each producer's buffer; a record takes at most
+    half of it), rounded up to a power of two. ``lanes``: the most producers at once (1 to 1024).
     ``ranks``: consumers of the group (1 to 16), each record to exactly one; ranks
     1.. join with :func:`attach_consumer`. A pop with nothing to take spins ``spin_us``
     microseconds (default: the core's default policy, ``WaitPolicy::default``) before it sleeps;
