@@ -153,6 +153,9 @@ def test_batches_pad_copies_and_release_together():
             scores, ones = batch.pad("score")["score"]
             assert scores.tolist() == [[3.0], [1.0], [4.0]] and ones.tolist() == [1, 1, 1]
             assert c.stats()["depth"] == 3
+            observed = st.stats(c.name)  # an observer's read: the same words
+            assert observed["depth"] == 3 and observed["lanes"][p.lane]["records_committed"] == 3
+            assert "records_per_s" not in observed["lanes"][0]
             with batch:
                 pass
             assert all(r.released for r in batch)
