@@ -161,6 +161,8 @@ def test_batches_pad_copies_and_release_together():
             assert all(r.released for r in batch)
             s = c.stats()
             assert s["depth"] == 0 and s["lanes"][p.lane]["records_released"] == 3
+            # Committed per second since the previous stats(): none since (the first had None).
+            assert s["lanes"][p.lane]["records_per_s"] == 0.0
             assert s["lanes"][p.lane]["producer_pid"] == os.getpid()
             empty = c.pop_batch(5, timeout=0)
             assert len(empty) == 0 and empty.to_padded("tokens")[0].shape == (0, 0)
