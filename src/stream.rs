@@ -660,12 +660,13 @@ impl Map {
         })
     }
 
-    /// Whether rank `k` is held by a process that is gone.
+    /// Whether rank `k` was served by a process that is gone (live or closed: a closed
+    /// rank's process may still hold records it popped, until it dies).
     fn rank_dead(&self, k: u8) -> bool {
         let Some(r) = self.group().ranks.get(k as usize) else {
             return false;
         };
-        primitive::load(&r.state, Ordering::Acquire) == RANK_LIVE
+        primitive::load(&r.state, Ordering::Acquire) != 0
             && !owner_alive(primitive::load(&r.owner, Ordering::Acquire))
     }
 
