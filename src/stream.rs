@@ -45,7 +45,8 @@ use crate::tensor::Element;
 pub(crate) struct LaneCtrl {
     /// Bytes committed (monotonic): stored Release by the lane's producer only.
     pub(crate) head: AtomicU64,
-    /// The producer: `pid | (start_time as u32) << 32`; 0 free.
+    /// The producer, for stats and messages: `pid | (start_time as u32) << 32`; 0 free.
+    /// Who owns the lane is told by its lock ([`LANE_LOCK`]).
     pub(crate) owner: AtomicU64,
     /// Bumped at each claim of the lane: a record carries the one of its producer.
     pub(crate) generation: AtomicU64,
@@ -72,7 +73,8 @@ const _: () = assert!(std::mem::offset_of!(LaneCtrl, producer_waiting) == 96);
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(crate) struct RankCtrl {
-    /// `pid | (start_time as u32) << 32` of the process serving the rank; 0 never.
+    /// `pid | (start_time as u32) << 32` of the process serving the rank, for stats and
+    /// messages; 0 never. Whether it lives is told by its lock ([`RANK_LOCK`]).
     pub(crate) owner: AtomicU64,
     /// 0 never served, [`RANK_LIVE`] or [`RANK_CLOSED`].
     pub(crate) state: AtomicU32,
@@ -85,6 +87,14 @@ pub(crate) struct RankCtrl {
 }
 
 const _: () = assert!(std::mem::size_of::<RankCtrl>() == RANK_ENTRY_SIZE);
+
+/// The byte of the stream file whose OFD write lock rank `k`'s consumer holds (`+ k`)
+/// while it, or a record it popped, lives; and lane `i`'s producer (`LANE_LOCK + i`).
+/// The kernel drops a lock when its holder ends, however it ends, and a lock is seen
+/// across PID namespaces: the liveness of ranks and producers is told by these locks,
+/// never by a pid.
+pub const RANK_LOCK: u64 = 1 << 40;
+pub const LANE_LOCK: u64 = (1 << 40) + 1024;
 
 pub(crate) const RANK_LIVE: u32 = 1;
 pub(crate) const RANK_CLOSED: u32 = 2;
@@ -518,6 +528,9 @@ struct Map {
     /// The creator unlinks the name when it drops.
     owner: bool,
     pid: u32,
+    /// The rank this mapping's consumer serves (its lock is this file's own, which a
+    /// lock query through the same file does not see).
+    rank: Option<u8>,
 }
 
 // SAFETY: the mapping is shared memory whose words are accessed atomically and whose
@@ -637,23 +650,29 @@ impl Map {
             identity: (dev, ino),
             owner: false,
             pid: os::current_pid(),
+            rank: None,
         })
     }
 
+    /// Whether rank `k`'s consumer (or a record it popped) lives: its lock is held.
+    fn rank_held(&self, k: u8) -> bool {
+        // A failed query counts as alive: never release a live rank's records.
+        self.rank == Some(k) || os::byte_locked(&self.file, RANK_LOCK + k as u64).unwrap_or(true)
+    }
+
     /// Whether the stream's consumers can still take records: `Ok` while a rank is live;
-    /// `PeerDied` (a rank's process is gone and none lives) or `PeerClosed` otherwise.
-    /// `probe`: look at the processes (/proc), else only at the states.
+    /// `PeerDied` (a live rank's lock is gone and no rank lives) or `PeerClosed`
+    /// otherwise. `probe`: look at the locks, else only at the states.
     fn consumers(&self, probe: bool) -> Result<()> {
         let mut dead = None;
-        for r in self.group().ranks {
+        for (k, r) in self.group().ranks.iter().enumerate() {
             if primitive::load(&r.state, Ordering::Acquire) != RANK_LIVE {
                 continue;
             }
-            let owner = primitive::load(&r.owner, Ordering::Acquire);
-            if !probe || owner_alive(owner) {
+            if !probe || self.rank_held(k as u8) {
                 return Ok(());
             }
-            dead = Some(owner as u32);
+            dead = Some(primitive::load(&r.owner, Ordering::Acquire) as u32);
         }
         Err(match dead {
             Some(pid) => Error::PeerDied {
@@ -666,13 +685,13 @@ impl Map {
         })
     }
 
-    /// Whether rank `k` is held by a process that is gone.
+    /// Whether rank `k` was served by a process that is gone (live or closed: a closed
+    /// rank's process may still hold records it popped, until it dies).
     fn rank_dead(&self, k: u8) -> bool {
         let Some(r) = self.group().ranks.get(k as usize) else {
             return false;
         };
-        primitive::load(&r.state, Ordering::Acquire) == RANK_LIVE
-            && !owner_alive(primitive::load(&r.owner, Ordering::Acquire))
+        primitive::load(&r.state, Ordering::Acquire) != 0 && !self.rank_held(k)
     }
 
     /// Releases, as lost, the records that dead ranks claimed and never released, in
@@ -695,14 +714,6 @@ fn me() -> Result<u64> {
     let start = os::process_start_time(pid)
         .ok_or_else(|| Error::io("reading /proc/self/stat", std::io::ErrorKind::NotFound))?;
     Ok(pid as u64 | ((start as u32 as u64) << 32))
-}
-
-/// Whether the process of an owner word still runs (pid and start time, as the regions'
-/// peers are judged).
-fn owner_alive(owner: u64) -> bool {
-    let pid = owner as u32;
-    os::process_start_time(pid)
-        .is_some_and(|s| s as u32 == (owner >> 32) as u32 && os::process_alive(pid, s))
 }
 
 // ---- Consumers ----
@@ -761,7 +772,14 @@ impl Consumer {
             identity: (dev, ino),
             owner: true,
             pid: os::current_pid(),
+            rank: Some(0),
         };
+        if !os::try_lock_byte(&m.file, RANK_LOCK)? {
+            // Someone of this user opened the new file first and took the byte.
+            return Err(Error::NameInUse {
+                name: m.name.clone(),
+            });
+        }
         std::mem::forget(guard);
         let r0 = &m.group().ranks[0];
         primitive::store(&r0.owner, me()?, Ordering::Relaxed);
@@ -790,27 +808,18 @@ impl Consumer {
         let mine = me()?;
         let g = m.group();
         let entry = &g.ranks[rank as usize];
-        let old = primitive::load(&entry.owner, Ordering::Acquire);
-        let state = primitive::load(&entry.state, Ordering::Acquire);
-        let old_alive = old != 0 && owner_alive(old);
-        if state == RANK_LIVE && old_alive {
+        // Whoever holds the rank's lock serves it (or still holds records it popped).
+        if !os::try_lock_byte(&m.file, RANK_LOCK + rank as u64)? {
             return Err(Error::AlreadyAttached {
                 name: m.name.clone(),
-                pid: old as u32,
+                pid: primitive::load(&entry.owner, Ordering::Acquire) as u32,
                 pid_ns: PidNamespace::This,
             });
         }
-        if primitive::compare_exchange(&entry.owner, old, mine, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(Error::AlreadyAttached {
-                name: m.name.clone(),
-                pid: primitive::load(&entry.owner, Ordering::Relaxed) as u32,
-                pid_ns: PidNamespace::This,
-            });
-        }
-        if old != 0 && !old_alive {
-            // The dead process's claims carry this rank: release them as lost before the
+        let served_before = primitive::load(&entry.state, Ordering::Acquire) != 0;
+        primitive::store(&entry.owner, mine, Ordering::Release);
+        if served_before {
+            // A gone process's claims carry this rank: release them as lost before the
             // rank is live again (afterwards they would look like ours).
             let gr = m.group();
             let mut dead = |k: u8| k as u32 == rank;
@@ -822,7 +831,8 @@ impl Consumer {
         Ok(Consumer::new(m, rank as u8))
     }
 
-    fn new(map: Map, rank: u8) -> Consumer {
+    fn new(mut map: Map, rank: u8) -> Consumer {
+        map.rank = Some(rank);
         Consumer {
             map: Arc::new(map),
             rank,
@@ -1137,25 +1147,18 @@ impl Producer {
         let mine = me()?;
         for i in 0..map.layout.lanes {
             let lane = map.lane(i);
-            let old = primitive::load(&lane.ctrl.owner, Ordering::Acquire);
-            if old != 0 && owner_alive(old) {
+            // The lane's lock: free, or let go by a producer that ended (the next one
+            // goes on from its `head`).
+            if !os::try_lock_byte(&map.file, LANE_LOCK + i as u64)? {
                 continue;
             }
-            let won = primitive::compare_exchange(
-                &lane.ctrl.owner,
-                old,
-                mine,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-            if won.is_err() {
-                continue;
-            }
+            primitive::store(&lane.ctrl.owner, mine, Ordering::Release);
             let generation = primitive::fetch_add(&lane.ctrl.generation, 1, Ordering::AcqRel) + 1;
             let head = primitive::load(&lane.ctrl.head, Ordering::Acquire);
             let tail = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
             if tail > head || head - tail > lane.capacity {
                 primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
+                // Dropping the mapping closes its file: the lock goes with it.
                 return Err(lane.bad(format!("tail {tail} against head {head}")));
             }
             return Ok(Producer(Arc::new(ProducerInner {

@@ -444,3 +444,43 @@ fn ls_shows_a_stream_with_its_flow() {
         "{line}"
     );
 }
+
+#[test]
+fn a_producer_and_a_consumer_in_other_pid_namespaces_count_as_alive() {
+    if let Some(why) = peer::namespaces_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    use common::peer::Isolation;
+    // The consumer in a container of its own (its pid names nothing here): a producer
+    // here waiting for room gets `Full`, not `PeerDied`.
+    let n = name("ns-consumer");
+    let mut consumer = PeerProc::start_in(
+        Isolation::Namespaces,
+        "stream_peer",
+        &format!("consumer-create {n}"),
+    );
+    consumer.expect("ready");
+    let p = Producer::attach(&n, None, T).unwrap();
+    let e = loop {
+        match p.reserve(&[10, 0], Duration::from_millis(100)) {
+            Ok(r) => r.commit(),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, Error::Full { .. }), "{e:?}");
+    // Its producer in a container of its own holds the stream's one lane: not taken.
+    let n = name("ns-producer");
+    let c = Consumer::create(&n, &spec(1, 4096, 1)).unwrap();
+    let mut producer = PeerProc::start_in(
+        Isolation::Namespaces,
+        "stream_peer",
+        &format!("producer attached {n}"),
+    );
+    producer.expect("ready");
+    let e = Producer::attach(&n, None, T).unwrap_err();
+    assert!(matches!(e, Error::NoFreeLane { .. }), "{e:?}");
+    assert_eq!(c.pop(T).unwrap().expect("its record").seq(), 0);
+    drop(producer);
+    drop(consumer);
+}
