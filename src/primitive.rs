@@ -308,6 +308,30 @@ pub(crate) mod model {
         }
     }
 
+    /// [`check`] with at most `bound` preemptions per execution (fewer if
+    /// `LOOM_MAX_PREEMPTIONS` says so): for a model of three busy threads, whose every
+    /// interleaving at the usual bound takes minutes.
+    #[cfg(test)]
+    pub(crate) fn check_bounded(name: &str, bound: usize, f: impl Fn() + Sync + Send + 'static) {
+        use std::sync::atomic::AtomicUsize;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let start = std::time::Instant::now();
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(builder.preemption_bound.map_or(bound, |b| b.min(bound)));
+        {
+            let runs = runs.clone();
+            builder.check(move || {
+                runs.fetch_add(1, Ordering::Relaxed);
+                f();
+            });
+        }
+        eprintln!(
+            "loom model {name} (at most {bound} preemptions): {} interleavings in {:.2} s",
+            runs.load(Ordering::Relaxed),
+            start.elapsed().as_secs_f64()
+        );
+    }
+
     /// Runs `f` under every interleaving loom explores, and prints how many there were and
     /// how long they took.
     #[cfg(test)]
