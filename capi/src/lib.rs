@@ -22,6 +22,7 @@ mod registry;
 mod side;
 mod spec;
 mod status;
+mod stream;
 mod types;
 mod vulkan;
 
@@ -32,6 +33,7 @@ pub use commands::*;
 pub use engine::*;
 pub use spec::*;
 pub use status::shmb_status;
+pub use stream::*;
 pub use types::*;
 pub use vulkan::*;
 
@@ -52,7 +54,7 @@ pub extern "C" fn shmb_abi_version() -> u32 {
 }
 
 /// The library's release and the wire protocol it speaks, `"<release> (protocol
-/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
+/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.11)"`: built from the crate version and
 /// the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
 #[no_mangle]
 pub extern "C" fn shmb_version() -> *const c_char {

@@ -2,7 +2,7 @@
 //!
 //! A handle is a 64-bit number, `kind << 60 | generation << 20 | (slot + 1)`, typed in C
 //! as a pointer to an opaque struct and never dereferenced. The kind (spec, engine,
-//! client) is part of the number, so a handle of one kind is never a handle of another:
+//! client, a stream's consumer, producer, reservation or record) is part of the number, so a handle of one kind is never a handle of another:
 //! `shmb_engine_close(client)` is `SHMB_INVALID_HANDLE`, whatever the numbers of the
 //! first objects of each kind. Each slot of a [`Registry`] holds one object behind a
 //! mutex with the generation it was handed out under; closing takes the object out and
@@ -44,6 +44,10 @@ pub(crate) enum Kind {
     Spec = 1,
     Engine = 2,
     Client = 3,
+    StreamConsumer = 4,
+    StreamProducer = 5,
+    StreamReservation = 6,
+    StreamRecord = 7,
 }
 
 struct Slot<T> {
