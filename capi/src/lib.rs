@@ -1,8 +1,9 @@
 //! The C ABI of shmbridge: `libshmbridge.so` and `libshmbridge.a`, declared by
 //! `include/shmbridge.h` (generated from this crate by cbindgen: `cargo run -p
 //! shmbridge-header`). A thin layer: every call goes to the same core functions the Rust
-//! and Python faces use (`shmbridge::Engine`, `Client`, the command dispatch); nothing
-//! of the protocol lives here.
+//! and Python faces use (`shmbridge::Engine`, `Client`, the command dispatch, the
+//! trajectory streams' `stream::Consumer` and `Producer`); nothing of the protocol lives
+//! here.
 //!
 //! Conventions of every exported function: it returns a `shmb_status` (`SHMB_OK` = 0)
 //! and results through out-pointers, written only on success; a failure sets the

@@ -10,6 +10,7 @@ use shmbridge_core::stream::{
     Consumer, Producer, Record, Reservation, Schema, StreamSpec, StreamStats,
 };
 
+use crate::client::maybe;
 use crate::registry::{Kind, Registry};
 use crate::status::{guard, shmb_status, CResult, Fail};
 use crate::types::{dtype_code, need, put, slice_arg, str_arg, timeout};
@@ -84,17 +85,6 @@ static PRODUCERS: Registry<Producer> = Registry::new("stream producer", Kind::St
 static RESERVATIONS: Registry<Reservation> =
     Registry::new("stream reservation", Kind::StreamReservation);
 static RECORDS: Registry<Record> = Registry::new("stream record", Kind::StreamRecord);
-
-/// Writes `value` to `out` when `out` is not NULL (optional results).
-///
-/// # Safety
-/// `out` is NULL or writable.
-unsafe fn maybe<T>(out: *mut T, value: T) {
-    if !out.is_null() {
-        // SAFETY: non-null; writable per the caller's contract.
-        unsafe { out.write(value) };
-    }
-}
 
 /// A schema from C text (`"tokens: int32[*], score: float64[1]"`, docs/stream.md).
 ///
