@@ -435,7 +435,7 @@ uint32_t shmb_abi_version(void);
 
 /**
  * The library's release and the wire protocol it speaks, `"<release> (protocol
- * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
+ * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.11)"`: built from the crate version and
  * the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
  */
 const char *shmb_version(void);

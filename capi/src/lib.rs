@@ -52,7 +52,7 @@ pub extern "C" fn shmb_abi_version() -> u32 {
 }
 
 /// The library's release and the wire protocol it speaks, `"<release> (protocol
-/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
+/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.11)"`: built from the crate version and
 /// the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
 #[no_mangle]
 pub extern "C" fn shmb_version() -> *const c_char {

@@ -143,7 +143,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
 }
 
 /// Every status, for `shmb_status_name` and the tests.
-pub(crate) const ALL: [shmb_status; 47] = {
+pub(crate) const ALL: [shmb_status; 48] = {
     use shmb_status::*;
     [
         SHMB_OK,
@@ -188,6 +188,7 @@ pub(crate) const ALL: [shmb_status; 47] = {
         SHMB_COMMAND_BACKLOG,
         SHMB_NOT_POSTED,
         SHMB_NO_DEVICE_SIDE,
+        SHMB_FULL,
         SHMB_INVALID_ARGUMENT,
         SHMB_INVALID_HANDLE,
         SHMB_BUSY,
@@ -243,6 +244,7 @@ impl shmb_status {
             SHMB_COMMAND_BACKLOG => c"COMMAND_BACKLOG",
             SHMB_NOT_POSTED => c"NOT_POSTED",
             SHMB_NO_DEVICE_SIDE => c"NO_DEVICE_SIDE",
+            SHMB_FULL => c"FULL",
             SHMB_INVALID_ARGUMENT => c"INVALID_ARGUMENT",
             SHMB_INVALID_HANDLE => c"INVALID_HANDLE",
             SHMB_BUSY => c"BUSY",
