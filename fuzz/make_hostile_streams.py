@@ -65,6 +65,9 @@ def main():
         "record-past-head": lane(len(r0) - 8, 0, 0, [(0, r0)]),
         "across-the-end": lane(256 + 64, 224, 224, [(224, record(224, 0, [1] * 8, b""))]),
         "unknown-kind": lane(64, 0, 0, [(0, struct.pack("<Q", word0(64, 9, 0)))]),
+        # Found by the fuzzer (misaligned-cursor.bin): a cursor that is no multiple of 8
+        # would make the record's first word a misaligned atomic.
+        "misaligned-read": lane(64, 4, 0, [(0, r0)]),
     }
     for name, data in cases.items():
         (out / f"{name}.bin").write_bytes(data)

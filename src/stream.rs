@@ -136,8 +136,10 @@ impl<'a> Lane<'a> {
     /// The first word of the record at position `pos` (8-aligned).
     fn word0(&self, pos: u64) -> &'a AtomicU64 {
         debug_assert!(pos % 8 == 0);
-        // SAFETY: `pos % capacity + 8 <= capacity` (positions are 8-aligned and the
-        // capacity a multiple of 8), `data` is 8-aligned and `capacity` bytes long for
+        // SAFETY: `pos % capacity + 8 <= capacity` (positions are 8-aligned: every
+        // caller checks the cursor it starts from, and steps by lengths checked to be
+        // multiples of 8; the capacity is a multiple of 8), `data` is 8-aligned and
+        // `capacity` bytes long for
         // 'a; every access to a record's first word is atomic (this one), by the
         // producer and every consumer.
         unsafe { &*(self.data.add((pos % self.capacity) as usize) as *const AtomicU64) }
@@ -162,11 +164,13 @@ impl<'a> Lane<'a> {
             if r == h {
                 return Ok(None);
             }
-            if r > h || h - r > self.capacity {
+            if r > h || h - r > self.capacity || r % 8 != 0 || h % 8 != 0 {
                 if self.moved(&c.read, r) {
                     continue;
                 }
-                return Err(self.bad(format!("read cursor {r} against head {h}")));
+                return Err(self.bad(format!(
+                    "read cursor {r} against head {h} (a lane apart at most, both 8-aligned)"
+                )));
             }
             let w = Word0::unpack(primitive::load(self.word0(r), Ordering::Acquire));
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
@@ -251,7 +255,8 @@ impl<'a> Lane<'a> {
         loop {
             let t = primitive::load(&c.tail, Ordering::Acquire);
             let r = primitive::load(&c.read, Ordering::Acquire);
-            if t >= r {
+            // A misaligned cursor is corrupt: the next claim says so; nothing moves.
+            if t >= r || t % 8 != 0 {
                 break;
             }
             let w = Word0::unpack(primitive::load(self.word0(t), Ordering::Acquire));
@@ -296,7 +301,7 @@ impl<'a> Lane<'a> {
         let mut t = primitive::load(&c.tail, Ordering::Acquire);
         let r = primitive::load(&c.read, Ordering::Acquire);
         let mut lost = 0;
-        while t < r {
+        while t < r && t % 8 == 0 {
             let w = Word0::unpack(primitive::load(self.word0(t), Ordering::Acquire));
             let len = w.len as u64;
             let sane = w.lap == lap_of(t, self.capacity)
@@ -1156,7 +1161,7 @@ impl Producer {
             let generation = primitive::fetch_add(&lane.ctrl.generation, 1, Ordering::AcqRel) + 1;
             let head = primitive::load(&lane.ctrl.head, Ordering::Acquire);
             let tail = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
-            if tail > head || head - tail > lane.capacity {
+            if tail > head || head - tail > lane.capacity || head % 8 != 0 {
                 primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
                 // Dropping the mapping closes its file: the lock goes with it.
                 return Err(lane.bad(format!("tail {tail} against head {head}")));
