@@ -162,6 +162,11 @@ typedef enum {
    */
   SHMB_NO_DEVICE_SIDE = 41,
   /**
+   * A stream's lane stayed full for the whole deadline of a reserve: nothing was
+   * written; reserve again later.
+   */
+  SHMB_FULL = 42,
+  /**
    * A null pointer where one is required, a size or count that does not fit, a string
    * that is not UTF-8, an unknown enum value.
    */
@@ -292,6 +297,27 @@ typedef struct shmb_reply shmb_reply;
 typedef struct shmb_spec shmb_spec;
 
 /**
+ * A stream's consumer: one rank of its group (opaque; a handle, never dereferenced).
+ */
+typedef struct shmb_stream_consumer shmb_stream_consumer;
+
+/**
+ * A stream's producer: the writer of one lane (opaque; a handle).
+ */
+typedef struct shmb_stream_producer shmb_stream_producer;
+
+/**
+ * A record popped by a consumer, to read in place, then release (opaque; a handle).
+ */
+typedef struct shmb_stream_record shmb_stream_record;
+
+/**
+ * A record reserved by a producer, to write in place, then commit or abort (opaque; a
+ * handle).
+ */
+typedef struct shmb_stream_reservation shmb_stream_reservation;
+
+/**
  * A tensor's table entry. `name` is owned by the engine or client it came from and
  * valid until that handle is closed.
  */
@@ -384,6 +410,43 @@ typedef struct {
 } shmb_handlers;
 
 /**
+ * A stream's flow metrics, summed over its lanes (`shmb_stream_consumer_stats`,
+ * `shmb_stream_producer_stats`): plain words of the stream, read as they are.
+ */
+typedef struct {
+  /**
+   * Lanes (the most producers at once) and ranks of the stream.
+   */
+  uint32_t lanes;
+  uint32_t ranks;
+  /**
+   * Lanes that have a producer now.
+   */
+  uint32_t producers;
+  /**
+   * Records committed and not yet released or lost.
+   */
+  uint64_t depth;
+  /**
+   * Bytes committed and not yet released, over all lanes.
+   */
+  uint64_t bytes_in_use;
+  /**
+   * Records committed, released, over all lanes.
+   */
+  uint64_t records_committed;
+  uint64_t records_released;
+  /**
+   * Reserves that found their lane full and waited.
+   */
+  uint64_t full_waits;
+  /**
+   * Records that dead ranks claimed and survivors released as lost.
+   */
+  uint64_t records_lost;
+} shmb_stream_stats;
+
+/**
  * What an engine's renderer exported for one tensor (`vkGetMemoryFdKHR`,
  * `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`), and what an importer must repeat:
  * the values the renderer passed to `vkAllocateMemory`, and its device's IDs.
@@ -430,7 +493,7 @@ uint32_t shmb_abi_version(void);
 
 /**
  * The library's release and the wire protocol it speaks, `"<release> (protocol
- * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
+ * <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.11)"`: built from the crate version and
  * the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
  */
 const char *shmb_version(void);
@@ -890,6 +953,170 @@ shmb_status shmb_spec_set_cuda_sharing(shmb_spec *spec, uint32_t sharing);
  * Frees a spec. The handle is invalid afterwards (a second free: `SHMB_CLOSED`).
  */
 shmb_status shmb_spec_free(shmb_spec *spec);
+
+/**
+ * Creates stream `name` and serves its rank 0: `schema` is its fields' text
+ * (`"tokens: int32[*], logprobs: float32[*], score: float64[1]"`; a bad one is
+ * `SHMB_INVALID_SPEC`), `lanes` the most producers at once (1..=1024), `lane_capacity`
+ * each producer's buffer in bytes (a power of two, 64 B..2 GiB; a record holds at most
+ * half of it), `ranks` the consumers of the group (1..=16; the others attach with
+ * `shmb_stream_attach_consumer`). The name is canonical as region names are (the
+ * namespace of `SHMBRIDGE_NAMESPACE`) and is removed when this consumer is closed.
+ *
+ * Ownership: the strings are copied; `*out` is a new consumer owned by the caller,
+ * closed with `shmb_stream_consumer_close`.
+ */
+shmb_status shmb_stream_create(const char *name,
+                               const char *schema,
+                               uint32_t lanes,
+                               uint64_t lane_capacity,
+                               uint32_t ranks,
+                               shmb_stream_consumer **out);
+
+/**
+ * Serves rank `rank` of stream `name`'s group (0 < `rank` < its ranks), waiting up to
+ * `timeout_ms` for the stream to be published. A rank a live process serves is
+ * `SHMB_ALREADY_ATTACHED`; one whose process ended is taken over (its unreleased records
+ * released as lost first).
+ *
+ * Ownership: `*out` is a new consumer, closed with `shmb_stream_consumer_close`.
+ */
+shmb_status shmb_stream_attach_consumer(const char *name,
+                                        uint32_t rank,
+                                        uint64_t timeout_ms,
+                                        shmb_stream_consumer **out);
+
+/**
+ * Attaches a producer to stream `name` (waiting up to `timeout_ms` for it to be
+ * published) and claims a lane of its own: a free one, or one whose producer ended.
+ * `schema` (NULL: any) must be the stream's (`SHMB_LAYOUT_MISMATCH` otherwise). Every
+ * lane held by a live producer: `SHMB_ALREADY_ATTACHED`.
+ *
+ * Ownership: `*out` is a new producer, closed with `shmb_stream_producer_close` (which
+ * frees its lane).
+ */
+shmb_status shmb_stream_attach_producer(const char *name,
+                                        const char *schema,
+                                        uint64_t timeout_ms,
+                                        shmb_stream_producer **out);
+
+/**
+ * The producer's lane and the largest record it can reserve, in bytes (each NULL to
+ * skip).
+ */
+shmb_status shmb_stream_producer_info(shmb_stream_producer *producer,
+                                      uint32_t *lane,
+                                      uint64_t *max_record);
+
+/**
+ * Reserves a record whose variable fields (`[*]` in the schema) have `lengths[i]`
+ * elements, one per variable field in schema order (`n_lengths` of them; `lengths` may
+ * be NULL when it is 0), waiting up to `timeout_ms` for room in the lane. Errors:
+ * `SHMB_FULL` (the lane stayed full the whole time: nothing was written),
+ * `SHMB_RECORD_TOO_LARGE` (larger than half a lane), `SHMB_INVALID_TENSOR` (a wrong
+ * number of lengths), `SHMB_OUT_OF_ORDER` (this producer's previous reservation is still
+ * open), `SHMB_CLIENT_CLOSED`/`SHMB_CLIENT_DIED` (no consumer rank is left).
+ *
+ * Ownership: `*out` is a new reservation: write its fields (`shmb_stream_reservation_field`),
+ * then `shmb_stream_commit` or `shmb_stream_abort`, either of which closes the handle.
+ */
+shmb_status shmb_stream_reserve(shmb_stream_producer *producer,
+                                const uint32_t *lengths,
+                                size_t n_lengths,
+                                uint64_t timeout_ms,
+                                shmb_stream_reservation **out);
+
+/**
+ * Field `index` of a reservation: its address in the stream (to write in place), its
+ * element count and its dtype (a `shmb_dtype`). A field past the schema:
+ * `SHMB_INVALID_TENSOR`.
+ *
+ * Ownership: the memory is the stream's, writable until the reservation is committed or
+ * aborted, and not read by anyone before the commit.
+ */
+shmb_status shmb_stream_reservation_field(shmb_stream_reservation *reservation,
+                                          size_t index,
+                                          void **data,
+                                          size_t *count,
+                                          uint32_t *dtype);
+
+/**
+ * Publishes the record, whole, and wakes a sleeping consumer. The handle is closed
+ * (the record's memory is no longer the producer's).
+ */
+shmb_status shmb_stream_commit(shmb_stream_reservation *reservation);
+
+/**
+ * Gives the reservation up: nothing is published. The handle is closed.
+ */
+shmb_status shmb_stream_abort(shmb_stream_reservation *reservation);
+
+/**
+ * Takes the next record of any lane (the lanes in turn), waiting up to `timeout_ms`
+ * (0: no wait). `SHMB_TIMEOUT` when none came in that time (`*out` untouched);
+ * `SHMB_PROTOCOL` when a record's bytes break the stream's rules (the stream is unusable
+ * from then on: every later pop says so again).
+ *
+ * Ownership: `*out` is a new record, closed by `shmb_stream_release` (its space goes
+ * back to its producer). Records may be released in any order, and outlive the
+ * consumer's handle.
+ */
+shmb_status shmb_stream_pop(shmb_stream_consumer *consumer,
+                            uint64_t timeout_ms,
+                            shmb_stream_record **out);
+
+/**
+ * Field `index` of a popped record: its address in the stream (read in place), its
+ * element count and its dtype (a `shmb_dtype`). A field past the schema:
+ * `SHMB_INVALID_TENSOR`.
+ *
+ * Ownership: the memory is the stream's, valid until `shmb_stream_release`; never write
+ * it.
+ */
+shmb_status shmb_stream_record_field(shmb_stream_record *record,
+                                     size_t index,
+                                     const void **data,
+                                     size_t *count,
+                                     uint32_t *dtype);
+
+/**
+ * Where a record came from: its lane, its producer's sequence number (0, 1, 2, ... per
+ * producer attach, in commit order) and the lane's producer generation (tells two
+ * producers of one lane apart). Each pointer may be NULL to skip it.
+ */
+shmb_status shmb_stream_record_info(shmb_stream_record *record,
+                                    uint32_t *lane,
+                                    uint64_t *seq,
+                                    uint64_t *producer);
+
+/**
+ * Releases a record: its space goes back to its producer and the handle is closed
+ * (used again: `SHMB_CLOSED`).
+ */
+shmb_status shmb_stream_release(shmb_stream_record *record);
+
+/**
+ * The stream's flow metrics, as the consumer sees them.
+ */
+shmb_status shmb_stream_consumer_stats(shmb_stream_consumer *consumer, shmb_stream_stats *stats);
+
+/**
+ * The stream's flow metrics, as the producer sees them.
+ */
+shmb_status shmb_stream_producer_stats(shmb_stream_producer *producer, shmb_stream_stats *stats);
+
+/**
+ * Closes a consumer: its rank is marked closed (producers get `SHMB_CLIENT_CLOSED` once
+ * no rank is live) and, for the creator, the stream's name is removed. Records it
+ * popped stay valid until released.
+ */
+shmb_status shmb_stream_consumer_close(shmb_stream_consumer *consumer);
+
+/**
+ * Closes a producer and frees its lane. A reservation still open stays writable until
+ * committed or aborted.
+ */
+shmb_status shmb_stream_producer_close(shmb_stream_producer *producer);
 
 /**
  * Adds an engine→client tensor whose bytes lie in memory the engine's renderer

@@ -57,7 +57,7 @@ soak:
 	$(begin)
 	bash scripts/soak.sh "$${SHMBRIDGE_SOAK_MINUTES:-1}"
 
-loom: TITLE = loom models of the real post/wait handshake, doorbell and ring (each prints its interleavings)
+loom: TITLE = loom models of the real post/wait handshake, doorbell, ring and stream lanes (each prints its interleavings)
 loom:
 	$(begin)
 	LOOM_MAX_PREEMPTIONS=3 cargo test --locked --release --features loom --lib loom_tests -- --nocapture
@@ -70,7 +70,7 @@ fuzz-build:
 
 # Under AddressSanitizer with a nightly toolchain; on stable (a fresh Debian machine)
 # without a sanitizer: scripts/fuzz.sh says which.
-fuzz: TITLE = fuzz the command-channel reader and the header validation: $(or $(SHMBRIDGE_FUZZ_SECONDS),90) s in all
+fuzz: TITLE = fuzz the command-channel reader, the header validation and the stream record decoder: $(or $(SHMBRIDGE_FUZZ_SECONDS),90) s in all
 fuzz: fuzz-build
 	$(begin)
 	bash scripts/fuzz.sh "$${SHMBRIDGE_FUZZ_SECONDS:-90}"

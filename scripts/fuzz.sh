@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Fuzzes the decoders of untrusted bytes for N seconds of fuzzing in all (default 90),
-# split evenly between the targets named after it (default: both), which run side by
+# split evenly between the targets named after it (default: all three), which run side by
 # side, one core each, where the machine has a core for each (else one after another):
 #   ring_envelope  the command-channel reader (ring + envelope decoder)
 #   layout_header  the header and tensor-table validation
+#   stream_record  a stream consumer's record decoding and its header validation
 # Long runs count executions instead: `bash scripts/fuzz.sh --runs 10000000 [target...]`
 # runs each target for that many (one target at a time; hours on a small machine; run it
 # under `nice`), and prints each one's count, time and peak memory.
 # `bash scripts/fuzz.sh --build [target...]` only builds them (scripts/test.sh builds them,
 # then runs them).
 # A crash leaves its input in fuzz/artifacts/TARGET/: once fixed, copy it into
-# fuzz/regressions/ (ring_envelope) or tests/hostile_headers/ (layout_header) so
+# fuzz/regressions/ (ring_envelope), tests/hostile_headers/ (layout_header) or
+# fuzz/stream_regressions/ (stream_record) so
 # `cargo test` replays it for good.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ else
     [ $# -gt 0 ] && shift
 fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(ring_envelope layout_header)
+[ ${#targets[@]} -gt 0 ] || targets=(ring_envelope layout_header stream_record)
 per=$((secs / ${#targets[@]}))
 [ "$per" -gt 0 ] || per=1
 if [ -n "$runs" ]; then
@@ -65,9 +67,9 @@ else
 fi
 for target in "${targets[@]}"; do
     case "$target" in
-        ring_envelope | layout_header) ;;
+        ring_envelope | layout_header | stream_record) ;;
         *)
-            echo "fuzz: unknown target '$target' (ring_envelope, layout_header)" >&2
+            echo "fuzz: unknown target '$target' (ring_envelope, layout_header, stream_record)" >&2
             exit 2
             ;;
     esac
@@ -85,6 +87,7 @@ for target in "${targets[@]}"; do
     mkdir -p "$corpus"
     case "$target" in
         ring_envelope) cp fuzz/regressions/*.bin "$corpus"/ ;;
+        stream_record) cp fuzz/stream_regressions/*.bin "$corpus"/ ;;
         layout_header)
             cp tests/hostile_headers/*.bin "$corpus"/
             # Valid headers (raw snapshots and unedited builder output), written by the

@@ -28,8 +28,9 @@
 #                   (warnings are errors).
 #   generated code  the committed FlatBuffers code and C header are what flatc and
 #                   cbindgen generate; src/ follows the layer order of src/lib.rs.
-#   models, fuzz    the loom models of the wait handshake, the doorbell and the ring; 90 s
-#                   of fuzzing (the command reader and the header validation).
+#   models, fuzz    the loom models of the wait handshake, the doorbell, the ring and the
+#                   stream lanes; 90 s of fuzzing (the command reader, the header
+#                   validation and the stream record decoder).
 #   smoke runs      the benchmarks (no timing checked), a 1-minute soak, the build without
 #                   the cuda and vulkan features.
 #   mujoco          the native MuJoCo engine built with the `mujoco` feature, against

@@ -69,21 +69,7 @@ impl std::fmt::Display for ElementType {
 /// The NumPy-style name of a dtype (what `numpy.dtype(name)` and torch understand, and
 /// what the messages about offered arrays say).
 pub const fn array_dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "float16",
-        DType::BF16 => "bfloat16",
-        DType::F32 => "float32",
-        DType::F64 => "float64",
-        DType::I8 => "int8",
-        DType::I16 => "int16",
-        DType::I32 => "int32",
-        DType::I64 => "int64",
-        DType::U8 => "uint8",
-        DType::U16 => "uint16",
-        DType::U32 => "uint32",
-        DType::U64 => "uint64",
-        DType::Bool => "bool",
-    }
+    d.array_name()
 }
 
 /// The action tensor, as this process sees it.

@@ -594,6 +594,11 @@ fn run_ls() -> Result<(), Error> {
         "name", "engine", "client", "state", "client", "num_envs", "kind"
     );
     for name in region::list_names()? {
+        // A trajectory stream (1.11) beside the regions: its own line.
+        if let Some(line) = stream_line(&name) {
+            println!("{}", shown(&line));
+            continue;
+        }
         match describe(&name) {
             Ok((h, Ok(l))) => {
                 // `gc` removes a region whose engine no longer holds its lock.
@@ -625,6 +630,30 @@ fn run_ls() -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// `ls`'s line for `name` if it is a stream: its consumers, its lanes, the records
+/// waiting and its schema. `None` for anything else.
+fn stream_line(name: &str) -> Option<String> {
+    let (bytes, size) = region::read_header_bytes(name).ok()?;
+    if !layout::stream::is_stream(&bytes) {
+        return None;
+    }
+    let what = match layout::stream::StreamLayout::validate(name, &bytes, size) {
+        Err(e) => format!("(unreadable: {e})"),
+        Ok(l) => match crate::stream::stats(name) {
+            Err(e) => format!("(unreadable: {e})"),
+            Ok(s) => {
+                let live = s.ranks.iter().filter(|r| r.state == 1).count();
+                let producers = s.lanes.iter().filter(|l| l.producer_pid != 0).count();
+                format!(
+                    "stream: {live}/{} ranks, {producers}/{} producers, {} records waiting ({} bytes), {} full waits, {} lost; {}",
+                    l.ranks, l.lanes, s.depth, s.bytes_in_use, s.full_waits, s.records_lost, l.schema
+                )
+            }
+        },
+    };
+    Some(format!("{name:<45} {what}"))
 }
 
 fn run_inspect(name: &str) -> Result<(), Error> {

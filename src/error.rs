@@ -165,7 +165,7 @@ pub enum Error {
     #[error("the {peer} broke the protocol: {detail}")]
     Protocol { peer: Peer, detail: String },
 
-    #[error("record of {len} bytes does not fit the {capacity}-byte command ring; send less per call, or create the engine with larger rings")]
+    #[error("record of {len} bytes does not fit the {capacity}-byte ring (a command ring, or a stream's lane); send less per call, or create it with larger rings (lanes)")]
     RecordTooLarge { len: u64, capacity: u64 },
 
     #[error("malformed command: {0}")]
@@ -257,6 +257,33 @@ pub enum Error {
         total: u64,
     },
 
+    /// A stream's lane stayed full for the whole deadline of a reserve: its consumers
+    /// did not release enough records. Nothing was written; reserve again later.
+    #[error("stream lane {lane} is full: the record needs {needed} bytes, {free} are free after waiting {}; nothing was written: the consumers are slower than the producers (reserve again, or create the stream with larger lanes)", Rounded(*waited))]
+    Full {
+        lane: u32,
+        needed: u64,
+        free: u64,
+        waited: Duration,
+    },
+
+    /// A stream's bytes break its rules (a record's length, kind, counts or a cursor):
+    /// the stream is unusable from here on; nothing was read out of bounds.
+    #[error("stream lane {lane} is corrupt: {detail}; the stream cannot be used any more")]
+    BadRecord { lane: u32, detail: String },
+
+    /// A producer attached with a schema other than the stream's.
+    #[error("stream '{stream}' has schema '{theirs}', not '{ours}'")]
+    SchemaMismatch {
+        stream: String,
+        theirs: String,
+        ours: String,
+    },
+
+    /// Every lane of a stream has a live producer.
+    #[error("stream '{stream}' has no free lane: its {lanes} lanes all have a live producer; create it with more lanes")]
+    NoFreeLane { stream: String, lanes: u32 },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -323,11 +350,12 @@ pub enum ErrorKind {
     NotPosted,
     NoDeviceSide,
     Io,
+    Full,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 41] = [
+    pub const ALL: [ErrorKind; 42] = [
         ErrorKind::NotFound,
         ErrorKind::NameInUse,
         ErrorKind::PermissionDenied,
@@ -369,6 +397,7 @@ impl ErrorKind {
         ErrorKind::NotPosted,
         ErrorKind::NoDeviceSide,
         ErrorKind::Io,
+        ErrorKind::Full,
     ];
 }
 
@@ -423,6 +452,10 @@ impl Error {
             Error::NotPosted { .. } => ErrorKind::NotPosted,
             Error::NoDeviceSide(_) => ErrorKind::NoDeviceSide,
             Error::Io { .. } => ErrorKind::Io,
+            Error::Full { .. } => ErrorKind::Full,
+            Error::BadRecord { .. } => ErrorKind::Protocol,
+            Error::SchemaMismatch { .. } => ErrorKind::LayoutMismatch,
+            Error::NoFreeLane { .. } => ErrorKind::AlreadyAttached,
         }
     }
 }
@@ -481,7 +514,7 @@ mod kind_tests {
         for (i, k) in ErrorKind::ALL.iter().enumerate() {
             assert_eq!(*k as usize, i, "{k:?}");
         }
-        assert_eq!(ErrorKind::ALL.len(), ErrorKind::Io as usize + 1);
+        assert_eq!(ErrorKind::ALL.len(), ErrorKind::Full as usize + 1);
     }
 
     #[test]

@@ -744,3 +744,104 @@ fn read_le(b: &[u8]) -> u64 {
     v[..b.len()].copy_from_slice(b);
     u64::from_le_bytes(v)
 }
+
+// ---- Trajectory streams (the `stream_record` target) ----
+
+/// Capacity of the lane the stream fuzzer drives.
+pub const FUZZ_LANE: u64 = 256;
+
+/// Reads hostile stream bytes the way a consumer does. The first byte picks how the rest
+/// is read: even, a lane: three little-endian u64 (`head`, `read`, `tail`, zero-padded if
+/// short), then the lane's 256 bytes of data (zero-padded), under the schema
+/// `tokens: int32[*], score: float64[1], meta: uint8[*]`; every record is claimed,
+/// decoded, its fields read, and released, until the lane is empty or an error. Odd: a
+/// stream header, validated against its own length. Must never panic, read out of bounds
+/// or loop forever; the checks panic (for the fuzzer) if what was accepted breaks the
+/// rules. Returns how many records were read whole, or the error that ended the reading.
+pub fn stream_reader(data: &[u8]) -> Result<u64> {
+    use crate::layout::stream::{Schema, StreamLayout};
+    use crate::stream::{Group, Lane, LaneCtrl, RankCtrl};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    let Some((&mode, rest)) = data.split_first() else {
+        return Ok(0);
+    };
+    if mode % 2 == 1 {
+        let l = StreamLayout::validate("fuzz", rest, rest.len() as u64)?;
+        assert!(l.file_size <= rest.len() as u64);
+        assert!(l.lanes >= 1 && l.lane_capacity.is_power_of_two());
+        return Ok(0);
+    }
+    let word = |i: usize| {
+        let mut b = [0u8; 8];
+        let from = rest.get(8 * i..).unwrap_or(&[]);
+        let n = from.len().min(8);
+        b[..n].copy_from_slice(&from[..n]);
+        u64::from_le_bytes(b)
+    };
+    let ctrl = LaneCtrl::default();
+    ctrl.head.store(word(0), Ordering::Relaxed);
+    ctrl.read.store(word(1), Ordering::Relaxed);
+    ctrl.tail.store(word(2), Ordering::Relaxed);
+    // u64s: the data area 8-aligned, as in a stream file.
+    let mut lane_data = vec![0u64; (FUZZ_LANE / 8) as usize];
+    let bytes = rest.get(24..).unwrap_or(&[]);
+    let n = bytes.len().min(FUZZ_LANE as usize);
+    bytemuck::cast_slice_mut::<u64, u8>(&mut lane_data)[..n].copy_from_slice(&bytes[..n]);
+    let lane = Lane {
+        ctrl: &ctrl,
+        data: lane_data.as_mut_ptr().cast(),
+        capacity: FUZZ_LANE,
+        index: 0,
+    };
+    let ranks = [RankCtrl::default()];
+    let (doorbell, full, lost) = (AtomicU32::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let group = Group {
+        doorbell: &doorbell,
+        ranks: &ranks,
+        full_waits: &full,
+        lost: &lost,
+    };
+    let schema = Schema::parse("tokens: int32[*], score: float64[1], meta: uint8[*]")
+        .expect("a valid schema");
+    let hl = schema.record_header_len();
+    // Error messages quote hostile numbers: formatting them must not panic.
+    let fail = |e: Error| {
+        drop(e.to_string());
+        Err(e)
+    };
+    // Each claim moves `read` by at least 8 bytes of at most one lane's worth.
+    for records in 0..=(FUZZ_LANE / 8) {
+        let claim = match lane.try_claim(0, hl) {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(records),
+            Err(e) => return fail(e),
+        };
+        let len = claim.word0.len as u64;
+        assert!(
+            claim.pos % FUZZ_LANE + len <= FUZZ_LANE,
+            "a record across the end"
+        );
+        match lane.decode(&schema, claim) {
+            Ok((spans, _, _)) => {
+                assert_eq!(spans.len() as u64, len);
+                let mut sum = 0u64;
+                for (i, f) in schema.fields().iter().enumerate() {
+                    let (off, count) = spans.field(i);
+                    let end = off as u64 + count as u64 * f.dtype.size() as u64;
+                    assert!(end <= len, "field {i} past its record");
+                    let p = lane.field_ptr(claim.pos, claim.word0.len, off);
+                    // SAFETY: checked just above to lie inside the record, which lies
+                    // inside the lane's data (asserted before).
+                    let field =
+                        unsafe { std::slice::from_raw_parts(p, count as usize * f.dtype.size()) };
+                    sum = field.iter().fold(sum, |s, &b| s.wrapping_add(b as u64));
+                }
+                std::hint::black_box(sum);
+            }
+            Err(e) => return fail(e),
+        }
+        lane.release(claim);
+        let _ = lane.reap(&group, &mut |_| true);
+    }
+    panic!("the lane yielded more records than it can hold");
+}

@@ -25,7 +25,7 @@
 //! - layer 6: control, ring, wire
 //! - layer 7: device
 //! - layer 8: region
-//! - layer 9: shard, tensor
+//! - layer 9: shard, tensor, stream
 //! - layer 10: command, actions, batch
 //! - layer 11: client, engine, observer
 //! - layer 12: envs
@@ -63,6 +63,7 @@ mod python;
 pub mod region;
 pub mod ring;
 pub mod shard;
+pub mod stream;
 pub mod sync;
 pub mod tensor;
 pub mod wire;

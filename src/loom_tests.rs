@@ -953,3 +953,393 @@ fn an_observer_of_two_shards_accepts_one_frame_of_both() {
         );
     }
 }
+
+// ---- Trajectory streams (1.11): lanes, claims, releases ----
+
+mod streams {
+    use super::*;
+    use crate::layout::stream::Schema;
+    use crate::stream::{Claim, Group, Lane, LaneCtrl, RankCtrl};
+
+    const CAP: u64 = 128;
+
+    /// A stream's live words on the heap, as a stream file holds them: lanes (control
+    /// words and `CAP` bytes of data each), the doorbell, the rank table, the stats.
+    struct HeapStream {
+        ctrls: Vec<LaneCtrl>,
+        data: Vec<Box<[AtomicU64]>>,
+        doorbell: AtomicU32,
+        ranks: Vec<RankCtrl>,
+        full_waits: AtomicU64,
+        lost: AtomicU64,
+        schema: Schema,
+    }
+
+    // SAFETY: the data areas are written and read as the stream protocol orders them, each
+    // access announced to the model first (primitive::writing/reading); the rest are
+    // atomics.
+    unsafe impl Sync for HeapStream {}
+    // SAFETY: as above.
+    unsafe impl Send for HeapStream {}
+
+    impl HeapStream {
+        fn new(lanes: usize, ranks: usize) -> Arc<HeapStream> {
+            let s = Arc::new(HeapStream {
+                ctrls: (0..lanes).map(|_| LaneCtrl::default()).collect(),
+                data: (0..lanes)
+                    .map(|_| (0..CAP / 8).map(|_| AtomicU64::new(0)).collect())
+                    .collect(),
+                doorbell: AtomicU32::new(0),
+                ranks: (0..ranks).map(|_| RankCtrl::default()).collect(),
+                full_waits: AtomicU64::new(0),
+                lost: AtomicU64::new(0),
+                schema: Schema::parse("data: uint8[*]").unwrap(),
+            });
+            for c in &s.ctrls {
+                for w in [
+                    &c.head,
+                    &c.owner,
+                    &c.generation,
+                    &c.committed,
+                    &c.committed_bytes,
+                    &c.read,
+                    &c.tail,
+                    &c.released,
+                    &c.lost,
+                ] {
+                    model::track_u64(w);
+                }
+                model::track_u32(&c.producer_waiting);
+            }
+            for d in &s.data {
+                for w in d.iter() {
+                    model::track_u64(w);
+                }
+                model::track_bytes(d.as_ptr().cast(), CAP as usize);
+            }
+            model::track_u32(&s.doorbell);
+            for r in &s.ranks {
+                model::track_u64(&r.owner);
+                model::track_u32(&r.state);
+                model::track_u32(&r.waiting);
+                model::track_u64(&r.lost);
+            }
+            model::track_u64(&s.full_waits);
+            model::track_u64(&s.lost);
+            s
+        }
+
+        fn lane(&self, i: usize) -> Lane<'_> {
+            Lane {
+                ctrl: &self.ctrls[i],
+                data: self.data[i].as_ptr() as *mut u8,
+                capacity: CAP,
+                index: i as u32,
+            }
+        }
+
+        fn group(&self) -> Group<'_> {
+            Group {
+                doorbell: &self.doorbell,
+                ranks: &self.ranks,
+                full_waits: &self.full_waits,
+                lost: &self.lost,
+            }
+        }
+
+        /// What `Producer::reserve` does: waits for room from `head`, writes the record's
+        /// header and `payload`; returns the pending record. Not yet visible.
+        fn reserve(
+            &self,
+            lane: usize,
+            head: u64,
+            payload: &[u8],
+            seq: u64,
+        ) -> crate::stream::Pending {
+            let l = self.lane(lane);
+            let n = payload.len() as u32;
+            let spans = self.schema.spans(&[n], CAP / 2).unwrap();
+            let need = l.needed(head, spans.len() as u64);
+            l.wait_room(
+                head,
+                need,
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                || {},
+                || Ok(()),
+            )
+            .unwrap();
+            let p = l.write_header(head, spans, &[n], seq, 1, self.schema.record_header_len());
+            let (off, _) = spans.field(0);
+            let dst = l.field_ptr(p.pos, spans.len(), off);
+            // SAFETY: the field lies inside the reserved record (announced as written by
+            // write_header), which nobody reads before the commit.
+            unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
+            p
+        }
+
+        /// Reserve and commit: returns the new head.
+        fn produce(&self, lane: usize, head: u64, payload: &[u8], seq: u64) -> u64 {
+            let p = self.reserve(lane, head, payload, seq);
+            self.lane(lane).commit(&p, head, &self.group());
+            p.end
+        }
+
+        /// One pass over the lanes as `Consumer::try_pop` makes it.
+        fn try_claim(&self, rank: u8) -> Option<(usize, Claim)> {
+            let hl = self.schema.record_header_len();
+            (0..self.ctrls.len())
+                .find_map(|i| self.lane(i).try_claim(rank, hl).unwrap().map(|c| (i, c)))
+        }
+
+        /// What `Consumer::pop` does: sleeps on the doorbell until a lane has a record,
+        /// claims it, reads it (its sequence number and payload).
+        fn pop(&self, rank: u8) -> (usize, Claim, u64, Vec<u8>) {
+            let g = self.group();
+            let (lane, claim) = wait_until(
+                &g.bell_of(rank as usize),
+                |_| self.try_claim(rank),
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                "a record",
+                || Ok(()),
+            )
+            .unwrap();
+            let (seq, data) = self.read(lane, claim);
+            (lane, claim, seq, data)
+        }
+
+        fn read(&self, lane: usize, claim: Claim) -> (u64, Vec<u8>) {
+            let l = self.lane(lane);
+            let (spans, seq, _) = l.decode(&self.schema, claim).unwrap();
+            let (off, n) = spans.field(0);
+            let src = l.field_ptr(claim.pos, spans.len(), off);
+            primitive::reading(src, n as usize);
+            let mut out = vec![0u8; n as usize];
+            // SAFETY: inside the claimed, committed record (decode checked it).
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), n as usize) };
+            (seq, out)
+        }
+
+        fn drained(&self, lane: usize) {
+            let c = &self.ctrls[lane];
+            let head = primitive::load(&c.head, Ordering::Relaxed);
+            assert_eq!(primitive::load(&c.read, Ordering::Relaxed), head);
+            assert_eq!(primitive::load(&c.tail, Ordering::Relaxed), head);
+            assert_eq!(primitive::load(&c.producer_waiting, Ordering::Relaxed), 0);
+        }
+    }
+
+    #[test]
+    fn two_producers_one_consumer() {
+        // Two producers, a lane each, commit a record each while the consumer sleeps on
+        // the doorbell: it must wake for both, read each whole (its bytes written before
+        // the commit's Release), and release them.
+        check("stream::two_producers_one_consumer", || {
+            let s = HeapStream::new(2, 1);
+            let producers: Vec<_> = (0..2)
+                .map(|i| {
+                    let s = s.clone();
+                    loom::thread::spawn(move || {
+                        s.produce(i, 0, &[10 + i as u8; 3], 0);
+                    })
+                })
+                .collect();
+            let mut seen = [false; 2];
+            for _ in 0..2 {
+                let (lane, claim, seq, data) = s.pop(0);
+                assert_eq!((seq, &data[..]), (0, &[10 + lane as u8; 3][..]));
+                assert!(!std::mem::replace(&mut seen[lane], true), "popped twice");
+                assert!(s.lane(lane).release(claim));
+            }
+            for p in producers {
+                p.join().unwrap();
+            }
+            s.drained(0);
+            s.drained(1);
+            assert_eq!(primitive::load(&s.ranks[0].waiting, Ordering::Relaxed), 0);
+        });
+    }
+
+    #[test]
+    fn wrap_around_waits_for_room() {
+        // A 128-byte lane: records of 32, 64 and 64 bytes. The third does not fit before
+        // the lane's end: a pad, then the record at the start, over the first two's room,
+        // so the producer sleeps on `tail` until the consumer released both. The consumer
+        // reads each only after it was written, and the producer writes over the first
+        // two only after the consumer read them.
+        check("stream::wrap_around_waits_for_room", || {
+            let s = HeapStream::new(1, 1);
+            let producer = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    let mut head = 0;
+                    for (k, n) in [0usize, 32, 32].into_iter().enumerate() {
+                        head = s.produce(0, head, &vec![k as u8 + 1; n], k as u64);
+                    }
+                    assert_eq!(head, 128 + 64);
+                })
+            };
+            for (k, n) in [0usize, 32, 32].into_iter().enumerate() {
+                let (_, claim, seq, data) = s.pop(0);
+                assert_eq!((seq, data), (k as u64, vec![k as u8 + 1; n]));
+                assert_eq!(claim.pos, [0, 32, 128][k]);
+                assert!(s.lane(0).release(claim));
+            }
+            producer.join().unwrap();
+            s.drained(0);
+        });
+    }
+
+    #[test]
+    fn a_producer_stopped_between_reserve_and_commit() {
+        // The producer commits record 0, then reserves and writes record 1 and stops
+        // (killed) before its commit. The consumer, racing it, sees record 0 whole and
+        // never record 1; the lane's next producer starts from `head` and its record
+        // arrives where record 1 would have.
+        check(
+            "stream::a_producer_stopped_between_reserve_and_commit",
+            || {
+                let s = HeapStream::new(1, 1);
+                let producer = {
+                    let s = s.clone();
+                    loom::thread::spawn(move || {
+                        let head = s.produce(0, 0, &[], 0);
+                        s.reserve(0, head, &[9; 8], 1);
+                    })
+                };
+                let (_, claim, seq, data) = s.pop(0);
+                assert_eq!((seq, data.len()), (0, 0));
+                assert!(s.lane(0).release(claim));
+                producer.join().unwrap();
+                assert!(s.try_claim(0).is_none(), "an uncommitted record was seen");
+                // The next producer of the lane (taken over).
+                let head = primitive::load(&s.ctrls[0].head, Ordering::Acquire);
+                assert_eq!(head, 32);
+                s.produce(0, head, &[7; 8], 0);
+                let (_, claim, seq, data) = s.pop(0);
+                assert_eq!((claim.pos, seq, data), (32, 0, vec![7; 8]));
+                assert!(s.lane(0).release(claim));
+                s.drained(0);
+            },
+        );
+    }
+
+    #[test]
+    fn two_ranks_race_on_claim_release_and_tail() {
+        // Two records committed; two ranks claim and release concurrently (each record
+        // to exactly one rank; either may move `tail` over the other's release), while
+        // the producer waits for room for a third that needs the first record's room
+        // back and writes over it (a rank looking at a stale position must not take the
+        // new record for a corrupt one).
+        // Two preemptions find the fault this model was written for (a stale position
+        // taken for a corrupt record); three take a minute.
+        model::check_bounded(
+            "stream::two_ranks_race_on_claim_release_and_tail",
+            2,
+            || {
+                let s = HeapStream::new(1, 2);
+                let mut head = 0;
+                for k in 0..2 {
+                    head = s.produce(0, head, &[0; 32], k);
+                }
+                let ranks: Vec<_> = (0..2u8)
+                    .map(|rank| {
+                        let s = s.clone();
+                        loom::thread::spawn(move || {
+                            // One claim each: with two records committed, each rank gets one.
+                            let (lane, claim) = s.try_claim(rank).expect("a record for each");
+                            let (seq, _) = s.read(lane, claim);
+                            assert!(s.lane(lane).release(claim));
+                            seq
+                        })
+                    })
+                    .collect();
+                // A third record: 64 bytes at 128 needs `tail` at 64 at least.
+                let producer = {
+                    let s = s.clone();
+                    loom::thread::spawn(move || s.produce(0, head, &[0; 32], 2))
+                };
+                let mut all: Vec<u64> = ranks.into_iter().map(|r| r.join().unwrap()).collect();
+                assert_eq!(producer.join().unwrap(), 192);
+                all.sort();
+                assert_eq!(all, [0, 1]);
+                let (_, claim) = s.try_claim(0).expect("the third record");
+                assert!(s.lane(0).release(claim));
+                s.drained(0);
+            },
+        );
+    }
+
+    #[test]
+    fn two_ranks_release_neighbours() {
+        // Each rank holds one of two neighbouring records and releases it at the same
+        // time as the other: whichever looks last must see both releases and move `tail`
+        // over both (the SeqCst fence in `advance_tail`), or the lane would keep their
+        // room for ever.
+        check("stream::two_ranks_release_neighbours", || {
+            let s = HeapStream::new(1, 2);
+            let mut head = 0;
+            for k in 0..2 {
+                head = s.produce(0, head, &[], k);
+            }
+            let claims: Vec<Claim> = (0..2u8).map(|r| s.try_claim(r).unwrap().1).collect();
+            let ranks: Vec<_> = claims
+                .into_iter()
+                .map(|claim| {
+                    let s = s.clone();
+                    loom::thread::spawn(move || assert!(s.lane(0).release(claim)))
+                })
+                .collect();
+            for r in ranks {
+                r.join().unwrap();
+            }
+            assert_eq!(primitive::load(&s.ctrls[0].tail, Ordering::Relaxed), head);
+        });
+    }
+
+    #[test]
+    fn a_dead_ranks_claim_is_released_as_lost() {
+        // Rank 1 claims a record and dies holding it; rank 0 claims the next. The
+        // producer, waiting for room the dead rank's record holds, releases it as lost
+        // (its liveness check between slices) while rank 0 releases its own: the
+        // producer's record fits, `tail` passes both, exactly one loss is counted.
+        check("stream::a_dead_ranks_claim_is_released_as_lost", || {
+            model::let_slices_expire();
+            let s = HeapStream::new(1, 2);
+            let mut head = 0;
+            for k in 0..2 {
+                head = s.produce(0, head, &[0; 32], k);
+            }
+            let (_, dead) = s.try_claim(1).unwrap();
+            assert_eq!(dead.pos, 0);
+            let rank0 = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    let (lane, claim) = s.try_claim(0).unwrap();
+                    assert!(s.lane(lane).release(claim));
+                })
+            };
+            let l = s.lane(0);
+            // A third record of 64 bytes needs the dead rank's record's room.
+            let need = l.needed(head, 64);
+            let g = s.group();
+            l.wait_room(
+                head,
+                need,
+                WaitPolicy::BLOCKING,
+                Duration::MAX,
+                || {},
+                || {
+                    l.reap(&g, &mut |k| k == 1);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            rank0.join().unwrap();
+            assert!(!l.release(dead), "a lost record released again");
+            assert_eq!(primitive::load(&s.lost, Ordering::Relaxed), 1);
+            assert_eq!(primitive::load(&s.ctrls[0].tail, Ordering::Relaxed), 128);
+        });
+    }
+}

@@ -330,6 +330,12 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
     rustix::fs::flock(file, FlockOperation::LockExclusive).map_err(|e| Error::io("flock", e))
 }
 
+/// Takes a shared `flock` (a stream's consumers, each one), waiting if a sweep holds the
+/// exclusive one for a moment.
+pub fn lock_shared(file: &File) -> Result<()> {
+    rustix::fs::flock(file, FlockOperation::LockShared).map_err(|e| Error::io("flock", e))
+}
+
 /// Drops a `flock` this descriptor holds.
 pub fn unlock(file: &File) {
     let _ = rustix::fs::flock(file, FlockOperation::Unlock);

@@ -32,6 +32,13 @@ pub(crate) trait Word {
     fn load_word(&self, order: Ordering) -> Self::Value;
     fn store_word(&self, value: Self::Value, order: Ordering);
     fn fetch_add_word(&self, value: Self::Value, order: Ordering) -> Self::Value;
+    fn compare_exchange_word(
+        &self,
+        current: Self::Value,
+        new: Self::Value,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<Self::Value, Self::Value>;
 }
 
 macro_rules! word {
@@ -52,6 +59,29 @@ macro_rules! word {
             #[inline(always)]
             fn fetch_add_word(&self, value: $value, order: Ordering) -> $value {
                 self.fetch_add(value, order)
+            }
+            #[cfg(not(loom))]
+            #[inline(always)]
+            fn compare_exchange_word(
+                &self,
+                current: $value,
+                new: $value,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<$value, $value> {
+                self.compare_exchange(current, new, success, failure)
+            }
+            #[cfg(loom)]
+            fn compare_exchange_word(
+                &self,
+                current: $value,
+                new: $value,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<$value, $value> {
+                model::word(self.as_ptr() as usize)
+                    .$kind()
+                    .compare_exchange(current, new, success, failure)
             }
             #[cfg(loom)]
             fn load_word(&self, order: Ordering) -> $value {
@@ -84,6 +114,19 @@ pub(crate) fn load<W: Word>(word: &W, order: Ordering) -> W::Value {
 #[inline(always)]
 pub(crate) fn store<W: Word>(word: &W, value: W::Value, order: Ordering) {
     word.store_word(value, order)
+}
+
+/// A compare-and-swap: `Ok(previous)` if the word held `current` and now holds `new`,
+/// else `Err(what it holds)`.
+#[inline(always)]
+pub(crate) fn compare_exchange<W: Word>(
+    word: &W,
+    current: W::Value,
+    new: W::Value,
+    success: Ordering,
+    failure: Ordering,
+) -> Result<W::Value, W::Value> {
+    word.compare_exchange_word(current, new, success, failure)
 }
 
 #[inline(always)]
@@ -263,6 +306,30 @@ pub(crate) mod model {
                 cell.with(|_| ());
             }
         }
+    }
+
+    /// [`check`] with at most `bound` preemptions per execution (fewer if
+    /// `LOOM_MAX_PREEMPTIONS` says so): for a model of three busy threads, whose every
+    /// interleaving at the usual bound takes minutes.
+    #[cfg(test)]
+    pub(crate) fn check_bounded(name: &str, bound: usize, f: impl Fn() + Sync + Send + 'static) {
+        use std::sync::atomic::AtomicUsize;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let start = std::time::Instant::now();
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(builder.preemption_bound.map_or(bound, |b| b.min(bound)));
+        {
+            let runs = runs.clone();
+            builder.check(move || {
+                runs.fetch_add(1, Ordering::Relaxed);
+                f();
+            });
+        }
+        eprintln!(
+            "loom model {name} (at most {bound} preemptions): {} interleavings in {:.2} s",
+            runs.load(Ordering::Relaxed),
+            start.elapsed().as_secs_f64()
+        );
     }
 
     /// Runs `f` under every interleaving loom explores, and prints how many there were and

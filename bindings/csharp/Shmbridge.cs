@@ -30,7 +30,7 @@ namespace Shmbridge
         BadMessage = 26, NoCommandChannel = 27, Remote = 28, OutOfOrder = 29, Interrupted = 30,
         Closed = 31, CudaUnavailable = 32, Cuda = 33, VulkanUnavailable = 34, Vulkan = 35,
         NotOnHost = 36, Io = 37, NoSpace = 38, CommandBacklog = 39, NotPosted = 40,
-        NoDeviceSide = 41,
+        NoDeviceSide = 41, Full = 42,
         InvalidArgument = 1000, InvalidHandle = 1001, Busy = 1002, BufferTooSmall = 1003,
         Panic = 1004,
     }

@@ -38,7 +38,7 @@ fn with<R>(
 ///
 /// # Safety
 /// `out` is NULL or writable.
-unsafe fn maybe<T>(out: *mut T, value: T) {
+pub(crate) unsafe fn maybe<T>(out: *mut T, value: T) {
     if !out.is_null() {
         // SAFETY: non-null; writable per the caller's contract.
         unsafe { out.write(value) };

@@ -1,8 +1,9 @@
 //! The C ABI of shmbridge: `libshmbridge.so` and `libshmbridge.a`, declared by
 //! `include/shmbridge.h` (generated from this crate by cbindgen: `cargo run -p
 //! shmbridge-header`). A thin layer: every call goes to the same core functions the Rust
-//! and Python faces use (`shmbridge::Engine`, `Client`, the command dispatch); nothing
-//! of the protocol lives here.
+//! and Python faces use (`shmbridge::Engine`, `Client`, the command dispatch, the
+//! trajectory streams' `stream::Consumer` and `Producer`); nothing of the protocol lives
+//! here.
 //!
 //! Conventions of every exported function: it returns a `shmb_status` (`SHMB_OK` = 0)
 //! and results through out-pointers, written only on success; a failure sets the
@@ -22,6 +23,7 @@ mod registry;
 mod side;
 mod spec;
 mod status;
+mod stream;
 mod types;
 mod vulkan;
 
@@ -32,6 +34,7 @@ pub use commands::*;
 pub use engine::*;
 pub use spec::*;
 pub use status::shmb_status;
+pub use stream::*;
 pub use types::*;
 pub use vulkan::*;
 
@@ -52,7 +55,7 @@ pub extern "C" fn shmb_abi_version() -> u32 {
 }
 
 /// The library's release and the wire protocol it speaks, `"<release> (protocol
-/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.10)"`: built from the crate version and
+/// <major>.<minor>)"`, e.g. `"0.1.0 (protocol 1.11)"`: built from the crate version and
 /// the core's `VERSION_MAJOR`/`VERSION_MINOR`. Static storage: never freed.
 #[no_mangle]
 pub extern "C" fn shmb_version() -> *const c_char {

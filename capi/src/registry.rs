@@ -2,18 +2,18 @@
 //!
 //! A handle is a 64-bit number, `kind << 60 | generation << 20 | (slot + 1)`, typed in C
 //! as a pointer to an opaque struct and never dereferenced. The kind (spec, engine,
-//! client) is part of the number, so a handle of one kind is never a handle of another:
-//! `shmb_engine_close(client)` is `SHMB_INVALID_HANDLE`, whatever the numbers of the
-//! first objects of each kind. Each slot of a [`Registry`] holds one object behind a
-//! mutex with the generation it was handed out under; closing takes the object out and
-//! bumps the generation. So a call with a closed handle finds an older generation
-//! (`SHMB_CLOSED`), a number this library never handed out finds another kind, no slot
-//! or a newer generation (`SHMB_INVALID_HANDLE`), NULL is `SHMB_INVALID_ARGUMENT`, and
-//! two threads in calls on one handle get `SHMB_BUSY` rather than a data race: none of
-//! them can reach freed memory. Slots are reused with a new generation, so memory stays
-//! bounded however many engines and clients come and go; a slot whose 40-bit
-//! generation is used up is retired instead of wrapping, so no number is ever handed
-//! out twice.
+//! client, a stream's consumer, producer, reservation or record) is part of the number,
+//! so a handle of one kind is never a handle of another: `shmb_engine_close(client)` is
+//! `SHMB_INVALID_HANDLE`, whatever the numbers of the first objects of each kind. Each
+//! slot of a [`Registry`] holds one object behind a mutex with the generation it was
+//! handed out under; closing takes the object out and bumps the generation. So a call
+//! with a closed handle finds an older generation (`SHMB_CLOSED`), a number this library
+//! never handed out finds another kind, no slot or a newer generation
+//! (`SHMB_INVALID_HANDLE`), NULL is `SHMB_INVALID_ARGUMENT`, and two threads in calls on
+//! one handle get `SHMB_BUSY` rather than a data race: none of them can reach freed
+//! memory. Slots are reused with a new generation, so memory stays bounded however many
+//! engines and clients come and go; a slot whose 40-bit generation is used up is retired
+//! instead of wrapping, so no number is ever handed out twice.
 
 use std::sync::{Mutex, OnceLock, TryLockError};
 
@@ -44,6 +44,10 @@ pub(crate) enum Kind {
     Spec = 1,
     Engine = 2,
     Client = 3,
+    StreamConsumer = 4,
+    StreamProducer = 5,
+    StreamReservation = 6,
+    StreamRecord = 7,
 }
 
 struct Slot<T> {

@@ -74,6 +74,9 @@ pub enum shmb_status {
     /// A device-side call on views that have none (the engine's backend asked of a
     /// client's views): the wrong views for the call, whatever the device.
     SHMB_NO_DEVICE_SIDE = 41,
+    /// A stream's lane stayed full for the whole deadline of a reserve: nothing was
+    /// written; reserve again later.
+    SHMB_FULL = 42,
     /// A null pointer where one is required, a size or count that does not fit, a string
     /// that is not UTF-8, an unknown enum value.
     SHMB_INVALID_ARGUMENT = 1000,
@@ -135,11 +138,12 @@ pub(crate) fn status_of(kind: ErrorKind) -> shmb_status {
         ErrorKind::CommandBacklog => SHMB_COMMAND_BACKLOG,
         ErrorKind::NotPosted => SHMB_NOT_POSTED,
         ErrorKind::NoDeviceSide => SHMB_NO_DEVICE_SIDE,
+        ErrorKind::Full => SHMB_FULL,
     }
 }
 
 /// Every status, for `shmb_status_name` and the tests.
-pub(crate) const ALL: [shmb_status; 47] = {
+pub(crate) const ALL: [shmb_status; 48] = {
     use shmb_status::*;
     [
         SHMB_OK,
@@ -184,6 +188,7 @@ pub(crate) const ALL: [shmb_status; 47] = {
         SHMB_COMMAND_BACKLOG,
         SHMB_NOT_POSTED,
         SHMB_NO_DEVICE_SIDE,
+        SHMB_FULL,
         SHMB_INVALID_ARGUMENT,
         SHMB_INVALID_HANDLE,
         SHMB_BUSY,
@@ -239,6 +244,7 @@ impl shmb_status {
             SHMB_COMMAND_BACKLOG => c"COMMAND_BACKLOG",
             SHMB_NOT_POSTED => c"NOT_POSTED",
             SHMB_NO_DEVICE_SIDE => c"NO_DEVICE_SIDE",
+            SHMB_FULL => c"FULL",
             SHMB_INVALID_ARGUMENT => c"INVALID_ARGUMENT",
             SHMB_INVALID_HANDLE => c"INVALID_HANDLE",
             SHMB_BUSY => c"BUSY",

@@ -1,7 +1,8 @@
 //! The C programs against the real library: `capi/tests/hostile.c` (hostile calls), the
 //! C null client (`examples/c/null_client.c`) checking 100,000 steps of the Rust `null`
 //! engine, the C asynchronous client (`examples/c/async_client.c`) checking every batch, and the C CartPole engine (`examples/c/cartpole_engine.c`) stepped next to
-//! the Rust reference engine, frame by frame, bit for bit. Each is compiled here with
+//! the Rust reference engine, frame by frame, bit for bit, and the trajectory stream's C
+//! producers and consumer (`capi/tests/stream.c`), with a Rust consumer too. Each is compiled here with
 //! `cc` against `include/shmbridge.h` and the `libshmbridge.so` cargo just built.
 
 use std::path::{Path, PathBuf};
@@ -339,8 +340,109 @@ fn bytes(client: &mut Client, name: &str) -> Vec<u8> {
     }
 }
 
+/// C producer processes (forked by the program) write records in place through the
+/// reservation's pointers; its C consumer pops each, checks its content, its producer's
+/// order and that none is lost or doubled, and releases them out of order; then the
+/// error paths (`capi/tests/stream.c`): bad schemas and sizes, NULLs, foreign handles,
+/// a record too large, `SHMB_FULL` with nothing published, released records and
+/// committed reservations used again, pops that time out, a closed consumer.
+#[test]
+fn c_stream_producers_and_consumer_check_every_record_and_every_error_path() {
+    let exe = compile("capi/tests/stream.c", "stream");
+    let out = Command::new(exe).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{text}", out.status);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("9000 records of 3 C producers checked"),
+        "{report}"
+    );
+    assert!(report.contains("every stream expectation held"), "{report}");
+}
+
+/// Record `k` of C producer `id` as `capi/tests/stream.c` writes it: id, tokens, score,
+/// meta.
+fn c_stream_record(id: u32, k: u64) -> (u32, Vec<i32>, f64, Vec<u8>) {
+    let tokens = 1 + ((k * 7 + u64::from(id) * 3) % 60) as usize;
+    let meta = ((k + u64::from(id)) % 5) as usize;
+    (
+        id,
+        (0..tokens)
+            .map(|j| {
+                id.wrapping_mul(1_000_003)
+                    .wrapping_add((k as u32).wrapping_mul(131))
+                    .wrapping_add(j as u32) as i32
+            })
+            .collect(),
+        k as f64 + f64::from(id) / 8.0,
+        (0..meta)
+            .map(|j| (k as u8) ^ (j as u8) ^ (id as u8))
+            .collect(),
+    )
+}
+
+/// The same stream from two languages: C producer processes, a Rust consumer (the core's
+/// `stream::Consumer`) that checks every record they wrote.
+#[test]
+fn c_stream_producers_feed_a_rust_consumer() {
+    use shmbridge_core::stream::{Consumer, Schema, StreamSpec};
+    const N: u64 = 2000;
+    let exe = compile("capi/tests/stream.c", "stream-mixed");
+    let name = format!("c-stream-mixed-{}", std::process::id());
+    let schema =
+        Schema::parse("id: uint32, tokens: int32[*], score: float64[1], meta: uint8[*]").unwrap();
+    let spec = StreamSpec {
+        schema,
+        lanes: 2,
+        lane_capacity: 8192,
+        ranks: 1,
+    };
+    let consumer = Consumer::create(&name, &spec).unwrap();
+    let mut producers: Vec<Child> = (0..2u32)
+        .map(|id| {
+            let child = Command::new(&exe)
+                .args(["produce", name.as_str(), &id.to_string(), &N.to_string()])
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap();
+            Child(child)
+        })
+        .collect();
+    let mut next = [0u64; 2];
+    for _ in 0..2 * N {
+        let rec = consumer
+            .pop(Duration::from_secs(30))
+            .unwrap()
+            .expect("a record within 30 s");
+        let id = rec.field::<u32>(0).unwrap()[0];
+        assert!(id < 2, "a record of no producer: {id}");
+        let k = next[id as usize];
+        assert_eq!(rec.seq(), k, "producer {id}: lost or out of order");
+        let got = (
+            id,
+            rec.field::<i32>(1).unwrap().to_vec(),
+            rec.field::<f64>(2).unwrap()[0],
+            rec.bytes(3).unwrap().to_vec(),
+        );
+        assert_eq!(got, c_stream_record(id, k), "producer {id} record {k}");
+        next[id as usize] += 1;
+        rec.release();
+    }
+    for p in &mut producers {
+        let status = p.0.wait().unwrap();
+        assert!(status.success(), "a C producer exited with {status}");
+    }
+    assert!(
+        consumer.try_pop().unwrap().is_none(),
+        "more records than written"
+    );
+    let stats = consumer.stats();
+    assert_eq!((stats.depth, stats.records_lost), (0, 0));
+}
+
 /// The C programs built with AddressSanitizer (and its leak checker) and
-/// UndefinedBehaviorSanitizer, run through hostile calls, 20,000 checked steps of the C
+/// UndefinedBehaviorSanitizer, run through hostile calls, the stream program (its forked
+/// producers, 9,000 checked records and its error paths), 20,000 checked steps of the C
 /// client, and 2,000 steps with resets and methods of the C engine: any invalid access,
 /// leak or undefined behaviour in them or in what the library does on their behalf
 /// (its allocations are the process's, seen by the leak checker) fails the test.
@@ -372,6 +474,11 @@ fn c_programs_are_clean_under_address_and_undefined_behaviour_sanitizers() {
     let mut cmd = Command::new(hostile);
     sanitized(&mut cmd);
     check("hostile.c", cmd.output().unwrap());
+
+    let stream = compile_with("capi/tests/stream.c", "stream-asan", &flags);
+    let mut cmd = Command::new(stream);
+    sanitized(&mut cmd);
+    check("stream.c", cmd.output().unwrap());
 
     let client = compile_with("examples/c/null_client.c", "null_client-asan", &flags);
     let mut env = NullEnv::new(16, 16, 1, false).unwrap();

@@ -19,6 +19,8 @@ A simulator written in Python serves with ``Engine(EngineSpec(...))``: see
 registers ``gymnasium.make_vec("shmbridge/CartPole-v1", num_envs=N)`` (and ``gymnasium.make``
 of it: one env, ``shmbridge.gym.ShmEnv``). ``shmbridge.integrations`` adapts engines to the
 learning libraries (``shmbridge.integrations.sb3``, ``.torchrl``, ``.rsl_rl``, ``.skrl``).
+``shmbridge.stream`` carries records (LLM rollouts, transitions) from many producer
+processes to a trainer, written and read in place (``import shmbridge.stream``).
 """
 
 # The face of the package: the native types, the exceptions and the launchers, re-exported.

@@ -55,6 +55,7 @@ __all__ = [
     "NoDeviceSideError",
     "ShmBridgeOSError",
     "EngineStartError",
+    "FullError",
 ]
 
 
@@ -238,6 +239,11 @@ class NotOnHostError(ShmBridgeError, TypeError):
 class NoDeviceSideError(ShmBridgeError, RuntimeError):
     """A device-side call on tensor views that have none (the engine's device backend
     asked of a client's views), whatever the device."""
+
+
+class FullError(ShmBridgeError):
+    """A stream's lane stayed full for the whole deadline of a reserve: the consumers
+    did not release enough records. Nothing was written; reserve again later."""
 
 
 class CommandBacklogError(ShmBridgeError):

@@ -93,6 +93,30 @@ impl DType {
     pub fn parse(s: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == s)
     }
+
+    /// The NumPy-style name (what `numpy.dtype(name)` and torch understand).
+    pub const fn array_name(self) -> &'static str {
+        match self {
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// A dtype by its short name (`f32`) or its NumPy-style one (`float32`).
+    pub fn parse_any(s: &str) -> Option<DType> {
+        DType::parse(s).or_else(|| DType::ALL.into_iter().find(|d| d.array_name() == s))
+    }
 }
 
 impl std::fmt::Display for DType {

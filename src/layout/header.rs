@@ -44,7 +44,9 @@ pub const VERSION_MAJOR: u16 = 1;
 /// (`action_seq`, formerly `_reserved0`) and ring the control block's `frame_seq` after
 /// publishing while the client's flag on it is up: asynchronous batches. Told by
 /// [`FLAG_SHARD_ACTIONS`]; `version_minor` is written as before.
-pub const VERSION_MINOR: u16 = 10;
+/// 1.11: trajectory streams, shm objects of their own (`layout::stream`, protocol §10);
+/// regions are written as before, byte for byte.
+pub const VERSION_MINOR: u16 = 11;
 /// What the builder writes for an unsharded region without CUDA tensors: the bytes of 1.3.
 pub const VERSION_MINOR_UNSHARDED: u16 = 3;
 /// What the builder writes for a sharded region (1.4).
@@ -71,6 +73,8 @@ pub const VERSION_MINOR_OBSERVERS: u16 = 7;
 /// the frame bell (1.10, [`FLAG_SHARD_ACTIONS`]): what asynchronous batches ask of every
 /// shard (`Client::async_reset` asks each one's protocol with a `Hello`).
 pub const VERSION_MINOR_SHARD_ACTIONS: u16 = 10;
+/// The minor that added trajectory streams (1.11): a stream header's `version_minor`.
+pub const VERSION_MINOR_STREAMS: u16 = 11;
 /// `Header::flags` bit 0 (1.7): the region has a stats area at `stats_offset`, and its
 /// engine (each shard) writes engine→client tensors only inside a step (after a release
 /// fence that follows its load of the action) or inside an odd `write_seq` of its

@@ -25,6 +25,7 @@ mod header;
 pub mod location;
 mod shard;
 mod stats;
+pub mod stream;
 mod tensor;
 mod validate;
 mod validated;

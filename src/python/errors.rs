@@ -54,6 +54,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::NotPosted => "NotPostedError",
         ErrorKind::NoDeviceSide => "NoDeviceSideError",
         ErrorKind::Io => "ShmBridgeOSError",
+        ErrorKind::Full => "FullError",
     }
 }
 

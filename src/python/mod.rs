@@ -8,6 +8,8 @@
 //! - [`tensor`]: `Tensor`, one tensor of the region, with `__dlpack__` and `__array__`.
 //! - [`actions`]: `step(actions)`; DLPack arrays become plain descriptions for the core's
 //!   checks and copy ([`crate::actions`]).
+//! - [`stream`]: trajectory streams (`shmbridge.stream`): consumer, producer, record,
+//!   reservation, and the mapping their NumPy views slice.
 //! - [`streams`]: CUDA stream arguments and the ordering of CUDA steps on them.
 //! - [`engine`]: `Engine` and `EngineSpec`, a simulator written in Python.
 //! - [`observer`]: `RawObserver`, a read-only observer of a live region (1.7), under
@@ -24,6 +26,7 @@ mod client;
 mod engine;
 mod errors;
 mod observer;
+mod stream;
 mod streams;
 mod tensor;
 mod tools;
@@ -38,6 +41,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyEngineSpec>()?;
     m.add_class::<observer::PyObserver>()?;
+    m.add_class::<stream::PyStreamMemory>()?;
+    m.add_class::<stream::PyStreamConsumer>()?;
+    m.add_class::<stream::PyStreamRecord>()?;
+    m.add_class::<stream::PyStreamProducer>()?;
+    m.add_class::<stream::PyStreamReservation>()?;
+    m.add_function(wrap_pyfunction!(stream::stream_stats, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cli, m)?)?;
     m.add_function(wrap_pyfunction!(tools::list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;

@@ -129,6 +129,14 @@ pub fn engine_alive(name: &str) -> Result<bool> {
 /// wrote: its magic, or (an engine that died before publishing it) the rest of a header
 /// of this layout, older than the creation grace. `Err(why not)` otherwise.
 fn identify(bytes: &[u8], age: Duration) -> std::result::Result<(), String> {
+    // A trajectory stream (1.11): its consumers hold a shared lock, so a free lock means
+    // none is left.
+    if layout::stream::is_stream(bytes) {
+        return match (layout::stream::stream_published(bytes), age > CREATE_GRACE) {
+            (true, _) | (false, true) => Ok(()),
+            (false, false) => Err("a stream being created (not published yet)".into()),
+        };
+    }
     let h = layout::read_header(bytes)
         .map_err(|_| format!("too short for a region header ({} bytes)", bytes.len()))?;
     if h.magic == layout::MAGIC {

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import shmbridge
@@ -429,3 +430,96 @@ def test_pixels_quick_measures_every_path_it_can(tmp_path):
 def test_pixels_rejects_a_bad_size():
     proc = _run("pixels", "--size", "84", status=2)
     assert "expected HxW" in proc.stderr
+
+
+def _stream_record(content, s):
+    """Record ``s`` of a bench stream producer, as the consumer receives it (arrays)."""
+    k, score, iid, crc = content.record(s)
+    return [content.tokens[k].copy(), content.logprobs[k].copy(), score, iid, content.meta(s, crc)]
+
+
+def test_stream_check_counts_torn_duplicated_and_reordered_records():
+    from shmbridge.bench.stream import Content, Tally
+
+    content = Content(1, 64)
+    tally = Tally(producers=2)
+    for s in (0, 1, 3, 2):  # 2 after 3: reordered
+        tally.add(*_stream_record(content, s), t_pop=0)
+    tally.add(*_stream_record(content, 1), t_pop=0)  # again: duplicated
+    torn = _stream_record(content, 4)
+    torn[0][10] += 1  # one token changed
+    tally.add(*torn, t_pop=0)
+    mixed = _stream_record(content, 5)
+    mixed[1] = _stream_record(content, 6)[1]  # another record's logprobs
+    tally.add(*mixed, t_pop=0)
+    wrong_id = _stream_record(content, 7)
+    wrong_id[3] = b"p1-s8"
+    tally.add(*wrong_id, t_pop=0)
+    garbled = _stream_record(content, 9)
+    garbled[4] = garbled[4][:-3]  # meta that does not parse
+    tally.add(*garbled, t_pop=0)
+    stranger = _stream_record(Content(5, 64), 0)  # a producer id out of range
+    tally.add(*stranger, t_pop=0)
+    assert (tally.received, tally.intact, tally.duplicated, tally.torn, tally.reordered) == (10, 4, 1, 5, 1)
+    assert sorted(tally.seen[1]) == [0, 1, 2, 3] and len(tally.latencies) == 4
+
+
+def test_stream_pr_slots_round_trip_in_one_process():
+    """The re-implemented PR buffer carries records intact when nothing races it, and
+    refuses a write when full (one slot stays empty, as in the design)."""
+    from shmbridge.bench.stream import Content, PrSlots, Tally
+
+    name = f"shmbridge-bench-stream-test-{os.getpid()}"
+    ring = PrSlots(name, 4, create=True)
+    try:
+        content = Content(0, 512)
+        assert [ring.write(content, s) for s in range(4)] == [True, True, True, False]
+        tally = Tally(producers=1)
+        while (rec := ring.read()) is not None:
+            tokens, logprobs, score, iid, meta = rec
+            tally.add(np.array(tokens, np.int32), np.array(logprobs, np.float32), score, iid, meta, t_pop=0)
+        assert (tally.intact, tally.torn, tally.duplicated) == (3, 0, 0)
+        assert ring.write(content, 3)
+    finally:
+        ring.close()
+        ring.shm.unlink()
+
+
+@pytest.mark.long
+def test_stream_quick_checks_every_record(tmp_path):
+    out = tmp_path / "results"
+    proc = _run("stream", "--quick", "--producers", "1,4", "--out", str(out))
+    doc = json.loads((out / "stream.json").read_text())
+    cases = doc["cases"]
+    assert {(c["tokens"], c["producers"]) for c in cases} == {(512, 1), (512, 4), (4096, 1), (4096, 4)}
+    by = {}
+    for c in cases:
+        by.setdefault(c["contender"], []).append(c)
+    assert set(by) == {"shmbridge", "pr-slots", "mp-queue", "http-json"}
+    for key, rows in by.items():
+        for c in rows:
+            assert not c["failed"], (key, c["failed"])
+            if key == "http-json" and importlib.util.find_spec("aiohttp") is None:
+                assert c["skipped"], c
+                continue
+            assert c["skipped"] is None, c
+            # Every record sent was received, intact or not, or counted lost.
+            assert c["sent"] == c["intact"] + c["lost"] and c["received"] >= c["intact"] > 0, c
+            assert c["median_records_per_s"] > 0 and c["latency_p50_ns"] <= c["latency_p99_ns"], c
+            if key != "pr-slots":  # a transport that keeps its records: every one checked intact
+                assert c["sent"] == c["records"] == c["intact"] == c["received"], c
+                assert c["lost"] == c["torn"] == c["duplicated"] == c["reordered"] == 0, c
+    md = (out / "stream.md").read_text()
+    assert md.strip() in proc.stdout
+    assert "### Records of 512 tokens" in md and "### Records of 4096 tokens" in md
+    assert len([r for r in _table_rows(md) if r[0] in ("1", "4")]) == len(cases)
+
+
+def test_stream_blocking_shmbridge_alone(tmp_path):
+    out = tmp_path / "results"
+    proc = _run("stream", "--quick", "--tokens", "512", "--producers", "2", "--contenders", "shmbridge",
+                "--blocking", "--out", str(out))
+    assert "shmbridge blocking (never spins)" in proc.stdout
+    (case,) = json.loads((out / "stream.json").read_text())["cases"]
+    assert case["contender"] == "shmbridge" and case["intact"] == case["sent"] == case["records"] > 0
+    assert case["lost"] == case["torn"] == case["duplicated"] == case["reordered"] == 0

@@ -252,6 +252,8 @@ def test_error_hierarchy():
     # Views without a device side: a neutral error, not a CUDA one.
     assert "NoDeviceSideError" in shmbridge._native._error_classes()
     assert not issubclass(shmbridge.NoDeviceSideError, shmbridge.CudaUnavailableError)
+    # A stream's full lane (1.11): its own class.
+    assert "FullError" in shmbridge._native._error_classes()
     # Every Rust variant maps to a class that exists and derives from ShmBridgeError.
     names = shmbridge._native._error_classes()
     assert len(names) >= 30

@@ -12,6 +12,11 @@
   vector env against the same library on shmbridge shards (CartPole-v1, HalfCheetah-v5,
   N = 16 and 64), env-steps/s inside the library's own collection loop (needs the extras
   ``sb3``, ``torchrl``, ``skrl`` and ``gym``).
+- ``stream``: many producer processes streaming records (token ids, logprobs, a score,
+  an instance id, JSON meta; 512 and 4096 tokens) to one consumer: shmbridge's stream
+  against the fixed-slot shared-memory buffer proposed to Atropos (re-implemented),
+  ``multiprocessing.Queue`` and HTTP/JSON over aiohttp; records/s, GB/s, latency, and
+  every record checked (lost, torn, duplicated).
 - ``gpu``: getting each new frame to a torch consumer on the GPU, CUDA IPC (the engine's
   tensors on the GPU, zero copy) against copies from shared memory (pageable, pinned);
   obs 4096×100 and images. Needs a GPU: without one it prints

@@ -1,4 +1,4 @@
-"""``python -m shmbridge.bench {step,peers,vector,learners,gpu,vulkan,...} [--quick] ...``"""
+"""``python -m shmbridge.bench {step,peers,vector,learners,stream,gpu,vulkan,...} [--quick] ...``"""
 
 import sys
 

@@ -154,6 +154,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     lr.add_argument("--steps", type=int, default=None, help="vector steps per block (default 64 CartPole, 16 others)")
     lr.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3; quick 2)")
 
+    st = sub.add_parser("stream", help="many producer processes streaming records to one consumer, by transport",
+                        description="Records of tokens (int32), logprobs (float32), score, instance_id and JSON "
+                                    "meta, 512 and 4096 tokens, from 1, 4 and 16 producer processes to one "
+                                    "consumer: shmbridge's stream against the Atropos PR's fixed-slot buffer "
+                                    "(re-implemented), multiprocessing.Queue and HTTP/JSON over aiohttp, "
+                                    "interleaved; records/s, GB/s, latency p50/p99, and every record checked: "
+                                    "lost, torn, duplicated.",
+                        epilog="Exit status: 0 measured; 1 a case failed, or shmbridge lost, tore, duplicated "
+                               "or reordered a record; 2 bad usage.")
+    st.add_argument("--quick", action="store_true", help="a short smoke run")
+    st.add_argument("--records", type=int, default=None,
+                    help="records per case and round, shared among the producers (default 20000; quick 64)")
+    st.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; quick 1)")
+    st.add_argument("--tokens", default="512,4096", help="comma-separated tokens per record (default 512,4096)")
+    st.add_argument("--producers", default="1,4,16", help="comma-separated producer counts (default 1,4,16)")
+    st.add_argument("--contenders", default=None,
+                    help="comma-separated subset of shmbridge, pr-slots, mp-queue, http-json (default: all)")
+    st.add_argument("--slots", type=int, default=1000,
+                    help="buffer size in records of 4096 tokens (the PR design's slots; the same bytes for "
+                         "shmbridge, the same records for the Queue; default 1000)")
+    st.add_argument("--blocking", action="store_true",
+                    help="shmbridge's pops and full lanes wait asleep, never spinning (few cores, many producers)")
+    st.add_argument("--out", default=None, help="also write DIR/stream.md and DIR/stream.json")
+
     args = p.parse_args(argv)
     args.command_line = " ".join(["python -m shmbridge.bench", *argv])
     if args.command == "step":
@@ -168,6 +192,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import learners
 
         return learners.main(args)
+    if args.command == "stream":
+        from . import stream
+
+        return stream.main(args)
     if args.command == "vector":
         from . import vector
 

@@ -1,0 +1,673 @@
+//! Trajectory streams from Python (`shmbridge.stream`): thin classes over
+//! [`crate::stream`]'s consumer, producer, record and reservation. Field views are NumPy
+//! slices of one array over the mapping ([`PyStreamMemory`], exported once through DLPack
+//! with a [`Mapping`] as its context, so the bytes stay mapped while any view lives); the
+//! classes here hand out where each field lies in it (`spans`), and
+//! `python/shmbridge/stream.py` builds the views.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use dlpark::ffi::{
+    DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned,
+};
+use dlpark::metadata::Dynamic;
+use dlpark::python::{DlpackExporter, ExportRequest};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::args::{counts, Count, Seconds};
+use super::errors::{to_pyerr, IntoPy};
+use super::waits::{duration, next_slice, wait_policy};
+use crate::error::{Error, Peer};
+use crate::layout::stream::LANE_CTRL_SIZE;
+use crate::stream::{
+    Consumer, Count as FieldCount, Mapping, Producer, Record, Reservation, Schema, StreamSpec,
+    StreamStats,
+};
+use crate::sync::WaitPolicy;
+
+/// Bytes of a stream's mapping as one uint8 array: the whole stream (a consumer's,
+/// read-only once NumPy has it) or one lane's data (its producer's).
+#[pyclass(module = "shmbridge._native", name = "StreamMemory", frozen)]
+pub struct PyStreamMemory {
+    mapping: Mapping,
+    /// The address of the first byte exported, and how many.
+    start: usize,
+    len: usize,
+}
+
+impl PyStreamMemory {
+    /// `offset..offset + len` of `mapping` (checked against its length).
+    fn new(mapping: Mapping, offset: usize, len: usize) -> PyResult<PyStreamMemory> {
+        let (base, total) = mapping.span();
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            return Err(PyRuntimeError::new_err(format!(
+                "stream memory {offset}+{len} past its mapping of {total} bytes"
+            )));
+        }
+        Ok(PyStreamMemory {
+            start: base as usize + offset,
+            len,
+            mapping,
+        })
+    }
+
+    /// The offset of `nbytes` bytes at `address`, checked to lie in this memory (the
+    /// views are slices of it).
+    fn offset_of(&self, address: usize, nbytes: usize) -> PyResult<usize> {
+        address
+            .checked_sub(self.start)
+            .filter(|off| off.checked_add(nbytes).is_some_and(|end| end <= self.len))
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(format!(
+                    "stream field at {address:#x}+{nbytes} outside the mapping at {:#x}+{}",
+                    self.start, self.len
+                ))
+            })
+    }
+
+    fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+        fn failed(e: impl std::fmt::Display) -> PyErr {
+            PyRuntimeError::new_err(format!("building a DLPack tensor: {e}"))
+        }
+        let mut init = Dynamic::compact(vec![self.len as i64])
+            .initialize_as::<M>(Arc::new(self.mapping.clone()))
+            .map_err(failed)?;
+        init.set_data(self.start as *mut std::ffi::c_void)
+            .set_dtype(DLDataType {
+                code: DLDataTypeCode(crate::layout::DL_UINT),
+                bits: 8,
+                lanes: 1,
+            })
+            .set_device(DLDevice::CPU);
+        // SAFETY: `start..start + len` lies inside the mapping (checked in `new`), and
+        // the context is an `Arc` of a `Mapping`, which keeps that mapping alive until
+        // the consumer of the capsule calls the deleter. Which bytes may be written when
+        // is the stream's protocol, applied by the classes that hand out the spans.
+        Ok(unsafe { init.finish() })
+    }
+}
+
+impl DlpackExporter for PyStreamMemory {
+    fn device(&self) -> DLDevice {
+        DLDevice::CPU
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        DlpackFlags::empty()
+    }
+
+    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
+        Ok(())
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.managed()
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.managed()
+    }
+}
+
+#[pymethods]
+impl PyStreamMemory {
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        if let Some(s) = &stream {
+            if !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
+                return Err(PyValueError::new_err(
+                    "stream must be None for a CPU tensor",
+                ));
+            }
+        }
+        let request = ExportRequest::parse(None, max_version, dl_device, copy)?;
+        dlpark::python::export_dlpack(slf.get(), slf.py(), request)
+    }
+
+    fn __dlpack_device__(&self) -> (u32, i32) {
+        (DLDevice::CPU.device_type.0, DLDevice::CPU.device_id)
+    }
+
+    /// The address of its first byte.
+    #[getter]
+    fn address(&self) -> usize {
+        self.start
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+}
+
+/// `(name, numpy dtype name, fixed count or None)` of each field.
+fn fields_of(schema: &Schema) -> Vec<(String, &'static str, Option<u32>)> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let count = match f.count {
+                FieldCount::Fixed(n) => Some(n),
+                FieldCount::Variable => None,
+            };
+            (f.name.clone(), f.dtype.array_name(), count)
+        })
+        .collect()
+}
+
+fn closed(py: Python<'_>, peer: Peer) -> PyErr {
+    to_pyerr(py, Error::Closed(peer))
+}
+
+/// A timeout argument: `None` waits without limit.
+fn limit(timeout: Option<Seconds>) -> PyResult<Option<Duration>> {
+    timeout.map(|t| duration(t, "timeout")).transpose()
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &StreamStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("depth", s.depth)?;
+    d.set_item("bytes_in_use", s.bytes_in_use)?;
+    d.set_item("full_waits", s.full_waits)?;
+    d.set_item("records_lost", s.records_lost)?;
+    let lanes = PyList::empty(py);
+    for l in &s.lanes {
+        let e = PyDict::new(py);
+        e.set_item("producer_pid", l.producer_pid)?;
+        e.set_item("records_committed", l.records_committed)?;
+        e.set_item("bytes_committed", l.bytes_committed)?;
+        e.set_item("records_released", l.records_released)?;
+        e.set_item("records_lost", l.records_lost)?;
+        e.set_item("bytes_in_use", l.bytes_in_use)?;
+        lanes.append(e)?;
+    }
+    d.set_item("lanes", lanes)?;
+    let ranks = PyList::empty(py);
+    for r in &s.ranks {
+        let e = PyDict::new(py);
+        e.set_item("pid", r.pid)?;
+        e.set_item(
+            "state",
+            match r.state {
+                1 => "live",
+                2 => "closed",
+                _ => "never attached",
+            },
+        )?;
+        e.set_item("popped", r.popped)?;
+        e.set_item("released", r.released)?;
+        e.set_item("lost", r.lost)?;
+        ranks.append(e)?;
+    }
+    d.set_item("ranks", ranks)?;
+    Ok(d)
+}
+
+/// Stream `name`'s flow metrics, for an observer (nothing is written).
+#[pyfunction]
+pub(super) fn stream_stats<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+    let s = py.detach(|| crate::stream::stats(name)).py_err(py)?;
+    stats_dict(py, &s)
+}
+
+// ---- Consumers ----
+
+/// One rank of a stream's consumer group (`shmbridge.stream.Consumer` wraps it).
+#[pyclass(module = "shmbridge._native", name = "StreamConsumer", frozen)]
+pub struct PyStreamConsumer {
+    /// Taken out by `close()`; a pop in flight holds its own reference (the lock is
+    /// never held while the GIL is released: another thread may wait on it holding the
+    /// GIL).
+    consumer: Mutex<Option<Arc<Consumer>>>,
+    memory: Py<PyStreamMemory>,
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    rank: u32,
+    #[pyo3(get)]
+    schema: String,
+    #[pyo3(get)]
+    fields: Vec<(String, &'static str, Option<u32>)>,
+}
+
+impl PyStreamConsumer {
+    fn wrap(
+        py: Python<'_>,
+        mut consumer: Consumer,
+        policy: WaitPolicy,
+    ) -> PyResult<PyStreamConsumer> {
+        consumer.set_wait_policy(policy);
+        let mapping = consumer.mapping();
+        let len = mapping.span().1;
+        let memory = PyStreamMemory::new(mapping, 0, len)?;
+        Ok(PyStreamConsumer {
+            name: consumer.name().to_string(),
+            rank: consumer.rank(),
+            schema: consumer.schema().to_string(),
+            fields: fields_of(consumer.schema()),
+            memory: Py::new(py, memory)?,
+            consumer: Mutex::new(Some(Arc::new(consumer))),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<Consumer>>> {
+        self.consumer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn consumer(&self, py: Python<'_>) -> PyResult<Arc<Consumer>> {
+        self.lock().clone().ok_or_else(|| closed(py, Peer::Client))
+    }
+
+    fn record(&self, py: Python<'_>, rec: Record) -> PyResult<PyStreamRecord> {
+        let n = self.fields.len();
+        let mut spans = Vec::with_capacity(n);
+        for i in 0..n {
+            let (p, count, dtype) = rec.field_raw(i).py_err(py)?;
+            spans.push((
+                self.memory
+                    .get()
+                    .offset_of(p as usize, count * dtype.size())?,
+                count,
+            ));
+        }
+        Ok(PyStreamRecord {
+            lane: rec.lane(),
+            seq: rec.seq(),
+            producer: rec.producer(),
+            spans,
+            record: Mutex::new(Some(rec)),
+        })
+    }
+
+    /// Pops within `timeout` in slices, checking for signals between them.
+    fn pop_sliced(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Duration>,
+        pop: impl Fn(&Consumer, Duration) -> Result<Vec<Record>, Error> + Sync,
+    ) -> PyResult<Vec<Record>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let consumer = self.consumer(py)?;
+        let consumer = &*consumer;
+        loop {
+            let slice = next_slice(deadline);
+            let got = py.detach(|| pop(consumer, slice)).py_err(py)?;
+            if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(got);
+            }
+            if self.lock().is_none() {
+                return Err(closed(py, Peer::Client)); // closed by another thread meanwhile
+            }
+            py.check_signals()?;
+        }
+    }
+}
+
+#[pymethods]
+impl PyStreamConsumer {
+    /// Creates stream `name` (its rank 0) of `schema` (`"tokens: int32[*], score:
+    /// float64"`), `lanes` producers at once, `lane_capacity` bytes each (a power of
+    /// two), `ranks` consumers. Pops spin `spin_us` microseconds (default: the core's
+    /// budget) before they sleep; `blocking`: never spin.
+    #[staticmethod]
+    #[pyo3(signature = (name, schema, lanes, lane_capacity, ranks, spin_us=None, blocking=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        py: Python<'_>,
+        name: &str,
+        schema: &str,
+        lanes: Count<u32>,
+        lane_capacity: Count<u64>,
+        ranks: Count<u32>,
+        spin_us: Option<Seconds>,
+        blocking: bool,
+    ) -> PyResult<PyStreamConsumer> {
+        let policy = wait_policy(spin_us, blocking)?;
+        let spec = StreamSpec {
+            schema: Schema::parse(schema).py_err(py)?,
+            lanes: lanes.0,
+            lane_capacity: lane_capacity.0,
+            ranks: ranks.0,
+        };
+        let consumer = py.detach(|| Consumer::create(name, &spec)).py_err(py)?;
+        Self::wrap(py, consumer, policy)
+    }
+
+    /// Serves rank `rank` of stream `name`, waiting up to `timeout` for it (`spin_us`,
+    /// `blocking`: as `create`).
+    #[staticmethod]
+    #[pyo3(signature = (name, rank, timeout, spin_us=None, blocking=false))]
+    fn attach(
+        py: Python<'_>,
+        name: &str,
+        rank: Count<u32>,
+        timeout: Seconds,
+        spin_us: Option<Seconds>,
+        blocking: bool,
+    ) -> PyResult<PyStreamConsumer> {
+        let timeout = duration(timeout, "timeout")?;
+        let policy = wait_policy(spin_us, blocking)?;
+        let consumer = py
+            .detach(|| Consumer::attach(name, rank.0, timeout))
+            .py_err(py)?;
+        Self::wrap(py, consumer, policy)
+    }
+
+    /// The stream's bytes (read-only for a consumer): what `spans` index.
+    #[getter]
+    fn memory(&self, py: Python<'_>) -> Py<PyStreamMemory> {
+        self.memory.clone_ref(py)
+    }
+
+    /// The next record, waiting up to `timeout` seconds (None: no limit; Ctrl-C
+    /// interrupts); None once `timeout` passed with none.
+    #[pyo3(signature = (timeout=None))]
+    fn pop(&self, py: Python<'_>, timeout: Option<Seconds>) -> PyResult<Option<PyStreamRecord>> {
+        let got = self.pop_sliced(py, limit(timeout)?, |c, slice| {
+            Ok(c.pop(slice)?.into_iter().collect())
+        })?;
+        got.into_iter()
+            .next()
+            .map(|r| self.record(py, r))
+            .transpose()
+    }
+
+    /// Up to `max_records` records: waits up to `timeout` for the first, then takes
+    /// what is there. Empty once `timeout` passed with none.
+    #[pyo3(signature = (max_records, timeout=None))]
+    fn pop_batch(
+        &self,
+        py: Python<'_>,
+        max_records: Count<u32>,
+        timeout: Option<Seconds>,
+    ) -> PyResult<Vec<PyStreamRecord>> {
+        if max_records.0 == 0 {
+            return Ok(Vec::new());
+        }
+        let got = self.pop_sliced(py, limit(timeout)?, |c, slice| {
+            c.pop_batch(max_records.0 as usize, slice)
+        })?;
+        got.into_iter().map(|r| self.record(py, r)).collect()
+    }
+
+    /// The stream's flow metrics.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = {
+            let guard = self.lock();
+            guard
+                .as_ref()
+                .ok_or_else(|| closed(py, Peer::Client))?
+                .stats()
+        };
+        stats_dict(py, &s)
+    }
+
+    /// Marks this rank closed (records still held stay valid until released).
+    fn close(&self) {
+        self.lock().take();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().is_none()
+    }
+}
+
+/// A popped record: where its fields lie in the consumer's memory, until released.
+#[pyclass(module = "shmbridge._native", name = "StreamRecord", frozen)]
+pub struct PyStreamRecord {
+    record: Mutex<Option<Record>>,
+    /// `(offset in the consumer's memory, element count)` of each field.
+    #[pyo3(get)]
+    spans: Vec<(usize, usize)>,
+    #[pyo3(get)]
+    lane: u32,
+    #[pyo3(get)]
+    seq: u64,
+    #[pyo3(get)]
+    producer: u64,
+}
+
+#[pymethods]
+impl PyStreamRecord {
+    /// Gives the record's space back to its producer (again: nothing).
+    fn release(&self) {
+        self.record.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    #[getter]
+    fn released(&self) -> bool {
+        self.record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// The address of field `i`'s first byte, as the core reports it.
+    fn address(&self, py: Python<'_>, i: usize) -> PyResult<usize> {
+        let guard = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = guard.as_ref().ok_or_else(|| closed(py, Peer::Client))?;
+        let (p, _, _) = rec.field_raw(i).py_err(py)?;
+        Ok(p as usize)
+    }
+}
+
+// ---- Producers ----
+
+/// A producer: the writer of one lane (`shmbridge.stream.Producer` wraps it).
+#[pyclass(module = "shmbridge._native", name = "StreamProducer", frozen)]
+pub struct PyStreamProducer {
+    /// Taken out by `close()`; a reserve in flight holds its own reference (as the
+    /// consumer's).
+    producer: Mutex<Option<Arc<Producer>>>,
+    memory: Py<PyStreamMemory>,
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    lane: u32,
+    #[pyo3(get)]
+    schema: String,
+    #[pyo3(get)]
+    fields: Vec<(String, &'static str, Option<u32>)>,
+    #[pyo3(get)]
+    max_record: u64,
+}
+
+impl PyStreamProducer {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<Producer>>> {
+        self.producer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn producer(&self, py: Python<'_>) -> PyResult<Arc<Producer>> {
+        self.lock().clone().ok_or_else(|| closed(py, Peer::Engine))
+    }
+}
+
+#[pymethods]
+impl PyStreamProducer {
+    /// Attaches to stream `name` (waiting up to `timeout` for it) and claims a lane;
+    /// `schema`, if given, must be the stream's. A full lane is waited for spinning
+    /// `spin_us` microseconds (default: the core's budget), then asleep; `blocking`:
+    /// never spin.
+    #[staticmethod]
+    #[pyo3(signature = (name, timeout, schema=None, spin_us=None, blocking=false))]
+    fn attach(
+        py: Python<'_>,
+        name: &str,
+        timeout: Seconds,
+        schema: Option<&str>,
+        spin_us: Option<Seconds>,
+        blocking: bool,
+    ) -> PyResult<PyStreamProducer> {
+        let timeout = duration(timeout, "timeout")?;
+        let policy = wait_policy(spin_us, blocking)?;
+        let schema = schema.map(Schema::parse).transpose().py_err(py)?;
+        let mut producer = py
+            .detach(|| Producer::attach(name, schema.as_ref(), timeout))
+            .py_err(py)?;
+        producer.set_wait_policy(policy);
+        let mapping = producer.mapping();
+        let layout = mapping.layout();
+        let offset = (layout.lane_offset(producer.lane()) + LANE_CTRL_SIZE) as usize;
+        let memory = PyStreamMemory::new(mapping.clone(), offset, layout.lane_capacity as usize)?;
+        Ok(PyStreamProducer {
+            name: producer.name().to_string(),
+            lane: producer.lane(),
+            schema: producer.schema().to_string(),
+            fields: fields_of(producer.schema()),
+            max_record: producer.max_record(),
+            memory: Py::new(py, memory)?,
+            producer: Mutex::new(Some(Arc::new(producer))),
+        })
+    }
+
+    /// This producer's lane's bytes (writable): what a reservation's `spans` index.
+    #[getter]
+    fn memory(&self, py: Python<'_>) -> Py<PyStreamMemory> {
+        self.memory.clone_ref(py)
+    }
+
+    /// Reserves a record whose variable fields have `lengths` elements (schema order),
+    /// waiting up to `timeout` seconds (None: no limit; Ctrl-C interrupts) for room:
+    /// `FullError` after it.
+    #[pyo3(signature = (lengths, timeout=None))]
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        lengths: Vec<Count<u32>>,
+        timeout: Option<Seconds>,
+    ) -> PyResult<PyStreamReservation> {
+        let lengths = counts(lengths);
+        let limit = limit(timeout)?;
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let producer = self.producer(py)?;
+        let producer = &*producer;
+        let mut res: Reservation = loop {
+            let slice = next_slice(deadline);
+            match py.detach(|| producer.reserve(&lengths, slice)) {
+                Ok(r) => break r,
+                // A slice passed with the lane still full: on to the next, or `Full`
+                // for the whole wait once the deadline passed.
+                Err(Error::Full { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                    if self.lock().is_none() {
+                        return Err(closed(py, Peer::Engine)); // closed by another thread
+                    }
+                    py.check_signals()?;
+                }
+                Err(Error::Full {
+                    lane, needed, free, ..
+                }) => {
+                    let waited = limit.unwrap_or(Duration::MAX);
+                    return Err(to_pyerr(
+                        py,
+                        Error::Full {
+                            lane,
+                            needed,
+                            free,
+                            waited,
+                        },
+                    ));
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        };
+        let n = self.fields.len();
+        let mut spans = Vec::with_capacity(n);
+        for i in 0..n {
+            let (p, count, dtype) = res.field_raw(i).py_err(py)?;
+            spans.push((
+                self.memory
+                    .get()
+                    .offset_of(p as usize, count * dtype.size())?,
+                count,
+            ));
+        }
+        Ok(PyStreamReservation {
+            seq: res.seq(),
+            spans,
+            reservation: Mutex::new(Some(res)),
+        })
+    }
+
+    /// The stream's flow metrics.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = {
+            let guard = self.lock();
+            guard
+                .as_ref()
+                .ok_or_else(|| closed(py, Peer::Engine))?
+                .stats()
+        };
+        stats_dict(py, &s)
+    }
+
+    /// Frees the lane (an open reservation is aborted first).
+    fn close(&self) {
+        self.lock().take();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().is_none()
+    }
+}
+
+/// A reserved record: where its fields lie in the producer's memory, until committed or
+/// aborted.
+#[pyclass(module = "shmbridge._native", name = "StreamReservation", frozen)]
+pub struct PyStreamReservation {
+    reservation: Mutex<Option<Reservation>>,
+    /// `(offset in the producer's memory, element count)` of each field.
+    #[pyo3(get)]
+    spans: Vec<(usize, usize)>,
+    #[pyo3(get)]
+    seq: u64,
+}
+
+impl PyStreamReservation {
+    fn take(&self, py: Python<'_>) -> PyResult<Reservation> {
+        self.reservation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                to_pyerr(
+                    py,
+                    Error::OutOfOrder("this reservation was already committed or aborted"),
+                )
+            })
+    }
+}
+
+#[pymethods]
+impl PyStreamReservation {
+    /// Publishes the record, whole.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        self.take(py)?.commit();
+        Ok(())
+    }
+
+    /// Drops the record: nothing is published.
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.take(py)?.abort();
+        Ok(())
+    }
+
+    /// Whether it was committed or aborted.
+    #[getter]
+    fn done(&self) -> bool {
+        self.reservation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+}
