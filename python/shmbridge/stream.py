@@ -93,12 +93,13 @@ class _Fields:
     """A stream's fields as NumPy sees them: names, dtypes, fixed counts (None:
     variable), and the views of a record's fields given their spans in a memory."""
 
-    __slots__ = ("names", "dtypes", "counts", "index", "variable")
+    __slots__ = ("names", "dtypes", "sizes", "counts", "index", "variable")
 
     def __init__(self, fields: Iterable[Tuple[str, str, Optional[int]]]):
         fields = list(fields)
         self.names = [f[0] for f in fields]
         self.dtypes = [_numpy_dtype(f[1]) for f in fields]
+        self.sizes = [d.itemsize for d in self.dtypes]
         self.counts = [f[2] for f in fields]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.variable = [f[0] for f in fields if f[2] is None]
@@ -109,10 +110,23 @@ class _Fields:
         except KeyError:
             raise KeyError(f"no field {name!r}: the stream's fields are {', '.join(self.names)}") from None
 
-    def view(self, memory: np.ndarray, spans: List[Tuple[int, int]], i: int) -> np.ndarray:
+    def typed(self, memory: np.ndarray) -> List[np.ndarray]:
+        """``memory`` seen as each field's dtype (one array per field, shared among
+        fields of one dtype): a field's view is then one slice of it."""
+        by_dtype: Dict[np.dtype, np.ndarray] = {}
+        for d in self.dtypes:
+            if d not in by_dtype:
+                by_dtype[d] = memory[:memory.nbytes - memory.nbytes % d.itemsize].view(d)
+        return [by_dtype[d] for d in self.dtypes]
+
+    def view(self, memory: np.ndarray, typed: List[np.ndarray], spans: List[Tuple[int, int]],
+             i: int) -> np.ndarray:
         offset, count = spans[i]
-        dtype = self.dtypes[i]
-        return memory[offset:offset + count * dtype.itemsize].view(dtype)
+        size = self.sizes[i]
+        if offset % size == 0:  # always, fields being aligned to their dtype: one slice
+            start = offset // size
+            return typed[i][start:start + count]
+        return memory[offset:offset + count * size].view(self.dtypes[i])
 
     def describe(self) -> Dict[str, Tuple[np.dtype, Optional[int]]]:
         return {n: (d, c) for n, d, c in zip(self.names, self.dtypes, self.counts)}
@@ -137,12 +151,13 @@ class Record:
     ``seq`` (its sequence number: 0, 1, 2 ... per producer), ``producer`` (the lane's
     generation: tells two producers of one lane apart)."""
 
-    __slots__ = ("_native", "_fields", "_memory", "_spans", "_views")
+    __slots__ = ("_native", "_fields", "_memory", "_typed", "_spans", "_views")
 
-    def __init__(self, native: Any, fields: Any, memory: np.ndarray):
+    def __init__(self, native: Any, fields: Any, memory: np.ndarray, typed: List[np.ndarray]):
         self._native = native
         self._fields = fields
         self._memory = memory
+        self._typed = typed
         self._spans = native.spans
         self._views: Dict[int, np.ndarray] = {}
 
@@ -155,7 +170,7 @@ class Record:
         i = self._fields.position(name)
         view = self._views.get(i)
         if view is None:
-            view = self._views[i] = self._fields.view(self._memory, self._spans, i)
+            view = self._views[i] = self._fields.view(self._memory, self._typed, self._spans, i)
         return view
 
     def fields(self) -> Dict[str, np.ndarray]:
@@ -261,6 +276,7 @@ class Consumer:
         self._native = native
         self._fields = _Fields(native.fields)
         self._memory = _memory(native.memory, writable=False)
+        self._typed = self._fields.typed(self._memory)
         self._last: Optional[Tuple[float, List[int]]] = None
 
     @property
@@ -290,14 +306,14 @@ class Consumer:
         (None: no limit; Ctrl-C interrupts); None once ``timeout`` passed with none."""
         self._check()
         rec = self._native.pop(timeout)
-        return None if rec is None else Record(rec, self._fields, self._memory)
+        return None if rec is None else Record(rec, self._fields, self._memory, self._typed)
 
     def pop_batch(self, max_records: int, timeout: Optional[float] = None) -> Batch:
         """Up to ``max_records`` records: waits up to ``timeout`` for the first, then
         takes what is there without waiting. Empty once ``timeout`` passed with none."""
         self._check()
         recs = self._native.pop_batch(max_records, timeout)
-        return Batch((Record(r, self._fields, self._memory) for r in recs), self._fields)
+        return Batch((Record(r, self._fields, self._memory, self._typed) for r in recs), self._fields)
 
     def stats(self) -> Dict[str, Any]:
         """Flow metrics: ``depth`` (records committed, not yet released or lost),
@@ -347,18 +363,19 @@ class Reservation:
     whole) or ``abort()`` (nothing is). A context manager: commits on leaving the block,
     aborts on an exception."""
 
-    __slots__ = ("_native", "_fields", "_memory", "_spans")
+    __slots__ = ("_native", "_fields", "_memory", "_typed", "_spans")
 
-    def __init__(self, native: Any, fields: Any, memory: np.ndarray):
+    def __init__(self, native: Any, fields: Any, memory: np.ndarray, typed: List[np.ndarray]):
         self._native = native
         self._fields = fields
         self._memory = memory
+        self._typed = typed
         self._spans = native.spans
 
     def __getitem__(self, name: str) -> np.ndarray:
         if self._native.done:
             raise ClosedError("this reservation was committed or aborted")
-        return self._fields.view(self._memory, self._spans, self._fields.position(name))
+        return self._fields.view(self._memory, self._typed, self._spans, self._fields.position(name))
 
     def __setitem__(self, name: str, value: Any) -> None:
         """Writes field ``name``: an array (or list, or number) of its length; bytes or a
@@ -412,6 +429,7 @@ class Producer:
         self._native = native
         self._fields = _Fields(native.fields)
         self._memory = _memory(native.memory, writable=True)
+        self._typed = self._fields.typed(self._memory)
 
     @property
     def name(self) -> str:
@@ -435,6 +453,12 @@ class Producer:
         return self._native.max_record
 
     def _lengths(self, lengths: Mapping[str, int]) -> List[int]:
+        variable = self._fields.variable
+        if len(lengths) == len(variable):  # the usual call: each variable field, nothing else
+            try:
+                return [lengths[n] for n in variable]
+            except KeyError:
+                pass
         unknown = [n for n in lengths if n not in self._fields.index]
         if unknown:
             raise TypeError(f"no field {', '.join(map(repr, unknown))}: the stream's fields are "
@@ -458,7 +482,7 @@ class Producer:
         if self._native.closed:
             raise ClosedError("this stream producer is closed")
         native = self._native.reserve(self._lengths(lengths), timeout)
-        return Reservation(native, self._fields, self._memory)
+        return Reservation(native, self._fields, self._memory, self._typed)
 
     def push(self, timeout: Optional[float] = 10.0, **fields: Any) -> int:
         """Reserves, writes every field given and commits: one record. Each field is an
