@@ -434,15 +434,15 @@ def test_pixels_rejects_a_bad_size():
 
 def _stream_record(content, s):
     """Record ``s`` of a bench stream producer, as the consumer receives it (arrays)."""
-    k, score, iid, crc = content.record(s)
-    return [content.tokens[k].copy(), content.logprobs[k].copy(), score, iid, content.meta(s, crc)]
+    k, score, iid, meta = content.record(s)
+    return [content.tokens[k].copy(), content.logprobs[k].copy(), score, iid, content.head(s) + meta]
 
 
 def test_stream_check_counts_torn_duplicated_and_reordered_records():
     from shmbridge.bench.stream import Content, Tally
 
     content = Content(1, 64)
-    tally = Tally(producers=2)
+    tally = Tally(producers=2, tokens=64)
     for s in (0, 1, 3, 2):  # 2 after 3: reordered
         tally.add(*_stream_record(content, s), t_pop=0)
     tally.add(*_stream_record(content, 1), t_pop=0)  # again: duplicated
@@ -456,12 +456,57 @@ def test_stream_check_counts_torn_duplicated_and_reordered_records():
     wrong_id[3] = b"p1-s8"
     tally.add(*wrong_id, t_pop=0)
     garbled = _stream_record(content, 9)
-    garbled[4] = garbled[4][:-3]  # meta that does not parse
+    garbled[4] = garbled[4][:-3]  # meta cut short
     tally.add(*garbled, t_pop=0)
     stranger = _stream_record(Content(5, 64), 0)  # a producer id out of range
     tally.add(*stranger, t_pop=0)
     assert (tally.received, tally.intact, tally.duplicated, tally.torn, tally.reordered) == (10, 4, 1, 5, 1)
     assert sorted(tally.seen[1]) == [0, 1, 2, 3] and len(tally.latencies) == 4
+
+
+def test_stream_check_compares_every_byte_of_every_field():
+    """The check compares each record with the one its header names, rebuilt from the
+    producer's seed: one byte off anywhere, a header cut short, a wrong dtype, a record
+    of the wrong length, are each torn; the intact record passes after all of them."""
+    import struct
+
+    from shmbridge.bench.stream import HEAD, Content, Tally
+
+    content = Content(0, 64)
+    tally = Tally(producers=1, tokens=64)
+    bad = []
+    r = _stream_record(content, 3)
+    r[1].view(np.uint8)[-1] ^= 1  # the last byte of the logprobs
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[0].view(np.uint8)[0] ^= 0x80  # the first byte of the tokens
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[2] += 0.5  # the score
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[4] = r[4][:-1] + b"]"  # the last byte of meta's JSON
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[4] = r[4][:HEAD.size - 1]  # a header cut short
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[4] = struct.pack("<IIQ", 0, 19, 0) + r[4][HEAD.size:]  # another record's identity (same bank entry)
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[0] = r[0].astype(np.int64)  # the tokens' dtype
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[0], r[1] = r[0][:-1], r[1][:-1]  # a record one element short
+    bad.append(r)
+    r = _stream_record(content, 3)
+    r[3] = b"p0-s3\0"  # one byte more of instance_id
+    bad.append(r)
+    for r in bad:
+        tally.add(*r, t_pop=0)
+    assert (tally.received, tally.torn, tally.intact) == (len(bad), len(bad), 0)
+    tally.add(*_stream_record(content, 3), t_pop=0)
+    assert (tally.intact, tally.torn) == (1, len(bad)) and tally.seen[0] == {3}
 
 
 def test_stream_pr_slots_round_trip_in_one_process():
@@ -474,7 +519,7 @@ def test_stream_pr_slots_round_trip_in_one_process():
     try:
         content = Content(0, 512)
         assert [ring.write(content, s) for s in range(4)] == [True, True, True, False]
-        tally = Tally(producers=1)
+        tally = Tally(producers=1, tokens=512)
         while (rec := ring.read()) is not None:
             tokens, logprobs, score, iid, meta = rec
             tally.add(np.array(tokens, np.int32), np.array(logprobs, np.float32), score, iid, meta, t_pop=0)

@@ -25,16 +25,20 @@ The contenders:
   keep-alive session; the consumer's aiohttp server parses it.
 
 Checking: each producer draws its arrays from a bank of 16 per producer (seeded by its id)
-and writes into ``meta`` its id ``p``, the record's sequence number ``s``, a CRC-32 of the
-record's content (tokens, logprobs, score, instance_id) and the time the record was
-handed over. The consumer recomputes the CRC-32 of every record it receives: a record
-whose meta does not parse, whose instance_id is not ``p{p}-s{s}`` or whose content does
-not match its CRC is **torn**; a ``(p, s)`` seen before is **duplicated**; a record a
-producer's transport accepted and the consumer never received intact is **lost**; a
-producer's records received out of their order are counted as reordered (in the JSON).
-The check runs in the consumer's loop for every contender, as does turning a record into
-NumPy arrays where the transport delivers lists (what a trainer does before batching):
-records/s is the rate of intact records into a consumer that has checked them.
+and starts ``meta`` with a fixed binary header (``HEAD``: its id ``p``, the record's
+sequence number ``s``, the time the record was handed over), then JSON (fixed per bank
+entry: what a worker's metadata looks like); ``instance_id`` is ``p{p}-s{s}`` and
+``score`` is ``p + s / 2``. The consumer rebuilds every producer's bank from the same seeds
+before the run and compares each record it receives with what record ``(p, s)`` must be,
+byte for byte (``tobytes() ==``: a copy and a memcmp, no checksum to compute): a record
+whose header does not parse or names no producer, or whose tokens, logprobs, score,
+instance_id or JSON differ in any byte, is **torn**; a ``(p, s)`` seen before is
+**duplicated**; a record a producer's transport accepted and the consumer never received
+intact is **lost**; a producer's records received out of their order are counted as
+reordered (in the JSON). The check runs in the consumer's loop for every contender, as
+does turning a record into NumPy arrays where the transport delivers lists (what a
+trainer does before batching): records/s is the rate of intact records into a consumer
+that has checked them.
 
 Latency is from the producer's stamp to the consumer holding the record: stamped just
 before ``commit()`` (shmbridge), before the index update (pr-slots; its meta is then
@@ -54,7 +58,6 @@ import struct
 import sys
 import time
 import traceback
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -91,30 +94,56 @@ def now_ns() -> int:
 # Records
 
 
+#: The start of every record's ``meta``: producer id, sequence number, the stamp
+#: (CLOCK_MONOTONIC ns); the record's JSON follows it.
+HEAD = struct.Struct("<IIQ")
+
+
 class Content:
-    """What producer ``p`` sends: its bank of arrays and each record's scalar fields."""
+    """What producer ``p`` sends: its bank of arrays and each record's other fields. The
+    consumer builds the same (the same seeds) to know what each record must hold."""
 
     def __init__(self, p: int, tokens: int):
         rng = np.random.default_rng(1_000 + p)
         self.p = p
         self.tokens = [rng.integers(0, 151_000, tokens, dtype=np.int32) for _ in range(BANK)]
         self.logprobs = [(-rng.exponential(1.0, tokens)).astype(np.float32) for _ in range(BANK)]
-        self.crc = [zlib.crc32(lp, zlib.crc32(tk)) for tk, lp in zip(self.tokens, self.logprobs)]
-        # The same bank as lists, for the transports whose producers hold lists.
-        self.token_lists = [t.tolist() for t in self.tokens]
-        self.logprob_lists = [lp.tolist() for lp in self.logprobs]
+        # What the consumer compares with, byte for byte.
+        self.token_bytes = [t.tobytes() for t in self.tokens]
+        self.logprob_bytes = [lp.tobytes() for lp in self.logprobs]
+        # meta's JSON, after its header: fixed per bank entry.
+        self.metas = [json.dumps({"env": "bench-stream", "worker": p, "bank": k, "group": k % 4,
+                                  "sampling": {"temperature": 1.0, "top_p": 0.95}}).encode()
+                      for k in range(BANK)]
+        self.meta_arrays = [np.frombuffer(m, np.uint8) for m in self.metas]
+        self._lists: Optional[Tuple[list, list]] = None
 
-    def record(self, s: int) -> Tuple[int, float, bytes, int]:
-        """``(bank index, score, instance_id, crc)`` of record ``s``."""
+    @property
+    def token_lists(self) -> List[list]:
+        """The bank as lists, for the transports whose producers hold lists."""
+        return self._as_lists()[0]
+
+    @property
+    def logprob_lists(self) -> List[list]:
+        return self._as_lists()[1]
+
+    def _as_lists(self) -> Tuple[list, list]:
+        if self._lists is None:
+            self._lists = ([t.tolist() for t in self.tokens], [lp.tolist() for lp in self.logprobs])
+        return self._lists
+
+    def record(self, s: int) -> Tuple[int, float, bytes, bytes]:
+        """``(bank index, score, instance_id, meta's JSON)`` of record ``s``."""
         k = s % BANK
-        score = self.p + s * 0.5
-        iid = f"p{self.p}-s{s}".encode()
-        return k, score, iid, zlib.crc32(iid, zlib.crc32(struct.pack("<d", score), self.crc[k]))
+        return k, self.p + s * 0.5, b"p%d-s%d" % (self.p, s), self.metas[k]
 
-    def meta(self, s: int, crc: int) -> bytes:
-        """Record ``s``'s meta, stamped now (a fixed-width stamp: a producer that reserves
-        the meta's length before stamping knows it)."""
-        return json.dumps({"p": self.p, "s": s, "h": crc, "t": f"{now_ns():020d}"}).encode()
+    def head(self, s: int) -> bytes:
+        """Record ``s``'s meta header, stamped now."""
+        return HEAD.pack(self.p, s, now_ns())
+
+    def meta(self, s: int) -> bytes:
+        """Record ``s``'s whole meta, stamped now."""
+        return HEAD.pack(self.p, s, now_ns()) + self.metas[s % BANK]
 
 
 @dataclass
@@ -122,6 +151,7 @@ class Tally:
     """The consumer's check of every record it receives."""
 
     producers: int
+    tokens: int
     received: int = 0
     intact: int = 0
     torn: int = 0
@@ -134,29 +164,36 @@ class Tally:
     def __post_init__(self) -> None:
         self.seen: List[set] = [set() for _ in range(self.producers)]
         self.last = [-1] * self.producers
+        # Every producer's content, rebuilt from its seed (before the run starts).
+        self.expected = [Content(p, self.tokens) for p in range(self.producers)]
 
     def add(self, tokens: np.ndarray, logprobs: np.ndarray, score: float, iid: bytes, meta: bytes,
             t_pop: int) -> None:
         self.received += 1
         self.t_last = t_pop
         try:
-            m = json.loads(meta)
-            p, s, h, t = int(m["p"]), int(m["s"]), int(m["h"]), int(m["t"])
-            crc = zlib.crc32(iid, zlib.crc32(struct.pack("<d", score), zlib.crc32(logprobs, zlib.crc32(tokens))))
-            ok = (0 <= p < self.producers and iid == f"p{p}-s{s}".encode() and crc == h
-                  and tokens.dtype == np.int32 and logprobs.dtype == np.float32)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, BufferError):
+            p, s, t = HEAD.unpack_from(meta)
+            c = self.expected[p]
+            k = s % BANK
+            # Every byte of the record against what record (p, s) must be.
+            ok = (iid == b"p%d-s%d" % (p, s) and score == p + s * 0.5 and meta[HEAD.size:] == c.metas[k]
+                  and tokens.dtype == np.int32 and logprobs.dtype == np.float32
+                  and tokens.tobytes() == c.token_bytes[k] and logprobs.tobytes() == c.logprob_bytes[k])
+        except (struct.error, IndexError, ValueError, TypeError, AttributeError, BufferError):
             ok = False
         if not ok:
             self.torn += 1
             return
-        if s in self.seen[p]:
+        seen = self.seen[p]
+        if s in seen:
             self.duplicated += 1
             return
-        self.seen[p].add(s)
-        if s < self.last[p]:
+        seen.add(s)
+        last = self.last[p]
+        if s < last:
             self.reordered += 1
-        self.last[p] = max(self.last[p], s)
+        else:
+            self.last[p] = s
         self.intact += 1
         self.nbytes += tokens.nbytes + logprobs.nbytes + 8 + len(iid) + len(meta)
         self.latencies.append(t_pop - t)
@@ -250,7 +287,7 @@ class PrSlots:
         nxt = (write + 1) % size
         if nxt == read:
             return False
-        k, score, iid, crc = content.record(s)
+        k, score, iid, meta = content.record(s)
         off = self._slot(write)
         tokens = content.tokens[k]
         n = min(len(tokens), entry)
@@ -258,7 +295,7 @@ class PrSlots:
         at = off + PR_TOKENS_AT
         np.ndarray((entry,), np.int32, self.buf, at)[:n] = tokens[:n]
         np.ndarray((entry,), np.float32, self.buf, at + entry * 4)[:n] = content.logprobs[k][:n]
-        struct.pack_into(f"{PR_META_LEN}s", self.buf, off + PR_META_AT, content.meta(s, crc))
+        struct.pack_into(f"{PR_META_LEN}s", self.buf, off + PR_META_AT, content.head(s) + meta)
         PR_INDICES.pack_into(self.buf, PR_INDICES_AT, read, nxt)  # both indices, as read above
         return True
 
@@ -366,9 +403,9 @@ class QueueConsumer(Consumer):
 
 def write_queue(q: Any, content: Content, n: int, results: Any) -> Tuple[int, int]:
     for s in range(n):
-        k, score, iid, crc = content.record(s)
+        k, score, iid, meta = content.record(s)
         q.put({"tokens": content.tokens[k], "logprobs": content.logprobs[k], "score": score,
-               "instance_id": iid, "meta": content.meta(s, crc)})
+               "instance_id": iid, "meta": content.head(s) + meta})
     q.put(None)
     q.close()
     q.join_thread()  # every record is in the pipe before the producer says it is done
@@ -391,7 +428,7 @@ class HttpConsumer(Consumer):
             body = await request.json()
             t_pop = now_ns()
             self.tally.add(np.array(body["tokens"], np.int32), np.array(body["logprobs"], np.float32),
-                           float(body["score"]), body["instance_id"].encode(), body["meta"].encode(), t_pop)
+                           float(body["score"]), body["instance_id"].encode(), body["meta"].encode("latin-1"), t_pop)
             return web.Response(status=204)
 
         app = web.Application(client_max_size=64 << 20)
@@ -425,10 +462,11 @@ def write_http(url: Any, content: Content, n: int, results: Any) -> Tuple[int, i
     async def post_all() -> int:
         async with aiohttp.ClientSession() as session:
             for s in range(n):
-                k, score, iid, crc = content.record(s)
+                k, score, iid, meta = content.record(s)
+                # meta's binary header travels as latin-1 text (one character a byte).
                 body = json.dumps({"tokens": content.token_lists[k], "logprobs": content.logprob_lists[k],
                                    "score": score, "instance_id": iid.decode(),
-                                   "meta": content.meta(s, crc).decode()})
+                                   "meta": (content.head(s) + meta).decode("latin-1")})
                 async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
                     if r.status != 204:
                         raise RuntimeError(f"POST answered {r.status}")
@@ -491,16 +529,19 @@ def write_shmbridge(spec: Any, content: Content, n: int, results: Any) -> Tuple[
 
     name, blocking = spec
     tokens = len(content.tokens[0])
+    head, p, h = HEAD, content.p, HEAD.size
     with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S, blocking=blocking) as producer:
         for s in range(n):
-            k, score, iid, crc = content.record(s)
+            k, score, iid, meta = content.record(s)
             with producer.reserve(timeout=WRITE_DEADLINE_S, tokens=tokens, logprobs=tokens, instance_id=len(iid),
-                                  meta=len(content.meta(s, crc))) as r:
+                                  meta=h + len(meta)) as r:
                 r["tokens"][:] = content.tokens[k]
                 r["logprobs"][:] = content.logprobs[k]
                 r["score"][0] = score
-                r["instance_id"] = iid
-                r["meta"] = content.meta(s, crc)  # stamped last, just before the commit
+                r["instance_id"].data[:] = iid
+                m = r["meta"]
+                m[h:] = content.meta_arrays[k]
+                head.pack_into(m, 0, p, s, now_ns())  # stamped last, just before the commit
     return n, 0
 
 
@@ -610,7 +651,7 @@ def run_case(key: str, case: Case) -> Tuple[Tally, int, int, int]:
             if time.monotonic() > start_by:
                 raise CaseError("producers not ready in time")
             drain(0.05)
-        tally = Tally(case.producers)
+        tally = Tally(case.producers, case.tokens)
 
         def done() -> bool:
             drain(0)
@@ -753,13 +794,14 @@ def report(results: Dict[Tuple[int, int], Dict[str, Measured]], keys: Sequence[s
                   markdown_table(header, rows, "llrrrrrrrr")]
     lines += [
         "",
-        "records/s: intact records per second into a consumer that checks each one (CRC-32 of its content, "
-        "its producer and sequence number; lists turned into arrays where the transport delivers lists), "
+        "records/s: intact records per second into a consumer that checks each one (every byte against the "
+        "record its producer and sequence number name, rebuilt from the producer's seed; lists turned into "
+        "arrays where the transport delivers lists), "
         "median over the rounds; GB/s: their payload bytes. Latency: from the producer's stamp (just before "
         "commit, the index update, `put()`, or encoding the POST) to the consumer holding the record, over "
         "every intact record of every round; producers send as fast as the transport takes records, so it "
         "includes the time a record waits in a full buffer. lost: accepted by the transport, never received intact; torn: "
-        "received with content that does not match its checksum or identity; duplicated: received twice. "
+        "received with any byte not that of the record its header names; duplicated: received twice. "
         "Counts are totals over the rounds.",
         "",
         "PR design: its writers retry a write refused as full "
