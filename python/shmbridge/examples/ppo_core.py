@@ -1,6 +1,6 @@
 """The pieces of PPO that both trainers of ``shmbridge-ppo`` use: the state trainer
 (:mod:`.ppo`, an MLP on the ``cartpole`` engine's state) and the pixels trainer
-(:mod:`.ppo_pixels`, a CNN on the ``pixels`` engine's frames). Each trainer owns its
+(:mod:`.ppo_pixels`, a CNN on the ``pixels`` engine's frames or a MuJoCo engine's camera). Each trainer owns its
 agent, its views of the engine's tensors and its rollout loop; what is here knows
 nothing of either: the run's configuration and outcome, the device choice, the rollout
 buffers, GAE, the bootstrap of episodes cut by the time limit, the clipped-surrogate
@@ -24,9 +24,12 @@ import shmbridge
 class Config:
     """Hyperparameters and run options; the defaults are the command line's defaults."""
 
-    env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
-    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey)
-    frame_stack: int = 2  # pixels: frames per env in the engine's stack
+    # cartpole (from the state) | pixels (from rendered frames) | mujoco/<Task> (from the
+    # native MuJoCo engine's camera)
+    env: str = "cartpole"
+    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey; mujoco: HxWx3)
+    frame_stack: int = 2  # pixels: frames per env in the engine's stack (mujoco: in the learner's)
+    camera: Optional[str] = None  # mujoco/<Task>: the model's camera (None: the task's default)
     image_device: str = "vulkan"  # pixels: where the engine draws (vulkan, or host: the region)
     save: Optional[str] = None  # pixels: write the trained agent here (examples/pixels_viewer.py)
     num_envs: int = 16
@@ -154,23 +157,31 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
         rewards += gamma * values * cut_dev
 
 
-def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
-               minibatch: int) -> None:
-    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
-    minibatches. ``evaluate(obs) -> (logits, value)``; ``obs`` is (batch, ...), the
-    other rollout tensors (T, n), flattened here."""
-    import torch
+def categorical(logits):
+    """The policy of a discrete action: a categorical distribution over ``logits``."""
     from torch.distributions import Categorical
 
+    return Categorical(logits=logits, validate_args=False)
+
+
+def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
+               minibatch: int, distribution=categorical) -> None:
+    """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, in shuffled
+    minibatches. ``evaluate(obs) -> (head, value)`` and ``distribution(head)`` the policy
+    (default: :func:`categorical` of logits; a continuous action: a distribution whose
+    ``log_prob`` and ``entropy`` are one number per sample); ``obs`` is (batch, ...), the
+    other rollout tensors (T, n) (actions (T, n, ...)), flattened here."""
+    import torch
+
     batch = obs.shape[0]
-    b_act, b_logp = actions.reshape(batch), logp.reshape(batch)
+    b_act, b_logp = actions.reshape(batch, *actions.shape[2:]), logp.reshape(batch)
     b_adv, b_ret = adv.reshape(batch), ret.reshape(batch)
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(batch, device=obs.device)
         for s in range(0, batch, minibatch):
             mb = perm[s:s + minibatch]
-            logits, value = evaluate(obs[mb])
-            dist = Categorical(logits=logits, validate_args=False)
+            head, value = evaluate(obs[mb])
+            dist = distribution(head)
             ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
             a = b_adv[mb]
             a = (a - a.mean()) / (a.std() + 1e-8)
@@ -219,9 +230,11 @@ def orthogonal_init(module, std: float = math.sqrt(2)):
     return module
 
 
-def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> tuple:
+def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device,
+                    act_shape: tuple = ()) -> tuple:
     """A rollout's buffers on the learner's device: observations ``(t_len, n, *obs_shape)``
-    of ``obs_dtype``, actions, log-probabilities, rewards, dones, values; then the episode
+    of ``obs_dtype``, actions (an index each, or ``act_shape`` floats: a continuous
+    action), log-probabilities, rewards, dones, values; then the episode
     bookkeeping: each env's return so far and, at each step, that return as it stood
     (kept where the episode ended: read back once per update)."""
     import torch
@@ -229,7 +242,8 @@ def rollout_buffers(t_len: int, n: int, obs_shape: tuple, obs_dtype, device) -> 
     steps = (t_len, n)
     return (
         torch.zeros(steps + tuple(obs_shape), dtype=obs_dtype, device=device),
-        torch.zeros(steps, dtype=torch.long, device=device),
+        torch.zeros(steps + tuple(act_shape), dtype=torch.long if not act_shape else torch.float32,
+                    device=device),
         torch.zeros(steps, device=device),
         torch.zeros(steps, device=device),
         torch.zeros(steps, device=device),
@@ -296,6 +310,14 @@ class Progress:
         )
 
 
+def write_csv(path: str, r: Result) -> None:
+    """The learning curve: env steps, and the mean return of the last 100 episodes."""
+    with open(path, "w") as f:
+        f.write("env_steps,train_mean\n")
+        for s, m in zip(r.curve_steps, r.curve_returns):
+            f.write(f"{s},{m:.1f}\n")
+
+
 def plot_curve(cfg: Config, r: Result) -> str:
     import matplotlib
 
@@ -309,8 +331,8 @@ def plot_curve(cfg: Config, r: Result) -> str:
                    label=f"target {cfg.target_return:g}")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
-    ax.set_ylim(0, 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}×{cfg.frame_stack}, CNN"
+    ax.set_ylim(0, 1040 if cfg.env.startswith("mujoco/") else 520)
+    what = "cartpole" if cfg.env == "cartpole" else f"{cfg.env} pixels {cfg.image}×{cfg.frame_stack}, CNN"
     ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
                  f"{r.wall_s:.0f} s, {r.device})")
     ax.grid(alpha=0.3)
