@@ -956,3 +956,28 @@ def test_ppo_from_pixels_trains_on_the_cameras_frames_in_the_region(monkeypatch)
     for i, j in enumerate(order):
         assert np.array_equal(seen[i], expected[j]), (i, j)
     assert any(not np.array_equal(f, drawn[0]) for f in drawn[1:])  # the camera saw the motion
+
+
+def test_the_camera_the_pixels_example_adds_leaves_the_pendulum_gymnasiums() -> None:
+    """InvertedPendulum-v5's model has no camera; examples/ppo_pixels.py serves it with
+    one added (``cart``). The task is the same: with the same seed and actions its
+    observations, rewards and ends equal those of the stock model, bit for bit, while its
+    frames show the pole moving."""
+    pytest.importorskip("torch", reason="the example's module needs torch (the ppo extra)")
+    from shmbridge.examples import ppo, ppo_pixels
+
+    n = 3
+    cfg = ppo.Config(env="mujoco/InvertedPendulum-v5", image="16x16x3", num_envs=n, seed=5)
+    actions = np.random.default_rng(0).uniform(-3, 3, (60, n, 1)).astype(np.float32)
+    assets = os.environ.get("SHMBRIDGE_MUJOCO_ASSETS")
+    with ppo_pixels._launch(cfg, n) as seen, launch_mujoco("InvertedPendulum-v5", n, seed=5) as stock:
+        assert os.environ.get("SHMBRIDGE_MUJOCO_ASSETS") == assets  # as it was before the launch
+        assert seen.call("model_info")["cameras"] == "cart"
+        frames = [np.asarray(seen["rgb"]).copy()]
+        for a in actions:
+            seen.step(a)
+            stock.step(a)
+            for name in ("obs", "rewards", "terminated", "truncated", "final_obs"):
+                assert np.array_equal(np.asarray(seen[name]), np.asarray(stock[name])), name
+            frames.append(np.asarray(seen["rgb"]).copy())
+    assert any(not np.array_equal(f, frames[0]) for f in frames[1:])
