@@ -981,3 +981,18 @@ def test_the_camera_the_pixels_example_adds_leaves_the_pendulum_gymnasiums() -> 
                 assert np.array_equal(np.asarray(seen[name]), np.asarray(stock[name])), name
             frames.append(np.asarray(seen["rgb"]).copy())
     assert any(not np.array_equal(f, frames[0]) for f in frames[1:])
+
+
+def test_ppo_from_the_camera_refuses_what_it_cannot_do(capsys) -> None:
+    """Before any engine starts: a camera image that is not RGB, and `--save` (whose
+    agents are the pixels engine's, for examples/pixels_viewer.py)."""
+    pytest.importorskip("torch", reason="the example's PPO needs torch (the ppo extra)")
+    from shmbridge.examples import ppo
+
+    base = ["--env", "mujoco/InvertedPendulum-v5", "--total-steps", "64", "--no-progress", "--plot", ""]
+    assert ppo.main(base + ["--image", "32x32x1"]) == 2
+    assert "the MuJoCo camera draws RGB (HxWx3)" in capsys.readouterr().err
+    assert ppo.main(base + ["--save", "agent.pt"]) == 2
+    assert "--save keeps an agent of the pixels engine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ppo.main(["--env", "mujoco/"])

@@ -525,10 +525,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("shmbridge-ppo: error: --shards, --host-staged and several ranks train cartpole "
               "(not pixels)", file=sys.stderr)
         return 2
-    if cfg.env.startswith("mujoco/") and cfg.save:
-        print("shmbridge-ppo: error: --save keeps a pixels agent (for examples/pixels_viewer.py), "
-              "not a mujoco one", file=sys.stderr)
-        return 2
     try:
         if cfg.env != "cartpole":
             r = train_pixels(cfg)

@@ -209,6 +209,9 @@ def train(cfg: Config, log=print) -> Result:
     import torch
 
     mujoco = cfg.env.startswith("mujoco/")
+    if mujoco and cfg.save:
+        raise ValueError("--save keeps an agent of the pixels engine (for examples/pixels_viewer.py), "
+                         f"not of {cfg.env}")
     where, why = choose_device(cfg.device)
     device = torch.device(where)
     drawn = ("by MuJoCo's renderer into the region" if mujoco
