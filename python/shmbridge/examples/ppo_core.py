@@ -332,9 +332,10 @@ def plot_curve(cfg: Config, r: Result) -> str:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
     ax.set_ylim(0, 1040 if cfg.env.startswith("mujoco/") else 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"{cfg.env} pixels {cfg.image}×{cfg.frame_stack}, CNN"
-    ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
-                 f"{r.wall_s:.0f} s, {r.device})")
+    what = ("cartpole" if cfg.env == "cartpole"
+            else f"{cfg.env.replace('mujoco/', '')} pixels {cfg.image}×{cfg.frame_stack}, CNN")
+    ax.set_title(f"PPO on shmbridge {what}\n({cfg.num_envs} envs, seed {cfg.seed}, "
+                 f"{r.wall_s:.0f} s, {r.device})", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
