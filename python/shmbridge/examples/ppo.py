@@ -543,7 +543,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if csv:
         write_csv(csv, r)
         print(f"learning curve: {csv}")
-    if cfg.save:
+    if cfg.env == "pixels" and cfg.save:
         print(f"agent: {os.path.abspath(cfg.save)}")
     if cfg.target_return is not None:
         how = "reached" if r.reached_target else "not reached"
