@@ -2,7 +2,8 @@
 # The native MuJoCo engine (cargo feature `mujoco`, docs/mujoco.md): installs MuJoCo
 # (PyPI's mujoco==3.17.0 wheel) and Gymnasium into target/mujoco-venv, builds the Python
 # extension with the feature into that venv, and runs its tests (the alignment with
-# Gymnasium's envs, a raw MJCF file, PPO learning InvertedPendulum), after the engine's Rust
+# Gymnasium's envs, a raw MJCF file, PPO learning InvertedPendulum, the package's PPO from
+# the camera's pixels), after the engine's Rust
 # unit tests. `--release`: the extension in the wheel's release profile (for
 # benchmarks; minutes longer to build), else the dev profile. Extra arguments go to pytest.
 #
@@ -36,9 +37,9 @@ ensure_mujoco "$venv"
 ensure_mesa
 ensure_vulkan
 export MUJOCO_GL=egl
-step "Stable-Baselines3 and torch into $venv (the learning test, the sb3 extra)"
+step "Stable-Baselines3, torch and tqdm into $venv (the learning tests: the sb3 and ppo extras)"
 # shellcheck disable=SC2046
-"$venv/bin/python" -m pip install -q $(PROJECT_PYTHON="$venv/bin/python" project_requirements sb3) \
+"$venv/bin/python" -m pip install -q $(PROJECT_PYTHON="$venv/bin/python" project_requirements sb3 ppo) \
     2>&1 | { grep -v "Running pip as the 'root' user" || true; }
 step "the engine's unit tests and the registry's with its tasks (cargo test --features mujoco)"
 # Gymnasium's model files, as `python -m shmbridge engine` finds them.

@@ -28,20 +28,31 @@ def main(argv=None, prog: str = "shmbridge") -> int:
         return 130
 
 
-def _mujoco_assets() -> None:
-    """The native MuJoCo engines (``--env mujoco/<Task>``) read Gymnasium's model files
-    at run time: ``SHMBRIDGE_MUJOCO_ASSETS`` names their folder, taken from the installed
-    ``gymnasium`` package (found without importing it) unless already set."""
+def mujoco_assets() -> "str | None":
+    """The folder of the model files the native MuJoCo engines (``--env mujoco/<Task>``)
+    read: ``SHMBRIDGE_MUJOCO_ASSETS`` where set, else the installed ``gymnasium``
+    package's (found without importing it); ``None`` if neither."""
     import os
     from importlib.util import find_spec
 
     if "SHMBRIDGE_MUJOCO_ASSETS" in os.environ:
-        return
+        return os.environ["SHMBRIDGE_MUJOCO_ASSETS"]
     spec = find_spec("gymnasium")
     if spec is not None and spec.submodule_search_locations:
         folder = os.path.join(list(spec.submodule_search_locations)[0], "envs", "mujoco", "assets")
         if os.path.isdir(folder):
-            os.environ["SHMBRIDGE_MUJOCO_ASSETS"] = folder
+            return folder
+    return None
+
+
+def _mujoco_assets() -> None:
+    """The native MuJoCo engines read Gymnasium's model files at run time:
+    ``SHMBRIDGE_MUJOCO_ASSETS`` names their folder (:func:`mujoco_assets`)."""
+    import os
+
+    folder = mujoco_assets()
+    if folder is not None:
+        os.environ["SHMBRIDGE_MUJOCO_ASSETS"] = folder
 
 
 if __name__ == "__main__":

@@ -896,3 +896,131 @@ def test_reward_libraries_that_fail_are_clear_errors(tmp_path) -> None:
             engine.kill()
             engine.wait()
         assert not [n for n in os.listdir("/dev/shm") if name.split("/")[-1] in n], name
+
+
+def test_ppo_from_pixels_trains_on_the_cameras_frames_in_the_region(monkeypatch) -> None:
+    """`shmbridge-ppo --env mujoco/InvertedPendulum-v5` (examples/ppo_pixels.py): two
+    updates from the camera the example adds to the model. Every stack the policy is
+    evaluated on while stepping is the region's frames, read through the zero-copy view
+    (the same address as the region's tensor): the last three frames the camera drew,
+    oldest first, a new episode's stack filled with its first frame."""
+    torch = pytest.importorskip("torch", reason="the example's PPO needs torch (the ppo extra)")
+    pytest.importorskip("tqdm", reason="the example's PPO needs tqdm (the ppo extra)")
+    from shmbridge.examples import ppo, ppo_pixels
+
+    n, t_len, k, updates = 4, 16, 3, 2
+    drawn, ended, seen, addresses = [], [], [], []  # the region's frames; what the policy saw
+    launch = shmbridge.launch
+
+    class Recorded:
+        """The client, recording the region's frames after launch and after every step."""
+
+        def __init__(self, client) -> None:
+            self.client, self.importer = client, client.importer
+            drawn.append(np.asarray(client["rgb"]).copy())
+
+        def __getitem__(self, name):
+            return self.client[name]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.client.__exit__(*exc)
+
+        def step(self) -> None:
+            self.client.step()
+            drawn.append(np.asarray(self.client["rgb"]).copy())
+            ended.append(np.asarray(self.client["terminated"]) | np.asarray(self.client["truncated"]))
+
+    def recorded_launch(*args, **kwargs):
+        return Recorded(launch(*args, **kwargs))
+
+    views = ppo_pixels._views
+
+    def checked_views(client):
+        v = views(client)
+        addresses.append((v["rgb"].data_ptr(), client["rgb"].data_ptr))
+        return v
+
+    agent_of = ppo_pixels._agent
+
+    def recording_agent(*args, **kwargs):
+        agent = agent_of(*args, **kwargs)
+        evaluate = agent.evaluate
+
+        def recording_evaluate(x):
+            if not torch.is_grad_enabled():  # stepping (and the value after a rollout)
+                seen.append(x.numpy().copy())
+            return evaluate(x)
+
+        agent.evaluate = recording_evaluate
+        return agent
+
+    monkeypatch.setattr(shmbridge, "launch", recorded_launch)
+    monkeypatch.setattr(ppo_pixels, "_views", checked_views)
+    monkeypatch.setattr(ppo_pixels, "_agent", recording_agent)
+    cfg = ppo.Config(env="mujoco/InvertedPendulum-v5", image="24x32x3", frame_stack=k, num_envs=n,
+                     num_steps=t_len, num_minibatches=2, total_steps=updates * n * t_len, seed=3,
+                     device="cpu", lr=3e-4, update_epochs=1, target_return=None, plot=None,
+                     progress=False)
+    r = ppo_pixels.train(cfg, log=lambda *a: None)
+
+    assert r.env_steps == updates * n * t_len and r.episodes > 0
+    assert r.zero_copy_views == ["rgb", "actions", "rewards", "terminated", "truncated"]
+    assert len(addresses) == 1 and addresses[0][0] == addresses[0][1]
+    assert len(drawn) == updates * t_len + 1 and drawn[0].shape == (n, 24, 32, 3)
+    assert any(e.any() for e in ended)  # random-ish actions: episodes ended and restarted
+    # The stack after each step, from the frames the region held, as the learner keeps it.
+    stacks = [np.repeat(drawn[0][:, None], k, axis=1)]
+    for i in range(1, len(drawn)):
+        s = np.concatenate([stacks[-1][:, 1:], drawn[i][:, None]], axis=1)
+        s[ended[i - 1]] = drawn[i][ended[i - 1], None]
+        stacks.append(s)
+    # (n, K, H, W, 3) -> (n, K * 3, H, W): each frame's RGB planes, oldest frame first.
+    expected = [s.transpose(0, 1, 4, 2, 3).reshape(n, k * 3, 24, 32) for s in stacks]
+    order = [u * t_len + t for u in range(updates) for t in range(t_len + 1)]
+    assert len(seen) == len(order)
+    for i, j in enumerate(order):
+        assert np.array_equal(seen[i], expected[j]), (i, j)
+    assert any(not np.array_equal(f, drawn[0]) for f in drawn[1:])  # the camera saw the motion
+
+
+def test_the_camera_the_pixels_example_adds_leaves_the_pendulum_gymnasiums() -> None:
+    """InvertedPendulum-v5's model has no camera; examples/ppo_pixels.py serves it with
+    one added (``cart``). The task is the same: with the same seed and actions its
+    observations, rewards and ends equal those of the stock model, bit for bit, while its
+    frames show the pole moving."""
+    pytest.importorskip("torch", reason="the example's module needs torch (the ppo extra)")
+    from shmbridge.examples import ppo, ppo_pixels
+
+    n = 3
+    cfg = ppo.Config(env="mujoco/InvertedPendulum-v5", image="16x16x3", num_envs=n, seed=5)
+    actions = np.random.default_rng(0).uniform(-3, 3, (60, n, 1)).astype(np.float32)
+    assets = os.environ.get("SHMBRIDGE_MUJOCO_ASSETS")
+    with ppo_pixels._launch(cfg, n) as seen, launch_mujoco("InvertedPendulum-v5", n, seed=5) as stock:
+        assert os.environ.get("SHMBRIDGE_MUJOCO_ASSETS") == assets  # as it was before the launch
+        assert seen.call("model_info")["cameras"] == "cart"
+        frames = [np.asarray(seen["rgb"]).copy()]
+        for a in actions:
+            seen.step(a)
+            stock.step(a)
+            for name in ("obs", "rewards", "terminated", "truncated", "final_obs"):
+                assert np.array_equal(np.asarray(seen[name]), np.asarray(stock[name])), name
+            frames.append(np.asarray(seen["rgb"]).copy())
+    assert any(not np.array_equal(f, frames[0]) for f in frames[1:])
+
+
+def test_ppo_from_the_camera_refuses_what_it_cannot_do(capsys) -> None:
+    """Before any engine starts: a camera image that is not RGB, and `--save` (whose
+    agents are the pixels engine's, for examples/pixels_viewer.py)."""
+    pytest.importorskip("torch", reason="the example's PPO needs torch (the ppo extra)")
+    from shmbridge.examples import ppo
+
+    base = ["--env", "mujoco/InvertedPendulum-v5", "--total-steps", "64", "--no-progress", "--plot", ""]
+    assert ppo.main(base + ["--image", "32x32x1"]) == 2
+    assert "the MuJoCo camera draws RGB (HxWx3)" in capsys.readouterr().err
+    assert ppo.main(base + ["--save", "agent.pt"]) == 2
+    assert "--save keeps an agent of the pixels engine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ppo.main(["--env", "mujoco/"])

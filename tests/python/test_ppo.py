@@ -48,10 +48,10 @@ needs_cuda = pytest.mark.skipif(bool(NO_CUDA), reason=f"PPO on CUDA needs a usab
 
 def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
     before = regions()
-    plot = tmp_path / "curve.png"
+    plot, csv = tmp_path / "curve.png", tmp_path / "curve.csv"
     rc = ppo.main([
         "--total-steps", "24576", "--seed", "1", "--device", "cpu",
-        "--plot", str(plot), "--no-progress",
+        "--plot", str(plot), "--csv", str(csv), "--no-progress",
     ])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -67,6 +67,9 @@ def test_ppo_learns_on_a_short_budget(tmp_path, capsys):
 
     assert plot.read_bytes()[:8] == PNG_MAGIC
     assert f"learning curve: {plot}" in out
+    rows = csv.read_text().splitlines()  # a row per update: 12 of 16 envs x 128 steps
+    assert rows[0] == "env_steps,train_mean" and len(rows) == 13, rows
+    assert rows[-1] == f"24576,{mean:.1f}", rows
     assert not regions() - before  # nothing new left (other processes may come and go)
 
 

@@ -39,7 +39,9 @@ curve. ``--total-steps`` counts the steps of all ranks together.
 
     torchrun --nproc_per_node=2 -m shmbridge.examples.ppo --shards 2
 
-``--env pixels`` trains from rendered frames instead (:mod:`.ppo_pixels`). What the two
+``--env pixels`` trains from rendered frames instead (:mod:`.ppo_pixels`), and
+``--env mujoco/<Task>`` from the native MuJoCo engine's camera (the same module; a build
+with the ``mujoco`` feature, docs/mujoco.md). ``--csv`` writes the learning curve. What the two
 trainers share (the configuration, GAE, the truncation bootstrap, the update, the episode
 bookkeeping, the plot) is in :mod:`.ppo_core`; this module is the state trainer and the
 command line.
@@ -61,7 +63,7 @@ from typing import Iterator, List, Optional, Tuple
 import shmbridge
 
 from .ppo_core import (Config, Progress, Result, bootstrap_truncated, choose_device, gae,
-                       orthogonal_init, plot_curve, ppo_update, rollout_buffers)
+                       orthogonal_init, plot_curve, ppo_update, rollout_buffers, write_csv)
 from .ppo_pixels import train as train_pixels
 
 
@@ -415,19 +417,30 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shmbridge-ppo",
         description="PPO in PyTorch on the shmbridge cartpole engine (CartPole-v1 dynamics), "
-                    "from its state or (--env pixels) from the frames the pixels engine renders.",
+                    "from its state, (--env pixels) from the frames the pixels engine renders or "
+                    "(--env mujoco/<Task>) from the native MuJoCo engine's camera.",
         formatter_class=_Help,
     )
-    p.add_argument("--env", choices=["cartpole", "pixels"], default=d.env,
+    p.add_argument("--env", type=_env_name, default=d.env,
                    help="cartpole: an MLP on the state; pixels: a small CNN on the frames the "
                         "pixels engine draws (defaults then: --lr "
                         f"{PIXELS['lr']:g}, --total-steps {PIXELS['total_steps']:,}, --ent-coef "
                         f"{PIXELS['ent_coef']:g}, --update-epochs {PIXELS['update_epochs']}, "
-                        f"--target-return {PIXELS['target_return']:g}, --plot {PIXELS['plot']})")
-    p.add_argument("--image", default=d.image, help="pixels: the frame shape, HxWxC (C: 4 RGBA, "
-                                                    "3 RGB or 1 grey)")
+                        f"--target-return {PIXELS['target_return']:g}, --plot {PIXELS['plot']}); "
+                        "mujoco/<Task> (a build with the mujoco feature): the same CNN with a "
+                        "Gaussian head on the native MuJoCo engine's camera (defaults then: "
+                        + ", ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float)
+                                    else f"--{k.replace('_', '-')} {v}"
+                                    for k, v in MUJOCO_PIXELS.items() if v != "") + ")")
+    p.add_argument("--image", default=None, help="pixels: the frame shape, HxWxC (C: 4 RGBA, "
+                                                 f"3 RGB or 1 grey) [{d.image}]; mujoco: the "
+                                                 "camera's, HxWx3")
     p.add_argument("--frame-stack", type=int, default=d.frame_stack,
-                   help="pixels: the last frames of each env the engine serves (the network's input)")
+                   help="pixels: the last frames of each env the engine serves (the network's "
+                        "input); mujoco: those the learner stacks")
+    p.add_argument("--camera", default=None,
+                   help="mujoco: the model's camera (default: track; InvertedPendulum-v5: cart, "
+                        "a camera the learner adds to its model)")
     p.add_argument("--image-device", choices=["vulkan", "host"], default=d.image_device,
                    help="pixels: where the engine draws its frames (Vulkan memory it exports, or "
                         "the region's shared memory)")
@@ -450,10 +463,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help=f"Adam learning rate [cartpole: {d.lr:g}]")
     p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false",
                    help="keep the learning rate constant (default: linear decay to 0 over --total-steps)")
-    p.add_argument("--num-steps", type=int, default=d.num_steps, help="rollout length per env")
+    p.add_argument("--num-steps", type=int, default=None, help=f"rollout length per env [{d.num_steps}]")
     p.add_argument("--update-epochs", "--epochs", type=int, default=None,
                    help=f"passes over each rollout [cartpole: {d.update_epochs}]")
-    p.add_argument("--num-minibatches", "--minibatches", type=int, default=d.num_minibatches)
+    p.add_argument("--num-minibatches", "--minibatches", type=int, default=None,
+                   help=f"[{d.num_minibatches}]")
     p.add_argument("--gamma", type=float, default=d.gamma)
     p.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
     p.add_argument("--clip-coef", "--clip", type=float, default=d.clip_coef)
@@ -469,6 +483,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--blocking", action="store_true",
                    help="client and engine sleep on the futex instead of spinning first")
     p.add_argument("--plot", default=None, help=f"learning-curve PNG ('' for none) [cartpole: {d.plot}]")
+    p.add_argument("--csv", default=None,
+                   help="write the learning curve here (env_steps, train_mean: the mean return "
+                        "of the last 100 episodes after each update)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
     p.add_argument("--shards", type=int, default=d.shards,
@@ -486,11 +503,23 @@ def _parser() -> argparse.ArgumentParser:
 # a smaller step; the target is a mean return of 400 within 2M steps).
 PIXELS = dict(lr=7e-4, total_steps=2_000_000, ent_coef=0.01, update_epochs=4,
               target_return=400.0, plot="ppo_pixels.png", save="ppo_pixels.pt")
+# `--env mujoco/<Task>`: InvertedPendulum-v5 from its 64x64 camera (docs/mujoco.md).
+MUJOCO_PIXELS = dict(image="64x64x3", lr=3e-4, total_steps=1_000_000, ent_coef=0.0,
+                     update_epochs=10, num_minibatches=8, num_steps=64, target_return=400.0,
+                     plot="ppo_pixels_mujoco.png", save="")
+
+
+def _env_name(name: str) -> str:
+    """``--env``: cartpole, pixels or mujoco/<Task>."""
+    if name in ("cartpole", "pixels") or (name.startswith("mujoco/") and len(name) > 7):
+        return name
+    raise argparse.ArgumentTypeError(f"{name!r}: expected cartpole, pixels or mujoco/<Task>")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = vars(_parser().parse_args(argv))
-    defaults = vars(Config()) if a["env"] == "cartpole" else {**vars(Config()), **PIXELS}
+    csv = a.pop("csv")
+    defaults = {**vars(Config()), **{"cartpole": {}, "pixels": PIXELS}.get(a["env"], MUJOCO_PIXELS)}
     for key, value in list(a.items()):
         if value is None:
             a[key] = defaults[key]
@@ -506,13 +535,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("shmbridge-ppo: error: --engine-command trains cartpole on one engine "
               "(no --env pixels, --shards or several ranks)", file=sys.stderr)
         return 2
-    if cfg.env == "pixels" and (cfg.shards > 1 or cfg.host_staged
-                                or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+    if cfg.env != "cartpole" and (cfg.shards > 1 or cfg.host_staged
+                                  or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         print("shmbridge-ppo: error: --shards, --host-staged and several ranks train cartpole "
               "(not pixels)", file=sys.stderr)
         return 2
     try:
-        if cfg.env == "pixels":
+        if cfg.env != "cartpole":
             r = train_pixels(cfg)
         else:
             r = train(cfg)
@@ -526,6 +555,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0  # rank 0 reports the run (every rank saw the same episodes)
     if r.plot:
         print(f"learning curve: {r.plot}")
+    if csv:
+        write_csv(csv, r)
+        print(f"learning curve: {csv}")
     if cfg.env == "pixels" and cfg.save:
         print(f"agent: {os.path.abspath(cfg.save)}")
     if cfg.target_return is not None:

@@ -65,7 +65,7 @@ import shmbridge
 
 from . import ppo
 from .ppo_core import (Config, Progress, Result, RunningMeanStd, bootstrap_truncated, ppo_update,
-                       rollout_buffers)
+                       rollout_buffers, write_csv)
 
 
 @dataclass
@@ -327,15 +327,6 @@ def _check_steps(obs: np.ndarray, actions: np.ndarray, produced: np.ndarray, env
         raise RuntimeError(
             f"env {int(envs[i])}: from {obs[i].tolist()} with action {int(actions[i])} the engine "
             f"produced {produced[i].tolist()}, CartPole's equations give {expected[i].tolist()}")
-
-
-def write_csv(path: str, r) -> None:
-    """The learning curve of ``r`` (a ``Result`` or the ``Progress`` of a run under way):
-    env steps, and the mean return of the last 100 episodes."""
-    with open(path, "w") as f:
-        f.write("env_steps,train_mean\n")
-        for s, m in zip(r.curve_steps, r.curve_returns):
-            f.write(f"{s},{m:.1f}\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """The pieces of PPO that both trainers of ``shmbridge-ppo`` use: the state trainer
 (:mod:`.ppo`, an MLP on the ``cartpole`` engine's state) and the pixels trainer
-(:mod:`.ppo_pixels`, a CNN on the ``pixels`` engine's frames). Each trainer owns its
+(:mod:`.ppo_pixels`, a CNN on the ``pixels`` engine's frames or a MuJoCo engine's camera). Each trainer owns its
 agent, its views of the engine's tensors and its rollout loop; what is here knows
 nothing of either: the run's configuration and outcome, the device choice, the rollout
 buffers, GAE, the bootstrap of episodes cut by the time limit, the clipped-surrogate
@@ -24,9 +24,12 @@ import shmbridge
 class Config:
     """Hyperparameters and run options; the defaults are the command line's defaults."""
 
-    env: str = "cartpole"  # cartpole (from the state) | pixels (from rendered frames)
-    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey)
-    frame_stack: int = 2  # pixels: frames per env in the engine's stack
+    # cartpole (from the state) | pixels (from rendered frames) | mujoco/<Task> (from the
+    # native MuJoCo engine's camera)
+    env: str = "cartpole"
+    image: str = "48x48x1"  # pixels: the frame shape the engine draws (HxWxC; C 4, 3 or 1: grey; mujoco: HxWx3)
+    frame_stack: int = 2  # pixels: frames per env in the engine's stack (mujoco: in the learner's)
+    camera: Optional[str] = None  # mujoco/<Task>: the model's camera (None: the task's default)
     image_device: str = "vulkan"  # pixels: where the engine draws (vulkan, or host: the region)
     save: Optional[str] = None  # pixels: write the trained agent here (examples/pixels_viewer.py)
     num_envs: int = 16
@@ -154,14 +157,21 @@ def bootstrap_truncated(rewards, values, terminated, truncated, final_obs, value
         rewards += gamma * values * cut_dev
 
 
+def categorical(logits):
+    """The policy of a discrete action: a categorical distribution over ``logits``."""
+    from torch.distributions import Categorical
+
+    return Categorical(logits=logits, validate_args=False)
+
+
 def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, adv, ret,
-               distribution=None, action_shape: tuple = ()) -> None:
+               distribution=categorical, action_shape: tuple = ()) -> None:
     """``cfg.update_epochs`` passes of clipped-surrogate PPO over a rollout, each in
     ``cfg.num_minibatches`` shuffled minibatches. ``evaluate(obs) -> (head, value)``;
     ``obs`` is (batch, ...), the other rollout tensors ``(T, n)`` (actions ``(T, n,
     *action_shape)``), flattened here. ``distribution(head)``: the policy's distribution,
-    whose ``log_prob`` and ``entropy`` give one number per sample (default: categorical
-    over the logits ``head``).
+    whose ``log_prob`` and ``entropy`` give one number per sample (default:
+    :func:`categorical` over the logits ``head``).
 
     The minibatches are near-equal (``torch.tensor_split`` of the permutation: sizes
     differ by one at most; a batch that divides evenly gives the slices of
@@ -169,11 +179,7 @@ def ppo_update(cfg: "Config", agent, optimizer, evaluate, obs, actions, logp, ad
     advantage has no standard deviation to normalise with (fewer minibatches then: at
     most ``batch // 2``). ``ValueError`` for a batch of fewer than 2 samples."""
     import torch
-    from torch.distributions import Categorical
 
-    if distribution is None:
-        def distribution(logits):
-            return Categorical(logits=logits, validate_args=False)
     batch = obs.shape[0]
     if batch < 2:
         raise ValueError(f"a PPO update over {batch} sample(s): the advantages are normalised "
@@ -346,6 +352,14 @@ class Progress:
         )
 
 
+def write_csv(path: str, r: Result) -> None:
+    """The learning curve: env steps, and the mean return of the last 100 episodes."""
+    with open(path, "w") as f:
+        f.write("env_steps,train_mean\n")
+        for s, m in zip(r.curve_steps, r.curve_returns):
+            f.write(f"{s},{m:.1f}\n")
+
+
 def plot_curve(cfg: Config, r: Result) -> str:
     import matplotlib
 
@@ -359,10 +373,11 @@ def plot_curve(cfg: Config, r: Result) -> str:
                    label=f"target {cfg.target_return:g}")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
-    ax.set_ylim(0, 520)
-    what = "cartpole" if cfg.env == "cartpole" else f"pixels {cfg.image}×{cfg.frame_stack}, CNN"
-    ax.set_title(f"PPO on shmbridge {what} ({cfg.num_envs} envs, seed {cfg.seed}, "
-                 f"{r.wall_s:.0f} s, {r.device})")
+    ax.set_ylim(0, 1040 if cfg.env.startswith("mujoco/") else 520)
+    what = ("cartpole" if cfg.env == "cartpole"
+            else f"{cfg.env.replace('mujoco/', '')} pixels {cfg.image}×{cfg.frame_stack}, CNN")
+    ax.set_title(f"PPO on shmbridge {what}\n({cfg.num_envs} envs, seed {cfg.seed}, "
+                 f"{r.wall_s:.0f} s, {r.device})", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
