@@ -172,6 +172,8 @@ impl<'a> Lane<'a> {
                     "read cursor {r} against head {h} (a lane apart at most, both 8-aligned)"
                 )));
             }
+            #[cfg(all(test, not(loom)))]
+            review_tests::after_cursors();
             let w = Word0::unpack(primitive::load(self.word0(r), Ordering::Acquire));
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
                 // A stale position (claimed, released and overwritten meanwhile) says
@@ -709,7 +711,13 @@ impl Map {
             Some(i) => i..i + 1,
             None => 0..self.layout.lanes,
         };
-        lanes.map(|i| self.lane(i).reap(&g, &mut dead)).sum()
+        lanes
+            .map(|i| {
+                #[cfg(all(test, not(loom)))]
+                review_tests::before_lane_reap(i);
+                self.lane(i).reap(&g, &mut dead)
+            })
+            .sum()
     }
 }
 
@@ -1506,3 +1514,7 @@ pub fn stats(name: &str) -> Result<StreamStats> {
     let m = Map::open(name, Duration::ZERO)?;
     Ok(StreamStats::of(&m))
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "stream_review_tests.rs"]
+mod review_tests;
