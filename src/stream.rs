@@ -83,10 +83,15 @@ pub(crate) struct RankCtrl {
     pub(crate) popped: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) lost: AtomicU64,
-    _p: [u64; 3],
+    /// The lane and position this rank is examining ([`hazard_word`]; 0: none): the
+    /// lane's producer does not rewrite the bytes there (nor after them) while the rank
+    /// reads them as a record's first word (docs/protocol.md §10.4, hazards).
+    pub(crate) hazard: AtomicU64,
+    _p: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<RankCtrl>() == RANK_ENTRY_SIZE);
+const _: () = assert!(std::mem::offset_of!(RankCtrl, hazard) == 40);
 
 /// The byte of the stream file whose OFD write lock rank `k`'s consumer holds (`+ k`)
 /// while it, or a record it popped, lives; and lane `i`'s producer (`LANE_LOCK + i`).
@@ -95,6 +100,15 @@ const _: () = assert!(std::mem::size_of::<RankCtrl>() == RANK_ENTRY_SIZE);
 /// never by a pid.
 pub const RANK_LOCK: u64 = 1 << 40;
 pub const LANE_LOCK: u64 = (1 << 40) + 1024;
+
+/// A rank's hazard word: 0 none, else `lane << 54 | (position / 8 + 1)` (positions
+/// below 2^57 bytes of a lane's life).
+const HAZARD_LANE_SHIFT: u32 = 54;
+const HAZARD_POS_MASK: u64 = (1 << HAZARD_LANE_SHIFT) - 1;
+
+fn hazard_word(lane: u32, pos: u64) -> u64 {
+    (lane as u64) << HAZARD_LANE_SHIFT | ((pos / 8 + 1) & HAZARD_POS_MASK)
+}
 
 pub(crate) const RANK_LIVE: u32 = 1;
 pub(crate) const RANK_CLOSED: u32 = 2;
@@ -106,6 +120,8 @@ pub(crate) struct Lane<'a> {
     pub(crate) data: *mut u8,
     pub(crate) capacity: u64,
     pub(crate) index: u32,
+    /// The rank table: the ranks' hazard positions, which `tail` never passes.
+    pub(crate) ranks: &'a [RankCtrl],
 }
 
 /// The consumer group's words: the doorbell the ranks sleep on, the rank table, the
@@ -157,6 +173,38 @@ impl<'a> Lane<'a> {
     /// it), with `read` moved past it and past any pad. `None` when the lane holds no
     /// unclaimed record. `BadRecord` for bytes that break the rules.
     pub(crate) fn try_claim(&self, rank: u8, header_len: usize) -> Result<Option<Claim>> {
+        let got = self.try_claim_guarded(rank, header_len);
+        self.unguard(Some(rank));
+        got
+    }
+
+    /// Publishes `pos` as the position rank `rank` examines (`None`: the lane's producer,
+    /// which rewrites nothing while it examines), then says whether `tail` is still at
+    /// or before it. Dekker with the producer's room (`Lane::room_limit`): it loads
+    /// `tail`, then the hazards, both SeqCst. If it did not see this hazard, it loaded
+    /// `tail` before our load of `tail` (in the single total order), so whatever `tail`
+    /// it saw we see too, or a later one: `tail <= pos` here means the producer's room
+    /// never covered `pos`'s bytes, and from now on it sees the hazard.
+    fn guard(&self, rank: Option<u8>, pos: u64) -> bool {
+        if let Some(r) = rank.and_then(|k| self.ranks.get(k as usize)) {
+            primitive::store(&r.hazard, hazard_word(self.index, pos), Ordering::SeqCst);
+        }
+        primitive::load(&self.ctrl.tail, Ordering::SeqCst) <= pos
+    }
+
+    fn unguard(&self, rank: Option<u8>) {
+        if let Some(r) = rank.and_then(|k| self.ranks.get(k as usize)) {
+            primitive::store(&r.hazard, 0, Ordering::SeqCst);
+            // A producer held back by the hazard sleeps on `tail` (Dekker as in
+            // `advance_tail`): wake it.
+            fence(Ordering::SeqCst);
+            if primitive::load(&self.ctrl.producer_waiting, Ordering::Relaxed) != 0 {
+                primitive::futex_wake_all(low_half(&self.ctrl.tail));
+            }
+        }
+    }
+
+    fn try_claim_guarded(&self, rank: u8, header_len: usize) -> Result<Option<Claim>> {
         let c = self.ctrl;
         loop {
             let r = primitive::load(&c.read, Ordering::Acquire);
@@ -174,10 +222,15 @@ impl<'a> Lane<'a> {
             }
             #[cfg(all(test, not(loom)))]
             review_tests::after_cursors();
+            // The bytes at `r` are a record's first word only while `tail` has not passed
+            // `r` (the producer then rewrites them, possibly with a later record's
+            // payload): publish `r`, so that they stay as they are, and check `tail`.
+            if !self.guard(Some(rank), r) {
+                continue;
+            }
             let w = Word0::unpack(primitive::load(self.word0(r), Ordering::Acquire));
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
-                // A stale position (claimed, released and overwritten meanwhile) says
-                // nothing of the record there now: look again.
+                // A position claimed and passed meanwhile: look again.
                 if self.moved(&c.read, r) {
                     continue;
                 }
@@ -214,6 +267,20 @@ impl<'a> Lane<'a> {
             let _ =
                 primitive::compare_exchange(&c.read, r, next, Ordering::AcqRel, Ordering::Relaxed);
         }
+    }
+
+    /// The lowest position whose bytes the producer must not rewrite: `tail`, or a
+    /// lower position a rank examines (its hazard). Loads `tail` then the hazards,
+    /// SeqCst (the other side of [`Lane::guard`]).
+    pub(crate) fn room_limit(&self) -> u64 {
+        let mut low = primitive::load(&self.ctrl.tail, Ordering::SeqCst);
+        for r in self.ranks {
+            let hz = primitive::load(&r.hazard, Ordering::SeqCst);
+            if hz != 0 && hz >> HAZARD_LANE_SHIFT == self.index as u64 {
+                low = low.min(((hz & HAZARD_POS_MASK) - 1) * 8);
+            }
+        }
+        low
     }
 
     /// Whether cursor `word` has moved from `seen`. A read-modify-write, which reads the
@@ -267,7 +334,7 @@ impl<'a> Lane<'a> {
                 && len >= 8
                 && len % 8 == 0
                 && t % self.capacity + len <= self.capacity
-                && t + len <= r;
+                && t.checked_add(len).is_some_and(|e| e <= r);
             let done = w.kind == KIND_PAD
                 || (w.kind == KIND_RECORD && matches!(w.state, STATE_RELEASED | STATE_LOST));
             if sane && !done {
@@ -297,10 +364,20 @@ impl<'a> Lane<'a> {
     }
 
     /// Marks lost every record between `tail` and `read` that a rank `dead` says is dead
-    /// claimed and never released; returns how many. Then moves `tail`.
-    pub(crate) fn reap(&self, group: &Group<'_>, dead: &mut dyn FnMut(u8) -> bool) -> u64 {
+    /// claimed and never released; returns how many. Then moves `tail`. `me`: the rank
+    /// that walks (its hazard guards the walk: `tail` may move past the bytes it reads,
+    /// but the producer does not rewrite them), or `None` for the lane's producer.
+    pub(crate) fn reap(
+        &self,
+        me: Option<u8>,
+        group: &Group<'_>,
+        dead: &mut dyn FnMut(u8) -> bool,
+    ) -> u64 {
         let c = self.ctrl;
         let mut t = primitive::load(&c.tail, Ordering::Acquire);
+        while !self.guard(me, t) {
+            t = primitive::load(&c.tail, Ordering::Acquire);
+        }
         let r = primitive::load(&c.read, Ordering::Acquire);
         let mut lost = 0;
         while t < r && t % 8 == 0 {
@@ -310,7 +387,7 @@ impl<'a> Lane<'a> {
                 && len >= 8
                 && len % 8 == 0
                 && t % self.capacity + len <= self.capacity
-                && t + len <= r;
+                && t.checked_add(len).is_some_and(|e| e <= r);
             if !sane {
                 break;
             }
@@ -334,6 +411,7 @@ impl<'a> Lane<'a> {
             }
             t += len;
         }
+        self.unguard(me);
         self.advance_tail();
         lost
     }
@@ -488,12 +566,16 @@ impl Lane<'_> {
         full: impl FnOnce(),
         check: impl FnMut() -> Result<()>,
     ) -> Result<()> {
-        let fits = |o: Ordering| -> Option<Result<()>> {
-            let t = primitive::load(&self.ctrl.tail, o);
+        let fits = |_: Ordering| -> Option<Result<()>> {
+            // `tail`, or a rank's hazard below it (the bytes it examines stay).
+            let t = self.room_limit();
             if t > head {
                 return Some(Err(self.bad(format!("tail {t} past head {head}"))));
             }
-            (head + need - t <= self.capacity).then_some(Ok(()))
+            match head.checked_add(need) {
+                Some(end) => (end - t <= self.capacity).then_some(Ok(())),
+                None => Some(Err(self.bad(format!("head {head} + {need} overflows")))),
+            }
         };
         if let Some(r) = fits(Ordering::Acquire) {
             return r;
@@ -611,6 +693,7 @@ impl Map {
                 data: self.base().add(off + std::mem::size_of::<LaneCtrl>()),
                 capacity: self.layout.lane_capacity,
                 index: i,
+                ranks: self.group().ranks,
             }
         }
     }
@@ -705,8 +788,20 @@ impl Map {
     /// every lane (or in `only`); returns how many.
     fn reap(&self, only: Option<u32>) -> u64 {
         let g = self.group();
-        let mut verdicts = [None::<bool>; 256];
-        let mut dead = |k: u8| *verdicts[k as usize].get_or_insert_with(|| self.rank_dead(k));
+        // A dead rank's hazard would hold the producer back for good: clear it (only
+        // while its lock is free; a process taking the rank over clears it too).
+        for (k, r) in g.ranks.iter().enumerate() {
+            let hz = primitive::load(&r.hazard, Ordering::Acquire);
+            if hz != 0 && self.rank != Some(k as u8) && self.rank_dead(k as u8) {
+                let _ = primitive::compare_exchange(
+                    &r.hazard,
+                    hz,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
         let lanes = match only {
             Some(i) => i..i + 1,
             None => 0..self.layout.lanes,
@@ -715,7 +810,13 @@ impl Map {
             .map(|i| {
                 #[cfg(all(test, not(loom)))]
                 review_tests::before_lane_reap(i);
-                self.lane(i).reap(&g, &mut dead)
+                // Each lane's verdicts are its own, taken after that lane's `read` is
+                // loaded: a rank taken over meanwhile claimed its new records after its
+                // lock was taken, so none of them lies below that `read`.
+                let mut verdicts = [None::<bool>; 256];
+                let mut dead =
+                    |k: u8| *verdicts[k as usize].get_or_insert_with(|| self.rank_dead(k));
+                self.lane(i).reap(self.rank, &g, &mut dead)
             })
             .sum()
     }
@@ -740,6 +841,9 @@ pub struct Consumer {
     policy: WaitPolicy,
     /// Set once a record broke the rules: every later pop gives this error.
     broken: Mutex<Option<(u32, String)>>,
+    /// Pops (and reaps) of this consumer from several threads take turns: the rank has
+    /// one hazard word.
+    turn: Mutex<()>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -834,10 +938,11 @@ impl Consumer {
         if served_before {
             // A gone process's claims carry this rank: release them as lost before the
             // rank is live again (afterwards they would look like ours).
+            primitive::store(&entry.hazard, 0, Ordering::Release);
             let gr = m.group();
             let mut dead = |k: u8| k as u32 == rank;
             for i in 0..m.layout.lanes {
-                m.lane(i).reap(&gr, &mut dead);
+                m.lane(i).reap(Some(rank as u8), &gr, &mut dead);
             }
         }
         primitive::store(&entry.state, RANK_LIVE, Ordering::Release);
@@ -852,6 +957,7 @@ impl Consumer {
             next_lane: Default::default(),
             policy: WaitPolicy::default(),
             broken: Mutex::new(None),
+            turn: Mutex::new(()),
         }
     }
 
@@ -875,6 +981,7 @@ impl Consumer {
     /// Takes the next record of any lane (lanes in turn, so one busy producer cannot
     /// starve the others), without waiting. `None` when every lane is empty.
     pub fn try_pop(&self) -> Result<Option<Record>> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((lane, detail)) = self.broken.lock().expect("not poisoned").clone() {
             return Err(Error::BadRecord { lane, detail });
         }
@@ -939,6 +1046,7 @@ impl Consumer {
             timeout,
             "a record",
             || {
+                let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
                 self.map.reap(None);
                 Ok(())
             },

@@ -38,6 +38,7 @@ impl Heap {
             data: self.data.as_ptr() as *mut u8,
             capacity: CAP,
             index: 0,
+            ranks: &self.ranks,
         }
     }
     fn group(&self) -> Group<'_> {
@@ -54,10 +55,15 @@ impl Heap {
         let head = self.ctrl.head.load(Ordering::Relaxed);
         let spans = self.schema.spans(&[payload.len() as u32], CAP / 2).unwrap();
         let need = l.needed(head, spans.len() as u64);
-        assert!(head + need - self.ctrl.tail.load(Ordering::Relaxed) <= CAP, "no room");
+        assert!(
+            head + need - self.ctrl.tail.load(Ordering::Relaxed) <= CAP,
+            "no room"
+        );
         let p = l.write_header(head, spans, &[payload.len() as u32], seq, 1, 32);
         let (off, _) = spans.field(0);
         let dst = l.field_ptr(p.pos, spans.len(), off);
+        // SAFETY: the field lies inside the record just reserved (room checked above),
+        // which nobody reads before its commit; `payload` is its length.
         unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
         l.commit(&p, head, &self.group());
         p.pos
@@ -119,6 +125,7 @@ fn a_stale_position_inside_a_later_payload_is_claimed_as_a_record() {
         let r3 = l.try_claim(0, 32).unwrap().unwrap();
         let (sp, _, _) = l.decode(&h.schema, r3).unwrap();
         let p = l.field_ptr(r3.pos, sp.len(), sp.field(0).0);
+        // SAFETY: the field of R3, claimed by rank 0 and committed, is 32 bytes long.
         r3_first = unsafe { (p as *const u64).read_unaligned() };
         let _ = r2;
     }
