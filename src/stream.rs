@@ -822,6 +822,38 @@ impl Map {
     }
 }
 
+/// The descriptor a consumer's or producer's locks live on (the consumers' shared
+/// `flock`, a rank's or a lane's OFD lock): an open file description of its own, never
+/// mapped, and registered so that a child forked from this process does not keep it (its
+/// copy points at /dev/null). The locks go when it drops (the consumer or producer
+/// closes, or its process ends), whatever mappings (views) still live.
+struct LockFd(File);
+
+impl LockFd {
+    fn of(file: &File) -> Result<LockFd> {
+        let f = os::reopen(file)?;
+        os::hold_in_parent_only(&f);
+        Ok(LockFd(f))
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        os::release_held(&self.0);
+    }
+}
+
+/// `OutOfOrder` in a process forked from the one that made the handle: the lane or the
+/// rank is the parent's (its locks stayed there).
+fn not_forked(pid: u32) -> Result<()> {
+    if pid == os::current_pid() {
+        return Ok(());
+    }
+    Err(Error::OutOfOrder(
+        "a stream handle used in a process forked from the one that made it",
+    ))
+}
+
 /// This process as an owner word: `pid | (start_time as u32) << 32`.
 fn me() -> Result<u64> {
     let pid = os::current_pid();
@@ -841,6 +873,9 @@ pub struct Consumer {
     policy: WaitPolicy,
     /// Set once a record broke the rules: every later pop gives this error.
     broken: Mutex<Option<(u32, String)>>,
+    /// The rank's locks: they live while this consumer or a record it popped lives
+    /// (never with a mapping alone).
+    locks: Arc<LockFd>,
     /// Pops (and reaps) of this consumer from several threads take turns: the rank has
     /// one hazard word.
     turn: Mutex<()>,
@@ -871,7 +906,8 @@ impl Consumer {
         }
         let guard = Unlink(&name);
         // The consumers' lock first: a sweep never takes a stream while one is held.
-        os::lock_shared(&file)?;
+        let locks = LockFd::of(&file)?;
+        os::lock_shared(&locks.0)?;
         os::reserve(&file, &name, layout.file_size)?;
         let map = os::map_shared(&file, layout.file_size as usize, os::MapAccess::Prefaulted)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
@@ -891,7 +927,7 @@ impl Consumer {
             pid: os::current_pid(),
             rank: Some(0),
         };
-        if !os::try_lock_byte(&m.file, RANK_LOCK)? {
+        if !os::try_lock_byte(&locks.0, RANK_LOCK)? {
             // Someone of this user opened the new file first and took the byte.
             return Err(Error::NameInUse {
                 name: m.name.clone(),
@@ -907,7 +943,7 @@ impl Consumer {
             crate::layout::stream::STREAM_MAGIC,
             Ordering::Release,
         );
-        Ok(Consumer::new(m, 0))
+        Ok(Consumer::new(m, 0, locks))
     }
 
     /// Serves rank `rank` of stream `name`'s group, waiting up to `timeout` for the
@@ -921,12 +957,13 @@ impl Consumer {
                 reason: format!("rank {rank} of a group of {}", m.layout.ranks),
             });
         }
-        os::lock_shared(&m.file)?;
+        let locks = LockFd::of(&m.file)?;
+        os::lock_shared(&locks.0)?;
         let mine = me()?;
         let g = m.group();
         let entry = &g.ranks[rank as usize];
         // Whoever holds the rank's lock serves it (or still holds records it popped).
-        if !os::try_lock_byte(&m.file, RANK_LOCK + rank as u64)? {
+        if !os::try_lock_byte(&locks.0, RANK_LOCK + rank as u64)? {
             return Err(Error::AlreadyAttached {
                 name: m.name.clone(),
                 pid: primitive::load(&entry.owner, Ordering::Acquire) as u32,
@@ -946,13 +983,14 @@ impl Consumer {
             }
         }
         primitive::store(&entry.state, RANK_LIVE, Ordering::Release);
-        Ok(Consumer::new(m, rank as u8))
+        Ok(Consumer::new(m, rank as u8, locks))
     }
 
-    fn new(mut map: Map, rank: u8) -> Consumer {
+    fn new(mut map: Map, rank: u8, locks: LockFd) -> Consumer {
         map.rank = Some(rank);
         Consumer {
             map: Arc::new(map),
+            locks: Arc::new(locks),
             rank,
             next_lane: Default::default(),
             policy: WaitPolicy::default(),
@@ -981,6 +1019,7 @@ impl Consumer {
     /// Takes the next record of any lane (lanes in turn, so one busy producer cannot
     /// starve the others), without waiting. `None` when every lane is empty.
     pub fn try_pop(&self) -> Result<Option<Record>> {
+        not_forked(self.map.pid)?;
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((lane, detail)) = self.broken.lock().expect("not poisoned").clone() {
             return Err(Error::BadRecord { lane, detail });
@@ -993,7 +1032,11 @@ impl Consumer {
             let lane = self.map.lane(i);
             let claimed = lane.try_claim(self.rank, hl).and_then(|c| match c {
                 None => Ok(None),
-                Some(claim) => self.decode(lane, claim).map(Some),
+                Some(claim) => self.decode(lane, claim).map(Some).inspect_err(|_| {
+                    // Its counts break the rules: give its room back (nobody else could
+                    // take it) before the consumer refuses every later pop.
+                    lane.release(claim);
+                }),
             });
             match claimed {
                 Ok(None) => continue,
@@ -1022,6 +1065,7 @@ impl Consumer {
         let (spans, seq, producer) = lane.decode(&self.map.layout.schema, claim)?;
         Ok(Record {
             map: self.map.clone(),
+            _locks: self.locks.clone(),
             lane: lane.index,
             claim,
             spans,
@@ -1103,6 +1147,8 @@ impl Drop for Consumer {
 /// record is released ([`Record::release`], or dropped).
 pub struct Record {
     map: Arc<Map>,
+    /// The rank's locks: a closed rank's records stay its own while they live.
+    _locks: Arc<LockFd>,
     lane: u32,
     claim: Claim,
     spans: Spans,
@@ -1190,6 +1236,11 @@ impl Record {
     }
 
     fn release_now(&mut self) {
+        // In a child forked from the consumer's process the record is still the parent's.
+        if self.map.pid != os::current_pid() {
+            self.released = true;
+            return;
+        }
         if !std::mem::replace(&mut self.released, true) {
             let lane = self.map.lane(self.lane);
             if lane.release(self.claim) {
@@ -1233,6 +1284,9 @@ struct ProducerInner {
     generation: u64,
     owner: u64,
     policy: WaitPolicy,
+    /// The lane's lock, until the producer closes (`None` then: an open reservation's
+    /// commit publishes nothing).
+    locks: Mutex<Option<LockFd>>,
     state: Mutex<ProducerState>,
 }
 
@@ -1266,11 +1320,12 @@ impl Producer {
             }
         }
         let mine = me()?;
+        let locks = LockFd::of(&map.file)?;
         for i in 0..map.layout.lanes {
             let lane = map.lane(i);
             // The lane's lock: free, or let go by a producer that ended (the next one
             // goes on from its `head`).
-            if !os::try_lock_byte(&map.file, LANE_LOCK + i as u64)? {
+            if !os::try_lock_byte(&locks.0, LANE_LOCK + i as u64)? {
                 continue;
             }
             primitive::store(&lane.ctrl.owner, mine, Ordering::Release);
@@ -1279,14 +1334,19 @@ impl Producer {
             let tail = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
             if tail > head || head - tail > lane.capacity || head % 8 != 0 {
                 primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
-                // Dropping the mapping closes its file: the lock goes with it.
+                // Dropping `locks` lets the lane go.
                 return Err(lane.bad(format!("tail {tail} against head {head}")));
+            }
+            if tail % 8 != 0 {
+                primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
+                return Err(lane.bad(format!("tail {tail} not 8-aligned")));
             }
             return Ok(Producer(Arc::new(ProducerInner {
                 lane: i,
                 generation,
                 owner: mine,
                 policy: WaitPolicy::default(),
+                locks: Mutex::new(Some(locks)),
                 state: Mutex::new(ProducerState {
                     head,
                     seq: 0,
@@ -1335,6 +1395,7 @@ impl Producer {
             .layout
             .schema
             .spans(lengths, max_record(map.layout.lane_capacity))?;
+        not_forked(map.pid)?;
         map.consumers(false)?;
         let mut st = inner.state.lock().expect("not poisoned");
         if st.pending {
@@ -1395,18 +1456,25 @@ impl Producer {
     }
 }
 
-impl Drop for ProducerInner {
+impl Drop for Producer {
+    /// Frees the lane, even while views (a [`Mapping`]) or an open reservation live: that
+    /// reservation's commit then publishes nothing.
     fn drop(&mut self) {
-        if self.map.pid == os::current_pid() {
-            let lane = self.map.lane(self.lane);
+        let inner = &self.0;
+        // Taken under the state lock: a commit in flight finishes first, a later one
+        // sees the lane gone.
+        let _st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.map.pid == os::current_pid() {
+            let lane = inner.map.lane(inner.lane);
             let _ = primitive::compare_exchange(
                 &lane.ctrl.owner,
-                self.owner,
+                inner.owner,
                 0,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
         }
+        inner.locks.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -1472,12 +1540,20 @@ impl Reservation {
 
     /// Publishes the record (one Release store of the lane's `head`) and wakes a
     /// sleeping consumer.
+    /// Nothing is published when the producer was closed meanwhile, or in a process
+    /// forked from the producer's (the lane is not this one's).
     pub fn commit(mut self) {
         let p = &self.producer;
         let map = &p.map;
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        let held = p.locks.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if !held || map.pid != os::current_pid() {
+            st.pending = false;
+            self.done = true;
+            return;
+        }
         let lane = map.lane(p.lane);
         lane.commit(&self.pending, self.head, &map.group());
-        let mut st = p.state.lock().expect("not poisoned");
         st.head = self.pending.end;
         st.seq += 1;
         st.pending = false;

@@ -139,6 +139,25 @@ def test_reservation_commits_on_success_and_aborts_on_exception():
             p.reserve(x=1, y=2)
 
 
+def test_a_closed_producer_frees_its_lane_while_a_view_lives():
+    with st.create(schema={"x": "int32[*]"}, capacity=1 << 12, lanes=1) as c:
+        p = st.attach(c.name)
+        r = p.reserve(x=4)
+        view = r["x"]
+        p.close()  # frees the lane; the open reservation publishes nothing
+        with st.attach(c.name) as p2:  # the lane is free again, while `view` lives
+            view[:] = 5  # still mapped
+            try:
+                r.commit()
+            except shmbridge.ShmBridgeError:
+                pass
+            assert c.pop(timeout=0) is None
+            with p2.reserve(x=1) as r2:
+                r2["x"] = [9]
+            assert c.pop(timeout=5)["x"].tolist() == [9]
+        del view
+
+
 def test_batches_pad_copies_and_release_together():
     schema = {"tokens": "int32[*]", "score": "float64"}
     with st.create(schema=schema, capacity=1 << 12, lanes=2, blocking=True) as c:
