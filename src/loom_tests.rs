@@ -1388,14 +1388,21 @@ mod streams {
                 let (_, c) = s.try_claim(0).expect("R1 or R2 is there");
                 assert!(l.release(c));
                 assert!(l.release(r0));
-                s.produce(0, head, &payload, 3);
+                let p3 = s.reserve(0, head, &payload, 3);
+                assert_eq!(p3.pos, 128);
+                // The model's cells are not the bytes written through pointers: the
+                // payload's first word, at lane offset 32, is also stored into the cell a
+                // first word is read from there, as one memory holds both in a stream file.
+                primitive::store(&s.data[0][4], fake, Ordering::Relaxed);
+                l.commit(&p3, head, &s.group());
                 rank1.join().unwrap();
                 let (_, r3) = s.try_claim(0).expect("R3");
                 assert_eq!(r3.pos, 128);
+                assert_eq!(s.read(0, r3), (3, payload.to_vec()));
                 assert_eq!(
-                    s.read(0, r3),
-                    (3, payload.to_vec()),
-                    "R3's payload was changed"
+                    primitive::load(&s.data[0][4], Ordering::Relaxed),
+                    fake,
+                    "a claim was written into R3's payload"
                 );
             },
         );

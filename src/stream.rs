@@ -189,6 +189,9 @@ impl<'a> Lane<'a> {
         if let Some(r) = rank.and_then(|k| self.ranks.get(k as usize)) {
             primitive::store(&r.hazard, hazard_word(self.index, pos), Ordering::SeqCst);
         }
+        // The fences make the Dekker hold also where SeqCst accesses alone are modelled
+        // as AcqRel (loom), and pair with the one in `room_limit`.
+        fence(Ordering::SeqCst);
         primitive::load(&self.ctrl.tail, Ordering::SeqCst) <= pos
     }
 
@@ -274,6 +277,7 @@ impl<'a> Lane<'a> {
     /// SeqCst (the other side of [`Lane::guard`]).
     pub(crate) fn room_limit(&self) -> u64 {
         let mut low = primitive::load(&self.ctrl.tail, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         for r in self.ranks {
             let hz = primitive::load(&r.hazard, Ordering::SeqCst);
             if hz != 0 && hz >> HAZARD_LANE_SHIFT == self.index as u64 {
