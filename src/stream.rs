@@ -1393,6 +1393,17 @@ impl Producer {
     /// open. The fields are written in place; nothing is visible before
     /// [`Reservation::commit`], and a reservation dropped uncommitted leaves nothing.
     pub fn reserve(&self, lengths: &[u32], timeout: Duration) -> Result<Reservation> {
+        self.reserve_counted(lengths, timeout, true)
+    }
+
+    /// [`Producer::reserve`]; a full lane counts in `full_waits` only when `count_full`
+    /// (a caller that waits in several slices counts its first).
+    pub(crate) fn reserve_counted(
+        &self,
+        lengths: &[u32],
+        timeout: Duration,
+        count_full: bool,
+    ) -> Result<Reservation> {
         let inner = &self.0;
         let map = &inner.map;
         let spans = map
@@ -1416,7 +1427,9 @@ impl Producer {
             inner.policy,
             timeout,
             || {
-                primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
+                if count_full {
+                    primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
+                }
             },
             || {
                 map.reap(Some(inner.lane));

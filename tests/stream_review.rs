@@ -125,9 +125,11 @@ fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
     let child = unsafe { libc::fork() };
     if child == 0 {
         drop(rec);
+        // SAFETY: ends the forked child at once, without running the parent's handlers.
         unsafe { libc::_exit(0) };
     }
     let mut status = 0;
+    // SAFETY: waits for our own child, writing its status into a local.
     unsafe { libc::waitpid(child, &mut status, 0) };
     // Still held here: it must not be released, nor its room handed to the producer.
     let depth = c.stats().depth;

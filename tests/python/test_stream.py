@@ -249,7 +249,7 @@ def test_full_lane_is_a_full_error_after_the_deadline_and_nothing_is_written():
                 pushed += 1
         assert pushed >= 3
         before = c.stats()
-        assert before["depth"] == pushed and before["full_waits"] >= 1
+        assert before["depth"] == pushed and before["full_waits"] == 1  # one reserve, however many slices
         # Nothing of the refused record: exactly the pushed ones, intact, in order.
         first = c.pop(timeout=5)
         assert first.bytes("x") == bytes([0]) * 200
