@@ -1,7 +1,6 @@
-//! Review (rev37): a rank holding a stale `read` position claims a *payload* word of a
-//! later lap as a record. The lap tag only protects positions that are record starts in
-//! the later lap too; a stale position that falls inside a later record's payload reads
-//! user bytes as `word0`. `after_cursors` is a test-only hook in `Lane::try_claim`,
+//! A rank holding a stale `read` position must not claim a *payload* word of a later lap
+//! as a record (the lap tag only protects positions that are record starts in the later
+//! lap too): it publishes the position and checks `tail` first. `after_cursors` is a test-only hook in `Lane::try_claim`,
 //! between its loads of `read`/`head` and of `word0` (where a preemption stops a rank).
 
 use std::cell::RefCell;
@@ -150,14 +149,14 @@ pub(super) fn before_lane_reap(i: u32) {
     }
 }
 
-/// `Map::reap(None)` (a surviving rank's `pop`, between slices) caches each rank's
-/// "dead" verdict for all lanes. Rank 1 is found dead in lane 0; before lane 1 is
-/// reaped, a new process takes rank 1 over and pops a record of lane 1: the stale
-/// verdict releases that live record as lost (its producer may then write over it).
+/// `Map::reap(None)` (a surviving rank's `pop`, between slices) decides per lane whether
+/// a rank is dead. Rank 1 is found dead in lane 0; before lane 1 is reaped, a new
+/// process takes rank 1 over and pops a record of lane 1: that live record is not
+/// released as lost.
 #[test]
 fn a_rank_taken_over_during_a_reap_keeps_its_new_records() {
     use std::rc::Rc;
-    let n = crate::region::canonical_name(&format!("rev37reap{}", std::process::id())).unwrap();
+    let n = crate::region::canonical_name(&format!("streamreap{}", std::process::id())).unwrap();
     let spec = StreamSpec {
         schema: Schema::parse("x: uint8[*]").unwrap(),
         lanes: 2,

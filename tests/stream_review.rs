@@ -1,4 +1,6 @@
-//! Review (rev37): defects of trajectory streams, shown by failing tests.
+//! Trajectory streams across fork and close: the rank's and lane's locks live on a
+//! descriptor of their own, which forked children do not keep and a close lets go;
+//! a record dropped in a forked child stays its parent's.
 
 mod common;
 
@@ -69,10 +71,8 @@ fn review_peer() {
 }
 
 /// docs/stream.md: a rank "whose process ended is taken over" and its lock "the kernel
-/// drops when its holder ends, however it ends". The stream's mapping is not registered
-/// with `os::hold_mapping`, so a child forked while the rank lived keeps the mapping made
-/// through the rank's open file description, hence the rank's OFD lock, after the rank's
-/// process died.
+/// drops when its holder ends, however it ends", also while a child forked from it
+/// (without exec) lives on with the stream mapped.
 #[test]
 fn a_dead_rank_with_a_forked_child_is_taken_over() {
     let n = name("forkrank");
@@ -107,10 +107,9 @@ fn a_dead_producers_lane_with_a_forked_child_is_taken_over() {
     );
 }
 
-/// `Consumer`'s and `Producer`'s drops act only in the process that made them (a pid
-/// check); `Record`'s drop has none. A child forked while a record is held (a DataLoader
-/// worker, `multiprocessing` with fork) that drops its copy releases the parent's record
-/// in the shared lane: the parent still reads it, the producer writes over it.
+/// A child forked while a record is held (a DataLoader worker, `multiprocessing` with
+/// fork) that drops its copy leaves the parent's record held: the parent still reads
+/// it, the producer does not write over it.
 #[test]
 fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
     let n = name("forkrec");
@@ -155,8 +154,8 @@ fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
 }
 
 /// The Python `Producer`/`Consumer` keep a `Mapping` (their `memory`) for the object's
-/// life, and NumPy views keep one after that; the lane's and the rank's locks live on
-/// the mapping's file, so `close()` (Python: "Frees the lane") frees neither.
+/// life, and NumPy views keep one after that: `close()` frees the lane and the rank all
+/// the same.
 #[test]
 fn a_closed_producer_frees_its_lane_and_a_closed_rank_can_be_served_again() {
     let n = name("closemap");
