@@ -787,13 +787,14 @@ pub fn stream_reader(data: &[u8]) -> Result<u64> {
     let bytes = rest.get(24..).unwrap_or(&[]);
     let n = bytes.len().min(FUZZ_LANE as usize);
     bytemuck::cast_slice_mut::<u64, u8>(&mut lane_data)[..n].copy_from_slice(&bytes[..n]);
+    let ranks = [RankCtrl::default()];
     let lane = Lane {
         ctrl: &ctrl,
         data: lane_data.as_mut_ptr().cast(),
         capacity: FUZZ_LANE,
         index: 0,
+        ranks: &ranks,
     };
-    let ranks = [RankCtrl::default()];
     let (doorbell, full, lost) = (AtomicU32::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let group = Group {
         doorbell: &doorbell,
@@ -841,7 +842,7 @@ pub fn stream_reader(data: &[u8]) -> Result<u64> {
             Err(e) => return fail(e),
         }
         lane.release(claim);
-        let _ = lane.reap(&group, &mut |_| true);
+        let _ = lane.reap(Some(0), &group, &mut |_| true);
     }
     panic!("the lane yielded more records than it can hold");
 }

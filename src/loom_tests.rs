@@ -1023,6 +1023,7 @@ mod streams {
                 model::track_u32(&r.state);
                 model::track_u32(&r.waiting);
                 model::track_u64(&r.lost);
+                model::track_u64(&r.hazard);
             }
             model::track_u64(&s.full_waits);
             model::track_u64(&s.lost);
@@ -1035,6 +1036,7 @@ mod streams {
                 data: self.data[i].as_ptr() as *mut u8,
                 capacity: CAP,
                 index: i as u32,
+                ranks: &self.ranks,
             }
         }
 
@@ -1331,7 +1333,7 @@ mod streams {
                 Duration::MAX,
                 || {},
                 || {
-                    l.reap(&g, &mut |k| k == 1);
+                    l.reap(None, &g, &mut |k| k == 1);
                     Ok(())
                 },
             )
@@ -1341,5 +1343,68 @@ mod streams {
             assert_eq!(primitive::load(&s.lost, Ordering::Relaxed), 1);
             assert_eq!(primitive::load(&s.ctrls[0].tail, Ordering::Relaxed), 128);
         });
+    }
+
+    #[test]
+    fn a_stale_examiner_never_reads_a_later_payload_as_a_record() {
+        // Lap 0 holds R0 [0,32), R1 [32,96), R2 [96,128); rank 0 holds R0. Rank 1 looks
+        // for a record while rank 0 takes the next one, releases both and the producer
+        // writes R3 at 128, whose payload (at lane offsets 32..64) reads as a ready
+        // record of lap 0 at offset 32. Rank 1 may have loaded `read = 32` before all
+        // that: the word it then examines is the cell R3's payload is written to. It
+        // must claim R1 or R2 (never a word of R3's payload), and R3 must keep its bytes.
+        check(
+            "stream::a_stale_examiner_never_reads_a_later_payload_as_a_record",
+            || {
+                use crate::layout::stream::{Word0, KIND_RECORD, STATE_READY};
+                let s = HeapStream::new(1, 2);
+                let mut head = 0;
+                for (k, n) in [0usize, 32, 0].into_iter().enumerate() {
+                    head = s.produce(0, head, &vec![0u8; n], k as u64);
+                }
+                assert_eq!(head, 128);
+                let (_, r0) = s.try_claim(0).unwrap();
+                let fake = Word0 {
+                    len: 32,
+                    kind: KIND_RECORD,
+                    state: STATE_READY,
+                    rank: 0,
+                    lap: 0,
+                }
+                .pack();
+                let mut payload = [0u8; 32];
+                payload[..8].copy_from_slice(&fake.to_le_bytes());
+                let rank1 = {
+                    let s = s.clone();
+                    loom::thread::spawn(move || {
+                        let (_, c) = s.try_claim(1).expect("R1 or R2 is there");
+                        assert!([32, 96].contains(&c.pos), "claimed position {}", c.pos);
+                        let (seq, _) = s.read(0, c);
+                        assert_eq!(seq, if c.pos == 32 { 1 } else { 2 }, "seq at {}", c.pos);
+                        assert!(s.lane(0).release(c));
+                    })
+                };
+                let l = s.lane(0);
+                let (_, c) = s.try_claim(0).expect("R1 or R2 is there");
+                assert!(l.release(c));
+                assert!(l.release(r0));
+                let p3 = s.reserve(0, head, &payload, 3);
+                assert_eq!(p3.pos, 128);
+                // The model's cells are not the bytes written through pointers: the
+                // payload's first word, at lane offset 32, is also stored into the cell a
+                // first word is read from there, as one memory holds both in a stream file.
+                primitive::store(&s.data[0][4], fake, Ordering::Relaxed);
+                l.commit(&p3, head, &s.group());
+                rank1.join().unwrap();
+                let (_, r3) = s.try_claim(0).expect("R3");
+                assert_eq!(r3.pos, 128);
+                assert_eq!(s.read(0, r3), (3, payload.to_vec()));
+                assert_eq!(
+                    primitive::load(&s.data[0][4], Ordering::Relaxed),
+                    fake,
+                    "a claim was written into R3's payload"
+                );
+            },
+        );
     }
 }

@@ -83,10 +83,15 @@ pub(crate) struct RankCtrl {
     pub(crate) popped: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) lost: AtomicU64,
-    _p: [u64; 3],
+    /// The lane and position this rank is examining ([`hazard_word`]; 0: none): the
+    /// lane's producer does not rewrite the bytes there (nor after them) while the rank
+    /// reads them as a record's first word (docs/protocol.md §10.4, hazards).
+    pub(crate) hazard: AtomicU64,
+    _p: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<RankCtrl>() == RANK_ENTRY_SIZE);
+const _: () = assert!(std::mem::offset_of!(RankCtrl, hazard) == 40);
 
 /// The byte of the stream file whose OFD write lock rank `k`'s consumer holds (`+ k`)
 /// while it, or a record it popped, lives; and lane `i`'s producer (`LANE_LOCK + i`).
@@ -95,6 +100,15 @@ const _: () = assert!(std::mem::size_of::<RankCtrl>() == RANK_ENTRY_SIZE);
 /// never by a pid.
 pub const RANK_LOCK: u64 = 1 << 40;
 pub const LANE_LOCK: u64 = (1 << 40) + 1024;
+
+/// A rank's hazard word: 0 none, else `lane << 54 | (position / 8 + 1)` (positions
+/// below 2^57 bytes of a lane's life).
+const HAZARD_LANE_SHIFT: u32 = 54;
+const HAZARD_POS_MASK: u64 = (1 << HAZARD_LANE_SHIFT) - 1;
+
+fn hazard_word(lane: u32, pos: u64) -> u64 {
+    (lane as u64) << HAZARD_LANE_SHIFT | ((pos / 8 + 1) & HAZARD_POS_MASK)
+}
 
 pub(crate) const RANK_LIVE: u32 = 1;
 pub(crate) const RANK_CLOSED: u32 = 2;
@@ -106,6 +120,8 @@ pub(crate) struct Lane<'a> {
     pub(crate) data: *mut u8,
     pub(crate) capacity: u64,
     pub(crate) index: u32,
+    /// The rank table: the ranks' hazard positions, which `tail` never passes.
+    pub(crate) ranks: &'a [RankCtrl],
 }
 
 /// The consumer group's words: the doorbell the ranks sleep on, the rank table, the
@@ -157,6 +173,41 @@ impl<'a> Lane<'a> {
     /// it), with `read` moved past it and past any pad. `None` when the lane holds no
     /// unclaimed record. `BadRecord` for bytes that break the rules.
     pub(crate) fn try_claim(&self, rank: u8, header_len: usize) -> Result<Option<Claim>> {
+        let got = self.try_claim_guarded(rank, header_len);
+        self.unguard(Some(rank));
+        got
+    }
+
+    /// Publishes `pos` as the position rank `rank` examines (`None`: the lane's producer,
+    /// which rewrites nothing while it examines), then says whether `tail` is still at
+    /// or before it. Dekker with the producer's room (`Lane::room_limit`): it loads
+    /// `tail`, then the hazards, both SeqCst. If it did not see this hazard, it loaded
+    /// `tail` before our load of `tail` (in the single total order), so whatever `tail`
+    /// it saw we see too, or a later one: `tail <= pos` here means the producer's room
+    /// never covered `pos`'s bytes, and from now on it sees the hazard.
+    fn guard(&self, rank: Option<u8>, pos: u64) -> bool {
+        if let Some(r) = rank.and_then(|k| self.ranks.get(k as usize)) {
+            primitive::store(&r.hazard, hazard_word(self.index, pos), Ordering::SeqCst);
+        }
+        // The fences make the Dekker hold also where SeqCst accesses alone are modelled
+        // as AcqRel (loom), and pair with the one in `room_limit`.
+        fence(Ordering::SeqCst);
+        primitive::load(&self.ctrl.tail, Ordering::SeqCst) <= pos
+    }
+
+    fn unguard(&self, rank: Option<u8>) {
+        if let Some(r) = rank.and_then(|k| self.ranks.get(k as usize)) {
+            primitive::store(&r.hazard, 0, Ordering::SeqCst);
+            // A producer held back by the hazard sleeps on `tail` (Dekker as in
+            // `advance_tail`): wake it.
+            fence(Ordering::SeqCst);
+            if primitive::load(&self.ctrl.producer_waiting, Ordering::Relaxed) != 0 {
+                primitive::futex_wake_all(low_half(&self.ctrl.tail));
+            }
+        }
+    }
+
+    fn try_claim_guarded(&self, rank: u8, header_len: usize) -> Result<Option<Claim>> {
         let c = self.ctrl;
         loop {
             let r = primitive::load(&c.read, Ordering::Acquire);
@@ -172,10 +223,17 @@ impl<'a> Lane<'a> {
                     "read cursor {r} against head {h} (a lane apart at most, both 8-aligned)"
                 )));
             }
+            #[cfg(all(test, not(loom)))]
+            review_tests::after_cursors();
+            // The bytes at `r` are a record's first word only while `tail` has not passed
+            // `r` (the producer then rewrites them, possibly with a later record's
+            // payload): publish `r`, so that they stay as they are, and check `tail`.
+            if !self.guard(Some(rank), r) {
+                continue;
+            }
             let w = Word0::unpack(primitive::load(self.word0(r), Ordering::Acquire));
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
-                // A stale position (claimed, released and overwritten meanwhile) says
-                // nothing of the record there now: look again.
+                // A position claimed and passed meanwhile: look again.
                 if self.moved(&c.read, r) {
                     continue;
                 }
@@ -212,6 +270,21 @@ impl<'a> Lane<'a> {
             let _ =
                 primitive::compare_exchange(&c.read, r, next, Ordering::AcqRel, Ordering::Relaxed);
         }
+    }
+
+    /// The lowest position whose bytes the producer must not rewrite: `tail`, or a
+    /// lower position a rank examines (its hazard). Loads `tail` then the hazards,
+    /// SeqCst (the other side of [`Lane::guard`]).
+    pub(crate) fn room_limit(&self) -> u64 {
+        let mut low = primitive::load(&self.ctrl.tail, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        for r in self.ranks {
+            let hz = primitive::load(&r.hazard, Ordering::SeqCst);
+            if hz != 0 && hz >> HAZARD_LANE_SHIFT == self.index as u64 {
+                low = low.min(((hz & HAZARD_POS_MASK) - 1) * 8);
+            }
+        }
+        low
     }
 
     /// Whether cursor `word` has moved from `seen`. A read-modify-write, which reads the
@@ -265,7 +338,7 @@ impl<'a> Lane<'a> {
                 && len >= 8
                 && len % 8 == 0
                 && t % self.capacity + len <= self.capacity
-                && t + len <= r;
+                && t.checked_add(len).is_some_and(|e| e <= r);
             let done = w.kind == KIND_PAD
                 || (w.kind == KIND_RECORD && matches!(w.state, STATE_RELEASED | STATE_LOST));
             if sane && !done {
@@ -295,10 +368,20 @@ impl<'a> Lane<'a> {
     }
 
     /// Marks lost every record between `tail` and `read` that a rank `dead` says is dead
-    /// claimed and never released; returns how many. Then moves `tail`.
-    pub(crate) fn reap(&self, group: &Group<'_>, dead: &mut dyn FnMut(u8) -> bool) -> u64 {
+    /// claimed and never released; returns how many. Then moves `tail`. `me`: the rank
+    /// that walks (its hazard guards the walk: `tail` may move past the bytes it reads,
+    /// but the producer does not rewrite them), or `None` for the lane's producer.
+    pub(crate) fn reap(
+        &self,
+        me: Option<u8>,
+        group: &Group<'_>,
+        dead: &mut dyn FnMut(u8) -> bool,
+    ) -> u64 {
         let c = self.ctrl;
         let mut t = primitive::load(&c.tail, Ordering::Acquire);
+        while !self.guard(me, t) {
+            t = primitive::load(&c.tail, Ordering::Acquire);
+        }
         let r = primitive::load(&c.read, Ordering::Acquire);
         let mut lost = 0;
         while t < r && t % 8 == 0 {
@@ -308,7 +391,7 @@ impl<'a> Lane<'a> {
                 && len >= 8
                 && len % 8 == 0
                 && t % self.capacity + len <= self.capacity
-                && t + len <= r;
+                && t.checked_add(len).is_some_and(|e| e <= r);
             if !sane {
                 break;
             }
@@ -332,6 +415,7 @@ impl<'a> Lane<'a> {
             }
             t += len;
         }
+        self.unguard(me);
         self.advance_tail();
         lost
     }
@@ -486,12 +570,16 @@ impl Lane<'_> {
         full: impl FnOnce(),
         check: impl FnMut() -> Result<()>,
     ) -> Result<()> {
-        let fits = |o: Ordering| -> Option<Result<()>> {
-            let t = primitive::load(&self.ctrl.tail, o);
+        let fits = |_: Ordering| -> Option<Result<()>> {
+            // `tail`, or a rank's hazard below it (the bytes it examines stay).
+            let t = self.room_limit();
             if t > head {
                 return Some(Err(self.bad(format!("tail {t} past head {head}"))));
             }
-            (head + need - t <= self.capacity).then_some(Ok(()))
+            match head.checked_add(need) {
+                Some(end) => (end - t <= self.capacity).then_some(Ok(())),
+                None => Some(Err(self.bad(format!("head {head} + {need} overflows")))),
+            }
         };
         if let Some(r) = fits(Ordering::Acquire) {
             return r;
@@ -609,6 +697,7 @@ impl Map {
                 data: self.base().add(off + std::mem::size_of::<LaneCtrl>()),
                 capacity: self.layout.lane_capacity,
                 index: i,
+                ranks: self.group().ranks,
             }
         }
     }
@@ -703,14 +792,70 @@ impl Map {
     /// every lane (or in `only`); returns how many.
     fn reap(&self, only: Option<u32>) -> u64 {
         let g = self.group();
-        let mut verdicts = [None::<bool>; 256];
-        let mut dead = |k: u8| *verdicts[k as usize].get_or_insert_with(|| self.rank_dead(k));
+        // A dead rank's hazard would hold the producer back for good: clear it (only
+        // while its lock is free; a process taking the rank over clears it too).
+        for (k, r) in g.ranks.iter().enumerate() {
+            let hz = primitive::load(&r.hazard, Ordering::Acquire);
+            if hz != 0 && self.rank != Some(k as u8) && self.rank_dead(k as u8) {
+                let _ = primitive::compare_exchange(
+                    &r.hazard,
+                    hz,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
         let lanes = match only {
             Some(i) => i..i + 1,
             None => 0..self.layout.lanes,
         };
-        lanes.map(|i| self.lane(i).reap(&g, &mut dead)).sum()
+        lanes
+            .map(|i| {
+                #[cfg(all(test, not(loom)))]
+                review_tests::before_lane_reap(i);
+                // Each lane's verdicts are its own, taken after that lane's `read` is
+                // loaded: a rank taken over meanwhile claimed its new records after its
+                // lock was taken, so none of them lies below that `read`.
+                let mut verdicts = [None::<bool>; 256];
+                let mut dead =
+                    |k: u8| *verdicts[k as usize].get_or_insert_with(|| self.rank_dead(k));
+                self.lane(i).reap(self.rank, &g, &mut dead)
+            })
+            .sum()
     }
+}
+
+/// The descriptor a consumer's or producer's locks live on (the consumers' shared
+/// `flock`, a rank's or a lane's OFD lock): an open file description of its own, never
+/// mapped, and registered so that a child forked from this process does not keep it (its
+/// copy points at /dev/null). The locks go when it drops (the consumer or producer
+/// closes, or its process ends), whatever mappings (views) still live.
+struct LockFd(File);
+
+impl LockFd {
+    fn of(file: &File) -> Result<LockFd> {
+        let f = os::reopen(file)?;
+        os::hold_in_parent_only(&f);
+        Ok(LockFd(f))
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        os::release_held(&self.0);
+    }
+}
+
+/// `OutOfOrder` in a process forked from the one that made the handle: the lane or the
+/// rank is the parent's (its locks stayed there).
+fn not_forked(pid: u32) -> Result<()> {
+    if pid == os::current_pid() {
+        return Ok(());
+    }
+    Err(Error::OutOfOrder(
+        "a stream handle used in a process forked from the one that made it",
+    ))
 }
 
 /// This process as an owner word: `pid | (start_time as u32) << 32`.
@@ -732,6 +877,12 @@ pub struct Consumer {
     policy: WaitPolicy,
     /// Set once a record broke the rules: every later pop gives this error.
     broken: Mutex<Option<(u32, String)>>,
+    /// The rank's locks: they live while this consumer or a record it popped lives
+    /// (never with a mapping alone).
+    locks: Arc<LockFd>,
+    /// Pops (and reaps) of this consumer from several threads take turns: the rank has
+    /// one hazard word.
+    turn: Mutex<()>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -759,7 +910,8 @@ impl Consumer {
         }
         let guard = Unlink(&name);
         // The consumers' lock first: a sweep never takes a stream while one is held.
-        os::lock_shared(&file)?;
+        let locks = LockFd::of(&file)?;
+        os::lock_shared(&locks.0)?;
         os::reserve(&file, &name, layout.file_size)?;
         let map = os::map_shared(&file, layout.file_size as usize, os::MapAccess::Prefaulted)
             .map_err(|e| Error::io(format!("mmap '{name}'"), e))?;
@@ -779,7 +931,7 @@ impl Consumer {
             pid: os::current_pid(),
             rank: Some(0),
         };
-        if !os::try_lock_byte(&m.file, RANK_LOCK)? {
+        if !os::try_lock_byte(&locks.0, RANK_LOCK)? {
             // Someone of this user opened the new file first and took the byte.
             return Err(Error::NameInUse {
                 name: m.name.clone(),
@@ -795,7 +947,7 @@ impl Consumer {
             crate::layout::stream::STREAM_MAGIC,
             Ordering::Release,
         );
-        Ok(Consumer::new(m, 0))
+        Ok(Consumer::new(m, 0, locks))
     }
 
     /// Serves rank `rank` of stream `name`'s group, waiting up to `timeout` for the
@@ -809,12 +961,13 @@ impl Consumer {
                 reason: format!("rank {rank} of a group of {}", m.layout.ranks),
             });
         }
-        os::lock_shared(&m.file)?;
+        let locks = LockFd::of(&m.file)?;
+        os::lock_shared(&locks.0)?;
         let mine = me()?;
         let g = m.group();
         let entry = &g.ranks[rank as usize];
         // Whoever holds the rank's lock serves it (or still holds records it popped).
-        if !os::try_lock_byte(&m.file, RANK_LOCK + rank as u64)? {
+        if !os::try_lock_byte(&locks.0, RANK_LOCK + rank as u64)? {
             return Err(Error::AlreadyAttached {
                 name: m.name.clone(),
                 pid: primitive::load(&entry.owner, Ordering::Acquire) as u32,
@@ -826,24 +979,27 @@ impl Consumer {
         if served_before {
             // A gone process's claims carry this rank: release them as lost before the
             // rank is live again (afterwards they would look like ours).
+            primitive::store(&entry.hazard, 0, Ordering::Release);
             let gr = m.group();
             let mut dead = |k: u8| k as u32 == rank;
             for i in 0..m.layout.lanes {
-                m.lane(i).reap(&gr, &mut dead);
+                m.lane(i).reap(Some(rank as u8), &gr, &mut dead);
             }
         }
         primitive::store(&entry.state, RANK_LIVE, Ordering::Release);
-        Ok(Consumer::new(m, rank as u8))
+        Ok(Consumer::new(m, rank as u8, locks))
     }
 
-    fn new(mut map: Map, rank: u8) -> Consumer {
+    fn new(mut map: Map, rank: u8, locks: LockFd) -> Consumer {
         map.rank = Some(rank);
         Consumer {
             map: Arc::new(map),
+            locks: Arc::new(locks),
             rank,
             next_lane: Default::default(),
             policy: WaitPolicy::default(),
             broken: Mutex::new(None),
+            turn: Mutex::new(()),
         }
     }
 
@@ -867,6 +1023,8 @@ impl Consumer {
     /// Takes the next record of any lane (lanes in turn, so one busy producer cannot
     /// starve the others), without waiting. `None` when every lane is empty.
     pub fn try_pop(&self) -> Result<Option<Record>> {
+        not_forked(self.map.pid)?;
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((lane, detail)) = self.broken.lock().expect("not poisoned").clone() {
             return Err(Error::BadRecord { lane, detail });
         }
@@ -878,7 +1036,11 @@ impl Consumer {
             let lane = self.map.lane(i);
             let claimed = lane.try_claim(self.rank, hl).and_then(|c| match c {
                 None => Ok(None),
-                Some(claim) => self.decode(lane, claim).map(Some),
+                Some(claim) => self.decode(lane, claim).map(Some).inspect_err(|_| {
+                    // Its counts break the rules: give its room back (nobody else could
+                    // take it) before the consumer refuses every later pop.
+                    lane.release(claim);
+                }),
             });
             match claimed {
                 Ok(None) => continue,
@@ -907,6 +1069,7 @@ impl Consumer {
         let (spans, seq, producer) = lane.decode(&self.map.layout.schema, claim)?;
         Ok(Record {
             map: self.map.clone(),
+            _locks: self.locks.clone(),
             lane: lane.index,
             claim,
             spans,
@@ -931,6 +1094,7 @@ impl Consumer {
             timeout,
             "a record",
             || {
+                let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
                 self.map.reap(None);
                 Ok(())
             },
@@ -987,6 +1151,8 @@ impl Drop for Consumer {
 /// record is released ([`Record::release`], or dropped).
 pub struct Record {
     map: Arc<Map>,
+    /// The rank's locks: a closed rank's records stay its own while they live.
+    _locks: Arc<LockFd>,
     lane: u32,
     claim: Claim,
     spans: Spans,
@@ -1074,6 +1240,11 @@ impl Record {
     }
 
     fn release_now(&mut self) {
+        // In a child forked from the consumer's process the record is still the parent's.
+        if self.map.pid != os::current_pid() {
+            self.released = true;
+            return;
+        }
         if !std::mem::replace(&mut self.released, true) {
             let lane = self.map.lane(self.lane);
             if lane.release(self.claim) {
@@ -1117,6 +1288,9 @@ struct ProducerInner {
     generation: u64,
     owner: u64,
     policy: WaitPolicy,
+    /// The lane's lock, until the producer closes (`None` then: an open reservation's
+    /// commit publishes nothing).
+    locks: Mutex<Option<LockFd>>,
     state: Mutex<ProducerState>,
 }
 
@@ -1150,11 +1324,12 @@ impl Producer {
             }
         }
         let mine = me()?;
+        let locks = LockFd::of(&map.file)?;
         for i in 0..map.layout.lanes {
             let lane = map.lane(i);
             // The lane's lock: free, or let go by a producer that ended (the next one
             // goes on from its `head`).
-            if !os::try_lock_byte(&map.file, LANE_LOCK + i as u64)? {
+            if !os::try_lock_byte(&locks.0, LANE_LOCK + i as u64)? {
                 continue;
             }
             primitive::store(&lane.ctrl.owner, mine, Ordering::Release);
@@ -1163,14 +1338,19 @@ impl Producer {
             let tail = primitive::load(&lane.ctrl.tail, Ordering::Acquire);
             if tail > head || head - tail > lane.capacity || head % 8 != 0 {
                 primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
-                // Dropping the mapping closes its file: the lock goes with it.
+                // Dropping `locks` lets the lane go.
                 return Err(lane.bad(format!("tail {tail} against head {head}")));
+            }
+            if tail % 8 != 0 {
+                primitive::store(&lane.ctrl.owner, 0, Ordering::Release);
+                return Err(lane.bad(format!("tail {tail} not 8-aligned")));
             }
             return Ok(Producer(Arc::new(ProducerInner {
                 lane: i,
                 generation,
                 owner: mine,
                 policy: WaitPolicy::default(),
+                locks: Mutex::new(Some(locks)),
                 state: Mutex::new(ProducerState {
                     head,
                     seq: 0,
@@ -1213,12 +1393,24 @@ impl Producer {
     /// open. The fields are written in place; nothing is visible before
     /// [`Reservation::commit`], and a reservation dropped uncommitted leaves nothing.
     pub fn reserve(&self, lengths: &[u32], timeout: Duration) -> Result<Reservation> {
+        self.reserve_counted(lengths, timeout, true)
+    }
+
+    /// [`Producer::reserve`]; a full lane counts in `full_waits` only when `count_full`
+    /// (a caller that waits in several slices counts its first).
+    pub(crate) fn reserve_counted(
+        &self,
+        lengths: &[u32],
+        timeout: Duration,
+        count_full: bool,
+    ) -> Result<Reservation> {
         let inner = &self.0;
         let map = &inner.map;
         let spans = map
             .layout
             .schema
             .spans(lengths, max_record(map.layout.lane_capacity))?;
+        not_forked(map.pid)?;
         map.consumers(false)?;
         let mut st = inner.state.lock().expect("not poisoned");
         if st.pending {
@@ -1235,7 +1427,9 @@ impl Producer {
             inner.policy,
             timeout,
             || {
-                primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
+                if count_full {
+                    primitive::fetch_add(map.group().full_waits, 1, Ordering::Relaxed);
+                }
             },
             || {
                 map.reap(Some(inner.lane));
@@ -1279,18 +1473,25 @@ impl Producer {
     }
 }
 
-impl Drop for ProducerInner {
+impl Drop for Producer {
+    /// Frees the lane, even while views (a [`Mapping`]) or an open reservation live: that
+    /// reservation's commit then publishes nothing.
     fn drop(&mut self) {
-        if self.map.pid == os::current_pid() {
-            let lane = self.map.lane(self.lane);
+        let inner = &self.0;
+        // Taken under the state lock: a commit in flight finishes first, a later one
+        // sees the lane gone.
+        let _st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.map.pid == os::current_pid() {
+            let lane = inner.map.lane(inner.lane);
             let _ = primitive::compare_exchange(
                 &lane.ctrl.owner,
-                self.owner,
+                inner.owner,
                 0,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
         }
+        inner.locks.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -1356,12 +1557,20 @@ impl Reservation {
 
     /// Publishes the record (one Release store of the lane's `head`) and wakes a
     /// sleeping consumer.
+    /// Nothing is published when the producer was closed meanwhile, or in a process
+    /// forked from the producer's (the lane is not this one's).
     pub fn commit(mut self) {
         let p = &self.producer;
         let map = &p.map;
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        let held = p.locks.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if !held || map.pid != os::current_pid() {
+            st.pending = false;
+            self.done = true;
+            return;
+        }
         let lane = map.lane(p.lane);
         lane.commit(&self.pending, self.head, &map.group());
-        let mut st = p.state.lock().expect("not poisoned");
         st.head = self.pending.end;
         st.seq += 1;
         st.pending = false;
@@ -1506,3 +1715,7 @@ pub fn stats(name: &str) -> Result<StreamStats> {
     let m = Map::open(name, Duration::ZERO)?;
     Ok(StreamStats::of(&m))
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "stream_review_tests.rs"]
+mod review_tests;

@@ -551,9 +551,12 @@ impl PyStreamProducer {
         let deadline = limit.and_then(|t| Instant::now().checked_add(t));
         let producer = self.producer(py)?;
         let producer = &*producer;
+        let mut first = true;
         let mut res: Reservation = loop {
             let slice = next_slice(deadline);
-            match py.detach(|| producer.reserve(&lengths, slice)) {
+            // One reserve is one full wait in the stats, however many slices it takes.
+            let count = std::mem::replace(&mut first, false);
+            match py.detach(|| producer.reserve_counted(&lengths, slice, count)) {
                 Ok(r) => break r,
                 // A slice passed with the lane still full: on to the next, or `Full`
                 // for the whole wait once the deadline passed.

@@ -1,0 +1,176 @@
+//! Trajectory streams across fork and close: the rank's and lane's locks live on a
+//! descriptor of their own, which forked children do not keep and a close lets go;
+//! a record dropped in a forked child stays its parent's.
+
+mod common;
+
+use std::time::Duration;
+
+use common::peer::{self, PeerProc};
+use shmbridge::error::Error;
+use shmbridge::stream::{Consumer, Producer, Schema, StreamSpec};
+
+const SCHEMA: &str = "tokens: int32[*], score: float64[1], meta: uint8[*]";
+const T: Duration = Duration::from_secs(5);
+
+fn spec(lanes: u32, capacity: u64, ranks: u32) -> StreamSpec {
+    StreamSpec {
+        schema: Schema::parse(SCHEMA).unwrap(),
+        lanes,
+        lane_capacity: capacity,
+        ranks,
+    }
+}
+
+fn name(short: &str) -> String {
+    shmbridge::region::canonical_name(short).unwrap()
+}
+
+/// Forks a child that only sleeps (as a DataLoader worker or a subprocess forked
+/// without exec would live on); returns its pid.
+fn fork_sleeper() -> i32 {
+    // SAFETY: the child only makes async-signal-safe calls and exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            libc::sleep(60);
+            libc::_exit(0);
+        }
+        pid
+    }
+}
+
+/// `rank1-fork NAME`: serves rank 1 of NAME, forks a sleeping child, says `ready PID`.
+/// `producer-fork NAME`: holds a lane of NAME, forks a sleeping child, says `ready PID`.
+#[test]
+#[ignore = "a peer process the tests start themselves"]
+fn review_peer() {
+    let Some(role) = peer::role() else {
+        return;
+    };
+    let words: Vec<&str> = role.split_whitespace().collect();
+    match words[..] {
+        ["rank1-fork", n] => {
+            let _c = Consumer::attach(n, 1, T).unwrap();
+            let child = fork_sleeper();
+            peer::say(&format!("ready {child}"));
+            peer::block();
+        }
+        ["producer-fork", n] => {
+            let _p = Producer::attach(n, None, T).unwrap();
+            let child = fork_sleeper();
+            peer::say(&format!("ready {child}"));
+            peer::block();
+        }
+        _ => panic!("bad role {role:?}"),
+    }
+}
+
+/// docs/stream.md: a rank "whose process ended is taken over" and its lock "the kernel
+/// drops when its holder ends, however it ends", also while a child forked from it
+/// (without exec) lives on with the stream mapped.
+#[test]
+fn a_dead_rank_with_a_forked_child_is_taken_over() {
+    let n = name("forkrank");
+    let _c0 = Consumer::create(&n, &spec(1, 4096, 2)).unwrap();
+    let mut peer = PeerProc::start("review_peer", &format!("rank1-fork {n}"));
+    let child: u32 = peer.expect("ready").parse().unwrap();
+    common::signal(peer.pid(), rustix::process::Signal::KILL);
+    peer.wait_end();
+    let got = Consumer::attach(&n, 1, T);
+    common::signal(child, rustix::process::Signal::KILL);
+    let got = got.map(drop);
+    assert!(
+        got.is_ok(),
+        "rank 1's process is dead, but its forked child keeps its lock: {got:?}"
+    );
+}
+
+#[test]
+fn a_dead_producers_lane_with_a_forked_child_is_taken_over() {
+    let n = name("forklane");
+    let _c0 = Consumer::create(&n, &spec(1, 4096, 1)).unwrap();
+    let mut peer = PeerProc::start("review_peer", &format!("producer-fork {n}"));
+    let child: u32 = peer.expect("ready").parse().unwrap();
+    common::signal(peer.pid(), rustix::process::Signal::KILL);
+    peer.wait_end();
+    let got = Producer::attach(&n, None, T);
+    common::signal(child, rustix::process::Signal::KILL);
+    let got = got.map(drop);
+    assert!(
+        !matches!(got, Err(Error::NoFreeLane { .. })),
+        "the lane's producer is dead, but its forked child keeps its lock: {got:?}"
+    );
+}
+
+/// A child forked while a record is held (a DataLoader worker, `multiprocessing` with
+/// fork) that drops its copy leaves the parent's record held: the parent still reads
+/// it, the producer does not write over it.
+#[test]
+fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
+    let n = name("forkrec");
+    let c = Consumer::create(&n, &spec(1, 256, 1)).unwrap();
+    let p = Producer::attach(&n, None, T).unwrap();
+    let mut r = p.reserve(&[4, 0], T).unwrap();
+    r.field_mut::<i32>(0).unwrap().fill(7);
+    r.commit();
+    let rec = c.pop(T).unwrap().unwrap();
+    assert_eq!(c.stats().depth, 1);
+    // SAFETY: the child drops the record (atomics and a futex wake) and exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        drop(rec);
+        // SAFETY: ends the forked child at once, without running the parent's handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child, writing its status into a local.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    // Still held here: it must not be released, nor its room handed to the producer.
+    let depth = c.stats().depth;
+    let mut overwritten = false;
+    for k in 0..8 {
+        match p.reserve(&[4, 0], Duration::ZERO) {
+            Ok(mut r) => {
+                r.field_mut::<i32>(0).unwrap().fill(100 + k);
+                r.commit();
+                if let Some(x) = c.try_pop().unwrap() {
+                    drop(x);
+                }
+            }
+            Err(_) => break,
+        }
+        overwritten |= rec.field::<i32>(0).unwrap() != [7; 4];
+    }
+    assert!(
+        depth == 1 && !overwritten,
+        "the parent's held record was released by the child (depth {depth}); \
+         overwritten under the parent's view: {overwritten}"
+    );
+}
+
+/// The Python `Producer`/`Consumer` keep a `Mapping` (their `memory`) for the object's
+/// life, and NumPy views keep one after that: `close()` frees the lane and the rank all
+/// the same.
+#[test]
+fn a_closed_producer_frees_its_lane_and_a_closed_rank_can_be_served_again() {
+    let n = name("closemap");
+    let _c0 = Consumer::create(&n, &spec(1, 4096, 2)).unwrap();
+    let p = Producer::attach(&n, None, T).unwrap();
+    let keep = p.mapping(); // what PyStreamProducer.memory holds
+    drop(p); // PyStreamProducer.close()
+    let again = Producer::attach(&n, None, T).map(drop);
+    let c1 = Consumer::attach(&n, 1, T).unwrap();
+    let keep1 = c1.mapping();
+    drop(c1); // PyStreamConsumer.close()
+    let rank_again = Consumer::attach(&n, 1, T).map(drop);
+    drop((keep, keep1));
+    assert!(
+        again.is_ok() && rank_again.is_ok(),
+        "lane after close: {again:?}; rank after close: {rank_again:?}"
+    );
+}
