@@ -224,7 +224,7 @@ impl<'a> Lane<'a> {
                 )));
             }
             #[cfg(all(test, not(loom)))]
-            review_tests::after_cursors();
+            race_tests::after_cursors();
             // The bytes at `r` are a record's first word only while `tail` has not passed
             // `r` (the producer then rewrites them, possibly with a later record's
             // payload): publish `r`, so that they stay as they are, and check `tail`.
@@ -813,7 +813,7 @@ impl Map {
         lanes
             .map(|i| {
                 #[cfg(all(test, not(loom)))]
-                review_tests::before_lane_reap(i);
+                race_tests::before_lane_reap(i);
                 // Each lane's verdicts are its own, taken after that lane's `read` is
                 // loaded: a rank taken over meanwhile claimed its new records after its
                 // lock was taken, so none of them lies below that `read`.
@@ -1717,5 +1717,5 @@ pub fn stats(name: &str) -> Result<StreamStats> {
 }
 
 #[cfg(all(test, not(loom)))]
-#[path = "stream_review_tests.rs"]
-mod review_tests;
+#[path = "stream_race_tests.rs"]
+mod race_tests;

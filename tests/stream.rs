@@ -483,4 +483,13 @@ fn a_producer_and_a_consumer_in_other_pid_namespaces_count_as_alive() {
     assert_eq!(c.pop(T).unwrap().expect("its record").seq(), 0);
     drop(producer);
     drop(consumer);
+    // The consumer's container is gone: its stream is swept once the kernel has let go
+    // of the container's lock, which can be just after the `unshare` process ended.
+    let first = name("ns-consumer");
+    let deadline = std::time::Instant::now() + T;
+    while shmbridge::region::list_names().unwrap().contains(&first) {
+        assert!(std::time::Instant::now() < deadline, "{first} was never swept");
+        let _ = shmbridge::region::sweep();
+        std::thread::yield_now();
+    }
 }

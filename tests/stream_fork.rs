@@ -48,7 +48,7 @@ fn fork_sleeper() -> i32 {
 /// `producer-fork NAME`: holds a lane of NAME, forks a sleeping child, says `ready PID`.
 #[test]
 #[ignore = "a peer process the tests start themselves"]
-fn review_peer() {
+fn fork_peer() {
     let Some(role) = peer::role() else {
         return;
     };
@@ -77,7 +77,7 @@ fn review_peer() {
 fn a_dead_rank_with_a_forked_child_is_taken_over() {
     let n = name("forkrank");
     let _c0 = Consumer::create(&n, &spec(1, 4096, 2)).unwrap();
-    let mut peer = PeerProc::start("review_peer", &format!("rank1-fork {n}"));
+    let mut peer = PeerProc::start("fork_peer", &format!("rank1-fork {n}"));
     let child: u32 = peer.expect("ready").parse().unwrap();
     common::signal(peer.pid(), rustix::process::Signal::KILL);
     peer.wait_end();
@@ -94,7 +94,7 @@ fn a_dead_rank_with_a_forked_child_is_taken_over() {
 fn a_dead_producers_lane_with_a_forked_child_is_taken_over() {
     let n = name("forklane");
     let _c0 = Consumer::create(&n, &spec(1, 4096, 1)).unwrap();
-    let mut peer = PeerProc::start("review_peer", &format!("producer-fork {n}"));
+    let mut peer = PeerProc::start("fork_peer", &format!("producer-fork {n}"));
     let child: u32 = peer.expect("ready").parse().unwrap();
     common::signal(peer.pid(), rustix::process::Signal::KILL);
     peer.wait_end();
