@@ -488,7 +488,10 @@ fn a_producer_and_a_consumer_in_other_pid_namespaces_count_as_alive() {
     let first = name("ns-consumer");
     let deadline = std::time::Instant::now() + T;
     while shmbridge::region::list_names().unwrap().contains(&first) {
-        assert!(std::time::Instant::now() < deadline, "{first} was never swept");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{first} was never swept"
+        );
         let _ = shmbridge::region::sweep();
         std::thread::yield_now();
     }
