@@ -229,7 +229,12 @@ impl<'a> Lane<'a> {
             // `r` (the producer then rewrites them, possibly with a later record's
             // payload): publish `r`, so that they stay as they are, and check `tail`.
             if !self.guard(Some(rank), r) {
-                continue;
+                // `tail` passed `r`: another rank claimed and released it meanwhile (then
+                // `read` moved on), or the lane is corrupt (`tail` never passes `read`).
+                if self.moved(&c.read, r) {
+                    continue;
+                }
+                return Err(self.bad(format!("tail past the read cursor {r}")));
             }
             let w = Word0::unpack(primitive::load(self.word0(r), Ordering::Acquire));
             if let Err(detail) = check_word0(w, r, h, self.capacity, header_len) {
