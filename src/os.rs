@@ -364,11 +364,22 @@ pub fn name_identity(name: &str) -> Result<Option<(u64, u64)>> {
 /// liveness token, as the `flock` is the creator's; an attached client holds one at
 /// `control::client_lock_byte` (at or above 2^61, far from any shard index).
 fn ofd_lock(file: impl AsFd, index: u64, cmd: libc::c_int) -> std::io::Result<libc::flock> {
+    ofd_lock_as(file, index, cmd, libc::F_WRLCK)
+}
+
+/// [`ofd_lock`] with the lock's type: `F_WRLCK`, `F_RDLCK` (shared: held by any number of
+/// descriptions at once, never with a write lock) or `F_UNLCK`.
+fn ofd_lock_as(
+    file: impl AsFd,
+    index: u64,
+    cmd: libc::c_int,
+    l_type: libc::c_int,
+) -> std::io::Result<libc::flock> {
     use std::os::fd::AsRawFd;
     let file = file.as_fd();
     // SAFETY: `flock` is plain data; all-zero is a valid value of it.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_type = l_type as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     lock.l_start = index as libc::off_t;
     lock.l_len = 1;
@@ -390,6 +401,47 @@ pub fn try_lock_byte(file: impl AsFd, index: u64) -> Result<bool> {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
         Err(e) => Err(Error::io("fcntl(F_OFD_SETLK)", e)),
     }
+}
+
+/// Takes a shared (read) lock on byte `index` without blocking: granted while no other
+/// open file description holds the write lock there, and while held, nobody else can
+/// take the write lock. `Ok(false)` when a write lock is held.
+pub fn try_share_byte(file: impl AsFd, index: u64) -> Result<bool> {
+    match ofd_lock_as(file, index, libc::F_OFD_SETLK, libc::F_RDLCK) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
+        Err(e) => Err(Error::io("fcntl(F_OFD_SETLK, F_RDLCK)", e)),
+    }
+}
+
+/// Lets go of whatever lock `file`'s open file description holds on byte `index`.
+pub fn unlock_byte(file: impl AsFd, index: u64) -> Result<()> {
+    ofd_lock_as(file, index, libc::F_OFD_SETLK, libc::F_UNLCK)
+        .map(|_| ())
+        .map_err(|e| Error::io("fcntl(F_OFD_SETLK, F_UNLCK)", e))
+}
+
+/// Who holds byte `index`, as seen from `file`'s open file description (whose own locks
+/// do not count): [`ByteHolder::Writer`] when another description holds the write lock,
+/// [`ByteHolder::Readers`] when others hold only shared locks, else `Free`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteHolder {
+    Free,
+    Readers,
+    Writer,
+}
+
+/// [`ByteHolder`] of byte `index` (`F_OFD_GETLK` for a write lock: the kernel answers
+/// with a lock that conflicts, whose type tells which; a write lock and shared ones
+/// never coexist on one byte).
+pub fn byte_holder(file: impl AsFd, index: u64) -> Result<ByteHolder> {
+    let lock =
+        ofd_lock(file, index, libc::F_OFD_GETLK).map_err(|e| Error::io("fcntl(F_OFD_GETLK)", e))?;
+    Ok(match lock.l_type as libc::c_int {
+        libc::F_UNLCK => ByteHolder::Free,
+        libc::F_RDLCK => ByteHolder::Readers,
+        _ => ByteHolder::Writer,
+    })
 }
 
 /// Makes `file`'s open file description hold the write lock on byte `index` and no
@@ -1379,6 +1431,30 @@ mod tests {
             !byte_locked(&b, 3).unwrap(),
             "closing the holder's last fd releases it"
         );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn shared_byte_locks_exclude_a_writer_and_say_so() {
+        let path = std::env::temp_dir().join(format!("shmbridge-ofd-rd-{}", current_pid()));
+        let open = || {
+            let mut o = File::options();
+            o.read(true).write(true).create(true).truncate(false);
+            o.open(&path).unwrap()
+        };
+        let (a, b, c) = (open(), open(), open());
+        assert_eq!(byte_holder(&c, 5).unwrap(), ByteHolder::Free);
+        assert!(try_share_byte(&a, 5).unwrap());
+        assert!(try_share_byte(&b, 5).unwrap(), "shared by several");
+        assert_eq!(byte_holder(&c, 5).unwrap(), ByteHolder::Readers);
+        assert!(!try_lock_byte(&c, 5).unwrap(), "no writer while shared");
+        unlock_byte(&a, 5).unwrap();
+        assert!(!try_lock_byte(&c, 5).unwrap(), "still shared by b");
+        unlock_byte(&b, 5).unwrap();
+        assert_eq!(byte_holder(&a, 5).unwrap(), ByteHolder::Free);
+        assert!(try_lock_byte(&c, 5).unwrap());
+        assert_eq!(byte_holder(&a, 5).unwrap(), ByteHolder::Writer);
+        assert!(!try_share_byte(&a, 5).unwrap(), "no reader while written");
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -629,6 +629,8 @@ struct Map {
     /// The rank this mapping's consumer serves (its lock is this file's own, which a
     /// lock query through the same file does not see).
     rank: Option<u8>,
+    /// Taken while this mapping's description holds a reaper's shared lock on a rank.
+    reaping: Mutex<()>,
 }
 
 // SAFETY: the mapping is shared memory whose words are accessed atomically and whose
@@ -750,13 +752,17 @@ impl Map {
             owner: false,
             pid: os::current_pid(),
             rank: None,
+            reaping: Mutex::new(()),
         })
     }
 
-    /// Whether rank `k`'s consumer (or a record it popped) lives: its lock is held.
+    /// Whether rank `k`'s consumer (or a record it popped) lives: its lock is held (the
+    /// write lock: a reaper's brief shared hold is no consumer).
     fn rank_held(&self, k: u8) -> bool {
         // A failed query counts as alive: never release a live rank's records.
-        self.rank == Some(k) || os::byte_locked(&self.file, RANK_LOCK + k as u64).unwrap_or(true)
+        self.rank == Some(k)
+            || os::byte_holder(&self.file, RANK_LOCK + k as u64)
+                .map_or(true, |h| h == os::ByteHolder::Writer)
     }
 
     /// Whether the stream's consumers can still take records: `Ok` while a rank is live;
@@ -784,6 +790,38 @@ impl Map {
         })
     }
 
+    /// Clears rank `k`'s hazard if the rank's process is gone. The reaper holds a shared
+    /// lock on the rank's byte meanwhile (through this mapping's description, not the
+    /// consumer's or producer's own): it is granted only while no process holds the rank
+    /// (its holder is gone), and while it is held no process can take the rank over (that
+    /// takes the write lock; `Consumer::attach` waits for it). So the hazard cleared is
+    /// the dead process's, never one a new holder of the rank published (the same lane
+    /// and position make the same word: a compare-and-swap alone could not tell them
+    /// apart).
+    fn clear_dead_hazard(&self, k: u8, r: &RankCtrl) {
+        // In a forked child the descriptor points at /dev/null, whose locks say nothing.
+        if self.pid != os::current_pid() {
+            return;
+        }
+        // The reapers of one mapping take turns: the description's shared lock is one,
+        // however many of its threads take it, and the first to let go would end it.
+        let _turn = self.reaping.lock().unwrap_or_else(|e| e.into_inner());
+        let byte = RANK_LOCK + k as u64;
+        if !os::try_share_byte(&self.file, byte).unwrap_or(false) {
+            return;
+        }
+        #[cfg(all(test, not(loom)))]
+        race_tests::after_rank_verdict(k);
+        let hz = primitive::load(&r.hazard, Ordering::Acquire);
+        if hz != 0 {
+            let _ =
+                primitive::compare_exchange(&r.hazard, hz, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        // An unlock of a byte this description holds does not fail; if it did, the rank
+        // could not be taken over while this mapping lives.
+        let _ = os::unlock_byte(&self.file, byte);
+    }
+
     /// Whether rank `k` was served by a process that is gone (live or closed: a closed
     /// rank's process may still hold records it popped, until it dies).
     fn rank_dead(&self, k: u8) -> bool {
@@ -797,18 +835,14 @@ impl Map {
     /// every lane (or in `only`); returns how many.
     fn reap(&self, only: Option<u32>) -> u64 {
         let g = self.group();
-        // A dead rank's hazard would hold the producer back for good: clear it (only
-        // while its lock is free; a process taking the rank over clears it too).
+        // A dead rank's hazard would hold the producer back for good: clear it.
         for (k, r) in g.ranks.iter().enumerate() {
-            let hz = primitive::load(&r.hazard, Ordering::Acquire);
-            if hz != 0 && self.rank != Some(k as u8) && self.rank_dead(k as u8) {
-                let _ = primitive::compare_exchange(
-                    &r.hazard,
-                    hz,
-                    0,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
+            let k = k as u8;
+            if self.rank != Some(k)
+                && primitive::load(&r.hazard, Ordering::Acquire) != 0
+                && primitive::load(&r.state, Ordering::Acquire) != 0
+            {
+                self.clear_dead_hazard(k, r);
             }
         }
         let lanes = match only {
@@ -851,6 +885,55 @@ impl Drop for LockFd {
         os::release_held(&self.0);
     }
 }
+
+/// Takes rank `rank`'s lock (the write lock on its byte) for a consumer attaching: whoever
+/// holds it serves the rank (or still holds records it popped): `AlreadyAttached`. A
+/// reaper clearing a dead rank's hazard holds it shared for a load and a
+/// compare-and-swap (`Map::clear_dead_hazard`): that is waited for, up to `timeout` from
+/// `started` but at least [`REAPER_GRACE`], then `Timeout`.
+fn take_rank(
+    locks: &LockFd,
+    m: &Map,
+    rank: u32,
+    started: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let byte = RANK_LOCK + rank as u64;
+    let deadline = started.checked_add(timeout.max(REAPER_GRACE));
+    let mut backoff = Backoff::default();
+    loop {
+        if os::try_lock_byte(&locks.0, byte)? {
+            return Ok(());
+        }
+        match os::byte_holder(&locks.0, byte)? {
+            os::ByteHolder::Writer => {
+                return Err(Error::AlreadyAttached {
+                    name: m.name.clone(),
+                    pid: primitive::load(&m.group().ranks[rank as usize].owner, Ordering::Acquire)
+                        as u32,
+                    pid_ns: PidNamespace::This,
+                })
+            }
+            // Let go between the two calls: take it now.
+            os::ByteHolder::Free => continue,
+            os::ByteHolder::Readers => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Error::Timeout {
+                        waited: started.elapsed(),
+                        what: "a process clearing the dead rank's hazard to let the rank go",
+                    });
+                }
+                #[cfg(all(test, not(loom)))]
+                race_tests::attach_waits();
+                backoff.snooze();
+            }
+        }
+    }
+}
+
+/// The least a consumer attaching waits for a reaper's brief hold of its rank, whatever
+/// its timeout (the hold lasts a load and a compare-and-swap, unless its process stops).
+const REAPER_GRACE: Duration = Duration::from_millis(100);
 
 /// `OutOfOrder` in a process forked from the one that made the handle: the lane or the
 /// rank is the parent's (its locks stayed there).
@@ -935,6 +1018,7 @@ impl Consumer {
             owner: true,
             pid: os::current_pid(),
             rank: Some(0),
+            reaping: Mutex::new(()),
         };
         if !os::try_lock_byte(&locks.0, RANK_LOCK)? {
             // Someone of this user opened the new file first and took the byte.
@@ -959,6 +1043,7 @@ impl Consumer {
     /// stream to be published. A rank a live process serves is `AlreadyAttached`; one
     /// whose process died is taken over, its unreleased records released as lost first.
     pub fn attach(name: &str, rank: u32, timeout: Duration) -> Result<Consumer> {
+        let started = Instant::now();
         let m = Map::open(name, timeout)?;
         if rank >= m.layout.ranks {
             return Err(Error::InvalidHeader {
@@ -971,19 +1056,13 @@ impl Consumer {
         let mine = me()?;
         let g = m.group();
         let entry = &g.ranks[rank as usize];
-        // Whoever holds the rank's lock serves it (or still holds records it popped).
-        if !os::try_lock_byte(&locks.0, RANK_LOCK + rank as u64)? {
-            return Err(Error::AlreadyAttached {
-                name: m.name.clone(),
-                pid: primitive::load(&entry.owner, Ordering::Acquire) as u32,
-                pid_ns: PidNamespace::This,
-            });
-        }
+        take_rank(&locks, &m, rank, started, timeout)?;
         let served_before = primitive::load(&entry.state, Ordering::Acquire) != 0;
         primitive::store(&entry.owner, mine, Ordering::Release);
         if served_before {
             // A gone process's claims carry this rank: release them as lost before the
-            // rank is live again (afterwards they would look like ours).
+            // rank is live again (afterwards they would look like ours). Its hazard goes
+            // first; no reaper clears ours while we hold the rank (`Map::reap`).
             primitive::store(&entry.hazard, 0, Ordering::Release);
             let gr = m.group();
             let mut dead = |k: u8| k as u32 == rank;

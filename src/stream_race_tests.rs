@@ -200,3 +200,150 @@ fn a_rank_taken_over_during_a_reap_keeps_its_new_records() {
     );
     drop(held);
 }
+
+thread_local! {
+    static RANK_HOOK: RefCell<Option<Box<dyn FnOnce(u8)>>> = RefCell::new(None);
+}
+
+/// In `Map::reap`, between the verdict that a rank is dead and the clear of its hazard.
+pub(super) fn after_rank_verdict(k: u8) {
+    if let Some(f) = RANK_HOOK.with(|h| h.borrow_mut().take()) {
+        f(k);
+    }
+}
+
+fn two_rank_stream(tag: &str) -> (String, Consumer, Producer) {
+    let n = crate::region::canonical_name(&format!("{tag}{}", std::process::id())).unwrap();
+    let spec = StreamSpec {
+        schema: Schema::parse("x: uint8[*]").unwrap(),
+        lanes: 1,
+        lane_capacity: 4096,
+        ranks: 2,
+    };
+    let c0 = Consumer::create(&n, &spec).unwrap();
+    let p = Producer::attach(&n, None, Duration::from_secs(1)).unwrap();
+    (n, c0, p)
+}
+
+/// A dead rank's hazard is cleared by whoever reaps. Rank 1's process died while it
+/// examined position 0 of lane 0 (LIVE, its lock free, its hazard on 0). Rank 0 reaps
+/// and finds rank 1 dead; right then a new process takes rank 1 over and examines
+/// position 0 again: the same hazard word (an ABA). The reaper's clear must not take
+/// that hazard away: once `tail` passes 0 the producer would rewrite the bytes the new
+/// rank 1 reads as a record's first word. Either the takeover waits for the reaper (it
+/// cannot take the rank while the reaper clears), or its hazard stays.
+#[test]
+fn a_rank_taken_over_while_its_hazard_is_cleared_keeps_its_new_hazard() {
+    use std::rc::Rc;
+    let (n, c0, p) = two_rank_stream("streamhz");
+    p.reserve(&[1], Duration::ZERO).unwrap().commit();
+    let map = &c0.map;
+    let ranks = map.group().ranks;
+    let l = map.lane(0);
+    primitive::store(&ranks[1].state, RANK_LIVE, Ordering::Release);
+    assert!(l.guard(Some(1), 0));
+    let hz = primitive::load(&ranks[1].hazard, Ordering::SeqCst);
+    assert_eq!(hz, hazard_word(0, 0));
+    let taken: Rc<RefCell<Option<Result<Consumer>>>> = Rc::default();
+    let t2 = taken.clone();
+    let n2 = n.clone();
+    let m2 = c0.map.clone();
+    RANK_HOOK.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |k| {
+            assert_eq!(k, 1);
+            let got = Consumer::attach(&n2, 1, Duration::ZERO);
+            if let Ok(c1) = &got {
+                // The new rank 1 loads `read = 0` and publishes it: the same word.
+                assert!(c1.map.lane(0).guard(Some(1), 0));
+                let now = primitive::load(&m2.group().ranks[1].hazard, Ordering::SeqCst);
+                assert_eq!(now, hz);
+            }
+            *t2.borrow_mut() = Some(got);
+        }))
+    });
+    map.reap(None);
+    RANK_HOOK.with(|h| h.borrow_mut().take());
+    let got = taken
+        .borrow_mut()
+        .take()
+        .expect("the reaper judged rank 1 dead");
+    match got {
+        Ok(c1) => {
+            // Rank 0 takes the record at 0 and releases it: `tail` passes 0, and only
+            // rank 1's hazard keeps the producer off the bytes it examines.
+            let rec = c0.try_pop().unwrap().expect("the record at 0");
+            let len = rec.len() as u64;
+            drop(rec);
+            assert_eq!(primitive::load(&l.ctrl.tail, Ordering::SeqCst), len);
+            let now = primitive::load(&ranks[1].hazard, Ordering::SeqCst);
+            assert_eq!(
+                (now, l.room_limit()),
+                (hz, 0),
+                "the reaper cleared the hazard of the process that took rank 1 over: the \
+                 producer may now rewrite the bytes it examines"
+            );
+            drop(c1);
+        }
+        Err(Error::Timeout { .. }) => {
+            // The takeover could not take the rank while the reaper held it; the dead
+            // rank's hazard is gone, and the rank can be taken over now.
+            assert_eq!(primitive::load(&ranks[1].hazard, Ordering::SeqCst), 0);
+            let c1 = Consumer::attach(&n, 1, Duration::ZERO).expect("rank 1 is free again");
+            assert_eq!(c1.rank(), 1);
+        }
+        Err(e) => panic!("taking rank 1 over during the reap: {e}"),
+    }
+}
+
+thread_local! {
+    static ATTACH_HOOK: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+}
+
+/// In `Consumer::attach`, when the rank's byte is held shared (a reaper), before it waits.
+pub(super) fn attach_waits() {
+    if let Some(f) = ATTACH_HOOK.with(|h| h.borrow_mut().take()) {
+        f();
+    }
+}
+
+/// A takeover that meets a reaper's hold of the rank waits for it instead of failing:
+/// rank 0 reaps dead rank 1's hazard and stops holding the rank; another thread attaches
+/// as rank 1 meanwhile (with a long timeout), and is let through once the reaper goes on.
+#[test]
+fn a_takeover_waits_for_a_reapers_hold_of_the_rank() {
+    use std::sync::mpsc::channel;
+    let (n, c0, _p) = two_rank_stream("streamhzwait");
+    let ranks = c0.map.group().ranks;
+    primitive::store(&ranks[1].state, RANK_LIVE, Ordering::Release);
+    assert!(c0.map.lane(0).guard(Some(1), 0));
+    let (holding_tx, holding) = channel::<()>();
+    let (go_tx, go) = channel::<()>();
+    let (waiting_tx, waiting) = channel::<()>();
+    std::thread::scope(|s| {
+        let reaper = s.spawn(|| {
+            RANK_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |k| {
+                    assert_eq!(k, 1);
+                    holding_tx.send(()).unwrap();
+                    go.recv().unwrap();
+                }))
+            });
+            c0.map.reap(None);
+        });
+        holding.recv().expect("the reaper holds rank 1");
+        let taker = s.spawn(|| {
+            ATTACH_HOOK
+                .with(|h| *h.borrow_mut() = Some(Box::new(move || waiting_tx.send(()).unwrap())));
+            Consumer::attach(&n, 1, Duration::from_secs(60))
+        });
+        // The taker saw the reaper's hold (or it ended without waiting: it failed).
+        let waited = waiting.recv().is_ok();
+        go_tx.send(()).unwrap();
+        reaper.join().unwrap();
+        let got = taker.join().unwrap();
+        assert!(waited, "the takeover did not wait for the reaper: {got:?}");
+        let c1 = got.expect("rank 1 taken over once the reaper let go");
+        assert_eq!(c1.rank(), 1);
+        assert_eq!(primitive::load(&ranks[1].hazard, Ordering::SeqCst), 0);
+    });
+}
