@@ -407,7 +407,8 @@ impl PyStreamConsumer {
                 .as_ref()
                 .ok_or_else(|| closed(py, Peer::Client))?
                 .stats()
-        };
+        }
+        .py_err(py)?;
         stats_dict(py, &s)
     }
 
@@ -609,7 +610,8 @@ impl PyStreamProducer {
                 .as_ref()
                 .ok_or_else(|| closed(py, Peer::Engine))?
                 .stats()
-        };
+        }
+        .py_err(py)?;
         stats_dict(py, &s)
     }
 
