@@ -1869,6 +1869,19 @@ pub fn stats(name: &str) -> Result<StreamStats> {
     StreamStats::read(&name, &file, &layout, &header)
 }
 
+/// The names of the streams of this process's region namespace (`SHMBRIDGE_NAMESPACE`)
+/// in /dev/shm, sorted: every name whose header (read with `pread`) carries a stream's
+/// tag, published or not. Names that cannot be read are left out.
+pub fn names() -> Result<Vec<String>> {
+    Ok(region::list_names()?
+        .into_iter()
+        .filter(|n| {
+            region::read_header_bytes(n)
+                .is_ok_and(|(bytes, _)| crate::layout::stream::is_stream(&bytes))
+        })
+        .collect())
+}
+
 #[cfg(all(test, not(loom)))]
 #[path = "stream_race_tests.rs"]
 mod race_tests;
