@@ -631,7 +631,14 @@ struct Map {
     rank: Option<u8>,
     /// Taken while this mapping's description holds a reaper's shared lock on a rank.
     reaping: Mutex<()>,
+    /// The file's size once [`Map::check_size`] found it shorter than the mapping, else
+    /// [`NOT_SHRUNK`]. The bytes past the end are gone for good: every later pop, reserve,
+    /// commit, release, stats and drop sees it (one load) and touches nothing.
+    shrunk_to: std::sync::atomic::AtomicU64,
 }
+
+/// [`Map::shrunk_to`] of a file not found shrunk.
+const NOT_SHRUNK: u64 = u64::MAX;
 
 // SAFETY: the mapping is shared memory whose words are accessed atomically and whose
 // record bytes are handed out by the protocol (one writer before `head`, readers after);
@@ -662,6 +669,39 @@ impl Map {
 
     fn base(&self) -> *mut u8 {
         self.map.as_mut_ptr()
+    }
+
+    /// `RegionTooSmall` if the stream's file is now shorter than this mapping: a process
+    /// of the user truncated it, and touching the bytes past its end would SIGBUS. One
+    /// `fstat`: called before each sleep of a wait (pops, reserves on a full lane), by
+    /// `stats` and by the drops, never per record. A truncation between this check and
+    /// an access of the mapping still faults (a tmpfs file cannot be sealed against
+    /// shrinking). Once found, the answer sticks ([`Map::known_shrunk`]).
+    fn check_size(&self) -> Result<()> {
+        self.known_shrunk()?;
+        let (size, _, _) = os::file_identity(&self.file)?;
+        if size < self.layout.file_size {
+            self.shrunk_to
+                .store(size, std::sync::atomic::Ordering::Relaxed);
+            return Err(self.too_small(size));
+        }
+        Ok(())
+    }
+
+    /// `RegionTooSmall` if an earlier [`Map::check_size`] found the file truncated: one
+    /// load, no system call, so the per-record paths can afford it.
+    fn known_shrunk(&self) -> Result<()> {
+        match self.shrunk_to.load(std::sync::atomic::Ordering::Relaxed) {
+            NOT_SHRUNK => Ok(()),
+            size => Err(self.too_small(size)),
+        }
+    }
+
+    fn too_small(&self, actual: u64) -> Error {
+        Error::RegionTooSmall {
+            needed: self.layout.file_size,
+            actual,
+        }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
@@ -753,6 +793,7 @@ impl Map {
             pid: os::current_pid(),
             rank: None,
             reaping: Mutex::new(()),
+            shrunk_to: NOT_SHRUNK.into(),
         })
     }
 
@@ -1019,6 +1060,7 @@ impl Consumer {
             pid: os::current_pid(),
             rank: Some(0),
             reaping: Mutex::new(()),
+            shrunk_to: NOT_SHRUNK.into(),
         };
         if !os::try_lock_byte(&locks.0, RANK_LOCK)? {
             // Someone of this user opened the new file first and took the byte.
@@ -1108,6 +1150,7 @@ impl Consumer {
     /// starve the others), without waiting. `None` when every lane is empty.
     pub fn try_pop(&self) -> Result<Option<Record>> {
         not_forked(self.map.pid)?;
+        self.map.known_shrunk()?;
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((lane, detail)) = self.broken.lock().expect("not poisoned").clone() {
             return Err(Error::BadRecord { lane, detail });
@@ -1178,6 +1221,9 @@ impl Consumer {
             timeout,
             "a record",
             || {
+                // Before the first sleep and after each slice, before the mapping is
+                // touched again: a file truncated meanwhile is `RegionTooSmall`.
+                self.map.check_size()?;
                 let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
                 self.map.reap(None);
                 Ok(())
@@ -1214,15 +1260,17 @@ impl Consumer {
     /// `PeerClosed`). Records still held stay valid until dropped.
     pub fn close(self) {}
 
-    /// The stream's flow metrics.
-    pub fn stats(&self) -> StreamStats {
-        StreamStats::of(&self.map)
+    /// The stream's flow metrics (`RegionTooSmall` once the file was found truncated).
+    pub fn stats(&self) -> Result<StreamStats> {
+        self.map.check_size()?;
+        Ok(StreamStats::of(&self.map))
     }
 }
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        if self.map.pid == os::current_pid() {
+        // A truncated file's words are gone: nothing to mark (and touching them faults).
+        if self.map.pid == os::current_pid() && self.map.check_size().is_ok() {
             let r = &self.map.group().ranks[self.rank as usize];
             primitive::store(&r.state, RANK_CLOSED, Ordering::Release);
             // Producers waiting for space look at the ranks between slices.
@@ -1292,6 +1340,7 @@ impl Record {
 
     /// Field `i`: its address, element count and dtype (for DLPack).
     pub fn field_raw(&self, i: usize) -> Result<(*const u8, usize, DType)> {
+        self.map.known_shrunk()?;
         let (off, n) = self.span(i)?;
         let dtype = self.map.layout.schema.fields()[i].dtype;
         let lane = self.map.lane(self.lane);
@@ -1324,8 +1373,9 @@ impl Record {
     }
 
     fn release_now(&mut self) {
-        // In a child forked from the consumer's process the record is still the parent's.
-        if self.map.pid != os::current_pid() {
+        // In a child forked from the consumer's process the record is still the parent's;
+        // in a file found truncated its words are gone.
+        if self.map.pid != os::current_pid() || self.map.known_shrunk().is_err() {
             self.released = true;
             return;
         }
@@ -1495,6 +1545,7 @@ impl Producer {
             .schema
             .spans(lengths, max_record(map.layout.lane_capacity))?;
         not_forked(map.pid)?;
+        map.known_shrunk()?;
         map.consumers(false)?;
         let mut st = inner.state.lock().expect("not poisoned");
         if st.pending {
@@ -1516,6 +1567,8 @@ impl Producer {
                 }
             },
             || {
+                // Before the first sleep and after each slice, as the consumer's pop.
+                map.check_size()?;
                 map.reap(Some(inner.lane));
                 map.consumers(true)
             },
@@ -1551,9 +1604,10 @@ impl Producer {
         })
     }
 
-    /// The stream's flow metrics.
-    pub fn stats(&self) -> StreamStats {
-        StreamStats::of(&self.0.map)
+    /// The stream's flow metrics (`RegionTooSmall` once the file was found truncated).
+    pub fn stats(&self) -> Result<StreamStats> {
+        self.0.map.check_size()?;
+        Ok(StreamStats::of(&self.0.map))
     }
 }
 
@@ -1565,7 +1619,7 @@ impl Drop for Producer {
         // Taken under the state lock: a commit in flight finishes first, a later one
         // sees the lane gone.
         let _st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        if inner.map.pid == os::current_pid() {
+        if inner.map.pid == os::current_pid() && inner.map.check_size().is_ok() {
             let lane = inner.map.lane(inner.lane);
             let _ = primitive::compare_exchange(
                 &lane.ctrl.owner,
@@ -1609,6 +1663,7 @@ impl Reservation {
     /// Field `i`: its address, element count and dtype.
     pub fn field_raw(&mut self, i: usize) -> Result<(*mut u8, usize, DType)> {
         let map = &self.producer.map;
+        map.known_shrunk()?;
         if i >= self.pending.spans.count() {
             return Err(Error::InvalidTensor {
                 tensor: format!("field {i}"),
@@ -1641,14 +1696,15 @@ impl Reservation {
 
     /// Publishes the record (one Release store of the lane's `head`) and wakes a
     /// sleeping consumer.
-    /// Nothing is published when the producer was closed meanwhile, or in a process
-    /// forked from the producer's (the lane is not this one's).
+    /// Nothing is published when the producer was closed meanwhile, in a process forked
+    /// from the producer's (the lane is not this one's), or once the stream's file was
+    /// found truncated (`RegionTooSmall`: its words are gone).
     pub fn commit(mut self) {
         let p = &self.producer;
         let map = &p.map;
         let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
         let held = p.locks.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-        if !held || map.pid != os::current_pid() {
+        if !held || map.pid != os::current_pid() || map.known_shrunk().is_err() {
             st.pending = false;
             self.done = true;
             return;
@@ -1750,6 +1806,7 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
+    /// Read through the mapping (a consumer's or producer's, checked not truncated).
     fn of(map: &Map) -> StreamStats {
         let ld = |w: &AtomicU64| primitive::load(w, Ordering::Relaxed);
         let g = map.group();
@@ -1766,38 +1823,142 @@ impl StreamStats {
                 }
             })
             .collect();
+        let ranks = g
+            .ranks
+            .iter()
+            .map(|r| RankStats {
+                pid: ld(&r.owner) as u32,
+                state: primitive::load(&r.state, Ordering::Relaxed),
+                popped: ld(&r.popped),
+                released: ld(&r.released),
+                lost: ld(&r.lost),
+            })
+            .collect();
+        StreamStats::from_parts(lanes, ranks, ld(g.full_waits), ld(g.lost))
+    }
+
+    fn from_parts(
+        lanes: Vec<LaneStats>,
+        ranks: Vec<RankStats>,
+        full_waits: u64,
+        records_lost: u64,
+    ) -> StreamStats {
         StreamStats {
             depth: lanes
                 .iter()
                 .map(|l| {
                     l.records_committed
-                        .saturating_sub(l.records_released + l.records_lost)
+                        .saturating_sub(l.records_released.saturating_add(l.records_lost))
                 })
-                .sum(),
-            bytes_in_use: lanes.iter().map(|l| l.bytes_in_use).sum(),
-            lanes,
-            ranks: g
-                .ranks
+                .fold(0u64, u64::saturating_add),
+            bytes_in_use: lanes
                 .iter()
-                .map(|r| RankStats {
-                    pid: ld(&r.owner) as u32,
-                    state: primitive::load(&r.state, Ordering::Relaxed),
-                    popped: ld(&r.popped),
-                    released: ld(&r.released),
-                    lost: ld(&r.lost),
-                })
-                .collect(),
-            full_waits: ld(g.full_waits),
-            records_lost: ld(g.lost),
+                .map(|l| l.bytes_in_use)
+                .fold(0u64, u64::saturating_add),
+            lanes,
+            ranks,
+            full_waits,
+            records_lost,
         }
+    }
+
+    /// Read from the file with `pread` (an observer's: the stream is never mapped, so a
+    /// file truncated meanwhile is `RegionTooSmall`, never a SIGBUS): the header page
+    /// (the rank table and the stream-wide words) in one read, then each lane's control
+    /// words in one read each.
+    fn read(name: &str, file: &File, layout: &StreamLayout, header: &[u8]) -> Result<StreamStats> {
+        let u64_in = |b: &[u8], at: usize| {
+            b.get(at..at + 8)
+                .map_or(0, |w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        };
+        let u32_in = |b: &[u8], at: usize| {
+            b.get(at..at + 4)
+                .map_or(0, |w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
+        };
+        const CTRL_READ: usize = std::mem::offset_of!(LaneCtrl, producer_waiting);
+        let mut ctrl = [0u8; CTRL_READ];
+        let mut lanes = Vec::with_capacity(layout.lanes as usize);
+        for i in 0..layout.lanes {
+            let n = os::read_at(file, layout.lane_offset(i), &mut ctrl)
+                .map_err(|e| Error::io(format!("reading '{name}'"), e))?;
+            if n < CTRL_READ {
+                let (actual, _, _) = os::file_identity(file)?;
+                return Err(Error::RegionTooSmall {
+                    needed: layout.file_size,
+                    actual,
+                });
+            }
+            let w = |field: usize| u64_in(&ctrl, field);
+            lanes.push(LaneStats {
+                producer_pid: w(std::mem::offset_of!(LaneCtrl, owner)) as u32,
+                records_committed: w(std::mem::offset_of!(LaneCtrl, committed)),
+                bytes_committed: w(std::mem::offset_of!(LaneCtrl, committed_bytes)),
+                records_released: w(std::mem::offset_of!(LaneCtrl, released)),
+                records_lost: w(std::mem::offset_of!(LaneCtrl, lost)),
+                bytes_in_use: w(std::mem::offset_of!(LaneCtrl, head))
+                    .saturating_sub(w(std::mem::offset_of!(LaneCtrl, tail))),
+            });
+        }
+        let ranks = (0..layout.ranks as usize)
+            .map(|k| {
+                let at = OFF_RANKS_TABLE + k * RANK_ENTRY_SIZE;
+                RankStats {
+                    pid: u64_in(header, at + std::mem::offset_of!(RankCtrl, owner)) as u32,
+                    state: u32_in(header, at + std::mem::offset_of!(RankCtrl, state)),
+                    popped: u64_in(header, at + std::mem::offset_of!(RankCtrl, popped)),
+                    released: u64_in(header, at + std::mem::offset_of!(RankCtrl, released)),
+                    lost: u64_in(header, at + std::mem::offset_of!(RankCtrl, lost)),
+                }
+            })
+            .collect();
+        Ok(StreamStats::from_parts(
+            lanes,
+            ranks,
+            u64_in(header, OFF_FULL_WAITS),
+            u64_in(header, OFF_LOST),
+        ))
     }
 }
 
-/// The flow metrics of stream `name`, for an observer: the stream is mapped for the
-/// time of the read and nothing is written.
+/// The flow metrics of stream `name`, for an observer: the file is opened read-only and
+/// read with `pread`, never mapped (a stream truncated meanwhile is `RegionTooSmall`,
+/// never a SIGBUS); nothing is written, no lane or rank is taken. A stream not yet
+/// published is `Timeout`; a file under the name that is no stream, `BadMagic`.
 pub fn stats(name: &str) -> Result<StreamStats> {
-    let m = Map::open(name, Duration::ZERO)?;
-    Ok(StreamStats::of(&m))
+    let name = region::canonical_name(name)?;
+    let file = os::shm_open(&name, false)?;
+    let (size, _, _) = os::file_identity(&file)?;
+    let mut header = vec![0u8; STREAM_HEADER_SIZE as usize];
+    let n = os::read_at(&file, 0, &mut header)
+        .map_err(|e| Error::io(format!("reading '{name}'"), e))?;
+    header.truncate(n);
+    if !crate::layout::stream::stream_published(&header) {
+        if n >= 8 && !crate::layout::stream::is_stream(&header) {
+            return Err(Error::BadMagic {
+                name,
+                found: u64::from_le_bytes(header[..8].try_into().expect("8 bytes")),
+            });
+        }
+        return Err(Error::Timeout {
+            waited: Duration::ZERO,
+            what: "the stream's creator to publish its header",
+        });
+    }
+    let layout = StreamLayout::validate(&name, &header, size)?;
+    StreamStats::read(&name, &file, &layout, &header)
+}
+
+/// The names of the streams of this process's region namespace (`SHMBRIDGE_NAMESPACE`)
+/// in /dev/shm, sorted: every name whose header (read with `pread`) carries a stream's
+/// tag, published or not. Names that cannot be read are left out.
+pub fn names() -> Result<Vec<String>> {
+    Ok(region::list_names()?
+        .into_iter()
+        .filter(|n| {
+            region::read_header_bytes(n)
+                .is_ok_and(|(bytes, _)| crate::layout::stream::is_stream(&bytes))
+        })
+        .collect())
 }
 
 #[cfg(all(test, not(loom)))]

@@ -192,7 +192,7 @@ fn a_rank_taken_over_during_a_reap_keeps_its_new_records() {
     });
     let lost = map.reap(None);
     LANE_HOOK.with(|h| h.borrow_mut().take());
-    let s = c0.stats();
+    let s = c0.stats().unwrap();
     assert_eq!(
         (lost, s.lanes[1].records_lost),
         (1, 0),

@@ -68,7 +68,7 @@ fn records_pass_whole_and_in_order_with_wrap_around() {
         check(&rec, k as i32, len as usize, m as usize);
     }
     assert!(c.try_pop().unwrap().is_none());
-    let s = c.stats();
+    let s = c.stats().unwrap();
     assert_eq!(s.lanes[p.lane() as usize].records_committed, 200);
     assert_eq!(s.lanes[p.lane() as usize].records_released, 200);
     assert_eq!((s.depth, s.bytes_in_use), (0, 0));
@@ -94,14 +94,14 @@ fn a_batch_takes_lanes_in_turn_and_views_stay_until_released() {
         assert_eq!(batch.iter().filter(|r| r.lane() == lane).count(), 2);
     }
     // Held views are not overwritten: fill the lanes' free space, then read the views.
-    let depth = c.stats().depth;
+    let depth = c.stats().unwrap().depth;
     assert_eq!(depth, 12);
     for r in &batch {
         let base = r.field::<f64>(1).unwrap()[0] as i32;
         check(r, base, 5, 3);
     }
     drop(batch);
-    assert_eq!(c.stats().depth, 6);
+    assert_eq!(c.stats().unwrap().depth, 6);
     assert_eq!(c.pop_batch(100, T).unwrap().len(), 6);
 }
 
@@ -127,7 +127,7 @@ fn a_full_lane_is_full_after_the_deadline_and_nothing_is_written() {
         }
     }
     assert!(k >= 2, "{k} records fit");
-    let s = c.stats();
+    let s = c.stats().unwrap();
     assert_eq!(s.lanes[0].records_committed, k);
     assert!(s.full_waits >= 1);
     // Releasing one makes room again.
@@ -221,8 +221,8 @@ fn reserve_errors_lengths_size_and_order() {
     ));
     assert!(r.bytes_mut(3).is_err());
     drop(r);
-    assert_eq!(p.stats().lanes[0].records_committed, 0);
-    assert_eq!(p.stats().depth, 0);
+    assert_eq!(p.stats().unwrap().lanes[0].records_committed, 0);
+    assert_eq!(p.stats().unwrap().depth, 0);
 }
 
 #[test]
@@ -243,8 +243,8 @@ fn a_consumer_group_gives_each_record_to_one_rank() {
     // Released in any order, by either rank: the lane empties.
     drop(a);
     drop(b);
-    assert_eq!(c0.stats().bytes_in_use, 0);
-    assert_eq!(c0.stats().ranks[1].popped, 13);
+    assert_eq!(c0.stats().unwrap().bytes_in_use, 0);
+    assert_eq!(c0.stats().unwrap().ranks[1].popped, 13);
 }
 
 #[test]
@@ -403,7 +403,7 @@ fn a_consumer_killed_at_each_phase_is_an_error_or_its_records_are_lost_not_wedge
             got += 1;
             drop(r);
         }
-        let s = c0.stats();
+        let s = c0.stats().unwrap();
         assert_eq!(
             got + lost,
             40,

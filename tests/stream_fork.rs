@@ -119,7 +119,7 @@ fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
     r.field_mut::<i32>(0).unwrap().fill(7);
     r.commit();
     let rec = c.pop(T).unwrap().unwrap();
-    assert_eq!(c.stats().depth, 1);
+    assert_eq!(c.stats().unwrap().depth, 1);
     // SAFETY: the child drops the record (atomics and a futex wake) and exits.
     let child = unsafe { libc::fork() };
     if child == 0 {
@@ -131,7 +131,7 @@ fn a_record_dropped_in_a_forked_child_stays_held_in_the_parent() {
     // SAFETY: waits for our own child, writing its status into a local.
     unsafe { libc::waitpid(child, &mut status, 0) };
     // Still held here: it must not be released, nor its room handed to the producer.
-    let depth = c.stats().depth;
+    let depth = c.stats().unwrap().depth;
     let mut overwritten = false;
     for k in 0..8 {
         match p.reserve(&[4, 0], Duration::ZERO) {

@@ -141,7 +141,7 @@ fn run(ranks: u32) {
         assert!(got.iter().all(|g| !g.is_empty()), "every rank got records");
     }
     verify(got);
-    let s = c0.stats();
+    let s = c0.stats().unwrap();
     assert_eq!(s.depth, 0);
     assert_eq!(s.records_lost, 0);
     assert_eq!(

@@ -397,7 +397,7 @@ pub unsafe extern "C" fn shmb_stream_consumer_stats(
 ) -> shmb_status {
     guard(|| {
         need(stats, "stats")?;
-        let s = CONSUMERS.with(consumer as usize, |c| Ok(c.stats()))?;
+        let s = CONSUMERS.with(consumer as usize, |c| Ok(c.stats()?))?;
         // SAFETY: checked non-null above; writable per the caller's contract.
         unsafe { put(stats, s.into(), "stats") }
     })
@@ -411,7 +411,7 @@ pub unsafe extern "C" fn shmb_stream_producer_stats(
 ) -> shmb_status {
     guard(|| {
         need(stats, "stats")?;
-        let s = PRODUCERS.with(producer as usize, |p| Ok(p.stats()))?;
+        let s = PRODUCERS.with(producer as usize, |p| Ok(p.stats()?))?;
         // SAFETY: checked non-null above; writable per the caller's contract.
         unsafe { put(stats, s.into(), "stats") }
     })

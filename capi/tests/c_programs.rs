@@ -436,7 +436,7 @@ fn c_stream_producers_feed_a_rust_consumer() {
         consumer.try_pop().unwrap().is_none(),
         "more records than written"
     );
-    let stats = consumer.stats();
+    let stats = consumer.stats().unwrap();
     assert_eq!((stats.depth, stats.records_lost), (0, 0));
 }
 

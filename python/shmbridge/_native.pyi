@@ -21,6 +21,7 @@ __all__ = [
     "StreamRecord",
     "StreamReservation",
     "stream_stats",
+    "stream_names",
     "Tensor",
     "cli",
     "cuda_available",
@@ -467,6 +468,7 @@ class StreamProducer:
     def close(self) -> None: ...
 
 def stream_stats(name: str) -> Dict[str, Any]: ...
+def stream_names() -> List[str]: ...
 
 def cli(argv: Sequence[str]) -> int:
     """Runs the ``shmbridge`` command line, the Rust binary's own (``engine``, ``client``,

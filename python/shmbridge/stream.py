@@ -56,7 +56,7 @@ import numpy as np
 from . import _native
 from .errors import ClosedError
 
-__all__ = ["create", "attach", "attach_consumer", "stats", "schema_text",
+__all__ = ["create", "attach", "attach_consumer", "stats", "names", "schema_text",
            "Consumer", "Producer", "Record", "Reservation", "Batch"]
 
 Schema = Union[str, Mapping[str, Any]]
@@ -568,5 +568,13 @@ def attach_consumer(name: str, rank: int, timeout: float = 5.0, spin_us: Optiona
 
 
 def stats(name: str) -> Dict[str, Any]:
-    """Stream ``name``'s flow metrics, for an observer (nothing is written)."""
+    """Stream ``name``'s flow metrics, for an observer: read from the file (never mapped,
+    so a stream truncated meanwhile raises ``RegionTooSmallError``, never kills the
+    caller), nothing written, no lane or rank taken."""
     return _native.stream_stats(name)
+
+
+def names() -> List[str]:
+    """The names of the streams of this process's region namespace
+    (``SHMBRIDGE_NAMESPACE``), sorted (``shmbridge view`` shows each)."""
+    return _native.stream_names()

@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStreamProducer>()?;
     m.add_class::<stream::PyStreamReservation>()?;
     m.add_function(wrap_pyfunction!(stream::stream_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_names, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cli, m)?)?;
     m.add_function(wrap_pyfunction!(tools::list_regions, m)?)?;
     m.add_function(wrap_pyfunction!(tools::cuda_available, m)?)?;

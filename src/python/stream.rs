@@ -219,6 +219,13 @@ pub(super) fn stream_stats<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'
     stats_dict(py, &s)
 }
 
+/// The names of the streams of this process's region namespace (`SHMBRIDGE_NAMESPACE`),
+/// sorted.
+#[pyfunction]
+pub(super) fn stream_names(py: Python<'_>) -> PyResult<Vec<String>> {
+    py.detach(crate::stream::names).py_err(py)
+}
+
 // ---- Consumers ----
 
 /// One rank of a stream's consumer group (`shmbridge.stream.Consumer` wraps it).
@@ -407,7 +414,8 @@ impl PyStreamConsumer {
                 .as_ref()
                 .ok_or_else(|| closed(py, Peer::Client))?
                 .stats()
-        };
+        }
+        .py_err(py)?;
         stats_dict(py, &s)
     }
 
@@ -609,7 +617,8 @@ impl PyStreamProducer {
                 .as_ref()
                 .ok_or_else(|| closed(py, Peer::Engine))?
                 .stats()
-        };
+        }
+        .py_err(py)?;
         stats_dict(py, &s)
     }
 

@@ -478,3 +478,99 @@ def test_example_actors_to_a_replay_buffer():
     out = _example("stream_replay.py", "--actors", "2", "--transitions", "600", "--minibatch", "32")
     assert out.startswith("learned from 600 transitions of 2 actors (CartPole-v1)"), out
     assert "replay holds 600" in out, out
+
+
+# A consumer asleep in pop and a producer asleep on a full lane while another process
+# truncates the stream's file: each waiter is seen parked on the stream's own futex word
+# (/proc/self/task/TID/syscall: futex on the doorbell, or on the lane's tail), then the
+# file is cut. Run in a child: before the fix the waiter woke into the vanished words and
+# the child died of SIGBUS.
+_TRUNCATED_WAITERS = r"""
+import os, platform, threading
+import numpy as np
+import shmbridge.stream as st
+from shmbridge import errors
+
+FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
+
+def file_offset(path, address):
+    # Where `address` lies in `path`, through this process's mappings of it.
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5] == path:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= address < hi:
+                    return address - lo + int(parts[2], 16)
+    return None
+
+def parked_on(tid, path, offset):
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:  # the thread ended
+        return False
+    return len(fields) > 1 and fields[0] == str(FUTEX) and file_offset(path, int(fields[1], 16)) == offset
+
+def wait_parked(thread, box, path, offset):
+    while "tid" not in box or not parked_on(box["tid"], path, offset):
+        assert "got" not in box, box
+        os.sched_yield()
+
+def run(call, box):
+    box["tid"] = threading.get_native_id()
+    try:
+        box["got"] = call()
+    except Exception as e:
+        box["got"] = e
+
+c = st.create(schema="tokens: int32[*]", capacity=256, lanes=1, blocking=True)
+path = "/dev/shm/" + c.name
+
+# The consumer, asleep in pop on the doorbell (byte 1024 of the header).
+box = {}
+t = threading.Thread(target=run, args=(lambda: c.pop(timeout=60), box))
+t.start()
+wait_parked(t, box, path, 1024)
+os.truncate(path, 0)
+t.join()
+assert isinstance(box["got"], errors.RegionTooSmallError), box
+for again in (lambda: c.pop(timeout=60), lambda: c.pop_batch(4, timeout=60), c.stats):
+    try:
+        again()
+        raise AssertionError("no error after the truncation")
+    except errors.RegionTooSmallError:
+        pass
+c.close()
+print("consumer ok")
+
+# A producer, asleep on its full lane's tail (byte 72 of the lane's control words).
+c = st.create(schema="tokens: int32[*]", capacity=256, lanes=1)
+path = "/dev/shm/" + c.name
+p = st.attach(c.name, blocking=True)
+p.push(tokens=np.arange(20, dtype=np.int32))
+p.push(tokens=np.arange(20, dtype=np.int32))
+box = {}
+t = threading.Thread(target=run, args=(lambda: p.push(timeout=60, tokens=np.arange(20, dtype=np.int32)), box))
+t.start()
+wait_parked(t, box, path, 4096 + 72)
+os.truncate(path, 4096)
+t.join()
+assert isinstance(box["got"], errors.RegionTooSmallError), box
+try:
+    p.stats()
+    raise AssertionError("no error after the truncation")
+except errors.RegionTooSmallError:
+    pass
+p.close()
+c.close()
+print("producer ok")
+"""
+
+
+def test_waiters_of_a_stream_truncated_under_them_get_region_too_small_not_sigbus():
+    proc = subprocess.run([sys.executable, "-c", _TRUNCATED_WAITERS], capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode != -signal.SIGBUS, f"died of SIGBUS: {proc.stdout}{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.split() == ["consumer", "ok", "producer", "ok"]

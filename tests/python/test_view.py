@@ -427,3 +427,68 @@ def test_open_passes_no_token_on_a_command_line_and_does_not_wait_for_the_browse
                 os.kill(int(pid), 9)
             stop_view(proc)
         assert not os.path.exists(path), "the file is removed when the viewer stops"
+
+
+def test_the_page_shows_every_stream_of_the_namespace_and_leaves_out_one_removed():
+    import shmbridge.stream as st
+
+    c = st.create(schema="tokens: int32[*]", capacity=1 << 14, lanes=2)
+    name = c.name
+    p = st.attach(name)
+    for k in range(7):
+        p.push(tokens=[k])
+    # No engine under the view's name: the page waits for one, and shows the streams.
+    proc, url = start_view("shmbridge-viewtest-" + secrets.token_hex(6))
+    try:
+        page = PageSocket(url)
+        page.status("waiting")
+
+        def ours(m):
+            found = [s for s in m["streams"] if s["name"] == name] if m["type"] == "streams" else []
+            return found[0] if found else None
+
+        shown = ours(page.wait_for("the stream", ours))
+        raw = st.stats(name)
+        assert shown["error"] is None and shown["depth"] == raw["depth"] == 7
+        assert shown["bytes_in_use"] == raw["bytes_in_use"] and shown["full_waits"] == raw["full_waits"] == 0
+        [lane] = shown["lanes"]
+        assert (lane["lane"], lane["producer_pid"], lane["records_committed"]) == (p.lane, os.getpid(), 7)
+        assert shown["ranks"][0]["state"] == "live" and shown["ranks"][0]["popped"] == 0
+        # A later reading has a rate: nothing was committed between the two.
+        later = ours(page.wait_for("a rate", lambda m: (ours(m) or {}).get("records_per_s") is not None))
+        assert later["records_per_s"] == 0.0 and later["lanes"][0]["records_per_s"] == 0.0
+        p.close()
+        c.close()
+        page.wait_for("the stream gone", lambda m: m["type"] == "streams" and ours(m) is None)
+    finally:
+        p.close()
+        c.close()
+        stop_view(proc)
+
+
+def test_the_page_in_a_browser_shows_the_streams_card():
+    from selenium.webdriver.support.ui import WebDriverWait
+    import shmbridge.stream as st
+
+    with st.create(schema="tokens: int32[*]", capacity=1 << 14, lanes=2) as c, st.attach(c.name) as p:
+        for k in range(3):
+            p.push(tokens=[k])
+        proc, url = start_view("shmbridge-viewtest-" + secrets.token_hex(6))
+        browser = chromium()
+        try:
+            browser.get(url)
+            wait = WebDriverWait(browser, WAIT, poll_frequency=0.1)
+            text = lambda id: browser.find_element("id", id).text  # noqa: E731
+            wait.until(lambda b: int(text("streams-readings") or 0) >= 2)
+            assert text("streams-count") == "1"
+            card = text("streams")
+            # The name (as text), its numbers (depth 3), the producer's lane and pid, and
+            # a rate once two readings were taken (nothing committed meanwhile: 0.0).
+            assert c.name in card and str(os.getpid()) in card, card
+            rows = [r.text for r in browser.find_elements("css selector", "#streams tr")]
+            assert rows[1].split()[:1] == ["3"], rows
+            wait.until(lambda b: any(r.text.split()[:3] == [str(p.lane), str(os.getpid()), "0.0"]
+                                     for r in b.find_elements("css selector", "#streams tr")))
+        finally:
+            browser.quit()
+            stop_view(proc)

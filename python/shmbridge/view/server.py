@@ -43,16 +43,19 @@ from PIL import Image
 
 from .. import errors
 from ..observe import Observer, image_shape_problem, observe, tile_images, to_rgb
+from .streams import StreamFlows
 
 # What ends an observation: the engine closed, died or was truncated, or the name now
 # holds something that is not a region we can watch.
 _ENDED = (errors.PeerClosedError, errors.PeerDiedError, errors.InvalidRegionError)
-# How often the stats area (and observation values) are sampled, and how many points
-# the history keeps (ten minutes at 5 a second).
+# How often the stats area (and observation values) are sampled, and how many messages
+# the history keeps (ten minutes of points at 5 a second and streams at 1 a second).
 STATS_EVERY = 0.2
-HISTORY = 3000
+HISTORY = 3600
 # How often a name with no live engine is looked at again.
 RETRY_EVERY = 0.5
+# How often the streams of the namespace are read (their rates span one interval).
+STREAMS_EVERY = 1.0
 # Connections the server keeps at most (the oldest idle ones are closed to make room),
 # and how long one may stay idle (no request, or none since its last answer).
 MAX_CONNECTIONS = 256
@@ -90,6 +93,10 @@ class Watcher:
                                        "reason": "looking for the engine"}
         self.session_start = time.monotonic()
         self.event = asyncio.Event()
+        # The streams of the namespace: the newest reading, also handed to a new page.
+        self.flows = StreamFlows()
+        self.streams: Optional[Dict[str, Any]] = None
+        self.next_streams = 0.0
 
     # --- Handing samples to the event loop ---
 
@@ -108,6 +115,8 @@ class Watcher:
             self.next_message += 1
             if message["type"] == "status":
                 self.status = message
+            elif message["type"] == "streams":
+                self.streams = message
         self._notify()
 
     def since(self, seen: int) -> Tuple[Optional[List[str]], int]:
@@ -120,11 +129,13 @@ class Watcher:
             return [m[3] for m in self.messages if m[0] >= seen], self.next_message
 
     def history(self) -> Tuple[List[str], int]:
-        """The status, then every point of the current session: what a new page gets."""
+        """The status, the newest reading of the streams, then every point of the current
+        session: what a new page gets."""
         with self.lock:
             session = self.status["session"]
             points = [m[3] for m in self.messages if m[1] == session and m[2] == "point"]
-            return [_json(self.status), *points], self.next_message
+            streams = [] if self.streams is None else [_json(self.streams)]
+            return [_json(self.status), *streams, *points], self.next_message
 
     # --- The observer thread ---
 
@@ -140,6 +151,7 @@ class Watcher:
         observer: Optional[Observer] = None
         session = 0
         while not self.stop.is_set():
+            self._streams_if_due()
             try:
                 if observer is None:
                     observer = self._attach()
@@ -165,6 +177,29 @@ class Watcher:
                 self.stop.wait(RETRY_EVERY)
         if observer is not None:
             observer.close()
+
+    def _streams_if_due(self) -> None:
+        """Reads every stream of the namespace once ``STREAMS_EVERY`` has passed (as an
+        observer: ``StreamFlows``) and hands the page a ``streams`` message. A stream that
+        is gone is left out, one that cannot be read is shown with its error; what keeps
+        the listing itself from being read is said in the message, never raised (the
+        region's watch goes on)."""
+        now = time.monotonic()
+        if now < self.next_streams:
+            return
+        self.next_streams = now + STREAMS_EVERY
+        try:
+            streams, error = self.flows.sample(), None
+        except Exception as e:
+            streams, error = [], f"cannot list the streams: {type(e).__name__}: {e}"
+        for s in streams:
+            s["records_per_s"] = None if s.get("records_per_s") is None else _finite(s["records_per_s"])
+            for lane in s.get("lanes", []):
+                rate = lane["records_per_s"]
+                lane["records_per_s"] = None if rate is None else _finite(rate)
+        with self.lock:
+            session = self.status["session"]
+        self._say({"type": "streams", "session": session, "streams": streams, "error": error})
 
     def _error(self, reason: str) -> None:
         """The page's error state (said once while it lasts), with ``reason``."""
@@ -252,7 +287,8 @@ class Watcher:
         if self.image_name is not None and self.clients > 0 and now >= self.next_frame:
             self.next_frame = now + 1.0 / self.args.fps
             self._frame(o)
-        wait = min(self.next_stats, self.next_frame if self.clients > 0 and self.image_name else self.next_stats)
+        wait = min(self.next_stats, self.next_streams,
+                   self.next_frame if self.clients > 0 and self.image_name else self.next_stats)
         self.stop.wait(max(0.0, wait - time.monotonic()))
 
     def _point(self, o: Observer, session: int) -> None:
