@@ -572,6 +572,7 @@ fn proc_fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
 /// stack buffers: nothing here allocates or locks.
 extern "C" fn after_fork_in_child() {
     use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    PID.store(0, Relaxed); // the parent's pid: asked again on first use
     let mut path = [0u8; 32];
     for m in &HELD_MAPPINGS {
         let fd = m.fd.load(Relaxed);
@@ -1204,8 +1205,23 @@ fn runnable_threads(loadavg: &str) -> Option<usize> {
         .ok()
 }
 
+/// This process's pid, once asked (0: not yet). `getpid` is a system call, and the
+/// per-record paths ask "is this still the process that made it" every time; a forked
+/// child forgets the value in its fork handler, before it runs any code of its own.
+static PID: AtomicU32 = AtomicU32::new(0);
+
 pub fn current_pid() -> u32 {
-    rustix::process::getpid().as_raw_nonzero().get() as u32
+    use std::sync::atomic::Ordering::Relaxed;
+    match PID.load(Relaxed) {
+        0 => {
+            // The handler first: a fork after the store below must reset it.
+            install_fork_handler();
+            let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+            PID.store(pid, Relaxed);
+            pid
+        }
+        pid => pid,
+    }
 }
 
 /// `PF_EXITING` in a task's flags (`/proc/PID/stat` field 9): the task has entered
@@ -1730,6 +1746,37 @@ mod tests {
         assert_eq!(st.st_mode & 0o777, 0o600);
         assert_eq!(st.st_uid, euid(), "made by this user");
         assert!(unlink(&path).unwrap());
+    }
+
+    #[test]
+    fn a_forked_child_asks_its_own_pid_not_its_parents_cached_one() {
+        let parent = current_pid();
+        assert_eq!(
+            parent,
+            rustix::process::getpid().as_raw_nonzero().get() as u32
+        );
+        // SAFETY: the child makes system calls and atomic loads and stores only (its
+        // pid is cached afresh without allocating), then `exit_now`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let own = rustix::process::getpid().as_raw_nonzero().get() as u32;
+            exit_now(if current_pid() == own && own != parent {
+                0
+            } else {
+                1
+            });
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the child saw its parent's pid"
+        );
+        assert_eq!(current_pid(), parent);
     }
 
     #[test]

@@ -1530,6 +1530,21 @@ impl Producer {
         self.reserve_counted(lengths, timeout, true)
     }
 
+    /// Reserves, copies `fields` (each field's bytes, schema order, native byte order)
+    /// into place and commits: one record, whose variable lengths follow from the sizes
+    /// ([`Schema::lengths_of`]). Returns its sequence number. Errors as
+    /// [`Producer::reserve`], and `InvalidTensor` for sizes that fit no record of the
+    /// schema (nothing is reserved then).
+    pub fn push(&self, fields: &[&[u8]], timeout: Duration) -> Result<u64> {
+        let sizes: Vec<usize> = fields.iter().map(|f| f.len()).collect();
+        let lengths = self.0.map.layout.schema.lengths_of(&sizes)?;
+        let mut res = self.reserve(&lengths, timeout)?;
+        res.write_fields(fields)?;
+        let seq = res.seq();
+        res.commit();
+        Ok(seq)
+    }
+
     /// [`Producer::reserve`]; a full lane counts in `full_waits` only when `count_full`
     /// (a caller that waits in several slices counts its first).
     pub(crate) fn reserve_counted(
@@ -1692,6 +1707,30 @@ impl Reservation {
         let b = self.bytes_mut(i)?;
         check_element::<T>(&map.layout.schema, i)?;
         Ok(bytemuck::cast_slice_mut(b))
+    }
+
+    /// Copies `fields` (each field's bytes, schema order) into the record: each must be
+    /// exactly its field's size in this reservation (`InvalidTensor` otherwise, before
+    /// anything is copied).
+    pub fn write_fields(&mut self, fields: &[&[u8]]) -> Result<()> {
+        let spans = &self.pending.spans;
+        let schema = self.producer.map.layout.schema.fields();
+        let sizes_fit = fields.len() == spans.count()
+            && fields
+                .iter()
+                .zip(schema)
+                .enumerate()
+                .all(|(i, (src, f))| src.len() == spans.field(i).1 as usize * f.dtype.size());
+        if !sizes_fit {
+            return Err(Error::InvalidTensor {
+                tensor: "<fields>".into(),
+                reason: "the fields' sizes are not those reserved".into(),
+            });
+        }
+        for (i, src) in fields.iter().enumerate() {
+            self.bytes_mut(i)?.copy_from_slice(src);
+        }
+        Ok(())
     }
 
     /// Publishes the record (one Release store of the lane's `head`) and wakes a

@@ -226,6 +226,57 @@ fn reserve_errors_lengths_size_and_order() {
 }
 
 #[test]
+fn push_copies_each_field_into_one_record_or_writes_nothing() {
+    let n = name("push");
+    let c = Consumer::create(&n, &spec(1, 1024, 1)).unwrap();
+    let p = Producer::attach(&n, None, T).unwrap();
+    let tokens: Vec<i32> = (7..7 + 5).collect();
+    let score = 7f64.to_ne_bytes();
+    let meta = [7u8; 3];
+    let seq = p
+        .push(&[bytemuck::cast_slice(&tokens), &score, &meta], T)
+        .unwrap();
+    assert_eq!(seq, 0);
+    let rec = c.pop(T).unwrap().unwrap();
+    check(&rec, 7, 5, 3);
+    assert_eq!(rec.seq(), 0);
+    rec.release();
+    // Sizes that fit no record of the schema: refused before anything is reserved.
+    for (fields, field) in [
+        (vec![&[0u8; 6][..], &score, &meta], "tokens"), // 6 bytes: no whole int32s
+        (vec![&[0u8; 4][..], &[0u8; 16], &meta], "score"), // two float64s, the field has one
+    ] {
+        match p.push(&fields, T).unwrap_err() {
+            Error::InvalidTensor { tensor, .. } => assert_eq!(tensor, field),
+            e => panic!("{e:?}"),
+        }
+    }
+    let e = p.push(&[&[0u8; 4][..], &score], T).unwrap_err();
+    assert!(matches!(e, Error::InvalidTensor { .. }), "{e:?}");
+    // Too large for the lane: nothing committed either.
+    let big = vec![0u8; 4096];
+    let e = p.push(&[&big, &score, &meta], T).unwrap_err();
+    assert!(matches!(e, Error::RecordTooLarge { .. }), "{e:?}");
+    assert_eq!(p.stats().lanes[0].records_committed, 1);
+    // A reservation's own copy checks the sizes it was reserved with.
+    let mut r = p.reserve(&[2, 1], T).unwrap();
+    let e = r
+        .write_fields(&[&[0u8; 4], &score, &meta[..1]])
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidTensor { .. }), "{e:?}");
+    r.write_fields(&[bytemuck::cast_slice(&[9i32, 10]), &9f64.to_ne_bytes(), &[9]])
+        .unwrap();
+    r.commit();
+    let rec = c.pop(T).unwrap().unwrap();
+    check(&rec, 9, 2, 1);
+    assert_eq!(
+        p.push(&[&[], &score, &[]], T).unwrap(),
+        2,
+        "empty variable fields are a record"
+    );
+}
+
+#[test]
 fn a_consumer_group_gives_each_record_to_one_rank() {
     let n = name("group");
     let c0 = Consumer::create(&n, &spec(2, 4096, 2)).unwrap();

@@ -144,90 +144,15 @@ def _memory(native_memory: Any, writable: bool) -> np.ndarray:
 # Consuming
 
 
-class Record:
-    """One record popped from a stream: ``rec["tokens"]`` is a read-only NumPy view of
-    the field in shared memory, valid until the record is released (``release()``, the
-    end of a ``with`` block, or garbage collection). ``lane`` (the producer's slot),
-    ``seq`` (its sequence number: 0, 1, 2 ... per producer), ``producer`` (the lane's
-    generation: tells two producers of one lane apart)."""
-
-    __slots__ = ("_native", "_fields", "_memory", "_typed", "_spans", "_views")
-
-    def __init__(self, native: Any, fields: Any, memory: np.ndarray, typed: List[np.ndarray]):
-        self._native = native
-        self._fields = fields
-        self._memory = memory
-        self._typed = typed
-        self._spans = native.spans
-        self._views: Dict[int, np.ndarray] = {}
-
-    def _check(self) -> None:
-        if self._native.released:
-            raise ClosedError("this record was released: its space went back to its producer")
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        self._check()
-        i = self._fields.position(name)
-        view = self._views.get(i)
-        if view is None:
-            view = self._views[i] = self._fields.view(self._memory, self._typed, self._spans, i)
-        return view
-
-    def fields(self) -> Dict[str, np.ndarray]:
-        """Every field's view, by name."""
-        return {name: self[name] for name in self._fields.names}
-
-    def bytes(self, name: str) -> bytes:
-        """Field ``name``'s bytes, copied (for ``bytes`` fields: ``rec.bytes("meta")``)."""
-        return self[name].tobytes()
-
-    def __len__(self) -> int:
-        return len(self._fields.names)
-
-    def keys(self) -> List[str]:
-        return list(self._fields.names)
-
-    def length(self, name: str) -> int:
-        """Field ``name``'s element count in this record."""
-        self._check()
-        return self._spans[self._fields.position(name)][1]
-
-    def address(self, name: str) -> int:
-        """The address of field ``name`` as the core reports it (its view's address)."""
-        self._check()
-        return self._native.address(self._fields.position(name))
-
-    @property
-    def lane(self) -> int:
-        return self._native.lane
-
-    @property
-    def seq(self) -> int:
-        return self._native.seq
-
-    @property
-    def producer(self) -> int:
-        return self._native.producer
-
-    @property
-    def released(self) -> bool:
-        return self._native.released
-
-    def release(self) -> None:
-        """Gives the record's space back to its producer; its views are no longer valid."""
-        self._views.clear()
-        self._native.release()
-
-    def __enter__(self) -> "Record":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else ", ".join(
-            f"{n}[{self._spans[i][1]}]" for i, n in enumerate(self._fields.names))
-        return f"<shmbridge.stream.Record lane {self.lane} seq {self.seq}: {state}>"
+#: One record popped from a stream: ``rec["tokens"]`` is a read-only NumPy view of the
+#: field in shared memory (a new view each time, no copy), valid until the record is
+#: released (``release()``, the end of a ``with`` block, or garbage collection); after
+#: that using the record raises ``ClosedError``. ``rec.bytes(name)`` copies a field's
+#: bytes; ``length(name)``, ``address(name)``, ``fields()``, ``keys()``; ``lane`` (the
+#: producer's slot), ``seq`` (its sequence number: 0, 1, 2 ... per producer),
+#: ``producer`` (the lane's generation: tells two producers of one lane apart). The
+#: class is the core's (no Python layer per record).
+Record = _native.StreamRecord
 
 
 class Batch(list):
@@ -277,6 +202,7 @@ class Consumer:
         self._fields = _Fields(native.fields)
         self._memory = _memory(native.memory, writable=False)
         self._typed = self._fields.typed(self._memory)
+        native.use_views(self._typed)
         self._last: Optional[Tuple[float, List[int]]] = None
 
     @property
@@ -305,15 +231,13 @@ class Consumer:
         """The next record (lanes taken in turn), waiting up to ``timeout`` seconds
         (None: no limit; Ctrl-C interrupts); None once ``timeout`` passed with none."""
         self._check()
-        rec = self._native.pop(timeout)
-        return None if rec is None else Record(rec, self._fields, self._memory, self._typed)
+        return self._native.pop(timeout)
 
     def pop_batch(self, max_records: int, timeout: Optional[float] = None) -> Batch:
         """Up to ``max_records`` records: waits up to ``timeout`` for the first, then
         takes what is there without waiting. Empty once ``timeout`` passed with none."""
         self._check()
-        recs = self._native.pop_batch(max_records, timeout)
-        return Batch((Record(r, self._fields, self._memory, self._typed) for r in recs), self._fields)
+        return Batch(self._native.pop_batch(max_records, timeout), self._fields)
 
     def stats(self) -> Dict[str, Any]:
         """Flow metrics: ``depth`` (records committed, not yet released or lost),
@@ -413,14 +337,6 @@ class Reservation:
             self._native.abort()
 
 
-def _length(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return len(memoryview(value).cast("B"))
-    return int(np.shape(value)[0]) if np.ndim(value) else 1
-
-
 class Producer:
     """The writer of one lane of a stream: ``reserve`` + ``commit`` (or ``push``).
     Closing frees the lane (an open reservation is aborted). A context manager."""
@@ -485,21 +401,24 @@ class Producer:
         return Reservation(native, self._fields, self._memory, self._typed)
 
     def push(self, timeout: Optional[float] = 10.0, **fields: Any) -> int:
-        """Reserves, writes every field given and commits: one record. Each field is an
-        array (or list) of its length, a number for a one-element field, or bytes / a
-        str (UTF-8) for a uint8 field. Every field must be given. Returns the record's
-        sequence number."""
-        missing = [n for n in self._fields.names if n not in fields]
-        if missing:
-            raise TypeError(f"push needs every field: {', '.join(map(repr, missing))} missing")
-        lengths = {n: _length(fields[n]) for n in self._fields.variable if n in fields}
-        for n in fields:
-            if n not in self._fields.index:
-                raise TypeError(f"no field {n!r}: the stream's fields are {', '.join(self._fields.names)}")
-        with self.reserve(timeout, **lengths) as r:
-            for name, value in fields.items():
-                r[name] = value
-            return r.seq
+        """Reserves, writes every field given and commits: one record, in one call into
+        the core (the fastest way to send a record whose fields are already arrays).
+        Each field is an array or tensor of its dtype (copied as it is when it is
+        C-contiguous on the host; anything else, a list or another dtype, is converted by
+        ``numpy.ascontiguousarray`` first), a number for a one-element field, or bytes /
+        a str (UTF-8) for a uint8 field; its length is the record's length of that field.
+        Every field must be given. Returns the record's sequence number; a value that
+        fits no record of the schema raises before anything is reserved."""
+        if self._native.closed:
+            raise ClosedError("this stream producer is closed")
+        names = self._fields.names
+        if len(fields) != len(names) or any(n not in fields for n in names):
+            missing = [n for n in names if n not in fields]
+            if missing:
+                raise TypeError(f"push needs every field: {', '.join(map(repr, missing))} missing")
+            unknown = [n for n in fields if n not in self._fields.index]
+            raise TypeError(f"no field {', '.join(map(repr, unknown))}: the stream's fields are {', '.join(names)}")
+        return self._native.push([fields[n] for n in names], timeout)
 
     def stats(self) -> Dict[str, Any]:
         """The stream's flow metrics (as :meth:`Consumer.stats`, without rates)."""

@@ -194,6 +194,47 @@ impl Schema {
             .count()
     }
 
+    /// The variable lengths (schema order) of a record whose fields have `nbytes`
+    /// bytes each (one per field, schema order): what [`Schema::spans`] takes.
+    /// `InvalidTensor` naming the field for a wrong number of fields, a size that is no
+    /// whole number of elements, a fixed field of another count, or a count past `u32`.
+    pub fn lengths_of(&self, nbytes: &[usize]) -> Result<Vec<u32>> {
+        if nbytes.len() != self.fields.len() {
+            return Err(Error::InvalidTensor {
+                tensor: "<fields>".into(),
+                reason: format!(
+                    "{} fields given; the schema '{self}' has {}",
+                    nbytes.len(),
+                    self.fields.len()
+                ),
+            });
+        }
+        let mut lengths = Vec::with_capacity(self.variable_count());
+        for (f, &n) in self.fields.iter().zip(nbytes) {
+            let size = f.dtype.size();
+            let bad = |reason: String| Error::InvalidTensor {
+                tensor: f.name.clone(),
+                reason,
+            };
+            if n % size != 0 {
+                return Err(bad(format!(
+                    "{n} bytes are no whole number of {} elements",
+                    f.dtype
+                )));
+            }
+            let count = u32::try_from(n / size)
+                .map_err(|_| bad(format!("{} elements: at most {}", n / size, u32::MAX)))?;
+            match f.count {
+                Count::Fixed(c) if c != count => {
+                    return Err(bad(format!("{count} elements; the field has {c}")));
+                }
+                Count::Fixed(_) => {}
+                Count::Variable => lengths.push(count),
+            }
+        }
+        Ok(lengths)
+    }
+
     /// Bytes of a record's header: the three words and the variable counts, 8-aligned.
     pub fn record_header_len(&self) -> usize {
         (RECORD_FIXED + 4 * self.variable_count()).next_multiple_of(8)

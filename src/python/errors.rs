@@ -122,6 +122,17 @@ pub(super) fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
     })
 }
 
+/// An instance of `kind`'s `shmbridge.errors` class with `message` (for errors of the
+/// binding's own objects, said in their own words).
+pub(super) fn error_of_kind(py: Python<'_>, kind: ErrorKind, message: String) -> PyErr {
+    match class_of(py, kind).and_then(|c| c.call1((message.clone(),))) {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(import_error) => PyRuntimeError::new_err(format!(
+            "{message} (and shmbridge.errors failed: {import_error})"
+        )),
+    }
+}
+
 pub(super) trait IntoPy<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;
 }

@@ -5,24 +5,25 @@
 //! classes here hand out where each field lies in it (`spans`), and
 //! `python/shmbridge/stream.py` builds the views.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
 };
 use dlpark::metadata::Dynamic;
 use dlpark::python::{DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use super::args::{counts, Count, Seconds};
-use super::errors::{to_pyerr, IntoPy};
+use super::errors::{error_of_kind, to_pyerr, IntoPy};
 use super::waits::{duration, next_slice, wait_policy};
-use crate::error::{Error, Peer};
-use crate::layout::stream::LANE_CTRL_SIZE;
+use crate::error::{Error, ErrorKind, Peer};
+use crate::layout::stream::{Field, LANE_CTRL_SIZE};
+use crate::layout::{DType, DL_UINT};
 use crate::stream::{
     Consumer, Count as FieldCount, Mapping, Producer, Record, Reservation, Schema, StreamSpec,
     StreamStats,
@@ -244,6 +245,33 @@ pub struct PyStreamConsumer {
     schema: String,
     #[pyo3(get)]
     fields: Vec<(String, &'static str, Option<u32>)>,
+    /// Each field's element size in bytes.
+    sizes: Vec<usize>,
+    /// What its records' views are sliced from, once the Python layer gave it
+    /// (`use_views`).
+    views: OnceLock<Arc<RecordViews>>,
+}
+
+/// What every record of one consumer shares: its fields' names and element sizes, and
+/// one NumPy array per field over the consumer's memory, of that field's dtype (the
+/// Python layer makes them: `Consumer.__init__`). A field's view is one slice of its
+/// array: no copy.
+struct RecordViews {
+    names: Vec<String>,
+    sizes: Vec<usize>,
+    typed: Vec<Py<PyAny>>,
+}
+
+impl RecordViews {
+    /// Field `name`'s index; `KeyError` naming the fields otherwise.
+    fn index(&self, name: &str) -> PyResult<usize> {
+        self.names.iter().position(|n| n == name).ok_or_else(|| {
+            PyKeyError::new_err(format!(
+                "no field '{name}': the stream's fields are {}",
+                self.names.join(", ")
+            ))
+        })
+    }
 }
 
 impl PyStreamConsumer {
@@ -261,8 +289,15 @@ impl PyStreamConsumer {
             rank: consumer.rank(),
             schema: consumer.schema().to_string(),
             fields: fields_of(consumer.schema()),
+            sizes: consumer
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.dtype.size())
+                .collect(),
             memory: Py::new(py, memory)?,
             consumer: Mutex::new(Some(Arc::new(consumer))),
+            views: OnceLock::new(),
         })
     }
 
@@ -291,6 +326,7 @@ impl PyStreamConsumer {
             seq: rec.seq(),
             producer: rec.producer(),
             spans,
+            views: self.views.get().cloned(),
             record: Mutex::new(Some(rec)),
         })
     }
@@ -375,6 +411,26 @@ impl PyStreamConsumer {
         self.memory.clone_ref(py)
     }
 
+    /// The arrays its records' views are sliced from: one per field, over `memory`, of
+    /// that field's dtype. Given once; records popped before have no views.
+    fn use_views(&self, typed: Vec<Py<PyAny>>) -> PyResult<()> {
+        if typed.len() != self.fields.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} arrays for {} fields",
+                typed.len(),
+                self.fields.len()
+            )));
+        }
+        let views = RecordViews {
+            names: self.fields.iter().map(|f| f.0.clone()).collect(),
+            sizes: self.sizes.clone(),
+            typed,
+        };
+        self.views
+            .set(Arc::new(views))
+            .map_err(|_| PyRuntimeError::new_err("this consumer's views were given already"))
+    }
+
     /// The next record, waiting up to `timeout` seconds (None: no limit; Ctrl-C
     /// interrupts); None once `timeout` passed with none.
     #[pyo3(signature = (timeout=None))]
@@ -430,24 +486,131 @@ impl PyStreamConsumer {
     }
 }
 
-/// A popped record: where its fields lie in the consumer's memory, until released.
+/// A popped record (`shmbridge.stream.Record`): `rec["tokens"]` is a read-only NumPy
+/// view of the field in the consumer's memory, valid until the record is released
+/// (`release()`, the end of a `with` block, or its garbage collection).
 #[pyclass(module = "shmbridge._native", name = "StreamRecord", frozen)]
 pub struct PyStreamRecord {
     record: Mutex<Option<Record>>,
     /// `(offset in the consumer's memory, element count)` of each field.
     #[pyo3(get)]
     spans: Vec<(usize, usize)>,
+    /// The lane (the producer's slot).
     #[pyo3(get)]
     lane: u32,
+    /// The producer's sequence number of this record (0, 1, 2 ... per producer).
     #[pyo3(get)]
     seq: u64,
+    /// The lane's generation: tells two producers of one lane apart.
     #[pyo3(get)]
     producer: u64,
+    views: Option<Arc<RecordViews>>,
+}
+
+impl PyStreamRecord {
+    fn released_error(py: Python<'_>) -> PyErr {
+        error_of_kind(
+            py,
+            ErrorKind::Closed,
+            "this record was released: its space went back to its producer".into(),
+        )
+    }
+
+    /// Its views' arrays and field `name`'s index, while it is not released.
+    fn field(&self, py: Python<'_>, name: &str) -> PyResult<(&RecordViews, usize)> {
+        let views = self.views.as_deref().ok_or_else(|| {
+            PyRuntimeError::new_err("records of this consumer have no views (use_views)")
+        })?;
+        let i = views.index(name)?;
+        if self
+            .record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            return Err(Self::released_error(py));
+        }
+        Ok((views, i))
+    }
+
+    /// Field `i`'s view: one slice of its dtype's array.
+    fn view<'py>(
+        &self,
+        py: Python<'py>,
+        views: &RecordViews,
+        i: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (offset, count) = self.spans[i];
+        let size = views.sizes[i];
+        // Records and their fields are 8-aligned in lanes that start 8-aligned in the
+        // stream (checked when popped): never otherwise.
+        if offset % size != 0 {
+            return Err(PyRuntimeError::new_err(format!(
+                "field {:?} at byte {offset} is not aligned to its {size}-byte elements",
+                views.names[i]
+            )));
+        }
+        let start = (offset / size) as isize;
+        let slice = PySlice::new(py, start, start + count as isize, 1);
+        views.typed[i].bind(py).get_item(slice)
+    }
 }
 
 #[pymethods]
 impl PyStreamRecord {
-    /// Gives the record's space back to its producer (again: nothing).
+    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let (views, i) = self.field(py, name)?;
+        self.view(py, views, i)
+    }
+
+    /// Every field's view, by name.
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        if let Some(views) = self.views.as_deref() {
+            for name in &views.names {
+                out.set_item(name, self.__getitem__(py, name)?)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Field `name`'s bytes, copied (for `bytes` fields: `rec.bytes("meta")`).
+    fn bytes<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let (_, i) = self.field(py, name)?;
+        let guard = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = guard.as_ref().ok_or_else(|| Self::released_error(py))?;
+        Ok(PyBytes::new(py, rec.bytes(i).py_err(py)?))
+    }
+
+    /// Field `name`'s element count in this record.
+    fn length(&self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        let (_, i) = self.field(py, name)?;
+        Ok(self.spans[i].1)
+    }
+
+    /// The address of field `name`'s first byte, as the core reports it (its view's).
+    fn address(&self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        let (_, i) = self.field(py, name)?;
+        let guard = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = guard.as_ref().ok_or_else(|| Self::released_error(py))?;
+        let (p, _, _) = rec.field_raw(i).py_err(py)?;
+        Ok(p as usize)
+    }
+
+    /// The fields' names, in order.
+    fn keys(&self) -> Vec<String> {
+        self.views
+            .as_deref()
+            .map(|v| v.names.clone())
+            .unwrap_or_default()
+    }
+
+    fn __len__(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Gives the record's space back to its producer (again: nothing); its views are no
+    /// longer valid.
     fn release(&self) {
         self.record.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -460,12 +623,31 @@ impl PyStreamRecord {
             .is_none()
     }
 
-    /// The address of field `i`'s first byte, as the core reports it.
-    fn address(&self, py: Python<'_>, i: usize) -> PyResult<usize> {
-        let guard = self.record.lock().unwrap_or_else(|p| p.into_inner());
-        let rec = guard.as_ref().ok_or_else(|| closed(py, Peer::Client))?;
-        let (p, _, _) = rec.field_raw(i).py_err(py)?;
-        Ok(p as usize)
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) {
+        self.release();
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.released() {
+            "released".to_string()
+        } else {
+            let names = self.keys();
+            names
+                .iter()
+                .zip(&self.spans)
+                .map(|(n, (_, count))| format!("{n}[{count}]"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "<shmbridge.stream.Record lane {} seq {}: {state}>",
+            self.lane, self.seq
+        )
     }
 }
 
@@ -497,6 +679,52 @@ impl PyStreamProducer {
 
     fn producer(&self, py: Python<'_>) -> PyResult<Arc<Producer>> {
         self.lock().clone().ok_or_else(|| closed(py, Peer::Engine))
+    }
+
+    /// Reserves with `lengths` within `timeout` in slices, checking for signals between
+    /// them (the GIL released while it waits); `FullError` for the whole wait.
+    fn reserve_within(
+        &self,
+        py: Python<'_>,
+        lengths: &[u32],
+        timeout: Option<Seconds>,
+    ) -> PyResult<Reservation> {
+        let limit = limit(timeout)?;
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
+        let producer = self.producer(py)?;
+        let producer = &*producer;
+        let mut first = true;
+        loop {
+            let slice = next_slice(deadline);
+            // One reserve is one full wait in the stats, however many slices it takes.
+            let count = std::mem::replace(&mut first, false);
+            match py.detach(|| producer.reserve_counted(lengths, slice, count)) {
+                Ok(r) => return Ok(r),
+                // A slice passed with the lane still full: on to the next, or `Full`
+                // for the whole wait once the deadline passed.
+                Err(Error::Full { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                    if self.lock().is_none() {
+                        return Err(closed(py, Peer::Engine)); // closed by another thread
+                    }
+                    py.check_signals()?;
+                }
+                Err(Error::Full {
+                    lane, needed, free, ..
+                }) => {
+                    let waited = limit.unwrap_or(Duration::MAX);
+                    return Err(to_pyerr(
+                        py,
+                        Error::Full {
+                            lane,
+                            needed,
+                            free,
+                            waited,
+                        },
+                    ));
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
     }
 }
 
@@ -554,43 +782,7 @@ impl PyStreamProducer {
         lengths: Vec<Count<u32>>,
         timeout: Option<Seconds>,
     ) -> PyResult<PyStreamReservation> {
-        let lengths = counts(lengths);
-        let limit = limit(timeout)?;
-        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
-        let producer = self.producer(py)?;
-        let producer = &*producer;
-        let mut first = true;
-        let mut res: Reservation = loop {
-            let slice = next_slice(deadline);
-            // One reserve is one full wait in the stats, however many slices it takes.
-            let count = std::mem::replace(&mut first, false);
-            match py.detach(|| producer.reserve_counted(&lengths, slice, count)) {
-                Ok(r) => break r,
-                // A slice passed with the lane still full: on to the next, or `Full`
-                // for the whole wait once the deadline passed.
-                Err(Error::Full { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
-                    if self.lock().is_none() {
-                        return Err(closed(py, Peer::Engine)); // closed by another thread
-                    }
-                    py.check_signals()?;
-                }
-                Err(Error::Full {
-                    lane, needed, free, ..
-                }) => {
-                    let waited = limit.unwrap_or(Duration::MAX);
-                    return Err(to_pyerr(
-                        py,
-                        Error::Full {
-                            lane,
-                            needed,
-                            free,
-                            waited,
-                        },
-                    ));
-                }
-                Err(e) => return Err(to_pyerr(py, e)),
-            }
-        };
+        let mut res = self.reserve_within(py, &counts(lengths), timeout)?;
         let n = self.fields.len();
         let mut spans = Vec::with_capacity(n);
         for i in 0..n {
@@ -607,6 +799,44 @@ impl PyStreamProducer {
             spans,
             reservation: Mutex::new(Some(res)),
         })
+    }
+
+    /// Reserves, copies `values` (one per field, schema order) into place and commits:
+    /// one record; returns its sequence number. A C-contiguous buffer of the field's
+    /// element type (a NumPy array, bytes) is copied as it is; a float or int for a
+    /// one-element float64/float32/int64/int32 field is written directly; anything
+    /// else goes through `numpy.ascontiguousarray(value, dtype)` first (a str: its
+    /// UTF-8 bytes). The variable lengths follow from the sizes; nothing is reserved
+    /// when a value does not fit its field.
+    #[pyo3(signature = (values, timeout=None))]
+    fn push(
+        &self,
+        py: Python<'_>,
+        values: Vec<Bound<'_, PyAny>>,
+        timeout: Option<Seconds>,
+    ) -> PyResult<u64> {
+        let producer = self.producer(py)?;
+        let schema = producer.schema();
+        if values.len() != schema.fields().len() {
+            return Err(PyValueError::new_err(format!(
+                "push takes {} values (one per field), not {}",
+                schema.fields().len(),
+                values.len()
+            )));
+        }
+        let held = values
+            .iter()
+            .zip(schema.fields())
+            .map(|(v, f)| FieldValue::of(py, v, f))
+            .collect::<PyResult<Vec<_>>>()?;
+        let fields: Vec<&[u8]> = held.iter().map(FieldValue::bytes).collect();
+        let sizes: Vec<usize> = fields.iter().map(|f| f.len()).collect();
+        let lengths = schema.lengths_of(&sizes).py_err(py)?;
+        let mut res = self.reserve_within(py, &lengths, timeout)?;
+        res.write_fields(&fields).py_err(py)?;
+        let seq = res.seq();
+        res.commit();
+        Ok(seq)
     }
 
     /// The stream's flow metrics.
@@ -631,6 +861,146 @@ impl PyStreamProducer {
     fn closed(&self) -> bool {
         self.lock().is_none()
     }
+}
+
+/// One value of a `push`, as bytes of its field's element type: a bytes object, a
+/// host DLPack tensor of the field's dtype, C-contiguous (the object's own bytes, or
+/// NumPy's conversion of it), or a number written out. Holds what keeps the bytes alive.
+enum FieldValue<'py> {
+    Bytes(Bound<'py, PyBytes>),
+    /// The import (held: it keeps the bytes alive), its validated data pointer and size
+    /// in bytes.
+    Tensor {
+        _held: dlpark::python::ImportedDlpack,
+        p: *const u8,
+        len: usize,
+    },
+    Number([u8; 8], usize),
+}
+
+impl<'py> FieldValue<'py> {
+    fn of(py: Python<'py>, value: &Bound<'py, PyAny>, field: &Field) -> PyResult<FieldValue<'py>> {
+        if let Ok(b) = value.cast::<PyBytes>() {
+            return Ok(FieldValue::Bytes(b.clone()));
+        }
+        if let Ok(text) = value.cast::<PyString>() {
+            return Ok(FieldValue::Bytes(text.encode_utf8()?));
+        }
+        if field.count == FieldCount::Fixed(1) {
+            if let Some(n) = number(value, field.dtype) {
+                return Ok(n);
+            }
+        }
+        if value.hasattr(pyo3::intern!(py, "__dlpack__"))? {
+            if let Some(t) = host_tensor(py, value, field.dtype)? {
+                return Ok(t);
+            }
+        }
+        // Anything else (lists, numbers, other dtypes, strided arrays): NumPy converts
+        // it to the field's dtype, as an assignment to the field's view would.
+        let numpy_dtype = match field.dtype {
+            DType::BF16 => "uint16", // the raw bits, as the views show them
+            d => d.array_name(),
+        };
+        let converted = py
+            .import("numpy")?
+            .call_method1("ascontiguousarray", (value, numpy_dtype))
+            .map_err(|e| {
+                let why = PyValueError::new_err(format!(
+                    "field {:?} takes {numpy_dtype} values: {e}",
+                    field.name
+                ));
+                why.set_cause(py, Some(e));
+                why
+            })?;
+        host_tensor(py, &converted, field.dtype)?.ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "field {:?}: NumPy's array of the value is not a host {numpy_dtype} array",
+                field.name
+            ))
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            FieldValue::Bytes(b) => b.as_bytes(),
+            // SAFETY: `host_tensor` checked that the import is a compact host tensor of
+            // `len` bytes at `p` (`len` 0: no pointer is read); the import held in
+            // `self` keeps them alive, and the GIL, held while the record is written,
+            // keeps Python code from freeing or resizing them.
+            FieldValue::Tensor { p, len, .. } => match len {
+                0 => &[],
+                _ => unsafe { std::slice::from_raw_parts(*p, *len) },
+            },
+            FieldValue::Number(bytes, n) => &bytes[..*n],
+        }
+    }
+}
+
+/// `value`'s DLPack tensor if it lies in host memory, holds `dtype`'s elements (a
+/// bfloat16 field also takes uint16: the raw bits) and is C-contiguous; `None` if it
+/// does not (NumPy converts it then).
+fn host_tensor<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+    dtype: DType,
+) -> PyResult<Option<FieldValue<'py>>> {
+    // The capsule of a plain `__dlpack__()` (host memory: no stream to name), which
+    // costs a fraction of the negotiated import.
+    let capsule = value.call_method0(pyo3::intern!(py, "__dlpack__"))?;
+    let imported = dlpark::python::from_dlpack(capsule.as_borrowed(), None, None)?;
+    let Ok(view) = imported.validate() else {
+        return Ok(None);
+    };
+    let d = view.dtype();
+    let (code, bits) = dtype.dlpack();
+    let same = d.lanes == 1
+        && d.bits == bits
+        && (d.code.0 == code || (dtype == DType::BF16 && d.code.0 == DL_UINT));
+    let host = view.device().device_type == DLDeviceType::CPU;
+    if !(same && host && view.is_compact().unwrap_or(false)) {
+        return Ok(None);
+    }
+    let len = view.num_bytes();
+    // SAFETY: a host tensor (checked) whose producer keeps its memory alive while
+    // `imported` lives; the pointer includes `byte_offset`.
+    let p = match len {
+        0 => std::ptr::null(),
+        _ => {
+            unsafe { view.offset_bytes_ptr() }.map_err(|e| PyValueError::new_err(e.to_string()))?
+        }
+    };
+    Ok(Some(FieldValue::Tensor {
+        _held: imported,
+        p,
+        len,
+    }))
+}
+
+/// A Python float or int as one element of `dtype`, where that is exact and cheap
+/// (float64, float32, int64, int32); `None` leaves it to NumPy.
+fn number<'py>(value: &Bound<'py, PyAny>, dtype: DType) -> Option<FieldValue<'py>> {
+    let mut out = [0u8; 8];
+    let n = match dtype {
+        DType::F64 if value.is_exact_instance_of::<PyFloat>() => {
+            out.copy_from_slice(&value.extract::<f64>().ok()?.to_ne_bytes());
+            8
+        }
+        DType::F32 if value.is_exact_instance_of::<PyFloat>() => {
+            out[..4].copy_from_slice(&(value.extract::<f64>().ok()? as f32).to_ne_bytes());
+            4
+        }
+        DType::I64 if value.is_exact_instance_of::<PyInt>() => {
+            out.copy_from_slice(&value.extract::<i64>().ok()?.to_ne_bytes());
+            8
+        }
+        DType::I32 if value.is_exact_instance_of::<PyInt>() => {
+            out[..4].copy_from_slice(&value.extract::<i32>().ok()?.to_ne_bytes());
+            4
+        }
+        _ => return None,
+    };
+    Some(FieldValue::Number(out, n))
 }
 
 /// A reserved record: where its fields lie in the producer's memory, until committed or

@@ -540,7 +540,7 @@ def test_stream_quick_checks_every_record(tmp_path):
     by = {}
     for c in cases:
         by.setdefault(c["contender"], []).append(c)
-    assert set(by) == {"shmbridge", "pr-slots", "mp-queue", "http-json"}
+    assert set(by) == {"shmbridge", "shmbridge-reserve", "pr-slots", "mp-queue", "http-json"}
     for key, rows in by.items():
         for c in rows:
             assert not c["failed"], (key, c["failed"])

@@ -114,6 +114,68 @@ def test_every_field_dtype_round_trips():
             assert torch.from_dlpack(rec["x"]).view(torch.bfloat16).tolist() == [1.0, -2.0]
 
 
+def test_push_copies_each_kind_of_value_or_writes_nothing():
+    schema = {"tokens": "int32[*]", "logprobs": "float32[*]", "score": "float64", "fixed2": "int64[2]",
+              "meta": "bytes"}
+    torch = pytest.importorskip("torch")
+    tokens = np.arange(10, dtype=np.int32)
+    with st.create(schema=schema, capacity=1 << 14, lanes=1) as c, st.attach(c.name) as p:
+        sent = [
+            # arrays of the field's dtype, a float, bytes: copied as they are
+            dict(tokens=tokens, logprobs=np.linspace(0, 1, 10, dtype=np.float32), score=0.25,
+                 fixed2=np.array([1, 2]), meta=b"{}"),
+            # other dtypes, lists, a strided view, NumPy scalars, a str: converted as NumPy does
+            dict(tokens=[1, 2, 3], logprobs=np.arange(6, dtype=np.float64)[::2], score=np.float32(1.5),
+                 fixed2=(3, 4), meta="é"),
+            # torch tensors (DLPack), an int for a float field, a bytearray
+            dict(tokens=torch.arange(4, dtype=torch.int32), logprobs=torch.ones(2), score=7,
+                 fixed2=torch.tensor([5, 6]), meta=bytearray(b"ab")),
+            # empty variable fields
+            dict(tokens=np.zeros(0, np.int32), logprobs=[], score=0.0, fixed2=[0, 0], meta=b""),
+        ]
+        for i, fields in enumerate(sent):
+            assert p.push(**fields) == i
+        for fields in sent:
+            with c.pop(timeout=5) as rec:
+                for name, value in fields.items():
+                    if name == "meta":
+                        want = value.encode() if isinstance(value, str) else bytes(value)
+                        assert rec.bytes("meta") == want
+                        continue
+                    want = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
+                    np.testing.assert_array_equal(rec[name], want.astype(rec[name].dtype).reshape(-1), err_msg=name)
+        # Values that fit no record of the schema: refused before anything is reserved.
+        good = sent[0]
+        for bad, error in [
+            (dict(good, fixed2=np.array([1, 2, 3])), shmbridge.InvalidTensorError),  # a fixed count of 2
+            (dict(good, score=np.zeros(2)), shmbridge.InvalidTensorError),
+            (dict(good, tokens=["a"]), ValueError),  # NumPy cannot make int32 of it
+            (dict(good, tokens=np.zeros(1 << 14, np.int32)), shmbridge.RecordTooLargeError),
+        ]:
+            with pytest.raises(error):
+                p.push(**bad)
+        with pytest.raises(TypeError, match="missing"):
+            p.push(tokens=tokens)
+        with pytest.raises(TypeError, match="no field 'nope'"):
+            p.push(**good, nope=1)
+        assert c.pop(timeout=0) is None
+        assert p.stats()["lanes"][p.lane]["records_committed"] == len(sent)
+        # The record's views are slices of the consumer's memory, each access a new view.
+        p.push(**good)
+        with c.pop(timeout=5) as rec:
+            a, b = rec["tokens"], rec["tokens"]
+            assert a is not b and a.ctypes.data == b.ctypes.data == rec.address("tokens")
+            assert rec.length("tokens") == 10 and rec.keys() == list(schema) and len(rec) == len(schema)
+            assert set(rec.fields()) == set(schema)
+            with pytest.raises(KeyError, match="no field 'nope'"):
+                rec["nope"]
+            assert "tokens[10]" in repr(rec)
+        assert rec.released and "released" in repr(rec)
+        for use in (lambda: rec["tokens"], lambda: rec.bytes("meta"), lambda: rec.address("score")):
+            with pytest.raises(shmbridge.ClosedError):
+                use()
+
+
 def test_reservation_commits_on_success_and_aborts_on_exception():
     with st.create(schema={"x": "int32[*]"}, capacity=1 << 12, lanes=1) as c, st.attach(c.name) as p:
         with pytest.raises(RuntimeError, match="generator failed"):

@@ -9,8 +9,11 @@ process) receives them all and checks every one.
 
 The contenders:
 
-- ``shmbridge``: :mod:`shmbridge.stream` (producers reserve, write in place and commit; the
-  consumer pops read-only views and releases them), when this build has it.
+- ``shmbridge``: :mod:`shmbridge.stream`, each record sent with ``push`` (one call: the
+  core copies the fields into the producer's lane and commits); the consumer pops
+  read-only views and releases them, when this build has it.
+- ``shmbridge-reserve``: the same stream, each record reserved, written in place (a slice
+  assignment per field) and committed.
 - ``pr-slots``: the design of the shared-memory trajectory buffer proposed to Atropos,
   re-implemented here from its description: one ``multiprocessing.shared_memory`` segment,
   a control block whose read and write indices every writer and the reader update with
@@ -75,9 +78,12 @@ WRITE_DEADLINE_S = 30.0
 #: How long the consumer waits for a whole case before calling it stuck.
 CASE_TIMEOUT_S = 600.0
 
-CONTENDERS = ("shmbridge", "pr-slots", "mp-queue", "http-json")
+CONTENDERS = ("shmbridge", "shmbridge-reserve", "pr-slots", "mp-queue", "http-json")
+#: The contenders that are shmbridge's stream (one consumer, two ways to produce).
+OURS = ("shmbridge", "shmbridge-reserve")
 LABELS = {
-    "shmbridge": "shmbridge stream",
+    "shmbridge": "shmbridge stream (push)",
+    "shmbridge-reserve": "shmbridge stream (reserve, write in place)",
     "pr-slots": "PR design (fixed slots, plain indices)",
     "mp-queue": "multiprocessing.Queue",
     "http-json": "HTTP/JSON (aiohttp)",
@@ -528,6 +534,22 @@ def write_shmbridge(spec: Any, content: Content, n: int, results: Any) -> Tuple[
     import shmbridge.stream
 
     name, blocking = spec
+    head, p = HEAD, content.p
+    with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S, blocking=blocking) as producer:
+        push = producer.push
+        for s in range(n):
+            k, score, iid, meta = content.record(s)
+            # One call: the core copies each field into the lane and commits; meta is
+            # stamped just before it.
+            push(WRITE_DEADLINE_S, tokens=content.tokens[k], logprobs=content.logprobs[k], score=score,
+                 instance_id=iid, meta=head.pack(p, s, now_ns()) + meta)
+    return n, 0
+
+
+def write_shmbridge_reserve(spec: Any, content: Content, n: int, results: Any) -> Tuple[int, int]:
+    import shmbridge.stream
+
+    name, blocking = spec
     tokens = len(content.tokens[0])
     head, p, h = HEAD, content.p, HEAD.size
     with shmbridge.stream.attach(name, timeout=START_TIMEOUT_S, blocking=blocking) as producer:
@@ -545,14 +567,20 @@ def write_shmbridge(spec: Any, content: Content, n: int, results: Any) -> Tuple[
     return n, 0
 
 
+class ShmbridgeReserveConsumer(ShmbridgeConsumer):
+    key = "shmbridge-reserve"
+
+
 CONSUMERS: Dict[str, Callable[[], Consumer]] = {
     "shmbridge": ShmbridgeConsumer,
+    "shmbridge-reserve": ShmbridgeReserveConsumer,
     "pr-slots": PrSlotsConsumer,
     "mp-queue": QueueConsumer,
     "http-json": HttpConsumer,
 }
 WRITERS: Dict[str, Callable[[Any, Content, int, Any], Tuple[int, int]]] = {
     "shmbridge": write_shmbridge,
+    "shmbridge-reserve": write_shmbridge_reserve,
     "pr-slots": write_pr_slots,
     "mp-queue": write_queue,
     "http-json": write_http,
@@ -698,7 +726,7 @@ def main(args: Any) -> int:
         missing = [m for m in NEEDS.get(k, ()) if not _importable(m)]
         if missing:
             skipped[k] = f"skipped: {', '.join(missing)} not installed"
-        elif k == "shmbridge":
+        elif k in OURS:
             why = shmbridge_stream_missing()
             if why:
                 skipped[k] = f"skipped: {why}"
@@ -741,7 +769,7 @@ def main(args: Any) -> int:
     text, doc = report(results, keys, cases, rounds, records, args.command_line, quick, machine, elapsed_s)
     publish("stream", text, args.out, doc=doc)
     bad = [k for (t, pc), row in results.items() for k, m in row.items() if m.failed]
-    ours = [m for row in results.values() for k, m in row.items() if k == "shmbridge" and not m.skipped]
+    ours = [m for row in results.values() for k, m in row.items() if k in OURS and not m.skipped]
     if bad or any(m.lost or m.torn or m.duplicated or m.reordered for m in ours):
         return 1
     return 0
