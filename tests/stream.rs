@@ -257,7 +257,7 @@ fn push_copies_each_field_into_one_record_or_writes_nothing() {
     let big = vec![0u8; 4096];
     let e = p.push(&[&big, &score, &meta], T).unwrap_err();
     assert!(matches!(e, Error::RecordTooLarge { .. }), "{e:?}");
-    assert_eq!(p.stats().lanes[0].records_committed, 1);
+    assert_eq!(p.stats().unwrap().lanes[0].records_committed, 1);
     // A reservation's own copy checks the sizes it was reserved with.
     let mut r = p.reserve(&[2, 1], T).unwrap();
     let e = r
