@@ -27,12 +27,18 @@ fn name(short: &str) -> String {
 }
 
 /// Forks a child that only sleeps (as a DataLoader worker or a subprocess forked
-/// without exec would live on); returns its pid.
+/// without exec would live on); returns its pid once the child runs its own code, i.e.
+/// after its fork handlers let go of the parent's locks (they run in the child, after
+/// `fork` returned in the parent).
 fn fork_sleeper() -> i32 {
-    // SAFETY: the child only makes async-signal-safe calls and exits.
+    let mut ends = [0; 2];
+    // SAFETY: a pipe into a local array; the child only makes async-signal-safe calls
+    // and exits; the parent reads one byte from the pipe and closes both ends.
     unsafe {
+        assert_eq!(libc::pipe(ends.as_mut_ptr()), 0);
         let pid = libc::fork();
         if pid == 0 {
+            libc::write(ends[1], b"r".as_ptr().cast(), 1);
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             for fd in 0..3 {
                 libc::dup2(null, fd);
@@ -40,6 +46,10 @@ fn fork_sleeper() -> i32 {
             libc::sleep(60);
             libc::_exit(0);
         }
+        let mut byte = 0u8;
+        assert_eq!(libc::read(ends[0], (&mut byte as *mut u8).cast(), 1), 1);
+        libc::close(ends[0]);
+        libc::close(ends[1]);
         pid
     }
 }
