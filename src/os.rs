@@ -572,7 +572,6 @@ fn proc_fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
 /// stack buffers: nothing here allocates or locks.
 extern "C" fn after_fork_in_child() {
     use std::sync::atomic::Ordering::{Acquire, Relaxed};
-    PID.store(0, Relaxed); // the parent's pid: asked again on first use
     let mut path = [0u8; 32];
     for m in &HELD_MAPPINGS {
         let fd = m.fd.load(Relaxed);
@@ -1205,19 +1204,72 @@ fn runnable_threads(loadavg: &str) -> Option<usize> {
         .ok()
 }
 
-/// This process's pid, once asked (0: not yet). `getpid` is a system call, and the
-/// per-record paths ask "is this still the process that made it" every time; a forked
-/// child forgets the value in its fork handler, before it runs any code of its own.
-static PID: AtomicU32 = AtomicU32::new(0);
+/// Where this process's pid is kept once asked (0: not yet): the first word of a
+/// private anonymous page marked `MADV_WIPEONFORK`, which the kernel hands to every
+/// child made without `CLONE_VM` zeroed: `fork`, `_Fork` and a raw `clone` alike (the
+/// last two run no fork handlers). Null: not made yet; [`NO_PID_PAGE`]: the kernel
+/// lacks `MADV_WIPEONFORK` (before 4.14) and every call asks `getpid`. `getpid` is a
+/// system call, and the per-record paths ask "is this still the process that made it"
+/// every time.
+static PID_PAGE: std::sync::atomic::AtomicPtr<AtomicU32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// [`PID_PAGE`] when no page can be had.
+const NO_PID_PAGE: *mut AtomicU32 = 1 as *mut AtomicU32;
+
+fn pid_cell() -> Option<&'static AtomicU32> {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    let mut cell = PID_PAGE.load(Acquire);
+    if cell.is_null() {
+        // SAFETY: `sysconf` reads a constant of the system.
+        let len = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        // SAFETY: a fresh private anonymous mapping of one page; nothing else refers to it.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        let made = if page == libc::MAP_FAILED {
+            NO_PID_PAGE
+        // SAFETY: `page` is the mapping of `len` bytes just made.
+        } else if unsafe { libc::madvise(page, len, libc::MADV_WIPEONFORK) } != 0 {
+            // SAFETY: unmaps the page just made, which nothing refers to.
+            unsafe { libc::munmap(page, len) };
+            NO_PID_PAGE
+        } else {
+            page.cast::<AtomicU32>()
+        };
+        cell = match PID_PAGE.compare_exchange(std::ptr::null_mut(), made, AcqRel, Acquire) {
+            Ok(_) => made,
+            Err(first) => {
+                if made != NO_PID_PAGE {
+                    // SAFETY: another thread's page won; this one was never published.
+                    unsafe { libc::munmap(made.cast(), len) };
+                }
+                first
+            }
+        };
+    }
+    // SAFETY: a published page is never unmapped; it is page-aligned, zero-filled at
+    // first (a valid `AtomicU32`), and read and written only atomically.
+    (cell != NO_PID_PAGE).then(|| unsafe { &*cell })
+}
 
 pub fn current_pid() -> u32 {
     use std::sync::atomic::Ordering::Relaxed;
-    match PID.load(Relaxed) {
+    let getpid = || rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let Some(cell) = pid_cell() else {
+        return getpid();
+    };
+    match cell.load(Relaxed) {
         0 => {
-            // The handler first: a fork after the store below must reset it.
-            install_fork_handler();
-            let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-            PID.store(pid, Relaxed);
+            let pid = getpid();
+            cell.store(pid, Relaxed);
             pid
         }
         pid => pid,
@@ -1769,6 +1821,36 @@ mod tests {
         }
         let mut status = 0;
         // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the child saw its parent's pid"
+        );
+        assert_eq!(current_pid(), parent);
+    }
+
+    #[test]
+    fn a_child_of_a_raw_clone_asks_its_own_pid() {
+        // A child made by the `clone` system call (as `_Fork`, or a runtime that forks
+        // without the C library) runs no fork handlers.
+        let parent = current_pid();
+        // SAFETY: `clone` without `CLONE_VM` (a fork, the child on a copy of this
+        // stack); the child makes system calls and atomic loads and stores only, then
+        // `exit_now`.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) } as i32;
+        assert!(pid >= 0);
+        if pid == 0 {
+            let own = rustix::process::getpid().as_raw_nonzero().get() as u32;
+            exit_now(if current_pid() == own && own != parent {
+                0
+            } else {
+                1
+            });
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "status {status:#x}");
         assert_eq!(
