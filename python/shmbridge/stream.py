@@ -405,7 +405,7 @@ class Producer:
         the core (the fastest way to send a record whose fields are already arrays).
         Each field is an array or tensor of its dtype (copied as it is when it is
         C-contiguous on the host; anything else, a list or another dtype, is converted by
-        ``numpy.ascontiguousarray`` first), a number for a one-element field, or bytes /
+        ``numpy.array`` first), a number for a one-element field, or bytes /
         a str (UTF-8) for a uint8 field; its length is the record's length of that field.
         Every field must be given. Returns the record's sequence number; a value that
         fits no record of the schema raises before anything is reserved."""

@@ -805,7 +805,7 @@ impl PyStreamProducer {
     /// one record; returns its sequence number. A C-contiguous buffer of the field's
     /// element type (a NumPy array, bytes) is copied as it is; a float or int for a
     /// one-element float64/float32/int64/int32 field is written directly; anything
-    /// else goes through `numpy.ascontiguousarray(value, dtype)` first (a str: its
+    /// else goes through `numpy.array(value, dtype, order="C")` first (a str: its
     /// UTF-8 bytes). The variable lengths follow from the sizes; nothing is reserved
     /// when a value does not fit its field.
     #[pyo3(signature = (values, timeout=None))]
@@ -824,15 +824,32 @@ impl PyStreamProducer {
                 values.len()
             )));
         }
-        let held = values
+        let mut held = values
             .iter()
             .zip(schema.fields())
-            .map(|(v, f)| FieldValue::of(py, v, f))
+            .map(|(v, f)| FieldValue::of(py, v, f).map(Some))
+            .collect::<PyResult<Vec<_>>>()?;
+        let sizes: Vec<usize> = held.iter().flatten().map(|v| v.bytes().len()).collect();
+        let lengths = schema.lengths_of(&sizes).py_err(py)?;
+        // The reserve releases the GIL: meanwhile another thread may free or resize the
+        // memory of a tensor the caller lent (`torch.Tensor.resize_`, its storage's
+        // `resize_`). Such imports are let go here and made again, with the GIL held
+        // until the copy, once the record is reserved; bytes, numbers and NumPy's
+        // conversions are this call's own and stay.
+        for v in held.iter_mut() {
+            if v.as_ref().is_some_and(FieldValue::lent) {
+                *v = None;
+            }
+        }
+        let mut res = self.reserve_within(py, &lengths, timeout)?;
+        let held = held
+            .into_iter()
+            .zip(values.iter().zip(schema.fields()))
+            .map(|(h, (v, f))| h.map_or_else(|| FieldValue::of(py, v, f), Ok))
             .collect::<PyResult<Vec<_>>>()?;
         let fields: Vec<&[u8]> = held.iter().map(FieldValue::bytes).collect();
-        let sizes: Vec<usize> = fields.iter().map(|f| f.len()).collect();
-        let lengths = schema.lengths_of(&sizes).py_err(py)?;
-        let mut res = self.reserve_within(py, &lengths, timeout)?;
+        // A value whose size changed meanwhile no longer fits: `InvalidTensor`, and the
+        // reservation is dropped (nothing is published).
         res.write_fields(&fields).py_err(py)?;
         let seq = res.seq();
         res.commit();
@@ -874,6 +891,9 @@ enum FieldValue<'py> {
         _held: dlpark::python::ImportedDlpack,
         p: *const u8,
         len: usize,
+        /// The caller's own tensor (not NumPy's conversion made here): its memory may
+        /// change whenever the GIL is released.
+        lent: bool,
     },
     Number([u8; 8], usize),
 }
@@ -892,19 +912,28 @@ impl<'py> FieldValue<'py> {
             }
         }
         if value.hasattr(pyo3::intern!(py, "__dlpack__"))? {
-            if let Some(t) = host_tensor(py, value, field.dtype)? {
-                return Ok(t);
+            match host_tensor(py, value, field.dtype, true) {
+                Ok(Some(t)) => return Ok(t),
+                Ok(None) => {}
+                // An export refused (NumPy refuses read-only and byte-swapped arrays):
+                // NumPy converts it below.
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {}
+                Err(e) => return Err(e),
             }
         }
-        // Anything else (lists, numbers, other dtypes, strided arrays): NumPy converts
-        // it to the field's dtype, as an assignment to the field's view would.
+        // Anything else (lists, numbers, other dtypes, strided, read-only or byte-swapped
+        // arrays): NumPy converts it to the field's dtype, as an assignment to the field's
+        // view would, into a new array of its own (which it can export).
         let numpy_dtype = match field.dtype {
             DType::BF16 => "uint16", // the raw bits, as the views show them
             d => d.array_name(),
         };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dtype", numpy_dtype)?;
+        kwargs.set_item("order", "C")?;
         let converted = py
             .import("numpy")?
-            .call_method1("ascontiguousarray", (value, numpy_dtype))
+            .call_method("array", (value,), Some(&kwargs))
             .map_err(|e| {
                 let why = PyValueError::new_err(format!(
                     "field {:?} takes {numpy_dtype} values: {e}",
@@ -913,7 +942,7 @@ impl<'py> FieldValue<'py> {
                 why.set_cause(py, Some(e));
                 why
             })?;
-        host_tensor(py, &converted, field.dtype)?.ok_or_else(|| {
+        host_tensor(py, &converted, field.dtype, false)?.ok_or_else(|| {
             PyValueError::new_err(format!(
                 "field {:?}: NumPy's array of the value is not a host {numpy_dtype} array",
                 field.name
@@ -926,14 +955,21 @@ impl<'py> FieldValue<'py> {
             FieldValue::Bytes(b) => b.as_bytes(),
             // SAFETY: `host_tensor` checked that the import is a compact host tensor of
             // `len` bytes at `p` (`len` 0: no pointer is read); the import held in
-            // `self` keeps them alive, and the GIL, held while the record is written,
-            // keeps Python code from freeing or resizing them.
+            // `self` keeps them alive. A `lent` tensor's memory is read only while the
+            // GIL has been held since its import (`push` imports it again after the
+            // reserve), so no Python code freed or resized it meanwhile; NumPy's
+            // conversions are referenced by this value alone.
             FieldValue::Tensor { p, len, .. } => match len {
                 0 => &[],
                 _ => unsafe { std::slice::from_raw_parts(*p, *len) },
             },
             FieldValue::Number(bytes, n) => &bytes[..*n],
         }
+    }
+
+    /// Whether its bytes are the caller's tensor's memory (see `FieldValue::Tensor`).
+    fn lent(&self) -> bool {
+        matches!(self, FieldValue::Tensor { lent: true, .. })
     }
 }
 
@@ -944,6 +980,7 @@ fn host_tensor<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
     dtype: DType,
+    lent: bool,
 ) -> PyResult<Option<FieldValue<'py>>> {
     // The capsule of a plain `__dlpack__()` (host memory: no stream to name), which
     // costs a fraction of the negotiated import.
@@ -974,6 +1011,7 @@ fn host_tensor<'py>(
         _held: imported,
         p,
         len,
+        lent,
     }))
 }
 
