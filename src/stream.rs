@@ -1338,6 +1338,12 @@ impl Record {
         Ok(self.spans.field(i))
     }
 
+    /// `RegionTooSmall` once the stream's file was found truncated (one load): the
+    /// record's bytes are gone, and no new view of them may be made.
+    pub fn check_mapped(&self) -> Result<()> {
+        self.map.known_shrunk()
+    }
+
     /// Field `i`: its address, element count and dtype (for DLPack).
     pub fn field_raw(&self, i: usize) -> Result<(*const u8, usize, DType)> {
         self.map.known_shrunk()?;

@@ -516,19 +516,17 @@ impl PyStreamRecord {
         )
     }
 
-    /// Its views' arrays and field `name`'s index, while it is not released.
+    /// Its views' arrays and field `name`'s index, while it is not released (nor its
+    /// stream's file found truncated).
     fn field(&self, py: Python<'_>, name: &str) -> PyResult<(&RecordViews, usize)> {
         let views = self.views.as_deref().ok_or_else(|| {
             PyRuntimeError::new_err("records of this consumer have no views (use_views)")
         })?;
         let i = views.index(name)?;
-        if self
-            .record
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-        {
-            return Err(Self::released_error(py));
+        match &*self.record.lock().unwrap_or_else(|p| p.into_inner()) {
+            None => return Err(Self::released_error(py)),
+            // A file found truncated: no view of the vanished bytes.
+            Some(rec) => rec.check_mapped().py_err(py)?,
         }
         Ok((views, i))
     }

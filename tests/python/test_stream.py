@@ -260,6 +260,22 @@ def test_a_tensor_resized_while_push_waits_is_not_read_after_free():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stdout, proc.stderr)
 
 
+def test_a_record_of_a_stream_found_truncated_hands_out_no_view():
+    # Once the consumer found the file truncated (here its stats, which look at the
+    # size first), a record popped before gives RegionTooSmallError for each field
+    # accessor, its views too (a view would SIGBUS at its first read; none is read).
+    with st.create(schema={"x": "int32[*]"}, capacity=1 << 12, lanes=1) as c, st.attach(c.name) as p:
+        p.push(x=np.arange(4, dtype=np.int32))
+        rec = c.pop(timeout=5)
+        os.truncate("/dev/shm/" + c.name, 0)
+        with pytest.raises(shmbridge.errors.RegionTooSmallError):
+            c.stats()
+        for use in (lambda: rec.bytes("x"), lambda: rec.address("x"), lambda: rec["x"], rec.fields):
+            with pytest.raises(shmbridge.errors.RegionTooSmallError):
+                use()
+        rec.release()
+
+
 def test_reservation_commits_on_success_and_aborts_on_exception():
     with st.create(schema={"x": "int32[*]"}, capacity=1 << 12, lanes=1) as c, st.attach(c.name) as p:
         with pytest.raises(RuntimeError, match="generator failed"):
