@@ -679,6 +679,11 @@ impl Map {
     /// shrinking). Once found, the answer sticks ([`Map::known_shrunk`]).
     fn check_size(&self) -> Result<()> {
         self.known_shrunk()?;
+        // In a forked child the descriptor points at /dev/null (its fork handler), whose
+        // size says nothing of the stream's file: only the flag is looked at there.
+        if self.pid != os::current_pid() {
+            return Ok(());
+        }
         let (size, _, _) = os::file_identity(&self.file)?;
         if size < self.layout.file_size {
             self.shrunk_to

@@ -184,3 +184,32 @@ fn a_closed_producer_frees_its_lane_and_a_closed_rank_can_be_served_again() {
         "lane after close: {again:?}; rank after close: {rank_again:?}"
     );
 }
+
+/// A child forked from a stream's consumer and producer process (a DataLoader worker)
+/// that asks their stats reads the stream it maps, not the descriptor its fork handler
+/// pointed at /dev/null: whose size, 0, is no truncation of the stream's file.
+#[test]
+fn stats_in_a_forked_child_are_no_truncation() {
+    let n = name("forkstats");
+    let c = Consumer::create(&n, &spec(1, 256, 1)).unwrap();
+    let p = Producer::attach(&n, None, T).unwrap();
+    // SAFETY: the child reads the stats (reads of the mapping, an `fstat`, allocations:
+    // glibc's malloc is usable after fork) and exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let truncated = |r: Result<(), Error>| matches!(r, Err(Error::RegionTooSmall { .. }));
+        let code = i32::from(truncated(c.stats().map(drop)) || truncated(p.stats().map(drop)));
+        // SAFETY: ends the forked child at once, without running the parent's handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status), "status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child's stats said the stream's file was truncated"
+    );
+    assert!(c.stats().is_ok() && p.stats().is_ok());
+}
