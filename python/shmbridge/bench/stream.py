@@ -44,7 +44,8 @@ trainer does before batching): records/s is the rate of intact records into a co
 that has checked them.
 
 Latency is from the producer's stamp to the consumer holding the record: stamped just
-before ``commit()`` (shmbridge), before the index update (pr-slots; its meta is then
+before ``commit()`` (shmbridge-reserve: after any wait for room), before ``push()``
+(shmbridge: before its wait for room), before the index update (pr-slots; its meta is then
 written last), before ``put()`` (mp-queue) and before encoding the JSON body (http-json),
 on CLOCK_MONOTONIC, which all processes share.
 """
@@ -826,7 +827,7 @@ def report(results: Dict[Tuple[int, int], Dict[str, Measured]], keys: Sequence[s
         "record its producer and sequence number name, rebuilt from the producer's seed; lists turned into "
         "arrays where the transport delivers lists), "
         "median over the rounds; GB/s: their payload bytes. Latency: from the producer's stamp (just before "
-        "commit, the index update, `put()`, or encoding the POST) to the consumer holding the record, over "
+        "`push()`, commit after reserve, the index update, `put()`, or encoding the POST) to the consumer holding the record, over "
         "every intact record of every round; producers send as fast as the transport takes records, so it "
         "includes the time a record waits in a full buffer. lost: accepted by the transport, never received intact; torn: "
         "received with any byte not that of the record its header names; duplicated: received twice. "
