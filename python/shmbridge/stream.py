@@ -93,7 +93,7 @@ class _Fields:
     """A stream's fields as NumPy sees them: names, dtypes, fixed counts (None:
     variable), and the views of a record's fields given their spans in a memory."""
 
-    __slots__ = ("names", "dtypes", "sizes", "counts", "index", "variable")
+    __slots__ = ("names", "dtypes", "sizes", "counts", "index", "variable", "bfloat16")
 
     def __init__(self, fields: Iterable[Tuple[str, str, Optional[int]]]):
         fields = list(fields)
@@ -103,6 +103,7 @@ class _Fields:
         self.counts = [f[2] for f in fields]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.variable = [f[0] for f in fields if f[2] is None]
+        self.bfloat16 = [f[0] for f in fields if f[1] == "bfloat16"]
 
     def position(self, name: str) -> int:
         try:
@@ -130,6 +131,20 @@ class _Fields:
 
     def describe(self) -> Dict[str, Tuple[np.dtype, Optional[int]]]:
         return {n: (d, c) for n, d, c in zip(self.names, self.dtypes, self.counts)}
+
+
+def _bfloat16_bits(value: Any) -> Any:
+    """A value for a bfloat16 field as the bits the field holds: a uint16 array (or a
+    bfloat16 tensor) is bits already; anything else is numbers, rounded to the nearest
+    bfloat16 (ties to even; NaN stays NaN)."""
+    dtype = str(getattr(value, "dtype", ""))
+    if dtype in ("uint16", "torch.bfloat16"):
+        return value
+    single = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+    bits = single.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded[np.isnan(single)] = 0x7FC0
+    return rounded
 
 
 def _memory(native_memory: Any, writable: bool) -> np.ndarray:
@@ -407,8 +422,10 @@ class Producer:
         C-contiguous on the host; anything else, a list or another dtype, is converted by
         ``numpy.array`` first), a number for a one-element field, or bytes /
         a str (UTF-8) for a uint8 field; its length is the record's length of that field.
-        Every field must be given. Returns the record's sequence number; a value that
-        fits no record of the schema raises before anything is reserved."""
+        Every field must be given. A bfloat16 field takes its raw bits as a uint16 array
+        (or a bfloat16 tensor) and anything else as numbers, rounded to the nearest
+        bfloat16. Returns the record's sequence number; a value that fits no record of
+        the schema raises before anything is reserved."""
         if self._native.closed:
             raise ClosedError("this stream producer is closed")
         names = self._fields.names
@@ -418,6 +435,8 @@ class Producer:
                 raise TypeError(f"push needs every field: {', '.join(map(repr, missing))} missing")
             unknown = [n for n in fields if n not in self._fields.index]
             raise TypeError(f"no field {', '.join(map(repr, unknown))}: the stream's fields are {', '.join(names)}")
+        for n in self._fields.bfloat16:
+            fields[n] = _bfloat16_bits(fields[n])
         return self._native.push([fields[n] for n in names], timeout)
 
     def stats(self) -> Dict[str, Any]:

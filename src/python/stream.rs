@@ -829,22 +829,37 @@ impl PyStreamProducer {
             .collect::<PyResult<Vec<_>>>()?;
         let sizes: Vec<usize> = held.iter().flatten().map(|v| v.bytes().len()).collect();
         let lengths = schema.lengths_of(&sizes).py_err(py)?;
-        // The reserve releases the GIL: meanwhile another thread may free or resize the
-        // memory of a tensor the caller lent (`torch.Tensor.resize_`, its storage's
-        // `resize_`). Such imports are let go here and made again, with the GIL held
-        // until the copy, once the record is reserved; bytes, numbers and NumPy's
-        // conversions are this call's own and stay.
-        for v in held.iter_mut() {
-            if v.as_ref().is_some_and(FieldValue::lent) {
-                *v = None;
+        // Room now: reserved with the GIL held all along, so the imports stay valid.
+        let now = match producer.reserve_counted(&lengths, Duration::ZERO, false) {
+            Ok(r) => Some(r),
+            Err(Error::Full { .. }) => None,
+            Err(e) => return Err(to_pyerr(py, e)),
+        };
+        let (mut res, held) = match now {
+            Some(r) => (r, held),
+            None => {
+                // The wait releases the GIL: meanwhile another thread may free or resize
+                // the memory of a tensor the caller lent (`torch.Tensor.resize_`, its
+                // storage's `resize_`). Such imports are let go here and made again, with
+                // the GIL held until the copy, once the record is reserved; bytes, numbers
+                // and NumPy's conversions are this call's own and stay.
+                for v in held.iter_mut() {
+                    if v.as_ref().is_some_and(FieldValue::lent) {
+                        *v = None;
+                    }
+                }
+                let res = self.reserve_within(py, &lengths, timeout)?;
+                let held = held
+                    .into_iter()
+                    .zip(values.iter().zip(schema.fields()))
+                    .map(|(h, (v, f))| {
+                        h.map_or_else(|| FieldValue::of(py, v, f).map(Some), |h| Ok(Some(h)))
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                (res, held)
             }
-        }
-        let mut res = self.reserve_within(py, &lengths, timeout)?;
-        let held = held
-            .into_iter()
-            .zip(values.iter().zip(schema.fields()))
-            .map(|(h, (v, f))| h.map_or_else(|| FieldValue::of(py, v, f), Ok))
-            .collect::<PyResult<Vec<_>>>()?;
+        };
+        let held: Vec<FieldValue<'_>> = held.into_iter().flatten().collect();
         let fields: Vec<&[u8]> = held.iter().map(FieldValue::bytes).collect();
         // A value whose size changed meanwhile no longer fits: `InvalidTensor`, and the
         // reservation is dropped (nothing is published).

@@ -193,17 +193,17 @@ def test_push_converts_arrays_numpy_will_not_export():
                 assert rec["x"].tolist() == list(want_x) and rec["y"].tolist() == want_y
 
 
-@pytest.mark.skip(reason="defect: push converts a float value for a bfloat16 field with "
-                  "numpy.array(value, 'uint16'), writing the value's integer part as the raw bits "
-                  "(1.5 becomes bits 0x0001, about 9e-41); floats need rounding to bfloat16 bits "
-                  "(uint16 arrays and bfloat16 tensors stay raw)")
 def test_push_of_floats_to_a_bfloat16_field_writes_their_bfloat16_bits():
     with st.create(schema={"b": "bfloat16[*]"}, capacity=1 << 12, lanes=1) as c, st.attach(c.name) as p:
         p.push(b=[1.5, -2.0])
         p.push(b=np.array([1.5, -2.0], np.float32))
-        for _ in range(2):
+        # Rounded to the nearest bfloat16, ties to even; NaN stays NaN, infinities stay.
+        p.push(b=np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, np.nan, -np.inf, 3.4e38], np.float64))
+        p.push(b=np.array([0x3F80, 0x7F80], np.uint16))  # uint16: the raw bits, as they are
+        for want in ([0x3FC0, 0xC000], [0x3FC0, 0xC000], [0x3F80, 0x3F82, 0x7FC0, 0xFF80, 0x7F80],
+                     [0x3F80, 0x7F80]):
             with c.pop(timeout=5) as rec:
-                assert rec["b"].tolist() == [0x3FC0, 0xC000]
+                assert rec["b"].tolist() == want
 
 
 # A producer's push waits for room with the GIL released; meanwhile another thread
