@@ -47,6 +47,7 @@ served), ``LayoutMismatchError`` (a producer's schema is not the stream's).
 
 from __future__ import annotations
 
+import operator
 import secrets
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
@@ -93,7 +94,7 @@ class _Fields:
     """A stream's fields as NumPy sees them: names, dtypes, fixed counts (None:
     variable), and the views of a record's fields given their spans in a memory."""
 
-    __slots__ = ("names", "dtypes", "sizes", "counts", "index", "variable", "bfloat16")
+    __slots__ = ("names", "dtypes", "sizes", "counts", "index", "variable", "bfloat16", "pick")
 
     def __init__(self, fields: Iterable[Tuple[str, str, Optional[int]]]):
         fields = list(fields)
@@ -104,6 +105,9 @@ class _Fields:
         self.index = {name: i for i, name in enumerate(self.names)}
         self.variable = [f[0] for f in fields if f[2] is None]
         self.bfloat16 = [f[0] for f in fields if f[1] == "bfloat16"]
+        # Every field's value of a dict, in order, as a tuple (one C call).
+        getter = operator.itemgetter(*self.names)
+        self.pick = getter if len(self.names) > 1 else lambda d: (getter(d),)
 
     def position(self, name: str) -> int:
         try:
@@ -426,18 +430,18 @@ class Producer:
         (or a bfloat16 tensor) and anything else as numbers, rounded to the nearest
         bfloat16. Returns the record's sequence number; a value that fits no record of
         the schema raises before anything is reserved."""
-        if self._native.closed:
-            raise ClosedError("this stream producer is closed")
         names = self._fields.names
-        if len(fields) != len(names) or any(n not in fields for n in names):
+        try:
+            values = self._fields.pick(fields)
+        except KeyError:
             missing = [n for n in names if n not in fields]
-            if missing:
-                raise TypeError(f"push needs every field: {', '.join(map(repr, missing))} missing")
+            raise TypeError(f"push needs every field: {', '.join(map(repr, missing))} missing") from None
+        if len(fields) != len(names):
             unknown = [n for n in fields if n not in self._fields.index]
             raise TypeError(f"no field {', '.join(map(repr, unknown))}: the stream's fields are {', '.join(names)}")
-        for n in self._fields.bfloat16:
-            fields[n] = _bfloat16_bits(fields[n])
-        return self._native.push([fields[n] for n in names], timeout)
+        if self._fields.bfloat16:
+            values = [_bfloat16_bits(v) if n in self._fields.bfloat16 else v for n, v in zip(names, values)]
+        return self._native.push(values, timeout)
 
     def stats(self) -> Dict[str, Any]:
         """The stream's flow metrics (as :meth:`Consumer.stats`, without rates)."""
