@@ -1800,46 +1800,15 @@ mod tests {
         assert!(unlink(&path).unwrap());
     }
 
-    #[test]
-    fn a_forked_child_asks_its_own_pid_not_its_parents_cached_one() {
+    /// Makes a child with `spawn` (0 in the child, its pid in the parent) and checks
+    /// that the child's `current_pid` is its own, not its parent's cached one.
+    fn child_asks_its_own_pid(spawn: impl FnOnce() -> i32) {
         let parent = current_pid();
         assert_eq!(
             parent,
             rustix::process::getpid().as_raw_nonzero().get() as u32
         );
-        // SAFETY: the child makes system calls and atomic loads and stores only (its
-        // pid is cached afresh without allocating), then `exit_now`.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let own = rustix::process::getpid().as_raw_nonzero().get() as u32;
-            exit_now(if current_pid() == own && own != parent {
-                0
-            } else {
-                1
-            });
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "status {status:#x}");
-        assert_eq!(
-            libc::WEXITSTATUS(status),
-            0,
-            "the child saw its parent's pid"
-        );
-        assert_eq!(current_pid(), parent);
-    }
-
-    #[test]
-    fn a_child_of_a_raw_clone_asks_its_own_pid() {
-        // A child made by the `clone` system call (as `_Fork`, or a runtime that forks
-        // without the C library) runs no fork handlers.
-        let parent = current_pid();
-        // SAFETY: `clone` without `CLONE_VM` (a fork, the child on a copy of this
-        // stack); the child makes system calls and atomic loads and stores only, then
-        // `exit_now`.
-        let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) } as i32;
+        let pid = spawn();
         assert!(pid >= 0);
         if pid == 0 {
             let own = rustix::process::getpid().as_raw_nonzero().get() as u32;
@@ -1859,6 +1828,25 @@ mod tests {
             "the child saw its parent's pid"
         );
         assert_eq!(current_pid(), parent);
+    }
+
+    #[test]
+    fn a_forked_child_asks_its_own_pid_not_its_parents_cached_one() {
+        // SAFETY: the child makes system calls and atomic loads and stores only (its
+        // pid is cached afresh without allocating), then `exit_now`.
+        child_asks_its_own_pid(|| unsafe { libc::fork() });
+    }
+
+    #[test]
+    fn a_child_of_a_raw_clone_asks_its_own_pid() {
+        // A child made by the `clone` system call (as `_Fork`, or a runtime that forks
+        // without the C library) runs no fork handlers.
+        // SAFETY: `clone` without `CLONE_VM` (a fork, the child on a copy of this
+        // stack); the child makes system calls and atomic loads and stores only, then
+        // `exit_now`.
+        child_asks_its_own_pid(|| unsafe {
+            libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) as i32
+        });
     }
 
     #[test]

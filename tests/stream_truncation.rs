@@ -42,23 +42,6 @@ fn file_len(name: &str) -> u64 {
     std::fs::metadata(common::shm_path(name)).unwrap().len()
 }
 
-/// Returns once thread `tid` of this process is asleep in a futex wait (its `wchan`): the
-/// waiter has checked the file and parked, so the truncation happens while it sleeps.
-fn until_asleep(tid: i32) {
-    let wchan = format!("/proc/self/task/{tid}/wchan");
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&wchan)
-        .unwrap_or_default()
-        .contains("futex")
-    {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "thread {tid} never slept"
-        );
-        std::thread::yield_now();
-    }
-}
-
 fn tid() -> i32 {
     rustix::thread::gettid().as_raw_nonzero().get()
 }
@@ -95,7 +78,7 @@ fn a_consumer_asleep_in_pop_survives_truncation_to_nothing() {
         let got = c.pop(T).map(|r| r.map(|r| r.seq()));
         (c, got)
     });
-    until_asleep(tid_rx.recv().unwrap());
+    common::until_asleep(tid_rx.recv().unwrap());
     truncate_to(&n, 0);
     let (c, got) = popping.join().unwrap();
     too_small("pop", got, size, 0);
@@ -135,7 +118,7 @@ fn a_producer_asleep_on_a_full_lane_survives_truncation() {
         let got = p.reserve(&[20], T).map(|r| r.seq());
         (p, got)
     });
-    until_asleep(tid_rx.recv().unwrap());
+    common::until_asleep(tid_rx.recv().unwrap());
     truncate_to(&n, 4096);
     let (p, got) = reserving.join().unwrap();
     too_small("reserve", got, size, 4096);

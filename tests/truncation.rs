@@ -199,24 +199,6 @@ fn a_client_of_a_region_truncated_to_nothing_errs_and_drops_cleanly() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// Returns once thread `tid` of this process is asleep in a futex wait (its `wchan`): the
-/// waiter has set its flag, checked, and parked, so a truncation now happens while it
-/// sleeps, not between its last check and its next access.
-fn until_asleep(tid: i32) {
-    let wchan = format!("/proc/self/task/{tid}/wchan");
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&wchan)
-        .unwrap_or_default()
-        .contains("futex")
-    {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "thread {tid} never slept"
-        );
-        std::thread::yield_now();
-    }
-}
-
 fn truncate_to(path: &str, len: u64) {
     std::fs::OpenOptions::new()
         .write(true)
@@ -245,7 +227,7 @@ fn a_client_asleep_in_step_survives_truncation_to_nothing() {
         let result = client.step(Duration::from_secs(60));
         (client, result)
     });
-    until_asleep(tid_rx.recv().unwrap());
+    common::until_asleep(tid_rx.recv().unwrap());
     let path = format!("/dev/shm/{}", engine.name);
     truncate_to(&path, 0);
     let (mut client, result) = stepping.join().unwrap();
@@ -285,7 +267,7 @@ fn an_engine_asleep_in_wait_actions_survives_truncation_to_nothing() {
         let result = engine.wait_actions(Duration::from_secs(60));
         (engine, result)
     });
-    until_asleep(tid_rx.recv().unwrap());
+    common::until_asleep(tid_rx.recv().unwrap());
     truncate_to(&path, 0);
     let (mut engine, result) = waiting.join().unwrap();
     assert!(

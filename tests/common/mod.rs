@@ -339,3 +339,21 @@ pub fn fetch(client: &shmbridge::Client, name: &str) -> Vec<u8> {
     local.read(0, &mut out).unwrap();
     out
 }
+
+/// Returns once thread `tid` of this process is asleep in a futex wait (its `wchan`): a
+/// waiter that checks before it parks has checked and parked, so what the test does now
+/// happens while it sleeps, not between its last check and its next access.
+pub fn until_asleep(tid: i32) {
+    let wchan = format!("/proc/self/task/{tid}/wchan");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(&wchan)
+        .unwrap_or_default()
+        .contains("futex")
+    {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "thread {tid} never slept"
+        );
+        std::thread::yield_now();
+    }
+}
