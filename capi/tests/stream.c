@@ -17,23 +17,9 @@
 #include <unistd.h>
 
 #include "shmbridge.h"
+#include "expect.h"
 
 #define SCHEMA "id: uint32, tokens: int32[*], score: float64[1], meta: uint8[*]"
-
-static int failures = 0;
-
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        shmb_status got_ = (call);                                                          \
-        if (got_ != (want)) {                                                               \
-            fprintf(stderr, "line %d: %s: got %s, want %s (%s)\n", __LINE__, #call,        \
-                    shmb_status_name(got_), shmb_status_name(want), shmb_last_error_message()); \
-            failures++;                                                                     \
-        } else if ((want) != SHMB_OK && shmb_last_error_message()[0] == '\0') {             \
-            fprintf(stderr, "line %d: %s: no error message\n", __LINE__, #call);           \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
 
 #define CHECK(cond)                                                                         \
     do {                                                                                    \
