@@ -6,27 +6,12 @@ mod common;
 use std::time::Duration;
 
 use common::peer::{self, PeerProc};
+use common::stream::{name, spec, SCHEMA};
 use shmbridge::error::{Error, ErrorKind, Peer};
-use shmbridge::stream::{self, Consumer, Producer, Schema, StreamSpec};
+use shmbridge::stream::{self, Consumer, Producer, Schema};
 
-const SCHEMA: &str = "tokens: int32[*], score: float64[1], meta: uint8[*]";
 const T: Duration = Duration::from_secs(10);
 const SHORT: Duration = Duration::from_millis(50);
-
-fn spec(lanes: u32, capacity: u64, ranks: u32) -> StreamSpec {
-    StreamSpec {
-        schema: Schema::parse(SCHEMA).unwrap(),
-        lanes,
-        lane_capacity: capacity,
-        ranks,
-    }
-}
-
-/// A full stream name in this process's namespace (peers, in namespaces of their own,
-/// are handed full names).
-fn name(short: &str) -> String {
-    shmbridge::region::canonical_name(short).unwrap()
-}
 
 /// Writes a record: `n` tokens `base..`, the score `base`, `m` bytes of meta.
 fn put(p: &Producer, base: i32, n: u32, m: u32) -> Result<(), Error> {

@@ -7,24 +7,11 @@ mod common;
 use std::time::Duration;
 
 use common::peer::{self, PeerProc};
+use common::stream::{name, spec};
 use shmbridge::error::Error;
-use shmbridge::stream::{Consumer, Producer, Schema, StreamSpec};
+use shmbridge::stream::{Consumer, Producer};
 
-const SCHEMA: &str = "tokens: int32[*], score: float64[1], meta: uint8[*]";
 const T: Duration = Duration::from_secs(5);
-
-fn spec(lanes: u32, capacity: u64, ranks: u32) -> StreamSpec {
-    StreamSpec {
-        schema: Schema::parse(SCHEMA).unwrap(),
-        lanes,
-        lane_capacity: capacity,
-        ranks,
-    }
-}
-
-fn name(short: &str) -> String {
-    shmbridge::region::canonical_name(short).unwrap()
-}
 
 /// Forks a child that only sleeps (as a DataLoader worker or a subprocess forked
 /// without exec would live on); returns its pid once the child runs its own code, i.e.

@@ -10,23 +10,16 @@ mod common;
 use std::time::Duration;
 
 use shmbridge::error::Error;
-use shmbridge::stream::{self, Consumer, Producer, Schema, StreamSpec};
+use shmbridge::stream::{self, Consumer, Producer, StreamSpec};
 use shmbridge::WaitPolicy;
 
 const SCHEMA: &str = "tokens: int32[*], score: float64[1]";
 const T: Duration = Duration::from_secs(60);
 
-fn spec(capacity: u64) -> StreamSpec {
-    StreamSpec {
-        schema: Schema::parse(SCHEMA).unwrap(),
-        lanes: 2,
-        lane_capacity: capacity,
-        ranks: 1,
-    }
-}
+use common::stream::name;
 
-fn name(short: &str) -> String {
-    shmbridge::region::canonical_name(short).unwrap()
+fn spec(capacity: u64) -> StreamSpec {
+    common::stream::spec_of(SCHEMA, 2, capacity, 1)
 }
 
 fn truncate_to(name: &str, len: u64) {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod peer;
+pub mod stream;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
