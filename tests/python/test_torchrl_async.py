@@ -20,8 +20,13 @@ from torchrl.collectors import Collector  # noqa: E402
 from shmbridge.integrations.torchrl import ShmAsyncEnvPool  # noqa: E402
 
 N, SHARDS, STEPS = 8, 4, 40
-# Each env's k-th action, the same for both ways of stepping.
-ACTIONS = np.random.default_rng(0).integers(0, 2, size=(N, 4 * STEPS))
+
+
+def action(i: int, k: int) -> int:
+    """Env ``i``'s ``k``-th action, the same for both ways of stepping, for any ``k``: the
+    loops run until the slowest env has STEPS steps, and on a loaded machine a shard that
+    answers more often takes its envs far past that."""
+    return int(np.random.default_rng([0, i, k]).integers(0, 2))
 
 
 def ids_of(td) -> list:
@@ -46,7 +51,7 @@ def core_trajectories(batch_size: int) -> dict:
                 if len(obs[i]) > 1:
                     steps[i].append((rows[1][k], rows[2][k], rows[3][k]))
             region = np.asarray(client["actions"])
-            actions = np.array([ACTIONS[i, len(obs[i]) - 1] for i in ids], dtype=region.dtype)
+            actions = np.array([action(i, len(obs[i]) - 1) for i in ids], dtype=region.dtype)
             actions = actions.reshape((len(ids), *region.shape[1:]))
             client.send(actions, ids)
             first = False
@@ -71,19 +76,19 @@ def pool_trajectories(batch_size: int) -> dict:
                 obs[i].append(root["observation"][k].numpy())
         for root in roots:
             ids = ids_of(root)
-            root["action"] = torch.as_tensor([ACTIONS[i, len(obs[i]) - 1] for i in ids])
+            root["action"] = torch.as_tensor([action(i, len(obs[i]) - 1) for i in ids])
             pool.async_step_and_maybe_reset_send(root)
         while min(len(s) for s in steps.values()) < STEPS:
             out, root = pool.async_step_and_maybe_reset_recv()
             ids = ids_of(out)
             assert ids == ids_of(root) == sorted(ids) and len(ids) == batch_size
             for k, i in enumerate(ids):
-                assert int(out["action"][k]) == ACTIONS[i, len(obs[i]) - 1]  # the root is what was sent
+                assert int(out["action"][k]) == action(i, len(obs[i]) - 1)  # the root is what was sent
                 obs[i].append(root["observation"][k].numpy())
                 nxt = out["next"]
                 steps[i].append((nxt["reward"][k, 0].item(), nxt["terminated"][k, 0].item(), nxt["truncated"][k, 0].item()))
                 assert not root["done"][k].item()
-            root["action"] = torch.as_tensor([ACTIONS[i, len(obs[i]) - 1] for i in ids])
+            root["action"] = torch.as_tensor([action(i, len(obs[i]) - 1) for i in ids])
             pool.async_step_and_maybe_reset_send(root)
     finally:
         pool.close()
